@@ -1,0 +1,51 @@
+# Set-up and checks. Every target installs what it needs into .venv from the lock.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1sum | cut -c1-12)
+DEMO_RUN ?= demo_run
+PORT ?= 8888
+
+.PHONY: install chromium lint test bench demo demo-data clean
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The browser test drives Debian's Chromium; install it when it is missing.
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		echo "installing chromium"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; \
+	fi
+	@chromium --version
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: install chromium lint
+	$(PY) -m pytest -ra
+
+bench: install
+	$(PY) bench/save_load.py
+	$(PY) bench/explore.py
+
+demo-data: install
+	$(PY) -m tinax_demo.make_run $(DEMO_RUN)
+
+demo: demo-data
+	@echo "JupyterLab: http://127.0.0.1:$(PORT)/lab (token disabled, listening on 127.0.0.1 only)"
+	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
+		--ServerApp.token= --ServerApp.password= --notebook-dir=notebooks
+
+clean:
+	rm -rf $(VENV) $(DEMO_RUN) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,30 @@
+"""Atomic Orbax V1 checkpoints of complete training state.
+
+Save model, optimizer, RNG, auxiliary and Grain iterator state together, restore
+them into explicit abstract targets, and resume bit-exactly. Legacy Orbax V0
+support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
+"""
+
+from tinax.checkpointing._checkpointables import load_checkpointables, save_checkpointables
+from tinax.checkpointing._names import validate_checkpointable_name
+from tinax.checkpointing._response import SaveResponse
+from tinax.checkpointing._targets import NumpyTarget, abstract_restore_target
+from tinax.checkpointing._training import (
+    TrainingCheckpoint,
+    TrainingCheckpointNames,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
+
+__all__ = [
+    "NumpyTarget",
+    "SaveResponse",
+    "TrainingCheckpoint",
+    "TrainingCheckpointNames",
+    "abstract_restore_target",
+    "load_checkpointables",
+    "load_training_checkpoint",
+    "save_checkpointables",
+    "save_training_checkpoint",
+    "validate_checkpointable_name",
+]

@@ -1,0 +1,144 @@
+"""Saving and loading named checkpointables in one atomic Orbax V1 checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from orbax.checkpoint import v1 as ocp
+
+from tinax.checkpointing import _orbax
+from tinax.checkpointing._leaves import check_storable
+from tinax.checkpointing._names import validate_distinct_names
+from tinax.checkpointing._paths import destination_path, source_path
+from tinax.checkpointing._response import SaveResponse, remove_temporaries
+
+CHECKPOINT_METADATA_FILE = "_CHECKPOINT_METADATA"
+# Refuse metadata files far larger than Orbax ever writes rather than parse them.
+_MAX_METADATA_BYTES = 16 * 1024 * 1024
+
+
+def _check_mapping(value: object, *, what: str) -> Mapping[Any, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what} must be a mapping of name to value, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    validate_distinct_names(value.keys(), what=what)
+    return value
+
+
+def save_checkpointables(
+    path: str | os.PathLike[str],
+    checkpointables: Mapping[str, Any],
+) -> SaveResponse[None]:
+    """Start one immutable atomic V1 save on every process's main thread.
+
+    Everything is checked before anything is written: the destination must not
+    exist, and every leaf must be storable. The returned response removes the
+    Orbax temporary directory if the save fails.
+
+    Args:
+      path: Destination checkpoint directory. Must not use Orbax's reserved
+        temporary suffix.
+      checkpointables: Non-empty mapping of checkpointable name to value. Names
+        must be portable and distinct.
+
+    Returns:
+      An Orbax ``AsyncResponse``; call ``.result()`` to await completion before
+      loading from or deleting the destination.
+
+    Raises:
+      TypeError: If ``checkpointables`` is not a mapping or a name is not a
+        string, or a leaf cannot be stored (naming the checkpointable and the
+        leaf's key path).
+      ValueError: If ``checkpointables`` is empty, a name is invalid or not
+        distinct, or ``path`` uses the reserved temporary suffix.
+      FileExistsError: If ``path`` already exists.
+      FileNotFoundError: If the parent directory of ``path`` does not exist.
+    """
+    _check_mapping(checkpointables, what="checkpointables")
+    dest = destination_path(path)
+    for name, value in checkpointables.items():
+        check_storable(name, value)
+    try:
+        with _orbax.context():
+            inner = ocp.save_checkpointables_async(dest, dict(checkpointables))
+    except BaseException:
+        remove_temporaries(dest)
+        raise
+    return SaveResponse(inner, dest)
+
+
+def read_item_handlers(path: Path) -> dict[str, str | None]:
+    """Names of the checkpointables stored at ``path`` and their handler type strings.
+
+    Raises:
+      ValueError: If ``path`` is not a readable Orbax checkpoint, naming the path
+        and what is wrong.
+    """
+    meta_file = path / CHECKPOINT_METADATA_FILE
+    if not meta_file.is_file():
+        raise ValueError(
+            f"{str(path)!r} is not an Orbax checkpoint: it has no {CHECKPOINT_METADATA_FILE} file"
+        )
+    if meta_file.stat().st_size > _MAX_METADATA_BYTES:
+        raise ValueError(f"{str(meta_file)!r} is implausibly large; refusing to read it")
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError, UnicodeDecodeError) as e:
+        raise ValueError(f"{str(meta_file)!r} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{str(meta_file)!r} does not hold a JSON object")
+    handlers = meta.get("item_handlers")
+    if isinstance(handlers, dict):
+        return {str(k): v if isinstance(v, str) else None for k, v in handlers.items()}
+    # Checkpoints without a handler record: every subdirectory is a checkpointable.
+    return {p.name: None for p in sorted(path.iterdir()) if p.is_dir()}
+
+
+def load_checkpointables(
+    path: str | os.PathLike[str], targets: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Load all named V1 targets together on every process's main thread.
+
+    Args:
+      path: Source checkpoint directory.
+      targets: Non-empty mapping of checkpointable name to an explicit
+        non-``None`` restore target. Names must be portable and distinct.
+
+    Returns:
+      A dict mapping each requested name to its restored value.
+
+    Raises:
+      TypeError: If ``targets`` is not a mapping or a name is not a string.
+      ValueError: If ``targets`` is empty, a name is invalid or not distinct, a
+        target is ``None``, ``path`` uses the reserved temporary suffix, ``path``
+        is not a checkpoint, or it lacks a requested checkpointable.
+      FileNotFoundError: If ``path`` does not exist.
+    """
+    _check_mapping(targets, what="targets")
+    for name, target in targets.items():
+        if target is None:
+            raise ValueError(f"restore target for {name!r} is None; pass an explicit target")
+    src = source_path(path)
+    stored = read_item_handlers(src)
+    missing = [name for name in targets if name not in stored]
+    if missing:
+        raise ValueError(
+            f"checkpoint {str(src)!r} has no checkpointable(s) {missing}; it holds {sorted(stored)}"
+        )
+    try:
+        with _orbax.context():
+            restored = ocp.load_checkpointables(src, dict(targets))
+    except (TypeError, ValueError, KeyError, LookupError) as e:
+        # Orbax reports a target that does not fit the stored tree as a missing
+        # handler; say which checkpoint and which targets were involved.
+        raise ValueError(
+            f"checkpoint {str(src)!r}: could not restore {sorted(targets)} into the given "
+            f"targets (a shape, structure or type differs from what is stored; "
+            f"tinax.explore.compare_table shows each difference): {e}"
+        ) from e
+    return {name: restored[name] for name in targets}

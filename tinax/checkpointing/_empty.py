@@ -1,0 +1,96 @@
+"""Storage for leafless pytrees, which Orbax's PyTree handler refuses.
+
+A stateless optimizer has ``()`` as state and auxiliary state may be ``{}``. Such a
+checkpointable is written as a small JSON description of its containers, so that it
+round-trips and a reader can tell what was there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable
+from typing import Any
+
+from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
+
+from tinax.checkpointing._leaves import is_leafless
+
+FILENAME = "empty_pytree.json"
+FORMAT = "tinax.empty_pytree/1"
+
+
+def describe(tree: Any) -> Any:
+    """A JSON description of a leafless pytree's containers."""
+    if tree is None:
+        return None
+    if isinstance(tree, dict):
+        return {"dict": {str(k): describe(v) for k, v in tree.items()}}
+    if isinstance(tree, list):
+        return {"list": [describe(v) for v in tree]}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return {
+            "namedtuple": type(tree).__qualname__,
+            "fields": {f: describe(getattr(tree, f)) for f in tree._fields},
+        }
+    if isinstance(tree, tuple):
+        return {"tuple": [describe(v) for v in tree]}
+    # Registered pytree nodes (optax, flax structs): their type name is what a
+    # reader can use.
+    return {"node": f"{type(tree).__module__}.{type(tree).__qualname__}"}
+
+
+def _rebuild(description: Any) -> Any:
+    if description is None:
+        return None
+    if "dict" in description:
+        return {k: _rebuild(v) for k, v in description["dict"].items()}
+    if "list" in description:
+        return [_rebuild(v) for v in description["list"]]
+    if "tuple" in description:
+        return tuple(_rebuild(v) for v in description["tuple"])
+    raise ValueError(
+        f"stored empty pytree holds a {next(iter(description))} node; pass a restore target"
+    )
+
+
+class EmptyPyTreeHandler(ocp_handlers.CheckpointableHandler[Any, Any]):
+    """Saves and loads checkpointables that are pytrees without leaves."""
+
+    async def _write(self, directory: Any, description: Any) -> None:
+        path = await directory.await_creation()
+        text = json.dumps({"format": FORMAT, "structure": description})
+        await asyncio.to_thread((path / FILENAME).write_text, text)
+
+    async def save(self, directory: Any, checkpointable: Any) -> Awaitable[None]:
+        return self._write(directory, describe(checkpointable))
+
+    async def _read(self, directory: Any, target: Any) -> Any:
+        path = directory / FILENAME
+        text = await asyncio.to_thread(path.read_text)
+        try:
+            stored = json.loads(text)["structure"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a valid empty-pytree record: {e}") from None
+        if target is None:
+            return _rebuild(stored)
+        if describe(target) != stored:
+            raise ValueError(
+                f"restore target {describe(target)} does not match the stored empty pytree "
+                f"{stored} in {directory}"
+            )
+        return target
+
+    async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Awaitable[Any]:
+        return self._read(directory, abstract_checkpointable)
+
+    async def metadata(self, directory: Any) -> Any:
+        return None
+
+    def is_handleable(self, checkpointable: Any) -> bool:
+        return is_leafless(checkpointable)
+
+    def is_abstract_handleable(self, abstract_checkpointable: Any) -> bool | None:
+        if abstract_checkpointable is None:
+            return None
+        return is_leafless(abstract_checkpointable)

@@ -1,0 +1,67 @@
+"""Checks that every leaf of a checkpointable can be stored, before any write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
+from orbax.checkpoint.experimental.v1._src.serialization import registry as leaf_registry
+
+from tinax.checkpointing._targets import NumpyTarget
+
+_STANDARD_LEAVES = leaf_registry.StandardLeafHandlerRegistry()
+
+
+def is_leafless(value: Any) -> bool:
+    """True for a pytree container with no leaves at all: ``{}``, ``()``, ``[]``."""
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    return not leaves and value is not None and treedef.num_nodes > 0  # type: ignore[attr-defined]
+
+
+def is_stateful(value: Any) -> bool:
+    """True for objects that save themselves (a Grain ``DatasetIterator``)."""
+    return isinstance(value, ocp_handlers.StatefulCheckpointable)
+
+
+def _hint(leaf: Any) -> str:
+    module = type(leaf).__module__
+    if module == "numpy":
+        return " (a NumPy scalar: store it as np.asarray(x) or a Python number)"
+    if callable(leaf):
+        return " (a callable: only data can be checkpointed)"
+    return ""
+
+
+def check_storable(name: str, value: Any) -> None:
+    """Refuses a checkpointable with a leaf Orbax cannot store.
+
+    Orbax alone reports only that no handler fits the whole checkpointable; this
+    names the exact leaf.
+
+    Args:
+      name: The checkpointable's name, for the message.
+      value: The checkpointable.
+
+    Raises:
+      ValueError: If ``value`` is ``None``.
+      TypeError: If a leaf has a type no Orbax leaf handler stores, naming the
+        checkpointable and the leaf's key path.
+    """
+    if value is None:
+        raise ValueError(f"checkpointable {name!r} is None; there is nothing to save")
+    if is_stateful(value) or is_leafless(value):
+        return
+    for key_path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+        if isinstance(leaf, NumpyTarget):
+            raise TypeError(
+                f"checkpointable {name!r} leaf {jax.tree_util.keystr(key_path) or '<root>'} "
+                "is an abstract restore target, not a value"
+            )
+        if not _STANDARD_LEAVES.is_handleable(type(leaf)):
+            where = jax.tree_util.keystr(key_path) or "<root>"
+            raise TypeError(
+                f"checkpointable {name!r} leaf {where} has type "
+                f"{type(leaf).__module__}.{type(leaf).__qualname__}, which Orbax cannot "
+                f"store{_hint(leaf)}"
+            )

@@ -1,0 +1,90 @@
+"""Checkpoint paths: argument checks shared by every save and load."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePath
+
+# Orbax writes a checkpoint under `<name>.orbax-checkpoint-tmp[-<digits>]` and renames
+# it when the save commits; such a path is never a finished checkpoint.
+TEMPORARY_SUFFIX = ".orbax-checkpoint-tmp"
+_TEMPORARY = re.compile(re.escape(TEMPORARY_SUFFIX) + r"(-\d+)?$")
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether a path component carries Orbax's temporary suffix."""
+    return bool(_TEMPORARY.search(name))
+
+
+def as_path(path: object, *, what: str = "path") -> Path:
+    """Converts ``path`` to a ``Path``, refusing Orbax's temporary suffix.
+
+    Raises:
+      TypeError: If ``path`` is not a ``str`` or ``os.PathLike[str]``.
+      ValueError: If ``path`` is empty or its final component uses the temporary
+        suffix (also behind trailing ``/`` or ``/.``).
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"{what} must be a str or os.PathLike, got {type(path).__name__}")
+    raw = os.fspath(path)
+    if not isinstance(raw, str):
+        raise TypeError(f"{what} must be a text path, got {type(raw).__name__}")
+    if not raw:
+        raise ValueError(f"{what} must not be empty")
+    # PurePath drops trailing separators and "." components, so "x.orbax-checkpoint-tmp/."
+    # is caught as well.
+    final = PurePath(raw).name
+    if is_temporary_name(final):
+        raise ValueError(
+            f"{what} {raw!r} uses Orbax's reserved temporary suffix {TEMPORARY_SUFFIX!r}"
+        )
+    return Path(raw)
+
+
+def destination_path(path: object) -> Path:
+    """Checks a save destination: new, and with a directory to land in.
+
+    Raises:
+      TypeError, ValueError: As for ``as_path``.
+      FileExistsError: If anything already exists at ``path``.
+      FileNotFoundError: If the parent directory does not exist.
+    """
+    dest = as_path(path)
+    if os.path.lexists(dest):
+        raise FileExistsError(
+            f"checkpoint destination {str(dest)!r} already exists; saves never overwrite"
+        )
+    parent = dest.absolute().parent
+    if not parent.is_dir():
+        raise FileNotFoundError(
+            f"parent directory of {str(dest)!r} does not exist: {str(parent)!r}"
+        )
+    return dest
+
+
+def source_path(path: object) -> Path:
+    """Checks a load source: an existing directory.
+
+    Raises:
+      TypeError, ValueError: As for ``as_path``; ``ValueError`` also when ``path`` is
+        not a directory.
+      FileNotFoundError: If nothing exists at ``path``.
+    """
+    src = as_path(path)
+    if not src.exists():
+        raise FileNotFoundError(f"checkpoint {str(src)!r} does not exist")
+    if not src.is_dir():
+        raise ValueError(f"checkpoint {str(src)!r} is not a directory")
+    return src
+
+
+def temporary_siblings(dest: Path) -> list[Path]:
+    """Orbax temporary directories that belong to the save destined for ``dest``."""
+    parent = dest.absolute().parent
+    prefix = dest.name + TEMPORARY_SUFFIX
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if p.name.startswith(prefix) and is_temporary_name(p.name)]

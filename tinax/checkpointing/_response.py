@@ -1,0 +1,99 @@
+"""The response a tinax save returns: Orbax's ``AsyncResponse`` plus clean-up."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from tinax.checkpointing._paths import temporary_siblings
+
+T = TypeVar("T")
+
+
+def remove_temporaries(dest: Path) -> None:
+    """Removes Orbax temporary directories left by a failed save to ``dest``."""
+    for tmp in temporary_siblings(dest):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class SaveResponse(Generic[T]):
+    """Completion of one save, bound to an Orbax ``AsyncResponse``.
+
+    It implements Orbax's ``AsyncResponse`` protocol (``result`` and
+    ``on_complete``). When the save fails, the Orbax temporary directory is
+    removed before the failure is reported, whether or not anyone calls
+    ``result``, so a reader never finds a half-written checkpoint.
+
+    One short-lived watcher thread waits for Orbax's response; it ends when the
+    save ends, successfully or not.
+    """
+
+    def __init__(self, inner: Any, destination: Path) -> None:
+        self._inner = inner
+        self._destination = destination
+        self._future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._watch, name=f"tinax-save:{destination.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _watch(self) -> None:
+        try:
+            value = self._inner.result()
+        except BaseException as e:
+            remove_temporaries(self._destination)
+            self._future.set_exception(e)
+        else:
+            self._future.set_result(value)
+
+    @property
+    def path(self) -> Path:
+        """The checkpoint directory this save commits to."""
+        return self._destination
+
+    def result(self, timeout: float | None = None) -> T:
+        """Waits for the save to commit.
+
+        Args:
+          timeout: Seconds to wait; ``None`` waits for as long as it takes.
+
+        Returns:
+          ``None`` once the checkpoint is committed.
+
+        Raises:
+          TimeoutError: If the save has not finished within ``timeout``.
+          Exception: Whatever made the save fail.
+        """
+        try:
+            return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"save to {str(self._destination)!r} not finished after {timeout} s"
+            ) from None
+
+    def done(self) -> bool:
+        """Whether the save has finished, successfully or not."""
+        return self._future.done()
+
+    def exception(self) -> BaseException | None:
+        """The save's failure once it has finished, else ``None``."""
+        if not self._future.done():
+            return None
+        return self._future.exception()
+
+    def on_complete(self, callback: Callable[[T], None]) -> None:
+        """Calls ``callback(result)`` once the save has committed successfully.
+
+        As with Orbax's responses, a failed save does not call ``callback``; use
+        ``result`` or ``exception`` to see the failure.
+        """
+
+        def _call(fut: concurrent.futures.Future[T]) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                callback(fut.result())
+
+        self._future.add_done_callback(_call)

@@ -1,0 +1,326 @@
+"""Training checkpoints: model, optimizer, RNG, auxiliary and iterator state together."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+
+from tinax.checkpointing._checkpointables import (
+    load_checkpointables,
+    read_item_handlers,
+    save_checkpointables,
+)
+from tinax.checkpointing._names import validate_distinct_names
+from tinax.checkpointing._paths import as_path, source_path
+from tinax.checkpointing._response import SaveResponse
+from tinax.checkpointing._targets import NumpyTarget
+
+STEP_KEY = "step"
+STATE_KEY = "state"
+_PYTREE_METADATA_FILE = "_METADATA"
+_MAX_METADATA_BYTES = 256 * 1024 * 1024
+
+
+def check_step(step: object) -> int:
+    """Checks a training step: a non-negative ``int`` that is not a ``bool``."""
+    if isinstance(step, bool) or not isinstance(step, int | np.integer):
+        raise TypeError(f"step must be an int, got {type(step).__name__}: {step!r}")
+    if step < 0:
+        raise ValueError(f"step must be non-negative, got {step}")
+    return int(step)
+
+
+def check_iterator(iterator: object) -> grain.DatasetIterator:
+    """Checks that ``iterator`` is a ``grain.DatasetIterator``."""
+    if not isinstance(iterator, grain.DatasetIterator):
+        raise TypeError(f"iterator must be a grain.DatasetIterator, got {type(iterator).__name__}")
+    return iterator
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingCheckpointNames:
+    """Names for the five independently handled parts of a training checkpoint.
+
+    Attributes:
+      model: Checkpointable name for model state.
+      optimizer: Checkpointable name for optimizer state.
+      rng: Checkpointable name for RNG state.
+      auxiliary: Checkpointable name for auxiliary state and step metadata.
+      iterator: Checkpointable name for the input iterator state.
+
+    Raises:
+      TypeError: If any name is not a string.
+      ValueError: If any name is invalid (see ``validate_checkpointable_name``)
+        or the names are not portable and distinct.
+    """
+
+    model: str = "model"
+    optimizer: str = "optimizer"
+    rng: str = "rng"
+    auxiliary: str = "auxiliary"
+    iterator: str = "iterator"
+
+    def __post_init__(self) -> None:
+        validate_distinct_names(
+            (self.model, self.optimizer, self.rng, self.auxiliary, self.iterator),
+            what="TrainingCheckpointNames",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingCheckpoint:
+    """A complete restored training state from one atomic checkpoint.
+
+    Attributes:
+      step: Non-negative training step the checkpoint was written at.
+      model: Restored model state.
+      optimizer: Restored optimizer state.
+      rng: Restored RNG state.
+      auxiliary: Restored user auxiliary state.
+      iterator: Restored Grain input iterator.
+
+    Raises:
+      TypeError: If ``step`` is not an integer (booleans rejected) or
+        ``iterator`` is not a ``grain.DatasetIterator``.
+      ValueError: If ``step`` is negative.
+    """
+
+    step: int
+    model: Any
+    optimizer: Any
+    rng: Any
+    auxiliary: Any
+    iterator: grain.DatasetIterator
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "step", check_step(self.step))
+        check_iterator(self.iterator)
+
+
+def _check_names(names: object) -> TrainingCheckpointNames:
+    if names is None:
+        return TrainingCheckpointNames()
+    if not isinstance(names, TrainingCheckpointNames):
+        raise TypeError(
+            f"names must be a TrainingCheckpointNames or None, got {type(names).__name__}"
+        )
+    return names
+
+
+def save_training_checkpoint(
+    path: str | os.PathLike[str],
+    step: int,
+    model: Any,
+    optimizer: Any,
+    rng: Any,
+    auxiliary: Any,
+    iterator: grain.DatasetIterator,
+    *,
+    names: TrainingCheckpointNames | None = None,
+) -> SaveResponse[None]:
+    """Start one atomic training save on every process's main thread.
+
+    The iterator's state is captured when this call returns, so the caller may
+    keep iterating while the save completes in the background.
+
+    Args:
+      path: Destination checkpoint directory.
+      step: Non-negative training step.
+      model: Model state to save.
+      optimizer: Optimizer state to save.
+      rng: RNG state to save.
+      auxiliary: User auxiliary state saved alongside ``step``.
+      iterator: Grain input iterator whose state is saved.
+      names: Optional override for the five checkpointable names. Defaults to
+        ``TrainingCheckpointNames()``.
+
+    Returns:
+      An Orbax ``AsyncResponse``; call ``.result()`` to await completion.
+
+    Raises:
+      TypeError: If ``step`` is not an integer (booleans rejected), ``iterator``
+        is not a ``grain.DatasetIterator``, or ``names`` is not a
+        ``TrainingCheckpointNames``.
+      ValueError: If ``step`` is negative.
+    """
+    step = check_step(step)
+    check_iterator(iterator)
+    names = _check_names(names)
+    return save_checkpointables(
+        path,
+        {
+            names.model: model,
+            names.optimizer: optimizer,
+            names.rng: rng,
+            names.auxiliary: {STEP_KEY: step, STATE_KEY: auxiliary},
+            names.iterator: iterator,
+        },
+    )
+
+
+def _stored_top_level_keys(directory: Path) -> list[tuple[Any, int]] | None:
+    """Top-level keys and key types of the pytree stored in ``directory``.
+
+    Returns ``None`` when the directory holds no Orbax pytree metadata.
+    """
+    meta_file = directory / _PYTREE_METADATA_FILE
+    if not meta_file.is_file():
+        return None
+    if meta_file.stat().st_size > _MAX_METADATA_BYTES:
+        raise ValueError(f"{str(meta_file)!r} is implausibly large; refusing to read it")
+    try:
+        tree = json.loads(meta_file.read_text(encoding="utf-8"))["tree_metadata"]
+        keys: dict[Any, int] = {}
+        for entry in tree.values():
+            first = entry["key_metadata"][0]
+            keys.setdefault(first["key"], int(first["key_type"]))
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as e:
+        raise ValueError(f"{str(meta_file)!r} is not valid Orbax pytree metadata: {e!r}") from None
+    return list(keys.items())
+
+
+def _check_auxiliary_layout(path: Path, name: str) -> None:
+    keys = _stored_top_level_keys(path / name)
+    if keys is None:
+        raise TypeError(
+            f"auxiliary checkpointable {name!r} in {str(path)!r} is not a stored pytree, "
+            "so it does not restore as a mapping"
+        )
+    if any(key_type != 2 for _, key_type in keys):
+        raise TypeError(
+            f"auxiliary checkpointable {name!r} in {str(path)!r} does not restore as a mapping"
+        )
+    present = {key for key, _ in keys}
+    # A `state` with no leaves leaves no trace in Orbax's metadata; only `step` is required
+    # to be visible there.
+    if STEP_KEY not in present:
+        raise ValueError(
+            f"auxiliary checkpointable {name!r} in {str(path)!r} is missing {STEP_KEY!r}"
+        )
+
+
+def _leaf_spec(leaf: Any) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+    if isinstance(leaf, jax.ShapeDtypeStruct | NumpyTarget | jax.Array | np.ndarray):
+        return tuple(leaf.shape), np.dtype(leaf.dtype)
+    return None
+
+
+def _check_restored(name: str, target: Any, restored: Any) -> None:
+    """Raises unless ``restored`` has the structure, shapes and dtypes of ``target``."""
+    target_leaves, target_def = jax.tree_util.tree_flatten_with_path(target)
+    restored_leaves, restored_def = jax.tree_util.tree_flatten_with_path(restored)
+    if str(target_def) != str(restored_def):
+        raise ValueError(
+            f"checkpointable {name!r}: stored structure does not match the restore target "
+            f"(target {target_def}, stored {restored_def})"
+        )
+    for (key_path, want), (_, got) in zip(target_leaves, restored_leaves, strict=True):
+        want_spec, got_spec = _leaf_spec(want), _leaf_spec(got)
+        if want_spec is not None and got_spec != want_spec:
+            raise ValueError(
+                f"checkpointable {name!r} leaf {jax.tree_util.keystr(key_path)}: target "
+                f"{want_spec[0]} {want_spec[1]} but checkpoint restored "
+                f"{got_spec and got_spec[0]} {got_spec and got_spec[1]}"
+            )
+
+
+def load_training_checkpoint(
+    path: str | os.PathLike[str],
+    model_target: Any,
+    optimizer_target: Any,
+    rng_target: Any,
+    auxiliary_target: Any,
+    iterator: grain.DatasetIterator,
+    *,
+    names: TrainingCheckpointNames | None = None,
+) -> TrainingCheckpoint:
+    """Preflight value targets before restoring the stateful iterator.
+
+    The model, optimizer, RNG and auxiliary state are restored and checked against
+    their targets first; only when all of them match is the iterator's state read
+    from the same checkpoint and set, in place, with prefetch started as Grain's
+    own handler does. An incompatible target therefore raises and leaves the
+    caller's iterator exactly where it was.
+
+    Args:
+      path: Source checkpoint directory.
+      model_target: Restore target for model state.
+      optimizer_target: Restore target for optimizer state.
+      rng_target: Restore target for RNG state.
+      auxiliary_target: Restore target for user auxiliary state.
+      iterator: Grain iterator to restore in place.
+      names: Optional override for the five checkpointable names. Defaults to
+        ``TrainingCheckpointNames()``.
+
+    Returns:
+      A ``TrainingCheckpoint`` with the restored step, model, optimizer, rng,
+      auxiliary state, and iterator.
+
+    Raises:
+      TypeError: If ``iterator`` is not a ``grain.DatasetIterator``, ``names`` is
+        not a ``TrainingCheckpointNames``, or the auxiliary checkpointable does
+        not restore as a mapping.
+      ValueError: If the auxiliary checkpointable is missing ``step`` or
+        ``state``, the restored step is negative, or a target does not match the
+        checkpoint.
+      FileNotFoundError: If ``path`` does not exist.
+    """
+    check_iterator(iterator)
+    names = _check_names(names)
+    as_path(path)
+    src = source_path(path)
+    stored = read_item_handlers(src)
+    missing = [
+        n
+        for n in (names.model, names.optimizer, names.rng, names.auxiliary, names.iterator)
+        if n not in stored
+    ]
+    if missing:
+        raise ValueError(
+            f"checkpoint {str(src)!r} is not a training checkpoint: it has no {missing}; "
+            f"it holds {sorted(stored)}"
+        )
+    _check_auxiliary_layout(src, names.auxiliary)
+
+    value_targets = {
+        names.model: model_target,
+        names.optimizer: optimizer_target,
+        names.rng: rng_target,
+        names.auxiliary: {STEP_KEY: 0, STATE_KEY: auxiliary_target},
+    }
+    values = load_checkpointables(src, value_targets)
+    auxiliary = values[names.auxiliary]
+    if not isinstance(auxiliary, Mapping):
+        raise TypeError(
+            f"auxiliary checkpointable {names.auxiliary!r} did not restore as a mapping"
+        )
+    for key in (STEP_KEY, STATE_KEY):
+        if key not in auxiliary:
+            raise ValueError(f"auxiliary checkpointable {names.auxiliary!r} is missing {key!r}")
+    step = auxiliary[STEP_KEY]
+    if isinstance(step, bool) or not isinstance(step, int | np.integer):
+        raise ValueError(f"stored step {step!r} in {str(src)!r} is not an integer")
+    if step < 0:
+        raise ValueError(f"stored step {step} in {str(src)!r} is negative")
+    for name, target in value_targets.items():
+        _check_restored(name, target, values[name])
+
+    # Only now is the caller's iterator touched.
+    load_checkpointables(src, {names.iterator: iterator})
+    iterator.start_prefetch()
+    return TrainingCheckpoint(
+        step=int(step),
+        model=values[names.model],
+        optimizer=values[names.optimizer],
+        rng=values[names.rng],
+        auxiliary=auxiliary[STATE_KEY],
+        iterator=iterator,
+    )

@@ -1,0 +1,1 @@
+"""Compatibility with Orbax V0 checkpoints. Import ``tinax.checkpointing.legacy.v0``."""
