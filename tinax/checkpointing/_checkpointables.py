@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 from orbax.checkpoint import v1 as ocp
 
 from tinax.checkpointing import _orbax
@@ -15,6 +17,7 @@ from tinax.checkpointing._leaves import check_storable
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._paths import destination_path, source_path
 from tinax.checkpointing._response import SaveResponse, remove_temporaries
+from tinax.checkpointing._targets import NumpyTarget
 
 CHECKPOINT_METADATA_FILE = "_CHECKPOINT_METADATA"
 # Refuse metadata files far larger than Orbax ever writes rather than parse them.
@@ -99,6 +102,32 @@ def read_item_handlers(path: Path) -> dict[str, str | None]:
     return {p.name: None for p in sorted(path.iterdir()) if p.is_dir()}
 
 
+def _leaf_spec(leaf: Any) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+    if isinstance(leaf, jax.ShapeDtypeStruct | NumpyTarget | jax.Array | np.ndarray):
+        return tuple(leaf.shape), np.dtype(leaf.dtype)
+    return None
+
+
+def _check_restored(path: Path, name: str, target: Any, restored: Any) -> None:
+    """Raises unless ``restored`` has the structure, shapes and dtypes of ``target``."""
+    target_leaves, target_def = jax.tree_util.tree_flatten_with_path(target)
+    restored_leaves, restored_def = jax.tree_util.tree_flatten_with_path(restored)
+    if str(target_def) != str(restored_def):
+        raise ValueError(
+            f"checkpoint {str(path)!r}: checkpointable {name!r}: stored structure does not match the restore target "
+            f"(target {target_def}, stored {restored_def})"
+        )
+    for (key_path, want), (_, got) in zip(target_leaves, restored_leaves, strict=True):
+        want_spec, got_spec = _leaf_spec(want), _leaf_spec(got)
+        if want_spec is not None and got_spec != want_spec:
+            raise ValueError(
+                f"checkpoint {str(path)!r}: checkpointable {name!r} leaf "
+                f"{jax.tree_util.keystr(key_path)}: target "
+                f"{want_spec[0]} {want_spec[1]} but checkpoint restored "
+                f"{got_spec and got_spec[0]} {got_spec and got_spec[1]}"
+            )
+
+
 def load_checkpointables(
     path: str | os.PathLike[str], targets: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -141,4 +170,8 @@ def load_checkpointables(
             f"targets (a shape, structure or type differs from what is stored; "
             f"tinax.explore.compare_table shows each difference): {e}"
         ) from e
+    # Orbax restores a NumPy leaf with its stored shape whatever the target says;
+    # a restore that does not match its target is an error, not a surprise later.
+    for name, target in targets.items():
+        _check_restored(src, name, target, restored[name])
     return {name: restored[name] for name in targets}

@@ -7,7 +7,9 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
+
+from orbax.checkpoint import v1 as ocp
 
 from tinax.checkpointing._paths import temporary_siblings
 
@@ -20,7 +22,7 @@ def remove_temporaries(dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-class SaveResponse(Generic[T]):
+class SaveResponse(ocp.AsyncResponse[T]):
     """Completion of one save, bound to an Orbax ``AsyncResponse``.
 
     It implements Orbax's ``AsyncResponse`` protocol (``result`` and

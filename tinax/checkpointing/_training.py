@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import grain
-import jax
 import numpy as np
 
 from tinax.checkpointing._checkpointables import (
@@ -21,7 +20,6 @@ from tinax.checkpointing._checkpointables import (
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._paths import as_path, source_path
 from tinax.checkpointing._response import SaveResponse
-from tinax.checkpointing._targets import NumpyTarget
 
 STEP_KEY = "step"
 STATE_KEY = "state"
@@ -207,31 +205,6 @@ def _check_auxiliary_layout(path: Path, name: str) -> None:
         )
 
 
-def _leaf_spec(leaf: Any) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
-    if isinstance(leaf, jax.ShapeDtypeStruct | NumpyTarget | jax.Array | np.ndarray):
-        return tuple(leaf.shape), np.dtype(leaf.dtype)
-    return None
-
-
-def _check_restored(name: str, target: Any, restored: Any) -> None:
-    """Raises unless ``restored`` has the structure, shapes and dtypes of ``target``."""
-    target_leaves, target_def = jax.tree_util.tree_flatten_with_path(target)
-    restored_leaves, restored_def = jax.tree_util.tree_flatten_with_path(restored)
-    if str(target_def) != str(restored_def):
-        raise ValueError(
-            f"checkpointable {name!r}: stored structure does not match the restore target "
-            f"(target {target_def}, stored {restored_def})"
-        )
-    for (key_path, want), (_, got) in zip(target_leaves, restored_leaves, strict=True):
-        want_spec, got_spec = _leaf_spec(want), _leaf_spec(got)
-        if want_spec is not None and got_spec != want_spec:
-            raise ValueError(
-                f"checkpointable {name!r} leaf {jax.tree_util.keystr(key_path)}: target "
-                f"{want_spec[0]} {want_spec[1]} but checkpoint restored "
-                f"{got_spec and got_spec[0]} {got_spec and got_spec[1]}"
-            )
-
-
 def load_training_checkpoint(
     path: str | os.PathLike[str],
     model_target: Any,
@@ -310,9 +283,6 @@ def load_training_checkpoint(
         raise ValueError(f"stored step {step!r} in {str(src)!r} is not an integer")
     if step < 0:
         raise ValueError(f"stored step {step} in {str(src)!r} is negative")
-    for name, target in value_targets.items():
-        _check_restored(name, target, values[name])
-
     # Only now is the caller's iterator touched.
     load_checkpointables(src, {names.iterator: iterator})
     iterator.start_prefetch()
