@@ -40,7 +40,7 @@ bench: install
 	$(PY) bench/explore.py
 
 demo-data: install
-	$(PY) -m tinax_demo.make_run $(DEMO_RUN)
+	$(PY) demo/make_run.py $(DEMO_RUN)
 
 demo: demo-data
 	@echo "JupyterLab: http://127.0.0.1:$(PORT)/lab (token disabled, listening on 127.0.0.1 only)"
