@@ -47,7 +47,8 @@ def destination_path(path: object) -> Path:
 
     Raises:
       TypeError, ValueError: As for ``as_path``.
-      FileExistsError: If anything already exists at ``path``.
+      FileExistsError: If anything already exists at ``path``, or a save to it
+        is in progress (its Orbax temporary directory exists).
       FileNotFoundError: If the parent directory does not exist.
     """
     dest = as_path(path)
@@ -59,6 +60,12 @@ def destination_path(path: object) -> Path:
     if not parent.is_dir():
         raise FileNotFoundError(
             f"parent directory of {str(dest)!r} does not exist: {str(parent)!r}"
+        )
+    pending = temporary_siblings(dest)
+    if pending:
+        raise FileExistsError(
+            f"a save to {str(dest)!r} is in progress or was interrupted: "
+            f"{str(pending[0])!r} exists (delete it if no save is running)"
         )
     return dest
 
