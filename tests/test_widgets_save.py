@@ -1,0 +1,122 @@
+"""SavePanel: names checked before anything is written, saves with progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tinax.checkpointing import abstract_restore_target, load_checkpointables, save_checkpointables
+from widgets import AsyncProgress, SavePanel
+
+
+def test_default_name_is_the_next_free_step(tmp_path: Path) -> None:
+    assert SavePanel(tmp_path, {"a": {"x": np.zeros(2)}}).name_field.value == "step-0"
+    save_checkpointables(tmp_path / "step-3", {"a": {"x": np.zeros(2)}}).result()
+    # A save in progress holds its name too.
+    (tmp_path / "step-5.orbax-checkpoint-tmp-1234").mkdir()
+    (tmp_path / "notes").mkdir()
+    assert SavePanel(tmp_path, {"a": {"x": np.zeros(2)}}).name_field.value == "step-6"
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("", "empty"),
+        ("a/b", "reserved character"),
+        ("..", "dot path component"),
+        ("x.orbax-checkpoint-tmp", "temporary"),
+        ("step-3", "already taken"),
+        ("step-5", "in progress"),
+        ("_CHECKPOINT_METADATA", "reserved"),
+    ],
+)
+def test_bad_or_taken_names_are_refused_before_writing(
+    tmp_path: Path, name: str, reason: str
+) -> None:
+    save_checkpointables(tmp_path / "step-3", {"a": {"x": np.zeros(2)}}).result()
+    (tmp_path / "step-5.orbax-checkpoint-tmp-99").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    panel = SavePanel(tmp_path, {"a": {"x": np.ones(2)}})
+    panel.name_field.value = name
+    assert reason in panel.name_error
+    assert panel.save_button.disabled
+    assert "Cannot save" in panel.message.value
+    panel.save_button.click()  # disabled in the browser; a direct click is refused too
+    assert panel.progress is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    panel.name_field.value = "fine"
+    assert panel.name_error == "" and not panel.save_button.disabled
+
+
+def test_save_evaluates_the_callable_at_click_time(tmp_path: Path) -> None:
+    state = {"model": {"w": np.arange(4.0)}}
+    panel = SavePanel(
+        tmp_path, lambda: {"model": state["model"], "extra": {"n": np.asarray(7, np.int32)}}
+    )
+    state["model"] = {"w": np.arange(4.0) * 10}
+    panel.save_button.click()
+    assert isinstance(panel.progress, AsyncProgress)
+    assert panel.progress.wait(60) == "done", panel.progress.error
+    assert panel.path == tmp_path / "step-0"
+    assert panel.progress.total_bytes == 4 * 8 + 4
+    restored = load_checkpointables(
+        tmp_path / "step-0", {"model": abstract_restore_target(state["model"])}
+    )
+    np.testing.assert_array_equal(restored["model"]["w"], np.arange(4.0) * 10)
+    assert not panel.saving
+    assert panel.name_field.value == "step-1"
+    assert not panel.save_button.disabled
+    assert "saved step-0" in panel.message.value
+    # A second save goes to the next name.
+    panel.save_button.click()
+    assert panel.progress.wait(60) == "done"
+    assert (tmp_path / "step-1" / "_CHECKPOINT_METADATA").is_file()
+    assert panel.name_field.value == "step-2"
+
+
+def test_a_mapping_is_saved_as_given(tmp_path: Path) -> None:
+    panel = SavePanel(str(tmp_path), {"params": {"b": np.ones((3, 2), np.float32)}})
+    panel.name_field.value = "initial"
+    panel.save_button.click()
+    assert panel.progress is not None and panel.progress.wait(60) == "done"
+    restored = load_checkpointables(
+        tmp_path / "initial", {"params": {"b": abstract_restore_target(np.ones((3, 2), "f4"))}}
+    )
+    np.testing.assert_array_equal(restored["params"]["b"], np.ones((3, 2)))
+
+
+def _boom() -> Any:
+    raise RuntimeError("state is not ready")
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [
+        (_boom, "RuntimeError: state is not ready"),
+        (lambda: [1, 2], "must return a mapping"),
+        (lambda: {"model": {"f": print}}, "which Orbax cannot store"),
+        (lambda: {"bad/name": {"x": np.zeros(1)}}, "reserved character"),
+    ],
+)
+def test_errors_at_click_are_shown_not_raised(tmp_path: Path, source: Any, shown: str) -> None:
+    panel = SavePanel(tmp_path, source)
+    panel.save_button.click()  # must not raise
+    assert shown in panel.error
+    assert "Save failed" in panel.message.value
+    assert not panel.saving and not panel.save_button.disabled
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_constructor_checks_its_arguments(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        SavePanel(tmp_path / "missing", {"a": {}})
+    with pytest.raises(TypeError):
+        SavePanel(3, {"a": {}})  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        SavePanel(tmp_path, [("a", 1)])  # type: ignore[arg-type]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError):
+        SavePanel(tmp_path / "file", {"a": {}})

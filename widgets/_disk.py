@@ -1,0 +1,136 @@
+"""What the widgets learn from the filesystem: bytes landed, free names, bytes read."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from tinax.checkpointing import validate_checkpointable_name
+
+# Orbax writes a checkpoint under `<name>.orbax-checkpoint-tmp[-<digits>]` and renames it
+# when the save commits.
+TEMPORARY_MARKER = ".orbax-checkpoint-tmp"
+_TEMPORARY = re.compile(re.escape(TEMPORARY_MARKER) + r"(-\d+)?$")
+_STEP_NAME = re.compile(r"^step-(\d+)(?:" + re.escape(TEMPORARY_MARKER) + r".*)?$")
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether a directory name carries Orbax's temporary suffix."""
+    return bool(_TEMPORARY.search(name))
+
+
+def bytes_under(path: Path) -> int:
+    """Total size of the regular files under ``path`` (0 if it does not exist).
+
+    Files may appear and vanish while a save runs; those are skipped.
+    """
+    total = 0
+    stack = [os.fspath(path)]
+    while stack:
+        top = stack.pop()
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
+
+
+def temporaries_of(destination: Path) -> list[Path]:
+    """Orbax temporary directories of a save headed for ``destination``."""
+    parent = destination.absolute().parent
+    prefix = destination.name + TEMPORARY_MARKER
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return []
+    return [
+        Path(e.path) for e in entries if e.name.startswith(prefix) and is_temporary_name(e.name)
+    ]
+
+
+def bytes_landed(destination: Path) -> int:
+    """Bytes written so far by a save headed for ``destination``.
+
+    Counts the Orbax temporary directories first and the final directory once the
+    save has renamed it, so the count keeps growing across the commit.
+    """
+    return sum(bytes_under(p) for p in temporaries_of(destination)) + bytes_under(destination)
+
+
+def process_bytes_read() -> int | None:
+    """Bytes this process has read through system calls so far (Linux), else ``None``.
+
+    Loads read a checkpoint's array data with ordinary reads, so the growth of this
+    counter while a load runs measures the load's progress.
+    """
+    try:
+        with open("/proc/self/io", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def next_free_step_name(directory: Path) -> str:
+    """``step-N`` with ``N`` one past the highest step under ``directory`` (``step-0`` if none).
+
+    Saves still in progress count as taken.
+    """
+    highest = -1
+    try:
+        names = [e.name for e in os.scandir(directory)]
+    except OSError:
+        names = []
+    for name in names:
+        match = _STEP_NAME.match(name)
+        if match:
+            highest = max(highest, int(match.group(1)))
+    return f"step-{highest + 1}"
+
+
+def check_new_checkpoint_name(directory: Path, name: object) -> str:
+    """Checks that ``name`` can become a new checkpoint directory under ``directory``.
+
+    Args:
+      directory: The run directory the checkpoint is saved in.
+      name: The proposed checkpoint directory name.
+
+    Returns:
+      ``name``, unchanged.
+
+    Raises:
+      TypeError: If ``name`` is not a string.
+      ValueError: If ``name`` is not a portable path component, uses Orbax's
+        temporary suffix, or is already taken by a checkpoint, a file or a save in
+        progress.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"checkpoint name must be a str, got {type(name).__name__}")
+    if not name.strip():
+        raise ValueError("checkpoint name must not be empty")
+    try:
+        validate_checkpointable_name(name)
+    except ValueError as e:
+        # The checkpointable-name rules are exactly the portable path component rules.
+        raise ValueError(str(e).replace("checkpointable name", "checkpoint name")) from None
+    if TEMPORARY_MARKER in name:
+        raise ValueError(
+            f"checkpoint name {name!r} uses Orbax's reserved temporary marker {TEMPORARY_MARKER!r}"
+        )
+    target = directory / name
+    if os.path.lexists(target):
+        raise ValueError(f"{name!r} is already taken in {str(directory)!r}")
+    if temporaries_of(target):
+        raise ValueError(f"a save to {name!r} is already in progress in {str(directory)!r}")
+    return name

@@ -1,0 +1,55 @@
+"""Short human-readable forms of sizes, durations and rates for widget labels."""
+
+from __future__ import annotations
+
+import html
+import math
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_bytes(n: float | None) -> str:
+    """``1536`` → ``'1.5 KiB'``; ``None`` or NaN → ``'—'``."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "—"
+    value = float(n)
+    for unit in _BYTE_UNITS:
+        if abs(value) < 1024 or unit == _BYTE_UNITS[-1]:
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.25`` → ``'0.25 s'``; ``75`` → ``'1 min 15 s'``."""
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def format_rate(nbytes: float, seconds: float) -> str:
+    """Bytes per second as ``'12.3 MiB/s'``; ``'—'`` when no time has passed."""
+    if seconds <= 0:
+        return "—"
+    return format_bytes(nbytes / seconds) + "/s"
+
+
+def error_html(error: BaseException | str, *, title: str = "Error") -> str:
+    """An escaped, readable block for an exception shown inside a widget."""
+    text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+    return (
+        '<div style="color:#b00020;white-space:pre-wrap;font-family:monospace;'
+        'font-size:90%;max-height:12em;overflow:auto">'
+        f"<b>{html.escape(title)}</b> {html.escape(text)}</div>"
+    )
+
+
+def note_html(text: str, *, color: str = "#555") -> str:
+    """A short escaped note in the given colour."""
+    return f'<span style="color:{color}">{html.escape(text)}</span>'

@@ -1,0 +1,190 @@
+"""A panel that saves named checkpointables as a new checkpoint, with progress."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as w
+import jax
+import traitlets
+
+from tinax.checkpointing import save_checkpointables
+from widgets._disk import check_new_checkpoint_name, next_free_step_name
+from widgets._format import error_html, note_html
+from widgets._guard import shown_in_widget
+from widgets._progress import RUNNING, AsyncProgress
+
+
+def _leaf_nbytes(leaf: Any) -> int:
+    nbytes = getattr(leaf, "nbytes", None)
+    if isinstance(nbytes, int) and not isinstance(nbytes, bool):
+        return nbytes
+    return 0
+
+
+def array_bytes(checkpointables: Mapping[str, Any]) -> int:
+    """Bytes of array data in ``checkpointables``: what a save mostly writes."""
+    return sum(_leaf_nbytes(leaf) for leaf in jax.tree_util.tree_leaves(dict(checkpointables)))
+
+
+def _check_directory(directory: object) -> Path:
+    if not isinstance(directory, str | os.PathLike):
+        raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
+    path = Path(os.fspath(directory))
+    if not path.exists():
+        raise FileNotFoundError(f"directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise ValueError(f"{str(path)!r} is not a directory")
+    return path
+
+
+class SavePanel(w.VBox):
+    """A name field, a Save button and an ``AsyncProgress`` for the save.
+
+    The name defaults to the next free ``step-N`` under ``directory``. A name that
+    is not a portable directory name, or that is already taken, is refused in the
+    panel with the reason and the Save button stays disabled; nothing is written.
+
+    Attributes:
+      name_error: Why the current name is refused, or ``""``.
+      error: The last save's failure to start (shown in the panel), or ``""``.
+      saving: Whether a save started here is still running.
+      progress: The ``AsyncProgress`` of the last save, or ``None``.
+      response: The last save's response, or ``None``.
+      path: The last save's checkpoint path, or ``None``.
+    """
+
+    name_error = traitlets.Unicode("")
+    error = traitlets.Unicode("")
+    saving = traitlets.Bool(False)
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        checkpointables: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+    ) -> None:
+        """Builds the panel.
+
+        Args:
+          directory: Existing run directory the checkpoints are saved in.
+          checkpointables: A mapping of checkpointable name to value, or a
+            zero-argument callable returning one, evaluated at each click.
+
+        Raises:
+          TypeError: If ``directory`` is not a path or ``checkpointables`` is
+            neither a mapping nor callable.
+          FileNotFoundError: If ``directory`` does not exist.
+          ValueError: If ``directory`` is not a directory.
+        """
+        self.directory = _check_directory(directory)
+        if not isinstance(checkpointables, Mapping) and not callable(checkpointables):
+            raise TypeError(
+                "checkpointables must be a mapping of name to value or a zero-argument "
+                f"callable returning one, got {type(checkpointables).__name__}"
+            )
+        self._source = checkpointables
+        self.progress: AsyncProgress | None = None
+        self.response: Any = None
+        self.path: Path | None = None
+
+        self.name_field = w.Text(
+            value=next_free_step_name(self.directory),
+            description="Name",
+            continuous_update=True,
+            layout=w.Layout(width="22em"),
+        )
+        self.save_button = w.Button(description="Save", icon="save", button_style="primary")
+        self.message = w.HTML("")
+        self.progress_box = w.VBox([])
+        super().__init__(
+            children=[
+                w.HTML(note_html(f"Saves to {self.directory}")),
+                w.HBox([self.name_field, self.save_button]),
+                self.message,
+                self.progress_box,
+            ]
+        )
+        self.name_field.observe(self._on_name, names="value")
+        self.save_button.on_click(shown_in_widget(self._show_error)(self._on_save))
+        self._check_name()
+
+    # -- name ----------------------------------------------------------------------------
+
+    def _check_name(self) -> bool:
+        try:
+            check_new_checkpoint_name(self.directory, self.name_field.value)
+        except (TypeError, ValueError) as e:
+            self.name_error = str(e)
+            self.message.value = error_html(str(e), title="Cannot save:")
+            self.save_button.disabled = True
+            return False
+        self.name_error = ""
+        self.message.value = ""
+        self.save_button.disabled = self.saving
+        return True
+
+    def _on_name(self, change: Any) -> None:
+        shown_in_widget(self._show_error)(self._check_name)()
+
+    # -- save ----------------------------------------------------------------------------
+
+    def _show_error(self, error: BaseException) -> None:
+        self.error = f"{type(error).__name__}: {error}"
+        self.message.value = error_html(error, title="Save failed:")
+        self.saving = False
+        self.save_button.disabled = False
+
+    def _evaluate(self) -> Mapping[str, Any]:
+        value = self._source() if callable(self._source) else self._source
+        if not isinstance(value, Mapping):
+            raise TypeError(
+                "checkpointables callable must return a mapping of name to value, "
+                f"got {type(value).__name__}"
+            )
+        return value
+
+    def _on_save(self, _button: Any = None) -> None:
+        if self.saving:
+            return
+        self.error = ""
+        if not self._check_name():
+            return
+        name = self.name_field.value
+        mapping = self._evaluate()
+        destination = self.directory / name
+        self.saving = True
+        self.save_button.disabled = True
+        self.message.value = note_html(f"saving {name}…")
+        response = save_checkpointables(destination, mapping)
+        self.response, self.path = response, destination
+        progress = AsyncProgress(
+            response,
+            total_bytes=array_bytes(mapping),
+            watch=destination,
+            description=f"saving {name}",
+        )
+        self.progress = progress
+        self.progress_box.children = (progress,)
+        progress.observe(self._on_progress_status, names="status")
+        if progress.status != RUNNING:
+            self._on_progress_status(None)
+
+    def _on_progress_status(self, _change: Any) -> None:
+        progress = self.progress
+        if progress is None or progress.status == RUNNING or not self.saving:
+            return
+        self.saving = False
+        saved = self.path.name if self.path is not None else ""
+        if self.name_field.value == saved:
+            # Offer the next free name; this also re-checks and re-enables Save.
+            self.name_field.value = next_free_step_name(self.directory)
+        self._check_name()
+        if progress.status != RUNNING:
+            self.message.value = (
+                note_html(f"saved {saved}", color="#1b5e20")
+                if progress.status == "done"
+                else error_html(progress.error, title="Save failed:")
+            )
