@@ -1,0 +1,87 @@
+"""The notebooks: stripped in git, and each runs top to bottom on a real kernel.
+
+Execution happens in a scratch copy of ``notebooks/`` and ``demo/`` with its own demo
+run next to them (at ``../demo_run``, where the notebooks look for it), so the test
+neither reads nor writes the checkout's ``demo_run/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+EXPECTED = (
+    "01_quickstart.ipynb",
+    "04_legacy_v0.ipynb",
+)
+CELL_TIMEOUT_S = 120
+# Each notebook is meant to take seconds on a CPU; this bound catches one that does not.
+NOTEBOOK_BUDGET_S = 60
+
+
+def _read(name: str) -> nbformat.NotebookNode:
+    return nbformat.read(NOTEBOOKS / name, as_version=4)
+
+
+def test_the_notebooks_are_the_expected_set() -> None:
+    assert tuple(sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))) == EXPECTED
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_notebook_is_stripped_and_valid(name: str) -> None:
+    nb = _read(name)
+    nbformat.validate(nb)
+    assert nb.metadata.kernelspec.name == "python3"
+    # Saved widget state would be stale, machine-specific output.
+    assert "widgets" not in nb.metadata
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code, f"{name} has no code"
+    for cell in code:
+        assert cell.outputs == [], f"{name}: cell {cell.id} has saved outputs"
+        assert cell.execution_count is None, f"{name}: cell {cell.id} has an execution count"
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scratch checkout with notebooks/, demo/ and a finished demo_run/."""
+    root = tmp_path_factory.mktemp("checkout")
+    shutil.copytree(NOTEBOOKS, root / "notebooks", ignore=shutil.ignore_patterns(".ipynb*"))
+    shutil.copytree(REPO / "demo", root / "demo", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [sys.executable, str(root / "demo" / "make_run.py"), str(root / "demo_run")],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return root
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_notebook_runs_top_to_bottom(workspace: Path, name: str) -> None:
+    nb = nbformat.read(workspace / "notebooks" / name, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",  # jupyter_client runs it with this very interpreter
+        allow_errors=False,
+        resources={"metadata": {"path": str(workspace / "notebooks")}},
+    )
+    started = time.monotonic()
+    client.execute()  # raises CellExecutionError on the first failing cell
+    elapsed = time.monotonic() - started
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert all(c.execution_count is not None for c in nb.cells if c.cell_type == "code")
+    # Every notebook shows something: printed text, a table, a figure or a widget.
+    assert any(o.output_type in ("stream", "display_data", "execute_result") for o in outputs)
+    assert elapsed < NOTEBOOK_BUDGET_S, f"{name} took {elapsed:.1f} s"
