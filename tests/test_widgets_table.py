@@ -1,0 +1,107 @@
+"""PagedTable: pages of a DataFrame in reused stock widgets, clickable rows."""
+
+from __future__ import annotations
+
+import ipywidgets as w
+import pandas as pd
+import pytest
+
+from widgets._table import Column, PagedTable, RowLook, format_cell
+
+COLUMNS = (Column("name", "name"), Column("size", "size"), Column("shape", "shape"))
+
+
+def _frame(n: int) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "name": [f"row-{i}" for i in range(n)],
+            "size": range(n),
+            "shape": [(i,) for i in range(n)],
+        }
+    )
+
+
+def _visible_names(table: PagedTable) -> list[str]:
+    names = []
+    for row in table.children[1:-1]:
+        assert isinstance(row, w.HBox)
+        if row.layout.display != "none":
+            names.append(row.children[0].description)
+    return names
+
+
+def test_pages_turn_and_reuse_the_same_widgets() -> None:
+    table = PagedTable(COLUMNS, pick="name", page_size=20)
+    cells_before = [row.children for row in table.children[1:-1]]
+    table.show(_frame(45))
+    assert table.page_count == 3
+    assert table.position.value == "rows 1–20 of 45 · page 1/3"
+    assert table.prev_button.disabled and not table.next_button.disabled
+    table.next_button.click()
+    table.next_button.click()
+    assert table.page == 2
+    assert _visible_names(table) == [f"row-{i}" for i in range(40, 45)]
+    assert table.position.value == "rows 41–45 of 45 · page 3/3"
+    assert table.next_button.disabled
+    table.turn(+5)
+    assert table.page == 2
+    assert [row.children for row in table.children[1:-1]] == cells_before
+
+
+def test_clicking_a_row_selects_its_index_label() -> None:
+    table = PagedTable(COLUMNS, pick="name", page_size=10)
+    frame = _frame(30)
+    table.show(frame[frame["size"] % 3 == 0])  # labels 0, 3, 6, ...
+    table.turn(+1)
+    button = table.pick_button(12)
+    button.click()
+    assert table.selected == 12
+    assert button.button_style == "info"
+    # A new frame that still holds the row keeps the selection; one that does not drops it.
+    table.show(frame, keep_page=True)
+    assert table.selected == 12
+    table.show(frame[frame["size"] > 20])
+    assert table.selected is None
+    with pytest.raises(ValueError, match="not on the current page"):
+        table.pick_button(0)
+
+
+def test_row_look_disables_picking_and_colours_text() -> None:
+    table = PagedTable(
+        COLUMNS,
+        pick="name",
+        look=lambda row: RowLook(color="red", pickable=row["size"] != 1),
+    )
+    table.show(_frame(3))
+    assert table.pick_button(1).disabled and not table.pick_button(0).disabled
+    label = table.children[1].children[1]
+    assert isinstance(label, w.Label) and label.style.text_color == "red"
+
+
+def test_empty_frames_and_bad_arguments() -> None:
+    table = PagedTable(COLUMNS, empty_text="no rows here")
+    table.show(_frame(0))
+    assert table.position.value == "no rows here"
+    assert table.page_count == 1
+    with pytest.raises(ValueError):
+        PagedTable(())
+    with pytest.raises(ValueError):
+        PagedTable(COLUMNS, pick="missing")
+    with pytest.raises(ValueError):
+        PagedTable(COLUMNS, page_size=0)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ((3, 4), "(3, 4)"),
+        ((4,), "(4,)"),
+        ((), "()"),
+        (None, ""),
+        (float("nan"), ""),
+        (pd.NA, ""),
+        ("x", "x"),
+    ],
+)
+def test_format_cell(value: object, text: str) -> None:
+    assert format_cell(value) == text

@@ -1,0 +1,256 @@
+"""A paged table of a DataFrame built from stock widgets, with clickable rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ipywidgets as w
+import pandas as pd
+import traitlets
+
+DEFAULT_PAGE_SIZE = 20
+
+
+def format_cell(value: Any) -> str:
+    """A table cell's text: ``''`` for missing values, tuples without trailing commas."""
+    if value is None or value is pd.NaT:
+        return ""
+    if isinstance(value, float) and math.isnan(value):
+        return ""
+    try:
+        if pd.isna(value) is True:
+            return ""
+    except (TypeError, ValueError):
+        pass
+    if isinstance(value, tuple):
+        # Shapes read as Python writes them: (4,) and ().
+        return "(" + ", ".join(str(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column of a ``PagedTable``.
+
+    Attributes:
+      field: The DataFrame column shown.
+      title: The header text.
+      width: CSS width of the column; ``None`` lets it take the remaining room.
+      format: Turns a cell value into text.
+    """
+
+    field: str
+    title: str
+    width: str | None = "8em"
+    format: Callable[[Any], str] = format_cell
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLook:
+    """How one row looks: text and background colour, and whether it can be picked."""
+
+    color: str | None = None
+    background: str | None = None
+    pickable: bool = True
+    tooltip: str | None = None
+
+
+class PagedTable(w.VBox):
+    """One page of a DataFrame as rows of stock widgets, with paging controls.
+
+    The widgets for a page are made once and reused: turning a page or changing
+    the frame only updates their traitlets. With a ``pick`` column, that column is
+    a button per row and clicking it sets ``selected`` to the row's index label.
+
+    Attributes:
+      selected: Index label of the picked row, or ``None``.
+      page: Zero-based page number.
+    """
+
+    selected = traitlets.Any(None, allow_none=True)
+    page = traitlets.Int(0)
+
+    def __init__(
+        self,
+        columns: Sequence[Column],
+        *,
+        pick: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        look: Callable[[pd.Series], RowLook] | None = None,
+        empty_text: str = "nothing to show",
+    ) -> None:
+        """Builds an empty table.
+
+        Args:
+          columns: The columns shown, in order.
+          pick: The ``field`` of the column whose cells are buttons that pick the row.
+          page_size: Rows per page.
+          look: Returns a row's colours and whether it can be picked.
+          empty_text: Shown when the frame has no rows.
+
+        Raises:
+          ValueError: If ``columns`` is empty, ``pick`` is not one of them or
+            ``page_size`` is not positive.
+        """
+        if not columns:
+            raise ValueError("a table needs at least one column")
+        if pick is not None and pick not in [c.field for c in columns]:
+            raise ValueError(f"pick column {pick!r} is not one of the columns")
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+        self.columns = tuple(columns)
+        self.pick = pick
+        self.page_size = page_size
+        self._look = look
+        self._empty_text = empty_text
+        self.frame = pd.DataFrame(columns=[c.field for c in columns])
+
+        self.header = w.HBox(
+            [
+                w.Label(c.title, style={"font_weight": "bold"}, layout=self._cell_layout(c))
+                for c in self.columns
+            ]
+        )
+        self._rows: list[w.HBox] = []
+        self._cells: list[list[w.Widget]] = []
+        for i in range(page_size):
+            cells: list[w.Widget] = []
+            for c in self.columns:
+                if c.field == pick:
+                    button = w.Button(
+                        description="",
+                        layout=self._cell_layout(c, button=True),
+                        style={"font_family": "monospace"},
+                    )
+                    button.on_click(self._picker(i))
+                    cells.append(button)
+                else:
+                    cells.append(w.Label("", layout=self._cell_layout(c)))
+            self._cells.append(cells)
+            self._rows.append(w.HBox(cells, layout=w.Layout(display="none")))
+        self.prev_button = w.Button(icon="chevron-left", tooltip="previous page")
+        self.next_button = w.Button(icon="chevron-right", tooltip="next page")
+        for b in (self.prev_button, self.next_button):
+            b.layout = w.Layout(width="3em")
+        self.prev_button.on_click(lambda _: self.turn(-1))
+        self.next_button.on_click(lambda _: self.turn(+1))
+        self.position = w.Label("")
+        self.nav = w.HBox([self.prev_button, self.position, self.next_button])
+        super().__init__(children=[self.header, *self._rows, self.nav])
+        self.observe(self._render_on_change, names=["page", "selected"])
+        self._render()
+
+    @staticmethod
+    def _cell_layout(column: Column, *, button: bool = False) -> w.Layout:
+        if column.width is None:
+            return w.Layout(flex="1 1 12em", min_width="6em", margin="1px 4px")
+        return w.Layout(
+            width=column.width,
+            min_width=column.width,
+            margin="1px 4px",
+            justify_content="flex-start" if button else None,
+        )
+
+    # -- public ---------------------------------------------------------------------
+
+    @property
+    def page_count(self) -> int:
+        """Number of pages (at least 1)."""
+        return max(1, math.ceil(len(self.frame) / self.page_size))
+
+    def show(self, frame: pd.DataFrame, *, keep_page: bool = False) -> None:
+        """Shows ``frame``: from its first page, or the same page if ``keep_page``.
+
+        The selection is kept when its row is still in ``frame``.
+        """
+        self.frame = frame
+        if self.selected is not None and self.selected not in frame.index:
+            self.selected = None
+        page = min(self.page, self.page_count - 1) if keep_page else 0
+        if page != self.page:
+            self.page = page  # renders
+        else:
+            self._render()
+
+    def turn(self, by: int) -> None:
+        """Moves ``by`` pages forwards or backwards, staying within the table."""
+        self.page = min(max(0, self.page + by), self.page_count - 1)
+
+    def show_row(self, label: Any) -> None:
+        """Turns to the page holding the row with index ``label``."""
+        position = self.frame.index.get_loc(label)
+        if not isinstance(position, int):
+            raise ValueError(f"index label {label!r} is not unique in the table")
+        self.page = position // self.page_size
+
+    def visible_labels(self) -> list[Any]:
+        """Index labels of the rows on the current page."""
+        start = self.page * self.page_size
+        return list(self.frame.index[start : start + self.page_size])
+
+    def pick_button(self, label: Any) -> w.Button:
+        """The pick button of the visible row with index ``label``.
+
+        Raises:
+          ValueError: If the table has no pick column or the row is not on this page.
+        """
+        if self.pick is None:
+            raise ValueError("this table has no pick column")
+        labels = self.visible_labels()
+        if label not in labels:
+            raise ValueError(f"row {label!r} is not on the current page")
+        column = [c.field for c in self.columns].index(self.pick)
+        button = self._cells[labels.index(label)][column]
+        assert isinstance(button, w.Button)
+        return button
+
+    # -- rendering ------------------------------------------------------------------
+
+    def _picker(self, slot: int) -> Callable[[Any], None]:
+        def pick(_button: Any) -> None:
+            labels = self.visible_labels()
+            if slot < len(labels):
+                self.selected = labels[slot]
+
+        return pick
+
+    def _render_on_change(self, _change: Any) -> None:
+        self._render()
+
+    def _render(self) -> None:
+        page = self.frame.iloc[self.page * self.page_size : (self.page + 1) * self.page_size]
+        for slot, row_box in enumerate(self._rows):
+            if slot >= len(page):
+                row_box.layout.display = "none"
+                continue
+            label = page.index[slot]
+            row = page.iloc[slot]
+            look = self._look(row) if self._look is not None else RowLook()
+            for column, cell in zip(self.columns, self._cells[slot], strict=True):
+                text = column.format(row[column.field]) if column.field in row.index else ""
+                if isinstance(cell, w.Button):
+                    cell.description = text
+                    cell.tooltip = look.tooltip or text
+                    cell.disabled = not look.pickable
+                    cell.button_style = "info" if label == self.selected else ""
+                else:
+                    assert isinstance(cell, w.Label)
+                    cell.value = text
+                    cell.tooltip = text if len(text) > 12 else None
+                    cell.style.text_color = look.color
+                    cell.style.background = look.background
+            row_box.layout.display = ""
+        total = len(self.frame)
+        if total == 0:
+            self.position.value = self._empty_text
+        else:
+            first = self.page * self.page_size + 1
+            last = min(total, first + self.page_size - 1)
+            self.position.value = (
+                f"rows {first:,}–{last:,} of {total:,} · page {self.page + 1:,}/{self.page_count:,}"
+            )
+        self.prev_button.disabled = self.page <= 0
+        self.next_button.disabled = self.page >= self.page_count - 1
