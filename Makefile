@@ -42,10 +42,13 @@ bench: install
 demo-data: install
 	$(PY) demo/make_run.py $(DEMO_RUN)
 
+# JupyterLab on notebooks/ at the printed URL: no token, loopback only, and no silent
+# move to another port (the URL would be wrong). Jupyter refuses root unless told.
 demo: demo-data
 	@echo "JupyterLab: http://127.0.0.1:$(PORT)/lab (token disabled, listening on 127.0.0.1 only)"
-	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
-		--ServerApp.token= --ServerApp.password= --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.port_retries=0 \
+		--IdentityProvider.token= --ServerApp.root_dir=notebooks \
+		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean:
 	rm -rf $(VENV) $(DEMO_RUN) .pytest_cache .mypy_cache .ruff_cache

@@ -177,7 +177,7 @@ def test_make_demo_writes_the_run_and_starts_jupyterlab_on_the_notebooks() -> No
     lab = next(i for i, line in enumerate(lines) if "jupyter lab" in line)
     assert make_run < lab
     assert "http://127.0.0.1:8899/lab" in done.stdout
-    assert "--notebook-dir=notebooks" in done.stdout
+    assert "--ServerApp.root_dir=notebooks" in done.stdout
 
 
 def test_the_demo_run_stays_out_of_git() -> None:
