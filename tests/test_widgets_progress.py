@@ -13,6 +13,8 @@ import pytest
 
 from tinax.checkpointing import save_checkpointables
 from widgets import AsyncProgress
+from widgets._disk import load_meter
+from widgets._task import PendingResponse, Task
 
 
 class FutureResponse:
@@ -132,3 +134,73 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any], error: type[Exception
     response = arguments.pop("response")
     with pytest.raises(error):
         AsyncProgress(response, **arguments)
+
+
+def test_a_pending_response_follows_the_real_one_once_attached(tmp_path: Path) -> None:
+    pending: PendingResponse[None] = PendingResponse()
+    completed: list[object] = []
+    pending.on_complete(completed.append)
+    progress = AsyncProgress(pending, description="waiting", interval=0.01)
+    with pytest.raises(TimeoutError):
+        pending.result(timeout=0.01)
+    assert not pending.done()
+    time.sleep(0.05)
+    assert progress.status == "running" and "elapsed" in progress.info.value
+    response = save_checkpointables(tmp_path / "c", {"x": {"a": np.arange(3)}})
+    pending.attach(response)
+    assert progress.wait(60) == "done"
+    assert pending.result() is None and pending.done()
+    deadline = time.monotonic() + 10
+    while not completed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert completed == [None]
+
+
+def test_a_pending_response_that_never_starts_fails_the_bar() -> None:
+    pending: PendingResponse[None] = PendingResponse()
+    progress = AsyncProgress(pending, interval=0.01)
+    pending.fail(FileExistsError("taken"))
+    assert progress.wait(10) == "failed"
+    assert progress.error == "FileExistsError: taken"
+    assert pending.done()
+    with pytest.raises(FileExistsError):
+        pending.result()
+
+
+@pytest.mark.parametrize("in_thread", [True, False])
+def test_task_runs_a_call_behind_the_response_protocol(in_thread: bool) -> None:
+    task: Task[int] = Task("sum")
+    progress = AsyncProgress(task, interval=0.01)
+    values: list[int] = []
+    task.on_complete(values.append)
+    task.start(
+        lambda: threading.current_thread().name.startswith("tinax-") + 41, in_thread=in_thread
+    )
+    assert progress.wait(10) == "done"
+    assert task.result(1) == (42 if in_thread else 41)
+    assert values == [task.result()] and task.exception() is None
+    with pytest.raises(RuntimeError, match="already started"):
+        task.start(lambda: 0, in_thread=False)
+
+
+def test_a_failing_task_fails_the_bar() -> None:
+    task: Task[None] = Task("boom")
+    progress = AsyncProgress(task, interval=0.01)
+
+    def boom() -> None:
+        raise ValueError("bad target")
+
+    task.start(boom, in_thread=False)  # the failure is kept in the task, not raised
+    assert progress.wait(10) == "failed"
+    assert isinstance(task.exception(), ValueError)
+    assert "bad target" in progress.error
+
+
+def test_load_meter_counts_bytes_brought_into_the_process() -> None:
+    count = load_meter()
+    assert count is not None, "Linux exposes /proc/self/io and /proc/self/status"
+    before = count() or 0
+    block = np.ones(32 << 20, np.uint8)  # touching 32 MiB grows resident memory
+    after = count() or 0
+    assert after - before >= 16 << 20
+    assert block.sum() == 32 << 20

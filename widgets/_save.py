@@ -16,6 +16,7 @@ from widgets._disk import check_new_checkpoint_name, next_free_step_name
 from widgets._format import error_html, note_html
 from widgets._guard import shown_in_widget
 from widgets._progress import RUNNING, AsyncProgress
+from widgets._task import PendingResponse
 
 
 def _leaf_nbytes(leaf: Any) -> int:
@@ -158,19 +159,25 @@ class SavePanel(w.VBox):
         self.saving = True
         self.save_button.disabled = True
         self.message.value = note_html(f"saving {name}…")
-        response = save_checkpointables(destination, mapping)
-        self.response, self.path = response, destination
+        # The bar is up before Orbax's blocking copy to host memory starts, so that
+        # phase shows as elapsed time rather than as a frozen notebook.
+        pending: PendingResponse[None] = PendingResponse()
         progress = AsyncProgress(
-            response,
+            pending,
             total_bytes=array_bytes(mapping),
             watch=destination,
             description=f"saving {name}",
         )
-        self.progress = progress
+        self.progress, self.response, self.path = progress, pending, destination
         self.progress_box.children = (progress,)
         progress.observe(self._on_progress_status, names="status")
-        if progress.status != RUNNING:
-            self._on_progress_status(None)
+        try:
+            response = save_checkpointables(destination, mapping)
+        except BaseException as e:
+            pending.fail(e)
+            raise
+        pending.attach(response)
+        self.response = response
 
     def _on_progress_status(self, _change: Any) -> None:
         progress = self.progress

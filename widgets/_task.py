@@ -1,11 +1,12 @@
-"""A synchronous call presented as an Orbax ``AsyncResponse``, so progress can follow it."""
+"""Work presented as an Orbax ``AsyncResponse``, so that a progress bar can follow it."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -71,3 +72,70 @@ class Task(Generic[T]):
                 callback(future.result())
 
         self._future.add_done_callback(call)
+
+
+class PendingResponse(Generic[T]):
+    """Stands for an ``AsyncResponse`` that a blocking call has not returned yet.
+
+    Orbax's async saves block the calling thread while they copy arrays to host
+    memory, and only then return a response. A progress bar bound to this object
+    can show that phase too: ``attach`` hands over the real response once it
+    exists, ``fail`` reports that the call raised instead.
+    """
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._inner: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[T], None]] = []
+
+    def attach(self, response: Any) -> None:
+        """Hands over the real response; ``result``/``on_complete`` now follow it."""
+        with self._lock:
+            self._inner = response
+            callbacks, self._callbacks = self._callbacks, []
+            self._ready.set()
+        for callback in callbacks:
+            response.on_complete(callback)
+
+    def fail(self, error: BaseException) -> None:
+        """Reports that the call that should have returned the response raised ``error``."""
+        with self._lock:
+            self._error = error
+            self._callbacks = []
+            self._ready.set()
+
+    def result(self, timeout: float | None = None) -> T:
+        """The real response's result, waiting up to ``timeout`` seconds in all.
+
+        Raises:
+          TimeoutError: If nothing has finished within ``timeout``.
+          Exception: The error passed to ``fail``, or whatever the real response raises.
+        """
+        start = time.monotonic()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the operation has not started yet")
+        if self._error is not None:
+            raise self._error
+        remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        return self._inner.result(remaining)  # type: ignore[no-any-return]
+
+    def done(self) -> bool:
+        """Whether the call failed, or the real response has finished."""
+        if not self._ready.is_set():
+            return False
+        if self._error is not None:
+            return True
+        done = getattr(self._inner, "done", None)
+        return bool(done()) if callable(done) else False
+
+    def on_complete(self, callback: Callable[[T], None]) -> None:
+        """Calls ``callback(result)`` once the real response completes successfully."""
+        with self._lock:
+            if not self._ready.is_set():
+                self._callbacks.append(callback)
+                return
+            inner = self._inner
+        if inner is not None:
+            inner.on_complete(callback)
