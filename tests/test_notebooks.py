@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 EXPECTED = (
     "01_quickstart.ipynb",
+    "02_explore_a_run.ipynb",
+    "03_restore_targets.ipynb",
     "04_legacy_v0.ipynb",
 )
 CELL_TIMEOUT_S = 120
