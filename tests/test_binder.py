@@ -1,0 +1,130 @@
+"""Binder: binder/ installs the locked environment, and the notebooks run in it.
+
+``test_binder_environment_runs_the_notebooks`` does what Binder does with this
+repository, in a fresh virtualenv: ``pip install -r binder/requirements.txt``, then
+``binder/postBuild`` from the repository root, then it executes every notebook with
+that environment's own kernel. It installs the whole lock, so it is slow the first
+time; pip's cache makes later runs bearable.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parents[1]
+BINDER = REPO / "binder"
+
+
+def _requirement_lines(path: Path) -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def test_binder_requirements_are_the_lock() -> None:
+    lock = _requirement_lines(REPO / "requirements.lock")
+    assert lock, "requirements.lock is empty"
+    assert _requirement_lines(BINDER / "requirements.txt") == lock
+    assert all("==" in line for line in lock)
+
+
+def test_binder_python_matches_the_development_python() -> None:
+    runtime = (BINDER / "runtime.txt").read_text().strip()
+    assert runtime == f"python-{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def test_post_build_is_executable_in_git() -> None:
+    # Binder runs binder/postBuild directly, so git must record the executable bit.
+    mode = subprocess.run(
+        ["git", "ls-files", "--stage", "binder/postBuild"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    if mode:  # tracked: check what git records
+        assert mode[0] == "100755"
+    assert os.access(BINDER / "postBuild", os.X_OK)
+
+
+def _copy_checkout(dest: Path) -> None:
+    """Copies the files a clone would have (tracked or new, not ignored) to ``dest``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    ).stdout.split(b"\0")
+    for raw in listed:
+        rel = raw.decode()
+        if not rel or not (REPO / rel).is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
+
+
+def test_binder_environment_runs_the_notebooks(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _copy_checkout(repo)
+    assert not (repo / "demo_run").exists()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
+    }
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        VIRTUAL_ENV=str(venv),
+        JAX_PLATFORMS="cpu",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
+
+    def run(*args: str, cwd: Path = repo) -> str:
+        done = subprocess.run(
+            args, cwd=cwd, env=env, capture_output=True, text=True, timeout=1500, check=False
+        )
+        assert done.returncode == 0, f"{args} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        return done.stdout
+
+    # What Binder's Python build pack runs, in this order.
+    run("python", "-m", "pip", "install", "--quiet", "-r", "binder/requirements.txt")
+    run("binder/postBuild")
+
+    assert (repo / "demo_run" / "run.json").is_file()
+    # postBuild installed the packages into the environment rather than leaving them
+    # importable only from the repository directory.
+    where = run(
+        "python",
+        "-c",
+        "import tinax, widgets; print(tinax.__file__, widgets.__file__)",
+        cwd=tmp_path,
+    )
+    assert all(str(venv) in path for path in where.split()), where
+
+    out = tmp_path / "executed"
+    notebooks = sorted((repo / "notebooks").glob("*.ipynb"))
+    assert notebooks
+    run(
+        "jupyter",
+        "nbconvert",
+        "--to",
+        "notebook",
+        "--execute",
+        "--ExecutePreprocessor.timeout=120",
+        "--ExecutePreprocessor.kernel_name=python3",
+        "--output-dir",
+        str(out),
+        *(str(p) for p in notebooks),
+    )
+    for path in notebooks:
+        executed = nbformat.read(out / path.name, as_version=4)
+        code = [c for c in executed.cells if c.cell_type == "code"]
+        assert all(c.execution_count is not None for c in code), path.name
+        assert not [o for c in code for o in c.outputs if o.output_type == "error"], path.name
