@@ -285,8 +285,9 @@ def _check_layout(staging: Path) -> str | None:
     last = checkpoint_name(steps)
     if (staging / last).exists():
         return f"the save of {last} committed before the training process was killed"
-    if not list(staging.glob(f"{last}.orbax-checkpoint-tmp*")):
-        return f"the training process was killed before the save of {last} had started"
+    temporaries = list(staging.glob(f"{last}.orbax-checkpoint-tmp*"))
+    if not any(any((t / "model").glob("ocdbt.process_*/manifest.ocdbt")) for t in temporaries):
+        return f"the training process was killed before the save of {last} had written data"
     if not (staging / LOSSES_FILE).is_file():
         return "the training process wrote no losses"
     return None
