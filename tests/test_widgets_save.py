@@ -120,3 +120,12 @@ def test_constructor_checks_its_arguments(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError):
         SavePanel(tmp_path / "file", {"a": {}})
+
+
+def test_a_relative_directory_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path)
+    panel = SavePanel("run", {"model": {"w": np.arange(3.0)}})
+    panel.save_button.click()
+    assert panel.progress is not None and panel.progress.wait(60) == "done", panel.progress.error
+    assert (tmp_path / "run" / "step-0" / "_CHECKPOINT_METADATA").is_file()

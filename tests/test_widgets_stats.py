@@ -48,6 +48,12 @@ def test_bool_bfloat16_and_jax_arrays() -> None:
     assert half.mean == pytest.approx(1.5) and half.nan_count == 1
 
 
+def test_complex_values_by_magnitude() -> None:
+    stats = leaf_statistics(np.array([3 + 4j, 0j, complex("nan")]))
+    assert (stats.minimum, stats.maximum, stats.mean) == (0.0, 5.0, 2.5)
+    assert stats.nan_count == 1 and stats.dtype == "complex128"
+
+
 def test_no_finite_values_and_empty_arrays() -> None:
     stats = leaf_statistics(np.full(3, np.nan))
     assert stats.mean is None and stats.minimum is None and stats.histogram is None

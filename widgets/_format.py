@@ -8,11 +8,14 @@ import math
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
-def format_bytes(n: float | None) -> str:
-    """``1536`` → ``'1.5 KiB'``; ``None`` or NaN → ``'—'``."""
-    if n is None or (isinstance(n, float) and math.isnan(n)):
+def format_bytes(n: object) -> str:
+    """``1536`` → ``'1.5 KiB'``; anything that is not a number (``None``, NaN, NA) → ``'—'``."""
+    try:
+        value = float(n)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
         return "—"
-    value = float(n)
+    if math.isnan(value):
+        return "—"
     for unit in _BYTE_UNITS:
         if abs(value) < 1024 or unit == _BYTE_UNITS[-1]:
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"

@@ -34,7 +34,8 @@ def array_bytes(checkpointables: Mapping[str, Any]) -> int:
 def _check_directory(directory: object) -> Path:
     if not isinstance(directory, str | os.PathLike):
         raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
-    path = Path(os.fspath(directory))
+    # Orbax writes only to absolute paths; a notebook's paths are often relative.
+    path = Path(os.fspath(directory)).absolute()
     if not path.exists():
         raise FileNotFoundError(f"directory {str(path)!r} does not exist")
     if not path.is_dir():

@@ -19,7 +19,8 @@ HISTOGRAM_BINS = 40
 class LeafStatistics:
     """Summary of a numeric array's values.
 
-    ``minimum``, ``maximum``, ``mean`` and ``std`` cover the finite values only;
+    ``minimum``, ``maximum``, ``mean`` and ``std`` cover the finite values only
+    (complex values by magnitude);
     they are ``None`` when there are none. ``histogram`` holds bin counts and the
     ``HISTOGRAM_BINS + 1`` bin edges over the finite values.
     """
@@ -45,7 +46,7 @@ def is_numeric(value: Any) -> bool:
         dtype = np.dtype(dtype)
     except TypeError:
         return False
-    if dtype.kind in "biuf":
+    if dtype.kind in "biufc":
         return True
     # ml_dtypes floats (bfloat16, float8_*) are kind 'V' but convert to float.
     if dtype.kind == "V" and dtype.fields is None:
@@ -81,6 +82,8 @@ def leaf_statistics(value: Any) -> LeafStatistics:
     flat = array.reshape(-1)
     if flat.dtype.kind == "b":
         flat = flat.view(np.uint8)
+    elif flat.dtype.kind == "c":
+        flat = np.abs(flat)  # complex values are summarised by magnitude
     is_int = array.dtype.kind in "biu"
     count = 0
     mean = 0.0

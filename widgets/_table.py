@@ -58,6 +58,17 @@ class RowLook:
     tooltip: str | None = None
 
 
+def _cell_text(column: Column, row: pd.Series) -> str:
+    if column.field not in row.index:
+        return ""
+    value = row[column.field]
+    try:
+        return column.format(value)
+    except Exception:
+        # A value of a type the column did not expect is still shown.
+        return format_cell(value)
+
+
 class PagedTable(w.VBox):
     """One page of a DataFrame as rows of stock widgets, with paging controls.
 
@@ -230,7 +241,7 @@ class PagedTable(w.VBox):
             row = page.iloc[slot]
             look = self._look(row) if self._look is not None else RowLook()
             for column, cell in zip(self.columns, self._cells[slot], strict=True):
-                text = column.format(row[column.field]) if column.field in row.index else ""
+                text = _cell_text(column, row)
                 if isinstance(cell, w.Button):
                     cell.description = text
                     cell.tooltip = look.tooltip or text
