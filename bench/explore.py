@@ -1,0 +1,245 @@
+"""tinax.explore against Orbax, side by side: table speed, size independence, leaf memory.
+
+Run with ``.venv/bin/python bench/explore.py`` (``make bench`` runs it too). It writes
+three checkpoints with Orbax (10,000 leaves; the same 256-leaf tree at 1 GiB and at
+1 KiB; 1,024 leaves of 4 MiB, 4 GiB in all), measures, prints the ratios against
+their goals, and exits 1 if a goal is missed. Writing takes most of the few minutes
+it runs; ``--workdir DIR`` keeps the checkpoints there and reuses them next time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+# Measured in a fresh process: resident memory before, then the high-water mark
+# after read_leaf. tracemalloc would miss tensorstore's C++ allocations.
+_MEMORY_PROBE = r"""
+import json, sys, time
+import numpy as np
+import tinax.explore as ex
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+path, checkpointable, key = sys.argv[1:4]
+try:
+    # Resets VmHWM to the current resident size, so the peak below is this read's.
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    reset = True
+except OSError:
+    reset = False
+before = status("VmRSS")
+start = time.perf_counter()
+value = ex.read_leaf(path, checkpointable, key)
+seconds = time.perf_counter() - start
+peak = status("VmHWM")
+print(json.dumps({"before": before, "peak": peak, "seconds": seconds, "reset": reset,
+                  "nbytes": int(value.nbytes), "shape": list(value.shape)}))
+"""
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _random_array(rng: np.random.Generator, nbytes: int) -> np.ndarray:
+    """Incompressible, finite float32s: random bits with the top exponent bit cleared."""
+    bits = rng.integers(0, 1 << 32, nbytes // 4, dtype=np.uint32)
+    bits &= np.uint32(0xBFFFFFFF)
+    return bits.view(np.float32)
+
+
+def _save(path: Path, make: Callable[[], dict[str, Any]]) -> Path:
+    """Writes ``{"model": make()}`` with Orbax V1 unless ``path`` already holds it."""
+    from orbax.checkpoint import v1 as ocp
+
+    if (path / "_CHECKPOINT_METADATA").is_file():
+        _log(f"  reusing {path}")
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    start = time.perf_counter()
+    tree = make()
+    ocp.save_checkpointables(path, {"model": tree})
+    del tree
+    _log(f"  wrote {path} in {time.perf_counter() - start:.1f} s")
+    return path
+
+
+def _many_leaves(count: int) -> dict[str, Any]:
+    import jax.numpy as jnp
+
+    half = count // 2
+    tree: dict[str, Any] = {
+        f"layer_{i:05d}": {"w": np.full((4, 4), i, np.float32)} for i in range(half)
+    }
+    tree.update(
+        {f"block_{i:05d}": {"b": jnp.full((8,), i, jnp.float32)} for i in range(count - half)}
+    )
+    return tree
+
+
+def _same_tree(leaves: int, leaf_bytes: int, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {f"layer_{i:04d}": {"w": _random_array(rng, leaf_bytes)} for i in range(leaves)}
+
+
+def _median_seconds(call: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _disk_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--leaves", type=int, default=10_000, help="leaves of the many-leaf checkpoint"
+    )
+    parser.add_argument(
+        "--tree-leaves", type=int, default=256, help="leaves of the 1 GiB / 1 KiB pair"
+    )
+    parser.add_argument(
+        "--big-gib", type=float, default=1.0, help="size of the big one of the pair"
+    )
+    parser.add_argument(
+        "--leaf-mib", type=float, default=4.0, help="size of the leaf read_leaf reads"
+    )
+    parser.add_argument(
+        "--huge-gib", type=float, default=4.0, help="size of the checkpoint it reads from"
+    )
+    parser.add_argument("--orbax-repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--workdir", type=Path, help="keep (and reuse) the checkpoints here")
+    args = parser.parse_args()
+
+    from orbax.checkpoint import v1 as ocp
+
+    import tinax.explore as ex
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tinax-bench-explore-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        _log(f"writing checkpoints under {workdir}")
+        many = _save(workdir / f"many_{args.leaves}", lambda: _many_leaves(args.leaves))
+        small_leaf = 4  # one float32
+        big_leaf = int(args.big_gib * GIB) // args.tree_leaves
+        big = _save(
+            workdir / f"same_tree_big_{args.tree_leaves}x{big_leaf}",
+            lambda: _same_tree(args.tree_leaves, big_leaf, seed=1),
+        )
+        small = _save(
+            workdir / f"same_tree_small_{args.tree_leaves}x{small_leaf}",
+            lambda: _same_tree(args.tree_leaves, small_leaf, seed=2),
+        )
+        leaf_bytes = int(args.leaf_mib * MIB)
+        huge_leaves = int(args.huge_gib * GIB) // leaf_bytes
+        huge = _save(
+            workdir / f"huge_{huge_leaves}x{leaf_bytes}",
+            lambda: _same_tree(huge_leaves, leaf_bytes, seed=3),
+        )
+
+        _log("timing tables")
+        ours_many = _median_seconds(lambda: ex.checkpoint_table(many), args.repeats)
+        orbax_many = _median_seconds(lambda: ocp.checkpointables_metadata(many), args.orbax_repeats)
+        rows = len(ex.checkpoint_table(many))
+        t_big, t_small = [], []
+        for _ in range(args.repeats):  # Interleaved, so drift hits both alike.
+            t_big.append(_median_seconds(lambda: ex.checkpoint_table(big), 1))
+            t_small.append(_median_seconds(lambda: ex.checkpoint_table(small), 1))
+        big_s, small_s = statistics.median(t_big), statistics.median(t_small)
+
+        _log("reading one leaf in a fresh process")
+        key = f"['layer_{huge_leaves // 2:04d}']['w']"
+        probe = subprocess.run(
+            [sys.executable, "-c", _MEMORY_PROBE, str(huge), "model", key],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        memory = json.loads(probe.stdout.strip().splitlines()[-1])
+        growth = memory["peak"] - memory["before"]
+        limit = 3 * memory["nbytes"] + 100 * MIB
+        on_disk = {path: _disk_bytes(path) for path in (big, small, huge)}
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    speedup = orbax_many / ours_many
+    size_ratio = big_s / small_s
+    results = [
+        (
+            f"checkpoint_table vs Orbax checkpointables_metadata, {rows:,} leaves",
+            f"{ours_many * 1e3:.0f} ms",
+            f"{orbax_many * 1e3:.0f} ms (Orbax)",
+            f"{speedup:.1f}x faster",
+            ">= 10x",
+            speedup >= 10,
+        ),
+        (
+            f"checkpoint_table, {_fmt_bytes(args.tree_leaves * big_leaf)} vs "
+            f"{_fmt_bytes(args.tree_leaves * small_leaf)} of arrays "
+            f"({_fmt_bytes(on_disk[big])} vs {_fmt_bytes(on_disk[small])} on disk), "
+            f"{args.tree_leaves} leaves each",
+            f"{big_s * 1e3:.1f} ms",
+            f"{small_s * 1e3:.1f} ms",
+            f"{size_ratio:.2f}",
+            "<= 1.5",
+            size_ratio <= 1.5,
+        ),
+        (
+            f"read_leaf peak memory growth, {_fmt_bytes(memory['nbytes'])} leaf of "
+            f"{_fmt_bytes(on_disk[huge])} ({memory['seconds'] * 1e3:.0f} ms)",
+            _fmt_bytes(growth),
+            f"{_fmt_bytes(limit)} limit",
+            f"{growth / memory['nbytes']:.2f}x leaf",
+            "< 3x leaf + 100 MiB",
+            growth < limit,
+        ),
+    ]
+    if not memory["reset"]:
+        _log("note: /proc/self/clear_refs was not writable; the peak includes start-up")
+    width = max(len(r[0]) for r in results)
+    print(f"{'measure':<{width}}  {'tinax.explore':>14}  {'reference':>20}  {'ratio':>14}  goal")
+    for name, ours, ref, ratio, goal, met in results:
+        verdict = "met" if met else "MISSED"
+        print(f"{name:<{width}}  {ours:>14}  {ref:>20}  {ratio:>14}  {goal} {verdict}")
+    return 0 if all(r[-1] for r in results) else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.exit(main())

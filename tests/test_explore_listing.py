@@ -1,0 +1,161 @@
+"""tinax.explore.list_checkpoints on Orbax runs, with temporaries and broken checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+from explore_fixtures import save_v0_run, save_v1, save_v1_run
+
+import tinax.explore as ex
+from tinax.checkpointing import _paths
+from tinax.explore import _layout
+
+LISTING_COLUMNS = ["name", "path", "step", "status", "checkpointables", "nbytes", "committed"]
+
+
+def test_v1_training_checkpointer_run(tmp_path):
+    root = save_v1_run(tmp_path / "run", steps=(0, 5, 10))
+    listing = ex.list_checkpoints(root)
+    assert list(listing.columns) == LISTING_COLUMNS
+    assert {c: str(listing[c].dtype) for c in listing.columns} == {
+        "name": "string",
+        "path": "string",
+        "step": "Int64",
+        "status": "string",
+        "checkpointables": "object",
+        "nbytes": "Int64",
+        "committed": "datetime64[ns, UTC]",
+    }
+    assert list(listing["step"]) == [0, 5, 10]
+    assert list(listing["status"]) == ["complete"] * 3
+    assert list(listing["checkpointables"]) == [("iterator", "pytree")] * 3
+    assert listing["path"][1] == str(root / "5")
+    assert listing.attrs["errors"] == {}
+
+
+def test_v0_checkpoint_manager_run(tmp_path):
+    root = save_v0_run(tmp_path / "run", steps=(0, 10))
+    listing = ex.list_checkpoints(root)
+    assert list(listing["name"]) == ["0", "10"]
+    assert list(listing["status"]) == ["complete", "complete"]
+    assert set(listing["checkpointables"][0]) == {"model", "data_iter"}
+
+
+def test_size_and_commit_time_come_from_disk(tmp_path):
+    path = save_v1(tmp_path / "ckpt", {"model": {"w": np.ones((32, 32), np.float32)}})
+    listing = ex.list_checkpoints(path)
+    assert list(listing["name"]) == ["ckpt"]
+    assert pd.isna(listing["step"][0])
+    files = [p for p in path.rglob("*") if p.is_file()]
+    assert listing["nbytes"][0] == sum(p.stat().st_size for p in files)
+    meta = json.loads((path / "_CHECKPOINT_METADATA").read_text())
+    committed = pd.Timestamp(meta["commit_timestamp_nsecs"], unit="ns", tz="UTC")
+    assert listing["committed"][0] == committed
+
+
+def test_temporaries_are_in_progress_and_broken_ones_invalid_beside_the_rest(tmp_path):
+    root = save_v1_run(tmp_path / "run", steps=(0, 5, 10))
+    (root / "5" / "pytree" / "_METADATA").write_text('{"tree_metadata": {')
+    tmp = root / "15.orbax-checkpoint-tmp-1234"
+    (tmp / "pytree").mkdir(parents=True)
+    (tmp / "pytree" / "partial").write_bytes(b"x" * 10)
+    (root / "notes").mkdir()
+    (root / "notes" / "readme.txt").write_text("not a checkpoint")
+    listing = ex.list_checkpoints(root)
+    assert list(listing["name"]) == ["0", "5", "10", tmp.name]
+    assert list(listing["status"]) == ["complete", "invalid", "complete", "in progress"]
+    assert list(listing["step"]) == [0, 5, 10, 15]
+    assert listing["checkpointables"][3] == ("pytree",)
+    assert listing["nbytes"][3] == 10
+    assert pd.isna(listing["committed"][3])
+    errors = listing.attrs["errors"]
+    assert list(errors) == [str(root / "5")]
+    assert "_METADATA" in errors[str(root / "5")]
+
+
+def test_sorted_by_step_then_name(tmp_path):
+    for name in ("b_2", "a_2", "10", "9", "ckpt_latest"):
+        save_v1(tmp_path / name, {"x": {"v": 1}})
+    listing = ex.list_checkpoints(tmp_path)
+    assert list(listing["name"]) == ["a_2", "b_2", "9", "10", "ckpt_latest"]
+    assert list(listing["step"])[:4] == [2, 2, 9, 10]
+
+
+def test_a_verdict_is_not_kept_once_the_checkpoint_changes(tmp_path):
+    root = save_v1_run(tmp_path / "run", steps=(1,))
+    assert list(ex.list_checkpoints(root)["status"]) == ["complete"]
+    iterator_file = next((root / "1" / "iterator").glob("process_*.json"))
+    iterator_file.write_text("not json")
+    assert list(ex.list_checkpoints(root)["status"]) == ["invalid"]
+
+
+def test_links_under_the_root_are_not_followed(tmp_path):
+    elsewhere = save_v1(tmp_path / "elsewhere", {"x": {"v": 1}})
+    root = tmp_path / "run"
+    root.mkdir()
+    save_v1(root / "1", {"x": {"v": 1}})
+    os.symlink(elsewhere, root / "2")
+    listing = ex.list_checkpoints(root)
+    assert list(listing["name"]) == ["1"]
+
+
+def test_an_empty_run_has_no_rows(tmp_path):
+    listing = ex.list_checkpoints(tmp_path)
+    assert listing.empty
+    assert list(listing.columns) == LISTING_COLUMNS
+
+
+def test_refuses_missing_and_non_directories(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        ex.list_checkpoints(tmp_path / "absent")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        ex.list_checkpoints(tmp_path / "file")
+    with pytest.raises(TypeError):
+        ex.list_checkpoints(3)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "7.orbax-checkpoint-tmp",
+        "7.orbax-checkpoint-tmp-123",
+        "step_7.orbax-checkpoint-tmp-99",
+        "7.orbax-checkpoint-tmp-x",
+        "7",
+        "orbax-checkpoint-tmp",
+        "7.orbax-checkpoint-tmp.bak",
+    ],
+)
+def test_temporary_names_follow_tinax_checkpointing(name):
+    assert _layout.is_temporary_name(name) == _paths.is_temporary_name(name)
+
+
+def test_step_from_name():
+    assert _layout.step_from_name("000120") == 120
+    assert _layout.step_from_name("ckpt_42") == 42
+    assert _layout.step_from_name("step-42") == 42
+    assert _layout.step_from_name("42.orbax-checkpoint-tmp-1") == 42
+    assert _layout.step_from_name("final") is None
+
+
+def test_a_checkpoint_copied_elsewhere_is_read_afresh(tmp_path):
+    path = save_v1(tmp_path / "a", {"x": {"v": 1}})
+    assert list(ex.list_checkpoints(path)["status"]) == ["complete"]
+    shutil.copytree(path, tmp_path / "b")
+    (tmp_path / "b" / "x" / "_METADATA").write_text("[")
+    assert list(ex.list_checkpoints(tmp_path / "b")["status"]) == ["invalid"]
+    assert list(ex.list_checkpoints(path)["status"]) == ["complete"]
+
+
+def test_root_that_is_itself_a_broken_checkpoint_is_listed_invalid(tmp_path):
+    path = save_v1(tmp_path / "a", {"x": {"v": 1}})
+    (path / "_CHECKPOINT_METADATA").write_text("{")
+    listing = ex.list_checkpoints(path)
+    assert list(listing["status"]) == ["invalid"]
+    assert str(path) in listing.attrs["errors"]

@@ -1,0 +1,24 @@
+"""Read-only inspection of checkpoints and live state as pandas tables.
+
+Metadata first: tables are built from Orbax's metadata without reading array data,
+and ``read_leaf`` reads one leaf's bytes only. Keys are ``jax.tree_util.keystr``
+key paths, so tables of a checkpoint and of live state join on
+``(checkpointable, key)``. This layer imports no ipywidgets; it serves terminals
+(``python -m tinax.explore PATH``), scripts and the widgets alike.
+"""
+
+from tinax.explore._checkpoint import checkpoint_table, read_leaf
+from tinax.explore._compare import compare_table
+from tinax.explore._listing import list_checkpoints
+from tinax.explore._live import leaf_key, state_table
+from tinax.explore._summary import leaf_summary
+
+__all__ = [
+    "checkpoint_table",
+    "compare_table",
+    "leaf_key",
+    "leaf_summary",
+    "list_checkpoints",
+    "read_leaf",
+    "state_table",
+]
