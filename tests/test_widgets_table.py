@@ -105,3 +105,17 @@ def test_empty_frames_and_bad_arguments() -> None:
 )
 def test_format_cell(value: object, text: str) -> None:
     assert format_cell(value) == text
+
+
+def test_a_failing_row_look_is_shown_not_raised() -> None:
+    def look(row: pd.Series) -> RowLook:
+        if row["size"] == 3:
+            raise KeyError("no look for row 3")
+        return RowLook()
+
+    table = PagedTable(COLUMNS, pick="name", page_size=2, look=look)
+    table.show(_frame(4))
+    table.next_button.click()  # page 2 holds row 3: its look fails
+    assert "KeyError" in table.position.value
+    table.prev_button.click()
+    assert table.position.value == "rows 1–2 of 4 · page 1/2"

@@ -9,7 +9,9 @@
 Each is an ipywidgets container; errors from its buttons are shown in the widget.
 """
 
+from widgets._explorer import CheckpointExplorer
 from widgets._progress import AsyncProgress
+from widgets._restore import RestoreTargetBuilder
 from widgets._save import SavePanel
 
-__all__ = ["AsyncProgress", "SavePanel"]
+__all__ = ["AsyncProgress", "CheckpointExplorer", "RestoreTargetBuilder", "SavePanel"]

@@ -11,6 +11,8 @@ import ipywidgets as w
 import pandas as pd
 import traitlets
 
+from widgets._guard import shown_in_widget
+
 DEFAULT_PAGE_SIZE = 20
 
 
@@ -136,7 +138,7 @@ class PagedTable(w.VBox):
                         layout=self._cell_layout(c, button=True),
                         style={"font_family": "monospace"},
                     )
-                    button.on_click(self._picker(i))
+                    button.on_click(shown_in_widget(self._show_error)(self._picker(i)))
                     cells.append(button)
                 else:
                     cells.append(w.Label("", layout=self._cell_layout(c)))
@@ -146,12 +148,15 @@ class PagedTable(w.VBox):
         self.next_button = w.Button(icon="chevron-right", tooltip="next page")
         for b in (self.prev_button, self.next_button):
             b.layout = w.Layout(width="3em")
-        self.prev_button.on_click(lambda _: self.turn(-1))
-        self.next_button.on_click(lambda _: self.turn(+1))
+        guard = shown_in_widget(self._show_error)
+        self.prev_button.on_click(guard(lambda _: self.turn(-1)))
+        self.next_button.on_click(guard(lambda _: self.turn(+1)))
         self.position = w.Label("")
         self.nav = w.HBox([self.prev_button, self.position, self.next_button])
         super().__init__(children=[self.header, *self._rows, self.nav])
-        self.observe(self._render_on_change, names=["page", "selected"])
+        self.observe(
+            shown_in_widget(self._show_error)(self._render_on_change), names=["page", "selected"]
+        )
         self._render()
 
     @staticmethod
@@ -227,6 +232,9 @@ class PagedTable(w.VBox):
                 self.selected = labels[slot]
 
         return pick
+
+    def _show_error(self, error: BaseException) -> None:
+        self.position.value = f"⚠ {type(error).__name__}: {error}"
 
     def _render_on_change(self, _change: Any) -> None:
         self._render()

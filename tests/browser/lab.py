@@ -1,0 +1,165 @@
+"""A throw-away JupyterLab server for browser tests: isolated config, free port, clean exit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+JUPYTER = Path(sys.executable).with_name("jupyter")
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+# Quiet JupyterLab: no news or update checks, no toasts over the page.
+_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+        "doNotDisturbMode": True,
+    },
+}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Lab:
+    """A running JupyterLab: its URL, token and log file."""
+
+    def __init__(self, url: str, token: str, log: Path, process: subprocess.Popen[bytes]) -> None:
+        self.url = url
+        self.token = token
+        self.log = log
+        self.process = process
+
+    def page_url(self, notebook: str) -> str:
+        """URL that opens ``notebook`` (relative to the root dir) in JupyterLab."""
+        return f"{self.url}/lab/tree/{notebook}?token={self.token}"
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The end of the server's log, for failure messages."""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as e:
+            return f"(no log: {e})"
+
+    def _request(self, method: str, path: str, timeout: float = 5) -> int:
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            method=method,
+            headers={"Authorization": f"token {self.token}"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(response.status)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Waits until the server answers, or raises with its log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited early:\n{self.log_tail()}")
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                if self._request("GET", "/api/status") == 200:
+                    return
+            time.sleep(0.25)
+        raise TimeoutError(f"JupyterLab did not answer within {timeout} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        """Shuts the server and its kernels down, forcefully if it does not comply."""
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                self._request("POST", "/api/shutdown", timeout=10)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_lab(root_dir: Path, work: Path, *, timeout: float = 120) -> Iterator[Lab]:
+    """Starts JupyterLab on a free local port serving ``root_dir``; always stops it.
+
+    Its configuration, data, runtime, settings and workspace directories live
+    under ``work``; kernels run this interpreter, with the repository importable.
+    """
+    for sub in ("config", "data", "runtime", "settings", "workspaces"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    for name, values in _SETTINGS.items():
+        file = work / "settings" / name
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(values))
+    token = secrets.token_hex(16)
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        JUPYTER_CONFIG_DIR=str(work / "config"),
+        JUPYTER_DATA_DIR=str(work / "data"),
+        JUPYTER_RUNTIME_DIR=str(work / "runtime"),
+        JUPYTER_PLATFORM_DIRS="1",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+    )
+    log = work / "jupyterlab.log"
+    command = [
+        str(JUPYTER),
+        "lab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--port-retries=0",
+        f"--ServerApp.token={token}",
+        "--ServerApp.password=",
+        f"--ServerApp.root_dir={root_dir}",
+        f"--LabApp.user_settings_dir={work / 'settings'}",
+        f"--LabApp.workspaces_dir={work / 'workspaces'}",
+        "--LabApp.news_url=",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.extension_manager=readonly",
+    ]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-root")  # CI containers often run as root
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command,
+            cwd=root_dir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    lab = Lab(f"http://127.0.0.1:{port}", token, log, process)
+    try:
+        lab.wait_ready(timeout)
+        yield lab
+    finally:
+        lab.stop()

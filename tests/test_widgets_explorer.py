@@ -1,0 +1,258 @@
+"""CheckpointExplorer driven through its Python objects against real checkpoints."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import grain
+import numpy as np
+import pytest
+
+from tinax.checkpointing import save_checkpointables
+from widgets import CheckpointExplorer
+from widgets._disk import process_bytes_read
+
+WEIGHTS = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+
+def _state(step: int) -> dict[str, Any]:
+    return {
+        "model": {
+            "dense": {"w": WEIGHTS * step, "b": np.array([1.0, np.nan, np.inf, 2.0], np.float32)}
+        },
+        "optimizer": {"count": step, "mu": np.full(4, 0.5, np.float32)},
+    }
+
+
+def _save(path: Path, state: dict[str, Any]) -> None:
+    save_checkpointables(path, state).result()
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    root = tmp_path / "run"
+    root.mkdir()
+    for step in (1, 2):
+        _save(root / f"step-{step}", _state(step))
+    return root
+
+
+def _label(explorer: CheckpointExplorer, name: str) -> Any:
+    rows = explorer.checkpoints[explorer.checkpoints["name"] == name]
+    assert len(rows) == 1, f"{name} not listed: {explorer.checkpoints['name'].tolist()}"
+    return rows.index[0]
+
+
+def _leaf_label(explorer: CheckpointExplorer, checkpointable: str, key: str) -> Any:
+    leaves = explorer.leaves
+    rows = leaves[(leaves["checkpointable"] == checkpointable) & (leaves["key"] == key)]
+    assert len(rows) == 1
+    return rows.index[0]
+
+
+def test_pick_a_checkpoint_and_a_leaf_by_clicking(run: Path) -> None:
+    explorer = CheckpointExplorer(run)
+    assert explorer.checkpoints["name"].tolist() == ["step-1", "step-2"]
+    assert explorer.summary.value == "2 checkpoints"
+    assert explorer.leaf_section.layout.display == "none"
+
+    explorer.checkpoint_view.pick_button(_label(explorer, "step-2")).click()
+    assert explorer.checkpoint == str(run / "step-2")
+    assert explorer.leaf_section.layout.display == ""
+    assert set(explorer.leaves["key"]) >= {"['dense']['w']", "['dense']['b']", "['mu']"}
+    assert "step-2" in explorer.leaf_title.value
+
+    explorer.leaf_view.pick_button(_leaf_label(explorer, "model", "['dense']['w']")).click()
+    assert explorer.leaf == ("model", "['dense']['w']")
+    stats = explorer.statistics
+    assert stats is not None
+    assert stats.shape == (3, 4) and stats.dtype == "float32"
+    assert (stats.minimum, stats.maximum, stats.mean) == (0.0, 22.0, 11.0)
+    assert 'data-stat="mean">11<' in explorer.stats_html.value
+    assert bytes(explorer.histogram.value).startswith(b"\x89PNG")
+    assert explorer.histogram.layout.display == ""
+    np.testing.assert_array_equal(np.asarray(explorer.leaf_value), WEIGHTS * 2)
+
+    explorer.open_leaf("model", "['dense']['b']")
+    stats = explorer.statistics
+    assert stats is not None
+    assert (stats.nan_count, stats.inf_count) == (1, 1)
+    assert stats.mean == pytest.approx(1.5)
+    assert 'data-stat="NaN">1<' in explorer.stats_html.value
+
+
+def test_picking_reads_only_that_leafs_bytes(tmp_path: Path) -> None:
+    big = np.random.default_rng(0).standard_normal((16 << 20) // 4, dtype=np.float32)
+    _save(tmp_path / "step-1", {"model": {"big": big, "small": np.arange(8.0)}})
+    explorer = CheckpointExplorer(tmp_path)
+    explorer.open_checkpoint("step-1")
+    before = process_bytes_read()
+    explorer.open_leaf("model", "['small']")
+    after = process_bytes_read()
+    assert explorer.statistics is not None and explorer.statistics.mean == pytest.approx(3.5)
+    if before is not None and after is not None:
+        assert after - before < big.nbytes // 4, f"read {after - before} bytes for a 64-byte leaf"
+
+
+def test_in_progress_and_invalid_checkpoints_are_listed_but_never_opened(run: Path) -> None:
+    partial = run / "step-3.orbax-checkpoint-tmp-1700000000"
+    partial.mkdir()
+    (partial / "model").mkdir()
+    broken = run / "step-4"
+    broken.mkdir()
+    (broken / "_CHECKPOINT_METADATA").write_text("{not json")
+    (broken / "model").mkdir()
+
+    explorer = CheckpointExplorer(run)
+    statuses = dict(zip(explorer.checkpoints["name"], explorer.checkpoints["status"], strict=True))
+    assert statuses["step-1"] == statuses["step-2"] == "complete"
+    assert statuses[_name_like(statuses, "step-3")] == "in progress"
+    assert statuses["step-4"] == "invalid"
+    assert "1 in progress" in explorer.summary.value and "1 invalid" in explorer.summary.value
+    for name in (_name_like(statuses, "step-3"), "step-4"):
+        button = explorer.checkpoint_view.pick_button(_label(explorer, name))
+        assert button.disabled
+        explorer.open_checkpoint(name)  # a programmatic pick is refused too
+        assert explorer.checkpoint is None
+        assert "not opened" in explorer.message.value
+
+
+def _name_like(statuses: dict[str, str], prefix: str) -> str:
+    names = [n for n in statuses if n.startswith(prefix)]
+    assert len(names) == 1, names
+    return names[0]
+
+
+def test_filters_and_pages_at_ten_thousand_leaves(tmp_path: Path) -> None:
+    layers = {f"layer_{i:05d}": np.full(2, i, np.float32) for i in range(10_000)}
+    _save(tmp_path / "step-1", {"model": layers, "optimizer": {"count": 3}})
+    explorer = CheckpointExplorer(tmp_path, page_size=25)
+
+    started = time.perf_counter()
+    explorer.open_checkpoint("step-1")
+    opened = time.perf_counter() - started
+    assert len(explorer.leaves) == 10_001
+    assert explorer.leaf_view.position.value == "rows 1–25 of 10,001 · page 1/401"
+
+    started = time.perf_counter()
+    explorer.leaf_view.next_button.click()
+    explorer.leaf_view.page = 400
+    turned = time.perf_counter() - started
+    assert explorer.leaf_view.position.value == "rows 10,001–10,001 of 10,001 · page 401/401"
+
+    started = time.perf_counter()
+    explorer.key_filter.value = "layer_0999"
+    filtered = time.perf_counter() - started
+    assert explorer.leaf_view.frame["key"].tolist() == [f"['layer_0999{i}']" for i in range(10)]
+    assert explorer.leaf_view.page == 0
+    explorer.key_filter.value = ""
+    explorer.checkpointable_filter.value = "optimizer"
+    assert explorer.leaf_view.frame["key"].tolist() == ["['count']"]
+
+    explorer.open_leaf("model", "['layer_01234']")
+    assert explorer.statistics is not None and explorer.statistics.mean == 1234.0
+    assert explorer.checkpointable_filter.value == ""  # the filter was cleared to show it
+    # Generous bounds on 2 shared cores; typical figures are far lower.
+    assert opened < 20 and turned < 2 and filtered < 2, (opened, turned, filtered)
+
+
+def test_checkpoints_are_in_step_order(tmp_path: Path) -> None:
+    for step in (10, 9, 100):
+        _save(tmp_path / f"step-{step}", {"model": {"w": np.zeros(2)}})
+    explorer = CheckpointExplorer(tmp_path)
+    assert explorer.checkpoints["name"].tolist() == ["step-9", "step-10", "step-100"]
+    assert explorer.checkpoints["step"].tolist() == [9, 10, 100]
+
+
+def test_refresh_and_polling_find_new_checkpoints(run: Path) -> None:
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint("step-2")
+    _save(run / "step-3", _state(3))
+    assert "step-3" not in explorer.checkpoints["name"].tolist()
+    explorer.refresh_button.click()
+    assert explorer.checkpoints["name"].tolist() == ["step-1", "step-2", "step-3"]
+    assert explorer.checkpoint == str(run / "step-2"), "refresh keeps the open checkpoint"
+
+    explorer.poll_interval = 0.05
+    assert explorer.watch_box.value
+    _save(run / "step-4", _state(4))
+    deadline = time.monotonic() + 30
+    while "step-4" not in explorer.checkpoints["name"].tolist():
+        assert time.monotonic() < deadline, "polling did not find step-4"
+        time.sleep(0.05)
+    explorer.watch_box.value = False
+    assert explorer.poll_interval == 0
+    explorer.close()
+
+
+def test_errors_are_shown_in_the_widget(run: Path) -> None:
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint("step-1")
+    # Damage the checkpoint after it was listed: reading a leaf now fails.
+    for path in (run / "step-1" / "model").rglob("*"):
+        if path.is_file() and path.name not in {"_METADATA", "_sharding"}:
+            path.write_bytes(b"garbage")
+    explorer.leaf_view.pick_button(_leaf_label(explorer, "model", "['dense']['w']")).click()
+    assert explorer.error, "the failure should be recorded"
+    assert "Error" in explorer.message.value or "error" in explorer.message.value.lower()
+    # The widget stays usable.
+    explorer.open_checkpoint("step-2")
+    explorer.open_leaf("optimizer", "['mu']")
+    assert explorer.statistics is not None and explorer.statistics.mean == 0.5
+
+
+def test_the_removed_open_checkpoint_is_closed_on_refresh(run: Path) -> None:
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint("step-1")
+    for path in sorted((run / "step-1").rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    (run / "step-1").rmdir()
+    explorer.refresh()
+    assert explorer.checkpoint is None
+    assert "gone" in explorer.message.value
+
+
+def test_constructor_checks_its_arguments(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        CheckpointExplorer(tmp_path / "missing")
+    with pytest.raises(TypeError):
+        CheckpointExplorer(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        CheckpointExplorer(tmp_path, poll_interval=-1)
+    with pytest.raises(TypeError):
+        CheckpointExplorer(tmp_path, poll_interval=True)
+    explorer = CheckpointExplorer(tmp_path)
+    assert explorer.checkpoint_view.position.value == "no checkpoints yet"
+    with pytest.raises(ValueError, match="no checkpoint"):
+        explorer.open_checkpoint("step-9")
+    with pytest.raises(ValueError, match="no checkpoint is open"):
+        explorer.open_leaf("model", "['w']")
+    json.dumps(explorer.get_state())  # the widget state is serialisable
+
+
+def test_a_relative_run_directory_works(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(run.parent)
+    explorer = CheckpointExplorer("run")
+    assert "<code>run</code>" in explorer.children[0].value
+    explorer.open_checkpoint("step-1")
+    explorer.open_leaf("model", "['dense']['w']")
+    assert explorer.statistics is not None and explorer.statistics.mean == 5.5
+
+
+def test_an_iterator_leaf_shows_its_stored_state(tmp_path: Path) -> None:
+    iterator = iter(grain.MapDataset.range(10).to_iter_dataset())
+    next(iterator)
+    _save(tmp_path / "step-1", {"model": {"w": np.zeros(2)}, "iterator": iterator})
+    explorer = CheckpointExplorer(tmp_path)
+    explorer.open_checkpoint("step-1")
+    label = _leaf_label(explorer, "iterator", "")
+    explorer.leaf_view.show_row(label)
+    button = explorer.leaf_view.pick_button(label)
+    assert button.description == "(whole)"
+    button.click()
+    assert explorer.leaf == ("iterator", "")
+    assert explorer.statistics is None
+    assert "next_index" in explorer.stats_html.value and "nothing read" in explorer.stats_html.value

@@ -1,0 +1,242 @@
+"""RestoreTargetBuilder: targets from live state, comparison with a checkpoint, Load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import traitlets
+
+from tinax.checkpointing import NumpyTarget, save_checkpointables
+from widgets import CheckpointExplorer, RestoreTargetBuilder
+
+
+def _state(scale: float = 1.0) -> dict[str, Any]:
+    return {
+        "model": {
+            "dense": {"w": jnp.arange(6.0).reshape(2, 3) * scale, "b": jnp.zeros(3)},
+            "head": np.full(2, scale, np.float32),
+        },
+        "optimizer": {"mu": np.ones(4, np.float32) * scale, "count": 3},
+    }
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    path = tmp_path / "step-1"
+    save_checkpointables(path, _state(2.0)).result()
+    return path
+
+
+def test_targets_and_table_from_live_state() -> None:
+    builder = RestoreTargetBuilder(_state())
+    target = builder.target
+    assert set(target) == {"model", "optimizer"}
+    assert isinstance(target["model"]["dense"]["w"], jax.ShapeDtypeStruct)
+    assert target["model"]["dense"]["w"].shape == (2, 3)
+    assert isinstance(target["model"]["head"], NumpyTarget)
+    assert target["optimizer"]["count"] == 3
+    assert set(builder.subtree_checkboxes) == {
+        ("model", "['dense']"),
+        ("model", "['head']"),
+        ("optimizer", "['count']"),
+        ("optimizer", "['mu']"),
+    }
+    assert len(builder.table) == 5
+    assert builder.reason == "no checkpoint to load from"
+    assert builder.compare_section.layout.display == "none"
+
+    builder.checkboxes["optimizer"].value = False
+    assert set(builder.target) == {"model"}
+    assert set(builder.table["checkpointable"]) == {"model"}
+    assert builder.subtree_checkboxes[("optimizer", "['mu']")].disabled
+
+    builder.subtree_checkboxes[("model", "['dense']")].value = False
+    target = builder.target
+    # Left out, but still in the structure: Orbax reads nothing for a placeholder.
+    assert target["model"]["dense"] == {"w": ..., "b": ...}
+    assert isinstance(target["model"]["head"], NumpyTarget)
+    assert builder.table["key"].tolist() == ["['head']"]
+
+
+def test_load_restores_the_chosen_targets_with_progress(checkpoint: Path) -> None:
+    builder = RestoreTargetBuilder(_state(), checkpoint)
+    assert builder.reason == "" and not builder.load_button.disabled
+    assert builder.comparison is not None
+    assert set(builder.comparison["status"]) == {"ok"}
+    seen: list[dict[str, Any]] = []
+    builder.on_loaded(seen.append)
+    builder.load_button.click()
+    assert builder.progress is not None
+    assert builder.progress.wait(60) == "done", builder.progress.error
+    assert builder.status == "loaded"
+    result = builder.result
+    assert result is not None and seen == [result]
+    np.testing.assert_array_equal(result["model"]["dense"]["w"], np.arange(6.0).reshape(2, 3) * 2)
+    assert isinstance(result["model"]["dense"]["w"], jax.Array)
+    assert isinstance(result["model"]["head"], np.ndarray)
+    assert result["optimizer"]["count"] == 3
+    assert builder.progress.total_bytes == int(builder.table["nbytes"].sum())
+    assert not builder.load_button.disabled
+
+
+def test_left_out_subtrees_are_not_restored(checkpoint: Path) -> None:
+    builder = RestoreTargetBuilder(_state(), checkpoint, load_in_thread=False)
+    builder.checkboxes["optimizer"].value = False
+    builder.subtree_checkboxes[("model", "['dense']")].value = False
+    assert builder.comparison is not None
+    statuses = dict(
+        zip(
+            builder.comparison["checkpointable"] + builder.comparison["key"],
+            builder.comparison["status"],
+            strict=True,
+        )
+    )
+    assert statuses["model['dense']['w']"] == "left out"
+    assert statuses["model['head']"] == "ok"
+    assert statuses["optimizer['mu']"] == "not in target"
+    assert builder.reason == ""
+    builder.load_button.click()
+    # Loaded in the click itself: the result is there when click() returns.
+    assert builder.status == "loaded"
+    assert builder.result is not None
+    assert set(builder.result) == {"model"}
+    assert builder.result["model"]["dense"] == {"w": ..., "b": ...}
+    np.testing.assert_array_equal(builder.result["model"]["head"], [2.0, 2.0])
+    assert builder.progress is not None and builder.progress.wait(10) == "done"
+
+
+def test_incompatible_targets_disable_load_with_the_reason(checkpoint: Path) -> None:
+    state = _state()
+    state["model"]["dense"]["w"] = jnp.zeros((3, 3))
+    state["extra"] = {"x": np.zeros(1)}
+    builder = RestoreTargetBuilder(state, checkpoint)
+    assert builder.load_button.disabled
+    assert "['dense']['w']: shape differs" in builder.reason
+    assert "missing from checkpoint" in builder.reason
+    assert "Cannot load" in builder.reason_html.value
+    view = builder.compare_box.children[0]
+    first = view.children[1].children  # differences are sorted to the top, highlighted
+    assert first[2].value in {"shape differs", "missing from checkpoint"}
+    assert first[0].style.background == "#fde7e9"
+    builder.load_button.click()  # refused, nothing happens
+    assert builder.progress is None
+
+    builder.checkboxes["extra"].value = False
+    builder.subtree_checkboxes[("model", "['dense']")].value = False
+    assert builder.reason == "" and not builder.load_button.disabled
+
+
+def test_a_dtype_difference_is_a_warning_not_a_block(checkpoint: Path) -> None:
+    state = _state()
+    state["optimizer"]["mu"] = np.ones(4, np.float64)
+    builder = RestoreTargetBuilder(state, checkpoint)
+    assert builder.reason == "" and not builder.load_button.disabled
+    assert "cast to the target dtype" in builder.reason_html.value
+    builder.load_button.click()
+    assert builder.progress is not None and builder.progress.wait(60) == "done"
+    assert builder.result is not None
+    assert builder.result["optimizer"]["mu"].dtype == np.float64
+
+
+def _truncate_largest_data_file(checkpoint: Path) -> None:
+    # The array bytes live in the largest OCDBT data file; the metadata stays readable.
+    files = [p for p in checkpoint.rglob("*") if p.is_file() and p.parent.name == "d"]
+    largest = max(files, key=lambda p: p.stat().st_size)
+    with open(largest, "r+b") as f:
+        f.truncate(largest.stat().st_size // 2)
+
+
+def test_a_failing_load_is_shown_not_raised(tmp_path: Path) -> None:
+    state = {"model": {"big": np.random.default_rng(0).standard_normal(1 << 18)}}
+    save_checkpointables(tmp_path / "step-1", state).result()
+    builder = RestoreTargetBuilder(state, tmp_path / "step-1")
+    assert builder.reason == ""
+    _truncate_largest_data_file(tmp_path / "step-1")
+    builder.load_button.click()
+    assert builder.progress is not None, builder.message.value
+    assert builder.progress.wait(60) == "failed"
+    assert builder.status == "failed"
+    assert builder.error
+    assert builder.result is None
+    assert "Failed" in builder.progress.error_box.value
+    assert not builder.load_button.disabled, "the person can try again"
+
+
+def test_a_failing_callback_is_shown_not_raised(checkpoint: Path) -> None:
+    builder = RestoreTargetBuilder(_state(), checkpoint, load_in_thread=False)
+
+    def broken(_result: dict[str, Any]) -> None:
+        raise RuntimeError("callback broke")
+
+    builder.on_loaded(broken)
+    builder.load_button.click()
+    assert builder.status == "loaded"
+    assert builder.error == "RuntimeError: callback broke"
+    assert "callback broke" in builder.message.value
+
+
+def test_path_follows_the_explorer(checkpoint: Path) -> None:
+    save_checkpointables(checkpoint.parent / "step-2", {"model": {"head": np.zeros(5)}}).result()
+    explorer = CheckpointExplorer(checkpoint.parent)
+    builder = RestoreTargetBuilder(_state())
+    traitlets.dlink((explorer, "checkpoint"), (builder, "path"))
+    explorer.open_checkpoint("step-1")
+    assert builder.path == str(checkpoint)
+    assert builder.reason == ""
+    explorer.open_checkpoint("step-2")
+    assert builder.load_button.disabled
+    assert "shape differs" in builder.reason or "missing from checkpoint" in builder.reason
+
+
+def test_constructor_checks_its_arguments(tmp_path: Path) -> None:
+    with pytest.raises(TypeError):
+        RestoreTargetBuilder([("model", {})])  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        RestoreTargetBuilder({})
+    with pytest.raises(ValueError):
+        RestoreTargetBuilder({"a/b": {"x": np.zeros(1)}})
+    with pytest.raises(FileNotFoundError):
+        RestoreTargetBuilder(_state(), tmp_path / "missing")
+    with pytest.raises(TypeError):
+        RestoreTargetBuilder(_state(), load_in_thread=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        RestoreTargetBuilder(_state()).on_loaded(3)  # type: ignore[arg-type]
+
+
+def test_relative_paths_work(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(checkpoint.parent)
+    builder = RestoreTargetBuilder(_state(), "step-1", load_in_thread=False)
+    assert builder.path == str(checkpoint)
+    builder.subtree_checkboxes[("model", "['dense']")].value = False
+    builder.load_button.click()
+    assert builder.status == "loaded", builder.error
+    builder.path = "step-1"
+    assert builder.path == str(checkpoint)
+    with pytest.raises(FileNotFoundError):
+        builder.path = "step-9"
+
+
+def test_a_grain_iterator_is_restored_in_place(tmp_path: Path) -> None:
+    iterator = iter(grain.MapDataset.range(10).to_iter_dataset())
+    next(iterator), next(iterator)
+    save_checkpointables(
+        tmp_path / "step-2", {"model": {"w": np.ones(3)}, "iterator": iterator}
+    ).result()
+    fresh = iter(grain.MapDataset.range(10).to_iter_dataset())
+    builder = RestoreTargetBuilder(
+        {"model": {"w": np.zeros(3)}, "iterator": fresh}, tmp_path / "step-2", load_in_thread=False
+    )
+    assert builder.reason == ""
+    assert ("iterator", "") in set(
+        zip(builder.table["checkpointable"], builder.table["key"], strict=True)
+    )
+    builder.load_button.click()
+    assert builder.status == "loaded", builder.error
+    assert next(fresh) == 2
+    np.testing.assert_array_equal(builder.result["model"]["w"], np.ones(3))  # type: ignore[index]
