@@ -83,12 +83,6 @@ def process_bytes_read() -> int | None:
     return None
 
 
-def step_of_name(name: str) -> int | None:
-    """The step of a ``step-N`` checkpoint name (also of its temporary directory), else ``None``."""
-    match = _STEP_NAME.match(name)
-    return int(match.group(1)) if match else None
-
-
 def next_free_step_name(directory: Path) -> str:
     """``step-N`` with ``N`` one past the highest step under ``directory`` (``step-0`` if none).
 

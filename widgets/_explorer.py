@@ -13,7 +13,6 @@ import pandas as pd
 import traitlets
 
 from tinax import explore
-from widgets._disk import step_of_name
 from widgets._format import error_html, format_bytes, note_html
 from widgets._guard import shown_in_widget
 from widgets._stats import LeafStatistics, histogram_png, is_numeric, leaf_statistics
@@ -90,21 +89,6 @@ LEAF_COLUMNS = (
     Column("nbytes", "size", "6em", format_bytes),
     Column("value", "value", "10em", _format_value),
 )
-
-
-def _with_steps(table: pd.DataFrame) -> pd.DataFrame:
-    """Fills in steps the listing left out for ``step-N`` names (what SavePanel writes)."""
-    if table.empty or "step" not in table.columns:
-        return table
-    missing = table["step"].isna()
-    if not missing.any():
-        return table
-    parsed = table.loc[missing, "name"].astype(str).map(step_of_name)
-    if parsed.isna().all():
-        return table
-    table = table.copy()
-    table.loc[missing, "step"] = parsed.astype("Int64")
-    return table.sort_values(["step", "name"], na_position="last", kind="stable")
 
 
 def statistics_html(stats: LeafStatistics) -> str:
@@ -258,7 +242,7 @@ class CheckpointExplorer(w.VBox):
     def refresh(self) -> None:
         """Re-lists the run's checkpoints, keeping the open checkpoint if it is still there."""
         with self._lock:
-            table = _with_steps(explore.list_checkpoints(self.root))
+            table = explore.list_checkpoints(self.root)
             table = table.set_index(table["path"].astype(str), drop=False)
             table.index.name = None
             changed = not self._same_listing(self.checkpoints, table)
