@@ -168,6 +168,16 @@ def test_a_failing_load_is_shown_not_raised(tmp_path: Path) -> None:
     assert not builder.load_button.disabled, "the person can try again"
 
 
+def test_a_failing_load_in_the_click_is_reported_at_once(tmp_path: Path) -> None:
+    state = {"model": {"big": np.random.default_rng(0).standard_normal(1 << 18)}}
+    save_checkpointables(tmp_path / "step-1", state).result()
+    builder = RestoreTargetBuilder(state, tmp_path / "step-1", load_in_thread=False)
+    _truncate_largest_data_file(tmp_path / "step-1")
+    builder.load_button.click()
+    assert builder.status == "failed" and builder.error
+    assert builder.progress is not None and builder.progress.wait(10) == "failed"
+
+
 def test_a_failing_callback_is_shown_not_raised(checkpoint: Path) -> None:
     builder = RestoreTargetBuilder(_state(), checkpoint, load_in_thread=False)
 

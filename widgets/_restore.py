@@ -441,6 +441,12 @@ class RestoreTargetBuilder(w.VBox):
             jax.process_count() == 1 if self._load_in_thread is None else self._load_in_thread
         )
         task.start(lambda: self._loaded(self._load(path, targets, progress)), in_thread=in_thread)
+        failure = task.exception()
+        if failure is not None:
+            # Loaded in this click: report the failure now, not when the bar notices.
+            self.status = "failed"
+            self.error = f"{type(failure).__name__}: {failure}"
+            self.load_button.disabled = bool(self.reason)
 
     @staticmethod
     def _load(path: str, targets: dict[str, Any], progress: AsyncProgress) -> dict[str, Any]:
