@@ -112,7 +112,7 @@ def running_lab(root_dir: Path, work: Path, *, timeout: float = 120) -> Iterator
     Its configuration, data, runtime, settings and workspace directories live
     under ``work``; kernels run this interpreter, with the repository importable.
     """
-    for sub in ("config", "data", "runtime", "settings", "workspaces"):
+    for sub in ("config", "data", "runtime", "settings", "workspaces", "ipython"):
         (work / sub).mkdir(parents=True, exist_ok=True)
     for name, values in _SETTINGS.items():
         file = work / "settings" / name
@@ -126,6 +126,7 @@ def running_lab(root_dir: Path, work: Path, *, timeout: float = 120) -> Iterator
         JUPYTER_DATA_DIR=str(work / "data"),
         JUPYTER_RUNTIME_DIR=str(work / "runtime"),
         JUPYTER_PLATFORM_DIRS="1",
+        IPYTHONDIR=str(work / "ipython"),
         JAX_PLATFORMS="cpu",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
     )
