@@ -113,8 +113,9 @@ class RestoreTargetBuilder(w.VBox):
     bytes, and the restored value holds ``...`` there too.
 
     With a checkpoint ``path`` the widget shows ``compare_table`` with differences
-    highlighted; Load stays disabled, with the reason shown, while a chosen target
-    cannot be restored from it. Load runs in a background thread when JAX runs in
+    highlighted (stored leaves of what is unticked show as ``left out``); Load
+    stays disabled, with the reason shown, while a chosen target cannot be
+    restored from it. A dtype difference only warns: Orbax casts on restore. Load runs in a background thread when JAX runs in
     one process; with several processes Orbax needs every process on its main
     thread, so the load runs in the click. Either way checkpointables are loaded
     one at a time (the bar names the current one) and an ``AsyncProgress``
@@ -339,6 +340,8 @@ class RestoreTargetBuilder(w.VBox):
             self.compare_box.children = ()
             raise
         ticked = comparison["checkpointable"].isin(list(chosen))
+        # Unticked checkpointables are stored but not asked for: left out, not a problem.
+        comparison.loc[~ticked, "status"] = LEFT_OUT_STATUS
         for name in chosen:
             for subtree in self._left_out(name):
                 inside = (
