@@ -367,16 +367,17 @@ class CheckpointExplorer(w.VBox):
     # -- leaves ---------------------------------------------------------------------
 
     def _on_filter(self, _change: Any) -> None:
-        leaves = self.leaves
-        if leaves.empty:
-            return
-        mask = pd.Series(True, index=leaves.index)
-        if self.checkpointable_filter.value:
-            mask &= leaves["checkpointable"] == self.checkpointable_filter.value
-        text = self.key_filter.value.strip()
-        if text:
-            mask &= leaves["key"].astype(str).str.contains(text, case=False, regex=False)
-        self.leaf_view.show(leaves[mask])
+        with self._lock:
+            leaves = self.leaves
+            if leaves.empty:
+                return
+            mask = pd.Series(True, index=leaves.index)
+            if self.checkpointable_filter.value:
+                mask &= leaves["checkpointable"] == self.checkpointable_filter.value
+            text = self.key_filter.value.strip()
+            if text:
+                mask &= leaves["key"].astype(str).str.contains(text, case=False, regex=False)
+            self.leaf_view.show(leaves[mask])
 
     def _clear_leaf(self) -> None:
         self.leaf = None
