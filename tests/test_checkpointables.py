@@ -313,3 +313,26 @@ def test_a_save_in_progress_blocks_a_second_save_to_the_same_path(tmp_path):
     assert _entries(tmp_path) == ["c.orbax-checkpoint-tmp-1700000000"]
     # Another destination in the same directory is unaffected.
     save_checkpointables(tmp_path / "c2", {"x": {"a": 1}}).result()
+
+
+def test_relative_paths_save_and_load(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    response = save_checkpointables("run/a", {"m": {"x": np.arange(3.0)}})
+    response.result()
+    assert (tmp_path / "run" / "a" / "_CHECKPOINT_METADATA").is_file()
+    out = load_checkpointables("run/a", {"m": {"x": NumpyTarget((3,), np.float64)}})
+    np.testing.assert_array_equal(out["m"]["x"], np.arange(3.0))
+
+
+def test_typed_prng_keys_round_trip(tmp_path):
+    rng = {"key": jax.random.key(42), "data": jax.random.key_data(jax.random.key(1))}
+    save_checkpointables(tmp_path / "c", {"rng": rng}).result()
+    out = load_checkpointables(tmp_path / "c", {"rng": abstract_restore_target(rng)})
+    assert jax.dtypes.issubdtype(out["rng"]["key"].dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(
+        jax.random.key_data(out["rng"]["key"]), jax.random.key_data(rng["key"])
+    )
+    np.testing.assert_array_equal(
+        jax.random.uniform(out["rng"]["key"], (3,)), jax.random.uniform(rng["key"], (3,))
+    )

@@ -68,7 +68,8 @@ def save_checkpointables(
         check_storable(name, value)
     try:
         with _orbax.context():
-            inner = ocp.save_checkpointables_async(dest, dict(checkpointables))
+            # Orbax requires absolute paths.
+            inner = ocp.save_checkpointables_async(dest.absolute(), dict(checkpointables))
     except BaseException:
         remove_temporaries(dest)
         raise
@@ -102,9 +103,11 @@ def read_item_handlers(path: Path) -> dict[str, str | None]:
     return {p.name: None for p in sorted(path.iterdir()) if p.is_dir()}
 
 
-def _leaf_spec(leaf: Any) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+def _leaf_spec(leaf: Any) -> tuple[tuple[int, ...], Any] | None:
+    # dtypes are compared as they are, not through np.dtype: typed PRNG keys have
+    # extended dtypes (key<fry>) that NumPy cannot interpret.
     if isinstance(leaf, jax.ShapeDtypeStruct | NumpyTarget | jax.Array | np.ndarray):
-        return tuple(leaf.shape), np.dtype(leaf.dtype)
+        return tuple(leaf.shape), leaf.dtype
     return None
 
 
@@ -161,7 +164,7 @@ def load_checkpointables(
         )
     try:
         with _orbax.context():
-            restored = ocp.load_checkpointables(src, dict(targets))
+            restored = ocp.load_checkpointables(src.absolute(), dict(targets))
     except (TypeError, ValueError, KeyError, LookupError) as e:
         # Orbax reports a target that does not fit the stored tree as a missing
         # handler; say which checkpoint and which targets were involved.
