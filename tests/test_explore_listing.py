@@ -159,3 +159,18 @@ def test_root_that_is_itself_a_broken_checkpoint_is_listed_invalid(tmp_path):
     listing = ex.list_checkpoints(path)
     assert list(listing["status"]) == ["invalid"]
     assert str(path) in listing.attrs["errors"]
+
+
+def test_paths_with_dotdot_components(tmp_path, monkeypatch):
+    from tinax.checkpointing import save_checkpointables
+    from tinax.explore import checkpoint_table, list_checkpoints, read_leaf
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    save_checkpointables(tmp_path / "run" / "step-1", {"m": {"x": np.arange(4.0)}}).result()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    listing = list_checkpoints("../run")
+    assert list(listing["status"]) == ["complete"]
+    table = checkpoint_table("../run/step-1")
+    assert list(table["key"]) == ["['x']"]
+    np.testing.assert_array_equal(read_leaf("../run/step-1", "m", "['x']"), np.arange(4.0))

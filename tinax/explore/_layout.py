@@ -115,7 +115,9 @@ def as_path(path: object) -> Path:
         raise TypeError(f"path must be a text path, got {type(raw).__name__}")
     if not raw:
         raise ValueError("path must not be empty")
-    return Path(raw)
+    # Absolute and free of ".." from here on: tensorstore refuses paths with ".."
+    # components, and the symlink checks compare absolute locations.
+    return Path(os.path.abspath(raw))
 
 
 def existing_directory(path: object) -> Path:
