@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path, PurePath
 
-# Orbax writes a checkpoint under `<name>.orbax-checkpoint-tmp[-<digits>]` and renames
-# it when the save commits; such a path is never a finished checkpoint.
-TEMPORARY_SUFFIX = ".orbax-checkpoint-tmp"
-_TEMPORARY = re.compile(re.escape(TEMPORARY_SUFFIX) + r"(-\d+)?$")
+from tinax._paths import TEMPORARY_SUFFIX, is_temporary_name, text_path
 
-
-def is_temporary_name(name: str) -> bool:
-    """Whether a path component carries Orbax's temporary suffix."""
-    return bool(_TEMPORARY.search(name))
+__all__ = ["TEMPORARY_SUFFIX", "as_path", "destination_path", "is_temporary_name", "source_path"]
 
 
 def as_path(path: object, *, what: str = "path") -> Path:
@@ -25,13 +18,7 @@ def as_path(path: object, *, what: str = "path") -> Path:
       ValueError: If ``path`` is empty or its final component uses the temporary
         suffix (also behind trailing ``/`` or ``/.``).
     """
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"{what} must be a str or os.PathLike, got {type(path).__name__}")
-    raw = os.fspath(path)
-    if not isinstance(raw, str):
-        raise TypeError(f"{what} must be a text path, got {type(raw).__name__}")
-    if not raw:
-        raise ValueError(f"{what} must not be empty")
+    raw = text_path(path, what=what)
     # PurePath drops trailing separators and "." components, so "x.orbax-checkpoint-tmp/."
     # is caught as well.
     final = PurePath(raw).name

@@ -13,6 +13,7 @@ import re
 import stat
 from pathlib import Path, PurePath
 
+from tinax._paths import TEMPORARY_PATTERN, is_temporary_name, text_path
 from tinax.explore import _files
 
 CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
@@ -25,11 +26,6 @@ ITERATOR_FILE = re.compile(r"^process_(\d+)-of-(\d+)\.json$")
 # Files only Orbax writes at a checkpoint's root.
 _MARKERS = (CHECKPOINT_METADATA, "commit_success.txt", "orbax.checkpoint", PYTREE_METADATA)
 
-# The same rule as tinax.checkpointing._paths: `<name>.orbax-checkpoint-tmp[-<digits>]`.
-# It is restated here because importing tinax.checkpointing loads Orbax and JAX, which
-# reading a checkpoint from a terminal does not need; a test keeps the two in step.
-TEMPORARY_SUFFIX = ".orbax-checkpoint-tmp"
-_TEMPORARY = re.compile(re.escape(TEMPORARY_SUFFIX) + r"(-\d+)?$")
 # Step directories: `<step>` or `<prefix>_<step>` as Orbax names them (zero padding
 # allowed), or `<prefix>-<step>`.
 _STEP = re.compile(r"^(?:.*[_-])?(\d+)$")
@@ -41,14 +37,9 @@ EMPTY = "empty"
 UNKNOWN = "unknown"
 
 
-def is_temporary_name(name: str) -> bool:
-    """Whether a path component carries Orbax's temporary suffix."""
-    return bool(_TEMPORARY.search(name))
-
-
 def step_from_name(name: str) -> int | None:
     """The step a checkpoint directory's name carries, if any (also for temporaries)."""
-    match = _STEP.match(_TEMPORARY.sub("", name))
+    match = _STEP.match(TEMPORARY_PATTERN.sub("", name))
     return int(match.group(1)) if match else None
 
 
@@ -108,13 +99,7 @@ def as_path(path: object) -> Path:
       TypeError: If ``path`` is not a ``str`` or ``os.PathLike[str]``.
       ValueError: If ``path`` is empty.
     """
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    raw = os.fspath(path)
-    if not isinstance(raw, str):
-        raise TypeError(f"path must be a text path, got {type(raw).__name__}")
-    if not raw:
-        raise ValueError("path must not be empty")
+    raw = text_path(path)
     # Absolute and free of ".." from here on: tensorstore refuses paths with ".."
     # components, and the symlink checks compare absolute locations.
     return Path(os.path.abspath(raw))
