@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 # Orbax writes a checkpoint under `<name>.orbax-checkpoint-tmp[-<digits>]` and renames
 # it when the save commits; such a path is never a finished checkpoint.
@@ -18,6 +19,17 @@ TEMPORARY_PATTERN = re.compile(re.escape(TEMPORARY_SUFFIX) + r"(-\d+)?$")
 def is_temporary_name(name: str) -> bool:
     """Whether a path component carries Orbax's temporary suffix."""
     return bool(TEMPORARY_PATTERN.search(name))
+
+
+def temporary_siblings(dest: Path) -> list[Path]:
+    """Orbax temporary directories that belong to a save destined for ``dest``."""
+    parent = dest.absolute().parent
+    prefix = dest.name + TEMPORARY_SUFFIX
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if p.name.startswith(prefix) and is_temporary_name(p.name)]
 
 
 def text_path(path: object, *, what: str = "path") -> str:

@@ -7,18 +7,10 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from tinax._paths import TEMPORARY_SUFFIX, temporary_siblings
 from tinax.checkpointing import validate_checkpointable_name
 
-# Orbax writes a checkpoint under `<name>.orbax-checkpoint-tmp[-<digits>]` and renames it
-# when the save commits.
-TEMPORARY_MARKER = ".orbax-checkpoint-tmp"
-_TEMPORARY = re.compile(re.escape(TEMPORARY_MARKER) + r"(-\d+)?$")
-_STEP_NAME = re.compile(r"^step-(\d+)(?:" + re.escape(TEMPORARY_MARKER) + r".*)?$")
-
-
-def is_temporary_name(name: str) -> bool:
-    """Whether a directory name carries Orbax's temporary suffix."""
-    return bool(_TEMPORARY.search(name))
+_STEP_NAME = re.compile(r"^step-(\d+)(?:" + re.escape(TEMPORARY_SUFFIX) + r".*)?$")
 
 
 def bytes_under(path: Path) -> int:
@@ -45,26 +37,13 @@ def bytes_under(path: Path) -> int:
     return total
 
 
-def temporaries_of(destination: Path) -> list[Path]:
-    """Orbax temporary directories of a save headed for ``destination``."""
-    parent = destination.absolute().parent
-    prefix = destination.name + TEMPORARY_MARKER
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        return []
-    return [
-        Path(e.path) for e in entries if e.name.startswith(prefix) and is_temporary_name(e.name)
-    ]
-
-
 def bytes_landed(destination: Path) -> int:
     """Bytes written so far by a save headed for ``destination``.
 
     Counts the Orbax temporary directories first and the final directory once the
     save has renamed it, so the count keeps growing across the commit.
     """
-    return sum(bytes_under(p) for p in temporaries_of(destination)) + bytes_under(destination)
+    return sum(bytes_under(p) for p in temporary_siblings(destination)) + bytes_under(destination)
 
 
 def process_bytes_read() -> int | None:
@@ -125,14 +104,14 @@ def check_new_checkpoint_name(directory: Path, name: object) -> str:
     except ValueError as e:
         # The checkpointable-name rules are exactly the portable path component rules.
         raise ValueError(str(e).replace("checkpointable name", "checkpoint name")) from None
-    if TEMPORARY_MARKER in name:
+    if TEMPORARY_SUFFIX in name:
         raise ValueError(
-            f"checkpoint name {name!r} uses Orbax's reserved temporary marker {TEMPORARY_MARKER!r}"
+            f"checkpoint name {name!r} uses Orbax's reserved temporary marker {TEMPORARY_SUFFIX!r}"
         )
     target = directory / name
     if os.path.lexists(target):
         raise ValueError(f"{name!r} is already taken in {str(directory)!r}")
-    if temporaries_of(target):
+    if temporary_siblings(target):
         raise ValueError(f"a save to {name!r} is already in progress in {str(directory)!r}")
     return name
 

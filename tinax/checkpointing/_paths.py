@@ -5,9 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePath
 
-from tinax._paths import TEMPORARY_SUFFIX, is_temporary_name, text_path
+from tinax._paths import TEMPORARY_SUFFIX, is_temporary_name, temporary_siblings, text_path
 
-__all__ = ["TEMPORARY_SUFFIX", "as_path", "destination_path", "is_temporary_name", "source_path"]
+__all__ = [
+    "TEMPORARY_SUFFIX",
+    "as_path",
+    "destination_path",
+    "is_temporary_name",
+    "source_path",
+    "temporary_siblings",
+]
 
 
 def as_path(path: object, *, what: str = "path") -> Path:
@@ -71,14 +78,3 @@ def source_path(path: object) -> Path:
     if not src.is_dir():
         raise ValueError(f"checkpoint {str(src)!r} is not a directory")
     return src
-
-
-def temporary_siblings(dest: Path) -> list[Path]:
-    """Orbax temporary directories that belong to the save destined for ``dest``."""
-    parent = dest.absolute().parent
-    prefix = dest.name + TEMPORARY_SUFFIX
-    try:
-        entries = list(parent.iterdir())
-    except OSError:
-        return []
-    return [p for p in entries if p.name.startswith(prefix) and is_temporary_name(p.name)]
