@@ -152,9 +152,7 @@ def load_checkpointables(
       FileNotFoundError: If ``path`` does not exist.
     """
     _check_mapping(targets, what="targets")
-    for name, target in targets.items():
-        if target is None:
-            raise ValueError(f"restore target for {name!r} is None; pass an explicit target")
+    check_targets_given(targets)
     src = source_path(path)
     stored = read_item_handlers(src)
     missing = [name for name in targets if name not in stored]
@@ -162,6 +160,25 @@ def load_checkpointables(
         raise ValueError(
             f"checkpoint {str(src)!r} has no checkpointable(s) {missing}; it holds {sorted(stored)}"
         )
+    return restore_checkpointables(src, targets)
+
+
+def check_targets_given(targets: Mapping[str, Any]) -> None:
+    """Raises ``ValueError`` for a restore target that is ``None``."""
+    for name, target in targets.items():
+        if target is None:
+            raise ValueError(f"restore target for {name!r} is None; pass an explicit target")
+
+
+def restore_checkpointables(src: Path, targets: Mapping[str, Any]) -> dict[str, Any]:
+    """Restores ``targets`` from the checkpoint ``src`` and checks them against their targets.
+
+    The caller has already checked ``src``, the names and that the checkpoint holds
+    every requested checkpointable.
+
+    Raises:
+      ValueError: If a target does not fit what is stored.
+    """
     try:
         with _orbax.context():
             restored = ocp.load_checkpointables(src.absolute(), dict(targets))

@@ -13,12 +13,13 @@ import grain
 import numpy as np
 
 from tinax.checkpointing._checkpointables import (
-    load_checkpointables,
+    check_targets_given,
     read_item_handlers,
+    restore_checkpointables,
     save_checkpointables,
 )
 from tinax.checkpointing._names import validate_distinct_names
-from tinax.checkpointing._paths import as_path, source_path
+from tinax.checkpointing._paths import source_path
 from tinax.checkpointing._response import SaveResponse
 
 STEP_KEY = "step"
@@ -248,7 +249,6 @@ def load_training_checkpoint(
     """
     check_iterator(iterator)
     names = _check_names(names)
-    as_path(path)
     src = source_path(path)
     stored = read_item_handlers(src)
     missing = [
@@ -269,7 +269,8 @@ def load_training_checkpoint(
         names.rng: rng_target,
         names.auxiliary: {STEP_KEY: 0, STATE_KEY: auxiliary_target},
     }
-    values = load_checkpointables(src, value_targets)
+    check_targets_given(value_targets)
+    values = restore_checkpointables(src, value_targets)
     auxiliary = values[names.auxiliary]
     if not isinstance(auxiliary, Mapping):
         raise TypeError(
@@ -284,7 +285,7 @@ def load_training_checkpoint(
     if step < 0:
         raise ValueError(f"stored step {step} in {str(src)!r} is negative")
     # Only now is the caller's iterator touched.
-    load_checkpointables(src, {names.iterator: iterator})
+    restore_checkpointables(src, {names.iterator: iterator})
     iterator.start_prefetch()
     return TrainingCheckpoint(
         step=int(step),
