@@ -1,148 +1,16 @@
-"""Statistics and a histogram of one leaf's values, computed in bounded memory."""
+"""A histogram image of one leaf's statistics.
+
+The statistics themselves come from ``tinax.explore``; they are re-exported here
+for the explorer.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import io
-import math
-from typing import Any
 
-import numpy as np
+from tinax.explore import HISTOGRAM_BINS, LeafStatistics, is_numeric, leaf_statistics
 
-# Elements per pass: large leaves are walked in chunks so that converting to float64
-# never needs more than a few MiB beyond the leaf itself.
-_CHUNK = 1 << 20
-HISTOGRAM_BINS = 40
-
-
-@dataclasses.dataclass(frozen=True)
-class LeafStatistics:
-    """Summary of a numeric array's values.
-
-    ``minimum``, ``maximum``, ``mean`` and ``std`` cover the finite values only
-    (complex values by magnitude);
-    they are ``None`` when there are none. ``histogram`` holds bin counts and the
-    ``HISTOGRAM_BINS + 1`` bin edges over the finite values.
-    """
-
-    shape: tuple[int, ...]
-    dtype: str
-    size: int
-    minimum: float | int | None
-    maximum: float | int | None
-    mean: float | None
-    std: float | None
-    nan_count: int
-    inf_count: int
-    histogram: tuple[np.ndarray, np.ndarray] | None
-
-
-def is_numeric(value: Any) -> bool:
-    """Whether ``value`` is an array whose values can be summarised as numbers."""
-    dtype = getattr(value, "dtype", None)
-    if dtype is None or not hasattr(value, "shape"):
-        return False
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        return False
-    if dtype.kind in "biufc":
-        return True
-    # ml_dtypes floats (bfloat16, float8_*) are kind 'V' but convert to float.
-    if dtype.kind == "V" and dtype.fields is None:
-        try:
-            np.zeros(1, dtype).astype(np.float64)
-        except (TypeError, ValueError):
-            return False
-        return True
-    return False
-
-
-def _chunks(flat: np.ndarray) -> Any:
-    for start in range(0, flat.size, _CHUNK):
-        yield flat[start : start + _CHUNK]
-
-
-def leaf_statistics(value: Any) -> LeafStatistics:
-    """Shape, dtype, min/max/mean/std, NaN and Inf counts and a histogram of ``value``.
-
-    Args:
-      value: A numeric array (NumPy, JAX, or anything ``np.asarray`` accepts with a
-        numeric dtype, including bfloat16).
-
-    Returns:
-      The statistics.
-
-    Raises:
-      TypeError: If ``value`` is not a numeric array.
-    """
-    if not is_numeric(value):
-        raise TypeError(f"no statistics for a value of type {type(value).__name__}")
-    array = np.asarray(value)
-    flat = array.reshape(-1)
-    if flat.dtype.kind == "b":
-        flat = flat.view(np.uint8)
-    elif flat.dtype.kind == "c":
-        flat = np.abs(flat)  # complex values are summarised by magnitude
-    is_int = array.dtype.kind in "biu"
-    count = 0
-    mean = 0.0
-    m2 = 0.0
-    nan_count = inf_count = 0
-    lo: Any = None
-    hi: Any = None
-    for chunk in _chunks(flat):
-        as_float = chunk.astype(np.float64)
-        if is_int:
-            finite = as_float
-            if chunk.size:
-                c_lo, c_hi = chunk.min().item(), chunk.max().item()
-                lo = c_lo if lo is None else min(lo, c_lo)
-                hi = c_hi if hi is None else max(hi, c_hi)
-        else:
-            nans = np.isnan(as_float)
-            infs = np.isinf(as_float)
-            nan_count += int(nans.sum())
-            inf_count += int(infs.sum())
-            finite = as_float[~(nans | infs)]
-            if finite.size:
-                c_lo, c_hi = float(finite.min()), float(finite.max())
-                lo = c_lo if lo is None else min(lo, c_lo)
-                hi = c_hi if hi is None else max(hi, c_hi)
-        n = finite.size
-        if n:
-            # Chan et al.'s pairwise update keeps the variance exact across chunks.
-            c_mean = float(finite.mean())
-            c_m2 = float(((finite - c_mean) ** 2).sum())
-            delta = c_mean - mean
-            total = count + n
-            mean += delta * n / total
-            m2 += c_m2 + delta * delta * count * n / total
-            count = total
-    histogram = None
-    if count:
-        edges_lo, edges_hi = float(lo), float(hi)
-        if edges_lo == edges_hi:
-            edges_lo, edges_hi = edges_lo - 0.5, edges_hi + 0.5
-        counts = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
-        edges = np.linspace(edges_lo, edges_hi, HISTOGRAM_BINS + 1)
-        for chunk in _chunks(flat):
-            as_float = chunk.astype(np.float64)
-            finite = as_float[np.isfinite(as_float)]
-            counts += np.histogram(finite, bins=edges)[0]
-        histogram = (counts, edges)
-    return LeafStatistics(
-        shape=tuple(int(d) for d in array.shape),
-        dtype=str(array.dtype),
-        size=int(array.size),
-        minimum=lo,
-        maximum=hi,
-        mean=mean if count else None,
-        std=math.sqrt(m2 / count) if count else None,
-        nan_count=nan_count,
-        inf_count=inf_count,
-        histogram=histogram,
-    )
+__all__ = ["HISTOGRAM_BINS", "LeafStatistics", "histogram_png", "is_numeric", "leaf_statistics"]
 
 
 def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:

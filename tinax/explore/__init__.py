@@ -11,12 +11,22 @@ from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
 from tinax.explore._listing import list_checkpoints
 from tinax.explore._live import leaf_key, state_table
-from tinax.explore._summary import leaf_summary
+from tinax.explore._summary import (
+    HISTOGRAM_BINS,
+    LeafStatistics,
+    is_numeric,
+    leaf_statistics,
+    leaf_summary,
+)
 
 __all__ = [
+    "HISTOGRAM_BINS",
+    "LeafStatistics",
     "checkpoint_table",
     "compare_table",
+    "is_numeric",
     "leaf_key",
+    "leaf_statistics",
     "leaf_summary",
     "list_checkpoints",
     "read_leaf",
