@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 DEMO_RUN ?= demo_run
 PORT ?= 8888
 
-.PHONY: install chromium lint test bench demo demo-data clean
+.PHONY: install lock chromium lint test bench demo demo-data clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,28 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# requirements.lock is generated from pyproject.toml, never edited by hand: the runtime
+# dependencies, the explore and widgets extras and the test group (which includes the
+# demo group), with hashes. Binder's binder/requirements.txt is the runtime, widgets and
+# demo part of it, pinned to the same versions. uv resolves as of LOCK_DATE, so the same
+# pyproject.toml gives the same lock on any day.
+UV_VERSION := 0.13.8
+LOCK_DATE := 2026-12-02
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+LOCK_FLAGS := --generate-hashes --python-version 3.11 --exclude-newer $(LOCK_DATE) \
+	--custom-compile-command "make lock" --quiet
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+lock: $(UV)
+	$(UV) pip compile pyproject.toml --extra explore --extra widgets --group test \
+		$(LOCK_FLAGS) -o requirements.lock
+	$(UV) pip compile pyproject.toml --extra widgets --group demo \
+		--constraint requirements.lock $(LOCK_FLAGS) -o binder/requirements.txt
 
 # The browser test drives Debian's Chromium; install it when it is missing.
 chromium:
@@ -51,4 +73,4 @@ demo: demo-data
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean:
-	rm -rf $(VENV) $(DEMO_RUN) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) $(DEMO_RUN) .pytest_cache .mypy_cache .ruff_cache

@@ -53,7 +53,7 @@ def _write_notebook(path: Path) -> None:
     }
     notebook.cells = [
         nbformat.v4.new_code_cell(
-            "from widgets import CheckpointExplorer\n\n"
+            "from tinax.widgets import CheckpointExplorer\n\n"
             f"explorer = CheckpointExplorer({RUN_NAME!r})\n"
             "explorer"
         )

@@ -12,7 +12,7 @@ import pytest
 from explore_fixtures import save_v0_run, save_v1, save_v1_run
 
 import tinax.explore as ex
-from tinax.explore import _layout
+from tinax._format import names as _layout
 
 LISTING_COLUMNS = ["name", "path", "step", "status", "checkpointables", "nbytes", "committed"]
 
@@ -173,3 +173,31 @@ def test_paths_with_dotdot_components(tmp_path, monkeypatch):
     table = checkpoint_table("../run/step-1")
     assert list(table["key"]) == ["['x']"]
     np.testing.assert_array_equal(read_leaf("../run/step-1", "m", "['x']"), np.arange(4.0))
+
+
+def test_the_listing_cache_can_be_bounded_cleared_and_bypassed(tmp_path, monkeypatch):
+    for step in range(3):
+        save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
+    cache = ex.ListingCache(max_entries=2)
+    assert list(ex.list_checkpoints(tmp_path, cache=cache)["status"]) == ["complete"] * 3
+    assert len(cache) == 2  # bounded: the oldest verdict went
+    cache.max_entries = 1
+    assert len(cache) == 1
+    cache.clear()
+    assert len(cache) == 0
+
+    reads = []
+    from tinax.explore import _listing
+
+    real = _listing._problem
+    monkeypatch.setattr(_listing, "_problem", lambda c: reads.append(c) or real(c))
+    cache = ex.ListingCache()
+    ex.list_checkpoints(tmp_path, cache=cache)
+    ex.list_checkpoints(tmp_path, cache=cache)
+    assert len(reads) == 3  # the second listing reused every verdict
+    ex.list_checkpoints(tmp_path, cache=None)
+    assert len(reads) == 6  # no cache: every checkpoint read again
+    with pytest.raises(ValueError):
+        ex.ListingCache(max_entries=-1)
+    with pytest.raises(TypeError):
+        ex.list_checkpoints(tmp_path, cache={})

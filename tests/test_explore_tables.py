@@ -22,8 +22,9 @@ from orbax.checkpoint import v1 as ocp
 
 import tinax.explore as ex
 from tinax import checkpointing as tc
+from tinax._format import arrays as _store
+from tinax._format.storage import local
 from tinax.checkpointing.legacy import v0 as legacy_v0
-from tinax.explore import _store
 
 LEAF_COLUMNS = [
     "checkpointable",
@@ -358,7 +359,7 @@ def test_bulk_reads_walk_every_level_of_a_deep_ocdbt_tree(tmp_path):
     base = ts.KvStore.open({"driver": "file", "path": str(tmp_path) + "/"}).result()
     assert ts.ocdbt.dump(base).result()["versions"][-1]["root_height"] > 1
     wanted = [*list(written)[::3], "absent/zarr.json"]
-    got = _store.read_values(tmp_path, wanted, ocdbt=True, ctx=_store.context())
+    got = _store.read_values(local(tmp_path), wanted, ocdbt=True, ctx=_store.context())
     assert got == {key: written[key] for key in wanted if key in written}
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import grain
 import numpy as np
 import pytest
+from tinax.widgets import CheckpointExplorer
+from tinax.widgets._disk import process_bytes_read
 
 from tinax.checkpointing import save_checkpointables
-from widgets import CheckpointExplorer
-from widgets._disk import process_bytes_read
 
 WEIGHTS = np.arange(12, dtype=np.float32).reshape(3, 4)
 
@@ -225,6 +225,11 @@ def test_constructor_checks_its_arguments(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         CheckpointExplorer(tmp_path, poll_interval=True)
     explorer = CheckpointExplorer(tmp_path)
+    # Validated before it is set, whether in the constructor or afterwards.
+    for bad, error in [(-1, ValueError), (float("nan"), ValueError), ("2", TypeError)]:
+        with pytest.raises(error):
+            explorer.poll_interval = bad
+        assert explorer.poll_interval == 0.0
     assert explorer.checkpoint_view.position.value == "no checkpoints yet"
     with pytest.raises(ValueError, match="no checkpoint"):
         explorer.open_checkpoint("step-9")

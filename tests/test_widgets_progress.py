@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tinax.widgets import AsyncProgress
+from tinax.widgets._disk import load_meter
+from tinax.widgets._task import PendingResponse, Task
 
 from tinax.checkpointing import save_checkpointables
-from widgets import AsyncProgress
-from widgets._disk import load_meter
-from widgets._task import PendingResponse, Task
 
 
 class FutureResponse:

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import traitlets
+from tinax.widgets import CheckpointExplorer, RestoreTargetBuilder
 
 from tinax.checkpointing import NumpyTarget, save_checkpointables
-from widgets import CheckpointExplorer, RestoreTargetBuilder
 
 
 def _state(scale: float = 1.0) -> dict[str, Any]:
@@ -24,6 +24,14 @@ def _state(scale: float = 1.0) -> dict[str, Any]:
         },
         "optimizer": {"mu": np.ones(4, np.float32) * scale, "count": 3},
     }
+
+
+def _statuses(builder: RestoreTargetBuilder) -> dict[str, str]:
+    """Comparison status by checkpointable name + key."""
+    comparison = builder.comparison
+    assert comparison is not None
+    keys = comparison["checkpointable"] + comparison["key"]
+    return dict(zip(keys, comparison["status"], strict=True))
 
 
 @pytest.fixture
@@ -90,13 +98,7 @@ def test_left_out_subtrees_are_not_restored(checkpoint: Path) -> None:
     builder.checkboxes["optimizer"].value = False
     builder.subtree_checkboxes[("model", "['dense']")].value = False
     assert builder.comparison is not None
-    statuses = dict(
-        zip(
-            builder.comparison["checkpointable"] + builder.comparison["key"],
-            builder.comparison["status"],
-            strict=True,
-        )
-    )
+    statuses = _statuses(builder)
     assert statuses["model['dense']['w']"] == "left out"
     assert statuses["model['head']"] == "ok"
     assert statuses["optimizer['mu']"] == "left out"  # the whole checkpointable is unticked
@@ -254,3 +256,46 @@ def test_a_grain_iterator_is_restored_in_place(tmp_path: Path) -> None:
     assert builder.status == "loaded", builder.error
     assert next(fresh) == 2
     np.testing.assert_array_equal(builder.result["model"]["w"], np.ones(3))  # type: ignore[index]
+
+
+def test_unticking_an_optax_namedtuple_field_leaves_out_exactly_its_leaves(
+    tmp_path: Path,
+) -> None:
+    import optax
+
+    params = {"dense": {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}}
+    state = {"model": params, "optimizer": optax.scale_by_adam().init(params)}
+    save_checkpointables(tmp_path / "step-1", state).result()
+    builder = RestoreTargetBuilder(state, tmp_path / "step-1", load_in_thread=False)
+    assert {key for name, key in builder.subtree_checkboxes if name == "optimizer"} == {
+        "['count']",
+        "['mu']",
+        "['nu']",
+    }
+    builder.subtree_checkboxes[("optimizer", "['mu']")].value = False
+
+    target = builder.target["optimizer"]
+    assert target.mu == {"dense": {"w": ..., "b": ...}}
+    assert isinstance(target.nu["dense"]["w"], jax.ShapeDtypeStruct)
+    optimizer_keys = set(builder.table[builder.table["checkpointable"] == "optimizer"]["key"])
+    assert optimizer_keys == {"['count']", "['nu']['dense']['b']", "['nu']['dense']['w']"}
+    assert builder.comparison is not None
+    statuses = _statuses(builder)
+    assert statuses["optimizer['mu']['dense']['w']"] == "left out"
+    assert statuses["optimizer['nu']['dense']['w']"] == "ok"
+    assert builder.reason == "" and not builder.load_button.disabled
+
+    builder.load_button.click()
+    assert builder.status == "loaded", builder.error
+    restored = builder.result["optimizer"]  # type: ignore[index]
+    assert type(restored) is type(state["optimizer"])
+    np.testing.assert_array_equal(restored.nu["dense"]["w"], np.zeros((2, 3)))
+
+
+def test_a_subtree_is_matched_by_key_path_not_by_text(tmp_path: Path) -> None:
+    # ['m'] is a text prefix of ['mu'], but not a key-path prefix of it.
+    state = {"optimizer": {"m": np.zeros(2), "mu": np.ones(2)}}
+    builder = RestoreTargetBuilder(state)
+    builder.subtree_checkboxes[("optimizer", "['m']")].value = False
+    assert list(builder.table["key"]) == ["['mu']"]
+    assert builder.target["optimizer"]["m"] is ...

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tinax.widgets import AsyncProgress, SavePanel
 
 from tinax.checkpointing import abstract_restore_target, load_checkpointables, save_checkpointables
-from widgets import AsyncProgress, SavePanel
 
 
 def test_default_name_is_the_next_free_step(tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ def test_save_evaluates_the_callable_at_click_time(tmp_path: Path) -> None:
     panel.save_button.click()
     assert isinstance(panel.progress, AsyncProgress)
     assert panel.progress.wait(60) == "done", panel.progress.error
-    assert panel.path == tmp_path / "step-0"
+    assert panel.path == str(tmp_path / "step-0")
     assert panel.progress.total_bytes == 4 * 8 + 4
     restored = load_checkpointables(
         tmp_path / "step-0", {"model": abstract_restore_target(state["model"])}

@@ -5,8 +5,7 @@ from __future__ import annotations
 import ipywidgets as w
 import pandas as pd
 import pytest
-
-from widgets._table import Column, PagedTable, RowLook, format_cell
+from tinax.widgets._table import Column, PagedTable, RowLook, format_cell
 
 COLUMNS = (Column("name", "name"), Column("size", "size"), Column("shape", "shape"))
 

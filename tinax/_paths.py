@@ -1,35 +1,16 @@
-"""Path rules shared by every layer. Imports nothing beyond the standard library.
+"""Path arguments, checked once for every layer. Imports nothing heavier than tinax._format.
 
-``tinax.explore`` must not load JAX or Orbax just to read a checkpoint from a
-terminal, so these rules live here rather than in ``tinax.checkpointing``.
+Every public function and widget that takes a path turns it into a ``Location``
+here, so that a path is refused for the same reasons, with the same words,
+wherever it is given.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path
 
-# Orbax writes a checkpoint under `<name>.orbax-checkpoint-tmp[-<digits>]` and renames
-# it when the save commits; such a path is never a finished checkpoint.
-TEMPORARY_SUFFIX = ".orbax-checkpoint-tmp"
-TEMPORARY_PATTERN = re.compile(re.escape(TEMPORARY_SUFFIX) + r"(-\d+)?$")
-
-
-def is_temporary_name(name: str) -> bool:
-    """Whether a path component carries Orbax's temporary suffix."""
-    return bool(TEMPORARY_PATTERN.search(name))
-
-
-def temporary_siblings(dest: Path) -> list[Path]:
-    """Orbax temporary directories that belong to a save destined for ``dest``."""
-    parent = dest.absolute().parent
-    prefix = dest.name + TEMPORARY_SUFFIX
-    try:
-        entries = list(parent.iterdir())
-    except OSError:
-        return []
-    return [p for p in entries if p.name.startswith(prefix) and is_temporary_name(p.name)]
+from tinax._format import names
+from tinax._format.storage import DIRECTORY, LINK, Location, local
 
 
 def text_path(path: object, *, what: str = "path") -> str:
@@ -47,3 +28,109 @@ def text_path(path: object, *, what: str = "path") -> str:
     if not raw:
         raise ValueError(f"{what} must not be empty")
     return raw
+
+
+def location(path: object, *, what: str = "path") -> Location:
+    """Where ``path`` points: absolute, with ``..`` resolved.
+
+    Raises:
+      TypeError, ValueError: As for ``text_path``.
+    """
+    return local(text_path(path, what=what))
+
+
+def checkpoint_location(path: object, *, what: str = "path") -> Location:
+    """``location``, refusing a path whose final component is Orbax's temporary name.
+
+    Raises:
+      TypeError: As for ``text_path``.
+      ValueError: If ``path`` is empty or its final component uses the temporary
+        suffix (also behind trailing ``/`` or ``/.``).
+    """
+    raw = text_path(path, what=what)
+    where = local(raw)
+    if names.is_temporary_name(where.name):
+        raise ValueError(
+            f"{what} {raw!r} uses Orbax's reserved temporary suffix {names.TEMPORARY_SUFFIX!r}"
+        )
+    return where
+
+
+def _followed_kind(where: Location) -> str | None:
+    """The kind of what is at ``where``, following a link the caller named."""
+    entry = where.entry()
+    if entry is not None and entry.kind == LINK and entry.link_target:
+        target = where.storage.entry(entry.link_target)
+        return None if target is None else target.kind
+    return None if entry is None else entry.kind
+
+
+def existing_directory(path: object, *, what: str = "path") -> Location:
+    """An existing directory named by the caller (a link to one is followed).
+
+    Raises:
+      TypeError: As for ``text_path``.
+      FileNotFoundError: If nothing exists at ``path``.
+      ValueError: If ``path`` is empty or not a directory.
+    """
+    where = location(path, what=what)
+    kind = _followed_kind(where)
+    if kind is None and not where.exists():
+        raise FileNotFoundError(f"{what} {str(where)!r} does not exist")
+    if kind != DIRECTORY:
+        raise ValueError(f"{what} {str(where)!r} is not a directory")
+    return where
+
+
+def temporary_siblings(dest: Location) -> list[Location]:
+    """Orbax temporary directories that belong to a save destined for ``dest``."""
+    prefix = dest.name + names.TEMPORARY_SUFFIX
+    return [
+        dest.parent / name
+        for name in sorted(dest.parent.entries())
+        if name.startswith(prefix) and names.is_temporary_name(name)
+    ]
+
+
+def save_destination(path: object) -> Location:
+    """Checks a save destination: new, and with a directory to land in.
+
+    Raises:
+      TypeError, ValueError: As for ``checkpoint_location``.
+      FileExistsError: If anything already exists at ``path``, or a save to it
+        is in progress (its Orbax temporary directory exists).
+      FileNotFoundError: If the parent directory does not exist.
+    """
+    dest = checkpoint_location(path)
+    if dest.exists():
+        raise FileExistsError(
+            f"checkpoint destination {str(dest)!r} already exists; saves never overwrite"
+        )
+    if _followed_kind(dest.parent) != DIRECTORY:
+        raise FileNotFoundError(
+            f"parent directory of {str(dest)!r} does not exist: {str(dest.parent)!r}"
+        )
+    pending = temporary_siblings(dest)
+    if pending:
+        raise FileExistsError(
+            f"a save to {str(dest)!r} is in progress or was interrupted: "
+            f"{str(pending[0])!r} exists (delete it if no save is running)"
+        )
+    return dest
+
+
+def load_source(path: object) -> Location:
+    """Checks a load source: an existing directory, not an Orbax temporary one.
+
+    Raises:
+      TypeError, ValueError: As for ``checkpoint_location``; ``ValueError`` also when
+        ``path`` is not a directory.
+      FileNotFoundError: If nothing exists at ``path``.
+    """
+    src = checkpoint_location(path)
+    kind = _followed_kind(src)
+    if kind is None:
+        raise FileNotFoundError(f"checkpoint {str(src)!r} does not exist")
+    if kind != DIRECTORY:
+        raise ValueError(f"checkpoint {str(src)!r} is not a directory")
+    return src

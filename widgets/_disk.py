@@ -2,48 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 
-from tinax._paths import TEMPORARY_SUFFIX, temporary_siblings
+from tinax._format.names import TEMPORARY_SUFFIX, final_name
+from tinax._format.storage import Location, tree_bytes
+from tinax._paths import temporary_siblings
 from tinax.checkpointing import validate_checkpointable_name
 
-_STEP_NAME = re.compile(r"^step-(\d+)(?:" + re.escape(TEMPORARY_SUFFIX) + r".*)?$")
+_STEP_NAME = re.compile(r"^step-(\d+)$")
 
 
-def bytes_under(path: Path) -> int:
-    """Total size of the regular files under ``path`` (0 if it does not exist).
-
-    Files may appear and vanish while a save runs; those are skipped.
-    """
-    total = 0
-    stack = [os.fspath(path)]
-    while stack:
-        top = stack.pop()
-        try:
-            entries = list(os.scandir(top))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue
-    return total
-
-
-def bytes_landed(destination: Path) -> int:
+def bytes_landed(destination: Location) -> int:
     """Bytes written so far by a save headed for ``destination``.
 
     Counts the Orbax temporary directories first and the final directory once the
     save has renamed it, so the count keeps growing across the commit.
     """
-    return sum(bytes_under(p) for p in temporary_siblings(destination)) + bytes_under(destination)
+    return sum(tree_bytes(p) for p in temporary_siblings(destination)) + tree_bytes(destination)
 
 
 def process_bytes_read() -> int | None:
@@ -62,24 +38,20 @@ def process_bytes_read() -> int | None:
     return None
 
 
-def next_free_step_name(directory: Path) -> str:
+def next_free_step_name(directory: Location) -> str:
     """``step-N`` with ``N`` one past the highest step under ``directory`` (``step-0`` if none).
 
     Saves still in progress count as taken.
     """
     highest = -1
-    try:
-        names = [e.name for e in os.scandir(directory)]
-    except OSError:
-        names = []
-    for name in names:
-        match = _STEP_NAME.match(name)
+    for name in directory.entries():
+        match = _STEP_NAME.match(final_name(name))
         if match:
             highest = max(highest, int(match.group(1)))
     return f"step-{highest + 1}"
 
 
-def check_new_checkpoint_name(directory: Path, name: object) -> str:
+def check_new_checkpoint_name(directory: Location, name: object) -> str:
     """Checks that ``name`` can become a new checkpoint directory under ``directory``.
 
     Args:
@@ -109,7 +81,7 @@ def check_new_checkpoint_name(directory: Path, name: object) -> str:
             f"checkpoint name {name!r} uses Orbax's reserved temporary marker {TEMPORARY_SUFFIX!r}"
         )
     target = directory / name
-    if os.path.lexists(target):
+    if target.exists():
         raise ValueError(f"{name!r} is already taken in {str(directory)!r}")
     if temporary_siblings(target):
         raise ValueError(f"a save to {name!r} is already in progress in {str(directory)!r}")

@@ -5,22 +5,22 @@ from __future__ import annotations
 import html
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 import ipywidgets as w
 import pandas as pd
 import traitlets
 
-from tinax import explore
-from widgets._format import error_html, format_bytes, note_html
-from widgets._guard import shown_in_widget
-from widgets._stats import LeafStatistics, histogram_png, is_numeric, leaf_statistics
-from widgets._table import Column, PagedTable, RowLook, format_cell
+from tinax import _paths, explore
+from tinax._format.words import ARRAY_KINDS, COMPLETE, IN_PROGRESS
+from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
 
-COMPLETE = "complete"
+from ._guard import shown_in_widget
+from ._histogram import histogram_png
+from ._table import Column, PagedTable, RowLook, format_cell
+from ._text import error_html, format_bytes, note_html
+
 DEFAULT_POLL_SECONDS = 2.0
-_ARRAY_KINDS = frozenset({"jax.Array", "np.ndarray"})
 _VALUE_CHARS = 40
 
 
@@ -56,7 +56,7 @@ def _checkpoint_look(row: pd.Series) -> RowLook:
     status = str(row.get("status", ""))
     if status == COMPLETE:
         return RowLook()
-    if status == "in progress":
+    if status == IN_PROGRESS:
         return RowLook(
             color="#8a6d00",
             pickable=False,
@@ -134,7 +134,8 @@ class CheckpointExplorer(w.VBox):
     checkpoint = traitlets.Unicode(None, allow_none=True)
     leaf = traitlets.Any(None, allow_none=True)
     error = traitlets.Unicode("")
-    poll_interval = traitlets.Float(0.0)
+    # Any, so that the validator (not the trait type) says what is wrong with a value.
+    poll_interval = traitlets.Any(0.0)
 
     def __init__(
         self,
@@ -155,16 +156,10 @@ class CheckpointExplorer(w.VBox):
           FileNotFoundError: If ``root`` does not exist.
           ValueError: If ``poll_interval`` is negative.
         """
-        if not isinstance(root, str | os.PathLike):
-            raise TypeError(f"root must be a str or os.PathLike, got {type(root).__name__}")
-        # Orbax reads only absolute paths; the header shows the path as given.
-        self.root = Path(os.fspath(root)).absolute()
-        if not self.root.exists():
-            raise FileNotFoundError(f"run directory {str(self.root)!r} does not exist")
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
-            raise TypeError("poll_interval must be a number of seconds")
-        if poll_interval < 0:
-            raise ValueError(f"poll_interval must be non-negative, got {poll_interval}")
+        self._root = _paths.existing_directory(root, what="run directory")
+        # The header shows the path as given; everything else uses the checked one.
+        self.root = str(self._root)
+        poll_interval = self._valid_poll_interval({"value": poll_interval})
         self._lock = threading.RLock()
         self._stop_polling = threading.Event()
         self._poller: threading.Thread | None = None
@@ -235,7 +230,7 @@ class CheckpointExplorer(w.VBox):
         self.add_class("tinax-checkpoint-explorer")
         self.observe(guard(self._on_poll_interval), names="poll_interval")
         self.refresh()
-        self.poll_interval = float(poll_interval)
+        self.poll_interval = poll_interval
 
     # -- public ---------------------------------------------------------------------
 
@@ -399,7 +394,7 @@ class CheckpointExplorer(w.VBox):
                 f"<b>{html.escape(checkpointable)}</b> <code>{html.escape(key)}</code>"
             )
             self.leaf_panel.layout.display = ""
-            if str(row["kind"]) not in _ARRAY_KINDS:
+            if str(row["kind"]) not in ARRAY_KINDS:
                 self.leaf_value = row.get("value")
                 self.stats_html.value = (
                     f"<pre>{html.escape(format_cell(self.leaf_value))}</pre>"
@@ -434,10 +429,19 @@ class CheckpointExplorer(w.VBox):
         elif not change["new"]:
             self.poll_interval = 0.0
 
+    @traitlets.validate("poll_interval")
+    def _valid_poll_interval(self, proposal: Any) -> float:
+        value = proposal["value"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(
+                f"poll_interval must be a number of seconds, got {type(value).__name__}"
+            )
+        if not value >= 0:
+            raise ValueError(f"poll_interval must be non-negative, got {value}")
+        return float(value)
+
     def _on_poll_interval(self, change: Any) -> None:
         interval = float(change["new"])
-        if interval < 0:
-            raise ValueError(f"poll_interval must be non-negative, got {interval}")
         self.watch_box.value = interval > 0
         self._stop_polling.set()
         self._stop_polling = threading.Event()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, ParamSpec
 
 P = ParamSpec("P")
-_log = logging.getLogger("widgets")
+_log = logging.getLogger("tinax.widgets")
 
 
 def shown_in_widget(

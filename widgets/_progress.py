@@ -6,14 +6,15 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import ipywidgets as w
 import traitlets
 
-from widgets._disk import bytes_landed
-from widgets._format import error_html, format_bytes, format_rate, format_seconds
+from tinax._paths import location
+
+from ._disk import bytes_landed
+from ._text import error_html, format_bytes, format_rate, format_seconds
 
 RUNNING = "running"
 DONE = "done"
@@ -116,7 +117,7 @@ class AsyncProgress(w.VBox):
         self._interval = float(interval)
         self._count: Callable[[], int | None] | None = count_bytes
         if watch is not None:
-            watched = Path(os.fspath(watch))
+            watched = location(watch, what="watch")
             self._count = lambda: bytes_landed(watched)
         self._measured = self._count is not None and total is not None
         self.value: Any = None

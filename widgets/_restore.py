@@ -1,12 +1,15 @@
-"""Choosing restore targets from live state, checking them against a checkpoint, loading."""
+"""RestoreTargetBuilder: choose restore targets, see them against a checkpoint, load them.
+
+It composes the three parts that do the work: ``TargetChoice`` (what to restore),
+``judge`` and ``ComparisonView`` (whether it fits the checkpoint), and ``Load``
+(the load with its progress bar).
+"""
 
 from __future__ import annotations
 
-import html
-import os
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from pathlib import PurePath
 from typing import Any
 
 import ipywidgets as w
@@ -14,26 +17,16 @@ import jax
 import pandas as pd
 import traitlets
 
-from tinax import explore
-from tinax.checkpointing import (
-    abstract_restore_target,
-    load_checkpointables,
-    validate_checkpointable_name,
-)
-from widgets._disk import load_meter
-from widgets._format import error_html, format_bytes, note_html
-from widgets._guard import shown_in_widget
-from widgets._progress import RUNNING, AsyncProgress
-from widgets._table import Column, PagedTable, RowLook, format_cell
-from widgets._task import Task
+from tinax import _paths
+from tinax.checkpointing import abstract_restore_target, validate_checkpointable_name
 
-# Orbax skips a leaf whose restore target is this placeholder.
-LEFT_OUT = ...
-LEFT_OUT_STATUS = "left out"
-# Statuses that make Orbax refuse the load (a dtype difference is cast on restore).
-BLOCKING = frozenset({"shape differs", "kind differs", "missing from checkpoint", "not in target"})
-_WARNING = frozenset({"dtype differs"})
-_SHOWN_PROBLEMS = 3
+from ._choice import TargetChoice
+from ._comparison import ComparisonView, judge
+from ._guard import shown_in_widget
+from ._loading import Load
+from ._progress import FAILED, RUNNING
+from ._table import Column, PagedTable, format_cell
+from ._text import error_html, format_bytes, note_html
 
 STATE_COLUMNS = (
     Column("checkpointable", "checkpointable", "9em"),
@@ -43,28 +36,6 @@ STATE_COLUMNS = (
     Column("dtype", "dtype", "6em"),
     Column("nbytes", "size", "6em", format_bytes),
 )
-
-
-def top_level_subtrees(tree: Any) -> list[str]:
-    """``keystr`` of each direct child of ``tree`` (empty when ``tree`` is a leaf)."""
-    children = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda node: node is not tree)[0]
-    return [jax.tree_util.keystr(path) for path, _ in children if path]
-
-
-def in_subtree(key: str, subtree: str) -> bool:
-    """Whether the leaf ``key`` lies in the subtree whose key path is ``subtree``."""
-    return key == subtree or (key.startswith(subtree) and key[len(subtree)] in "[.")
-
-
-def _leave_out(target: Any, subtrees: set[str]) -> Any:
-    if not subtrees:
-        return target
-
-    def place(path: Any, leaf: Any) -> Any:
-        key = jax.tree_util.keystr(path)
-        return LEFT_OUT if any(in_subtree(key, s) for s in subtrees) else leaf
-
-    return jax.tree_util.tree_map_with_path(place, target)
 
 
 def _check_state(state: object) -> Mapping[str, Any]:
@@ -79,31 +50,6 @@ def _check_state(state: object) -> Mapping[str, Any]:
     return state
 
 
-def _side_title(column: str) -> str:
-    """``shape_checkpoint`` → ``stored shape``; ``dtype_target`` → ``target dtype``."""
-    base, _, side = column.rpartition("_")
-    if side == "checkpoint":
-        return f"stored {base}"
-    if side == "target":
-        return f"target {base}"
-    return column.replace("_", " ")
-
-
-def _leaves(n: int) -> str:
-    return f"{n} leaf" if n == 1 else f"{n} leaves"
-
-
-def _compare_look(row: pd.Series) -> RowLook:
-    status = str(row.get("status", ""))
-    if status in BLOCKING:
-        return RowLook(color="#b00020", background="#fde7e9")
-    if status in _WARNING:
-        return RowLook(color="#7a4f01", background="#fff4ce")
-    if status == LEFT_OUT_STATUS:
-        return RowLook(color="#888888")
-    return RowLook()
-
-
 class RestoreTargetBuilder(w.VBox):
     """Abstract restore targets from live state, checked against a checkpoint, and a Load button.
 
@@ -115,11 +61,10 @@ class RestoreTargetBuilder(w.VBox):
     With a checkpoint ``path`` the widget shows ``compare_table`` with differences
     highlighted (stored leaves of what is unticked show as ``left out``); Load
     stays disabled, with the reason shown, while a chosen target cannot be
-    restored from it. A dtype difference only warns: Orbax casts on restore. Load runs in a background thread when JAX runs in
-    one process; with several processes Orbax needs every process on its main
-    thread, so the load runs in the click. Either way checkpointables are loaded
-    one at a time (the bar names the current one) and an ``AsyncProgress``
-    follows an estimate of the bytes brought in (see ``load_meter``).
+    restored from it. A dtype difference only warns: Orbax casts on restore.
+    Load runs in a background thread when JAX runs in one process; with several
+    processes Orbax needs every process on its main thread, so the load runs in
+    the click.
 
     Attributes:
       path: The checkpoint compared and loaded from, or ``None``. Setting it (or
@@ -129,6 +74,7 @@ class RestoreTargetBuilder(w.VBox):
       error: The last error shown in the widget, or ``""``.
       result: The restored values (name → value) after a load, else ``None``.
       progress: The ``AsyncProgress`` of the last load, or ``None``.
+      comparison: The last comparison with the checkpoint, or ``None``.
     """
 
     path = traitlets.Unicode(None, allow_none=True)
@@ -139,7 +85,7 @@ class RestoreTargetBuilder(w.VBox):
     def __init__(
         self,
         state: Mapping[str, Any],
-        path: str | os.PathLike[str] | None = None,
+        path: str | Any | None = None,
         *,
         page_size: int = 20,
         load_in_thread: bool | None = None,
@@ -161,57 +107,37 @@ class RestoreTargetBuilder(w.VBox):
           ValueError: If ``state`` is empty or a name is invalid.
           FileNotFoundError: If ``path`` does not exist.
         """
-        self._state = _check_state(state)
+        state = _check_state(state)
         if load_in_thread is not None and not isinstance(load_in_thread, bool):
             raise TypeError("load_in_thread must be a bool or None")
         self._load_in_thread = load_in_thread
-        self._abstract = {name: abstract_restore_target(tree) for name, tree in state.items()}
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._lock = threading.RLock()
         self.result: dict[str, Any] | None = None
-        self.progress: AsyncProgress | None = None
+        self.progress: Any = None
         self.comparison: pd.DataFrame | None = None
         self._table = pd.DataFrame()
         guard = shown_in_widget(self._show_error)
 
-        self.checkboxes: dict[str, w.Checkbox] = {}
-        self.subtree_checkboxes: dict[tuple[str, str], w.Checkbox] = {}
-        choice_rows = []
-        for name, tree in self._abstract.items():
-            box = w.Checkbox(
-                value=True, description=name, indent=False, style={"font_weight": "bold"}
-            )
-            self.checkboxes[name] = box
-            subs = []
-            for key in top_level_subtrees(tree):
-                sub = w.Checkbox(
-                    value=True, description=key, indent=False, layout=w.Layout(width="auto")
-                )
-                self.subtree_checkboxes[(name, key)] = sub
-                subs.append(sub)
-            choice_rows.append(box)
-            if subs:
-                choice_rows.append(
-                    w.HBox(subs, layout=w.Layout(flex_flow="row wrap", margin="0 0 0 2em"))
-                )
-        for box in [*self.checkboxes.values(), *self.subtree_checkboxes.values()]:
-            box.observe(guard(self._on_choice), names="value")
-
+        self.choice = TargetChoice(
+            {name: abstract_restore_target(tree) for name, tree in state.items()},
+            guard(lambda _change: self._rebuild()),
+        )
+        self.checkboxes = self.choice.checkboxes
+        self.subtree_checkboxes = self.choice.subtree_checkboxes
         self.message = w.HTML("")
         self.state_view = PagedTable(
             STATE_COLUMNS, page_size=page_size, empty_text="nothing chosen"
         )
-        self.compare_title = w.HTML("")
-        self.compare_box = w.VBox([])
+        self.comparison_view = ComparisonView(page_size=page_size)
+        self.compare_box = self.comparison_view.box
         self.load_button = w.Button(description="Load", icon="download", button_style="primary")
         self.load_button.on_click(guard(self._on_load))
         self.reason_html = w.HTML("")
         self.progress_box = w.VBox([])
-        self._page_size = page_size
         self.compare_section = w.VBox(
             [
-                self.compare_title,
-                self.compare_box,
+                self.comparison_view,
                 w.HBox([self.load_button, self.reason_html]),
                 self.progress_box,
             ],
@@ -220,7 +146,7 @@ class RestoreTargetBuilder(w.VBox):
         super().__init__(
             children=[
                 w.HTML("<b>Restore targets</b> (untick what to leave out)"),
-                w.VBox(choice_rows),
+                self.choice,
                 self.state_view,
                 self.message,
                 self.compare_section,
@@ -236,11 +162,7 @@ class RestoreTargetBuilder(w.VBox):
     @property
     def target(self) -> dict[str, Any]:
         """Name → abstract restore target for the ticked checkpointables, ready for loading."""
-        chosen = {}
-        for name, tree in self._abstract.items():
-            if self.checkboxes[name].value:
-                chosen[name] = _leave_out(tree, self._left_out(name))
-        return chosen
+        return self.choice.target
 
     @property
     def table(self) -> pd.DataFrame:
@@ -257,12 +179,7 @@ class RestoreTargetBuilder(w.VBox):
             raise TypeError("callback must be callable")
         self._callbacks.append(callback)
 
-    # -- choice ---------------------------------------------------------------------
-
-    def _left_out(self, name: str) -> set[str]:
-        return {
-            key for (n, key), box in self.subtree_checkboxes.items() if n == name and not box.value
-        }
+    # -- choice and comparison --------------------------------------------------------
 
     def _show_error(self, error: BaseException) -> None:
         self.error = f"{type(error).__name__}: {error}"
@@ -270,25 +187,18 @@ class RestoreTargetBuilder(w.VBox):
 
     @staticmethod
     def _check_path(path: object) -> str:
-        if not isinstance(path, str | os.PathLike):
-            raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
         # Orbax reads only absolute paths; a notebook's paths are often relative.
-        resolved = Path(os.fspath(path)).absolute()
-        if not resolved.exists():
-            raise FileNotFoundError(f"checkpoint {str(resolved)!r} does not exist")
-        return str(resolved)
-
-    def _on_choice(self, _change: Any) -> None:
-        for (name, _key), box in self.subtree_checkboxes.items():
-            box.disabled = not self.checkboxes[name].value
-        self._rebuild()
+        where = _paths.location(path)
+        if not where.exists():
+            raise FileNotFoundError(f"checkpoint {str(where)!r} does not exist")
+        return str(where)
 
     @traitlets.validate("path")
     def _valid_path(self, proposal: Any) -> str | None:
         value = proposal["value"]
         return None if value is None else self._check_path(value)
 
-    def _on_path(self, change: Any) -> None:
+    def _on_path(self, _change: Any) -> None:
         self.result = None
         self.status = ""
         self.progress_box.children = ()
@@ -298,122 +208,48 @@ class RestoreTargetBuilder(w.VBox):
         with self._lock:
             self.error = ""
             self.message.value = ""
-            chosen = {n: t for n, t in self._abstract.items() if self.checkboxes[n].value}
-            if chosen:
-                table = explore.state_table(chosen)
-                left_out = (
-                    table.apply(
-                        lambda r: any(
-                            in_subtree(str(r["key"]), s)
-                            for s in self._left_out(r["checkpointable"])
-                        ),
-                        axis=1,
-                    )
-                    if len(table)
-                    else pd.Series(dtype=bool)
-                )
-                table = table[~left_out.astype(bool)] if len(table) else table
-            else:
-                table = pd.DataFrame(columns=[c.field for c in STATE_COLUMNS])
-            self._table = table.reset_index(drop=True)
+            self._table = self.choice.table()
             self.state_view.show(self._table)
-            self._compare_with_checkpoint(chosen)
+            self._check_against_checkpoint()
 
-    # -- comparison -----------------------------------------------------------------
-
-    def _compare_with_checkpoint(self, chosen: Mapping[str, Any]) -> None:
+    def _check_against_checkpoint(self) -> None:
         self.comparison = None
         if self.path is None:
             self.compare_section.layout.display = "none"
             self.reason = "no checkpoint to load from"
             return
         self.compare_section.layout.display = ""
-        self.compare_title.value = f"<b>Compared with</b> <code>{html.escape(self.path)}</code>"
+        self.comparison_view.clear(self.path)
+        chosen = self.choice.chosen()
         if not chosen:
             self._block("nothing is chosen to load")
-            self.compare_box.children = ()
             return
         try:
-            comparison = explore.compare_table(self.path, dict(chosen)).reset_index(drop=True)
+            verdict = judge(self.path, chosen, {n: self.choice.left_out(n) for n in chosen})
         except Exception as e:
             self._block(f"cannot compare: {type(e).__name__}: {e}")
-            self.compare_box.children = ()
             raise
-        ticked = comparison["checkpointable"].isin(list(chosen))
-        # Unticked checkpointables are stored but not asked for: left out, not a problem.
-        comparison.loc[~ticked, "status"] = LEFT_OUT_STATUS
-        for name in chosen:
-            for subtree in self._left_out(name):
-                inside = (
-                    ticked
-                    & (comparison["checkpointable"] == name)
-                    & comparison["key"].astype(str).map(lambda k, s=subtree: in_subtree(k, s))
-                )
-                comparison.loc[inside, "status"] = LEFT_OUT_STATUS
-        self.comparison = comparison
-        self._show_comparison(comparison)
-        relevant = comparison[ticked & comparison["status"].isin(list(BLOCKING))]
-        if len(relevant):
-            problems = [
-                f"{r['checkpointable']} {r['key']}: {r['status']}"
-                for _, r in relevant.head(_SHOWN_PROBLEMS).iterrows()
-            ]
-            more = len(relevant) - len(problems)
-            self._block(
-                f"{_leaves(len(relevant))} cannot be restored: "
-                + "; ".join(problems)
-                + (f"; and {more} more" if more else "")
+        self.comparison = verdict.comparison
+        self.comparison_view.show(self.path, verdict.comparison)
+        if verdict.reason:
+            self._block(verdict.reason)
+            return
+        self.reason = ""
+        self.load_button.disabled = self.status == "loading"
+        self.reason_html.value = (
+            note_html(
+                f"{verdict.casts} lea{'f' if verdict.casts == 1 else 'ves'} will be cast "
+                "to the target dtype",
+                color="#7a4f01",
             )
-        else:
-            warnings = comparison[ticked & comparison["status"].isin(list(_WARNING))]
-            self.reason = ""
-            self.load_button.disabled = self.status == "loading"
-            self.reason_html.value = (
-                note_html(
-                    f"{_leaves(len(warnings))} will be cast to the target dtype", color="#7a4f01"
-                )
-                if len(warnings)
-                else note_html("every chosen leaf matches the checkpoint", color="#1b5e20")
-            )
+            if verdict.casts
+            else note_html("every chosen leaf matches the checkpoint", color="#1b5e20")
+        )
 
     def _block(self, reason: str) -> None:
         self.reason = reason
         self.load_button.disabled = True
         self.reason_html.value = error_html(reason, title="Cannot load:")
-
-    def _show_comparison(self, comparison: pd.DataFrame) -> None:
-        fields = ["checkpointable", "key", "status"]
-        extra = [
-            c
-            for c in comparison.columns
-            if c not in fields and any(part in c for part in ("kind", "shape", "dtype"))
-        ]
-        columns = [
-            Column("checkpointable", "checkpointable", "9em"),
-            Column("key", "key", None),
-            Column("status", "status", "11em"),
-            *[Column(c, _side_title(c), "7.5em") for c in extra],
-        ]
-        view = self.compare_box.children[0] if self.compare_box.children else None
-        if not isinstance(view, PagedTable) or [c.field for c in view.columns] != [
-            c.field for c in columns
-        ]:
-            view = PagedTable(columns, page_size=self._page_size, look=_compare_look)
-            self.compare_box.children = (view,)
-        # Differences first, so they are on the first page.
-        order = comparison["status"].map(
-            lambda s: 0 if s in BLOCKING else 1 if s in _WARNING else 3 if s == "ok" else 2
-        )
-        view.show(
-            comparison.assign(_order=order)
-            .sort_values("_order", kind="stable")
-            .drop(columns="_order")
-        )
-        counts = comparison["status"].value_counts()
-        self.compare_title.value = (
-            f"<b>Compared with</b> <code>{html.escape(str(self.path))}</code>: "
-            + html.escape(", ".join(f"{n} {s}" for s, n in counts.items()))
-        )
 
     # -- loading --------------------------------------------------------------------
 
@@ -423,57 +259,41 @@ class RestoreTargetBuilder(w.VBox):
         self._rebuild()
         if self.reason:
             return
-        path, targets = self.path, self.target
-        total = int(pd.to_numeric(self._table["nbytes"], errors="coerce").fillna(0).sum())
-        task: Task[dict[str, Any]] = Task("load")
-        progress = AsyncProgress(
-            task,
-            total_bytes=total,
-            count_bytes=load_meter(),
-            description=f"loading {Path(path).name}",
+        load = Load(
+            self.path,
+            self.target,
+            total_bytes=int(pd.to_numeric(self._table["nbytes"], errors="coerce").fillna(0).sum()),
+            description=f"loading {PurePath(self.path).name}",
+            finish=self._loaded,
         )
-        self.progress = progress
-        self.progress_box.children = (progress,)
+        self.progress = load.progress
+        self.progress_box.children = (load.progress,)
         self.status = "loading"
         self.result = None
         self.load_button.disabled = True
-        progress.observe(
+        load.progress.observe(
             shown_in_widget(self._show_error)(self._on_progress_status), names="status"
         )
         in_thread = (
             jax.process_count() == 1 if self._load_in_thread is None else self._load_in_thread
         )
-        task.start(lambda: self._loaded(self._load(path, targets, progress)), in_thread=in_thread)
-        failure = task.exception()
+        failure = load.start(in_thread=in_thread)
         if failure is not None:
             # Loaded in this click: report the failure now, not when the bar notices.
             self.status = "failed"
             self.error = f"{type(failure).__name__}: {failure}"
             self.load_button.disabled = bool(self.reason)
 
-    @staticmethod
-    def _load(path: str, targets: dict[str, Any], progress: AsyncProgress) -> dict[str, Any]:
-        restored: dict[str, Any] = {}
-        base = progress.label.value
-        for i, (name, target) in enumerate(targets.items(), start=1):
-            progress.label.value = f"{base}: {name} ({i}/{len(targets)})"
-            restored.update(load_checkpointables(path, {name: target}))
-        progress.label.value = base
-        return restored
-
-    def _loaded(self, result: dict[str, Any]) -> dict[str, Any]:
-        # Runs inside the task, so that result, status and callbacks are all in place
-        # before the progress bar reports done.
+    def _loaded(self, result: dict[str, Any]) -> None:
         self.result = result
         self.status = "loaded"
         for callback in list(self._callbacks):
             shown_in_widget(self._show_error)(callback)(result)
-        return result
 
     def _on_progress_status(self, change: Any) -> None:
         if change["new"] == RUNNING:
             return
-        if change["new"] == "failed":
+        if change["new"] == FAILED:
             self.status = "failed"
             self.error = self.progress.error if self.progress is not None else ""
         self.load_button.disabled = bool(self.reason)

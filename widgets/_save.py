@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import ipywidgets as w
 import jax
 import traitlets
 
+from tinax import _paths
 from tinax.checkpointing import save_checkpointables
-from widgets._disk import check_new_checkpoint_name, next_free_step_name
-from widgets._format import error_html, note_html
-from widgets._guard import shown_in_widget
-from widgets._progress import RUNNING, AsyncProgress
-from widgets._task import PendingResponse
+
+from ._disk import check_new_checkpoint_name, next_free_step_name
+from ._guard import shown_in_widget
+from ._progress import RUNNING, AsyncProgress
+from ._task import PendingResponse
+from ._text import error_html, note_html
 
 
 def _leaf_nbytes(leaf: Any) -> int:
@@ -29,18 +30,6 @@ def _leaf_nbytes(leaf: Any) -> int:
 def array_bytes(checkpointables: Mapping[str, Any]) -> int:
     """Bytes of array data in ``checkpointables``: what a save mostly writes."""
     return sum(_leaf_nbytes(leaf) for leaf in jax.tree_util.tree_leaves(dict(checkpointables)))
-
-
-def _check_directory(directory: object) -> Path:
-    if not isinstance(directory, str | os.PathLike):
-        raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
-    # Orbax writes only to absolute paths; a notebook's paths are often relative.
-    path = Path(os.fspath(directory)).absolute()
-    if not path.exists():
-        raise FileNotFoundError(f"directory {str(path)!r} does not exist")
-    if not path.is_dir():
-        raise ValueError(f"{str(path)!r} is not a directory")
-    return path
 
 
 class SavePanel(w.VBox):
@@ -81,7 +70,8 @@ class SavePanel(w.VBox):
           FileNotFoundError: If ``directory`` does not exist.
           ValueError: If ``directory`` is not a directory.
         """
-        self.directory = _check_directory(directory)
+        self._directory = _paths.existing_directory(directory, what="directory")
+        self.directory = str(self._directory)
         if not isinstance(checkpointables, Mapping) and not callable(checkpointables):
             raise TypeError(
                 "checkpointables must be a mapping of name to value or a zero-argument "
@@ -90,10 +80,11 @@ class SavePanel(w.VBox):
         self._source = checkpointables
         self.progress: AsyncProgress | None = None
         self.response: Any = None
-        self.path: Path | None = None
+        self.path: str | None = None
+        self._saved_name = ""
 
         self.name_field = w.Text(
-            value=next_free_step_name(self.directory),
+            value=next_free_step_name(self._directory),
             description="Name",
             continuous_update=True,
             layout=w.Layout(width="22em"),
@@ -117,7 +108,7 @@ class SavePanel(w.VBox):
 
     def _check_name(self) -> bool:
         try:
-            check_new_checkpoint_name(self.directory, self.name_field.value)
+            check_new_checkpoint_name(self._directory, self.name_field.value)
         except (TypeError, ValueError) as e:
             self.name_error = str(e)
             self.message.value = error_html(str(e), title="Cannot save:")
@@ -156,7 +147,7 @@ class SavePanel(w.VBox):
             return
         name = self.name_field.value
         mapping = self._evaluate()
-        destination = self.directory / name
+        destination = str(self._directory / name)
         self.saving = True
         self.save_button.disabled = True
         self.message.value = note_html(f"saving {name}…")
@@ -170,6 +161,7 @@ class SavePanel(w.VBox):
             description=f"saving {name}",
         )
         self.progress, self.response, self.path = progress, pending, destination
+        self._saved_name = name
         self.progress_box.children = (progress,)
         progress.observe(self._on_progress_status, names="status")
         try:
@@ -185,10 +177,10 @@ class SavePanel(w.VBox):
         if progress is None or progress.status == RUNNING or not self.saving:
             return
         self.saving = False
-        saved = self.path.name if self.path is not None else ""
+        saved = self._saved_name
         if self.name_field.value == saved:
             # Offer the next free name; this also re-checks and re-enables Save.
-            self.name_field.value = next_free_step_name(self.directory)
+            self.name_field.value = next_free_step_name(self._directory)
         self._check_name()
         if progress.status != RUNNING:
             self.message.value = (

@@ -11,7 +11,7 @@ import ipywidgets as w
 import pandas as pd
 import traitlets
 
-from widgets._guard import shown_in_widget
+from ._guard import shown_in_widget
 
 DEFAULT_PAGE_SIZE = 20
 

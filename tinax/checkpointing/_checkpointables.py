@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,16 +11,15 @@ import jax
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax.checkpointing import _orbax
+from tinax._format import layout
+from tinax._format.keys import format_key, key_parts
+from tinax._format.storage import Location
+from tinax._paths import load_source, save_destination
+from tinax.checkpointing import _context
 from tinax.checkpointing._leaves import check_storable
 from tinax.checkpointing._names import validate_distinct_names
-from tinax.checkpointing._paths import destination_path, source_path
 from tinax.checkpointing._response import SaveResponse, remove_temporaries
 from tinax.checkpointing._targets import NumpyTarget
-
-CHECKPOINT_METADATA_FILE = "_CHECKPOINT_METADATA"
-# Refuse metadata files far larger than Orbax ever writes rather than parse them.
-_MAX_METADATA_BYTES = 16 * 1024 * 1024
 
 
 def _check_mapping(value: object, *, what: str) -> Mapping[Any, Any]:
@@ -63,44 +61,21 @@ def save_checkpointables(
       FileNotFoundError: If the parent directory of ``path`` does not exist.
     """
     _check_mapping(checkpointables, what="checkpointables")
-    dest = destination_path(path)
+    dest = save_destination(path)
     for name, value in checkpointables.items():
         check_storable(name, value)
     try:
-        with _orbax.context():
-            # Orbax requires absolute paths.
-            inner = ocp.save_checkpointables_async(dest.absolute(), dict(checkpointables))
+        with _context.context():
+            inner = ocp.save_checkpointables_async(orbax_path(dest), dict(checkpointables))
     except BaseException:
         remove_temporaries(dest)
         raise
     return SaveResponse(inner, dest)
 
 
-def read_item_handlers(path: Path) -> dict[str, str | None]:
-    """Names of the checkpointables stored at ``path`` and their handler type strings.
-
-    Raises:
-      ValueError: If ``path`` is not a readable Orbax checkpoint, naming the path
-        and what is wrong.
-    """
-    meta_file = path / CHECKPOINT_METADATA_FILE
-    if not meta_file.is_file():
-        raise ValueError(
-            f"{str(path)!r} is not an Orbax checkpoint: it has no {CHECKPOINT_METADATA_FILE} file"
-        )
-    if meta_file.stat().st_size > _MAX_METADATA_BYTES:
-        raise ValueError(f"{str(meta_file)!r} is implausibly large; refusing to read it")
-    try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError, UnicodeDecodeError) as e:
-        raise ValueError(f"{str(meta_file)!r} is not valid JSON: {e}") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{str(meta_file)!r} does not hold a JSON object")
-    handlers = meta.get("item_handlers")
-    if isinstance(handlers, dict):
-        return {str(k): v if isinstance(v, str) else None for k, v in handlers.items()}
-    # Checkpoints without a handler record: every subdirectory is a checkpointable.
-    return {p.name: None for p in sorted(path.iterdir()) if p.is_dir()}
+def orbax_path(where: Location) -> Path:
+    """The path Orbax is given for ``where``: absolute, as Orbax requires."""
+    return Path(where.path)
 
 
 def _leaf_spec(leaf: Any) -> tuple[tuple[int, ...], Any] | None:
@@ -111,7 +86,7 @@ def _leaf_spec(leaf: Any) -> tuple[tuple[int, ...], Any] | None:
     return None
 
 
-def _check_restored(path: Path, name: str, target: Any, restored: Any) -> None:
+def _check_restored(path: Location, name: str, target: Any, restored: Any) -> None:
     """Raises unless ``restored`` has the structure, shapes and dtypes of ``target``."""
     target_leaves, target_def = jax.tree_util.tree_flatten_with_path(target)
     restored_leaves, restored_def = jax.tree_util.tree_flatten_with_path(restored)
@@ -125,7 +100,7 @@ def _check_restored(path: Path, name: str, target: Any, restored: Any) -> None:
         if want_spec is not None and got_spec != want_spec:
             raise ValueError(
                 f"checkpoint {str(path)!r}: checkpointable {name!r} leaf "
-                f"{jax.tree_util.keystr(key_path)}: target "
+                f"{format_key(key_parts(key_path))}: target "
                 f"{want_spec[0]} {want_spec[1]} but checkpoint restored "
                 f"{got_spec and got_spec[0]} {got_spec and got_spec[1]}"
             )
@@ -153,8 +128,8 @@ def load_checkpointables(
     """
     _check_mapping(targets, what="targets")
     check_targets_given(targets)
-    src = source_path(path)
-    stored = read_item_handlers(src)
+    src = load_source(path)
+    stored = layout.checkpointable_names(src)
     missing = [name for name in targets if name not in stored]
     if missing:
         raise ValueError(
@@ -170,7 +145,7 @@ def check_targets_given(targets: Mapping[str, Any]) -> None:
             raise ValueError(f"restore target for {name!r} is None; pass an explicit target")
 
 
-def restore_checkpointables(src: Path, targets: Mapping[str, Any]) -> dict[str, Any]:
+def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
     """Restores ``targets`` from the checkpoint ``src`` and checks them against their targets.
 
     The caller has already checked ``src``, the names and that the checkpoint holds
@@ -180,8 +155,8 @@ def restore_checkpointables(src: Path, targets: Mapping[str, Any]) -> dict[str, 
       ValueError: If a target does not fit what is stored.
     """
     try:
-        with _orbax.context():
-            restored = ocp.load_checkpointables(src.absolute(), dict(targets))
+        with _context.context():
+            restored = ocp.load_checkpointables(orbax_path(src), dict(targets))
     except (TypeError, ValueError, KeyError, LookupError) as e:
         # Orbax reports a target that does not fit the stored tree as a missing
         # handler; say which checkpoint and which targets were involved.

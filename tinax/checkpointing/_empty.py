@@ -14,10 +14,9 @@ from typing import Any
 
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
+from tinax._format import jsonitems, names
+from tinax._paths import location
 from tinax.checkpointing._leaves import is_leafless
-
-FILENAME = "empty_pytree.json"
-FORMAT = "tinax.empty_pytree/1"
 
 
 def describe(tree: Any) -> Any:
@@ -59,19 +58,16 @@ class EmptyPyTreeHandler(ocp_handlers.CheckpointableHandler[Any, Any]):
 
     async def _write(self, directory: Any, description: Any) -> None:
         path = await directory.await_creation()
-        text = json.dumps({"format": FORMAT, "structure": description})
-        await asyncio.to_thread((path / FILENAME).write_text, text)
+        text = json.dumps({"format": names.EMPTY_PYTREE_FORMAT, "structure": description})
+        await asyncio.to_thread((path / names.EMPTY_PYTREE).write_text, text)
 
     async def save(self, directory: Any, checkpointable: Any) -> Awaitable[None]:
         return self._write(directory, describe(checkpointable))
 
     async def _read(self, directory: Any, target: Any) -> Any:
-        path = directory / FILENAME
-        text = await asyncio.to_thread(path.read_text)
-        try:
-            stored = json.loads(text)["structure"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path} is not a valid empty-pytree record: {e}") from None
+        # The same bounded, no-follow reader as every other metadata read.
+        where = location(str(directory))
+        stored = await asyncio.to_thread(jsonitems.read_empty_record, where)
         if target is None:
             return _rebuild(stored)
         if describe(target) != stored:

@@ -6,11 +6,10 @@ from typing import Any
 
 import jax
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
-from orbax.checkpoint.experimental.v1._src.serialization import registry as leaf_registry
 
+from tinax._format.keys import format_key, key_parts
+from tinax.checkpointing._orbax import has_standard_leaf_handler
 from tinax.checkpointing._targets import NumpyTarget
-
-_STANDARD_LEAVES = leaf_registry.StandardLeafHandlerRegistry()
 
 
 def is_leafless(value: Any) -> bool:
@@ -53,13 +52,12 @@ def check_storable(name: str, value: Any) -> None:
     if is_stateful(value) or is_leafless(value):
         return
     for key_path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+        where = format_key(key_parts(key_path)) or "<root>"
         if isinstance(leaf, NumpyTarget):
             raise TypeError(
-                f"checkpointable {name!r} leaf {jax.tree_util.keystr(key_path) or '<root>'} "
-                "is an abstract restore target, not a value"
+                f"checkpointable {name!r} leaf {where} is an abstract restore target, not a value"
             )
-        if not _STANDARD_LEAVES.is_handleable(type(leaf)):
-            where = jax.tree_util.keystr(key_path) or "<root>"
+        if not has_standard_leaf_handler(type(leaf)):
             raise TypeError(
                 f"checkpointable {name!r} leaf {where} has type "
                 f"{type(leaf).__module__}.{type(leaf).__qualname__}, which Orbax cannot "

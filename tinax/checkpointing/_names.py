@@ -6,26 +6,19 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
+from tinax._format.names import RESERVED_ROOT_NAMES
+
 # Characters no portable filesystem accepts in a path component.
 _FORBIDDEN_CHARACTERS = frozenset('/\\:*?"<>|')
 _MAX_NAME_BYTES = 255
 _WINDOWS_DEVICE = re.compile(r"^(con|prn|aux|nul|com[1-9]|lpt[1-9])(\..*)?$", re.IGNORECASE)
 
-# Names Orbax writes or reserves at a checkpoint's root. A checkpointable with one of
-# these names would collide with Orbax's own files; the comparison is case-insensitive
-# so that the same checkpoint stays readable on case-insensitive filesystems.
-RESERVED_NAMES = frozenset(
-    {
-        "_CHECKPOINT_METADATA",
-        "orbax.checkpoint",
-        "commit_success.txt",
-        "metrics",
-        "_CHECKPOINT_DELETION",
-        "_METADATA",
-        "_ROOT_METADATA",
-    }
+# A checkpointable named like one of Orbax's own root files would collide with it; the
+# comparison is case-insensitive so that the same checkpoint stays readable on
+# case-insensitive filesystems.
+_RESERVED_FOLDED = frozenset(
+    unicodedata.normalize("NFC", n).casefold() for n in RESERVED_ROOT_NAMES
 )
-_RESERVED_FOLDED = frozenset(unicodedata.normalize("NFC", n).casefold() for n in RESERVED_NAMES)
 
 
 def _fold(name: str) -> str:
@@ -77,7 +70,7 @@ def validate_checkpointable_name(name: object) -> str:
     if _fold(name) in _RESERVED_FOLDED:
         raise ValueError(
             f"checkpointable name {name!r} is reserved: Orbax writes "
-            f"{sorted(RESERVED_NAMES)} at a checkpoint's root"
+            f"{sorted(RESERVED_ROOT_NAMES)} at a checkpoint's root"
         )
     return name
 

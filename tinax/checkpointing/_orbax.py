@@ -1,23 +1,33 @@
-"""The Orbax V1 context tinax saves and loads in."""
+"""The private Orbax modules tinax relies on, each behind one function.
+
+Orbax's public V1 API has no way to read the active context or to ask whether a
+leaf type has a standard handler; these two functions are the only places tinax
+reaches into ``orbax.checkpoint.experimental.v1._src``. ``pyproject.toml`` bounds
+Orbax to the minor release they were written against.
+"""
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from orbax.checkpoint import v1 as ocp
-from orbax.checkpoint.experimental.v1._src.context import context as _context_lib
-
-from tinax.checkpointing._empty import EmptyPyTreeHandler
 
 
-def context() -> ocp.Context:
-    """The caller's active Orbax context, with a handler for leafless pytrees added.
+def active_context() -> ocp.Context:
+    """The Orbax context the caller made active with ``with ocp.Context(...)``, or a default one."""
+    from orbax.checkpoint.experimental.v1._src.context import context
 
-    Options the caller set with ``with ocp.Context(...)`` stay in force.
-    """
-    active = _context_lib.get_context()
-    registry = ocp.handlers.local_registry(
-        active.checkpointables.registry, include_global_registry=False
-    )
-    registry.add(EmptyPyTreeHandler)
-    ctx = ocp.Context(active)
-    ctx.checkpointables.registry = registry
-    return ctx
+    return context.get_context()
+
+
+@functools.cache
+def _standard_leaf_handlers() -> Any:
+    from orbax.checkpoint.experimental.v1._src.serialization import registry
+
+    return registry.StandardLeafHandlerRegistry()
+
+
+def has_standard_leaf_handler(leaf_type: type) -> bool:
+    """Whether Orbax's standard leaf handlers store leaves of ``leaf_type``."""
+    return bool(_standard_leaf_handlers().is_handleable(leaf_type))

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import concurrent.futures
-import shutil
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from orbax.checkpoint import v1 as ocp
 
-from tinax.checkpointing._paths import temporary_siblings
+from tinax._format.storage import Location
+from tinax._paths import temporary_siblings
 
 T = TypeVar("T")
 
 
-def remove_temporaries(dest: Path) -> None:
+def remove_temporaries(dest: Location) -> None:
     """Removes Orbax temporary directories left by a failed save to ``dest``."""
     for tmp in temporary_siblings(dest):
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.remove_tree()
 
 
 class SaveResponse(ocp.AsyncResponse[T]):
@@ -34,7 +33,7 @@ class SaveResponse(ocp.AsyncResponse[T]):
     save ends, successfully or not.
     """
 
-    def __init__(self, inner: Any, destination: Path) -> None:
+    def __init__(self, inner: Any, destination: Location) -> None:
         self._inner = inner
         self._destination = destination
         self._future: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -53,9 +52,9 @@ class SaveResponse(ocp.AsyncResponse[T]):
             self._future.set_result(value)
 
     @property
-    def path(self) -> Path:
+    def path(self) -> str:
         """The checkpoint directory this save commits to."""
-        return self._destination
+        return str(self._destination)
 
     def result(self, timeout: float | None = None) -> T:
         """Waits for the save to commit.

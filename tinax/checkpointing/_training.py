@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import grain
 import numpy as np
 
+from tinax._format import layout, pytree
+from tinax._format.storage import Location
+from tinax._paths import load_source
 from tinax.checkpointing._checkpointables import (
     check_targets_given,
-    read_item_handlers,
     restore_checkpointables,
     save_checkpointables,
 )
 from tinax.checkpointing._names import validate_distinct_names
-from tinax.checkpointing._paths import source_path
 from tinax.checkpointing._response import SaveResponse
 
 STEP_KEY = "step"
 STATE_KEY = "state"
-_PYTREE_METADATA_FILE = "_METADATA"
-_MAX_METADATA_BYTES = 256 * 1024 * 1024
 
 
 def check_step(step: object) -> int:
@@ -165,35 +162,14 @@ def save_training_checkpoint(
     )
 
 
-def _stored_top_level_keys(directory: Path) -> list[tuple[Any, int]] | None:
-    """Top-level keys and key types of the pytree stored in ``directory``.
-
-    Returns ``None`` when the directory holds no Orbax pytree metadata.
-    """
-    meta_file = directory / _PYTREE_METADATA_FILE
-    if not meta_file.is_file():
-        return None
-    if meta_file.stat().st_size > _MAX_METADATA_BYTES:
-        raise ValueError(f"{str(meta_file)!r} is implausibly large; refusing to read it")
-    try:
-        tree = json.loads(meta_file.read_text(encoding="utf-8"))["tree_metadata"]
-        keys: dict[Any, int] = {}
-        for entry in tree.values():
-            first = entry["key_metadata"][0]
-            keys.setdefault(first["key"], int(first["key_type"]))
-    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as e:
-        raise ValueError(f"{str(meta_file)!r} is not valid Orbax pytree metadata: {e!r}") from None
-    return list(keys.items())
-
-
-def _check_auxiliary_layout(path: Path, name: str) -> None:
-    keys = _stored_top_level_keys(path / name)
+def _check_auxiliary_layout(path: Location, name: str) -> None:
+    keys = pytree.top_level_keys(path / name)
     if keys is None:
         raise TypeError(
             f"auxiliary checkpointable {name!r} in {str(path)!r} is not a stored pytree, "
             "so it does not restore as a mapping"
         )
-    if any(key_type != 2 for _, key_type in keys):
+    if not all(is_dict_key for _, is_dict_key in keys):
         raise TypeError(
             f"auxiliary checkpointable {name!r} in {str(path)!r} does not restore as a mapping"
         )
@@ -249,8 +225,8 @@ def load_training_checkpoint(
     """
     check_iterator(iterator)
     names = _check_names(names)
-    src = source_path(path)
-    stored = read_item_handlers(src)
+    src = load_source(path)
+    stored = layout.checkpointable_names(src)
     missing = [
         n
         for n in (names.model, names.optimizer, names.rng, names.auxiliary, names.iterator)

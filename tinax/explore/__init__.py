@@ -9,7 +9,7 @@ key paths, so tables of a checkpoint and of live state join on
 
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
-from tinax.explore._listing import list_checkpoints
+from tinax.explore._listing import ListingCache, list_checkpoints, listing_cache
 from tinax.explore._live import leaf_key, state_table
 from tinax.explore._summary import (
     HISTOGRAM_BINS,
@@ -22,6 +22,7 @@ from tinax.explore._summary import (
 __all__ = [
     "HISTOGRAM_BINS",
     "LeafStatistics",
+    "ListingCache",
     "checkpoint_table",
     "compare_table",
     "is_numeric",
@@ -29,6 +30,7 @@ __all__ = [
     "leaf_statistics",
     "leaf_summary",
     "list_checkpoints",
+    "listing_cache",
     "read_leaf",
     "state_table",
 ]

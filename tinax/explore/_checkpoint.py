@@ -3,73 +3,100 @@
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 from typing import Any
 
 import pandas as pd
+import tensorstore as ts
 
-from tinax.explore import _files, _layout, _pytree, _store
-from tinax.explore._layout import Checkpoint, StoredCheckpointable
-from tinax.explore._leaves import ROOT_KEY, Leaf, leaf_frame
+from tinax import _paths
+from tinax._format import arrays, jsonitems, layout, pytree, words
+from tinax._format.keys import ROOT_KEY
+from tinax._format.layout import Checkpoint, StoredCheckpointable
+from tinax.explore._leaves import Leaf, format_sharding_record, leaf_frame
 
 _MAX_THREADS = 8
 
 
-def _iterator_files(directory: os.PathLike[str]) -> list[tuple[int, str]]:
-    found = []
-    for name in os.listdir(directory):
-        match = _layout.ITERATOR_FILE.match(name)
-        if match:
-            found.append((int(match.group(1)), name))
-    return sorted(found)
+def open_checkpoint(path: object) -> Checkpoint:
+    """The checkpoint at the caller's ``path``, checked and with its layout known.
+
+    Raises:
+      TypeError: If ``path`` is not a path.
+      FileNotFoundError: If nothing exists at ``path``.
+      ValueError: If ``path`` is not a readable checkpoint.
+    """
+    return layout.open_checkpoint(_paths.existing_directory(path))
 
 
-def read_iterator_state(item: StoredCheckpointable) -> Any:
+def iterator_state(item: StoredCheckpointable) -> Any:
     """A Grain iterator's saved state: process 0's alone, else a dict by process file.
 
     Raises:
       ValueError: If a state file is not JSON (naming it).
     """
-    states = {
-        name.removesuffix(".json"): _files.read_json(
-            item.directory / name, what="Grain iterator state"
-        )
-        for _, name in _iterator_files(item.directory)
-    }
-    if not states:
-        raise ValueError(f"{str(item.directory)!r} holds no Grain iterator state file")
+    states = jsonitems.read_iterator_states(item.directory)
     return next(iter(states.values())) if len(states) == 1 else states
 
 
-def _read_json_checkpointable(item: StoredCheckpointable) -> Any:
-    for name in _layout.JSON_FILES:
-        path = item.directory / name
-        if path.is_file():
-            return _files.read_json(path, what="a JSON checkpointable")
-    raise ValueError(f"{str(item.directory)!r} holds no JSON checkpointable file")
-
-
-def _check_empty_record(item: StoredCheckpointable) -> None:
-    path = item.directory / _layout.EMPTY_PYTREE_FILE
-    record = _files.read_json_object(path, what="tinax's record of a pytree without leaves")
-    if "structure" not in record:
-        raise ValueError(f"{str(path)!r} has no structure; it is not a tinax empty-pytree record")
+def _pytree_leaves(
+    name: str, tree: pytree.PyTreeLayout, ctx: ts.Context, *, values: bool
+) -> list[Leaf]:
+    in_store = [
+        leaf for leaf in tree.leaves if leaf.stored and leaf.kind in words.STORED_ARRAY_KINDS
+    ]
+    infos = pytree.array_infos(tree, in_store, ctx)
+    shardings = pytree.read_shardings(
+        tree, [leaf.param for leaf in tree.leaves if leaf.kind == words.JAX_ARRAY]
+    )
+    strings: dict[str, str] = {}
+    scalars: dict[str, Any] = {}
+    if values:
+        string_params = [leaf.param for leaf in tree.leaves if leaf.kind == words.STRING]
+        if string_params:
+            strings = pytree.read_strings(tree, string_params)
+        scalar_leaves = [leaf for leaf in in_store if leaf.kind == words.SCALAR]
+        if scalar_leaves:
+            scalars = pytree.read_scalars(tree, scalar_leaves, ctx)
+    rows = []
+    for leaf in tree.leaves:
+        info = infos.get(leaf.param)
+        if info is None:
+            rows.append(Leaf(name, leaf.key, leaf.kind, value=strings.get(leaf.param)))
+            continue
+        size = math.prod(info.shape)
+        rows.append(
+            Leaf(
+                checkpointable=name,
+                key=leaf.key,
+                kind=leaf.kind,
+                shape=info.shape,
+                dtype=info.dtype,
+                size=size,
+                nbytes=None if info.itemsize is None else size * info.itemsize,
+                value=scalars.get(leaf.param),
+                sharding=format_sharding_record(shardings.get(leaf.param)),
+                chunk_shape=info.chunk_shape,
+            )
+        )
+    return rows
 
 
 def _checkpointable_leaves(item: StoredCheckpointable, ctx: Any, values: bool) -> list[Leaf]:
-    if item.layout == _layout.PYTREE:
-        layout = _pytree.read_layout(item.directory)
-        return _pytree.leaves(item.name, layout, ctx, values=values)
-    if item.layout == _layout.ITERATOR:
-        state = read_iterator_state(item)
-        return [Leaf(item.name, ROOT_KEY, "iterator", value=state if values else None)]
-    if item.layout == _layout.JSON:
-        value = _read_json_checkpointable(item)
-        return [Leaf(item.name, ROOT_KEY, "json", value=value if values else None)]
-    if item.layout == _layout.EMPTY:
-        _check_empty_record(item)
-        return [Leaf(item.name, ROOT_KEY, "empty")]
-    return [Leaf(item.name, ROOT_KEY, "unknown")]
+    if item.layout == layout.PYTREE:
+        tree = pytree.read_layout(item.directory)
+        return _pytree_leaves(item.name, tree, ctx, values=values)
+    if item.layout == layout.ITERATOR:
+        state = iterator_state(item)
+        return [Leaf(item.name, ROOT_KEY, words.ITERATOR, value=state if values else None)]
+    if item.layout == layout.JSON:
+        value = jsonitems.read_json_item(item.directory)
+        return [Leaf(item.name, ROOT_KEY, words.JSON, value=value if values else None)]
+    if item.layout == layout.EMPTY:
+        jsonitems.read_empty_record(item.directory)
+        return [Leaf(item.name, ROOT_KEY, words.EMPTY)]
+    return [Leaf(item.name, ROOT_KEY, words.UNKNOWN)]
 
 
 def checkpoint_leaves(checkpoint: Checkpoint, *, values: bool = True) -> list[Leaf]:
@@ -78,7 +105,7 @@ def checkpoint_leaves(checkpoint: Checkpoint, *, values: bool = True) -> list[Le
     Raises:
       ValueError: If any checkpointable's metadata is missing or unreadable.
     """
-    ctx = _store.context()
+    ctx = arrays.context()
     items = checkpoint.checkpointables
     if len(items) == 1:
         return _checkpointable_leaves(items[0], ctx, values)
@@ -115,8 +142,7 @@ def checkpoint_table(path: str | os.PathLike[str]) -> pd.DataFrame:
       ValueError: If ``path`` is not a readable checkpoint; the message names
         the path and what is wrong.
     """
-    checkpoint = _layout.open_checkpoint(path)
-    return leaf_frame(checkpoint_leaves(checkpoint))
+    return leaf_frame(checkpoint_leaves(open_checkpoint(path)))
 
 
 def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> Any:
@@ -138,31 +164,31 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
       ValueError: If the checkpoint, checkpointable or leaf does not exist or
         cannot be read; the message names the path and what is wrong.
     """
-    checkpoint = _layout.open_checkpoint(path)
+    checkpoint = open_checkpoint(path)
     item = checkpoint.get(checkpointable)
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, got {type(key).__name__}")
-    if item.layout == _layout.PYTREE:
-        layout = _pytree.read_layout(item.directory)
-        leaf = layout.find(key, name=item.name)
+    if item.layout == layout.PYTREE:
+        tree = pytree.read_layout(item.directory)
+        leaf = tree.find(key, name=item.name)
         try:
-            return _pytree.read_value(layout, leaf, _store.context())
+            return pytree.read_value(tree, leaf, arrays.context())
         except ValueError as e:
             raise ValueError(
                 f"checkpoint {str(checkpoint.path)!r}: cannot read leaf {key} of "
-                f"{checkpointable!r}: {_store.message(e)}"
+                f"{checkpointable!r}: {arrays.message(e)}"
             ) from None
     if key != ROOT_KEY:
         raise ValueError(
             f"checkpointable {checkpointable!r} in {str(checkpoint.path)!r} is one value; "
             f"its only key is {ROOT_KEY!r}, not {key!r}"
         )
-    if item.layout == _layout.ITERATOR:
-        return read_iterator_state(item)
-    if item.layout == _layout.JSON:
-        return _read_json_checkpointable(item)
-    if item.layout == _layout.EMPTY:
-        _check_empty_record(item)
+    if item.layout == layout.ITERATOR:
+        return iterator_state(item)
+    if item.layout == layout.JSON:
+        return jsonitems.read_json_item(item.directory)
+    if item.layout == layout.EMPTY:
+        jsonitems.read_empty_record(item.directory)
         return None
     raise ValueError(
         f"checkpointable {checkpointable!r} in {str(checkpoint.path)!r} is stored in a "

@@ -12,7 +12,8 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
-from tinax.explore import _layout
+from tinax import _paths
+from tinax._format import layout
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._listing import list_checkpoints
 from tinax.explore._summary import leaf_summary
@@ -124,7 +125,7 @@ def main(
     try:
         if args.leaf:
             _show_leaf(args.path, args.leaf[0], args.leaf[1], args.json, out)
-        elif _layout.looks_like_checkpoint(_layout.existing_directory(args.path)):
+        elif layout.looks_like_checkpoint(_paths.existing_directory(args.path)):
             table = checkpoint_table(args.path)
             if args.json:
                 json.dump(_records(table), out)

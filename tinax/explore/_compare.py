@@ -8,15 +8,17 @@ from typing import Any
 
 import pandas as pd
 
-from tinax.explore import _checkpoint, _layout, _live
+from tinax._format import words
+from tinax._format.words import (
+    DTYPE_DIFFERS,
+    KIND_DIFFERS,
+    MISSING_FROM_CHECKPOINT,
+    NOT_IN_TARGET,
+    OK,
+    SHAPE_DIFFERS,
+)
+from tinax.explore import _checkpoint, _live
 from tinax.explore._leaves import Leaf, frame
-
-OK = "ok"
-SHAPE_DIFFERS = "shape differs"
-DTYPE_DIFFERS = "dtype differs"
-KIND_DIFFERS = "kind differs"
-MISSING_FROM_CHECKPOINT = "missing from checkpoint"
-NOT_IN_TARGET = "not in target"
 
 COMPARE_COLUMNS = (
     "checkpointable",
@@ -30,19 +32,17 @@ COMPARE_COLUMNS = (
     "dtype_target",
 )
 
-# Orbax restores a stored array as whichever array the target asks for.
-_ARRAYS = frozenset({"jax.Array", "np.ndarray"})
-
 
 def _family(kind: str) -> str:
-    return "array" if kind in _ARRAYS else kind
+    # Orbax restores a stored array as whichever array the target asks for.
+    return "array" if kind in words.ARRAY_KINDS else kind
 
 
 def _status(stored: Leaf, target: Leaf, target_leaf: Any) -> str:
     if _family(stored.kind) != _family(target.kind):
         return KIND_DIFFERS
     shape, dtype = target.shape, target.dtype
-    if stored.kind in _ARRAYS and shape is not None and dtype is not None:
+    if stored.kind in words.ARRAY_KINDS and shape is not None and dtype is not None:
         # Compare with what Orbax stores for the target (PRNG keys as key data).
         shape, dtype = _live.storage_spec(shape, target_leaf.dtype)
     if stored.shape is not None and shape is not None and stored.shape != shape:
@@ -79,7 +79,7 @@ def compare_table(path: str | os.PathLike[str], targets: Mapping[str, Any]) -> p
       ValueError: If ``path`` is not a readable checkpoint.
     """
     live = _live.live_leaves(targets)
-    stored = _checkpoint.checkpoint_leaves(_layout.open_checkpoint(path), values=False)
+    stored = _checkpoint.checkpoint_leaves(_checkpoint.open_checkpoint(path), values=False)
     wanted = {(leaf.checkpointable, leaf.key): (leaf, obj) for leaf, obj in live}
     names = dict.fromkeys([leaf.checkpointable for leaf in stored])
     names.update(dict.fromkeys(leaf.checkpointable for leaf, _ in live))

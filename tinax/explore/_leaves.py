@@ -8,9 +8,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-# The key of a checkpointable that is one value (an iterator, a lone array), as
-# jax.tree_util.keystr writes an empty key path.
-ROOT_KEY = ""
 # Column dtypes across every table; any other column holds Python objects.
 _DTYPES = {
     "checkpointable": "string",

@@ -5,116 +5,157 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from pathlib import Path
 
 import pandas as pd
 
-from tinax.explore import _checkpoint, _files, _layout
+from tinax import _paths
+from tinax._format import files, layout, names, words
+from tinax._format.storage import DIRECTORY, Location
+from tinax.explore import _checkpoint
 from tinax.explore._leaves import frame
 
 LISTING_COLUMNS = ("name", "path", "step", "status", "checkpointables", "nbytes", "committed")
-COMPLETE = "complete"
-IN_PROGRESS = "in progress"
-INVALID = "invalid"
-
-# Committed checkpoints do not change, so a reading that succeeded or failed is
-# remembered for as long as nothing under the directory changes (the scan's
-# fingerprint covers every entry's size, inode and modification time).
-_MAX_REMEMBERED = 1024
-_remembered: OrderedDict[tuple[str, str], str | None] = OrderedDict()
-_lock = threading.Lock()
 
 
-def _readable(checkpoint: _layout.Checkpoint) -> str | None:
-    """``None`` if every checkpointable's metadata reads, else what is wrong."""
-    memo = (os.path.realpath(checkpoint.path), checkpoint.scan.fingerprint)
-    with _lock:
-        if memo in _remembered:
-            _remembered.move_to_end(memo)
-            return _remembered[memo]
+class ListingCache:
+    """What ``list_checkpoints`` learnt about each checkpoint, for as long as it holds.
+
+    Reading every checkpointable's metadata is what tells a readable checkpoint
+    from a damaged one; a committed checkpoint does not change, so the verdict is
+    kept for as long as nothing under its directory changes (the safety scan's
+    fingerprint covers every entry's size, identity and modification time).
+    Thread-safe; the least recently used verdicts go first once ``max_entries``
+    are kept.
+
+    Attributes:
+      max_entries: How many verdicts are kept at most (``0`` keeps none).
+    """
+
+    def __init__(self, max_entries: int = 1024) -> None:
+        self._lock = threading.Lock()
+        self._verdicts: OrderedDict[tuple[str, str], str | None] = OrderedDict()
+        self.max_entries = max_entries
+
+    @property
+    def max_entries(self) -> int:
+        return self._max_entries
+
+    @max_entries.setter
+    def max_entries(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"max_entries must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"max_entries must be non-negative, got {value}")
+        with self._lock:
+            self._max_entries = value
+            self._trim()
+
+    def _trim(self) -> None:
+        while len(self._verdicts) > self._max_entries:
+            self._verdicts.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._verdicts)
+
+    def clear(self) -> None:
+        """Forgets every verdict."""
+        with self._lock:
+            self._verdicts.clear()
+
+    def verdict(self, checkpoint: layout.Checkpoint) -> str | None:
+        """``None`` if every checkpointable's metadata reads, else what is wrong."""
+        key = (str(checkpoint.path), checkpoint.scan.fingerprint)
+        with self._lock:
+            if key in self._verdicts:
+                self._verdicts.move_to_end(key)
+                return self._verdicts[key]
+        problem = _problem(checkpoint)
+        with self._lock:
+            self._verdicts[key] = problem
+            self._trim()
+        return problem
+
+
+def _problem(checkpoint: layout.Checkpoint) -> str | None:
     try:
         _checkpoint.checkpoint_leaves(checkpoint)
-        problem = None
     except ValueError as e:
-        problem = str(e)
-    with _lock:
-        _remembered[memo] = problem
-        while len(_remembered) > _MAX_REMEMBERED:
-            _remembered.popitem(last=False)
-    return problem
+        return str(e)
+    return None
 
 
-def _candidates(root: Path) -> list[Path]:
-    if _layout.looks_like_checkpoint(root):
+# The cache list_checkpoints uses unless told otherwise.
+listing_cache = ListingCache()
+
+
+def _candidates(root: Location) -> list[Location]:
+    if layout.looks_like_checkpoint(root):
         return [root]
     found = []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            # Links are not followed: a run's checkpoints are its own directories.
-            if not entry.is_dir(follow_symlinks=False):
-                continue
-            path = Path(entry.path)
-            if (
-                _layout.is_temporary_name(entry.name)
-                or entry.name.isdigit()
-                or _layout.looks_like_checkpoint(path)
-            ):
-                found.append(path)
+    for name, entry in sorted(root.entries().items()):
+        # Links are not followed: a run's checkpoints are its own directories.
+        if entry.kind != DIRECTORY:
+            continue
+        path = root / name
+        if names.is_temporary_name(name) or name.isdigit() or layout.looks_like_checkpoint(path):
+            found.append(path)
     return found
 
 
-def _subdirectories(path: Path) -> tuple[str, ...]:
-    try:
-        with os.scandir(path) as entries:
-            return tuple(sorted(e.name for e in entries if e.is_dir(follow_symlinks=False)))
-    except OSError:
-        return ()
+def _subdirectories(path: Location) -> tuple[str, ...]:
+    return tuple(sorted(n for n, e in path.entries().items() if e.kind == DIRECTORY))
 
 
-def _row(path: Path, errors: dict[str, str]) -> tuple[object, ...] | None:
+def _row(
+    path: Location, errors: dict[str, str], cache: ListingCache | None
+) -> tuple[object, ...] | None:
     """The listing row of ``path``; ``None`` if it vanished (renamed or deleted) meanwhile."""
-    name, step = path.name, _layout.step_from_name(path.name)
-    if _layout.is_temporary_name(name):
+    name, step = path.name, names.step_from_name(path.name)
+    if names.is_temporary_name(name):
         try:
-            nbytes: int | None = _files.scan(path).nbytes
+            nbytes: int | None = files.scan(path).nbytes
         except (ValueError, OSError):
             nbytes = None  # A save in progress changes under the scan.
-        return (name, str(path), step, IN_PROGRESS, _subdirectories(path), nbytes, None)
+        return (name, str(path), step, words.IN_PROGRESS, _subdirectories(path), nbytes, None)
     try:
-        checkpoint = _layout.open_checkpoint(path)
+        checkpoint = layout.open_checkpoint(path)
     except (ValueError, OSError) as e:
-        if not os.path.lexists(path):
+        if not path.exists():
             return None
         errors[str(path)] = str(e)
-        return (name, str(path), step, INVALID, (), None, None)
-    names = tuple(item.name for item in checkpoint.checkpointables)
-    problem = _readable(checkpoint)
+        return (name, str(path), step, words.INVALID, (), None, None)
+    item_names = tuple(item.name for item in checkpoint.checkpointables)
+    problem = _problem(checkpoint) if cache is None else cache.verdict(checkpoint)
     if problem is not None:
         errors[str(path)] = problem
-    status = COMPLETE if problem is None else INVALID
     return (
         name,
         str(path),
         step,
-        status,
-        names,
+        words.COMPLETE if problem is None else words.INVALID,
+        item_names,
         checkpoint.scan.nbytes,
         checkpoint.committed_nsecs,
     )
 
 
-def list_checkpoints(root: str | os.PathLike[str]) -> pd.DataFrame:
+def list_checkpoints(
+    root: str | os.PathLike[str], *, cache: ListingCache | None = listing_cache
+) -> pd.DataFrame:
     """One row per checkpoint under ``root``, or for ``root`` itself if it is one.
 
     A directory counts when it looks like a checkpoint: Orbax's marker files, a
     checkpointable directory, a step number as its name, or Orbax's temporary
     suffix. Each is read as ``checkpoint_table`` reads it (metadata only) to
-    tell whether it is readable; the verdict is remembered until something
-    under the directory changes. Symbolic links under ``root`` are not followed.
+    tell whether it is readable. Symbolic links under ``root`` are not followed.
 
     Args:
       root: A run directory (Orbax V1 ``training.Checkpointer``, V0
         ``CheckpointManager``, or any directory of checkpoints) or a checkpoint.
+      cache: Where verdicts on unchanged checkpoints are remembered between
+        calls: by default the module's ``listing_cache``; ``None`` reads every
+        checkpoint afresh.
 
     Returns:
       A DataFrame with columns ``name``, ``path``, ``step`` (``Int64``, from the
@@ -126,13 +167,17 @@ def list_checkpoints(root: str | os.PathLike[str]) -> pd.DataFrame:
       path to message.
 
     Raises:
-      TypeError: If ``root`` is not a path.
+      TypeError: If ``root`` is not a path, or ``cache`` not a ``ListingCache``.
       FileNotFoundError: If ``root`` does not exist.
       ValueError: If ``root`` is not a directory.
     """
-    directory = _layout.existing_directory(root)
+    if cache is not None and not isinstance(cache, ListingCache):
+        raise TypeError(f"cache must be a ListingCache or None, got {type(cache).__name__}")
+    directory = _paths.existing_directory(root)
     errors: dict[str, str] = {}
-    rows = [row for path in _candidates(directory) if (row := _row(path, errors)) is not None]
+    rows = [
+        row for path in _candidates(directory) if (row := _row(path, errors, cache)) is not None
+    ]
     table = frame(LISTING_COLUMNS[:-1], (row[:-1] for row in rows))
     table["committed"] = pd.to_datetime(
         pd.Series([row[-1] for row in rows], dtype="Int64"), unit="ns", utc=True

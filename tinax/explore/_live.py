@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tinax._format import words
+from tinax._format.keys import ROOT_KEY, format_key, key_parts
 from tinax.explore._leaves import (
-    ROOT_KEY,
     Leaf,
     format_device,
     format_named_sharding,
@@ -36,22 +37,11 @@ def leaf_key(key_path: tuple[Any, ...]) -> str:
 
     Returns:
       The key, e.g. ``"[0]['mu']['dense']['w']"``; ``""`` for the root.
-    """
-    import jax
 
-    parts = []
-    for entry in key_path:
-        if isinstance(entry, jax.tree_util.SequenceKey):
-            parts.append(f"[{entry.idx}]")
-        elif isinstance(entry, jax.tree_util.FlattenedIndexKey):
-            parts.append(f"[{entry.key}]")
-        elif isinstance(entry, jax.tree_util.DictKey):
-            parts.append(f"[{str(entry.key)!r}]")
-        elif isinstance(entry, jax.tree_util.GetAttrKey):
-            parts.append(f"[{entry.name!r}]")
-        else:
-            parts.append(jax.tree_util.keystr((entry,)))
-    return "".join(parts)
+    Raises:
+      TypeError: If an entry of ``key_path`` is not a JAX key.
+    """
+    return format_key(key_parts(key_path))
 
 
 def is_iterator(value: object) -> bool:
@@ -130,23 +120,21 @@ def live_leaf(name: str, key: str, leaf: Any) -> Leaf:
     from tinax.checkpointing import NumpyTarget
 
     if leaf is None:
-        return Leaf(name, key, "none")
-    if isinstance(leaf, jax.Array):
-        return _array_leaf(name, key, "jax.Array", leaf, _sharding(leaf.sharding))
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-        return _array_leaf(name, key, "jax.Array", leaf, _sharding(leaf.sharding))
+        return Leaf(name, key, words.NONE)
+    if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
+        return _array_leaf(name, key, words.JAX_ARRAY, leaf, _sharding(leaf.sharding))
     if isinstance(leaf, np.ndarray | NumpyTarget):
-        return _array_leaf(name, key, "np.ndarray", leaf, None)
+        return _array_leaf(name, key, words.NUMPY_ARRAY, leaf, None)
     if isinstance(leaf, bool | int | float | complex | np.number | np.bool_):
         dtype = np.asarray(leaf).dtype
         value = leaf.item() if isinstance(leaf, np.generic) else leaf
-        return Leaf(name, key, "scalar", (), dtype.name, 1, dtype.itemsize, value)
+        return Leaf(name, key, words.SCALAR, (), dtype.name, 1, dtype.itemsize, value)
     if isinstance(leaf, str):
-        return Leaf(name, key, "string", value=leaf)
+        return Leaf(name, key, words.STRING, value=leaf)
     if _is_empty_container(leaf):
-        return Leaf(name, key, "empty")
+        return Leaf(name, key, words.EMPTY)
     if is_iterator(leaf):
-        return Leaf(name, key, "iterator", value=iterator_state(leaf))
+        return Leaf(name, key, words.ITERATOR, value=iterator_state(leaf))
     return Leaf(name, key, f"{type(leaf).__module__}.{type(leaf).__qualname__}")
 
 
@@ -175,7 +163,7 @@ def live_leaves(checkpointables: object) -> list[tuple[Leaf, Any]]:
             continue
         if is_leafless(tree):
             # tinax stores a pytree without leaves as one record.
-            out.append((Leaf(name, ROOT_KEY, "empty"), tree))
+            out.append((Leaf(name, ROOT_KEY, words.EMPTY), tree))
             continue
         flat, _ = jax.tree_util.tree_flatten_with_path(
             tree,

@@ -14,7 +14,8 @@ from typing import Any
 import grain
 import orbax.checkpoint as ocp0
 
-from tinax.checkpointing._paths import destination_path, source_path
+from tinax._paths import load_source, save_destination
+from tinax.checkpointing._checkpointables import orbax_path
 from tinax.checkpointing._response import remove_temporaries
 from tinax.checkpointing._training import check_iterator
 
@@ -27,10 +28,10 @@ __all__ = [
 
 
 def _save(path: str | os.PathLike[str], args: Any) -> None:
-    dest = destination_path(path)
+    dest = save_destination(path)
     checkpointer = ocp0.Checkpointer(args_handler_for(args))
     try:
-        checkpointer.save(dest.absolute(), args=args)
+        checkpointer.save(orbax_path(dest), args=args)
     except BaseException:
         remove_temporaries(dest)
         raise
@@ -74,14 +75,14 @@ def load_legacy_v0_pytree(path: str | os.PathLike[str], target: Any | None = Non
       ValueError: If ``path`` uses Orbax's reserved temporary suffix.
       FileNotFoundError: If ``path`` does not exist.
     """
-    src = source_path(path)
+    src = load_source(path)
     checkpointer = ocp0.Checkpointer(ocp0.PyTreeCheckpointHandler())
     try:
         if target is None:
-            return checkpointer.restore(src.absolute())
+            return checkpointer.restore(orbax_path(src))
         restore_args = ocp0.checkpoint_utils.construct_restore_args(target)
         return checkpointer.restore(
-            src.absolute(), args=ocp0.args.PyTreeRestore(item=target, restore_args=restore_args)
+            orbax_path(src), args=ocp0.args.PyTreeRestore(item=target, restore_args=restore_args)
         )
     finally:
         checkpointer.close()
@@ -128,11 +129,11 @@ def load_legacy_v0_grain_iterator(
       FileNotFoundError: If ``path`` does not exist.
     """
     check_iterator(iterator)
-    src = source_path(path)
+    src = load_source(path)
     checkpointer = ocp0.Checkpointer(grain.checkpoint.CheckpointHandler())
     try:
         restored = checkpointer.restore(
-            src.absolute(), args=grain.checkpoint.CheckpointRestore(item=iterator)
+            orbax_path(src), args=grain.checkpoint.CheckpointRestore(item=iterator)
         )
     finally:
         checkpointer.close()

@@ -1,16 +1,10 @@
-"""A histogram image of one leaf's statistics.
-
-The statistics themselves come from ``tinax.explore``; they are re-exported here
-for the explorer.
-"""
+"""A histogram image of one leaf's statistics (computed by ``tinax.explore``)."""
 
 from __future__ import annotations
 
 import io
 
-from tinax.explore import HISTOGRAM_BINS, LeafStatistics, is_numeric, leaf_statistics
-
-__all__ = ["HISTOGRAM_BINS", "LeafStatistics", "histogram_png", "is_numeric", "leaf_statistics"]
+from tinax.explore import LeafStatistics
 
 
 def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:

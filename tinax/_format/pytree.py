@@ -1,8 +1,9 @@
-"""An Orbax pytree checkpointable as leaf records, from its metadata alone.
+"""An Orbax pytree checkpointable, from its metadata alone.
 
 The tree comes from ``_METADATA``; each array's shape, dtype and chunking from its
-zarr metadata (read in bulk, see ``_store``); strings from ``_strings.json``; shardings
-from ``_sharding``. Array chunks are never read, except the few bytes of a scalar.
+zarr metadata (read in bulk, see ``arrays``); strings from ``_strings.json``;
+shardings from ``_sharding``. Array chunks are never read, except the few bytes of a
+scalar or the one array asked for.
 """
 
 from __future__ import annotations
@@ -10,37 +11,33 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import math
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
-from tinax.explore import _files, _layout, _store
-from tinax.explore._leaves import Leaf, format_sharding_record
+from tinax._format import arrays, files, names, words
+from tinax._format.keys import KeyPart, KeyPath, format_key
+from tinax._format.storage import Location
 
-_STRINGS_FILE = "_strings.json"
-_SHARDING_FILE = "_sharding"
-_OCDBT_MANIFEST = "manifest.ocdbt"
+# Orbax's key types in ``key_metadata``.
 _SEQUENCE_KEY = 1
 _DICT_KEY = 2
 
 # Orbax value types, as the kinds the tables show.
 _KINDS = {
-    "jax.Array": "jax.Array",
-    "np.ndarray": "np.ndarray",
-    "scalar": "scalar",
-    "string": "string",
-    "None": "none",
+    "jax.Array": words.JAX_ARRAY,
+    "np.ndarray": words.NUMPY_ARRAY,
+    "scalar": words.SCALAR,
+    "string": words.STRING,
+    "None": words.NONE,
     # Empty containers, which Orbax records as leaves.
-    "Dict": "empty",
-    "List": "empty",
-    "Tuple": "empty",
-    "NamedTuple": "empty",
+    "Dict": words.EMPTY,
+    "List": words.EMPTY,
+    "Tuple": words.EMPTY,
+    "NamedTuple": words.EMPTY,
 }
-ARRAY_KINDS = frozenset({"jax.Array", "np.ndarray", "scalar"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +45,14 @@ class StoredLeaf:
     """One entry of ``_METADATA``.
 
     Attributes:
+      path: The leaf's key path.
       key: The leaf's key path in ``jax.tree_util.keystr`` format.
       param: Orbax's name for the stored array (key names joined by ``.``).
       kind: The table's kind for the leaf.
       stored: Whether Orbax stored data for it (not skipped on save).
     """
 
+    path: KeyPath
     key: str
     param: str
     kind: str
@@ -64,7 +63,7 @@ class StoredLeaf:
 class PyTreeLayout:
     """How a pytree checkpointable is stored."""
 
-    directory: Path
+    directory: Location
     leaves: tuple[StoredLeaf, ...]
     ocdbt: bool
     zarr3: bool
@@ -89,7 +88,8 @@ class PyTreeLayout:
         )
 
     def array_spec(self, leaf: StoredLeaf) -> dict[str, Any]:
-        return _store.array_spec(
+        """The tensorstore spec that opens ``leaf``'s array."""
+        return arrays.array_spec(
             self.directory,
             storage_path(leaf.param),
             ocdbt=self.ocdbt,
@@ -98,10 +98,11 @@ class PyTreeLayout:
         )
 
 
-def _key_and_param(key_metadata: object, where: str) -> tuple[str, str]:
+def _key_and_param(key_metadata: object, where: str) -> tuple[KeyPath, str]:
     if not isinstance(key_metadata, list):
         raise ValueError(f"{where}: key_metadata is not a list")
-    parts, names = [], []
+    parts: list[KeyPart] = []
+    stored_names = []
     for item in key_metadata:
         if not isinstance(item, dict):
             raise ValueError(f"{where}: a key_metadata entry is not an object")
@@ -109,20 +110,20 @@ def _key_and_param(key_metadata: object, where: str) -> tuple[str, str]:
         if not isinstance(name, str) or isinstance(key_type, bool):
             raise ValueError(f"{where}: a key is not a string")
         if key_type == _SEQUENCE_KEY:
-            if not name.isdigit():
+            if not (name.isdigit() and name.isascii()):
                 raise ValueError(f"{where}: sequence key {name!r} is not an index")
-            parts.append(f"[{int(name)}]")
+            parts.append(int(name))
         elif key_type == _DICT_KEY:
-            parts.append(f"[{name!r}]")
+            parts.append(name)
         else:
             raise ValueError(f"{where}: unknown key_type {key_type!r}")
-        names.append(name)
-    param = ".".join(names)
+        stored_names.append(name)
+    param = ".".join(stored_names)
     # Orbax stores the array under this name, "/" making directories (Haiku's module
     # names have them); refuse one that would climb out of the checkpointable.
     if param and any(part in ("", ".", "..") for part in param.split("/")):
         raise ValueError(f"{where}: stored name {param!r} is not a path within the checkpoint")
-    return "".join(parts), param
+    return tuple(parts), param
 
 
 def storage_path(param: str) -> str:
@@ -130,18 +131,18 @@ def storage_path(param: str) -> str:
     return param + "/" if param else ""
 
 
-def read_layout(directory: Path) -> PyTreeLayout:
+def read_layout(directory: Location) -> PyTreeLayout:
     """Parses a pytree checkpointable's ``_METADATA``.
 
     Raises:
       ValueError: If ``_METADATA`` is missing, not JSON, or not Orbax's pytree
         metadata; the message names the file and what is wrong.
     """
-    meta_file = directory / _layout.PYTREE_METADATA
-    meta = _files.read_json_object(
+    meta_file = directory / names.PYTREE_METADATA
+    meta = files.read_json_object(
         meta_file,
         what="Orbax pytree metadata",
-        max_bytes=_files.MAX_METADATA_BYTES,
+        max_bytes=files.MAX_METADATA_BYTES,
         max_depth=None,
     )
     tree = meta.get("tree_metadata")
@@ -152,34 +153,34 @@ def read_layout(directory: Path) -> PyTreeLayout:
         where = f"{str(meta_file)!r} entry {entry_name!r}"
         if not isinstance(entry, dict):
             raise ValueError(f"{where} is not an object")
-        key, param = _key_and_param(entry.get("key_metadata"), where)
+        path, param = _key_and_param(entry.get("key_metadata"), where)
         value = entry.get("value_metadata")
         if not isinstance(value, dict) or not isinstance(value.get("value_type"), str):
             raise ValueError(f"{where} has no value_type")
         value_type: str = value["value_type"]
         leaves.append(
             StoredLeaf(
-                key=key,
+                path=path,
+                key=format_key(path),
                 param=param,
                 kind=_KINDS.get(value_type) or value_type,
                 stored=not value.get("skip_deserialize", False),
             )
         )
-    has_manifest = (directory / _OCDBT_MANIFEST).is_file()
+    has_manifest = (directory / names.OCDBT_MANIFEST).is_file()
     ocdbt = meta.get("use_ocdbt")
     if not isinstance(ocdbt, bool):
         ocdbt = has_manifest
-    if ocdbt and not has_manifest and any(leaf.kind in ARRAY_KINDS for leaf in leaves):
+    if ocdbt and not has_manifest and any(leaf.kind in words.STORED_ARRAY_KINDS for leaf in leaves):
         # Tensorstore would read a store without its manifest as an empty one.
         raise ValueError(
-            f"{str(directory)!r} has no {_OCDBT_MANIFEST}, so its arrays cannot be found"
+            f"{str(directory)!r} has no {names.OCDBT_MANIFEST}, so its arrays cannot be found"
         )
-    zarr3 = meta.get("use_zarr3")
     return PyTreeLayout(
         directory=directory,
         leaves=tuple(leaves),
         ocdbt=ocdbt,
-        zarr3=zarr3 is True,
+        zarr3=meta.get("use_zarr3") is True,
         all_chunks_stored=meta.get("store_array_data_equal_to_fill_value") is True,
     )
 
@@ -245,16 +246,21 @@ def parse_array_metadata(data: bytes, *, zarr3: bool) -> ArrayInfo | None:
     return ArrayInfo(shape=shape, dtype=dtype, itemsize=itemsize, chunk_shape=chunks)
 
 
-def _array_infos(
-    layout: PyTreeLayout, params: Iterable[str], ctx: ts.Context
+def array_infos(
+    layout: PyTreeLayout, leaves: Iterable[StoredLeaf], ctx: ts.Context
 ) -> dict[str, ArrayInfo]:
-    suffix = "zarr.json" if layout.zarr3 else ".zarray"
-    keys = {storage_path(param) + suffix: param for param in params}
+    """Each leaf's array metadata by ``param``, read in bulk.
+
+    Raises:
+      ValueError: If a leaf's metadata is missing or garbled, naming it.
+    """
+    suffix = names.ZARR3_METADATA if layout.zarr3 else names.ZARR2_METADATA
+    keys = {storage_path(leaf.param) + suffix: leaf.param for leaf in leaves}
     try:
-        stored = _store.read_values(layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx)
+        stored = arrays.read_values(layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx)
     except ValueError as e:
         raise ValueError(
-            f"cannot read the array metadata under {str(layout.directory)!r}: {_store.message(e)}"
+            f"cannot read the array metadata under {str(layout.directory)!r}: {arrays.message(e)}"
         ) from None
     infos: dict[str, ArrayInfo] = {}
     parsed: dict[bytes, ArrayInfo | None] = {}
@@ -276,10 +282,15 @@ def _array_infos(
     return infos
 
 
-def _read_strings(layout: PyTreeLayout, params: list[str]) -> dict[str, str]:
-    path = layout.directory / _STRINGS_FILE
-    strings = _files.read_json_object(
-        path, what="Orbax string leaves", max_bytes=_files.MAX_METADATA_BYTES, max_depth=None
+def read_strings(layout: PyTreeLayout, params: list[str]) -> dict[str, str]:
+    """The stored values of string leaves, by ``param``.
+
+    Raises:
+      ValueError: If ``_strings.json`` is unreadable or lacks one of them.
+    """
+    path = layout.directory / names.STRINGS
+    strings = files.read_json_object(
+        path, what="Orbax string leaves", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
     )
     out = {}
     for param in params:
@@ -290,35 +301,43 @@ def _read_strings(layout: PyTreeLayout, params: list[str]) -> dict[str, str]:
     return out
 
 
-def _read_shardings(layout: PyTreeLayout, params: list[str]) -> dict[str, str]:
-    path = layout.directory / _SHARDING_FILE
+def read_shardings(layout: PyTreeLayout, params: list[str]) -> dict[str, dict[str, Any]]:
+    """Orbax's record of each array's sharding, by ``param`` (absent where unknown).
+
+    Raises:
+      ValueError: If ``_sharding`` exists but is unreadable.
+    """
+    path = layout.directory / names.SHARDINGS
     if not path.exists():
         return {}
-    stored = _files.read_json_object(
-        path, what="Orbax array shardings", max_bytes=_files.MAX_METADATA_BYTES, max_depth=None
+    stored = files.read_json_object(
+        path, what="Orbax array shardings", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
     )
-    formatted: dict[str, str | None] = {}
+    parsed: dict[str, Any] = {}
     out = {}
     for param in params:
+        # Orbax keys each record by the base64 of the array's name.
         record = stored.get(base64.b64encode(param.encode("utf-8")).decode("ascii"))
         if not isinstance(record, str):
             continue
         # Most arrays share one of a few shardings.
-        if record not in formatted:
+        if record not in parsed:
             try:
-                formatted[record] = format_sharding_record(json.loads(record))
+                parsed[record] = json.loads(record)
             except (ValueError, RecursionError):
-                formatted[record] = None
-        text = formatted[record]
-        if text is not None:
-            out[param] = text
+                parsed[record] = None
+        if isinstance(parsed[record], dict):
+            out[param] = parsed[record]
     return out
 
 
-def _scalar_values(
-    layout: PyTreeLayout, leaves: list[StoredLeaf], ctx: ts.Context
-) -> dict[str, Any]:
-    opened = _store.open_arrays([layout.array_spec(leaf) for leaf in leaves], ctx)
+def read_scalars(layout: PyTreeLayout, leaves: list[StoredLeaf], ctx: ts.Context) -> dict[str, Any]:
+    """The values of scalar leaves, by ``param``: a few bytes each.
+
+    Raises:
+      ValueError: If one cannot be read.
+    """
+    opened = arrays.open_arrays([layout.array_spec(leaf) for leaf in leaves], ctx)
     values: dict[str, Any] = {}
     try:
         reads = [
@@ -328,67 +347,41 @@ def _scalar_values(
             values[leaf.param] = read.result().item()
     except ValueError as e:
         raise ValueError(
-            f"cannot read the scalar leaves under {str(layout.directory)!r}: {_store.message(e)}"
+            f"cannot read the scalar leaves under {str(layout.directory)!r}: {arrays.message(e)}"
         ) from None
     return values
 
 
-def leaves(name: str, layout: PyTreeLayout, ctx: ts.Context, *, values: bool) -> list[Leaf]:
-    """The table rows of one pytree checkpointable.
-
-    Args:
-      name: The checkpointable's name.
-      layout: Its parsed ``_METADATA``.
-      ctx: Tensorstore context for the reads.
-      values: Whether to read scalar and string values.
+def read_value(layout: PyTreeLayout, leaf: StoredLeaf, ctx: ts.Context) -> Any:
+    """One leaf's value, reading only that leaf's stored bytes.
 
     Raises:
-      ValueError: If any metadata is missing or unreadable.
+      ValueError: If it cannot be read (tensorstore's message).
     """
-    arrays = [leaf for leaf in layout.leaves if leaf.stored and leaf.kind in ARRAY_KINDS]
-    infos = _array_infos(layout, [leaf.param for leaf in arrays], ctx)
-    shardings = _read_shardings(
-        layout, [leaf.param for leaf in layout.leaves if leaf.kind == "jax.Array"]
-    )
-    strings: dict[str, str] = {}
-    scalars: dict[str, Any] = {}
-    if values:
-        string_params = [leaf.param for leaf in layout.leaves if leaf.kind == "string"]
-        if string_params:
-            strings = _read_strings(layout, string_params)
-        scalar_leaves = [leaf for leaf in arrays if leaf.kind == "scalar"]
-        if scalar_leaves:
-            scalars = _scalar_values(layout, scalar_leaves, ctx)
-    rows = []
-    for leaf in layout.leaves:
-        info = infos.get(leaf.param)
-        if info is not None:
-            size = math.prod(info.shape)
-            rows.append(
-                Leaf(
-                    checkpointable=name,
-                    key=leaf.key,
-                    kind=leaf.kind,
-                    shape=info.shape,
-                    dtype=info.dtype,
-                    size=size,
-                    nbytes=None if info.itemsize is None else size * info.itemsize,
-                    value=scalars.get(leaf.param),
-                    sharding=shardings.get(leaf.param),
-                    chunk_shape=info.chunk_shape,
-                )
-            )
-        else:
-            rows.append(Leaf(name, leaf.key, leaf.kind, value=strings.get(leaf.param)))
-    return rows
-
-
-def read_value(layout: PyTreeLayout, leaf: StoredLeaf, ctx: ts.Context) -> Any:
-    """One leaf's value, reading only that leaf's stored bytes."""
-    if leaf.kind == "string":
-        return _read_strings(layout, [leaf.param])[leaf.param]
-    if leaf.kind in ("none", "empty") or not leaf.stored:
+    if leaf.kind == words.STRING:
+        return read_strings(layout, [leaf.param])[leaf.param]
+    if leaf.kind in (words.NONE, words.EMPTY) or not leaf.stored:
         return None
-    array = _store.open_arrays([layout.array_spec(leaf)], ctx)[0].result()
+    array = arrays.open_arrays([layout.array_spec(leaf)], ctx)[0].result()
     value = array.read().result()
-    return value.item() if leaf.kind == "scalar" else value
+    return value.item() if leaf.kind == words.SCALAR else value
+
+
+def top_level_keys(directory: Location) -> list[tuple[KeyPart, bool]] | None:
+    """The first key of every stored leaf, and whether it is a dict key, in stored order.
+
+    Returns ``None`` when the directory holds no Orbax pytree metadata.
+
+    Raises:
+      ValueError: If the metadata is unreadable.
+    """
+    if not (directory / names.PYTREE_METADATA).exists():
+        return None
+    layout = read_layout(directory)
+    keys: dict[KeyPart, bool] = {}
+    for leaf in layout.leaves:
+        if leaf.path:
+            keys.setdefault(leaf.path[0], isinstance(leaf.path[0], str))
+        else:
+            keys.setdefault("", False)
+    return list(keys.items())

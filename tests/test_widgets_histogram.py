@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tinax.widgets._histogram import histogram_png
 
-from widgets._stats import HISTOGRAM_BINS, histogram_png, is_numeric, leaf_statistics
+from tinax.explore import HISTOGRAM_BINS, is_numeric, leaf_statistics
 
 
 def test_float_statistics_skip_nan_and_inf_but_count_them() -> None:

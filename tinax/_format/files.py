@@ -1,7 +1,9 @@
-"""Reading a checkpoint's own files: bounded, never following a link out, never executing.
+"""Reading a checkpoint's own files: bounded, never following a link, never executing.
 
-Everything tinax.explore reads from disk passes through here or through a directory
-that ``scan`` has checked first. Metadata is JSON only (no pickle, no eval).
+Every metadata file tinax reads, on the way to a table or to a load, passes through
+``read_bytes``; metadata is JSON only (no pickle, no eval), with one size cap for
+Orbax's metadata and a smaller one for everything else. ``scan`` checks a whole
+checkpoint directory before anything in it is read.
 """
 
 from __future__ import annotations
@@ -9,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import stat
-from pathlib import Path
 from typing import Any
+
+from tinax._format.storage import DIRECTORY, FILE, LINK, Location
 
 # Orbax writes a few MiB of _METADATA per 10,000 leaves; refuse anything far beyond.
 MAX_METADATA_BYTES = 256 * 1024 * 1024
@@ -29,93 +30,78 @@ class Scan:
 
     Attributes:
       nbytes: Total size of the regular files, in bytes.
-      fingerprint: Digest of every entry's path, size, inode and modification
+      fingerprint: Digest of every entry's path, size, identity and modification
         time; it changes whenever anything under the directory does.
+      files: Number of regular files.
     """
 
     nbytes: int
     fingerprint: str
+    files: int
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def scan(directory: Path) -> Scan:
+def scan(directory: Location) -> Scan:
     """Walks ``directory`` without following links, checking that it is safe to read.
 
     Raises:
-      ValueError: If a symbolic link points outside ``directory``, an entry is
-        neither a regular file, a directory nor a link, or an entry cannot be
-        read; the message names the entry.
+      ValueError: If a link points outside ``directory``, an entry is neither a
+        regular file, a directory nor a link, or a directory cannot be listed; the
+        message names the entry.
     """
-    real_root = os.path.realpath(directory)
     digest = hashlib.blake2b(digest_size=16)
-    total = 0
-    stack = [str(directory)]
+    total = files = 0
+    stack = [directory]
     while stack:
         current = stack.pop()
         try:
-            with os.scandir(current) as entries:
-                found = sorted(entries, key=lambda e: e.name)
+            found = sorted(current.storage.entries(current.path), key=lambda e: e.name)
         except OSError as e:
-            raise ValueError(f"cannot list {current!r}: {e.strerror or e}") from None
+            raise ValueError(f"cannot list {str(current)!r}: {e.strerror or e}") from None
         for entry in found:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError as e:
-                raise ValueError(f"cannot read {entry.path!r}: {e.strerror or e}") from None
-            digest.update(
-                f"{entry.path}\0{info.st_size}\0{info.st_ino}\0{info.st_mtime_ns}\n".encode(
-                    "utf-8", "surrogateescape"
-                )
-            )
-            if stat.S_ISLNK(info.st_mode):
-                target = os.path.realpath(entry.path)
-                if not _inside(target, real_root):
+            where = current / entry.name
+            digest.update(f"{where.path}\0{entry.stamp}\n".encode("utf-8", "surrogateescape"))
+            if entry.kind == LINK:
+                target = entry.link_target or ""
+                if not directory.storage.inside(target, directory.path):
                     raise ValueError(
-                        f"{entry.path!r} is a symbolic link to {target!r}, outside the "
+                        f"{str(where)!r} is a symbolic link to {target!r}, outside the "
                         f"checkpoint {str(directory)!r}; it is not followed"
                     )
                 # A link within the checkpoint is counted where it points, not twice.
-            elif stat.S_ISDIR(info.st_mode):
-                stack.append(entry.path)
-            elif stat.S_ISREG(info.st_mode):
-                total += info.st_size
+            elif entry.kind == DIRECTORY:
+                stack.append(where)
+            elif entry.kind == FILE:
+                total += entry.size
+                files += 1
             else:
                 raise ValueError(
-                    f"{entry.path!r} is not a regular file or directory; "
+                    f"{str(where)!r} is not a regular file or directory; "
                     "a checkpoint holds nothing else"
                 )
-    return Scan(nbytes=total, fingerprint=digest.hexdigest())
+    return Scan(nbytes=total, fingerprint=digest.hexdigest(), files=files)
 
 
-def read_bytes(path: Path, *, what: str, max_bytes: int) -> bytes:
+def read_bytes(path: Location, *, what: str, max_bytes: int) -> bytes:
     """Reads a regular file that is not a link, refusing one larger than ``max_bytes``.
 
     Raises:
       ValueError: If the file is missing, a link, not a regular file, too large
         or unreadable; the message names the path and ``what`` it should hold.
     """
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise ValueError(f"{str(path)!r} is missing; it should hold {what}") from None
-    except OSError as e:
-        raise ValueError(f"cannot read {str(path)!r} ({what}): {e.strerror or e}") from None
-    if stat.S_ISLNK(info.st_mode):
+    entry = path.entry()
+    if entry is None:
+        raise ValueError(f"{str(path)!r} is missing; it should hold {what}")
+    if entry.kind == LINK:
         raise ValueError(f"{str(path)!r} ({what}) is a symbolic link; it is not followed")
-    if not stat.S_ISREG(info.st_mode):
+    if entry.kind != FILE:
         raise ValueError(f"{str(path)!r} ({what}) is not a regular file")
-    if info.st_size > max_bytes:
+    if entry.size > max_bytes:
         raise ValueError(
-            f"{str(path)!r} ({what}) is {info.st_size} bytes, implausibly large; "
+            f"{str(path)!r} ({what}) is {entry.size} bytes, implausibly large; "
             f"refusing to read more than {max_bytes}"
         )
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(max_bytes + 1)
+        data = path.storage.read(path.path, max_bytes)
     except OSError as e:
         raise ValueError(f"cannot read {str(path)!r} ({what}): {e.strerror or e}") from None
     if len(data) > max_bytes:
@@ -139,7 +125,7 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-def parse_json(data: bytes, *, path: Path, what: str, max_depth: int | None) -> Any:
+def parse_json(data: bytes, *, path: Location, what: str, max_depth: int | None) -> Any:
     """Parses JSON bytes read from ``path``.
 
     Args:
@@ -171,7 +157,7 @@ def parse_json(data: bytes, *, path: Path, what: str, max_depth: int | None) -> 
 
 
 def read_json(
-    path: Path,
+    path: Location,
     *,
     what: str,
     max_bytes: int = MAX_SMALL_JSON_BYTES,
@@ -183,7 +169,7 @@ def read_json(
 
 
 def read_json_object(
-    path: Path,
+    path: Location,
     *,
     what: str,
     max_bytes: int = MAX_SMALL_JSON_BYTES,

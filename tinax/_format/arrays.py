@@ -1,13 +1,19 @@
-"""Tensorstore access to Orbax's stored arrays: bulk metadata reads and single-array opens."""
+"""Orbax's array store through tensorstore: bulk metadata reads and single-array opens.
+
+Orbax writes a pytree checkpointable's arrays as zarr arrays in an OCDBT key-value
+store (or, in older checkpoints, as plain zarr directories). Each array's zarr
+metadata sits under ``<param>/`` in that store.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from pathlib import Path
 from typing import Any
 
 import tensorstore as ts
+
+from tinax._format.storage import Location
 
 # B+tree nodes and array metadata are cached while one table is built; array
 # chunks never are, so reading one leaf holds only that leaf's bytes.
@@ -25,20 +31,12 @@ def context() -> ts.Context:
     )
 
 
-def _file_spec(directory: Path) -> dict[str, Any]:
-    return {"driver": "file", "path": str(directory.absolute()) + "/"}
-
-
-def kvstore_spec(directory: Path, *, ocdbt: bool, path: str = "") -> dict[str, Any]:
+def kvstore_spec(directory: Location, *, ocdbt: bool, path: str = "") -> dict[str, Any]:
     """The kvstore Orbax wrote a checkpointable's arrays to, at ``path`` within it."""
+    base = directory.kvstore()
     if ocdbt:
-        return {
-            "driver": "ocdbt",
-            "base": _file_spec(directory),
-            "cache_pool": _METADATA_POOL,
-            "path": path,
-        }
-    return {"driver": "file", "path": str(directory.absolute()) + "/" + path}
+        return {"driver": "ocdbt", "base": base, "cache_pool": _METADATA_POOL, "path": path}
+    return {**base, "path": base["path"] + path}
 
 
 _SPEC_SUFFIX = re.compile(r"\s*\[tensorstore_spec=.*\]\s*$", re.DOTALL)
@@ -49,14 +47,16 @@ def message(error: BaseException) -> str:
     return _SPEC_SUFFIX.sub("", str(error))
 
 
-def _walk_ocdbt(directory: Path, wanted: Collection[bytes], ctx: ts.Context) -> dict[bytes, bytes]:
+def _walk_ocdbt(
+    directory: Location, wanted: Collection[bytes], ctx: ts.Context
+) -> dict[bytes, bytes]:
     """Values of ``wanted`` keys, read by walking the OCDBT B+tree a level at a time.
 
     Each level's nodes are requested at once, and Orbax keeps small values (array
     metadata among them) inline in the leaf nodes, so a whole checkpointable's
     metadata arrives in a few reads instead of one lookup per array.
     """
-    base = ts.KvStore.open(_file_spec(directory), context=ctx).result()
+    base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
     manifest = ts.ocdbt.dump(base, context=ctx).result()
     versions = manifest.get("versions") or []
     if not versions or "location" not in versions[-1].get("root", {}):
@@ -89,7 +89,7 @@ def _walk_ocdbt(directory: Path, wanted: Collection[bytes], ctx: ts.Context) -> 
 
 
 def read_values(
-    directory: Path, keys: Collection[str], *, ocdbt: bool, ctx: ts.Context
+    directory: Location, keys: Collection[str], *, ocdbt: bool, ctx: ts.Context
 ) -> dict[str, bytes]:
     """The stored bytes of ``keys`` (relative to ``directory``), read concurrently.
 
@@ -120,7 +120,7 @@ def read_values(
 
 
 def array_spec(
-    directory: Path,
+    directory: Location,
     path: str,
     *,
     ocdbt: bool,

@@ -1,0 +1,287 @@
+"""tinax._format: key paths, storage, bounded reads, and Orbax's layout as it is today.
+
+The last tests here save checkpoints with the pinned Orbax itself and check that
+what it writes is exactly what the format module expects: every file it knows by
+name, nothing it does not know, and the same shapes and dtypes as Orbax's own
+metadata reader. A new Orbax that changes its layout fails them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import string
+import threading
+from pathlib import Path
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from orbax.checkpoint import v1 as ocp
+
+from tinax import _paths
+from tinax._format import files, jsonitems, layout, names, pytree, words
+from tinax._format.keys import format_key, is_within, key_parts, parse_key
+from tinax._format.storage import DIRECTORY, FILE, LINK, OTHER, local, tree_bytes
+
+# -- key paths ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "text"),
+    [
+        ((), ""),
+        (("a",), "['a']"),
+        ((0, "mu", "w"), "[0]['mu']['w']"),
+        (("it's",), '["it\'s"]'),
+        (("a]b[", "c'\"d"), "['a]b[']['c\\'\"d']"),
+        (("\n\x00é",), "['\\n\\x00é']"),
+        (("0",), "['0']"),
+    ],
+)
+def test_format_and_parse_are_inverse(path: tuple, text: str) -> None:
+    assert format_key(path) == text
+    assert parse_key(text) == path
+
+
+def test_random_key_paths_round_trip() -> None:
+    rng = random.Random(0)
+    alphabet = string.printable + "éü€\u2028"
+    for _ in range(500):
+        path = tuple(
+            rng.randrange(100)
+            if rng.random() < 0.3
+            else "".join(rng.choice(alphabet) for _ in range(rng.randrange(6)))
+            for _ in range(rng.randrange(5))
+        )
+        assert parse_key(format_key(path)) == path
+
+
+@pytest.mark.parametrize("bad", ["x", "[", "['a'", "[a]", "['a']x", "[-1]", "[1", "['a' ]"])
+def test_parse_refuses_what_format_never_writes(bad: str) -> None:
+    with pytest.raises(ValueError, match="key"):
+        parse_key(bad)
+
+
+def test_key_parts_write_jax_key_paths_as_orbax_stores_them() -> None:
+    import optax
+
+    state = {"opt": optax.scale_by_adam().init({"w": jnp.ones(2)}), "ints": {3: [jnp.zeros(1)]}}
+    keys = [key_parts(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    assert ("opt", "mu", "w") in keys  # a NamedTuple field is a name, as Orbax stores it
+    assert ("ints", "3", 0) in keys  # an int dict key is stored as a string; a list index as an int
+    with pytest.raises(TypeError):
+        key_parts(["not a key"])
+
+
+def test_subtrees_are_key_path_prefixes_not_text_prefixes() -> None:
+    assert is_within(("mu", "w"), ("mu",))
+    assert is_within(("mu",), ("mu",))
+    assert is_within(("mu",), ())
+    assert not is_within(("mu", "w"), ("m",))
+    assert not is_within(("m",), ("m", "u"))
+
+
+# -- storage and bounded reads --------------------------------------------------------
+
+
+def test_locations_are_absolute_and_tell_what_is_there(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"12345")
+    os.symlink(tmp_path / "d" / "f", tmp_path / "d" / "link")
+    os.mkfifo(tmp_path / "d" / "fifo")
+    where = _paths.location("x/../d")
+    assert where.path == str(tmp_path / "d") and where.name == "d"
+    assert where.parent.path == str(tmp_path)
+    kinds = {name: entry.kind for name, entry in where.entries().items()}
+    assert kinds == {"f": FILE, "link": LINK, "fifo": OTHER}
+    assert (where / "nothing").entry() is None
+    assert where.kind() == DIRECTORY
+    assert tree_bytes(where) == 5  # the link is not counted twice, the FIFO not at all
+    assert tree_bytes(where / "missing") == 0
+
+
+def test_bounded_reads_refuse_links_fifos_and_oversized_files(tmp_path: Path) -> None:
+    where = local(tmp_path)
+    (tmp_path / "ok.json").write_text('{"a": [1, 2]}')
+    (tmp_path / "big").write_bytes(b"x" * 101)
+    os.symlink(tmp_path / "ok.json", tmp_path / "link.json")
+    os.mkfifo(tmp_path / "fifo")
+    assert files.read_json(where / "ok.json", what="a test") == {"a": [1, 2]}
+    for name, problem in [
+        ("link.json", "symbolic link"),
+        ("fifo", "not a regular file"),
+        ("missing", "missing"),
+    ]:
+        with pytest.raises(ValueError, match=problem):
+            files.read_bytes(where / name, what="a test", max_bytes=100)
+    with pytest.raises(ValueError, match="implausibly large"):
+        files.read_bytes(where / "big", what="a test", max_bytes=100)
+    (tmp_path / "deep.json").write_text("[" * 200 + "]" * 200)
+    with pytest.raises(ValueError, match="levels deep"):
+        files.read_json(where / "deep.json", what="a test")
+
+
+def test_scan_refuses_a_link_out_of_the_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "c" / "sub").mkdir(parents=True)
+    (tmp_path / "c" / "sub" / "f").write_bytes(b"abc")
+    os.symlink(tmp_path / "c" / "sub" / "f", tmp_path / "c" / "inside")
+    found = files.scan(local(tmp_path / "c"))
+    assert (found.nbytes, found.files) == (3, 1)
+    os.symlink(tmp_path, tmp_path / "c" / "out")
+    with pytest.raises(ValueError, match="outside the checkpoint"):
+        files.scan(local(tmp_path / "c"))
+
+
+@pytest.mark.parametrize(
+    ("name", "step", "temporary"),
+    [
+        ("step_000120", 120, False),
+        ("42", 42, False),
+        ("ckpt-7.orbax-checkpoint-tmp-1234", 7, True),
+        ("final", None, False),
+    ],
+)
+def test_step_and_temporary_names(name: str, step: int | None, temporary: bool) -> None:
+    assert names.step_from_name(name) == step
+    assert names.is_temporary_name(name) is temporary
+
+
+def test_a_huge_commit_timestamp_is_no_time_rather_than_an_error(tmp_path: Path) -> None:
+    (tmp_path / names.CHECKPOINT_METADATA).write_text(
+        json.dumps({"item_handlers": {}, "commit_timestamp_nsecs": 10**30})
+    )
+    assert layout.read_checkpoint_record(local(tmp_path)).committed_nsecs is None
+
+
+# -- Orbax's layout, as the pinned Orbax writes it ---------------------------------------
+
+# Every name the format module expects Orbax to write inside a pytree checkpointable.
+_PYTREE_FILES = {
+    names.PYTREE_METADATA,
+    names.SHARDINGS,
+    names.STRINGS,
+    names.ARRAY_METADATAS,
+    names.OCDBT_MANIFEST,
+    names.OCDBT_DATA,
+}
+
+
+def _state() -> dict:
+    return {
+        "w": jnp.arange(12.0).reshape(3, 4),
+        "b": np.linspace(0, 1, 5, dtype=np.float32),
+        "count": 3,
+        "lr": 0.5,
+        "name": "tiny",
+        "nothing": None,
+        "empty": {},
+        "layers": [np.full(2, i, np.int8) for i in range(3)],
+        "key": jax.random.key_data(jax.random.key(0)),
+        "bf16": jnp.ones((2, 2), jnp.bfloat16),
+    }
+
+
+def _iterator():
+    it = iter(grain.MapDataset.range(10).to_iter_dataset())
+    next(it)
+    return it
+
+
+def test_orbax_v1_writes_exactly_the_layout_the_format_module_expects(tmp_path: Path) -> None:
+    path = tmp_path / "step_1"
+    ocp.save_checkpointables(path, {"model": _state(), "data": _iterator()})
+    root = local(path)
+
+    assert set(root.entries()) == {
+        names.CHECKPOINT_METADATA,
+        names.COMMIT_SUCCESS,
+        names.ORBAX_MARKER,
+        "model",
+        "data",
+    }
+    record = layout.read_checkpoint_record(root)
+    assert set(record.item_handlers) == {"model", "data"}  # type: ignore[arg-type]
+    assert record.committed_nsecs is not None
+    assert layout.classify(root / "model") == layout.PYTREE
+    assert layout.classify(root / "data") == layout.ITERATOR
+    assert [n for _, _, n in jsonitems.iterator_files(root / "data")] == [
+        names.iterator_file_name(0, 1)
+    ]
+
+    model = root / "model"
+    found = set(model.entries())
+    process_stores = {n for n in found if n.startswith(names.OCDBT_PROCESS_PREFIX)}
+    assert process_stores == {f"{names.OCDBT_PROCESS_PREFIX}0"}
+    assert found - process_stores == _PYTREE_FILES
+    assert set((model / f"{names.OCDBT_PROCESS_PREFIX}0").entries()) == {
+        names.OCDBT_MANIFEST,
+        names.OCDBT_DATA,
+    }
+
+    tree = pytree.read_layout(model)
+    assert tree.ocdbt and tree.zarr3 and tree.all_chunks_stored
+    kinds = {leaf.key: leaf.kind for leaf in tree.leaves}
+    assert kinds["['w']"] == words.JAX_ARRAY
+    assert kinds["['b']"] == words.NUMPY_ARRAY
+    assert kinds["['count']"] == kinds["['lr']"] == words.SCALAR
+    assert kinds["['name']"] == words.STRING
+    assert kinds["['nothing']"] == words.NONE
+    assert kinds["['empty']"] == words.EMPTY
+    assert kinds["['layers'][2]"] == words.NUMPY_ARRAY
+    assert set(kinds.values()) <= {
+        words.JAX_ARRAY,
+        words.NUMPY_ARRAY,
+        words.SCALAR,
+        words.STRING,
+        words.NONE,
+        words.EMPTY,
+    }
+
+    # The same shapes and dtypes as Orbax's own reader, from the format module's bulk read.
+    from tinax._format import arrays
+
+    in_store = [leaf for leaf in tree.leaves if leaf.kind in words.STORED_ARRAY_KINDS]
+    infos = pytree.array_infos(tree, in_store, arrays.context())
+    theirs = ocp.checkpointables_metadata(path).metadata["model"]
+    flat = {
+        format_key(key_parts(p)): m
+        for p, m in jax.tree_util.tree_flatten_with_path(theirs)[0]
+        if hasattr(m, "shape")
+    }
+    for leaf in in_store:
+        if leaf.kind == words.SCALAR:
+            continue
+        assert infos[leaf.param].shape == tuple(flat[leaf.key].shape), leaf.key
+        assert infos[leaf.param].dtype == np.dtype(flat[leaf.key].dtype).name, leaf.key
+    assert pytree.read_strings(tree, ["name"]) == {"name": "tiny"}
+    assert pytree.read_shardings(tree, ["w"])["w"]["sharding_type"] == "SingleDeviceSharding"
+
+
+def test_a_save_in_progress_uses_the_temporary_name_the_format_module_knows(
+    tmp_path: Path,
+) -> None:
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.update(p.name for p in tmp_path.iterdir())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        ocp.save_checkpointables(
+            tmp_path / "step_2", {"model": {"x": np.ones((4096, 4096), np.float32)}}
+        )
+    finally:
+        done.set()
+        watcher.join()
+    temporary = [n for n in seen if n != "step_2"]
+    assert temporary, seen
+    assert all(names.is_temporary_name(n) and names.final_name(n) == "step_2" for n in temporary)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_2"]

@@ -1,0 +1,198 @@
+"""Layers import only downwards, and the on-disk format has one home.
+
+    tinax.widgets  →  tinax.explore  →  tinax.checkpointing  →  tinax._format, tinax._paths
+
+Checked twice: statically, over every import statement of every module (including
+imports inside functions), and at run time, over what importing a layer loads.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Package → directory in the repository.
+PACKAGES = {
+    "tinax._format": REPO / "tinax" / "_format",
+    "tinax.checkpointing": REPO / "tinax" / "checkpointing",
+    "tinax.explore": REPO / "tinax" / "explore",
+    "tinax.widgets": REPO / "widgets",
+}
+# What each layer may not import, at any depth of its modules.
+FORBIDDEN = {
+    "tinax._format": (
+        "jax",
+        "orbax",
+        "pandas",
+        "ipywidgets",
+        "grain",
+        "flax",
+        "optax",
+        "tinax._paths",
+        "tinax.checkpointing",
+        "tinax.explore",
+        "tinax.widgets",
+    ),
+    "tinax._paths": (
+        "jax",
+        "orbax",
+        "pandas",
+        "ipywidgets",
+        "tensorstore",
+        "tinax.checkpointing",
+        "tinax.explore",
+        "tinax.widgets",
+    ),
+    "tinax.checkpointing": ("pandas", "ipywidgets", "tinax.explore", "tinax.widgets"),
+    "tinax.explore": ("ipywidgets", "orbax", "matplotlib", "tinax.widgets"),
+    "tinax.widgets": ("orbax", "tensorstore"),
+}
+
+
+def _modules(package: str) -> dict[str, Path]:
+    if package == "tinax._paths":
+        return {package: REPO / "tinax" / "_paths.py"}
+    root = PACKAGES[package]
+    found = {}
+    for source in sorted(root.rglob("*.py")):
+        parts = source.relative_to(root).with_suffix("").parts
+        found[".".join((package, *parts)).removesuffix(".__init__")] = source
+    return found
+
+
+def _imports(module: str, source: Path) -> set[str]:
+    """Every module named by an import statement of ``source``, made absolute."""
+    found = set()
+    is_package = source.name == "__init__.py"
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_no_layer_imports_upwards_or_past_its_boundary(layer: str) -> None:
+    modules = _modules(layer)
+    assert modules
+    for module, source in modules.items():
+        bad = {
+            name
+            for name in _imports(module, source)
+            for forbidden in FORBIDDEN[layer]
+            if _under(name, forbidden)
+        }
+        assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def test_relative_imports_are_resolved_for_the_check() -> None:
+    imports = _imports("tinax.widgets._restore", PACKAGES["tinax.widgets"] / "_restore.py")
+    assert "tinax.widgets._choice" in imports
+
+
+def test_checkpointing_and_explore_read_through_the_format_module() -> None:
+    for layer in ("tinax.checkpointing", "tinax.explore"):
+        used = set().union(*(_imports(m, s) for m, s in _modules(layer).items()))
+        assert any(_under(name, "tinax._format") for name in used), layer
+
+
+def _strings(source: Path) -> set[str]:
+    """Every string constant in ``source``."""
+    return {
+        node.value
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
+def test_no_module_outside_the_format_module_spells_an_orbax_file_name() -> None:
+    from tinax._format import names
+
+    spelled = {
+        names.CHECKPOINT_METADATA,
+        names.PYTREE_METADATA,
+        names.OCDBT_MANIFEST,
+        names.EMPTY_PYTREE,
+        names.TEMPORARY_SUFFIX,
+        names.STRINGS,
+        names.SHARDINGS,
+        names.COMMIT_SUCCESS,
+        names.ZARR3_METADATA,
+    }
+    for layer in ("tinax._paths", "tinax.checkpointing", "tinax.explore", "tinax.widgets"):
+        for module, source in _modules(layer).items():
+            found = _strings(source) & spelled
+            assert not found, f"{module} spells {sorted(found)}"
+
+
+def test_no_module_outside_the_format_module_spells_a_status_word() -> None:
+    from tinax._format import words
+
+    statuses = {
+        words.COMPLETE,
+        words.IN_PROGRESS,
+        words.SHAPE_DIFFERS,
+        words.DTYPE_DIFFERS,
+        words.KIND_DIFFERS,
+        words.MISSING_FROM_CHECKPOINT,
+        words.NOT_IN_TARGET,
+    }
+    for layer in ("tinax.checkpointing", "tinax.explore", "tinax.widgets"):
+        for module, source in _modules(layer).items():
+            found = _strings(source) & statuses
+            assert not found, f"{module} spells {sorted(found)}"
+
+
+def test_private_orbax_imports_live_in_one_file() -> None:
+    users = {
+        module
+        for layer in PACKAGES
+        for module, source in _modules(layer).items()
+        if any(_under(name, "orbax") and "._src" in name for name in _imports(module, source))
+    }
+    assert users == {"tinax.checkpointing._orbax"}
+
+
+def _loaded_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return set(out.stdout.split())
+
+
+def test_importing_the_format_module_loads_no_jax_orbax_pandas_or_ipywidgets() -> None:
+    loaded = _loaded_after(
+        "import tinax._format.layout, tinax._format.pytree, tinax._format.arrays, "
+        "tinax._format.jsonitems, tinax._paths"
+    )
+    assert "tensorstore" in loaded
+    assert not {"jax", "orbax", "pandas", "ipywidgets", "grain"} & loaded
+
+
+def test_the_widgets_package_re_exports_the_four_widgets_only() -> None:
+    import tinax.widgets as widgets
+
+    assert sorted(widgets.__all__) == [
+        "AsyncProgress",
+        "CheckpointExplorer",
+        "RestoreTargetBuilder",
+        "SavePanel",
+    ]
+    assert Path(widgets.__file__).parent == PACKAGES["tinax.widgets"]
+    assert (PACKAGES["tinax.widgets"] / "py.typed").is_file()

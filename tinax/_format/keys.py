@@ -1,0 +1,107 @@
+"""Leaf keys: one spelling for the whole project, and key paths compared as paths.
+
+Orbax records a leaf's place in its pytree as a list of keys, each a sequence index
+or a dict key (namedtuple and dataclass fields are stored as dict keys, and every
+dict key as a string). tinax holds such a place as a *key path*, a tuple of ``int``
+(sequence index) and ``str`` (dict key or field name) parts, and writes it as
+``jax.tree_util.keystr`` writes the same path: ``[0]['mu']['dense']['w']``.
+
+Code that asks whether a leaf lies inside a subtree compares key paths
+(``is_within``), never the text of their keys: ``['mu']`` is not inside ``['m']``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+
+KeyPart = int | str
+KeyPath = tuple[KeyPart, ...]
+
+# The root of a checkpointable that is one value (an iterator, a lone array).
+ROOT: KeyPath = ()
+ROOT_KEY = ""
+
+
+def format_key(path: Iterable[KeyPart]) -> str:
+    """The text of a key path, as ``jax.tree_util.keystr`` writes it: ``['a'][0]``."""
+    out = []
+    for part in path:
+        if isinstance(part, bool) or not isinstance(part, int | str):
+            raise TypeError(f"a key part is an int or a str, got {type(part).__name__}")
+        out.append(f"[{part}]" if isinstance(part, int) else f"[{part!r}]")
+    return "".join(out)
+
+
+def parse_key(text: str) -> KeyPath:
+    """The key path that ``format_key`` wrote as ``text``.
+
+    Raises:
+      TypeError: If ``text`` is not a string.
+      ValueError: If ``text`` is not a sequence of ``[index]`` and ``['name']`` parts.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"a key is a str, got {type(text).__name__}")
+    parts: list[KeyPart] = []
+    i = 0
+    while i < len(text):
+        if text[i] != "[":
+            raise ValueError(f"key {text!r}: expected '[' at position {i}")
+        i += 1
+        if i < len(text) and text[i] in "'\"":
+            quote, start = text[i], i
+            i += 1
+            while i < len(text) and text[i] != quote:
+                i += 2 if text[i] == "\\" else 1
+            if i >= len(text):
+                raise ValueError(f"key {text!r}: unterminated name at position {start}")
+            literal = text[start : i + 1]
+            try:
+                name = ast.literal_eval(literal)
+            except (ValueError, SyntaxError):
+                raise ValueError(f"key {text!r}: {literal} is not a quoted name") from None
+            parts.append(name)
+            i += 1
+        else:
+            end = text.find("]", i)
+            digits = text[i:end] if end >= 0 else ""
+            if not digits.isdigit() or not digits.isascii():
+                raise ValueError(f"key {text!r}: expected an index or a quoted name at {i}")
+            parts.append(int(digits))
+            i = end
+        if i >= len(text) or text[i] != "]":
+            raise ValueError(f"key {text!r}: expected ']' at position {i}")
+        i += 1
+    return tuple(parts)
+
+
+def key_parts(key_path: Iterable[object]) -> KeyPath:
+    """The key path of a JAX key path (``tree_flatten_with_path``), as Orbax stores it.
+
+    Sequence indices stay integers; dict keys become strings and attribute names
+    (namedtuple and dataclass fields, as in optax states) become names, exactly as
+    Orbax records them, so that keys of live state and of a checkpoint join.
+
+    Raises:
+      TypeError: If an entry is not one of JAX's four key classes.
+    """
+    parts: list[KeyPart] = []
+    for entry in key_path:
+        # JAX's key classes, matched by name: this module must not import JAX.
+        kind = type(entry).__name__
+        if kind == "SequenceKey":
+            parts.append(int(entry.idx))  # type: ignore[attr-defined]
+        elif kind == "FlattenedIndexKey":
+            parts.append(int(entry.key))  # type: ignore[attr-defined]
+        elif kind == "DictKey":
+            parts.append(str(entry.key))  # type: ignore[attr-defined]
+        elif kind == "GetAttrKey":
+            parts.append(str(entry.name))  # type: ignore[attr-defined]
+        else:
+            raise TypeError(f"not a JAX pytree key: {entry!r} ({kind})")
+    return tuple(parts)
+
+
+def is_within(path: KeyPath, subtree: KeyPath) -> bool:
+    """Whether the leaf at ``path`` lies in the subtree at ``subtree`` (or is it)."""
+    return path[: len(subtree)] == subtree

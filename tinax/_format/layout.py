@@ -1,0 +1,249 @@
+"""Which checkpoint a directory is, and which checkpointables it holds, in which layout.
+
+Recognised: Orbax V1 ``save_checkpointables`` output and ``training.Checkpointer`` steps,
+Orbax V0 ``CheckpointManager`` steps (``Composite`` items, grain's ``CheckpointSave``),
+flat V0 single-item checkpoints, and tinax's own records of leafless pytrees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from typing import Any
+
+from tinax._format import files, names
+from tinax._format.storage import DIRECTORY, FILE, Location
+
+# How a checkpointable is stored.
+PYTREE = "pytree"
+ITERATOR = "iterator"
+JSON = "json"
+EMPTY = "empty"
+UNKNOWN = "unknown"
+
+# Files only Orbax writes at a checkpoint's root.
+_MARKERS = (
+    names.CHECKPOINT_METADATA,
+    names.COMMIT_SUCCESS,
+    names.ORBAX_MARKER,
+    names.PYTREE_METADATA,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRecord:
+    """What ``_CHECKPOINT_METADATA`` says.
+
+    Attributes:
+      item_handlers: Checkpointable name → handler type name (``None`` where it is
+        not a string), a single handler name for a flat checkpoint, or ``None``
+        when the record names none.
+      committed_nsecs: Commit time in nanoseconds since the epoch, if recorded.
+    """
+
+    item_handlers: dict[str, str | None] | str | None
+    committed_nsecs: int | None
+
+
+def read_checkpoint_record(path: Location) -> CheckpointRecord:
+    """Reads the checkpoint's ``_CHECKPOINT_METADATA``.
+
+    Raises:
+      ValueError: If the file is missing, not JSON, or not Orbax's record; the
+        message names the file and what is wrong.
+    """
+    meta_file = path / names.CHECKPOINT_METADATA
+    meta = files.read_json_object(meta_file, what="Orbax checkpoint metadata", max_depth=None)
+    handlers: Any = meta.get("item_handlers")
+    if isinstance(handlers, dict):
+        for name in handlers:
+            check_checkpointable_name(name, meta_file)
+        handlers = {k: v if isinstance(v, str) else None for k, v in handlers.items()}
+    elif handlers is not None and not isinstance(handlers, str):
+        raise ValueError(
+            f"{str(meta_file)!r} has item_handlers of type {type(handlers).__name__}; "
+            "expected an object or a string"
+        )
+    stamp = meta.get("commit_timestamp_nsecs")
+    committed = None
+    # Later than any plausible date (year 2262) is not a time pandas can show.
+    if isinstance(stamp, int) and not isinstance(stamp, bool) and 0 < stamp < 2**63:
+        committed = stamp
+    return CheckpointRecord(item_handlers=handlers, committed_nsecs=committed)
+
+
+def check_checkpointable_name(name: object, meta_file: Location) -> str:
+    """A checkpointable name read from metadata, refused unless it is a plain directory name.
+
+    Raises:
+      ValueError: Naming ``meta_file``, if ``name`` is not a string or would climb
+        out of the checkpoint.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"{str(meta_file)!r} has a non-string checkpointable name")
+    if not name or name in (".", "..") or posixpath.basename(name) != name or "\\" in name:
+        raise ValueError(
+            f"{str(meta_file)!r} names checkpointable {name!r}, which is not a plain directory name"
+        )
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredCheckpointable:
+    """One checkpointable as stored.
+
+    Attributes:
+      name: Its name; ``""`` for the single item of a flat V0 checkpoint.
+      directory: The directory holding it.
+      layout: ``pytree``, ``iterator``, ``json``, ``empty`` or ``unknown``.
+    """
+
+    name: str
+    directory: Location
+    layout: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint directory that has been checked and whose layout is known.
+
+    Attributes:
+      path: The checkpoint directory.
+      checkpointables: What it holds, in stored order.
+      committed_nsecs: Commit time from ``_CHECKPOINT_METADATA``, if recorded.
+      scan: Size and fingerprint of everything under ``path``.
+    """
+
+    path: Location
+    checkpointables: tuple[StoredCheckpointable, ...]
+    committed_nsecs: int | None
+    scan: files.Scan
+
+    def get(self, name: object) -> StoredCheckpointable:
+        """The checkpointable called ``name``.
+
+        Raises:
+          TypeError: If ``name`` is not a string.
+          ValueError: If the checkpoint holds no such checkpointable.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"checkpointable must be a str, got {type(name).__name__}")
+        for item in self.checkpointables:
+            if item.name == name:
+                return item
+        raise ValueError(
+            f"checkpoint {str(self.path)!r} has no checkpointable {name!r}; it holds "
+            f"{[c.name for c in self.checkpointables]}"
+        )
+
+
+def classify(directory: Location) -> str | None:
+    """The layout of a checkpointable directory, or ``None`` if it holds none."""
+    entries = directory.entries()
+    if names.PYTREE_METADATA in entries:
+        return PYTREE
+    if any(names.ITERATOR_FILE.match(name) for name in entries):
+        return ITERATOR
+    if names.EMPTY_PYTREE in entries:
+        return EMPTY
+    if any(entries[name].kind == FILE for name in names.JSON_FILES if name in entries):
+        return JSON
+    return None
+
+
+def _checkpointable_dirs(directory: Location) -> list[str]:
+    """Subdirectories that hold a checkpointable (and are not checkpoints themselves)."""
+    return sorted(
+        name
+        for name, entry in directory.entries().items()
+        if entry.kind == DIRECTORY
+        and classify(directory / name) is not None
+        and not (directory / name / names.CHECKPOINT_METADATA).exists()
+    )
+
+
+def looks_like_checkpoint(directory: Location) -> bool:
+    """Whether ``directory`` is meant to be a checkpoint (readable or not)."""
+    entries = directory.entries()
+    return any(marker in entries for marker in _MARKERS) or bool(_checkpointable_dirs(directory))
+
+
+def open_checkpoint(path: Location) -> Checkpoint:
+    """Checks a checkpoint directory and finds what it holds, reading metadata only.
+
+    Args:
+      path: An existing checkpoint directory.
+
+    Returns:
+      The checkpoint's layout.
+
+    Raises:
+      ValueError: If ``path`` is an Orbax temporary directory, not a checkpoint,
+        holds a link out of itself, or its ``_CHECKPOINT_METADATA`` is unreadable;
+        the message names the path and what is wrong.
+    """
+    if names.is_temporary_name(path.name):
+        raise ValueError(
+            f"{str(path)!r} is an Orbax temporary directory: a save in progress or one "
+            "that failed, not a checkpoint"
+        )
+    found = files.scan(path)
+    has_record = (path / names.CHECKPOINT_METADATA).exists()
+    record = read_checkpoint_record(path) if has_record else CheckpointRecord(None, None)
+    handlers = record.item_handlers
+
+    if isinstance(handlers, dict):
+        for name in handlers:
+            if not (path / name).is_dir():
+                raise ValueError(
+                    f"checkpoint {str(path)!r} lists checkpointable {name!r} in "
+                    f"{names.CHECKPOINT_METADATA} but has no directory for it"
+                )
+        item_names = list(handlers)
+    elif classify(path) is not None or isinstance(handlers, str):
+        # A flat checkpoint: the directory itself is the one, unnamed item.
+        item = StoredCheckpointable("", path, classify(path) or UNKNOWN)
+        return Checkpoint(path, (item,), record.committed_nsecs, found)
+    else:
+        item_names = _checkpointable_dirs(path)
+
+    if not item_names:
+        children = [
+            name
+            for name, entry in path.entries().items()
+            if entry.kind == DIRECTORY and looks_like_checkpoint(path / name)
+        ]
+        if children:
+            raise ValueError(
+                f"{str(path)!r} is a directory of {len(children)} checkpoint(s), not a "
+                "checkpoint; pass one of them, or list them with list_checkpoints"
+            )
+        if has_record:
+            raise ValueError(f"checkpoint {str(path)!r} holds no checkpointables")
+        raise ValueError(
+            f"{str(path)!r} is not an Orbax checkpoint: it has no "
+            f"{names.CHECKPOINT_METADATA} and no checkpointable directories"
+        )
+    items = tuple(
+        StoredCheckpointable(n, path / n, classify(path / n) or UNKNOWN) for n in item_names
+    )
+    return Checkpoint(path, items, record.committed_nsecs, found)
+
+
+def checkpointable_names(path: Location) -> list[str]:
+    """The names of the checkpointables stored at ``path``, from metadata only.
+
+    Without a handler record (older checkpoints), every subdirectory counts.
+
+    Raises:
+      ValueError: If ``path`` is not a readable Orbax checkpoint, naming the path
+        and what is wrong.
+    """
+    if not (path / names.CHECKPOINT_METADATA).exists():
+        raise ValueError(
+            f"{str(path)!r} is not an Orbax checkpoint: it has no {names.CHECKPOINT_METADATA} file"
+        )
+    handlers = read_checkpoint_record(path).item_handlers
+    if isinstance(handlers, dict):
+        return list(handlers)
+    return sorted(name for name, e in path.entries().items() if e.kind == DIRECTORY)

@@ -1,0 +1,94 @@
+"""Every name that Orbax, Grain and tinax give to what they write on disk.
+
+A file name, a suffix or a naming pattern of the checkpoint format is spelled here
+once; everything else imports it.
+"""
+
+from __future__ import annotations
+
+import re
+
+# -- a checkpoint's root --------------------------------------------------------------
+
+# Orbax's record of the checkpoint: which checkpointables, with which handlers, and
+# when it committed.
+CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
+# On object stores, where there is no rename, Orbax writes this file last.
+COMMIT_SUCCESS = "commit_success.txt"
+# An empty file Orbax V0 writes to mark a checkpoint directory.
+ORBAX_MARKER = "orbax.checkpoint"
+ROOT_METADATA = "_ROOT_METADATA"
+DELETION_MARKER = "_CHECKPOINT_DELETION"
+METRICS = "metrics"
+
+# Names Orbax writes or reserves at a checkpoint's root; no checkpointable may take one.
+RESERVED_ROOT_NAMES = frozenset(
+    {
+        CHECKPOINT_METADATA,
+        ORBAX_MARKER,
+        COMMIT_SUCCESS,
+        METRICS,
+        DELETION_MARKER,
+        "_METADATA",
+        ROOT_METADATA,
+    }
+)
+
+# -- a pytree checkpointable ------------------------------------------------------------
+
+PYTREE_METADATA = "_METADATA"
+STRINGS = "_strings.json"
+SHARDINGS = "_sharding"
+ARRAY_METADATAS = "array_metadatas"
+OCDBT_MANIFEST = "manifest.ocdbt"
+# Each process writes its arrays into its own OCDBT store before they are merged.
+OCDBT_PROCESS_PREFIX = "ocdbt.process_"
+OCDBT_DATA = "d"
+ZARR3_METADATA = "zarr.json"
+ZARR2_METADATA = ".zarray"
+
+# -- other checkpointables ----------------------------------------------------------------
+
+# tinax stores a pytree without leaves (``()``, ``{}``, optax's empty states) as this record.
+EMPTY_PYTREE = "empty_pytree.json"
+EMPTY_PYTREE_FORMAT = "tinax.empty_pytree/1"
+# Orbax V1 JsonHandler and MetricsHandler files.
+JSON_FILES = ("data.json", "metrics", "metadata")
+# Grain's handler writes one JSON state file per process.
+ITERATOR_FILE = re.compile(r"^process_(\d+)-of-(\d+)\.json$")
+
+
+def iterator_file_name(process_index: int, process_count: int) -> str:
+    """The name of the file Grain writes for one process's iterator state."""
+    return f"process_{process_index}-of-{process_count}.json"
+
+
+# -- saves in progress ---------------------------------------------------------------------
+
+# Orbax writes a checkpoint under `<name>.orbax-checkpoint-tmp[-<digits>]` and renames
+# it when the save commits; such a path is never a finished checkpoint.
+TEMPORARY_SUFFIX = ".orbax-checkpoint-tmp"
+TEMPORARY_PATTERN = re.compile(re.escape(TEMPORARY_SUFFIX) + r"(-\d+)?$")
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether a path component carries Orbax's temporary suffix."""
+    return bool(TEMPORARY_PATTERN.search(name))
+
+
+def final_name(name: str) -> str:
+    """The checkpoint name a temporary directory commits to (``name`` itself otherwise)."""
+    return TEMPORARY_PATTERN.sub("", name)
+
+
+# -- steps ------------------------------------------------------------------------------
+
+# Step directories: `<step>` or `<prefix>_<step>` as Orbax names them (zero padding
+# allowed), or `<prefix>-<step>`.
+_STEP = re.compile(r"^(?:.*[_-])?(\d+)$")
+
+
+def step_from_name(name: str) -> int | None:
+    """The step a checkpoint directory's name carries, if any (also for temporaries)."""
+    match = _STEP.match(final_name(name))
+    return int(match.group(1)) if match else None

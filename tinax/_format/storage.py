@@ -1,0 +1,289 @@
+"""Where checkpoints live: one small storage interface, and a location within it.
+
+Everything tinax reads or lists goes through a ``Location``: a storage and a path in
+it. Its reads are bounded and never follow a link, and a directory walk reports
+links instead of following them, so a checkpoint is read as what it is, not as
+what it points to. ``LocalStorage`` is the local filesystem; other storages (object
+stores) implement the same few methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+FILE = "file"
+DIRECTORY = "directory"
+LINK = "link"
+# FIFOs, sockets, devices: never part of a checkpoint.
+OTHER = "other"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One entry of a directory, as found (links not followed).
+
+    Attributes:
+      name: The entry's name in its directory.
+      kind: ``file``, ``directory``, ``link`` or ``other``.
+      size: Its size in bytes (files; 0 otherwise).
+      stamp: Text that changes whenever the entry does (size, identity, time).
+      mtime_ns: Modification time in nanoseconds since the epoch, if known.
+      link_target: For a link, the absolute location it resolves to.
+    """
+
+    name: str
+    kind: str
+    size: int = 0
+    stamp: str = ""
+    mtime_ns: int | None = None
+    link_target: str | None = None
+
+
+class Storage(Protocol):
+    """The operations tinax needs from where checkpoints are kept."""
+
+    def url(self, path: str) -> str:
+        """The text a user would write for ``path``."""
+        ...
+
+    def join(self, path: str, name: str) -> str:
+        """``path`` with one more component."""
+        ...
+
+    def split(self, path: str) -> tuple[str, str]:
+        """``(parent, name)`` of ``path``."""
+        ...
+
+    def entry(self, path: str) -> Entry | None:
+        """The entry at ``path``, not following a link; ``None`` if there is none."""
+        ...
+
+    def entries(self, path: str) -> list[Entry]:
+        """The entries of the directory ``path``.
+
+        Raises:
+          OSError: If ``path`` is not a directory that can be listed.
+        """
+        ...
+
+    def read(self, path: str, max_bytes: int) -> bytes:
+        """The bytes of the regular file ``path``, at most ``max_bytes + 1`` of them.
+
+        Raises:
+          OSError: If it cannot be read, is a link or is not a regular file.
+        """
+        ...
+
+    def inside(self, target: str, root: str) -> bool:
+        """Whether the location ``target`` lies within the directory ``root``."""
+        ...
+
+    def kvstore(self, path: str) -> dict[str, Any]:
+        """The tensorstore kvstore spec of the directory ``path``."""
+        ...
+
+    def remove_tree(self, path: str) -> None:
+        """Removes the directory ``path`` and everything under it; nothing there is fine."""
+        ...
+
+
+class LocalStorage:
+    """The local filesystem. Paths are absolute and free of ``..``."""
+
+    def url(self, path: str) -> str:
+        return path
+
+    def join(self, path: str, name: str) -> str:
+        return os.path.join(path, name)
+
+    def split(self, path: str) -> tuple[str, str]:
+        return os.path.split(path)
+
+    def entry(self, path: str) -> Entry | None:
+        try:
+            info = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return self._entry(os.path.basename(path), path, info)
+
+    @staticmethod
+    def _entry(name: str, path: str, info: os.stat_result) -> Entry:
+        mode = info.st_mode
+        target = None
+        if stat.S_ISLNK(mode):
+            kind = LINK
+            target = os.path.realpath(path)
+        elif stat.S_ISDIR(mode):
+            kind = DIRECTORY
+        elif stat.S_ISREG(mode):
+            kind = FILE
+        else:
+            kind = OTHER
+        return Entry(
+            name=name,
+            kind=kind,
+            size=info.st_size if kind == FILE else 0,
+            stamp=f"{info.st_size}:{info.st_ino}:{info.st_mtime_ns}",
+            mtime_ns=info.st_mtime_ns,
+            link_target=target,
+        )
+
+    def entries(self, path: str) -> list[Entry]:
+        found = []
+        with os.scandir(path) as it:
+            for item in it:
+                try:
+                    info = item.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # gone since it was listed
+                found.append(self._entry(item.name, item.path, info))
+        return found
+
+    def read(self, path: str, max_bytes: int) -> bytes:
+        # O_NONBLOCK: a FIFO swapped in after the caller looked must not block the open.
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path!r} is not a regular file")
+            chunks = []
+            remaining = max_bytes + 1
+            while remaining > 0:
+                chunk = os.read(fd, min(remaining, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                remaining -= len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def inside(self, target: str, root: str) -> bool:
+        real_root = os.path.realpath(root)
+        return target == real_root or target.startswith(real_root.rstrip(os.sep) + os.sep)
+
+    def kvstore(self, path: str) -> dict[str, Any]:
+        return {"driver": "file", "path": path.rstrip(os.sep) + os.sep}
+
+    def remove_tree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+LOCAL = LocalStorage()
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """A path within a storage.
+
+    Attributes:
+      storage: Where the path is.
+      path: The path, in the storage's own form (absolute, for local disk).
+    """
+
+    storage: Storage
+    path: str
+
+    def __str__(self) -> str:
+        return self.storage.url(self.path)
+
+    def __truediv__(self, name: str) -> Location:
+        return Location(self.storage, self.storage.join(self.path, name))
+
+    @property
+    def name(self) -> str:
+        """The final component."""
+        return self.storage.split(self.path)[1]
+
+    @property
+    def parent(self) -> Location:
+        """The directory holding this location."""
+        return Location(self.storage, self.storage.split(self.path)[0])
+
+    @property
+    def is_local(self) -> bool:
+        """Whether this is a path on the local filesystem."""
+        return isinstance(self.storage, LocalStorage)
+
+    def entry(self) -> Entry | None:
+        """What is here, links not followed; ``None`` if nothing is."""
+        return self.storage.entry(self.path)
+
+    def exists(self) -> bool:
+        """Whether anything (a dangling link too) is here."""
+        return self.entry() is not None
+
+    def kind(self) -> str | None:
+        """``file``, ``directory``, ``link``, ``other``, or ``None`` if nothing is here."""
+        found = self.entry()
+        return None if found is None else found.kind
+
+    def is_dir(self) -> bool:
+        """Whether a directory (not a link to one) is here."""
+        return self.kind() == DIRECTORY
+
+    def is_file(self) -> bool:
+        """Whether a regular file (not a link to one) is here."""
+        return self.kind() == FILE
+
+    def entries(self) -> dict[str, Entry]:
+        """The entries of this directory by name; empty if it cannot be listed."""
+        try:
+            return {e.name: e for e in self.storage.entries(self.path)}
+        except OSError:
+            return {}
+
+    def walk(self) -> Iterator[tuple[Location, Entry]]:
+        """Every entry below this directory, depth first, links not followed.
+
+        Directories that vanish or cannot be listed while walking are skipped;
+        ``scan`` is the strict walk.
+        """
+        stack = [self]
+        while stack:
+            directory = stack.pop()
+            try:
+                found = sorted(directory.storage.entries(directory.path), key=lambda e: e.name)
+            except OSError:
+                continue
+            for item in found:
+                where = directory / item.name
+                yield where, item
+                if item.kind == DIRECTORY:
+                    stack.append(where)
+
+    def kvstore(self) -> dict[str, Any]:
+        """The tensorstore kvstore spec of this directory."""
+        return self.storage.kvstore(self.path)
+
+    def remove_tree(self) -> None:
+        """Removes this directory and everything under it."""
+        self.storage.remove_tree(self.path)
+
+
+def tree_bytes(location: Location) -> int:
+    """Total size of the regular files under ``location`` (0 if nothing is there).
+
+    Files may appear and vanish meanwhile (a save in progress); those are skipped.
+    The one directory-size function of the project.
+    """
+    found = location.entry()
+    if found is None:
+        return 0
+    if found.kind == FILE:
+        return found.size
+    return sum(entry.size for _, entry in location.walk() if entry.kind == FILE)
+
+
+def local(path: str | os.PathLike[str]) -> Location:
+    """The local ``Location`` of ``path``, made absolute with ``..`` resolved.
+
+    Tensorstore refuses paths with ``..`` components, and link checks compare
+    absolute locations.
+    """
+    return Location(LOCAL, os.path.abspath(os.fspath(path)))

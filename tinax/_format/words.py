@@ -1,0 +1,48 @@
+"""The words tables use for kinds of leaves and for statuses, spelled once.
+
+Tables are plain DataFrames read by people and by code; a status or a kind is a
+string, and everything that writes or tests one imports it from here.
+"""
+
+from __future__ import annotations
+
+# -- what a leaf is (the ``kind`` column) ---------------------------------------------
+
+JAX_ARRAY = "jax.Array"
+NUMPY_ARRAY = "np.ndarray"
+SCALAR = "scalar"
+STRING = "string"
+NONE = "none"
+# A container without leaves: optax's EmptyState(), (), {}, [].
+EMPTY = "empty"
+ITERATOR = "iterator"
+JSON = "json"
+UNKNOWN = "unknown"
+
+ARRAY_KINDS = frozenset({JAX_ARRAY, NUMPY_ARRAY})
+# Kinds whose value lives in the array store (a scalar is a 0-d array there).
+STORED_ARRAY_KINDS = frozenset({JAX_ARRAY, NUMPY_ARRAY, SCALAR})
+
+# -- a checkpoint in a listing (``list_checkpoints``' ``status``) ------------------------
+
+COMPLETE = "complete"
+IN_PROGRESS = "in progress"
+INVALID = "invalid"
+
+# -- a leaf against a restore target (``compare_table``'s ``status``) -----------------------
+
+OK = "ok"
+SHAPE_DIFFERS = "shape differs"
+DTYPE_DIFFERS = "dtype differs"
+KIND_DIFFERS = "kind differs"
+MISSING_FROM_CHECKPOINT = "missing from checkpoint"
+NOT_IN_TARGET = "not in target"
+
+COMPARE_STATUSES = (
+    OK,
+    SHAPE_DIFFERS,
+    DTYPE_DIFFERS,
+    KIND_DIFFERS,
+    MISSING_FROM_CHECKPOINT,
+    NOT_IN_TARGET,
+)

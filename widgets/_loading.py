@@ -1,0 +1,68 @@
+"""Running one load with a progress bar: in a background thread, or in the click."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tinax.checkpointing import load_checkpointables
+
+from ._disk import load_meter
+from ._progress import AsyncProgress
+from ._task import Task
+
+
+class Load:
+    """One load of targets from a checkpoint, followed by an ``AsyncProgress``.
+
+    Checkpointables are loaded one at a time, so that the bar can name the one
+    being read; the bar follows an estimate of the bytes brought in (see
+    ``load_meter``).
+
+    Attributes:
+      progress: The bar.
+      task: The running load, as an ``AsyncResponse``.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        targets: dict[str, Any],
+        *,
+        total_bytes: int,
+        description: str,
+        finish: Callable[[dict[str, Any]], None],
+    ) -> None:
+        """Prepares the load; ``start`` runs it.
+
+        Args:
+          path: The checkpoint.
+          targets: Name → restore target.
+          total_bytes: Bytes the load brings in, for the bar.
+          description: The bar's label.
+          finish: Called with the result inside the load, before the bar reports
+            done, so that whoever watches the bar finds everything in place.
+        """
+        self._path = path
+        self._targets = targets
+        self._finish = finish
+        self.task: Task[dict[str, Any]] = Task("load")
+        self.progress = AsyncProgress(
+            self.task, total_bytes=total_bytes, count_bytes=load_meter(), description=description
+        )
+
+    def start(self, *, in_thread: bool) -> BaseException | None:
+        """Runs the load; returns its failure when it ran (and failed) in this thread."""
+        self.task.start(self._run, in_thread=in_thread)
+        return self.task.exception()
+
+    def _run(self) -> dict[str, Any]:
+        restored: dict[str, Any] = {}
+        label = self.progress.label
+        base = label.value
+        for i, (name, target) in enumerate(self._targets.items(), start=1):
+            label.value = f"{base}: {name} ({i}/{len(self._targets)})"
+            restored.update(load_checkpointables(self._path, {name: target}))
+        label.value = base
+        self._finish(restored)
+        return restored
