@@ -173,9 +173,9 @@ def test_suffix_only_matters_in_the_final_component(tmp_path):
         ([("x", 1)], TypeError, "mapping"),
         ("x", TypeError, "mapping"),
         ({}, ValueError, "empty"),
-        ({1: {"a": 1}}, TypeError, "must be a str"),
+        ({1: {"a": 1}}, TypeError, "must be strings"),
         ({"a/b": {"a": 1}}, ValueError, "reserved character"),
-        ({"Model": {"a": 1}, "model": {"a": 1}}, ValueError, "not distinct"),
+        ({"Model": {"a": 1}, "model": {"a": 1}}, ValueError, "must be portable and distinct"),
         ({"x": None}, ValueError, "None"),
         ({"x": {"f": lambda: 1}}, TypeError, r"'x' leaf \['f'\].*callable"),
         (
@@ -216,12 +216,16 @@ def saved(tmp_path):
     [
         ([("x", 1)], TypeError, "mapping"),
         ({}, ValueError, "empty"),
-        ({2: {"a": 1}}, TypeError, "must be a str"),
+        ({2: {"a": 1}}, TypeError, "must be strings"),
         ({"..": {"a": 1}}, ValueError, "dot"),
-        ({"x": {"a": 1}, "X": {"a": 1}}, ValueError, "not distinct"),
+        ({"x": {"a": 1}, "X": {"a": 1}}, ValueError, "must be portable and distinct"),
         ({"x": None}, ValueError, "None"),
         ({"missing": {"a": 1}}, ValueError, r"no checkpointable\(s\) \['missing'\]"),
-        ({"x": {"a": NumpyTarget((4,), np.float64)}}, ValueError, r"leaf \[.a.\]: target \(4,\)"),
+        (
+            {"x": {"a": NumpyTarget((4,), np.float64)}},
+            ValueError,
+            r"x\['a'\]: stored \(3,\) float64, target \(4,\) float64",
+        ),
     ],
 )
 def test_bad_loads_raise_clear_errors(saved, targets, error, match):

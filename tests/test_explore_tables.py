@@ -124,7 +124,7 @@ def test_scalars_strings_and_none_show_their_stored_values(table):
     name = row(table, "model", "['name']")
     assert (name.kind, name.value) == ("string", "tiny")
     assert pd.isna(name.dtype) and name.shape is None
-    assert row(table, "model", "['nothing']").kind == "none"
+    assert row(table, "model", "['nothing']").kind == "empty"
 
 
 def test_iterator_state_is_shown(table, state):
@@ -240,8 +240,10 @@ def test_compare_table_of_matching_targets_is_all_ok(training):
         "shape_target",
         "dtype_checkpoint",
         "dtype_target",
+        "lossy",
     ]
     assert (compared["status"] == "ok").all(), compared
+    assert compared["lossy"].isna().all()
     # A typed PRNG key is stored as its key data, and still counts as the same leaf.
     rng = row(compared, "rng", "")
     assert (rng.shape_checkpoint, rng.dtype_checkpoint) == ((2,), "uint32")
@@ -266,7 +268,9 @@ def test_compare_table_names_every_difference(training):
     compared = ex.compare_table(path, targets)
     status = {(r.checkpointable, r.key): r.status for r in compared.itertuples()}
     assert status[("model", "['dense']['w']")] == "shape differs"
-    assert status[("model", "['dense']['b']")] == "dtype differs"
+    assert status[("model", "['dense']['b']")] == "dtype cast"
+    lossy = {(r.checkpointable, r.key): r.lossy for r in compared.itertuples()}
+    assert lossy[("model", "['dense']['b']")] == True  # noqa: E712 (float32 into float16)
     assert status[("model", "['extra']")] == "missing from checkpoint"
     assert status[("auxiliary", "['step']")] == "kind differs"
     assert status[("auxiliary", "['state']['epoch']")] == "ok"

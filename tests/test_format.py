@@ -230,7 +230,7 @@ def test_orbax_v1_writes_exactly_the_layout_the_format_module_expects(tmp_path: 
     assert kinds["['b']"] == words.NUMPY_ARRAY
     assert kinds["['count']"] == kinds["['lr']"] == words.SCALAR
     assert kinds["['name']"] == words.STRING
-    assert kinds["['nothing']"] == words.NONE
+    assert kinds["['nothing']"] == words.EMPTY
     assert kinds["['empty']"] == words.EMPTY
     assert kinds["['layers'][2]"] == words.NUMPY_ARRAY
     assert set(kinds.values()) <= {
@@ -238,7 +238,6 @@ def test_orbax_v1_writes_exactly_the_layout_the_format_module_expects(tmp_path: 
         words.NUMPY_ARRAY,
         words.SCALAR,
         words.STRING,
-        words.NONE,
         words.EMPTY,
     }
 

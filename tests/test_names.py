@@ -14,7 +14,7 @@ def test_valid_names_are_returned_unchanged(name):
 
 @pytest.mark.parametrize("name", [None, 1, 1.5, b"model", True, ["model"]])
 def test_non_strings_are_type_errors(name):
-    with pytest.raises(TypeError, match="must be a str"):
+    with pytest.raises(TypeError, match="must be strings"):
         validate_checkpointable_name(name)
 
 
@@ -83,12 +83,12 @@ def test_orbax_root_entries_are_reserved(tmp_path):
 
 
 def test_names_clash_after_nfc_and_case_folding():
-    with pytest.raises(ValueError, match="not distinct"):
+    with pytest.raises(ValueError, match="must be portable and distinct"):
         TrainingCheckpointNames(model="Model", optimizer="model")
     # "é" precomposed vs "e" + combining acute accent.
-    with pytest.raises(ValueError, match="not distinct"):
+    with pytest.raises(ValueError, match="must be portable and distinct"):
         TrainingCheckpointNames(model="caf\u00e9", optimizer="cafe\u0301")
-    with pytest.raises(ValueError, match="not distinct"):
+    with pytest.raises(ValueError, match="must be portable and distinct"):
         TrainingCheckpointNames(model="STRASSE", optimizer="straße")
 
 
@@ -111,3 +111,33 @@ def test_training_names_are_validated():
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         names.model = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", ["AUTO", "auto", "Metrics"])
+def test_names_orbax_reserves_for_itself_are_refused(name):
+    with pytest.raises(ValueError, match="is reserved"):
+        validate_checkpointable_name(name)
+
+
+def test_argument_errors_use_the_seed_words(tmp_path):
+    import grain
+    import numpy as np
+
+    from tinax.checkpointing import (
+        load_checkpointables,
+        save_checkpointables,
+        save_training_checkpoint,
+    )
+
+    it = iter(grain.MapDataset.range(3).to_iter_dataset())
+    with pytest.raises(TypeError, match="names must be strings"):
+        save_checkpointables(tmp_path / "a", {1: np.zeros(1)})
+    with pytest.raises(ValueError, match="names must be portable and distinct"):
+        save_checkpointables(tmp_path / "a", {"x": np.zeros(1), "X": np.zeros(1)})
+    with pytest.raises(ValueError, match="explicit non-None target"):
+        load_checkpointables(tmp_path, {"x": None})
+    with pytest.raises(TypeError, match="step must be an integer"):
+        save_training_checkpoint(tmp_path / "b", True, {}, {}, {}, {}, it)
+    with pytest.raises(ValueError, match="reserved"):
+        save_checkpointables(tmp_path / "a", {"AUTO": np.zeros(1)})
+    assert not list(tmp_path.iterdir())

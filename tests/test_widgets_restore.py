@@ -299,3 +299,17 @@ def test_a_subtree_is_matched_by_key_path_not_by_text(tmp_path: Path) -> None:
     builder.subtree_checkboxes[("optimizer", "['m']")].value = False
     assert list(builder.table["key"]) == ["['mu']"]
     assert builder.target["optimizer"]["m"] is ...
+
+
+def test_a_lossy_cast_blocks_load_until_allowed(tmp_path: Path) -> None:
+    save_checkpointables(tmp_path / "c", {"model": {"n": np.array([16777217], np.int32)}}).result()
+    state = {"model": {"n": np.zeros(1, np.float32)}}
+    builder = RestoreTargetBuilder(state, tmp_path / "c", load_in_thread=False)
+    assert builder.load_button.disabled
+    assert "lossy cast" in builder.reason and "['n']" in builder.reason
+    builder.lossy_box.value = True
+    assert builder.reason == "" and not builder.load_button.disabled
+    assert "cast to the target dtype" in builder.reason_html.value
+    builder.load_button.click()
+    assert builder.status == "loaded", builder.error
+    assert builder.result["model"]["n"][0] == np.float32(16777216.0)  # type: ignore[index]

@@ -22,7 +22,12 @@ LEFT_OUT = ...
 
 
 def top_level_subtrees(tree: Any) -> list[KeyPath]:
-    """The key path of each direct child of ``tree`` (none when ``tree`` is a leaf)."""
+    """The key path of each direct child of ``tree``.
+
+    None when ``tree`` is a leaf, or a pytree without leaves (stored whole).
+    """
+    if not jax.tree_util.tree_leaves(tree):
+        return []
     children = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda node: node is not tree)[0]
     return [key_parts(path) for path, _ in children if path]
 

@@ -17,18 +17,6 @@ from tinax._format.keys import KeyPath
 from ._choice import inside
 from ._table import Column, PagedTable, RowLook
 
-# Stored leaves of what is unticked: not asked for, so not a problem.
-LEFT_OUT = "left out"
-# Statuses that make Orbax refuse the load (a dtype difference is cast on restore).
-BLOCKING = frozenset(
-    {
-        words.SHAPE_DIFFERS,
-        words.KIND_DIFFERS,
-        words.MISSING_FROM_CHECKPOINT,
-        words.NOT_IN_TARGET,
-    }
-)
-WARNING = frozenset({words.DTYPE_DIFFERS})
 _SHOWN_PROBLEMS = 3
 
 
@@ -46,15 +34,38 @@ def _side_title(column: str) -> str:
     return column.replace("_", " ")
 
 
-def _look(row: pd.Series) -> RowLook:
+def blocks(status: str, lossy: Any, *, allow_lossy: bool) -> bool:
+    """Whether a leaf with this comparison keeps the load from going ahead."""
+    if status in words.REFUSED_STATUSES:
+        return True
+    is_lossy = lossy is not None and not pd.isna(lossy) and bool(lossy)
+    return status == words.DTYPE_CAST and is_lossy and not allow_lossy
+
+
+def _rank(row: pd.Series) -> int:
+    """Where a row sorts: refusals first, then casts, the rest, and matches last."""
     status = str(row.get("status", ""))
-    if status in BLOCKING:
+    if blocks(status, row.get("lossy"), allow_lossy=False):
+        return 0
+    return 1 if status == words.DTYPE_CAST else 3 if status == words.OK else 2
+
+
+def _look(row: pd.Series) -> RowLook:
+    rank = _rank(row)
+    if rank == 0:
         return RowLook(color="#b00020", background="#fde7e9")
-    if status in WARNING:
+    if rank == 1:
         return RowLook(color="#7a4f01", background="#fff4ce")
-    if status == LEFT_OUT:
+    if str(row.get("status", "")) == words.LEFT_OUT:
         return RowLook(color="#888888")
     return RowLook()
+
+
+def _problem(row: pd.Series) -> str:
+    where = f"{row['checkpointable']} {row['key']}"
+    if row["status"] == words.DTYPE_CAST:
+        return f"{where}: lossy cast from {row['dtype_checkpoint']} to {row['dtype_target']}"
+    return f"{where}: {row['status']}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +84,11 @@ class Verdict:
 
 
 def judge(
-    path: str, chosen: Mapping[str, Any], left_out: Mapping[str, Collection[KeyPath]]
+    path: str,
+    chosen: Mapping[str, Any],
+    left_out: Mapping[str, Collection[KeyPath]],
+    *,
+    allow_lossy: bool,
 ) -> Verdict:
     """Compares the checkpoint at ``path`` with the ``chosen`` targets.
 
@@ -81,30 +96,34 @@ def judge(
       path: The checkpoint.
       chosen: Name → abstract target, for the ticked checkpointables.
       left_out: Name → key paths of the unticked subtrees.
+      allow_lossy: Whether casts that lose values are allowed.
 
     Raises:
       ValueError, OSError: If the checkpoint cannot be read.
     """
     comparison = explore.compare_table(path, dict(chosen)).reset_index(drop=True)
     ticked = comparison["checkpointable"].isin(list(chosen))
-    comparison.loc[~ticked, "status"] = LEFT_OUT
+    comparison.loc[~ticked, "status"] = words.LEFT_OUT
     for name, subtrees in left_out.items():
         rows = ticked & (comparison["checkpointable"] == name)
-        comparison.loc[rows & inside(comparison["key"], subtrees), "status"] = LEFT_OUT
-    blocking = comparison[comparison["status"].isin(list(BLOCKING))]
+        comparison.loc[rows & inside(comparison["key"], subtrees), "status"] = words.LEFT_OUT
+    blocked = [
+        blocks(str(s), lossy, allow_lossy=allow_lossy)
+        for s, lossy in zip(comparison["status"], comparison["lossy"], strict=True)
+    ]
+    blocking = comparison[pd.Series(blocked, index=comparison.index, dtype=bool)]
     reason = ""
     if len(blocking):
-        problems = [
-            f"{r['checkpointable']} {r['key']}: {r['status']}"
-            for _, r in blocking.head(_SHOWN_PROBLEMS).iterrows()
-        ]
+        problems = [_problem(r) for _, r in blocking.head(_SHOWN_PROBLEMS).iterrows()]
         more = len(blocking) - len(problems)
         reason = (
             f"{_leaves(len(blocking))} cannot be restored: "
             + "; ".join(problems)
             + (f"; and {more} more" if more else "")
         )
-    casts = int(comparison["status"].isin(list(WARNING)).sum())
+    casts = int((comparison["status"] == words.DTYPE_CAST).sum()) - int(
+        (blocking["status"] == words.DTYPE_CAST).sum()
+    )
     return Verdict(comparison=comparison, reason=reason, casts=casts)
 
 
@@ -130,7 +149,7 @@ class ComparisonView(w.VBox):
         extra = [
             c
             for c in comparison.columns
-            if c not in fields and any(part in c for part in ("kind", "shape", "dtype"))
+            if c not in fields and any(part in c for part in ("kind", "shape", "dtype", "lossy"))
         ]
         columns = [
             Column("checkpointable", "checkpointable", "9em"),
@@ -144,9 +163,7 @@ class ComparisonView(w.VBox):
         ]:
             view = PagedTable(columns, page_size=self._page_size, look=_look)
             self.box.children = (view,)
-        order = comparison["status"].map(
-            lambda s: 0 if s in BLOCKING else 1 if s in WARNING else 3 if s == words.OK else 2
-        )
+        order = comparison.apply(_rank, axis=1) if len(comparison) else comparison["status"]
         view.show(
             comparison.assign(_order=order)
             .sort_values("_order", kind="stable")

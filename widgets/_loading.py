@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tinax.checkpointing import load_checkpointables
+from tinax.checkpointing import allow_lossy_casts, load_checkpointables
 
 from ._disk import load_meter
 from ._progress import AsyncProgress
@@ -32,6 +32,7 @@ class Load:
         total_bytes: int,
         description: str,
         finish: Callable[[dict[str, Any]], None],
+        allow_lossy: bool = False,
     ) -> None:
         """Prepares the load; ``start`` runs it.
 
@@ -42,7 +43,10 @@ class Load:
           description: The bar's label.
           finish: Called with the result inside the load, before the bar reports
             done, so that whoever watches the bar finds everything in place.
+          allow_lossy: Whether casts that lose values are allowed (the load may
+            run in another thread, so the permission is handed over here).
         """
+        self._allow_lossy = allow_lossy
         self._path = path
         self._targets = targets
         self._finish = finish
@@ -62,7 +66,8 @@ class Load:
         base = label.value
         for i, (name, target) in enumerate(self._targets.items(), start=1):
             label.value = f"{base}: {name} ({i}/{len(self._targets)})"
-            restored.update(load_checkpointables(self._path, {name: target}))
+            with allow_lossy_casts(self._allow_lossy):
+                restored.update(load_checkpointables(self._path, {name: target}))
         label.value = base
         self._finish(restored)
         return restored

@@ -134,11 +134,20 @@ class RestoreTargetBuilder(w.VBox):
         self.load_button = w.Button(description="Load", icon="download", button_style="primary")
         self.load_button.on_click(guard(self._on_load))
         self.reason_html = w.HTML("")
+        self.lossy_box = w.Checkbox(
+            value=False,
+            description="allow lossy casts",
+            indent=False,
+            tooltip="restore into dtypes that cannot hold every stored value "
+            "(float32 into bfloat16, a float into an integer)",
+            layout=w.Layout(width="auto"),
+        )
+        self.lossy_box.observe(guard(lambda _change: self._rebuild()), names="value")
         self.progress_box = w.VBox([])
         self.compare_section = w.VBox(
             [
                 self.comparison_view,
-                w.HBox([self.load_button, self.reason_html]),
+                w.HBox([self.load_button, self.lossy_box, self.reason_html]),
                 self.progress_box,
             ],
             layout=w.Layout(display="none"),
@@ -225,7 +234,12 @@ class RestoreTargetBuilder(w.VBox):
             self._block("nothing is chosen to load")
             return
         try:
-            verdict = judge(self.path, chosen, {n: self.choice.left_out(n) for n in chosen})
+            verdict = judge(
+                self.path,
+                chosen,
+                {n: self.choice.left_out(n) for n in chosen},
+                allow_lossy=self.lossy_box.value,
+            )
         except Exception as e:
             self._block(f"cannot compare: {type(e).__name__}: {e}")
             raise
@@ -265,6 +279,7 @@ class RestoreTargetBuilder(w.VBox):
             total_bytes=int(pd.to_numeric(self._table["nbytes"], errors="coerce").fillna(0).sum()),
             description=f"loading {PurePath(self.path).name}",
             finish=self._loaded,
+            allow_lossy=self.lossy_box.value,
         )
         self.progress = load.progress
         self.progress_box.children = (load.progress,)

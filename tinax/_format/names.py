@@ -34,6 +34,11 @@ RESERVED_ROOT_NAMES = frozenset(
     }
 )
 
+# Orbax reserves this checkpointable name for itself (it means "whatever is stored").
+AUTO_CHECKPOINTABLE = "AUTO"
+# Names no checkpointable may take: Orbax's root files and its own reserved names.
+RESERVED_CHECKPOINTABLE_NAMES = RESERVED_ROOT_NAMES | {AUTO_CHECKPOINTABLE}
+
 # -- a pytree checkpointable ------------------------------------------------------------
 
 PYTREE_METADATA = "_METADATA"

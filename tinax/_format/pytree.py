@@ -31,12 +31,13 @@ _KINDS = {
     "np.ndarray": words.NUMPY_ARRAY,
     "scalar": words.SCALAR,
     "string": words.STRING,
-    "None": words.NONE,
-    # Empty containers, which Orbax records as leaves.
+    # None and empty containers, which Orbax records as leaves it skips.
+    "None": words.EMPTY,
     "Dict": words.EMPTY,
     "List": words.EMPTY,
     "Tuple": words.EMPTY,
     "NamedTuple": words.EMPTY,
+    "Unknown": words.EMPTY,
 }
 
 
@@ -282,6 +283,19 @@ def array_infos(
     return infos
 
 
+def leaf_infos(layout: PyTreeLayout, ctx: ts.Context) -> list[tuple[StoredLeaf, ArrayInfo | None]]:
+    """Every leaf with its array metadata (``None`` for leaves not in the array store).
+
+    Raises:
+      ValueError: If an array's metadata is missing or garbled, naming it.
+    """
+    in_store = [
+        leaf for leaf in layout.leaves if leaf.stored and leaf.kind in words.STORED_ARRAY_KINDS
+    ]
+    infos = array_infos(layout, in_store, ctx)
+    return [(leaf, infos.get(leaf.param)) for leaf in layout.leaves]
+
+
 def read_strings(layout: PyTreeLayout, params: list[str]) -> dict[str, str]:
     """The stored values of string leaves, by ``param``.
 
@@ -360,7 +374,7 @@ def read_value(layout: PyTreeLayout, leaf: StoredLeaf, ctx: ts.Context) -> Any:
     """
     if leaf.kind == words.STRING:
         return read_strings(layout, [leaf.param])[leaf.param]
-    if leaf.kind in (words.NONE, words.EMPTY) or not leaf.stored:
+    if leaf.kind == words.EMPTY or not leaf.stored:
         return None
     array = arrays.open_arrays([layout.array_spec(leaf)], ctx)[0].result()
     value = array.read().result()

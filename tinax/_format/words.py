@@ -12,8 +12,8 @@ JAX_ARRAY = "jax.Array"
 NUMPY_ARRAY = "np.ndarray"
 SCALAR = "scalar"
 STRING = "string"
-NONE = "none"
-# A container without leaves: optax's EmptyState(), (), {}, [].
+# Nothing to store: None, and containers without leaves (optax's EmptyState() and
+# MaskedNode(), (), {}, []). Orbax records all of them as values it skips.
 EMPTY = "empty"
 ITERATOR = "iterator"
 JSON = "json"
@@ -33,16 +33,28 @@ INVALID = "invalid"
 
 OK = "ok"
 SHAPE_DIFFERS = "shape differs"
+# The stored dtype converts to the target's: Orbax casts on restore (``lossy`` says
+# whether every stored value survives the cast).
+DTYPE_CAST = "dtype cast"
+# The dtypes do not convert into each other (a PRNG key and a float, say).
 DTYPE_DIFFERS = "dtype differs"
 KIND_DIFFERS = "kind differs"
 MISSING_FROM_CHECKPOINT = "missing from checkpoint"
 NOT_IN_TARGET = "not in target"
+# The target asks for the leaf not to be restored (Orbax's placeholder ``...``).
+LEFT_OUT = "left out"
 
 COMPARE_STATUSES = (
     OK,
     SHAPE_DIFFERS,
+    DTYPE_CAST,
     DTYPE_DIFFERS,
     KIND_DIFFERS,
     MISSING_FROM_CHECKPOINT,
     NOT_IN_TARGET,
+    LEFT_OUT,
+)
+# Statuses that make a restore impossible whatever the caller allows.
+REFUSED_STATUSES = frozenset(
+    {SHAPE_DIFFERS, DTYPE_DIFFERS, KIND_DIFFERS, MISSING_FROM_CHECKPOINT, NOT_IN_TARGET}
 )

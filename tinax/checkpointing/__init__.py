@@ -15,13 +15,16 @@ from tinax.checkpointing._training import (
     load_training_checkpoint,
     save_training_checkpoint,
 )
+from tinax.checkpointing._verdict import TargetMismatchError, allow_lossy_casts
 
 __all__ = [
     "NumpyTarget",
     "SaveResponse",
+    "TargetMismatchError",
     "TrainingCheckpoint",
     "TrainingCheckpointNames",
     "abstract_restore_target",
+    "allow_lossy_casts",
     "load_checkpointables",
     "load_training_checkpoint",
     "save_checkpointables",

@@ -20,6 +20,7 @@ from tinax.checkpointing._leaves import check_storable
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._response import SaveResponse, remove_temporaries
 from tinax.checkpointing._targets import NumpyTarget
+from tinax.checkpointing._verdict import check_targets
 
 
 def _check_mapping(value: object, *, what: str) -> Mapping[Any, Any]:
@@ -78,6 +79,16 @@ def orbax_path(where: Location) -> Path:
     return Path(where.path)
 
 
+def _orbax_reason(error: BaseException) -> str:
+    # Orbax appends its whole handler registry to a failed restore; the cause is
+    # what precedes it, or the exception it was raised from.
+    text = str(error).split(" found in registry", 1)[0]
+    cause = error.__cause__ or error.__context__
+    if cause is not None and cause is not error:
+        text += f" ({type(cause).__name__}: {str(cause).split(' found in registry', 1)[0]})"
+    return text
+
+
 def _leaf_spec(leaf: Any) -> tuple[tuple[int, ...], Any] | None:
     # dtypes are compared as they are, not through np.dtype: typed PRNG keys have
     # extended dtypes (key<fry>) that NumPy cannot interpret.
@@ -129,12 +140,7 @@ def load_checkpointables(
     _check_mapping(targets, what="targets")
     check_targets_given(targets)
     src = load_source(path)
-    stored = layout.checkpointable_names(src)
-    missing = [name for name in targets if name not in stored]
-    if missing:
-        raise ValueError(
-            f"checkpoint {str(src)!r} has no checkpointable(s) {missing}; it holds {sorted(stored)}"
-        )
+    check_targets(layout.open_checkpoint(src), targets)
     return restore_checkpointables(src, targets)
 
 
@@ -142,28 +148,27 @@ def check_targets_given(targets: Mapping[str, Any]) -> None:
     """Raises ``ValueError`` for a restore target that is ``None``."""
     for name, target in targets.items():
         if target is None:
-            raise ValueError(f"restore target for {name!r} is None; pass an explicit target")
+            raise ValueError(
+                f"restore target for {name!r} is None; it must be an explicit non-None target"
+            )
 
 
 def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
     """Restores ``targets`` from the checkpoint ``src`` and checks them against their targets.
 
-    The caller has already checked ``src``, the names and that the checkpoint holds
-    every requested checkpointable.
+    The caller has already checked ``src``, the names, and the targets against the
+    checkpoint's metadata (``check_targets``).
 
     Raises:
-      ValueError: If a target does not fit what is stored.
+      ValueError: If Orbax cannot restore what the metadata promised.
     """
     try:
         with _context.context():
             restored = ocp.load_checkpointables(orbax_path(src), dict(targets))
     except (TypeError, ValueError, KeyError, LookupError) as e:
-        # Orbax reports a target that does not fit the stored tree as a missing
-        # handler; say which checkpoint and which targets were involved.
         raise ValueError(
-            f"checkpoint {str(src)!r}: could not restore {sorted(targets)} into the given "
-            f"targets (a shape, structure or type differs from what is stored; "
-            f"tinax.explore.compare_table shows each difference): {e}"
+            f"checkpoint {str(src)!r}: Orbax could not restore {sorted(targets)} although "
+            f"their metadata fits the targets: {_orbax_reason(e)}"
         ) from e
     # Orbax restores a NumPy leaf with its stored shape whatever the target says;
     # a restore that does not match its target is an error, not a surprise later.

@@ -9,13 +9,7 @@ from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
 from tinax._format.keys import format_key, key_parts
 from tinax.checkpointing._orbax import has_standard_leaf_handler
-from tinax.checkpointing._targets import NumpyTarget
-
-
-def is_leafless(value: Any) -> bool:
-    """True for a pytree container with no leaves at all: ``{}``, ``()``, ``[]``."""
-    leaves, treedef = jax.tree_util.tree_flatten(value)
-    return not leaves and value is not None and treedef.num_nodes > 0  # type: ignore[attr-defined]
+from tinax.checkpointing._targets import NumpyTarget, is_leafless
 
 
 def is_stateful(value: Any) -> bool:

@@ -6,18 +6,18 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
-from tinax._format.names import RESERVED_ROOT_NAMES
+from tinax._format.names import RESERVED_CHECKPOINTABLE_NAMES
 
 # Characters no portable filesystem accepts in a path component.
 _FORBIDDEN_CHARACTERS = frozenset('/\\:*?"<>|')
 _MAX_NAME_BYTES = 255
 _WINDOWS_DEVICE = re.compile(r"^(con|prn|aux|nul|com[1-9]|lpt[1-9])(\..*)?$", re.IGNORECASE)
 
-# A checkpointable named like one of Orbax's own root files would collide with it; the
-# comparison is case-insensitive so that the same checkpoint stays readable on
-# case-insensitive filesystems.
+# A checkpointable named like one of Orbax's own root files would collide with it, and
+# Orbax refuses the names it reserves itself; the comparison is case-insensitive so that
+# the same checkpoint stays readable on case-insensitive filesystems.
 _RESERVED_FOLDED = frozenset(
-    unicodedata.normalize("NFC", n).casefold() for n in RESERVED_ROOT_NAMES
+    unicodedata.normalize("NFC", n).casefold() for n in RESERVED_CHECKPOINTABLE_NAMES
 )
 
 
@@ -42,7 +42,9 @@ def validate_checkpointable_name(name: object) -> str:
         or matches a reserved name.
     """
     if not isinstance(name, str):
-        raise TypeError(f"checkpointable name must be a str, got {type(name).__name__}: {name!r}")
+        raise TypeError(
+            f"checkpointable names must be strings, got {type(name).__name__}: {name!r}"
+        )
     if not name:
         raise ValueError("checkpointable name must not be empty")
     if name in (".", ".."):
@@ -69,8 +71,8 @@ def validate_checkpointable_name(name: object) -> str:
         raise ValueError(f"checkpointable name {name!r} is a Windows device name")
     if _fold(name) in _RESERVED_FOLDED:
         raise ValueError(
-            f"checkpointable name {name!r} is reserved: Orbax writes "
-            f"{sorted(RESERVED_ROOT_NAMES)} at a checkpoint's root"
+            f"checkpointable name {name!r} is reserved: Orbax writes or reserves "
+            f"{sorted(RESERVED_CHECKPOINTABLE_NAMES)}"
         )
     return name
 
@@ -100,8 +102,9 @@ def validate_distinct_names(names: Iterable[object], *, what: str) -> list[str]:
         folded = _fold(validated)
         if folded in seen:
             raise ValueError(
-                f"{what} names {seen[folded]!r} and {validated!r} are not distinct "
-                "(equal after Unicode NFC normalisation and case folding)"
+                f"{what}: checkpointable names must be portable and distinct, but "
+                f"{seen[folded]!r} and {validated!r} are not (equal after Unicode NFC "
+                "normalisation and case folding, they name one directory on many filesystems)"
             )
         seen[folded] = validated
         result.append(validated)

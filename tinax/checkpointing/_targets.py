@@ -8,6 +8,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from tinax._format import words
+from tinax._format.keys import ROOT, KeyPath, key_parts
+from tinax._format.verdict import PLACEHOLDER as PLACEHOLDER_KIND
+from tinax._format.verdict import Spec
+
 
 @dataclasses.dataclass(frozen=True)
 class NumpyTarget:
@@ -61,3 +66,76 @@ def abstract_restore_target(state: Any) -> Any:
       shape/dtype restore targets.
     """
     return jax.tree.map(_abstract_leaf, state)
+
+
+# -- restore targets leaf by leaf, as the verdict compares them ---------------------------
+
+# Orbax's placeholder: a target leaf that is not to be restored.
+PLACEHOLDER = ...
+
+
+def is_leafless(value: Any) -> bool:
+    """True for a pytree container with no leaves at all: ``{}``, ``()``, ``[]``."""
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    return not leaves and value is not None and treedef.num_nodes > 0  # type: ignore[attr-defined]
+
+
+def is_iterator(value: object) -> bool:
+    """Whether ``value`` saves itself through ``get_state`` (a Grain iterator)."""
+    return callable(getattr(value, "get_state", None)) and callable(
+        getattr(value, "set_state", None)
+    )
+
+
+def is_empty(value: object) -> bool:
+    """``None`` or a container without elements (optax's ``EmptyState()`` and ``MaskedNode()``)."""
+    return value is None or (isinstance(value, dict | list | tuple) and len(value) == 0)
+
+
+def _is_whole_leaf(value: object) -> bool:
+    return is_empty(value) or is_iterator(value) or value is PLACEHOLDER
+
+
+def target_leaves(tree: Any) -> list[tuple[KeyPath, Any]]:
+    """Every leaf of one checkpointable's target with its key path, as Orbax stores them.
+
+    ``None`` and empty containers are leaves of their own (Orbax records them), a
+    Grain iterator or a pytree without any leaves is one leaf at the root (they
+    are stored whole).
+    """
+    if is_iterator(tree) or is_leafless(tree):
+        return [(ROOT, tree)]
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_whole_leaf)
+    return [(key_parts(path), leaf) for path, leaf in flat]
+
+
+def storage_spec(shape: tuple[int, ...], dtype: Any) -> tuple[tuple[int, ...], str]:
+    """Shape and dtype of an array as Orbax stores it.
+
+    Typed PRNG keys are stored as their key data: unsigned integers with the key
+    implementation's trailing dimensions.
+    """
+    shape = tuple(int(d) for d in shape)
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
+        return tuple(data.shape), np.dtype(data.dtype).name
+    return shape, np.dtype(dtype).name
+
+
+def target_spec(leaf: Any) -> Spec:
+    """What restoring into ``leaf`` asks for, at the level Orbax stores it."""
+    if leaf is PLACEHOLDER:
+        return Spec(PLACEHOLDER_KIND)
+    if is_empty(leaf) or is_leafless(leaf):
+        return Spec(words.EMPTY)
+    if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
+        return Spec(words.JAX_ARRAY, *storage_spec(leaf.shape, leaf.dtype))
+    if isinstance(leaf, np.ndarray | NumpyTarget):
+        return Spec(words.NUMPY_ARRAY, tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name)
+    if isinstance(leaf, bool | int | float | complex | np.number | np.bool_):
+        return Spec(words.SCALAR, (), np.asarray(leaf).dtype.name)
+    if isinstance(leaf, str):
+        return Spec(words.STRING)
+    if is_iterator(leaf):
+        return Spec(words.ITERATOR)
+    return Spec(f"{type(leaf).__module__}.{type(leaf).__qualname__}")

@@ -20,6 +20,7 @@ from tinax.checkpointing._checkpointables import (
 )
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._response import SaveResponse
+from tinax.checkpointing._verdict import TargetMismatchError, check_targets
 
 STEP_KEY = "step"
 STATE_KEY = "state"
@@ -28,7 +29,9 @@ STATE_KEY = "state"
 def check_step(step: object) -> int:
     """Checks a training step: a non-negative ``int`` that is not a ``bool``."""
     if isinstance(step, bool) or not isinstance(step, int | np.integer):
-        raise TypeError(f"step must be an int, got {type(step).__name__}: {step!r}")
+        raise TypeError(
+            f"step must be an integer (booleans are not), got {type(step).__name__}: {step!r}"
+        )
     if step < 0:
         raise ValueError(f"step must be non-negative, got {step}")
     return int(step)
@@ -174,12 +177,13 @@ def _check_auxiliary_layout(path: Location, name: str) -> None:
             f"auxiliary checkpointable {name!r} in {str(path)!r} does not restore as a mapping"
         )
     present = {key for key, _ in keys}
-    # A `state` with no leaves leaves no trace in Orbax's metadata; only `step` is required
-    # to be visible there.
-    if STEP_KEY not in present:
-        raise ValueError(
-            f"auxiliary checkpointable {name!r} in {str(path)!r} is missing {STEP_KEY!r}"
-        )
+    # Orbax records an empty `state` ({}, (), None) as a leaf of its own, so both keys
+    # are visible in the metadata.
+    for key in (STEP_KEY, STATE_KEY):
+        if key not in present:
+            raise ValueError(
+                f"auxiliary checkpointable {name!r} in {str(path)!r} is missing {key!r}"
+            )
 
 
 def load_training_checkpoint(
@@ -226,16 +230,14 @@ def load_training_checkpoint(
     check_iterator(iterator)
     names = _check_names(names)
     src = load_source(path)
-    stored = layout.checkpointable_names(src)
-    missing = [
-        n
-        for n in (names.model, names.optimizer, names.rng, names.auxiliary, names.iterator)
-        if n not in stored
-    ]
+    checkpoint = layout.open_checkpoint(src)
+    held = [item.name for item in checkpoint.checkpointables]
+    parts = (names.model, names.optimizer, names.rng, names.auxiliary, names.iterator)
+    missing = [n for n in parts if n not in held]
     if missing:
-        raise ValueError(
+        raise TargetMismatchError(
             f"checkpoint {str(src)!r} is not a training checkpoint: it has no {missing}; "
-            f"it holds {sorted(stored)}"
+            f"it holds {held}"
         )
     _check_auxiliary_layout(src, names.auxiliary)
 
@@ -246,6 +248,8 @@ def load_training_checkpoint(
         names.auxiliary: {STEP_KEY: 0, STATE_KEY: auxiliary_target},
     }
     check_targets_given(value_targets)
+    # All five parts are judged against the metadata before anything is read.
+    check_targets(checkpoint, {**value_targets, names.iterator: iterator})
     values = restore_checkpointables(src, value_targets)
     auxiliary = values[names.auxiliary]
     if not isinstance(auxiliary, Mapping):

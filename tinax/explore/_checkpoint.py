@@ -43,10 +43,7 @@ def iterator_state(item: StoredCheckpointable) -> Any:
 def _pytree_leaves(
     name: str, tree: pytree.PyTreeLayout, ctx: ts.Context, *, values: bool
 ) -> list[Leaf]:
-    in_store = [
-        leaf for leaf in tree.leaves if leaf.stored and leaf.kind in words.STORED_ARRAY_KINDS
-    ]
-    infos = pytree.array_infos(tree, in_store, ctx)
+    infos = pytree.leaf_infos(tree, ctx)
     shardings = pytree.read_shardings(
         tree, [leaf.param for leaf in tree.leaves if leaf.kind == words.JAX_ARRAY]
     )
@@ -56,12 +53,11 @@ def _pytree_leaves(
         string_params = [leaf.param for leaf in tree.leaves if leaf.kind == words.STRING]
         if string_params:
             strings = pytree.read_strings(tree, string_params)
-        scalar_leaves = [leaf for leaf in in_store if leaf.kind == words.SCALAR]
+        scalar_leaves = [leaf for leaf, info in infos if info and leaf.kind == words.SCALAR]
         if scalar_leaves:
             scalars = pytree.read_scalars(tree, scalar_leaves, ctx)
     rows = []
-    for leaf in tree.leaves:
-        info = infos.get(leaf.param)
+    for leaf, info in infos:
         if info is None:
             rows.append(Leaf(name, leaf.key, leaf.kind, value=strings.get(leaf.param)))
             continue

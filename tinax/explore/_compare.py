@@ -8,17 +8,9 @@ from typing import Any
 
 import pandas as pd
 
-from tinax._format import words
-from tinax._format.words import (
-    DTYPE_DIFFERS,
-    KIND_DIFFERS,
-    MISSING_FROM_CHECKPOINT,
-    NOT_IN_TARGET,
-    OK,
-    SHAPE_DIFFERS,
-)
+from tinax._format import verdict, words
 from tinax.explore import _checkpoint, _live
-from tinax.explore._leaves import Leaf, frame
+from tinax.explore._leaves import frame
 
 COMPARE_COLUMNS = (
     "checkpointable",
@@ -30,45 +22,48 @@ COMPARE_COLUMNS = (
     "shape_target",
     "dtype_checkpoint",
     "dtype_target",
+    "lossy",
 )
 
 
-def _family(kind: str) -> str:
-    # Orbax restores a stored array as whichever array the target asks for.
-    return "array" if kind in words.ARRAY_KINDS else kind
+def _shown(leaf: Any, spec: verdict.Spec) -> verdict.Spec:
+    """The target as the caller wrote it: a typed PRNG key with its key dtype, say."""
+    if spec.kind in words.ARRAY_KINDS:
+        return verdict.Spec(spec.kind, tuple(int(d) for d in leaf.shape), str(leaf.dtype))
+    return spec
 
 
-def _status(stored: Leaf, target: Leaf, target_leaf: Any) -> str:
-    if _family(stored.kind) != _family(target.kind):
-        return KIND_DIFFERS
-    shape, dtype = target.shape, target.dtype
-    if stored.kind in words.ARRAY_KINDS and shape is not None and dtype is not None:
-        # Compare with what Orbax stores for the target (PRNG keys as key data).
-        shape, dtype = _live.storage_spec(shape, target_leaf.dtype)
-    if stored.shape is not None and shape is not None and stored.shape != shape:
-        return SHAPE_DIFFERS
-    if stored.dtype is not None and dtype is not None and stored.dtype != dtype:
-        return DTYPE_DIFFERS
-    return OK
+def _sides(v: verdict.LeafVerdict, shown: dict[tuple[str, Any], verdict.Spec]) -> list[Any]:
+    target = shown.get((v.checkpointable, v.path), v.target)
+    cells: list[Any] = []
+    for field in ("kind", "shape", "dtype"):
+        cells += [getattr(v.stored, field, None), getattr(target, field, None)]
+    return cells
 
 
 def compare_table(path: str | os.PathLike[str], targets: Mapping[str, Any]) -> pd.DataFrame:
     """Every difference between a checkpoint and restore targets, named, leaf by leaf.
 
-    The outer join of ``checkpoint_table(path)`` and ``state_table(targets)`` on
-    ``(checkpointable, key)``. ``jax.Array`` and ``np.ndarray`` count as the same
-    kind, since Orbax restores a stored array as whichever the target asks for.
+    The same verdict ``load_checkpointables`` reaches before it reads anything,
+    from metadata alone; it compares leaves as Orbax stores them (a typed PRNG key
+    as its key data) and shows the target as given. ``jax.Array`` and ``np.ndarray`` count as the same kind,
+    since Orbax restores a stored array as whichever the target asks for; ``None``
+    and containers without leaves (optax's ``EmptyState()``) are ``empty``.
 
     Args:
       path: A checkpoint directory (see ``checkpoint_table``).
       targets: A mapping of checkpointable name to restore target (concrete or
-        abstract, see ``state_table``).
+        abstract, see ``state_table``); Orbax's placeholder ``...`` marks a leaf
+        that is not to be restored.
 
     Returns:
       A DataFrame with columns ``checkpointable``, ``key``, ``status`` (``ok``,
-      ``shape differs``, ``dtype differs``, ``kind differs``, ``missing from
-      checkpoint``, ``not in target``), and ``kind``, ``shape`` and ``dtype``
-      of each side, suffixed ``_checkpoint`` and ``_target``. Rows follow the
+      ``shape differs``, ``dtype cast``, ``dtype differs``, ``kind differs``,
+      ``missing from checkpoint``, ``not in target``, ``left out``), ``kind``,
+      ``shape`` and ``dtype`` of each side, suffixed ``_checkpoint`` and
+      ``_target``, and ``lossy`` (for a ``dtype cast``: whether some stored values
+      would not survive it; a load refuses those unless
+      ``tinax.checkpointing.allow_lossy_casts()`` allows them). Rows follow the
       checkpoint's order, with target leaves the checkpoint lacks after their
       checkpointable's stored leaves.
 
@@ -78,31 +73,23 @@ def compare_table(path: str | os.PathLike[str], targets: Mapping[str, Any]) -> p
       FileNotFoundError: If ``path`` does not exist.
       ValueError: If ``path`` is not a readable checkpoint.
     """
-    live = _live.live_leaves(targets)
-    stored = _checkpoint.checkpoint_leaves(_checkpoint.open_checkpoint(path), values=False)
-    wanted = {(leaf.checkpointable, leaf.key): (leaf, obj) for leaf, obj in live}
-    names = dict.fromkeys([leaf.checkpointable for leaf in stored])
-    names.update(dict.fromkeys(leaf.checkpointable for leaf, _ in live))
-    records = []
-    for name in names:
-        for leaf in stored:
-            if leaf.checkpointable != name:
-                continue
-            match = wanted.pop((name, leaf.key), None)
-            if match is None:
-                records.append(_record(leaf.key, NOT_IN_TARGET, leaf, None, name))
-            else:
-                records.append(_record(leaf.key, _status(leaf, *match), leaf, match[0], name))
-        for key in [key for (t_name, key) in wanted if t_name == name]:
-            target, _ = wanted.pop((name, key))
-            records.append(_record(key, MISSING_FROM_CHECKPOINT, None, target, name))
-    return frame(COMPARE_COLUMNS, records)
+    targets = _live.check_mapping(targets)
+    checkpoint = _checkpoint.open_checkpoint(path)
+    stored = verdict.stored_specs(checkpoint)
+    from tinax.checkpointing._targets import target_leaves, target_spec
 
-
-def _record(
-    key: str, status: str, stored: Leaf | None, target: Leaf | None, name: str
-) -> tuple[Any, ...]:
-    sides = []
-    for field in ("kind", "shape", "dtype"):
-        sides += [getattr(stored, field, None), getattr(target, field, None)]
-    return (name, key, status, *sides)
+    wanted: dict[str, list[tuple[Any, verdict.Spec]]] = {}
+    shown = {}
+    for name, tree in targets.items():
+        wanted[name] = []
+        for key_path, leaf in target_leaves(tree):
+            spec = target_spec(leaf)
+            wanted[name].append((key_path, spec))
+            shown[(name, key_path)] = _shown(leaf, spec)
+    return frame(
+        COMPARE_COLUMNS,
+        (
+            (v.checkpointable, v.key, v.status, *_sides(v, shown), v.lossy)
+            for v in verdict.judge(stored, wanted)
+        ),
+    )

@@ -21,6 +21,7 @@ _DTYPES = {
     "size": "Int64",
     "nbytes": "Int64",
     "step": "Int64",
+    "lossy": "boolean",
 }
 
 

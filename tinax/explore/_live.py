@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tinax._format import words
-from tinax._format.keys import ROOT_KEY, format_key, key_parts
+from tinax._format.keys import format_key, key_parts
 from tinax.explore._leaves import (
     Leaf,
     format_device,
@@ -44,13 +44,6 @@ def leaf_key(key_path: tuple[Any, ...]) -> str:
     return format_key(key_parts(key_path))
 
 
-def is_iterator(value: object) -> bool:
-    """Whether ``value`` saves itself through ``get_state`` (a Grain iterator)."""
-    return callable(getattr(value, "get_state", None)) and callable(
-        getattr(value, "set_state", None)
-    )
-
-
 def iterator_state(value: Any) -> Any:
     """An iterator's state as it is stored: JSON data."""
     state = value.get_state()
@@ -61,10 +54,6 @@ def iterator_state(value: Any) -> Any:
         except (ValueError, RecursionError):
             return state.decode("utf-8", "replace") if isinstance(state, bytes) else state
     return state
-
-
-def _is_empty_container(value: object) -> bool:
-    return isinstance(value, dict | list | tuple) and len(value) == 0
 
 
 def _sharding(sharding: Any) -> str | None:
@@ -82,63 +71,47 @@ def _sharding(sharding: Any) -> str | None:
     return type(sharding).__name__
 
 
-def storage_spec(shape: tuple[int, ...], dtype: Any) -> tuple[tuple[int, ...], str]:
-    """Shape and dtype of an array as Orbax stores it.
-
-    Typed PRNG keys are stored as their key data: unsigned integers with the key
-    implementation's trailing dimensions.
-    """
-    import jax
-
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
-        return tuple(data.shape), np.dtype(data.dtype).name
-    return shape, np.dtype(dtype).name
-
-
 def _array_leaf(name: str, key: str, kind: str, leaf: Any, sharding: str | None) -> Leaf:
+    from tinax.checkpointing._targets import storage_spec
+
     shape = tuple(int(d) for d in leaf.shape)
     stored_shape, stored_dtype = storage_spec(shape, leaf.dtype)
-    size = math.prod(shape)
-    itemsize = np.dtype(stored_dtype).itemsize
     return Leaf(
         checkpointable=name,
         key=key,
         kind=kind,
         shape=shape,
         dtype=str(leaf.dtype),
-        size=size,
-        nbytes=math.prod(stored_shape) * itemsize,
+        size=math.prod(shape),
+        nbytes=math.prod(stored_shape) * np.dtype(stored_dtype).itemsize,
         sharding=sharding,
     )
 
 
 def live_leaf(name: str, key: str, leaf: Any) -> Leaf:
-    """The row of one live leaf."""
-    import jax
+    """The row of one live leaf: its kind as a restore would see it, its shape and dtype as live."""
+    from tinax.checkpointing._targets import target_spec
 
-    from tinax.checkpointing import NumpyTarget
-
-    if leaf is None:
-        return Leaf(name, key, words.NONE)
-    if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
-        return _array_leaf(name, key, words.JAX_ARRAY, leaf, _sharding(leaf.sharding))
-    if isinstance(leaf, np.ndarray | NumpyTarget):
-        return _array_leaf(name, key, words.NUMPY_ARRAY, leaf, None)
-    if isinstance(leaf, bool | int | float | complex | np.number | np.bool_):
+    kind = target_spec(leaf).kind
+    if kind in words.ARRAY_KINDS:
+        return _array_leaf(name, key, kind, leaf, _sharding(getattr(leaf, "sharding", None)))
+    if kind == words.SCALAR:
         dtype = np.asarray(leaf).dtype
         value = leaf.item() if isinstance(leaf, np.generic) else leaf
-        return Leaf(name, key, words.SCALAR, (), dtype.name, 1, dtype.itemsize, value)
-    if isinstance(leaf, str):
-        return Leaf(name, key, words.STRING, value=leaf)
-    if _is_empty_container(leaf):
-        return Leaf(name, key, words.EMPTY)
-    if is_iterator(leaf):
-        return Leaf(name, key, words.ITERATOR, value=iterator_state(leaf))
-    return Leaf(name, key, f"{type(leaf).__module__}.{type(leaf).__qualname__}")
+        return Leaf(name, key, kind, (), dtype.name, 1, dtype.itemsize, value)
+    if kind == words.STRING:
+        return Leaf(name, key, kind, value=leaf)
+    if kind == words.ITERATOR:
+        return Leaf(name, key, kind, value=iterator_state(leaf))
+    return Leaf(name, key, kind)
 
 
-def _check_mapping(checkpointables: object) -> Mapping[str, Any]:
+def check_mapping(checkpointables: object) -> Mapping[str, Any]:
+    """``checkpointables`` if it is a mapping with string keys.
+
+    Raises:
+      TypeError: If it is not.
+    """
     if not isinstance(checkpointables, Mapping):
         raise TypeError(
             "checkpointables must be a mapping of name to pytree, got "
@@ -146,31 +119,19 @@ def _check_mapping(checkpointables: object) -> Mapping[str, Any]:
         )
     for name in checkpointables:
         if not isinstance(name, str):
-            raise TypeError(f"checkpointable names must be str, got {type(name).__name__}")
+            raise TypeError(f"checkpointable names must be strings, got {type(name).__name__}")
     return checkpointables
 
 
 def live_leaves(checkpointables: object) -> list[tuple[Leaf, Any]]:
     """Every live leaf's row, with the leaf itself."""
-    import jax
+    from tinax.checkpointing._targets import target_leaves
 
-    from tinax.checkpointing._leaves import is_leafless
-
-    out = []
-    for name, tree in _check_mapping(checkpointables).items():
-        if is_iterator(tree):
-            out.append((live_leaf(name, ROOT_KEY, tree), tree))
-            continue
-        if is_leafless(tree):
-            # tinax stores a pytree without leaves as one record.
-            out.append((Leaf(name, ROOT_KEY, words.EMPTY), tree))
-            continue
-        flat, _ = jax.tree_util.tree_flatten_with_path(
-            tree,
-            is_leaf=lambda x: x is None or _is_empty_container(x) or is_iterator(x),
-        )
-        out.extend((live_leaf(name, leaf_key(path), leaf), leaf) for path, leaf in flat)
-    return out
+    return [
+        (live_leaf(name, format_key(path), leaf), leaf)
+        for name, tree in check_mapping(checkpointables).items()
+        for path, leaf in target_leaves(tree)
+    ]
 
 
 def state_table(checkpointables: Mapping[str, Any]) -> pd.DataFrame:

@@ -1,0 +1,186 @@
+"""The restore verdict: loads refuse targets that do not fit, from metadata, before any read."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import warnings
+from pathlib import Path
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tinax.explore as ex
+from tinax._format.verdict import MAX_LINES, cast_is_lossless
+from tinax.checkpointing import (
+    NumpyTarget,
+    TargetMismatchError,
+    abstract_restore_target,
+    allow_lossy_casts,
+    load_checkpointables,
+    load_training_checkpoint,
+    save_checkpointables,
+    save_training_checkpoint,
+)
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    state = {
+        "model": {
+            "dense1": {"kernel": jnp.ones((16, 256)), "bias": jnp.zeros(256)},
+            "counts": np.array([16777217, 3], np.int32),
+            "half": jnp.ones(4, jnp.bfloat16),
+        }
+    }
+    save_checkpointables(tmp_path / "c", state).result()
+    return tmp_path / "c"
+
+
+def _model(**changes: object) -> dict:
+    model = {
+        "dense1": {
+            "kernel": jax.ShapeDtypeStruct((16, 256), jnp.float32),
+            "bias": jax.ShapeDtypeStruct((256,), jnp.float32),
+        },
+        "counts": NumpyTarget((2,), np.int32),
+        "half": jax.ShapeDtypeStruct((4,), jnp.bfloat16),
+    }
+    model.update(changes)
+    return model
+
+
+def test_a_mismatch_is_refused_with_one_line_per_leaf(checkpoint: Path) -> None:
+    target = _model(dense1={"kernel": jax.ShapeDtypeStruct((16, 512), jnp.float32)})
+    with pytest.raises(TargetMismatchError) as caught:
+        load_checkpointables(checkpoint, {"model": target})
+    message = str(caught.value)
+    assert message.splitlines() == [
+        f"checkpoint {str(checkpoint)!r} does not fit the restore targets (2 leaves):",
+        "  model['dense1']['bias']: stored (256,) float32, not in the target",
+        "  model['dense1']['kernel']: stored (16, 256) float32, target (16, 512) float32",
+    ]
+    # Code written against Orbax's KeyError, or against a ValueError, catches it.
+    assert isinstance(caught.value, KeyError) and isinstance(caught.value, ValueError)
+
+
+def test_a_missing_checkpointable_is_a_value_error_and_a_key_error(checkpoint: Path) -> None:
+    with pytest.raises(KeyError, match=r"no checkpointable\(s\) \['params'\]"):
+        load_checkpointables(checkpoint, {"params": _model()})
+    with pytest.raises(ValueError, match="holds \\['model'\\]"):
+        load_checkpointables(checkpoint, {"params": _model()})
+
+
+def test_long_refusals_are_cut_at_ten_lines(tmp_path: Path) -> None:
+    save_checkpointables(
+        tmp_path / "c", {"m": {f"w{i:02d}": np.zeros(2) for i in range(25)}}
+    ).result()
+    target = {"m": {f"w{i:02d}": NumpyTarget((3,), np.float64) for i in range(25)}}
+    with pytest.raises(TargetMismatchError) as caught:
+        load_checkpointables(tmp_path / "c", target)
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 1 + MAX_LINES + 1
+    assert lines[-1] == f"  … and {25 - MAX_LINES} more"
+    assert "(25 leaves)" in lines[0]
+
+
+def test_a_lossy_cast_is_refused_unless_allowed(checkpoint: Path) -> None:
+    # Orbax alone casts silently: 16777217 comes back as 16777216.0.
+    target = _model(counts=NumpyTarget((2,), np.float32))
+    with pytest.raises(
+        TargetMismatchError, match=r"stored \(2,\) int32, target \(2,\) float32 \(a lossy cast\)"
+    ):
+        load_checkpointables(checkpoint, {"model": target})
+    compared = ex.compare_table(checkpoint, {"model": target})
+    (row,) = compared[compared["key"] == "['counts']"].itertuples()
+    assert (row.status, row.lossy) == ("dtype cast", True)
+    with allow_lossy_casts():
+        restored = load_checkpointables(checkpoint, {"model": target})
+    assert restored["model"]["counts"].dtype == np.float32
+    assert restored["model"]["counts"][0] == np.float32(16777216.0)
+    with allow_lossy_casts(), allow_lossy_casts(False), pytest.raises(TargetMismatchError):
+        load_checkpointables(checkpoint, {"model": target})
+
+
+def test_a_lossless_cast_goes_ahead(checkpoint: Path) -> None:
+    target = _model(half=jax.ShapeDtypeStruct((4,), jnp.float32))
+    compared = ex.compare_table(checkpoint, {"model": target})
+    (row,) = compared[compared["key"] == "['half']"].itertuples()
+    assert (row.status, row.lossy) == ("dtype cast", False)
+    restored = load_checkpointables(checkpoint, {"model": target})
+    assert restored["model"]["half"].dtype == jnp.float32
+
+
+@pytest.mark.parametrize(
+    ("stored", "target", "lossless"),
+    [
+        ("bfloat16", "float32", True),
+        ("float32", "bfloat16", False),
+        ("int32", "float32", False),
+        ("int32", "float64", True),
+        ("int64", "float64", False),
+        ("uint8", "bfloat16", True),
+        ("int16", "bfloat16", False),
+        ("int8", "int32", True),
+        ("uint32", "int32", False),
+        ("bool", "float16", True),
+        ("float16", "bfloat16", False),
+        ("float32", "int64", False),
+        ("float32", "complex64", True),
+        ("complex64", "float32", False),
+        ("float32", "float8_e4m3fn", False),
+    ],
+)
+def test_which_casts_lose_values(stored: str, target: str, lossless: bool) -> None:
+    assert cast_is_lossless(stored, target) is lossless
+    if lossless:
+        # Spot-check the extremes round-trip exactly.
+        src = np.dtype(getattr(ml_dtypes, stored, None) or stored)
+        info = ml_dtypes.iinfo(src) if src.kind in "iu" else None
+        if info is not None:
+            extremes = np.array([info.min, info.max], src)
+            back = extremes.astype(np.dtype(getattr(ml_dtypes, target, None) or target))
+            assert (back.astype(src) == extremes).all()
+
+
+def test_no_cast_between_keys_strings_and_numbers() -> None:
+    assert cast_is_lossless("float32", "key<fry>") is None
+    assert cast_is_lossless("bogus", "float32") is None
+
+
+def test_a_refused_load_leaves_no_warning_coroutine_or_thread(checkpoint: Path) -> None:
+    target = _model(dense1={"kernel": jnp.zeros((2, 2)), "bias": jnp.zeros(256)})
+    before = set(threading.enumerate())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            with pytest.raises(TargetMismatchError):
+                load_checkpointables(checkpoint, {"model": target})
+        gc.collect()  # an un-awaited coroutine warns when it is collected
+    assert set(threading.enumerate()) <= before
+
+
+def test_a_refused_training_load_never_touches_the_iterator(tmp_path: Path) -> None:
+    data = grain.MapDataset.range(20).batch(2).to_iter_dataset()
+    it = iter(data)
+    next(it)
+    model = {"w": jnp.ones((3, 3))}
+    save_training_checkpoint(tmp_path / "t", 1, model, {}, jax.random.key(0), {"a": 1}, it).result()
+    fresh = iter(data)
+    state_before = fresh.get_state()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TargetMismatchError, match=r"model\['w'\]: stored \(3, 3\) float32"):
+            load_training_checkpoint(
+                tmp_path / "t",
+                {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32)},
+                {},
+                abstract_restore_target(jax.random.key(0)),
+                {"a": 0},
+                fresh,
+            )
+    assert fresh.get_state() == state_before

@@ -1,0 +1,272 @@
+"""Whether restore targets fit a checkpoint, leaf by leaf, from metadata alone.
+
+The one judgement behind ``tinax.explore.compare_table``, the restore widget, and
+the check ``load_checkpointables`` and ``load_training_checkpoint`` make before
+Orbax reads a byte. Leaves are described at the level Orbax stores them (a PRNG
+key as its key data), so a stored leaf and a target leaf compare like for like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from tinax._format import arrays, jsonitems, layout, pytree, words
+from tinax._format.keys import ROOT, KeyPath, format_key
+
+# A target leaf that asks for nothing to be restored (Orbax's placeholder ``...``).
+PLACEHOLDER = "placeholder"
+# At most this many mismatched leaves are spelled out in a refusal.
+MAX_LINES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """What one leaf is, as Orbax stores it.
+
+    Attributes:
+      kind: A ``words`` kind (``jax.Array``, ``scalar``, ``empty``, …), Orbax's own
+        type name for other stored values, or ``placeholder`` for a target leaf
+        that is not to be restored.
+      shape: The stored shape, for arrays and scalars.
+      dtype: The stored dtype's name, for arrays and scalars.
+    """
+
+    kind: str
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+
+    def describe(self) -> str:
+        """``(16, 256) float32`` for an array; the kind for anything else."""
+        if self.shape is None or self.dtype is None:
+            return self.kind
+        dims = ", ".join(str(d) for d in self.shape) + ("," if len(self.shape) == 1 else "")
+        return f"({dims}) {self.dtype}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafVerdict:
+    """One leaf of a checkpoint against its restore target.
+
+    Attributes:
+      checkpointable: The checkpointable's name.
+      path: The leaf's key path.
+      status: A ``words`` compare status.
+      stored: The stored leaf, or ``None`` if the checkpoint lacks it.
+      target: The target leaf, or ``None`` if the target lacks it.
+      lossy: For a ``dtype cast``, whether some stored values would not survive it.
+    """
+
+    checkpointable: str
+    path: KeyPath
+    status: str
+    stored: Spec | None
+    target: Spec | None
+    lossy: bool | None = None
+
+    @property
+    def key(self) -> str:
+        """The leaf's key, as tables write it."""
+        return format_key(self.path)
+
+    def line(self) -> str:
+        """The leaf in one line: ``model['w']: stored (16, 256) float32, target (16, 512) float32``."""
+        where = f"{self.checkpointable}{self.key}"
+        if self.stored is None:
+            assert self.target is not None
+            return f"{where}: not stored, target {self.target.describe()}"
+        if self.target is None:
+            return f"{where}: stored {self.stored.describe()}, not in the target"
+        text = f"{where}: stored {self.stored.describe()}, target {self.target.describe()}"
+        if self.status == words.DTYPE_CAST and self.lossy:
+            text += " (a lossy cast)"
+        elif self.status == words.KIND_DIFFERS:
+            text += f" ({self.stored.kind} and {self.target.kind})"
+        return text
+
+
+# -- dtypes -----------------------------------------------------------------------------
+
+
+def _dtype(name: str) -> np.dtype | None:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        found = getattr(ml_dtypes, name, None)
+        return None if found is None else np.dtype(found)
+
+
+def _float_info(dtype: np.dtype) -> ml_dtypes.finfo | None:
+    try:
+        return ml_dtypes.finfo(dtype)
+    except (ValueError, TypeError):
+        return None
+
+
+def _int_info(dtype: np.dtype) -> ml_dtypes.iinfo | None:
+    try:
+        return ml_dtypes.iinfo(dtype)
+    except (ValueError, TypeError):
+        return None
+
+
+def _is_complex(dtype: np.dtype) -> bool:
+    return dtype.kind == "c"
+
+
+def cast_is_lossless(stored: str, target: str) -> bool | None:
+    """Whether every value of dtype ``stored`` survives a cast to ``target`` exactly.
+
+    ``None`` when the two are not both numbers (no cast is possible).
+    """
+    src, dst = _dtype(stored), _dtype(target)
+    if src is None or dst is None:
+        return None
+    if src == dst:
+        return True
+    numeric = [
+        d.kind == "b" or _is_complex(d) or _float_info(d) or _int_info(d) for d in (src, dst)
+    ]
+    if not all(numeric):
+        return None
+    if src.kind == "b":
+        return True
+    if dst.kind == "b" or (_is_complex(src) and not _is_complex(dst)):
+        return False
+    if _is_complex(src) and _is_complex(dst):
+        return bool(np.can_cast(src, dst, "safe"))
+    if _is_complex(dst):
+        real = np.dtype(np.float32 if dst.itemsize <= 8 else np.float64)
+        return cast_is_lossless(src.name, real.name)
+    src_int, dst_int = _int_info(src), _int_info(dst)
+    src_float, dst_float = _float_info(src), _float_info(dst)
+    if src_int is not None and dst_int is not None:
+        return bool(dst_int.min <= src_int.min and src_int.max <= dst_int.max)
+    if src_int is not None and dst_float is not None:
+        # Every integer up to 2**(nmant + 1) is exact in a float with nmant mantissa bits.
+        magnitude = max(abs(int(src_int.min)), int(src_int.max))
+        return magnitude <= 2 ** (dst_float.nmant + 1) and magnitude <= float(dst_float.max)
+    if src_float is not None and dst_float is not None:
+        return bool(
+            dst_float.nmant >= src_float.nmant
+            and dst_float.maxexp >= src_float.maxexp
+            and dst_float.minexp <= src_float.minexp
+        )
+    return False  # a float into an integer
+
+
+# -- judging ------------------------------------------------------------------------------
+
+
+def _family(kind: str) -> str:
+    # Orbax restores a stored array as whichever array the target asks for.
+    return "array" if kind in words.ARRAY_KINDS else kind
+
+
+def judge_leaf(stored: Spec, target: Spec) -> tuple[str, bool | None]:
+    """The status of one stored leaf against its target, and for a cast whether it is lossy."""
+    if target.kind == PLACEHOLDER:
+        return words.LEFT_OUT, None
+    if _family(stored.kind) != _family(target.kind):
+        return words.KIND_DIFFERS, None
+    if stored.shape is not None and target.shape is not None and stored.shape != target.shape:
+        return words.SHAPE_DIFFERS, None
+    if stored.dtype is not None and target.dtype is not None and stored.dtype != target.dtype:
+        lossless = cast_is_lossless(stored.dtype, target.dtype)
+        if lossless is None:
+            return words.DTYPE_DIFFERS, None
+        return words.DTYPE_CAST, not lossless
+    return words.OK, None
+
+
+Leaves = Sequence[tuple[KeyPath, Spec]]
+
+
+def judge(stored: Mapping[str, Leaves], targets: Mapping[str, Leaves]) -> list[LeafVerdict]:
+    """Every leaf of ``stored`` and ``targets``, joined on checkpointable and key path.
+
+    Rows follow the checkpoint's order, with target leaves the checkpoint lacks
+    after their checkpointable's stored leaves, and checkpointables only in the
+    targets last.
+    """
+    out = []
+    for name in dict.fromkeys([*stored, *targets]):
+        wanted = dict(targets.get(name, ()))
+        for path, spec in stored.get(name, ()):
+            target = wanted.pop(path, None)
+            if target is None:
+                out.append(LeafVerdict(name, path, words.NOT_IN_TARGET, spec, None))
+            else:
+                status, lossy = judge_leaf(spec, target)
+                out.append(LeafVerdict(name, path, status, spec, target, lossy))
+        for path, target in wanted.items():
+            out.append(LeafVerdict(name, path, words.MISSING_FROM_CHECKPOINT, None, target))
+    return out
+
+
+def refusals(verdicts: Iterable[LeafVerdict], *, allow_lossy: bool) -> list[LeafVerdict]:
+    """The leaves that make a restore impossible, or lose values the caller did not allow."""
+    return [
+        v
+        for v in verdicts
+        if v.status in words.REFUSED_STATUSES
+        or (v.status == words.DTYPE_CAST and v.lossy and not allow_lossy)
+    ]
+
+
+def refusal_message(path: str, refused: Sequence[LeafVerdict]) -> str:
+    """The checkpoint, then one line per refused leaf (at most ``MAX_LINES``)."""
+    lines = [v.line() for v in refused[:MAX_LINES]]
+    if len(refused) > MAX_LINES:
+        lines.append(f"… and {len(refused) - MAX_LINES} more")
+    count = f"{len(refused)} lea{'f' if len(refused) == 1 else 'ves'}"
+    return f"checkpoint {path!r} does not fit the restore targets ({count}):\n  " + "\n  ".join(
+        lines
+    )
+
+
+# -- what is stored -------------------------------------------------------------------------
+
+
+def _pytree_specs(item: layout.StoredCheckpointable) -> list[tuple[KeyPath, Spec]]:
+    tree = pytree.read_layout(item.directory)
+    infos = pytree.leaf_infos(tree, arrays.context())
+    return [
+        (
+            leaf.path,
+            Spec(leaf.kind)
+            if info is None
+            else Spec(leaf.kind, shape=info.shape, dtype=info.dtype),
+        )
+        for leaf, info in infos
+    ]
+
+
+def stored_specs(
+    checkpoint: layout.Checkpoint, names: Iterable[str] | None = None
+) -> dict[str, list[tuple[KeyPath, Spec]]]:
+    """Every stored leaf of the checkpointables ``names`` (all by default), from metadata.
+
+    Raises:
+      ValueError: If a checkpointable is missing or its metadata is unreadable.
+    """
+    wanted = [item.name for item in checkpoint.checkpointables] if names is None else names
+    out: dict[str, list[tuple[KeyPath, Spec]]] = {}
+    for name in wanted:
+        item = checkpoint.get(name)
+        if item.layout == layout.PYTREE:
+            out[name] = _pytree_specs(item)
+        elif item.layout == layout.ITERATOR:
+            jsonitems.iterator_files(item.directory)
+            out[name] = [(ROOT, Spec(words.ITERATOR))]
+        elif item.layout == layout.JSON:
+            out[name] = [(ROOT, Spec(words.JSON))]
+        elif item.layout == layout.EMPTY:
+            jsonitems.read_empty_record(item.directory)
+            out[name] = [(ROOT, Spec(words.EMPTY))]
+        else:
+            out[name] = [(ROOT, Spec(words.UNKNOWN))]
+    return out
