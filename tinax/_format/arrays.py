@@ -7,8 +7,11 @@ metadata sits under ``<param>/`` in that store.
 
 from __future__ import annotations
 
+import dataclasses
+import posixpath
 import re
-from collections.abc import Collection
+import urllib.parse
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import tensorstore as ts
@@ -47,41 +50,104 @@ def message(error: BaseException) -> str:
     return _SPEC_SUFFIX.sub("", str(error))
 
 
-def _walk_ocdbt(
-    directory: Location, wanted: Collection[bytes], ctx: ts.Context
-) -> dict[bytes, bytes]:
-    """Values of ``wanted`` keys, read by walking the OCDBT B+tree a level at a time.
+@dataclasses.dataclass(frozen=True)
+class ValueRef:
+    """Where an OCDBT store keeps a value out of line: a byte range of one of its files.
 
-    Each level's nodes are requested at once, and Orbax keeps small values (array
-    metadata among them) inline in the leaf nodes, so a whole checkpointable's
-    metadata arrives in a few reads instead of one lookup per array.
+    Attributes:
+      file: The file's path relative to the store's directory (``ocdbt.process_0/d/…``).
+      offset: Where the value starts in the file.
+      length: Its length in bytes.
+      location: OCDBT's own reference to it, as ``ts.ocdbt.dump`` takes it.
     """
-    base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
+
+    file: str
+    offset: int
+    length: int
+    location: str
+
+
+def parse_location(location: str) -> ValueRef:
+    """The file and byte range of an OCDBT location ``<kind>:<base>:<file>:<offset>:<length>``.
+
+    Raises:
+      ValueError: If ``location`` is not of that form, or names a file outside the store.
+    """
+    parts = location.split(":")
+    if len(parts) != 5 or not (parts[3].isdigit() and parts[4].isdigit()):
+        raise ValueError(f"OCDBT location {location!r} is not <kind>:<base>:<file>:<offset>:<length>")
+    file = urllib.parse.unquote(parts[1]) + urllib.parse.unquote(parts[2])
+    if not file or file.startswith("/") or ".." in posixpath.normpath(file).split("/"):
+        raise ValueError(f"OCDBT location {location!r} names a file outside its store")
+    return ValueRef(file=file, offset=int(parts[3]), length=int(parts[4]), location=location)
+
+
+def _root_location(base: Any, ctx: ts.Context) -> str | None:
     manifest = ts.ocdbt.dump(base, context=ctx).result()
     versions = manifest.get("versions") or []
     if not versions or "location" not in versions[-1].get("root", {}):
-        return {}
-    found: dict[bytes, bytes] = {}
-    indirect: dict[bytes, str] = {}
-    level: list[tuple[bytes, str]] = [(b"", versions[-1]["root"]["location"])]
+        return None
+    location: str = versions[-1]["root"]["location"]
+    return location
+
+
+def walk_ocdbt(
+    directory: Location, ctx: ts.Context, *, nodes: list[str] | None = None
+) -> Iterator[tuple[bytes, bytes | str]]:
+    """Every key of the OCDBT store in ``directory``, with its inline value or location.
+
+    The B+tree is read a level at a time, each level's nodes requested at once.
+    Orbax keeps small values (array metadata among them) inline in the leaf
+    nodes, so a whole checkpointable's keys arrive in a few reads.
+
+    Args:
+      directory: The store's directory (holding ``manifest.ocdbt``).
+      ctx: The tensorstore context.
+      nodes: If given, the location of every B+tree node read is appended to it.
+
+    Yields:
+      ``(key, value)``: ``bytes`` for a value kept inline, else its location text.
+
+    Raises:
+      ValueError: If the manifest or a node cannot be read or decoded.
+    """
+    base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
+    root = _root_location(base, ctx)
+    if root is None:
+        return
+    level: list[tuple[bytes, str]] = [(b"", root)]
     while level:
-        pending = [(prefix, ts.ocdbt.dump(base, loc, context=ctx)) for prefix, loc in level]
+        pending = [(prefix, loc, ts.ocdbt.dump(base, loc, context=ctx)) for prefix, loc in level]
         level = []
-        for prefix, future in pending:
+        for prefix, loc, future in pending:
+            if nodes is not None:
+                nodes.append(loc)
             for entry in future.result()["entries"]:
                 if "location" in entry:
                     # Keys below an interior entry are stored relative to its prefix.
                     level.append(
                         (prefix + entry.get("subtree_common_prefix", b""), entry["location"])
                     )
-                    continue
-                key = prefix + entry["key"]
-                if key not in wanted:
-                    continue
-                if "inline_value" in entry:
-                    found[key] = entry["inline_value"]
+                elif "inline_value" in entry:
+                    yield prefix + entry["key"], entry["inline_value"]
                 elif "indirect_value" in entry:
-                    indirect[key] = entry["indirect_value"]
+                    yield prefix + entry["key"], entry["indirect_value"]
+
+
+def _walk_ocdbt(
+    directory: Location, wanted: Collection[bytes], ctx: ts.Context
+) -> dict[bytes, bytes]:
+    """Values of ``wanted`` keys, read by walking the OCDBT B+tree (see ``walk_ocdbt``)."""
+    base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
+    found: dict[bytes, bytes] = {}
+    indirect: dict[bytes, str] = {}
+    for key, value in walk_ocdbt(directory, ctx):
+        if key not in wanted:
+            continue
+        if isinstance(value, bytes):
+            found[key] = value
+        else:
+            indirect[key] = value
     values = {key: ts.ocdbt.dump(base, loc, context=ctx) for key, loc in indirect.items()}
     for key, future in values.items():
         found[key] = future.result()

@@ -188,12 +188,22 @@ def read_layout(directory: Location) -> PyTreeLayout:
 
 @dataclasses.dataclass(frozen=True)
 class ArrayInfo:
-    """What an array's zarr metadata says."""
+    """What an array's zarr metadata says.
+
+    Attributes:
+      shape: The array's shape.
+      dtype: Its dtype, as NumPy names it.
+      itemsize: Bytes per element (``None`` for a dtype NumPy does not know).
+      chunk_shape: The unit the store decodes: zarr3's inner chunk, zarr2's chunk.
+      grid_shape: The unit the store keeps under one key: zarr3's shard (the
+        chunk grid's shape), zarr2's chunk.
+    """
 
     shape: tuple[int, ...]
     dtype: str
     itemsize: int | None
     chunk_shape: tuple[int, ...] | None
+    grid_shape: tuple[int, ...] | None = None
 
 
 def dtype_name(name: str) -> tuple[str, int | None]:
@@ -233,6 +243,7 @@ def parse_array_metadata(data: bytes, *, zarr3: bool) -> ArrayInfo | None:
         chunks = None
         if isinstance(grid, dict) and isinstance(grid.get("configuration"), dict):
             chunks = _int_tuple(grid["configuration"].get("chunk_shape"))
+        grid_shape = chunks
         codecs = meta.get("codecs")
         # Orbax writes each shard with a sharding codec; its inner chunk is the unit read.
         if isinstance(codecs, list) and codecs and isinstance(codecs[0], dict):
@@ -242,9 +253,11 @@ def parse_array_metadata(data: bytes, *, zarr3: bool) -> ArrayInfo | None:
             ):
                 chunks = _int_tuple(first["configuration"].get("chunk_shape")) or chunks
     else:
-        chunks = _int_tuple(meta.get("chunks"))
+        chunks = grid_shape = _int_tuple(meta.get("chunks"))
     dtype, itemsize = dtype_name(raw_dtype)
-    return ArrayInfo(shape=shape, dtype=dtype, itemsize=itemsize, chunk_shape=chunks)
+    return ArrayInfo(
+        shape=shape, dtype=dtype, itemsize=itemsize, chunk_shape=chunks, grid_shape=grid_shape
+    )
 
 
 def array_infos(

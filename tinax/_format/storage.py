@@ -79,6 +79,14 @@ class Storage(Protocol):
         """
         ...
 
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of the regular file ``path`` from ``offset`` (fewer at its end).
+
+        Raises:
+          OSError: If it cannot be read, is a link or is not a regular file.
+        """
+        ...
+
     def inside(self, target: str, root: str) -> bool:
         """Whether the location ``target`` lies within the directory ``root``."""
         ...
@@ -144,13 +152,19 @@ class LocalStorage:
                 found.append(self._entry(item.name, item.path, info))
         return found
 
-    def read(self, path: str, max_bytes: int) -> bytes:
+    @staticmethod
+    def _open_regular(path: str) -> int:
         # O_NONBLOCK: a FIFO swapped in after the caller looked must not block the open.
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(path, flags)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"{path!r} is not a regular file")
+        return fd
+
+    def read(self, path: str, max_bytes: int) -> bytes:
+        fd = self._open_regular(path)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{path!r} is not a regular file")
             chunks = []
             remaining = max_bytes + 1
             while remaining > 0:
@@ -159,6 +173,21 @@ class LocalStorage:
                     break
                 chunks.append(chunk)
                 remaining -= len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        fd = self._open_regular(path)
+        try:
+            chunks = []
+            while length > 0:
+                chunk = os.pread(fd, min(length, 1 << 24), offset)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                offset += len(chunk)
+                length -= len(chunk)
             return b"".join(chunks)
         finally:
             os.close(fd)
@@ -256,6 +285,14 @@ class Location:
                 yield where, item
                 if item.kind == DIRECTORY:
                     stack.append(where)
+
+    def read_range(self, offset: int, length: int) -> bytes:
+        """``length`` bytes of this regular file from ``offset``; fewer at its end.
+
+        Raises:
+          OSError: If it cannot be read, is a link or is not a regular file.
+        """
+        return self.storage.read_range(self.path, offset, length)
 
     def kvstore(self) -> dict[str, Any]:
         """The tensorstore kvstore spec of this directory."""

@@ -58,3 +58,23 @@ COMPARE_STATUSES = (
 REFUSED_STATUSES = frozenset(
     {SHAPE_DIFFERS, DTYPE_DIFFERS, KIND_DIFFERS, MISSING_FROM_CHECKPOINT, NOT_IN_TARGET}
 )
+
+# -- two checkpoints, leaf by leaf (``diff_table``'s ``status``) ----------------------------
+
+SAME = "same"
+CHANGED = "changed"
+ONLY_IN_A = "only in a"
+ONLY_IN_B = "only in b"
+
+DIFF_STATUSES = (SAME, CHANGED, ONLY_IN_A, ONLY_IN_B, SHAPE_DIFFERS, DTYPE_DIFFERS, KIND_DIFFERS)
+
+# -- what ``verify`` found (a finding's ``severity``) ------------------------------------------
+
+# The checkpoint cannot be trusted to load as saved.
+ERROR = "error"
+# Unusual but not in the way of a load.
+WARNING = "warning"
+# Said for the record: what was checked, what could not be.
+INFO = "info"
+
+SEVERITIES = (ERROR, WARNING, INFO)

@@ -40,9 +40,14 @@ def iterator_state(item: StoredCheckpointable) -> Any:
     return next(iter(states.values())) if len(states) == 1 else states
 
 
-def _pytree_leaves(
+def pytree_leaves(
     name: str, tree: pytree.PyTreeLayout, ctx: ts.Context, *, values: bool
 ) -> list[Leaf]:
+    """The leaf rows of a pytree checkpointable, in ``tree.leaves`` order.
+
+    Raises:
+      ValueError: If an array's metadata, the strings or the scalars cannot be read.
+    """
     infos = pytree.leaf_infos(tree, ctx)
     shardings = pytree.read_shardings(
         tree, [leaf.param for leaf in tree.leaves if leaf.kind == words.JAX_ARRAY]
@@ -79,10 +84,15 @@ def _pytree_leaves(
     return rows
 
 
-def _checkpointable_leaves(item: StoredCheckpointable, ctx: Any, values: bool) -> list[Leaf]:
+def checkpointable_leaves(item: StoredCheckpointable, ctx: Any, values: bool) -> list[Leaf]:
+    """The leaf rows of one checkpointable, with stored values if ``values``.
+
+    Raises:
+      ValueError: If its metadata is missing or unreadable.
+    """
     if item.layout == layout.PYTREE:
         tree = pytree.read_layout(item.directory)
-        return _pytree_leaves(item.name, tree, ctx, values=values)
+        return pytree_leaves(item.name, tree, ctx, values=values)
     if item.layout == layout.ITERATOR:
         state = iterator_state(item)
         return [Leaf(item.name, ROOT_KEY, words.ITERATOR, value=state if values else None)]
@@ -104,9 +114,9 @@ def checkpoint_leaves(checkpoint: Checkpoint, *, values: bool = True) -> list[Le
     ctx = arrays.context()
     items = checkpoint.checkpointables
     if len(items) == 1:
-        return _checkpointable_leaves(items[0], ctx, values)
+        return checkpointable_leaves(items[0], ctx, values)
     with concurrent.futures.ThreadPoolExecutor(min(len(items), _MAX_THREADS)) as pool:
-        parts = list(pool.map(lambda item: _checkpointable_leaves(item, ctx, values), items))
+        parts = list(pool.map(lambda item: checkpointable_leaves(item, ctx, values), items))
     return [leaf for part in parts for leaf in part]
 
 

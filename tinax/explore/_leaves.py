@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -22,7 +23,23 @@ _DTYPES = {
     "nbytes": "Int64",
     "step": "Int64",
     "lossy": "boolean",
+    # diff_table and verify
+    "max_abs_diff": "float64",
+    "rel_change": "float64",
+    "cosine": "float64",
+    "norm": "float64",
+    "norm_diff": "float64",
+    "nan": "Int64",
+    "inf": "Int64",
+    "nan_count": "Int64",
+    "inf_count": "Int64",
+    "decoded": "boolean",
+    "part": "string",
+    "severity": "string",
+    "message": "string",
 }
+# Columns of a table that joins two sides carry the side as a suffix.
+_SIDE = re.compile(r"_(checkpoint|target|a|b)$")
 
 
 class Leaf(NamedTuple):
@@ -45,7 +62,7 @@ LEAF_COLUMNS = Leaf._fields
 
 def column(name: str, values: Sequence[Any]) -> pd.Series:
     """A table column with its stable dtype: ``string``, ``Int64`` or ``object``."""
-    dtype = _DTYPES.get(name.removesuffix("_checkpoint").removesuffix("_target"))
+    dtype = _DTYPES.get(name, _DTYPES.get(_SIDE.sub("", name)))
     if dtype is not None:
         return pd.Series(pd.array(list(values), dtype=dtype))
     cells = np.empty(len(values), dtype=object)

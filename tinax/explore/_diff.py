@@ -1,0 +1,494 @@
+"""Two checkpoints, or a checkpoint and live state, leaf by leaf: what changed, and how much.
+
+Arrays are read a region at a time (``tinax._format.chunks``), so memory stays
+bounded whatever the size of the checkpoints. Stored arrays whose zarr metadata and
+chunks hold the same bytes in both checkpoints are recognised as the same from
+those bytes, without decoding them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import tensorstore as ts
+
+from tinax._format import arrays, chunks, layout, names, pytree, words
+from tinax.explore import _checkpoint, _live
+from tinax.explore._leaves import Leaf, frame
+from tinax.explore._numeric import PairStats
+
+DIFF_COLUMNS = (
+    "checkpointable",
+    "key",
+    "status",
+    "kind_a",
+    "kind_b",
+    "shape_a",
+    "shape_b",
+    "dtype_a",
+    "dtype_b",
+    "max_abs_diff",
+    "rel_change",
+    "cosine",
+    "norm_a",
+    "norm_b",
+    "norm_diff",
+    "nan_a",
+    "inf_a",
+    "nan_b",
+    "inf_b",
+    "decoded",
+)
+
+Progress = Callable[[int, int], None]
+
+# Statuses after ``changed`` in the order ``sort`` puts them (changed rows go by size).
+_STATUS_ORDER = {
+    words.CHANGED: 0,
+    words.SHAPE_DIFFERS: 1,
+    words.DTYPE_DIFFERS: 2,
+    words.KIND_DIFFERS: 3,
+    words.ONLY_IN_A: 4,
+    words.ONLY_IN_B: 5,
+    words.SAME: 6,
+}
+
+
+def _family(kind: str) -> str:
+    # A stored array compares with a live one whichever kind of array each is.
+    return "array" if kind in words.ARRAY_KINDS else kind
+
+
+# -- where a side's values come from -----------------------------------------------------
+
+
+class _StoredTree:
+    """A pytree checkpointable being read: its layout, and its store's contents once needed."""
+
+    def __init__(self, tree: pytree.PyTreeLayout, ctx: ts.Context) -> None:
+        self.tree = tree
+        self.ctx = ctx
+        self._contents: chunks.StoreContents | None = None
+        self._contents_error = False
+
+    def contents(self) -> chunks.StoreContents | None:
+        """The OCDBT store's keys and where their values are; ``None`` if not OCDBT or unreadable."""
+        if self._contents is None and not self._contents_error and self.tree.ocdbt:
+            paths = [
+                pytree.storage_path(leaf.param)
+                for leaf in self.tree.leaves
+                if leaf.kind in words.STORED_ARRAY_KINDS
+            ]
+            try:
+                self._contents = chunks.store_contents(
+                    self.tree.directory, paths, zarr3=self.tree.zarr3, ctx=self.ctx
+                )
+            except (ValueError, KeyError, TypeError):
+                # Telling identical chunks apart is a shortcut; decoding still works.
+                self._contents_error = True
+        return self._contents
+
+
+@dataclasses.dataclass(frozen=True)
+class _StoredArray:
+    """An array leaf of a checkpoint."""
+
+    owner: _StoredTree
+    leaf: pytree.StoredLeaf
+    chunk_shape: tuple[int, ...] | None
+
+    def open(self) -> Any:
+        return ts.open(self.owner.tree.array_spec(self.leaf), context=self.owner.ctx, read=True)
+
+    def stored(self) -> tuple[chunks.StoredValue, dict[bytes, chunks.StoredValue]] | None:
+        """The array's zarr metadata and chunks as stored, if the store can tell."""
+        contents = self.owner.contents()
+        if contents is None:
+            return None
+        path = pytree.storage_path(self.leaf.param)
+        suffix = names.ZARR3_METADATA if self.owner.tree.zarr3 else names.ZARR2_METADATA
+        metadata = contents.other.get((path + suffix).encode("utf-8"))
+        if metadata is None:
+            return None
+        return metadata, contents.chunks.get(path, {})
+
+
+class _Regions:
+    """A live array as the read interface ``chunks.read_arrays`` takes."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __getitem__(self, box: chunks.Box) -> _Ready:
+        return _Ready(np.asarray(self.value[box]))
+
+
+class _Ready:
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    def read(self) -> _Ready:
+        return self
+
+    def result(self) -> np.ndarray:
+        return self.values
+
+
+@dataclasses.dataclass(frozen=True)
+class _LiveArray:
+    """An array leaf of live state."""
+
+    value: Any
+    chunk_shape: tuple[int, ...] | None = None
+
+    def open(self) -> Any:
+        return _Regions(self.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One leaf of one side: its row, and its values (an array source, or the value)."""
+
+    leaf: Leaf
+    array: _StoredArray | _LiveArray | None = None
+
+
+@dataclasses.dataclass
+class _Side:
+    label: str
+    entries: dict[tuple[str, str], _Entry]
+
+
+def _stored_side(path: Any) -> _Side:
+    checkpoint = _checkpoint.open_checkpoint(path)
+    ctx = arrays.context()
+    entries: dict[tuple[str, str], _Entry] = {}
+    for item in checkpoint.checkpointables:
+        if item.layout != layout.PYTREE:
+            for row in _checkpoint.checkpointable_leaves(item, ctx, True):
+                entries[(row.checkpointable, row.key)] = _Entry(row)
+            continue
+        tree = pytree.read_layout(item.directory)
+        owner = _StoredTree(tree, ctx)
+        rows = _checkpoint.pytree_leaves(item.name, tree, ctx, values=True)
+        for stored, row in zip(tree.leaves, rows, strict=True):
+            array = None
+            if row.kind in words.ARRAY_KINDS and row.shape is not None and stored.stored:
+                array = _StoredArray(owner, stored, row.chunk_shape)
+            entries[(row.checkpointable, row.key)] = _Entry(row, array)
+    return _Side(str(checkpoint.path), entries)
+
+
+def _live_side(state: Mapping[str, Any]) -> _Side:
+    import jax
+
+    from tinax.checkpointing import NumpyTarget
+
+    entries: dict[tuple[str, str], _Entry] = {}
+    for row, obj in _live.live_leaves(state):
+        array = None
+        if row.kind in words.ARRAY_KINDS:
+            if isinstance(obj, jax.ShapeDtypeStruct | NumpyTarget):
+                raise ValueError(
+                    f"live leaf {row.key} of {row.checkpointable!r} is an abstract target "
+                    f"({type(obj).__name__}); diff_table compares values"
+                )
+            if jax.dtypes.issubdtype(obj.dtype, jax.dtypes.prng_key):
+                obj = jax.random.key_data(obj)
+            value = obj if isinstance(obj, jax.Array) else np.asarray(obj)
+            row = row._replace(shape=tuple(int(d) for d in value.shape), dtype=value.dtype.name)
+            array = _LiveArray(value)
+        elif row.kind == words.SCALAR:
+            row = row._replace(dtype=np.asarray(row.value).dtype.name)
+        entries[(row.checkpointable, row.key)] = _Entry(row, array)
+    return _Side("live state", entries)
+
+
+def _side(value: object, which: str) -> _Side:
+    if isinstance(value, Mapping):
+        return _live_side(value)
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(
+            f"{which} must be a checkpoint path or a mapping of name to pytree, "
+            f"got {type(value).__name__}"
+        )
+    return _stored_side(value)
+
+
+# -- comparing ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Row:
+    name: str
+    key: str
+    status: str
+    a: Leaf | None
+    b: Leaf | None
+    stats: PairStats | None = None
+    decoded: bool | None = None
+
+    def record(self) -> tuple[Any, ...]:
+        sides: list[Any] = []
+        for field in ("kind", "shape", "dtype"):
+            sides += [getattr(self.a, field, None), getattr(self.b, field, None)]
+        stats = self.stats
+        numbers: list[Any] = [None] * 6
+        counts: list[Any] = [None] * 4
+        if stats is not None:
+            counts = [stats.counts_a.nan, stats.counts_a.inf, stats.counts_b.nan, stats.counts_b.inf]
+            if self.status == words.CHANGED and stats.numeric:
+                numbers = [
+                    stats.max_abs_diff,
+                    stats.rel_change,
+                    stats.cosine,
+                    stats.norm_a,
+                    stats.norm_b,
+                    stats.norm_diff,
+                ]
+        return (self.name, self.key, self.status, *sides, *numbers, *counts, self.decoded)
+
+
+def _scalar_stats(a: Leaf, b: Leaf) -> PairStats:
+    left = np.asarray(a.value, dtype=a.dtype)
+    right = np.asarray(b.value, dtype=b.dtype)
+    stats = PairStats(left.dtype)
+    stats.update(left, right)
+    return stats
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    try:
+        return bool(type(a) is type(b) and a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _compare(name: str, key: str, a: _Entry | None, b: _Entry | None) -> _Row:
+    if a is None or b is None:
+        status = words.ONLY_IN_B if a is None else words.ONLY_IN_A
+        return _Row(name, key, status, getattr(a, "leaf", None), getattr(b, "leaf", None))
+    la, lb = a.leaf, b.leaf
+    if _family(la.kind) != _family(lb.kind):
+        return _Row(name, key, words.KIND_DIFFERS, la, lb)
+    if la.kind in words.ARRAY_KINDS or la.kind == words.SCALAR:
+        if la.shape != lb.shape:
+            return _Row(name, key, words.SHAPE_DIFFERS, la, lb)
+        if la.dtype != lb.dtype:
+            return _Row(name, key, words.DTYPE_DIFFERS, la, lb)
+        if la.kind == words.SCALAR:
+            stats = _scalar_stats(la, lb)
+            status = words.SAME if stats.equal else words.CHANGED
+            return _Row(name, key, status, la, lb, stats, True)
+        if a.array is None or b.array is None:
+            # Nothing stored for an array Orbax was told to skip: nothing to compare.
+            return _Row(name, key, words.SAME if a.array is b.array else words.CHANGED, la, lb)
+        # Compared in a second pass, region by region.
+        return _Row(name, key, words.CHANGED, la, lb)
+    status = words.SAME if _same_value(la.value, lb.value) else words.CHANGED
+    return _Row(name, key, status, la, lb, decoded=True)
+
+
+def _identical_on_disk(a: _StoredArray, b: _StoredArray) -> bool:
+    """Whether two stored arrays have byte-identical zarr metadata and chunks."""
+    if a.owner.tree.zarr3 != b.owner.tree.zarr3:
+        return False
+    left, right = a.stored(), b.stored()
+    if left is None or right is None:
+        return False
+    (meta_a, chunks_a), (meta_b, chunks_b) = left, right
+    dir_a, dir_b = a.owner.tree.directory, b.owner.tree.directory
+    prefix_a = len(pytree.storage_path(a.leaf.param))
+    prefix_b = len(pytree.storage_path(b.leaf.param))
+    by_name_a = {key[prefix_a:]: value for key, value in chunks_a.items()}
+    by_name_b = {key[prefix_b:]: value for key, value in chunks_b.items()}
+    if by_name_a.keys() != by_name_b.keys():
+        return False
+    try:
+        if not chunks.same_stored_value(dir_a, meta_a, dir_b, meta_b):
+            return False
+        return all(
+            chunks.same_stored_value(dir_a, value, dir_b, by_name_b[name])
+            for name, value in by_name_a.items()
+        )
+    except OSError:
+        return False
+
+
+def _lcm_chunks(
+    shape: tuple[int, ...], a: tuple[int, ...] | None, b: tuple[int, ...] | None
+) -> tuple[int, ...]:
+    """Chunks that are whole chunks on both sides (whole-dimension where unknown)."""
+    out = []
+    for d, size in enumerate(shape):
+        ca = a[d] if a is not None and len(a) == len(shape) else None
+        cb = b[d] if b is not None and len(b) == len(shape) else None
+        known = [c for c in (ca, cb) if c]
+        out.append(min(size, math.lcm(*known)) if known else 1)
+    return tuple(out)
+
+
+def _location(side: _Side, row: _Row) -> str:
+    return f"leaf {row.key} of {row.name!r} in {side.label}"
+
+
+def _decode_pairs(
+    pairs: list[tuple[_Row, _Entry, _Entry]],
+    sides: tuple[_Side, _Side],
+    progress: Progress | None,
+    done: int,
+    total: int,
+) -> None:
+    """Reads every pair region by region, both sides in step, and fills in their stats."""
+
+    def reads(which: int) -> Iterator[chunks.ArrayRead]:
+        for index, (row, ea, eb) in enumerate(pairs):
+            entry = (ea, eb)[which]
+            assert entry.array is not None and ea.array is not None and eb.array is not None
+            shape = row.a.shape if row.a is not None and row.a.shape is not None else ()
+            grid = _lcm_chunks(shape, ea.array.chunk_shape, eb.array.chunk_shape)
+            itemsize = np.dtype(_numpy_dtype(row)).itemsize
+            boxes = chunks.regions(shape, grid, itemsize, chunks.REGION_BYTES)
+            yield chunks.ArrayRead(index, entry.array.open(), boxes, itemsize)
+
+    stats: dict[int, PairStats] = {}
+    for (index, box, left), (_, _, right) in zip(
+        chunks.read_arrays(reads(0)), chunks.read_arrays(reads(1)), strict=True
+    ):
+        row = pairs[index][0]
+        for side, values in zip(sides, (left, right), strict=True):
+            if isinstance(values, chunks.ReadFailure):
+                raise ValueError(f"cannot read {_location(side, row)}: {values.message}")
+        pair = stats.get(index)
+        if pair is None:
+            pair = stats[index] = PairStats(np.asarray(left).dtype)
+        pair.update(np.asarray(left), np.asarray(right))
+        done += 2 * chunks.box_size(box) * pair.dtype.itemsize
+        if progress is not None:
+            progress(done, total)
+    for index, (row, _, _) in enumerate(pairs):
+        pair = stats.get(index)
+        if pair is None:  # No elements at all.
+            row.status = words.SAME
+            continue
+        row.stats = pair
+        row.decoded = True
+        row.status = words.SAME if pair.equal else words.CHANGED
+
+
+def _numpy_dtype(row: _Row) -> np.dtype:
+    assert row.a is not None and row.a.dtype is not None
+    name, _ = pytree.dtype_name(row.a.dtype)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.dtype(getattr(ts, name).numpy_dtype)
+
+
+def _nbytes(row: _Row) -> int:
+    if row.a is None or row.a.shape is None:
+        return 0
+    return math.prod(row.a.shape) * np.dtype(_numpy_dtype(row)).itemsize
+
+
+def sort_by_change(table: pd.DataFrame) -> pd.DataFrame:
+    """``diff_table`` rows with the largest relative change first.
+
+    Changed leaves come first, by ``rel_change`` (largest first; those without
+    one, such as changed strings, after them), then the other differences, then
+    leaves that are the same; stored order breaks ties.
+    """
+    order = table["status"].map(lambda s: _STATUS_ORDER.get(s, len(_STATUS_ORDER)))
+    change = pd.to_numeric(table["rel_change"], errors="coerce").fillna(-1.0)
+    keyed = table.assign(_order=order, _change=-change)
+    keyed = keyed.sort_values(["_order", "_change"], kind="stable")
+    return keyed.drop(columns=["_order", "_change"]).reset_index(drop=True)
+
+
+def diff_table(
+    a: str | os.PathLike[str] | Mapping[str, Any],
+    b: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    sort: bool = True,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
+    """Every leaf of two checkpoints (or a checkpoint and live state) and how it changed.
+
+    Arrays are compared region by region: peak memory stays bounded whatever the
+    checkpoints' size, at about ``2 × chunks.IN_FLIGHT_BYTES`` (64 MiB) of decoded
+    regions plus a few MiB of working space, or more when a single stored chunk
+    is larger than ``chunks.REGION_BYTES`` (8 MiB): a chunk is the unit the store
+    decodes, so each side then holds a few such chunks. Stored arrays whose zarr
+    metadata and chunks are byte-identical in both checkpoints are recognised as
+    ``same`` from the stored bytes, without decoding (``decoded`` is ``False``);
+    any other pair is decoded and compared bit for bit.
+
+    Args:
+      a: A checkpoint directory, or live state as a mapping of checkpointable
+        name to pytree of concrete values (as ``state_table`` takes it).
+      b: The same, for the other side.
+      sort: Order rows by change (``sort_by_change``); ``False`` keeps the stored
+        order, ``a``'s leaves first and then those only in ``b``.
+      progress: Called as ``progress(bytes_done, bytes_total)`` as array bytes
+        (decoded bytes of both sides) are compared.
+
+    Returns:
+      A DataFrame with columns ``checkpointable``, ``key``, ``status`` (``same``
+      bit for bit, ``changed``, ``only in a``, ``only in b``, ``shape differs``,
+      ``dtype differs``, ``kind differs``); ``kind``, ``shape`` and ``dtype`` of
+      each side (suffixed ``_a`` and ``_b``; a live typed PRNG key as its stored
+      key data); for changed numeric leaves ``max_abs_diff``, ``rel_change``
+      (‖b − a‖ / ‖a‖, infinite if ``a`` is zero), ``cosine``, ``norm_a``,
+      ``norm_b`` and ``norm_diff`` (‖b − a‖), all over the elements finite on
+      both sides; ``nan_a``, ``inf_a``, ``nan_b``, ``inf_b`` for every leaf
+      whose values were decoded; and ``decoded``.
+
+    Raises:
+      TypeError: If ``a`` or ``b`` is neither a path nor a mapping.
+      FileNotFoundError: If a path does not exist.
+      ValueError: If a checkpoint cannot be read (naming it and the leaf), or
+        live state holds abstract targets instead of values.
+    """
+    sides = (_side(a, "a"), _side(b, "b"))
+    entries_a, entries_b = sides[0].entries, sides[1].entries
+    keys = list(entries_a) + [key for key in entries_b if key not in entries_a]
+    rows: list[_Row] = []
+    pairs: list[tuple[_Row, _Entry, _Entry]] = []
+    total = done = 0
+    for key in keys:
+        ea, eb = entries_a.get(key), entries_b.get(key)
+        row = _compare(key[0], key[1], ea, eb)
+        rows.append(row)
+        if (
+            row.status == words.CHANGED
+            and row.decoded is None
+            and ea is not None
+            and eb is not None
+            and ea.array is not None
+            and eb.array is not None
+        ):
+            pairs.append((row, ea, eb))
+            total += 2 * _nbytes(row)
+    to_decode = []
+    for row, ea, eb in pairs:
+        if (
+            isinstance(ea.array, _StoredArray)
+            and isinstance(eb.array, _StoredArray)
+            and _identical_on_disk(ea.array, eb.array)
+        ):
+            row.status, row.decoded = words.SAME, False
+            done += 2 * _nbytes(row)
+        else:
+            to_decode.append((row, ea, eb))
+    if progress is not None:
+        progress(done, total)
+    _decode_pairs(to_decode, sides, progress, done, total)
+    table = frame(DIFF_COLUMNS, (row.record() for row in rows))
+    return sort_by_change(table) if sort else table
+
