@@ -75,7 +75,9 @@ def parse_location(location: str) -> ValueRef:
     """
     parts = location.split(":")
     if len(parts) != 5 or not (parts[3].isdigit() and parts[4].isdigit()):
-        raise ValueError(f"OCDBT location {location!r} is not <kind>:<base>:<file>:<offset>:<length>")
+        raise ValueError(
+            f"OCDBT location {location!r} is not <kind>:<base>:<file>:<offset>:<length>"
+        )
     file = urllib.parse.unquote(parts[1]) + urllib.parse.unquote(parts[2])
     if not file or file.startswith("/") or ".." in posixpath.normpath(file).split("/"):
         raise ValueError(f"OCDBT location {location!r} names a file outside its store")

@@ -356,4 +356,3 @@ def _value_bytes(directory: Location, value: StoredValue) -> bytes:
 def stored_bytes(values: Iterable[StoredValue]) -> int:
     """The stored size of ``values``."""
     return sum(len(v) if isinstance(v, bytes) else v.length for v in values)
-

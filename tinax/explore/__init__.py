@@ -19,11 +19,28 @@ from tinax.explore._summary import (
     leaf_statistics,
     leaf_summary,
 )
+from tinax.explore._verify import (
+    DEFAULT_CHECKS,
+    Check,
+    Finding,
+    LeafScan,
+    StoredArray,
+    Target,
+    Verification,
+    verify,
+)
 
 __all__ = [
+    "DEFAULT_CHECKS",
     "HISTOGRAM_BINS",
+    "Check",
+    "Finding",
+    "LeafScan",
     "LeafStatistics",
     "ListingCache",
+    "StoredArray",
+    "Target",
+    "Verification",
     "checkpoint_table",
     "compare_table",
     "diff_table",
@@ -36,4 +53,5 @@ __all__ = [
     "read_leaf",
     "sort_by_change",
     "state_table",
+    "verify",
 ]

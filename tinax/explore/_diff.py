@@ -242,7 +242,12 @@ class _Row:
         numbers: list[Any] = [None] * 6
         counts: list[Any] = [None] * 4
         if stats is not None:
-            counts = [stats.counts_a.nan, stats.counts_a.inf, stats.counts_b.nan, stats.counts_b.inf]
+            counts = [
+                stats.counts_a.nan,
+                stats.counts_a.inf,
+                stats.counts_b.nan,
+                stats.counts_b.inf,
+            ]
             if self.status == words.CHANGED and stats.numeric:
                 numbers = [
                     stats.max_abs_diff,
@@ -491,4 +496,3 @@ def diff_table(
     _decode_pairs(to_decode, sides, progress, done, total)
     table = frame(DIFF_COLUMNS, (row.record() for row in rows))
     return sort_by_change(table) if sort else table
-

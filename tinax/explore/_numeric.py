@@ -139,7 +139,12 @@ class PairStats:
                 both = np.isfinite(x) & np.isfinite(y)
                 x, y = x[both], y[both]
                 d = y - x
-                aa, bb, ab, dd = np.vdot(x, x).real, np.vdot(y, y).real, np.vdot(x, y), np.vdot(d, d)
+                aa, bb, ab, dd = (
+                    np.vdot(x, x).real,
+                    np.vdot(y, y).real,
+                    np.vdot(x, y),
+                    np.vdot(d, d),
+                )
             if d.size:
                 largest = np.abs(d).max() if work is np.complex128 else max(d.max(), -d.min())
                 self._max = max(self._max, float(largest))
