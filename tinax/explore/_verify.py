@@ -80,6 +80,7 @@ class PyTreeState:
       arrays: Its array leaves whose zarr metadata was read.
       contents: Its OCDBT store's keys, once walked.
       readable: Whether its array data can be read at all.
+      damaged: Keys of the arrays with chunks in a damaged data file.
     """
 
     item: StoredCheckpointable
@@ -87,6 +88,7 @@ class PyTreeState:
     arrays: list[StoredArray] = dataclasses.field(default_factory=list)
     contents: chunks.StoreContents | None = None
     readable: bool = False
+    damaged: set[str] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass
@@ -231,6 +233,35 @@ class CheckpointablesCheck(Check):
     """The checkpointables recorded are the ones present, and each is in a known layout."""
 
     def structure(self, target: Target) -> Iterable[Finding]:
+        reported = False
+        for finding in self._listed(target):
+            reported = reported or finding.severity == words.ERROR
+            yield finding
+        if not target.safe:
+            return
+        path = target.path
+        try:
+            target.checkpoint = layout.open_checkpoint(path)
+        except (ValueError, OSError) as e:
+            # An unreadable record, a temporary name or a missing directory is reported already.
+            unreadable_record = (
+                target.record is None and (path / names.CHECKPOINT_METADATA).exists()
+            )
+            if not (reported or unreadable_record or names.is_temporary_name(path.name)):
+                yield Finding("", words.ERROR, f"cannot be opened: {e}")
+            return
+        for item in target.checkpoint.checkpointables:
+            if item.layout == layout.PYTREE:
+                target.trees[item.name] = PyTreeState(item)
+            elif item.layout == layout.UNKNOWN:
+                yield Finding(
+                    item.name or ".",
+                    words.WARNING,
+                    "stored in a layout tinax does not know; its contents are not checked",
+                )
+
+    @staticmethod
+    def _listed(target: Target) -> Iterable[Finding]:
         path = target.path
         recorded = target.record.item_handlers if target.record is not None else None
         present = {
@@ -252,27 +283,6 @@ class CheckpointablesCheck(Check):
                     words.WARNING,
                     f"a checkpointable directory not listed in {names.CHECKPOINT_METADATA}; "
                     "a load does not see it",
-                )
-        if not target.safe:
-            return
-        try:
-            target.checkpoint = layout.open_checkpoint(path)
-        except (ValueError, OSError) as e:
-            # An unreadable record or a temporary name is reported already.
-            unreadable_record = (
-                target.record is None and (path / names.CHECKPOINT_METADATA).exists()
-            )
-            if not (unreadable_record or names.is_temporary_name(path.name)):
-                yield Finding("", words.ERROR, f"cannot be opened: {e}")
-            return
-        for item in target.checkpoint.checkpointables:
-            if item.layout == layout.PYTREE:
-                target.trees[item.name] = PyTreeState(item)
-            elif item.layout == layout.UNKNOWN:
-                yield Finding(
-                    item.name or ".",
-                    words.WARNING,
-                    "stored in a layout tinax does not know; its contents are not checked",
                 )
 
 
@@ -297,18 +307,33 @@ class PyTreeCheck(Check):
         yield from self._strings_and_shardings(target, tree)
         written = yield from self._written(target, directory)
         if not in_store:
+            state.readable = True
             return
+        if tree.ocdbt:
+            paths = [pytree.storage_path(leaf.param) for leaf in in_store]
+            try:
+                state.contents = chunks.store_contents(
+                    directory, paths, zarr3=tree.zarr3, ctx=target.ctx
+                )
+            except (ValueError, KeyError, TypeError) as e:
+                # Without its index nothing in the store can be found: one finding says it.
+                yield Finding(
+                    f"{where}/{names.OCDBT_MANIFEST}".lstrip("/"),
+                    words.ERROR,
+                    f"the array store's manifest or index cannot be read: {_message(e)}",
+                )
+                return
         try:
             infos = pytree.array_infos(tree, in_store, target.ctx)
         except ValueError as e:
-            infos = {}
-            yield Finding(where, words.ERROR, _message(e))
-            # One array's metadata missing stops the bulk read; name each one missing.
+            # The bulk read stops at the first bad array; name every one.
+            infos, bad = {}, []
             for leaf in in_store:
                 try:
                     infos.update(pytree.array_infos(tree, [leaf], target.ctx))
                 except ValueError as e2:
-                    yield Finding(f"{state.item.name} {leaf.key}", words.ERROR, _message(e2))
+                    bad.append(Finding(f"{state.item.name} {leaf.key}", words.ERROR, _message(e2)))
+            yield from bad or [Finding(where, words.ERROR, _message(e))]
         for leaf in in_store:
             info = infos.get(leaf.param)
             if info is None:
@@ -316,8 +341,8 @@ class PyTreeCheck(Check):
             array = StoredArray(state.item.name, leaf.key, leaf.param, info)
             yield from self._array(array, leaf, info, written)
             state.arrays.append(array)
-        if tree.ocdbt:
-            yield from self._store(target, state, tree)
+        if state.contents is not None:
+            yield from self._store(target, state, state.contents)
         else:
             state.readable = True
 
@@ -376,30 +401,25 @@ class PyTreeCheck(Check):
                     )
 
     @staticmethod
-    def _store(target: Target, state: PyTreeState, tree: pytree.PyTreeLayout) -> Iterable[Finding]:
+    def _store(
+        target: Target, state: PyTreeState, contents: chunks.StoreContents
+    ) -> Iterable[Finding]:
+        tree = state.tree
+        assert tree is not None
         where = target.relative(tree.directory)
         paths = {pytree.storage_path(a.param): a for a in state.arrays}
-        try:
-            contents = chunks.store_contents(
-                tree.directory, list(paths), zarr3=tree.zarr3, ctx=target.ctx
-            )
-        except (ValueError, KeyError, TypeError) as e:
-            yield Finding(
-                f"{where}/{names.OCDBT_MANIFEST}".lstrip("/"),
-                words.ERROR,
-                f"the array store's manifest or index cannot be read: {_message(e)}",
-            )
-            return
-        state.contents = contents
         refs: dict[str, list[StoredArray]] = {}
         all_refs = []
         for path, stored in contents.chunks.items():
+            if path not in paths:
+                continue
             for value in stored.values():
                 if isinstance(value, arrays.ValueRef):
                     all_refs.append(value)
                     refs.setdefault(value.file, []).append(paths[path])
         broken = chunks.missing_data(tree.directory, all_refs)
         for file, problem in broken.items():
+            state.damaged.update(a.key for a in refs.get(file, []))
             owners = sorted({a.part for a in refs.get(file, [])})
             shown = ", ".join(owners[:3]) + (
                 f" and {len(owners) - 3} more" if len(owners) > 3 else ""
@@ -424,7 +444,7 @@ class PyTreeCheck(Check):
                     words.WARNING,
                     f"the array store holds {found} chunks for it; its shape needs {expected}",
                 )
-        state.readable = not broken
+        state.readable = True
 
 
 class IteratorCheck(Check):
@@ -667,7 +687,13 @@ def _read_data(
                 Finding(name, words.INFO, "data not read: its array store is damaged (see above)")
             )
             continue
-        work.extend((array, state) for array in state.arrays)
+        for array in state.arrays:
+            if array.key in state.damaged:
+                found.append(
+                    Finding(array.part, words.INFO, "data not read: a data file of it is damaged")
+                )
+            else:
+                work.append((array, state))
     sizes = [math.prod(a.info.shape) * (a.info.itemsize or 0) for a, _ in work]
     total, done = sum(sizes), 0
     if progress is not None:
