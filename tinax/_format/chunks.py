@@ -26,9 +26,9 @@ from tinax._format.storage import FILE, Location
 
 # One region is at most this many decoded bytes, unless a single stored chunk is larger
 # (a chunk is the unit the store decodes, so a region never splits one).
-REGION_BYTES = 8 << 20
+REGION_BYTES = 4 << 20
 # Decoded bytes requested ahead of the region being used, per array read.
-IN_FLIGHT_BYTES = 32 << 20
+IN_FLIGHT_BYTES = 16 << 20
 # Raw stored bytes compared at a time when telling identical chunks apart.
 COMPARE_BYTES = 8 << 20
 

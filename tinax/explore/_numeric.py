@@ -8,6 +8,7 @@ copies stay in cache, so the memory they add is a few MiB whatever the array siz
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,37 @@ def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return a.tobytes() == b.tobytes()
 
 
-def _working_dtype(dtype: np.dtype) -> type:
-    return np.complex128 if dtype.kind == "c" else np.float64
+def _computable(block: np.ndarray) -> np.ndarray:
+    """``block`` in a dtype NumPy computes with: 16-bit and ml_dtypes floats as float32."""
+    if block.dtype.kind == "V" or (block.dtype.kind == "f" and block.dtype.itemsize < 4):
+        return block.astype(np.float32)
+    return block
+
+
+def _difference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # Integers are subtracted as float64, where they cannot wrap around.
+    return np.subtract(y, x, dtype=np.float64) if x.dtype.kind in "iub" else y - x
+
+
+def _dot(x: np.ndarray, y: np.ndarray) -> Any:
+    """``Σ conj(x)·y``, accumulated in double precision without a float64 copy.
+
+    einsum converts as it goes; BLAS would need float64 copies, and its threads
+    contend with the readers' for the cores.
+    """
+    if x.dtype.kind == "c":
+        return np.vdot(x.astype(np.complex128), y.astype(np.complex128))
+    return np.einsum("i,i->", x, y, dtype=np.float64)
+
+
+def _sums(x: np.ndarray, y: np.ndarray, d: np.ndarray) -> tuple[float, float, Any, float]:
+    """``Σ|x|²``, ``Σ|y|²``, ``Σ conj(x)·y`` and ``Σ|d|²`` for ``d = y - x``."""
+    aa, bb, dd = float(_dot(x, x).real), float(_dot(y, y).real), float(_dot(d, d).real)
+    if x.dtype.kind == "c":
+        return aa, bb, complex(_dot(x, y)), dd
+    # Re⟨x, y⟩ from the three norms: the cancellation this risks is an absolute error
+    # of a few ulps of ‖x‖‖y‖ in the cosine, far below anything it is read for.
+    return aa, bb, (aa + bb - dd) / 2, dd
 
 
 class ValueCounts:
@@ -97,7 +127,7 @@ class PairStats:
         self.counts_a = ValueCounts(self.dtype)
         self.counts_b = ValueCounts(self.dtype)
         self._aa = self._bb = self._dd = 0.0
-        self._ab: complex = 0.0
+        self._ab: complex | float = 0.0
         self._max = 0.0
 
     def update(self, a: np.ndarray, b: np.ndarray) -> None:
@@ -105,53 +135,38 @@ class PairStats:
         fa, fb = _flat(a), _flat(b)
         if fa.dtype != fb.dtype or fa.shape != fb.shape:
             raise ValueError(f"regions differ: {fa.dtype}{a.shape} and {fb.dtype}{b.shape}")
-        same = _bitwise_equal(fa, fb)
-        self.counts_a.update(fa)
-        if same:
-            if self.numeric:
-                self._add_same(fa)
-            self.counts_b.nan, self.counts_b.inf = self.counts_a.nan, self.counts_a.inf
-            return
-        self.equal = False
-        self.counts_b.update(fb)
-        if self.numeric:
-            self._add_changed(fa, fb)
-
-    def _add_same(self, flat: np.ndarray) -> None:
-        work = _working_dtype(flat.dtype)
-        for start in _blocks(flat):
-            x = flat[start : start + _BLOCK].astype(work)
-            if self.counts_a.floating:
-                x = x[np.isfinite(x)]
-            norm = float(np.vdot(x, x).real)
-            self._aa += norm
-            self._bb += norm
-            self._ab += norm
-
-    def _add_changed(self, fa: np.ndarray, fb: np.ndarray) -> None:
-        work = _working_dtype(fa.dtype)
         for start in _blocks(fa):
-            x = fa[start : start + _BLOCK].astype(work)
-            y = fb[start : start + _BLOCK].astype(work)
-            d = y - x
-            aa, bb, ab, dd = np.vdot(x, x).real, np.vdot(y, y).real, np.vdot(x, y), np.vdot(d, d)
-            if not (np.isfinite(aa) and np.isfinite(bb) and np.isfinite(dd)):
-                both = np.isfinite(x) & np.isfinite(y)
-                x, y = x[both], y[both]
-                d = y - x
-                aa, bb, ab, dd = (
-                    np.vdot(x, x).real,
-                    np.vdot(y, y).real,
-                    np.vdot(x, y),
-                    np.vdot(d, d),
-                )
-            if d.size:
-                largest = np.abs(d).max() if work is np.complex128 else max(d.max(), -d.min())
-                self._max = max(self._max, float(largest))
-            self._aa += float(aa)
-            self._bb += float(bb)
-            self._ab += complex(ab) if work is np.complex128 else float(ab.real)
-            self._dd += float(dd.real)
+            raw_a, raw_b = fa[start : start + _BLOCK], fb[start : start + _BLOCK]
+            if self.numeric:
+                self._add(raw_a, raw_b)
+            elif self.equal and not _bitwise_equal(raw_a, raw_b):
+                self.equal = False
+
+    def _add(self, raw_a: np.ndarray, raw_b: np.ndarray) -> None:
+        x, y = _computable(raw_a), _computable(raw_b)
+        d = _difference(x, y)
+        aa, bb, ab, dd = _sums(x, y, d)
+        if not (math.isfinite(aa) and math.isfinite(bb) and math.isfinite(dd)):
+            # Rare: NaNs or infinities (or squares too large for float64). Count
+            # them, and compare the rest.
+            self.counts_a.update(raw_a)
+            self.counts_b.update(raw_b)
+            if self.equal and not _bitwise_equal(raw_a, raw_b):
+                self.equal = False
+            both = np.isfinite(x) & np.isfinite(y)
+            x, y = x[both], y[both]
+            d = _difference(x, y)
+            aa, bb, ab, dd = _sums(x, y, d)
+        elif self.equal and (dd != 0.0 or not _bitwise_equal(raw_a, raw_b)):
+            # Equal values can still differ in their bits (0.0 and -0.0).
+            self.equal = False
+        if d.size and dd != 0.0:
+            largest = np.abs(d).max() if d.dtype.kind == "c" else max(d.max(), -d.min())
+            self._max = max(self._max, float(largest))
+        self._aa += aa
+        self._bb += bb
+        self._ab += ab
+        self._dd += dd
 
     @property
     def max_abs_diff(self) -> float:
