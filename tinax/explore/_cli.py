@@ -183,7 +183,8 @@ def _diff(argv: Sequence[str], out: TextIO) -> int:
     if args.changed:
         table = table[table["status"] != words.SAME].reset_index(drop=True)
     if args.json:
-        json.dump(_records(table), out)
+        # Statistics that do not apply (or are undefined, as a zero vector's cosine) are null.
+        json.dump(_records(table.astype(object).where(table.notna(), None)), out)
         print(file=out)
         return 0
     counts = table["status"].value_counts()
