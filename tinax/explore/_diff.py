@@ -425,11 +425,15 @@ def diff_table(
 ) -> pd.DataFrame:
     """Every leaf of two checkpoints (or a checkpoint and live state) and how it changed.
 
-    Arrays are compared region by region: peak memory stays bounded whatever the
-    checkpoints' size, at about ``2 × chunks.IN_FLIGHT_BYTES`` (64 MiB) of decoded
-    regions plus a few MiB of working space, or more when a single stored chunk
-    is larger than ``chunks.REGION_BYTES`` (8 MiB): a chunk is the unit the store
-    decodes, so each side then holds a few such chunks. Stored arrays whose zarr
+    Arrays are compared region by region, so that peak memory stays bounded
+    whatever the checkpoints' size: each side reads ahead at most
+    ``chunks.IN_FLIGHT_BYTES`` (16 MiB) of decoded regions of at most
+    ``chunks.REGION_BYTES`` (4 MiB), and the statistics work in blocks of a few
+    MiB. With tensorstore's read and decode buffers for those regions this is
+    about 100-150 MiB of growth in resident memory (``tests/test_explore_memory.py``
+    holds it under 192 MiB for two 256 MiB checkpoints). A stored chunk is the
+    unit the store decodes, so a checkpoint whose single chunks are larger than
+    a region needs a few such chunks per side on top. Stored arrays whose zarr
     metadata and chunks are byte-identical in both checkpoints are recognised as
     ``same`` from the stored bytes, without decoding (``decoded`` is ``False``);
     any other pair is decoded and compared bit for bit.

@@ -616,8 +616,10 @@ def verify(
     store's manifest and B+tree, every data file it refers to present and long
     enough, every chunk there, and every Grain iterator file present for the
     process count in their names and valid JSON. With ``data``, every chunk of
-    every array is also read and decoded, region by region in bounded memory,
-    and NaN and infinite values are counted.
+    every array is also read and decoded, region by region (at most
+    ``chunks.IN_FLIGHT_BYTES`` of decoded regions in flight: well under 128 MiB
+    of resident memory whatever the checkpoint's size, unless single stored
+    chunks are larger), and NaN and infinite values are counted.
 
     A damaged checkpoint gives findings, never an exception.
 
