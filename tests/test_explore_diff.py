@@ -54,9 +54,7 @@ def test_two_steps_of_the_demo_run(demo_run):
     table = ex.diff_table(a, b)
     assert list(table.columns[:3]) == ["checkpointable", "key", "status"]
     rows = {(r.checkpointable, r.key): r for r in table.itertuples()}
-    assert set(rows) == {
-        (r.checkpointable, r.key) for r in ex.checkpoint_table(a).itertuples()
-    }
+    assert set(rows) == {(r.checkpointable, r.key) for r in ex.checkpoint_table(a).itertuples()}
     kernel = rows[("model", "['dense1']['kernel']")]
     assert kernel.status == words.CHANGED and kernel.decoded
     before = ex.read_leaf(a, "model", "['dense1']['kernel']").astype(np.float64)

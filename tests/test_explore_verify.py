@@ -215,7 +215,9 @@ class _SumCheck(ex.Check):
                 sums[array.key] += float(np.asarray(values, np.float64).sum())
 
             def finish(self):
-                return [ex.Finding(array.part, words.ERROR, "summed")] if array.key == "['b']" else []
+                return (
+                    [ex.Finding(array.part, words.ERROR, "summed")] if array.key == "['b']" else []
+                )
 
         return Scan()
 

@@ -15,10 +15,12 @@ from tinax import _paths, explore
 from tinax._format.words import ARRAY_KINDS, COMPLETE, IN_PROGRESS
 from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
 
+from ._diff import DiffView
 from ._guard import shown_in_widget
 from ._histogram import histogram_png
 from ._table import Column, PagedTable, RowLook, format_cell
 from ._text import error_html, format_bytes, note_html
+from ._verdict import verdict_html
 
 DEFAULT_POLL_SECONDS = 2.0
 _VALUE_CHARS = 40
@@ -200,9 +202,13 @@ class CheckpointExplorer(w.VBox):
             LEAF_COLUMNS, pick="key", page_size=page_size, empty_text="no matching leaves"
         )
         self.leaf_view.observe(guard(self._on_pick_leaf), names="selected")
+        self.verdict = w.HTML("")
+        self.diff_view = DiffView(page_size=page_size, on_error=self._show_error)
         self.leaf_section = w.VBox(
             [
                 self.leaf_title,
+                self.verdict,
+                self.diff_view,
                 w.HBox([self.checkpointable_filter, self.key_filter]),
                 self.leaf_view,
             ],
@@ -248,6 +254,7 @@ class CheckpointExplorer(w.VBox):
             self.summary.value = " · ".join(parts)
             if changed:
                 self.checkpoint_view.show(table, keep_page=True)
+                self.diff_view.set_base(self.checkpoint, self._comparable())
             if self.checkpoint is not None:
                 still = table[table["path"].astype(str) == self.checkpoint]
                 if still.empty or str(still.iloc[0]["status"]) != COMPLETE:
@@ -300,6 +307,13 @@ class CheckpointExplorer(w.VBox):
 
     # -- checkpoints ----------------------------------------------------------------
 
+    def _comparable(self) -> list[tuple[str, str]]:
+        table = self.checkpoints
+        if table.empty:
+            return []
+        done = table[table["status"] == COMPLETE]
+        return [(str(n), str(p)) for n, p in zip(done["name"], done["path"], strict=True)]
+
     @staticmethod
     def _same_listing(old: pd.DataFrame, new: pd.DataFrame) -> bool:
         fields = ["path", "status", "nbytes", "committed"]
@@ -343,6 +357,8 @@ class CheckpointExplorer(w.VBox):
             f"checkpointable{'s' if len(names) != 1 else ''}, {format_bytes(total)}"
         )
         self.leaf_view.show(leaves)
+        self.verdict.value = verdict_html(path)
+        self.diff_view.set_base(path, self._comparable())
         self.leaf_section.layout.display = ""
 
     def _close_checkpoint(self) -> None:
@@ -351,6 +367,8 @@ class CheckpointExplorer(w.VBox):
         self.leaf_view.selected = None
         self.leaf_view.show(pd.DataFrame(columns=[c.field for c in LEAF_COLUMNS]))
         self.leaf_section.layout.display = "none"
+        self.verdict.value = ""
+        self.diff_view.set_base(None, [])
         self._clear_leaf()
         if self.checkpoint_view.selected is not None:
             label = self.checkpoint_view.selected

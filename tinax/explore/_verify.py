@@ -659,13 +659,17 @@ def verify(
         found.append(Finding("", words.ERROR, "not a directory"))
     else:
         for check in active:
-            found.extend(_guarded(lambda c=check: list(c.structure(target)), type(check).__name__))
+            found.extend(_guarded(_structure(check, target), type(check).__name__))
         if data:
             found.extend(_guarded(lambda: _read_data(target, active, progress, leaves), "data"))
     found.sort(key=lambda f: _ORDER.get(f.severity, 3))
     findings = frame(FINDING_COLUMNS, (dataclasses.astuple(f) for f in found))
     ok = not any(f.severity == words.ERROR for f in found)
     return Verification(str(where), ok, findings, frame(LEAF_COLUMNS, leaves), data)
+
+
+def _structure(check: Check, target: Target) -> Callable[[], list[Finding]]:
+    return lambda: list(check.structure(target))
 
 
 def _guarded(run: Callable[[], list[Finding]], name: str) -> list[Finding]:

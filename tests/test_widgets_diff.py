@@ -1,0 +1,109 @@
+"""CheckpointExplorer: the verdict of the open checkpoint, and comparing it with another."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tinax.widgets import CheckpointExplorer
+from tinax.widgets._diff import subtree_changes
+
+from tinax.checkpointing import save_checkpointables
+
+BASE = np.linspace(1.0, 2.0, 64, dtype=np.float32).reshape(8, 8)
+
+
+def _state(scale: float) -> dict[str, Any]:
+    return {
+        "model": {
+            "encoder": {"w": BASE * scale, "b": np.ones(8, np.float32)},
+            "decoder": {"w": BASE + 0.001 * scale, "b": np.ones(8, np.float32)},
+        },
+        "optimizer": {"count": 3, "mu": np.full(4, 0.5, np.float32)},
+    }
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    root = tmp_path / "run"
+    root.mkdir()
+    save_checkpointables(root / "step-1", _state(1.0)).result()
+    save_checkpointables(root / "step-2", _state(2.0)).result()
+    return root
+
+
+def test_the_open_checkpoint_shows_its_verdict(run: Path) -> None:
+    broken = run / "step-3"
+    shutil.copytree(run / "step-1", broken)
+    (broken / "model" / "_METADATA").write_text("{")
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint("step-1")
+    assert 'data-ok="true"' in explorer.verdict.value
+    assert "sound (metadata checked)" in explorer.verdict.value
+    # A checkpoint the listing calls invalid is not opened; verify names its broken part.
+    assert all("step-3" not in path for _, path in explorer.diff_view.choice.options)
+    from tinax.widgets._verdict import verdict_html
+
+    text = verdict_html(str(broken))
+    assert 'data-ok="false"' in text and "model/_METADATA" in text
+
+
+def test_compare_with_another_checkpoint(run: Path) -> None:
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint("step-1")
+    view = explorer.diff_view
+    assert view.result.layout.display == "none"
+    labels = [label for label, _ in view.choice.options]
+    assert labels == ["compare with…", "compare with step-2"]
+    view.choice.value = str(run / "step-2")
+    assert view.other == str(run / "step-2")
+    assert view.result.layout.display == ""
+    table = view.table.frame
+    assert table["key"].iloc[0] == "['encoder']['w']"
+    assert table["rel_change"].iloc[0] == pytest.approx(1.0)
+    assert set(table["status"].iloc[-4:]) == {"same"}
+    assert "2 changed" in view.title.value
+    # One bar per top-level subtree that changed, the largest first, full length.
+    bars = view.bars.children
+    assert [row.children[0].value for row in bars] == ["model ['encoder']", "model ['decoder']"]
+    assert bars[0].children[1].value == pytest.approx(1.0)
+    assert 0 < bars[1].children[1].value < 0.01
+    view.depth.value = 2
+    assert [row.children[0].value for row in view.bars.children][0] == "model ['encoder']['w']"
+    # Back to the placeholder: the comparison goes away; so does closing the checkpoint.
+    view.choice.value = ""
+    assert view.result.layout.display == "none" and view.other is None
+    view.choice.value = str(run / "step-2")
+    explorer.open_checkpoint("step-2")
+    assert view.other is None and view.base == str(run / "step-2")
+    assert [label for label, _ in view.choice.options] == ["compare with…", "compare with step-1"]
+
+
+def test_a_comparison_that_fails_is_shown_in_the_widget(run: Path) -> None:
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint("step-1")
+    (run / "step-2" / "model" / "_METADATA").write_text("{")
+    explorer.diff_view.choice.value = str(run / "step-2")
+    assert "Cannot compare" in explorer.diff_view.title.value
+    assert "not valid JSON" in explorer.error
+
+
+def test_subtree_changes_are_norms_of_their_changed_leaves() -> None:
+    import pandas as pd
+
+    table = pd.DataFrame(
+        {
+            "checkpointable": ["m", "m", "m"],
+            "key": ["['a']['x']", "['a']['y']", "['b']"],
+            "status": ["changed", "changed", "same"],
+            "norm_a": [3.0, 4.0, None],
+            "norm_diff": [1.0, 0.0, None],
+        }
+    )
+    subtrees = subtree_changes(table, 1)
+    assert subtrees.to_dict("records") == [
+        {"checkpointable": "m", "subtree": "['a']", "rel_change": pytest.approx(0.2), "leaves": 2}
+    ]
