@@ -153,6 +153,10 @@ def test_no_module_outside_the_format_module_spells_a_status_word() -> None:
         words.KIND_DIFFERS,
         words.MISSING_FROM_CHECKPOINT,
         words.NOT_IN_TARGET,
+        words.SAME,
+        words.CHANGED,
+        words.ONLY_IN_A,
+        words.ONLY_IN_B,
     }
     for layer in ("tinax.checkpointing", "tinax.explore", "tinax.widgets"):
         for module, source in _modules(layer).items():
