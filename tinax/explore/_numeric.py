@@ -97,13 +97,10 @@ class ValueCounts:
             return
         flat = _flat(values)
         for start in _blocks(flat):
-            block = flat[start : start + _BLOCK]
-            if block.dtype.kind == "V":
-                block = block.astype(np.float32)
-            # Sums are cheap and finite exactly when every element is (or nearly:
-            # huge finite values can overflow, and are then counted one by one).
-            total = block.sum(dtype=np.complex128 if block.dtype.kind == "c" else np.float64)
-            if np.isfinite(total):
+            block = _computable(flat[start : start + _BLOCK])
+            # A sum in the values' own precision is finite exactly when every
+            # element is, unless it overflows; then they are counted one by one.
+            if np.isfinite(block.sum()):
                 continue
             self.nan += int(np.count_nonzero(np.isnan(block)))
             self.inf += int(np.count_nonzero(np.isinf(block)))

@@ -1,0 +1,85 @@
+"""The running sums behind diff_table and verify, against NumPy computed in one go."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tinax.explore._numeric import PairStats, ValueCounts
+
+
+def _stats(a: np.ndarray, b: np.ndarray, pieces: int = 3) -> PairStats:
+    stats = PairStats(a.dtype)
+    for x, y in zip(np.array_split(a, pieces), np.array_split(b, pieces), strict=True):
+        stats.update(x, y)
+    return stats
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+def test_floats_match_numpy(dtype):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(700_000).astype(dtype)
+    b = (a.astype(np.float64) + rng.standard_normal(a.size) * 1e-2).astype(dtype)
+    stats = _stats(a, b)
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    assert not stats.equal
+    assert stats.max_abs_diff == pytest.approx(np.abs(y - x).max(), rel=1e-6)
+    assert stats.rel_change == pytest.approx(np.linalg.norm(y - x) / np.linalg.norm(x), rel=1e-6)
+    assert stats.cosine == pytest.approx(x @ y / np.linalg.norm(x) / np.linalg.norm(y), abs=1e-9)
+    assert stats.norm_b == pytest.approx(np.linalg.norm(y), rel=1e-9)
+
+
+def test_integers_do_not_wrap_around():
+    a = np.array([127, -128, 0], np.int8)
+    b = np.array([-128, 127, 0], np.int8)
+    stats = _stats(a, b, 1)
+    assert stats.max_abs_diff == 255
+    assert stats.norm_diff == pytest.approx(np.sqrt(2 * 255**2))
+
+
+def test_complex_values():
+    a = np.array([1 + 1j, 2 - 1j], np.complex64)
+    b = np.array([1 + 2j, 2 - 1j], np.complex64)
+    stats = _stats(a, b, 1)
+    assert stats.max_abs_diff == pytest.approx(1.0)
+    expected = np.vdot(a.astype(np.complex128), b).real / np.linalg.norm(a) / np.linalg.norm(b)
+    assert stats.cosine == pytest.approx(expected)
+
+
+def test_equal_means_the_same_bits():
+    a = np.array([0.0, 1.0, np.nan], np.float32)
+    assert _stats(a, a.copy(), 1).equal
+    assert not _stats(a, np.array([-0.0, 1.0, np.nan], np.float32), 1).equal
+    ints = np.arange(10, dtype=np.int64)
+    assert _stats(ints, ints.copy()).equal
+    flags = np.array([True, False])
+    assert not _stats(flags, ~flags, 1).equal
+
+
+def test_nan_and_inf_are_counted_and_left_out_of_the_sums():
+    a = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    b = np.array([1.0, np.nan, np.inf, 5.0], np.float32)
+    stats = _stats(a, b, 2)
+    assert (stats.counts_a.nan, stats.counts_b.nan, stats.counts_b.inf) == (0, 1, 1)
+    assert stats.max_abs_diff == 1.0
+    assert stats.rel_change == pytest.approx(1.0 / np.sqrt(17.0))
+
+
+def test_zero_baseline():
+    zeros = np.zeros(4, np.float32)
+    assert _stats(zeros, np.ones(4, np.float32), 1).rel_change == np.inf
+    assert np.isnan(_stats(zeros, np.ones(4, np.float32), 1).cosine)
+
+
+def test_value_counts():
+    counts = ValueCounts(np.dtype(np.float32))
+    values = np.ones(600_000, np.float32)
+    values[[3, 400_000]] = np.nan
+    values[500_000] = -np.inf
+    values[10] = 3e38  # finite, but the block's sum overflows
+    counts.update(values)
+    assert (counts.nan, counts.inf) == (2, 1)
+    ints = ValueCounts(np.dtype(np.int32))
+    ints.update(np.arange(5, dtype=np.int32))
+    assert (ints.nan, ints.inf) == (0, 0)
