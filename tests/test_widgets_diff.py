@@ -72,7 +72,7 @@ def test_compare_with_another_checkpoint(run: Path) -> None:
     assert bars[0].children[1].value == pytest.approx(1.0)
     assert 0 < bars[1].children[1].value < 0.01
     view.depth.value = 2
-    assert [row.children[0].value for row in view.bars.children][0] == "model ['encoder']['w']"
+    assert view.bars.children[0].children[0].value == "model ['encoder']['w']"
     # Back to the placeholder: the comparison goes away; so does closing the checkpoint.
     view.choice.value = ""
     assert view.result.layout.display == "none" and view.other is None
