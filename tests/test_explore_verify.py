@@ -149,6 +149,15 @@ def test_chunk_bytes_overwritten_are_found_only_by_reading_data(template, tmp_pa
     assert not leaves.loc["['w']", "read"] and leaves.loc["['b']", "read"]
 
 
+def test_the_checkpointables_present_are_checked_when_one_is_missing(template, tmp_path):
+    path = _copy(template, tmp_path)
+    shutil.rmtree(path / "iterator")
+    _truncate_chunk_file(path)
+    result = ex.verify(path)
+    parts = list(result.errors["part"])
+    assert parts[0] == "iterator" and parts[1].startswith("model/ocdbt.process_0/d/"), parts
+
+
 def test_a_stray_checkpointable_is_a_warning(template, tmp_path):
     path = _copy(template, tmp_path)
     _stray_checkpointable(path)

@@ -249,7 +249,9 @@ class CheckpointablesCheck(Check):
             )
             if not (reported or unreadable_record or names.is_temporary_name(path.name)):
                 yield Finding("", words.ERROR, f"cannot be opened: {e}")
-            return
+            target.checkpoint = self._present(target)
+            if target.checkpoint is None:
+                return
         for item in target.checkpoint.checkpointables:
             if item.layout == layout.PYTREE:
                 target.trees[item.name] = PyTreeState(item)
@@ -259,6 +261,25 @@ class CheckpointablesCheck(Check):
                     words.WARNING,
                     "stored in a layout tinax does not know; its contents are not checked",
                 )
+
+    @staticmethod
+    def _present(target: Target) -> Checkpoint | None:
+        """The recorded checkpointables that are there, so that they are still checked."""
+        record = target.record
+        if record is None or not isinstance(record.item_handlers, dict):
+            return None
+        items = tuple(
+            StoredCheckpointable(
+                name, target.path / name, layout.classify(target.path / name) or layout.UNKNOWN
+            )
+            for name in record.item_handlers
+            if (target.path / name).is_dir()
+        )
+        try:
+            scan = files.scan(target.path)
+        except ValueError:
+            return None
+        return Checkpoint(target.path, items, record.committed_nsecs, scan)
 
     @staticmethod
     def _listed(target: Target) -> Iterable[Finding]:
