@@ -201,15 +201,6 @@ class _Broken:
         return self
 
 
-def open_array(spec: dict[str, Any], ctx: ts.Context) -> Any:
-    """Opens the array ``spec`` describes, for reading.
-
-    Raises:
-      ValueError: If it cannot be opened (tensorstore's message).
-    """
-    return ts.open(spec, context=ctx, read=True).result()
-
-
 # -- which chunks are stored -------------------------------------------------------------
 
 

@@ -218,6 +218,21 @@ def dtype_name(name: str) -> tuple[str, int | None]:
     return dtype.name, dtype.itemsize
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a stored dtype name (ml_dtypes' through tensorstore).
+
+    Raises:
+      TypeError: If neither NumPy nor tensorstore knows it.
+    """
+    try:
+        return np.dtype(name)
+    except TypeError:
+        try:
+            return np.dtype(getattr(ts, name).numpy_dtype)
+        except AttributeError:
+            raise TypeError(f"unknown dtype {name!r}") from None
+
+
 def _int_tuple(value: object) -> tuple[int, ...] | None:
     if isinstance(value, list) and all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value

@@ -389,11 +389,7 @@ def _decode_pairs(
 
 def _numpy_dtype(row: _Row) -> np.dtype:
     assert row.a is not None and row.a.dtype is not None
-    name, _ = pytree.dtype_name(row.a.dtype)
-    try:
-        return np.dtype(name)
-    except TypeError:
-        return np.dtype(getattr(ts, name).numpy_dtype)
+    return pytree.numpy_dtype(row.a.dtype)
 
 
 def _nbytes(row: _Row) -> int:

@@ -547,7 +547,7 @@ class NonFiniteCheck(Check):
         self.counts: dict[tuple[str, str], ValueCounts] = {}
 
     def leaf(self, target: Target, array: StoredArray) -> LeafScan | None:
-        counts = ValueCounts(np.dtype(_numpy_dtype(array.info.dtype)))
+        counts = ValueCounts(pytree.numpy_dtype(array.info.dtype))
         self.counts[(array.checkpointable, array.key)] = counts
         return _NonFiniteScan(array, counts)
 
@@ -560,13 +560,6 @@ DEFAULT_CHECKS: tuple[type[Check], ...] = (
     IteratorCheck,
     NonFiniteCheck,
 )
-
-
-def _numpy_dtype(name: str) -> np.dtype:
-    try:
-        return np.dtype(name)
-    except TypeError:
-        return np.dtype(getattr(ts, name).numpy_dtype)
 
 
 # -- the result --------------------------------------------------------------------------
@@ -715,6 +708,8 @@ def _read_data(
             )
             continue
         for array in state.arrays:
+            if array.info.itemsize is None:
+                continue  # An unknown dtype is reported already; nothing can decode it.
             if array.key in state.damaged:
                 found.append(
                     Finding(array.part, words.INFO, "data not read: a data file of it is damaged")
