@@ -310,15 +310,6 @@ def test_refused_saves_start_no_threads(tmp_path):
     )
 
 
-def test_a_save_in_progress_blocks_a_second_save_to_the_same_path(tmp_path):
-    (tmp_path / "c.orbax-checkpoint-tmp-1700000000").mkdir()
-    with pytest.raises(FileExistsError, match="in progress or was interrupted"):
-        save_checkpointables(tmp_path / "c", {"x": {"a": 1}})
-    assert _entries(tmp_path) == ["c.orbax-checkpoint-tmp-1700000000"]
-    # Another destination in the same directory is unaffected.
-    save_checkpointables(tmp_path / "c2", {"x": {"a": 1}}).result()
-
-
 def test_relative_paths_save_and_load(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "run").mkdir()

@@ -51,6 +51,7 @@ def test_a_run_directory_prints_its_checkpoints(run):
         "checkpointables",
         "nbytes",
         "committed",
+        "age",
     ]
     assert "complete" in lines[1] and str(run / "0") in lines[1]
     assert "invalid" in lines[3] and str(run / "9") in lines[3]
@@ -67,6 +68,8 @@ def test_a_run_directory_as_json(run):
     assert records[0]["committed"].endswith("+00:00")
     assert records[2]["status"] == "invalid" and records[2]["error"]
     assert records[2]["committed"] is None
+    # Age in seconds since the commit; unknown for what cannot be read.
+    assert 0 <= records[0]["age"] < 600 and records[2]["age"] is None
 
 
 def test_a_checkpoint_prints_its_leaves(checkpoint):

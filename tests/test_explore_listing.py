@@ -14,7 +14,16 @@ from explore_fixtures import save_v0_run, save_v1, save_v1_run
 import tinax.explore as ex
 from tinax._format import names as _layout
 
-LISTING_COLUMNS = ["name", "path", "step", "status", "checkpointables", "nbytes", "committed"]
+LISTING_COLUMNS = [
+    "name",
+    "path",
+    "step",
+    "status",
+    "checkpointables",
+    "nbytes",
+    "committed",
+    "age",
+]
 
 
 def test_v1_training_checkpointer_run(tmp_path):
@@ -29,6 +38,7 @@ def test_v1_training_checkpointer_run(tmp_path):
         "checkpointables": "object",
         "nbytes": "Int64",
         "committed": "datetime64[ns, UTC]",
+        "age": "timedelta64[ns]",
     }
     assert list(listing["step"]) == [0, 5, 10]
     assert list(listing["status"]) == ["complete"] * 3

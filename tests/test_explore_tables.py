@@ -387,10 +387,18 @@ def test_iterator_states_of_several_processes_and_json_checkpointables(tmp_path)
     meta["item_handlers"]["notes"] = "orbax.checkpoint.experimental.v1.handlers.JsonHandler"
     (path / "_CHECKPOINT_METADATA").write_text(json.dumps(meta))
     table = ex.checkpoint_table(path)
-    assert row(table, "data", "").value == {
+    # One row per process, keyed by its state file's name.
+    data = table[table["checkpointable"] == "data"]
+    assert list(data["key"]) == ["['process_0-of-2']", "['process_1-of-2']"]
+    assert list(data["kind"]) == ["iterator", "iterator"]
+    assert list(data["value"]) == [state, {"next_index": 9}]
+    assert ex.read_leaf(path, "data", "['process_1-of-2']") == {"next_index": 9}
+    assert ex.read_leaf(path, "data", "") == {
         "process_0-of-2": state,
         "process_1-of-2": {"next_index": 9},
     }
+    with pytest.raises(ValueError, match=r"process_0-of-2.*process_1-of-2"):
+        ex.read_leaf(path, "data", "['process_2-of-2']")
     notes = row(table, "notes", "")
     assert (notes.kind, notes.value) == ("json", {"lr": [0.1, 0.01]})
     assert ex.read_leaf(path, "notes", "") == {"lr": [0.1, 0.01]}

@@ -1,6 +1,7 @@
 """Layers import only downwards, and the on-disk format has one home.
 
-    tinax.widgets  →  tinax.explore  →  tinax.checkpointing  →  tinax._format, tinax._paths
+    tinax.widgets  →  tinax.explore  →  tinax.checkpointing  →  tinax._format, tinax._paths,
+                                                                  tinax._claims
 
 Checked twice: statically, over every import statement of every module (including
 imports inside functions), and at run time, over what importing a layer loads.
@@ -44,6 +45,17 @@ FORBIDDEN = {
         "pandas",
         "ipywidgets",
         "tensorstore",
+        "tinax._claims",
+        "tinax.checkpointing",
+        "tinax.explore",
+        "tinax.widgets",
+    ),
+    "tinax._claims": (
+        "jax",
+        "orbax",
+        "pandas",
+        "ipywidgets",
+        "tensorstore",
         "tinax.checkpointing",
         "tinax.explore",
         "tinax.widgets",
@@ -55,8 +67,8 @@ FORBIDDEN = {
 
 
 def _modules(package: str) -> dict[str, Path]:
-    if package == "tinax._paths":
-        return {package: REPO / "tinax" / "_paths.py"}
+    if package in ("tinax._paths", "tinax._claims"):
+        return {package: REPO / "tinax" / f"{package.rsplit('.', 1)[1]}.py"}
     root = PACKAGES[package]
     found = {}
     for source in sorted(root.rglob("*.py")):
@@ -135,8 +147,15 @@ def test_no_module_outside_the_format_module_spells_an_orbax_file_name() -> None
         names.SHARDINGS,
         names.COMMIT_SUCCESS,
         names.ZARR3_METADATA,
+        names.CLAIM_SUFFIX,
     }
-    for layer in ("tinax._paths", "tinax.checkpointing", "tinax.explore", "tinax.widgets"):
+    for layer in (
+        "tinax._paths",
+        "tinax._claims",
+        "tinax.checkpointing",
+        "tinax.explore",
+        "tinax.widgets",
+    ):
         for module, source in _modules(layer).items():
             found = _strings(source) & spelled
             assert not found, f"{module} spells {sorted(found)}"
@@ -148,6 +167,7 @@ def test_no_module_outside_the_format_module_spells_a_status_word() -> None:
     statuses = {
         words.COMPLETE,
         words.IN_PROGRESS,
+        words.INTERRUPTED,
         words.SHAPE_DIFFERS,
         words.DTYPE_DIFFERS,
         words.KIND_DIFFERS,
@@ -158,7 +178,7 @@ def test_no_module_outside_the_format_module_spells_a_status_word() -> None:
         words.ONLY_IN_A,
         words.ONLY_IN_B,
     }
-    for layer in ("tinax.checkpointing", "tinax.explore", "tinax.widgets"):
+    for layer in ("tinax._claims", "tinax.checkpointing", "tinax.explore", "tinax.widgets"):
         for module, source in _modules(layer).items():
             found = _strings(source) & statuses
             assert not found, f"{module} spells {sorted(found)}"
@@ -174,6 +194,16 @@ def test_private_orbax_imports_live_in_one_file() -> None:
     assert users == {"tinax.checkpointing._orbax"}
 
 
+def test_private_jax_imports_live_in_one_file() -> None:
+    users = {
+        module
+        for layer in PACKAGES
+        for module, source in _modules(layer).items()
+        if any(_under(name, "jax._src") for name in _imports(module, source))
+    }
+    assert users == {"tinax.checkpointing._processes"}
+
+
 def _loaded_after(statement: str) -> set[str]:
     code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
@@ -183,7 +213,7 @@ def _loaded_after(statement: str) -> set[str]:
 def test_importing_the_format_module_loads_no_jax_orbax_pandas_or_ipywidgets() -> None:
     loaded = _loaded_after(
         "import tinax._format.layout, tinax._format.pytree, tinax._format.arrays, "
-        "tinax._format.jsonitems, tinax._paths"
+        "tinax._format.jsonitems, tinax._paths, tinax._claims"
     )
     assert "tensorstore" in loaded
     assert not {"jax", "orbax", "pandas", "ipywidgets", "grain"} & loaded

@@ -95,10 +95,12 @@ def temporary_siblings(dest: Location) -> list[Location]:
 def save_destination(path: object) -> Location:
     """Checks a save destination: new, and with a directory to land in.
 
+    A leftover temporary directory is not judged here: whether its save still runs
+    is for the claim on the destination to tell (``tinax._claims``).
+
     Raises:
       TypeError, ValueError: As for ``checkpoint_location``.
-      FileExistsError: If anything already exists at ``path``, or a save to it
-        is in progress (its Orbax temporary directory exists).
+      FileExistsError: If anything already exists at ``path``.
       FileNotFoundError: If the parent directory does not exist.
     """
     dest = checkpoint_location(path)
@@ -109,12 +111,6 @@ def save_destination(path: object) -> Location:
     if _followed_kind(dest.parent) != DIRECTORY:
         raise FileNotFoundError(
             f"parent directory of {str(dest)!r} does not exist: {str(dest.parent)!r}"
-        )
-    pending = temporary_siblings(dest)
-    if pending:
-        raise FileExistsError(
-            f"a save to {str(dest)!r} is in progress or was interrupted: "
-            f"{str(pending[0])!r} exists (delete it if no save is running)"
         )
     return dest
 

@@ -86,6 +86,17 @@ def final_name(name: str) -> str:
     return TEMPORARY_PATTERN.sub("", name)
 
 
+# tinax claims a save's destination by locking this file beside it (``<name>.tinax-claim``)
+# for as long as the save runs; it holds a small JSON record of the claiming process. A
+# file, never a directory, so that nothing lists it as a checkpoint.
+CLAIM_SUFFIX = ".tinax-claim"
+
+
+def claim_name(name: str) -> str:
+    """The name of the claim file of a save to the checkpoint ``name``."""
+    return name + CLAIM_SUFFIX
+
+
 # -- steps ------------------------------------------------------------------------------
 
 # Step directories: `<step>` or `<prefix>_<step>` as Orbax names them (zero padding

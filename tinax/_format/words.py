@@ -26,7 +26,10 @@ STORED_ARRAY_KINDS = frozenset({JAX_ARRAY, NUMPY_ARRAY, SCALAR})
 # -- a checkpoint in a listing (``list_checkpoints``' ``status``) ------------------------
 
 COMPLETE = "complete"
+# A save that is still being written: a live process holds its claim.
 IN_PROGRESS = "in progress"
+# A save whose writer is gone (killed, preempted): never loadable, safe to remove.
+INTERRUPTED = "interrupted"
 INVALID = "invalid"
 
 # -- a leaf against a restore target (``compare_table``'s ``status``) -----------------------

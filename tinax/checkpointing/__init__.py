@@ -6,6 +6,7 @@ support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
 from tinax.checkpointing._checkpointables import load_checkpointables, save_checkpointables
+from tinax.checkpointing._destination import remove_interrupted_save
 from tinax.checkpointing._names import validate_checkpointable_name
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._targets import NumpyTarget, abstract_restore_target
@@ -27,6 +28,7 @@ __all__ = [
     "allow_lossy_casts",
     "load_checkpointables",
     "load_training_checkpoint",
+    "remove_interrupted_save",
     "save_checkpointables",
     "save_training_checkpoint",
     "validate_checkpointable_name",

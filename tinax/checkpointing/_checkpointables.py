@@ -14,11 +14,11 @@ from orbax.checkpoint import v1 as ocp
 from tinax._format import layout
 from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
-from tinax._paths import load_source, save_destination
-from tinax.checkpointing import _context
+from tinax._paths import load_source
+from tinax.checkpointing import _context, _destination
 from tinax.checkpointing._leaves import check_storable
 from tinax.checkpointing._names import validate_distinct_names
-from tinax.checkpointing._response import SaveResponse, remove_temporaries
+from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._targets import NumpyTarget
 from tinax.checkpointing._verdict import check_targets
 
@@ -38,9 +38,14 @@ def save_checkpointables(
 ) -> SaveResponse[None]:
     """Start one immutable atomic V1 save on every process's main thread.
 
-    Everything is checked before anything is written: the destination must not
-    exist, and every leaf must be storable. The returned response removes the
-    Orbax temporary directory if the save fails.
+    Everything is checked before anything is written: every leaf must be
+    storable, and the destination must not exist. The destination is claimed for
+    the whole save (see the README's "Claim, then write"): a save to a destination
+    another live process is writing is refused, and a temporary directory left
+    there by a save whose process died is removed first. With several processes,
+    the primary alone checks and claims the destination, and every process raises
+    the same error when any check fails. The returned response removes the Orbax
+    temporary directory if the save fails.
 
     Args:
       path: Destination checkpoint directory. Must not use Orbax's reserved
@@ -58,18 +63,27 @@ def save_checkpointables(
         leaf's key path).
       ValueError: If ``checkpointables`` is empty, a name is invalid or not
         distinct, or ``path`` uses the reserved temporary suffix.
-      FileExistsError: If ``path`` already exists.
+      FileExistsError: If ``path`` already exists, or a live process is saving
+        to it (naming that process).
       FileNotFoundError: If the parent directory of ``path`` does not exist.
+      TimeoutError: If not every process reached the save in time.
     """
-    _check_mapping(checkpointables, what="checkpointables")
-    dest = save_destination(path)
-    for name, value in checkpointables.items():
-        check_storable(name, value)
+
+    def check_values() -> None:
+        _check_mapping(checkpointables, what="checkpointables")
+        for name, value in checkpointables.items():
+            check_storable(name, value)
+
+    ctx = _context.context()
+    dest = _destination.prepare(path, check_values, ctx)
     try:
-        with _context.context():
-            inner = ocp.save_checkpointables_async(orbax_path(dest), dict(checkpointables))
+        with ctx:
+            inner = ocp.save_checkpointables_async(orbax_path(dest.location), dict(checkpointables))
     except BaseException:
-        remove_temporaries(dest)
+        try:
+            dest.discard_temporaries()
+        finally:
+            dest.release()
         raise
     return SaveResponse(inner, dest)
 

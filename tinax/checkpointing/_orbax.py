@@ -1,8 +1,9 @@
 """The private Orbax modules tinax relies on, each behind one function.
 
-Orbax's public V1 API has no way to read the active context or to ask whether a
-leaf type has a standard handler; these two functions are the only places tinax
-reaches into ``orbax.checkpoint.experimental.v1._src``. ``pyproject.toml`` bounds
+Orbax's public V1 API has no way to read the active context, to ask whether a
+leaf type has a standard handler, or to learn how long its processes wait for each
+other; these functions are the only places tinax reaches into
+``orbax.checkpoint.experimental.v1._src``. ``pyproject.toml`` bounds
 Orbax to the minor release they were written against.
 """
 
@@ -31,3 +32,14 @@ def _standard_leaf_handlers() -> Any:
 def has_standard_leaf_handler(leaf_type: type) -> bool:
     """Whether Orbax's standard leaf handlers store leaves of ``leaf_type``."""
     return bool(_standard_leaf_handlers().is_handleable(leaf_type))
+
+
+def coordination_timeout() -> float:
+    """Seconds Orbax's processes wait for each other at a barrier before giving up.
+
+    Read at every call: tinax's own cross-process waits use the same bound, so a
+    job that lowers Orbax's lowers tinax's too.
+    """
+    from orbax.checkpoint.experimental.v1._src.synchronization import multihost
+
+    return float(multihost.coordination_timeout())

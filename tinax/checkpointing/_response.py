@@ -1,4 +1,4 @@
-"""The response a tinax save returns: Orbax's ``AsyncResponse`` plus clean-up."""
+"""The response a tinax save returns: Orbax's ``AsyncResponse`` plus clean-up and the claim."""
 
 from __future__ import annotations
 
@@ -9,16 +9,9 @@ from typing import Any, TypeVar
 
 from orbax.checkpoint import v1 as ocp
 
-from tinax._format.storage import Location
-from tinax._paths import temporary_siblings
+from tinax.checkpointing._destination import Destination
 
 T = TypeVar("T")
-
-
-def remove_temporaries(dest: Location) -> None:
-    """Removes Orbax temporary directories left by a failed save to ``dest``."""
-    for tmp in temporary_siblings(dest):
-        tmp.remove_tree()
 
 
 class SaveResponse(ocp.AsyncResponse[T]):
@@ -27,18 +20,21 @@ class SaveResponse(ocp.AsyncResponse[T]):
     It implements Orbax's ``AsyncResponse`` protocol (``result`` and
     ``on_complete``). When the save fails, the Orbax temporary directory is
     removed before the failure is reported, whether or not anyone calls
-    ``result``, so a reader never finds a half-written checkpoint.
+    ``result``, so a reader never finds a half-written checkpoint. The claim on
+    the destination is held until then, and given up whether the save committed
+    or failed.
 
     One short-lived watcher thread waits for Orbax's response; it ends when the
     save ends, successfully or not.
     """
 
-    def __init__(self, inner: Any, destination: Location) -> None:
+    def __init__(self, inner: Any, destination: Destination) -> None:
         self._inner = inner
-        self._destination = destination
+        self._claimed = destination
+        self._destination = destination.location
         self._future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._thread = threading.Thread(
-            target=self._watch, name=f"tinax-save:{destination.name}", daemon=True
+            target=self._watch, name=f"tinax-save:{self._destination.name}", daemon=True
         )
         self._thread.start()
 
@@ -46,9 +42,13 @@ class SaveResponse(ocp.AsyncResponse[T]):
         try:
             value = self._inner.result()
         except BaseException as e:
-            remove_temporaries(self._destination)
+            try:
+                self._claimed.discard_temporaries()
+            finally:
+                self._claimed.release()
             self._future.set_exception(e)
         else:
+            self._claimed.release()
             self._future.set_result(value)
 
     @property

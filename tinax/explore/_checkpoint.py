@@ -12,7 +12,7 @@ import tensorstore as ts
 
 from tinax import _paths
 from tinax._format import arrays, jsonitems, layout, pytree, words
-from tinax._format.keys import ROOT_KEY
+from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax.explore._leaves import Leaf, format_sharding_record, leaf_frame
 
@@ -38,6 +38,46 @@ def iterator_state(item: StoredCheckpointable) -> Any:
     """
     states = jsonitems.read_iterator_states(item.directory)
     return next(iter(states.values())) if len(states) == 1 else states
+
+
+def _iterator_leaves(item: StoredCheckpointable, values: bool) -> list[Leaf]:
+    """One row for an iterator saved by one process; one per process for several.
+
+    Each process of a job saves its own iterator state (``process_<i>-of-<n>.json``);
+    with several, each state is a row keyed by its file's name without ``.json``
+    (``['process_1-of-2']``), in process order.
+    """
+    states = jsonitems.read_iterator_states(item.directory)
+    if len(states) == 1:
+        state = next(iter(states.values()))
+        return [Leaf(item.name, ROOT_KEY, words.ITERATOR, value=state if values else None)]
+    return [
+        Leaf(item.name, format_key((stem,)), words.ITERATOR, value=state if values else None)
+        for stem, state in states.items()
+    ]
+
+
+def _read_iterator(checkpoint: Checkpoint, item: StoredCheckpointable, key: str) -> Any:
+    if key == ROOT_KEY:
+        return iterator_state(item)
+    states = jsonitems.read_iterator_states(item.directory)
+    if len(states) == 1:
+        raise ValueError(_one_value(checkpoint, item, key))
+    for stem, state in states.items():
+        if format_key((stem,)) == key:
+            return state
+    raise ValueError(
+        f"iterator {item.name!r} in {str(checkpoint.path)!r} has no key {key!r}; its keys "
+        f"are {[format_key((stem,)) for stem in states]} (one per process), or {ROOT_KEY!r} "
+        "for all of them"
+    )
+
+
+def _one_value(checkpoint: Checkpoint, item: StoredCheckpointable, key: str) -> str:
+    return (
+        f"checkpointable {item.name!r} in {str(checkpoint.path)!r} is one value; "
+        f"its only key is {ROOT_KEY!r}, not {key!r}"
+    )
 
 
 def pytree_leaves(
@@ -94,8 +134,7 @@ def checkpointable_leaves(item: StoredCheckpointable, ctx: Any, values: bool) ->
         tree = pytree.read_layout(item.directory)
         return pytree_leaves(item.name, tree, ctx, values=values)
     if item.layout == layout.ITERATOR:
-        state = iterator_state(item)
-        return [Leaf(item.name, ROOT_KEY, words.ITERATOR, value=state if values else None)]
+        return _iterator_leaves(item, values)
     if item.layout == layout.JSON:
         value = jsonitems.read_json_item(item.directory)
         return [Leaf(item.name, ROOT_KEY, words.JSON, value=value if values else None)]
@@ -139,8 +178,11 @@ def checkpoint_table(path: str | os.PathLike[str]) -> pd.DataFrame:
       ``kind`` (``jax.Array``, ``np.ndarray``, ``scalar``, ``string``, ``none``,
       ``empty``, ``iterator``, ``json``, ``unknown`` or Orbax's own type name),
       ``shape`` (tuple), ``dtype``, ``size``, ``nbytes``, ``value`` (scalars,
-      strings, iterator and JSON state only), ``sharding`` and ``chunk_shape``
-      (tuple); missing where a column does not apply.
+      strings, iterator and JSON state only), ``sharding`` (as saved: mesh shape,
+      axis names and partition spec) and ``chunk_shape`` (tuple); missing where a
+      column does not apply. A Grain iterator saved by several processes has one
+      row per process, keyed by the name of its state file without ``.json``
+      (``['process_1-of-2']``); saved by one process, it is one row with key ``""``.
 
     Raises:
       TypeError: If ``path`` is not a path.
@@ -160,9 +202,11 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
       key: The leaf's key, as in ``checkpoint_table``.
 
     Returns:
-      A ``np.ndarray`` for a stored array (``jax.Array`` leaves too; no device is
-      involved), a Python scalar, a string, ``None``, or an iterator's or JSON
-      checkpointable's state.
+      A ``np.ndarray`` for a stored array (``jax.Array`` leaves too, whole: every
+      process's shards; no device is involved), a Python scalar, a string,
+      ``None``, or an iterator's or JSON checkpointable's state. For an iterator
+      saved by several processes, key ``""`` gives every process's state by file
+      name, and a row's key that process's state alone.
 
     Raises:
       TypeError: If an argument has the wrong type.
@@ -184,13 +228,10 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
                 f"checkpoint {str(checkpoint.path)!r}: cannot read leaf {key} of "
                 f"{checkpointable!r}: {arrays.message(e)}"
             ) from None
-    if key != ROOT_KEY:
-        raise ValueError(
-            f"checkpointable {checkpointable!r} in {str(checkpoint.path)!r} is one value; "
-            f"its only key is {ROOT_KEY!r}, not {key!r}"
-        )
     if item.layout == layout.ITERATOR:
-        return iterator_state(item)
+        return _read_iterator(checkpoint, item, key)
+    if key != ROOT_KEY:
+        raise ValueError(_one_value(checkpoint, item, key))
     if item.layout == layout.JSON:
         return jsonitems.read_json_item(item.directory)
     if item.layout == layout.EMPTY:

@@ -104,7 +104,8 @@ def _verify_parser() -> argparse.ArgumentParser:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON data: tuples as lists, missing as null, times as ISO 8601.
+    """``value`` as plain JSON data: tuples as lists, missing as null, times as ISO 8601,
+    durations as seconds.
 
     Non-finite floats become the strings ``"nan"``, ``"inf"`` and ``"-inf"``.
     """
@@ -118,6 +119,8 @@ def jsonable(value: Any) -> Any:
         return jsonable(value.item())
     if isinstance(value, pd.Timestamp):
         return value.isoformat()
+    if isinstance(value, pd.Timedelta):
+        return value.total_seconds()
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

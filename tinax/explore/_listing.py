@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 
 import pandas as pd
 
-from tinax import _paths
+from tinax import _claims, _paths
 from tinax._format import files, layout, names, words
 from tinax._format.storage import DIRECTORY, Location
 from tinax.explore import _checkpoint
 from tinax.explore._leaves import frame
 
-LISTING_COLUMNS = ("name", "path", "step", "status", "checkpointables", "nbytes", "committed")
+LISTING_COLUMNS = (
+    "name",
+    "path",
+    "step",
+    "status",
+    "checkpointables",
+    "nbytes",
+    "committed",
+    "age",
+)
+# The last two columns are times (nanoseconds), turned into pandas types at the end.
+_TIME_COLUMNS = 2
 
 
 class ListingCache:
@@ -108,27 +120,35 @@ def _subdirectories(path: Location) -> tuple[str, ...]:
 
 
 def _row(
-    path: Location, errors: dict[str, str], cache: ListingCache | None
+    path: Location, errors: dict[str, str], cache: ListingCache | None, now_ns: int
 ) -> tuple[object, ...] | None:
-    """The listing row of ``path``; ``None`` if it vanished (renamed or deleted) meanwhile."""
+    """The listing row of ``path``; ``None`` if it vanished (renamed or deleted) meanwhile.
+
+    The last two fields are the commit time and the age, in nanoseconds.
+    """
     name, step = path.name, names.step_from_name(path.name)
     if names.is_temporary_name(name):
         try:
             nbytes: int | None = files.scan(path).nbytes
         except (ValueError, OSError):
             nbytes = None  # A save in progress changes under the scan.
-        return (name, str(path), step, words.IN_PROGRESS, _subdirectories(path), nbytes, None)
+        if not path.exists():
+            return None  # Committed (renamed) or removed while it was looked at.
+        found = _claims.temporary_status(path, now_ns=now_ns)
+        age = None if found.started_ns is None else max(0, now_ns - found.started_ns)
+        return (name, str(path), step, found.status, _subdirectories(path), nbytes, None, age)
     try:
         checkpoint = layout.open_checkpoint(path)
     except (ValueError, OSError) as e:
         if not path.exists():
             return None
         errors[str(path)] = str(e)
-        return (name, str(path), step, words.INVALID, (), None, None)
+        return (name, str(path), step, words.INVALID, (), None, None, None)
     item_names = tuple(item.name for item in checkpoint.checkpointables)
     problem = _problem(checkpoint) if cache is None else cache.verdict(checkpoint)
     if problem is not None:
         errors[str(path)] = problem
+    committed = checkpoint.committed_nsecs
     return (
         name,
         str(path),
@@ -136,7 +156,8 @@ def _row(
         words.COMPLETE if problem is None else words.INVALID,
         item_names,
         checkpoint.scan.nbytes,
-        checkpoint.committed_nsecs,
+        committed,
+        None if committed is None else max(0, now_ns - committed),
     )
 
 
@@ -159,12 +180,16 @@ def list_checkpoints(
 
     Returns:
       A DataFrame with columns ``name``, ``path``, ``step`` (``Int64``, from the
-      name), ``status`` (``complete``; ``in progress`` for an Orbax temporary
-      directory; ``invalid`` for one that cannot be read), ``checkpointables``
-      (tuple of names), ``nbytes`` (size of its files) and ``committed`` (UTC
-      commit time, or ``NaT``), sorted by step, then name. Why each invalid
-      checkpoint cannot be read is in ``DataFrame.attrs["errors"]``, a dict of
-      path to message.
+      name), ``status``, ``checkpointables`` (tuple of names), ``nbytes`` (size of
+      its files), ``committed`` (UTC commit time, or ``NaT``) and ``age`` (a
+      ``Timedelta``: since the commit, or for a save not yet committed, since it
+      started; ``NaT`` where unknown), sorted by step, then name. ``status`` is
+      ``complete``; ``in progress`` for an Orbax temporary directory whose save
+      is running (a live process holds its claim); ``interrupted`` for one whose
+      writer is gone, which is never loadable and which a new save to the same
+      checkpoint removes; or ``invalid`` for a directory that cannot be read. Why
+      each invalid checkpoint cannot be read is in ``DataFrame.attrs["errors"]``,
+      a dict of path to message.
 
     Raises:
       TypeError: If ``root`` is not a path, or ``cache`` not a ``ListingCache``.
@@ -175,13 +200,17 @@ def list_checkpoints(
         raise TypeError(f"cache must be a ListingCache or None, got {type(cache).__name__}")
     directory = _paths.existing_directory(root)
     errors: dict[str, str] = {}
+    now_ns = time.time_ns()
     rows = [
-        row for path in _candidates(directory) if (row := _row(path, errors, cache)) is not None
+        row
+        for path in _candidates(directory)
+        if (row := _row(path, errors, cache, now_ns)) is not None
     ]
-    table = frame(LISTING_COLUMNS[:-1], (row[:-1] for row in rows))
+    table = frame(LISTING_COLUMNS[:-_TIME_COLUMNS], (row[:-_TIME_COLUMNS] for row in rows))
     table["committed"] = pd.to_datetime(
-        pd.Series([row[-1] for row in rows], dtype="Int64"), unit="ns", utc=True
+        pd.Series([row[-2] for row in rows], dtype="Int64"), unit="ns", utc=True
     )
+    table["age"] = pd.to_timedelta(pd.Series([row[-1] for row in rows], dtype="Int64"), unit="ns")
     table = table.sort_values(["step", "name"], na_position="last", kind="stable")
     table = table.reset_index(drop=True)
     table.attrs["errors"] = errors

@@ -14,9 +14,9 @@ from typing import Any
 import grain
 import orbax.checkpoint as ocp0
 
-from tinax._paths import load_source, save_destination
+from tinax._paths import load_source
+from tinax.checkpointing import _context, _destination
 from tinax.checkpointing._checkpointables import orbax_path
-from tinax.checkpointing._response import remove_temporaries
 from tinax.checkpointing._training import check_iterator
 
 __all__ = [
@@ -28,14 +28,16 @@ __all__ = [
 
 
 def _save(path: str | os.PathLike[str], args: Any) -> None:
-    dest = save_destination(path)
+    # Claimed and checked as V1 saves are.
+    dest = _destination.prepare(path, lambda: None, _context.context())
     checkpointer = ocp0.Checkpointer(args_handler_for(args))
     try:
-        checkpointer.save(orbax_path(dest), args=args)
+        checkpointer.save(orbax_path(dest.location), args=args)
     except BaseException:
-        remove_temporaries(dest)
+        dest.discard_temporaries()
         raise
     finally:
+        dest.release()
         checkpointer.close()
 
 
