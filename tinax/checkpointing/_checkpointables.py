@@ -11,12 +11,12 @@ import jax
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax._format import layout
+from tinax._format import jsonitems, layout, names
 from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import load_source
-from tinax.checkpointing import _context, _destination
-from tinax.checkpointing._leaves import check_storable
+from tinax.checkpointing import _context, _destination, _processes
+from tinax.checkpointing._leaves import check_storable, is_stateful
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._targets import NumpyTarget
@@ -167,6 +167,30 @@ def check_targets_given(targets: Mapping[str, Any]) -> None:
             )
 
 
+def check_iterator_states(src: Location, name: str) -> None:
+    """Refuses to restore an iterator that was saved by a different number of processes.
+
+    Grain restores the state this process saved (``process_<i>-of-<n>.json``); a job
+    with another process count has none to restore.
+
+    Raises:
+      ValueError: Naming what was saved and how to get at it, if this process's
+        state file is missing but other processes' are there.
+    """
+    saved = jsonitems.iterator_files(src / name)
+    mine = names.iterator_file_name(_processes.process_index(), _processes.process_count())
+    if not saved or any(file == mine for _, _, file in saved):
+        return
+    counts = sorted({count for _, count, _ in saved})
+    raise ValueError(
+        f"checkpoint {str(src)!r}: iterator {name!r} was saved by "
+        f"{' or '.join(map(str, counts))} process(es) ({', '.join(f for _, _, f in saved)}) "
+        f"and this job has {_processes.process_count()}, so there is no {mine} to restore. "
+        "Restore the other checkpointables with load_checkpointables; "
+        "tinax.explore.read_leaf gives each saved process's iterator state"
+    )
+
+
 def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
     """Restores ``targets`` from the checkpoint ``src`` and checks them against their targets.
 
@@ -176,6 +200,9 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
     Raises:
       ValueError: If Orbax cannot restore what the metadata promised.
     """
+    for name, target in targets.items():
+        if is_stateful(target):
+            check_iterator_states(src, name)
     try:
         with _context.context():
             restored = ocp.load_checkpointables(orbax_path(src), dict(targets))

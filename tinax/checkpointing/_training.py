@@ -14,6 +14,7 @@ from tinax._format import layout, pytree
 from tinax._format.storage import Location
 from tinax._paths import load_source
 from tinax.checkpointing._checkpointables import (
+    check_iterator_states,
     check_targets_given,
     restore_checkpointables,
     save_checkpointables,
@@ -223,8 +224,8 @@ def load_training_checkpoint(
         not a ``TrainingCheckpointNames``, or the auxiliary checkpointable does
         not restore as a mapping.
       ValueError: If the auxiliary checkpointable is missing ``step`` or
-        ``state``, the restored step is negative, or a target does not match the
-        checkpoint.
+        ``state``, the restored step is negative, a target does not match the
+        checkpoint, or the iterator was saved by a different number of processes.
       FileNotFoundError: If ``path`` does not exist.
     """
     check_iterator(iterator)
@@ -240,6 +241,8 @@ def load_training_checkpoint(
             f"it holds {held}"
         )
     _check_auxiliary_layout(src, names.auxiliary)
+    # Before anything is restored: a job of another process count cannot resume it.
+    check_iterator_states(src, names.iterator)
 
     value_targets = {
         names.model: model_target,
