@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 DEMO_RUN ?= demo_run
 PORT ?= 8888
 
-.PHONY: install lock chromium lint test bench demo demo-data clean
+.PHONY: install lock chromium lint test bench campaigns preemption-campaign race-campaign demo demo-data clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,17 @@ test: install chromium lint
 bench: install
 	$(PY) bench/save_load.py
 	$(PY) bench/explore.py
+
+# Saves against the real world, tinax beside Orbax alone (a few minutes each; `make test`
+# runs a small sample): jobs SIGKILLed mid-save then resumed, and two writers racing
+# for one checkpoint. Each exits non-zero when tinax misses a goal.
+campaigns: preemption-campaign race-campaign
+
+preemption-campaign: install
+	$(PY) bench/preemption.py --kills 30 --mib 256
+
+race-campaign: install
+	$(PY) bench/racing_writers.py --trials 50 --mib 128
 
 demo-data: install
 	$(PY) demo/make_run.py $(DEMO_RUN)

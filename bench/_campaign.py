@@ -1,0 +1,218 @@
+"""What the save campaigns share: a training state that identifies itself, saved and
+loaded by tinax or by Orbax alone, and a writer process driven over a pipe.
+
+A state is built from a *seed*: every array's bits, the RNG key, the auxiliary values
+and the Grain iterator's position are fixed functions of it, so a loaded checkpoint
+can be checked bit for bit, and a checkpoint mixing two writers' parts is caught:
+each part names the seed it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from orbax.checkpoint import v1 as ocp
+
+from tinax.checkpointing import (
+    abstract_restore_target,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
+
+MIB = 1 << 20
+SIDES = ("tinax", "orbax")
+_LAYERS = 4
+_BATCH = 32
+
+
+def _bits(seed: int, leaf: int, count: int) -> np.ndarray:
+    """``count`` float32 values whose bits are a fixed, well-mixed function of the inputs."""
+    x = np.arange(count, dtype=np.uint32)
+    x *= np.uint32(2654435761)
+    x ^= np.uint32((seed * 1_000_003 + leaf * 7_919 + 1) & 0xFFFFFFFF)
+    x *= np.uint32(2246822519)
+    x ^= x >> np.uint32(13)
+    return x.view(np.float32)
+
+
+def _layers(seed: int, first_leaf: int, per_layer: int) -> dict[str, np.ndarray]:
+    return {
+        f"layer_{i}": _bits(seed, first_leaf + i, per_layer).reshape(-1, 256)
+        for i in range(_LAYERS)
+    }
+
+
+def dataset() -> Any:
+    return grain.MapDataset.range(1 << 30).batch(_BATCH).to_iter_dataset()
+
+
+def iterator_at(batches: int) -> Any:
+    iterator = iter(dataset())
+    for _ in range(batches):
+        next(iterator)
+    return iterator
+
+
+def host_state(seed: int, nbytes: int) -> dict[str, Any]:
+    """The state of ``seed`` as NumPy values (the iterator as its position).
+
+    A third of the bytes are the model, two thirds Adam's two moments.
+    """
+    per_layer = max(256, nbytes // 3 // _LAYERS // 4 // 256 * 256)
+    return {
+        "model": _layers(seed, 0, per_layer),
+        "mu": _layers(seed, _LAYERS, per_layer),
+        "nu": _layers(seed, 2 * _LAYERS, per_layer),
+        "count": np.asarray(seed, np.int32),
+        "rng": np.asarray(jax.random.key_data(jax.random.key(seed))),
+        "auxiliary": {"seed": seed, "loss": 1.0 / (seed + 1)},
+        "position": seed % 97,
+    }
+
+
+def live_state(seed: int, nbytes: int) -> dict[str, Any]:
+    """The checkpointables of a training checkpoint of ``seed``, as live JAX values."""
+    host = host_state(seed, nbytes)
+    model = jax.tree.map(jnp.asarray, host["model"])
+    adam = optax.ScaleByAdamState(
+        count=jnp.asarray(host["count"]),
+        mu=jax.tree.map(jnp.asarray, host["mu"]),
+        nu=jax.tree.map(jnp.asarray, host["nu"]),
+    )
+    return {
+        "model": model,
+        "optimizer": (adam, optax.EmptyState()),
+        "rng": jnp.asarray(host["rng"]),
+        "auxiliary": host["auxiliary"],
+        "iterator": iterator_at(host["position"]),
+    }
+
+
+def save(side: str, path: Path, seed: int, state: dict[str, Any]) -> None:
+    """Saves ``state`` (of ``seed``) as one training checkpoint and waits for the commit."""
+    if side == "tinax":
+        save_training_checkpoint(
+            path,
+            seed,
+            state["model"],
+            state["optimizer"],
+            state["rng"],
+            state["auxiliary"],
+            state["iterator"],
+        ).result()
+    else:
+        parts = dict(state, auxiliary={"step": seed, "state": state["auxiliary"]})
+        ocp.save_checkpointables(path, parts)
+
+
+def load(side: str, path: Path, nbytes: int) -> dict[str, Any]:
+    """Loads a training checkpoint into targets built from a state of the same shapes."""
+    shapes = live_state(0, nbytes)
+    model, optimizer, rng = (
+        abstract_restore_target(shapes[k]) for k in ("model", "optimizer", "rng")
+    )
+    auxiliary = {"seed": 0, "loss": 0.0}
+    iterator = iter(dataset())
+    if side == "tinax":
+        ckpt = load_training_checkpoint(path, model, optimizer, rng, auxiliary, iterator)
+        return {
+            "step": ckpt.step,
+            "model": ckpt.model,
+            "optimizer": ckpt.optimizer,
+            "rng": ckpt.rng,
+            "auxiliary": ckpt.auxiliary,
+            "iterator": ckpt.iterator,
+        }
+    out = ocp.load_checkpointables(
+        path,
+        {
+            "model": model,
+            "optimizer": optimizer,
+            "rng": rng,
+            "auxiliary": {"step": 0, "state": auxiliary},
+            "iterator": iterator,
+        },
+    )
+    return {**out, "step": out["auxiliary"]["step"], "auxiliary": out["auxiliary"]["state"]}
+
+
+def _same_bits(a: Any, b: np.ndarray) -> bool:
+    a = np.asarray(a)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def sources(loaded: dict[str, Any], seeds: list[int], nbytes: int) -> dict[str, int | None]:
+    """Which of ``seeds`` each part of ``loaded`` equals bit for bit (``None``: none)."""
+    found: dict[str, int | None] = {}
+    hosts = {seed: host_state(seed, nbytes) for seed in seeds}
+
+    def match(part: str, test: Any) -> None:
+        found[part] = next((seed for seed in seeds if test(hosts[seed])), None)
+
+    adam = loaded["optimizer"][0]
+    match("model", lambda h: all(_same_bits(loaded["model"][k], v) for k, v in h["model"].items()))
+    match("mu", lambda h: all(_same_bits(adam.mu[k], v) for k, v in h["mu"].items()))
+    match("nu", lambda h: all(_same_bits(adam.nu[k], v) for k, v in h["nu"].items()))
+    match("count", lambda h: _same_bits(adam.count, h["count"]))
+    match("rng", lambda h: _same_bits(loaded["rng"], h["rng"]))
+    match("step", lambda h: loaded["step"] == h["count"])
+    match("auxiliary", lambda h: loaded["auxiliary"] == h["auxiliary"])
+    batch = np.asarray(next(loaded["iterator"]))
+    match(
+        "iterator",
+        lambda h: np.array_equal(batch, np.arange(_BATCH) + h["position"] * _BATCH),
+    )
+    return found
+
+
+def exact(loaded: dict[str, Any], seed: int, nbytes: int) -> bool:
+    """Whether every part of ``loaded`` is the state of ``seed``, bit for bit."""
+    return set(sources(loaded, [seed], nbytes).values()) == {seed}
+
+
+# -- a writer process, driven over its stdin and stdout -------------------------------
+
+
+def writer(side: str, nbytes: int, seed: int) -> None:
+    """Serves save commands, one JSON object a line, until stdin closes.
+
+    Each command is ``{"path": ..., "at": <time.time() to start at>}``; the state of
+    ``seed`` is built once, before the first command. Each reply is
+    ``{"ok": bool, "error": type name, "message": text, "seconds": float}``.
+    """
+    state = live_state(seed, nbytes)
+    jax.block_until_ready(state)
+    print(json.dumps({"ready": seed}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        while time.time() < command["at"]:
+            pass  # spin: a sleep would blur the start by a scheduler tick
+        start = time.perf_counter()
+        reply: dict[str, Any] = {"ok": True, "error": None, "message": ""}
+        try:
+            # A fresh iterator each time: a save captures the iterator's position.
+            save(side, Path(command["path"]), seed, dict(state, iterator=iterator_at(seed % 97)))
+        except Exception as e:
+            reply = {"ok": False, "error": type(e).__name__, "message": str(e)[:500]}
+        reply["seconds"] = time.perf_counter() - start
+        print(json.dumps(reply), flush=True)
+
+
+def quiet_logs() -> None:
+    """Keeps Orbax's and absl's informational logging out of the campaign's output."""
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    logging.getLogger("tinax").setLevel(logging.ERROR)

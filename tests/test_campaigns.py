@@ -1,0 +1,38 @@
+"""A small sample of the save campaigns (``make campaigns`` runs them in full)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _campaign(script: str, *args: str) -> dict[str, dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), "--sides", "tinax", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def test_jobs_killed_mid_save_resume_and_nothing_partial_is_listed_complete():
+    tinax = _campaign("preemption.py", "--kills", "3", "--mib", "16", "--seed", "1")["tinax"]
+    assert tinax["kills"] == 3
+    assert tinax["before_write"] + tinax["mid_write"] + tinax["after_commit"] == 3
+    assert tinax["refused"] == 0
+    # The first checkpoint and every resumed one, each loaded and checked bit for bit.
+    assert tinax["listed_complete"] >= 4 and tinax["not_exact"] == 0
+    assert tinax["partial_listed_complete"] == 0 and tinax["interrupted_not_listed"] == 0
+
+
+def test_racing_writers_end_with_one_commit_and_a_refused_loser():
+    tinax = _campaign("racing_writers.py", "--trials", "4", "--mib", "16")["tinax"]
+    assert tinax == {"one commit, loser refused": 4}
