@@ -12,6 +12,7 @@ plus ``run.json`` (the configuration and the loss of every step)::
       run.json
       step_000050/ … step_000250/              complete training checkpoints
       step_000300.orbax-checkpoint-tmp…/       the save that was interrupted
+      step_000300.tinax-claim                  its claim, held by nobody since the kill
 
 How the interrupted save is made: training runs in a child process, and that
 process really is killed (SIGKILL) while Orbax is writing its step-300 checkpoint,

@@ -6,69 +6,25 @@ SIGKILL while it holds one, one that forks before it dies.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
 import logging
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from claim_holder import Holder
 
 import tinax.explore as ex
 from tinax import _claims
 from tinax._format import names, words
 from tinax._format.storage import local
 from tinax.checkpointing import NumpyTarget, load_checkpointables, save_checkpointables
-
-# Holds the claim on argv[1] and, with "fork", forks a child that outlives it; prints
-# its pid (and the child's) once the claim is held, then waits to be killed.
-_HOLDER = """
-import os, sys, time
-from tinax import _claims
-from tinax._format.storage import local
-claim = _claims.claim(local(sys.argv[1]))
-child = os.fork() if "fork" in sys.argv[2:] else None
-if child == 0:
-    time.sleep(120)
-    os._exit(0)
-print(os.getpid(), child or 0, flush=True)
-time.sleep(120)
-"""
-
-
-class Holder:
-    """Another process holding the claim on a destination."""
-
-    def __init__(self, destination: Path, *, fork: bool = False) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _HOLDER, str(destination), *(["fork"] if fork else [])],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        line = self.process.stdout.readline() if self.process.stdout else ""
-        assert line, "the claim holder did not start"
-        pid, child = map(int, line.split())
-        self.pid, self.child = pid, child
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=30)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.kill()
-        if self.child:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.child, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ def test_readme_terminal_commands_run_on_the_demo_run(tmp_path: Path) -> None:
         assert done.returncode == 0, f"{command}: {done.stderr[-2000:]}"
         outputs.append(done.stdout)
     # The run listing shows the interrupted save; the leaf command summarises a leaf.
-    assert "in progress" in outputs[0]
+    assert "interrupted" in outputs[0]
     assert all(output.strip() for output in outputs)
 
 

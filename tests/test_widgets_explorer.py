@@ -261,3 +261,69 @@ def test_an_iterator_leaf_shows_its_stored_state(tmp_path: Path) -> None:
     assert explorer.leaf == ("iterator", "")
     assert explorer.statistics is None
     assert "next_index" in explorer.stats_html.value and "nothing read" in explorer.stats_html.value
+
+
+def test_an_interrupted_save_is_removed_after_a_confirmation(run: Path) -> None:
+    from claim_holder import Holder
+
+    def leftover(name: str) -> Path:
+        temporary = run / f"{name}.orbax-checkpoint-tmp"
+        (temporary / "model").mkdir(parents=True)
+        (temporary / "model" / "partial").write_bytes(b"x" * 2048)
+        return temporary
+
+    dead, live = leftover("step-3"), leftover("step-4")
+    killed, writing = Holder(run / "step-3"), Holder(run / "step-4")
+    try:
+        killed.kill()
+        explorer = CheckpointExplorer(run)
+        statuses = dict(
+            zip(explorer.checkpoints["name"], explorer.checkpoints["status"], strict=True)
+        )
+        assert statuses[dead.name] == "interrupted" and statuses[live.name] == "in progress"
+        assert "1 interrupted" in explorer.summary.value
+        assert explorer.checkpoint_view.pick_button(_label(explorer, dead.name)).disabled
+        panel = explorer.interrupted
+        assert panel.layout.display == ""
+        # Only the interrupted one is offered, with its size and age.
+        assert [value for _, value in panel.choice.options] == [str(dead)]
+        assert "2.0 KiB" in panel.choice.options[0][0] and " old)" in panel.choice.options[0][0]
+
+        panel.remove_button.click()
+        assert panel.confirmation.layout.display == "" and dead.name in panel.question.value
+        panel.cancel_button.click()
+        assert panel.confirmation.layout.display == "none" and dead.exists()
+
+        panel.remove_button.click()
+        panel.confirm_button.click()
+        assert not dead.exists() and live.exists()
+        assert dead.name not in explorer.checkpoints["name"].tolist()
+        assert "removed step-3" in panel.message.value
+        assert panel.layout.display == "none"
+    finally:
+        killed.close()
+        writing.close()
+
+
+def test_a_save_that_claims_meanwhile_is_not_removed(run: Path) -> None:
+    from claim_holder import Holder
+
+    temporary = run / "step-3.orbax-checkpoint-tmp"
+    (temporary / "model").mkdir(parents=True)
+    first = Holder(run / "step-3")
+    first.kill()
+    explorer = CheckpointExplorer(run)
+    panel = explorer.interrupted
+    panel.remove_button.click()
+    # A new save to step-3 starts while the question is open.
+    second = Holder(run / "step-3")
+    try:
+        panel.confirm_button.click()
+        assert temporary.exists()
+        assert "Not removed" in panel.message.value and f"pid {second.pid}" in panel.message.value
+        statuses = dict(
+            zip(explorer.checkpoints["name"], explorer.checkpoints["status"], strict=True)
+        )
+        assert statuses[temporary.name] == "in progress"
+    finally:
+        second.close()

@@ -12,14 +12,15 @@ import pandas as pd
 import traitlets
 
 from tinax import _paths, explore
-from tinax._format.words import ARRAY_KINDS, COMPLETE, IN_PROGRESS
+from tinax._format.words import ARRAY_KINDS, COMPLETE, IN_PROGRESS, INTERRUPTED
 from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
 
 from ._diff import DiffView
 from ._guard import shown_in_widget
 from ._histogram import histogram_png
+from ._interrupted import InterruptedSaves
 from ._table import Column, PagedTable, RowLook, format_cell
-from ._text import error_html, format_bytes, note_html
+from ._text import error_html, format_age, format_bytes, note_html
 from ._verdict import verdict_html
 
 DEFAULT_POLL_SECONDS = 2.0
@@ -64,6 +65,12 @@ def _checkpoint_look(row: pd.Series) -> RowLook:
             pickable=False,
             tooltip="a save in progress: not opened until it commits",
         )
+    if status == INTERRUPTED:
+        return RowLook(
+            color="#8a6d00",
+            pickable=False,
+            tooltip="an interrupted save: its writer is gone, it never loads; remove it below",
+        )
     return RowLook(color="#b00020", pickable=False, tooltip=f"{status}: cannot be opened")
 
 
@@ -73,6 +80,7 @@ CHECKPOINT_COLUMNS = (
     Column("status", "status", "7em"),
     Column("nbytes", "size", "7em", format_bytes),
     Column("committed", "committed (UTC)", "11em", _format_time),
+    Column("age", "age", "5em", format_age),
     Column("checkpointables", "checkpointables", None, _format_names),
 )
 
@@ -117,8 +125,9 @@ def statistics_html(stats: LeafStatistics) -> str:
 class CheckpointExplorer(w.VBox):
     """Browse a run: its checkpoints, one checkpoint's leaves, one leaf's statistics.
 
-    Checkpoints still being written and directories that cannot be read are
-    listed with their status and cannot be opened. Picking a leaf reads only that
+    Checkpoints still being written, interrupted saves and directories that
+    cannot be read are listed with their status and age and cannot be opened; an
+    interrupted save can be removed, after a confirmation. Picking a leaf reads only that
     leaf's bytes. Refresh re-lists the run; ``poll_interval`` (or the "watch"
     checkbox) re-lists it periodically from a daemon thread.
 
@@ -179,6 +188,7 @@ class CheckpointExplorer(w.VBox):
         self.watch_box.observe(guard(self._on_watch), names="value")
         self.summary = w.Label("")
         self.message = w.HTML("")
+        self.interrupted = InterruptedSaves(on_removed=self.refresh)
 
         self.checkpoint_view = PagedTable(
             CHECKPOINT_COLUMNS,
@@ -229,6 +239,7 @@ class CheckpointExplorer(w.VBox):
                 w.HBox([self.refresh_button, self.watch_box, self.summary]),
                 self.message,
                 self.checkpoint_view,
+                self.interrupted,
                 self.leaf_section,
                 self.leaf_panel,
             ]
@@ -255,6 +266,7 @@ class CheckpointExplorer(w.VBox):
             if changed:
                 self.checkpoint_view.show(table, keep_page=True)
                 self.diff_view.set_base(self.checkpoint, self._comparable())
+            self.interrupted.update(table)
             if self.checkpoint is not None:
                 still = table[table["path"].astype(str) == self.checkpoint]
                 if still.empty or str(still.iloc[0]["status"]) != COMPLETE:
@@ -317,7 +329,10 @@ class CheckpointExplorer(w.VBox):
     @staticmethod
     def _same_listing(old: pd.DataFrame, new: pd.DataFrame) -> bool:
         fields = ["path", "status", "nbytes", "committed"]
-        if list(old.index) != list(new.index) or not set(fields) <= set(old.columns):
+        if list(old.index) != list(new.index) or not {*fields, "age"} <= set(old.columns):
+            return False
+        # Ages change all the time; the table is redrawn when their shown text does.
+        if list(old["age"].map(format_age)) != list(new["age"].map(format_age)):
             return False
         return bool(old[fields].astype(str).equals(new[fields].astype(str)))
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import html
 import math
+from typing import Any
+
+import pandas as pd
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -34,6 +37,22 @@ def format_seconds(seconds: float) -> str:
         return f"{minutes} min {rest} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min"
+
+
+def format_age(value: Any) -> str:
+    """A listing's ``age`` as ``'42 s'``, ``'7 min'``, ``'3 h'`` or ``'2 d'``; ``''`` if unknown."""
+    if value is None or value is pd.NaT:
+        return ""
+    try:
+        seconds = pd.Timedelta(value).total_seconds()
+    except (TypeError, ValueError):
+        return ""
+    if seconds != seconds:  # NaT as a float
+        return ""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
 
 
 def format_rate(nbytes: float, seconds: float) -> str:
