@@ -181,6 +181,11 @@ def main() -> None:
     )
     print("goal: tinax/orbax >= 0.97 for save and load")
 
+    # Multi-process saves: measured in their own module, with JAX jobs of their own.
+    from _two_process import two_process_lines
+
+    print("\n".join(two_process_lines(args.gib, args.rounds, args.dir)))
+
 
 if __name__ == "__main__":
     main()
