@@ -51,6 +51,29 @@ def test_bad_or_taken_names_are_refused_before_writing(
     assert panel.name_error == "" and not panel.save_button.disabled
 
 
+def test_a_name_an_interrupted_save_left_behind_can_be_saved_again(tmp_path: Path) -> None:
+    from claim_holder import Holder
+
+    leftover = tmp_path / "step-5.orbax-checkpoint-tmp"
+    (leftover / "a").mkdir(parents=True)
+    holder = Holder(tmp_path / "step-5")
+    try:
+        panel = SavePanel(tmp_path, {"a": {"x": np.ones(2)}})
+        panel.name_field.value = "step-5"
+        assert "in progress" in panel.name_error  # its writer still runs
+        holder.kill()
+        panel.name_field.value = "step-50"
+        panel.name_field.value = "step-5"
+        assert panel.name_error == "" and not panel.save_button.disabled
+        panel.save_button.click()
+        assert panel.progress is not None
+        assert panel.response is not None
+        panel.response.result()
+    finally:
+        holder.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5"]
+
+
 def test_save_evaluates_the_callable_at_click_time(tmp_path: Path) -> None:
     state = {"model": {"w": np.arange(4.0)}}
     panel = SavePanel(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from tinax._claims import temporary_status
 from tinax._format.names import TEMPORARY_SUFFIX, final_name
 from tinax._format.storage import Location, tree_bytes
+from tinax._format.words import IN_PROGRESS
 from tinax._paths import temporary_siblings
 from tinax.checkpointing import validate_checkpointable_name
 
@@ -65,7 +67,7 @@ def check_new_checkpoint_name(directory: Location, name: object) -> str:
       TypeError: If ``name`` is not a string.
       ValueError: If ``name`` is not a portable path component, uses Orbax's
         temporary suffix, or is already taken by a checkpoint, a file or a save in
-        progress.
+        progress. What an interrupted save left does not take it: the save removes it.
     """
     if not isinstance(name, str):
         raise TypeError(f"checkpoint name must be a str, got {type(name).__name__}")
@@ -83,7 +85,7 @@ def check_new_checkpoint_name(directory: Location, name: object) -> str:
     target = directory / name
     if target.exists():
         raise ValueError(f"{name!r} is already taken in {str(directory)!r}")
-    if temporary_siblings(target):
+    if any(temporary_status(t).status == IN_PROGRESS for t in temporary_siblings(target)):
         raise ValueError(f"a save to {name!r} is already in progress in {str(directory)!r}")
     return name
 
