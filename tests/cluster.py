@@ -35,6 +35,7 @@ _ADDRESS = "TINAX_CLUSTER_ADDRESS"
 _COUNT = "TINAX_CLUSTER_PROCESSES"
 _INDEX = "TINAX_CLUSTER_INDEX"
 _DEVICES = "TINAX_CLUSTER_DEVICES"
+_BARRIER = "TINAX_CLUSTER_BARRIER"
 _RESULT = "TINAX-RESULT "
 # Seconds: a lost peer is noticed after HEARTBEAT; processes may finish up to SHUTDOWN
 # apart; Orbax's (and so tinax's) processes wait BARRIER at a barrier.
@@ -167,6 +168,7 @@ def launch(
     devices: int = 2,
     timeout: float = 180.0,
     grace: float = 1.0,
+    barrier: int | None = None,
     env: dict[str, str] | None = None,
 ) -> Outcome:
     """Runs ``script`` as a job of ``processes`` JAX processes and waits for its end.
@@ -178,6 +180,8 @@ def launch(
       devices: CPU devices per process.
       timeout: Seconds after which every worker still running is killed.
       grace: Seconds the others get once one worker has failed.
+      barrier: Seconds Orbax's (and tinax's) processes wait at a barrier; ``BARRIER``
+        by default.
       env: Extra environment variables.
 
     Returns:
@@ -185,9 +189,12 @@ def launch(
     """
     logs = Path(tempfile.mkdtemp(prefix="tinax-cluster-"))
     argv = [str(a) for a in args]
+    env = dict(env or {})
+    if barrier is not None:
+        env[_BARRIER] = str(barrier)
     for _attempt in range(3):
         start = time.monotonic()
-        started = _start(Path(script), argv, processes, devices, logs, env or {})
+        started = _start(Path(script), argv, processes, devices, logs, env)
         returncodes, timed_out = _wait(started, timeout, grace)
         texts = [(logs / f"process_{i}.log").read_text(errors="replace") for i in range(processes)]
         outcome = Outcome(returncodes, texts, timed_out, time.monotonic() - start)
@@ -215,7 +222,8 @@ def join() -> Any:
 
     Sets the CPU device count, starts ``jax.distributed`` on the loopback coordinator
     with short timeouts, and lowers Orbax's barrier timeout (300 s, with no public
-    option) to ``BARRIER`` so that a test never waits minutes for a dead peer.
+    option) to ``BARRIER`` (or ``barrier`` given to ``launch``) so that a test never
+    waits minutes for a dead peer.
     """
     import jax
 
@@ -235,8 +243,9 @@ def join() -> Any:
     from orbax.checkpoint._src.multihost import multihost as v0_multihost
     from orbax.checkpoint.experimental.v1._src.synchronization import multihost
 
-    multihost._DEFAULT_BARRIER_TIMEOUT = BARRIER
-    v0_multihost._DEFAULT_BARRIER_TIMEOUT = BARRIER
+    seconds = int(os.environ.get(_BARRIER, BARRIER))
+    multihost._DEFAULT_BARRIER_TIMEOUT = seconds
+    v0_multihost._DEFAULT_BARRIER_TIMEOUT = seconds
     return jax
 
 

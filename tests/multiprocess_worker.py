@@ -22,6 +22,7 @@ Phases:
              back; load ``one`` (saved by one process) onto this topology.
   one-save   (one process, one device) save ``one``.
   one-load   (one process, one device) load ``ck``, saved by two processes.
+  absent     process 1 never calls the save that the others make.
 """
 
 from __future__ import annotations
@@ -280,6 +281,9 @@ def run(phase: str, directory: Path) -> None:
             )
         except ValueError as e:
             cluster.report("training-load", error=type(e).__name__, message=str(e))
+    elif phase == "absent":
+        if jax.process_index() != 1:
+            refused("absent", directory / "absent")
     else:
         raise SystemExit(f"unknown phase {phase!r}")
 

@@ -238,3 +238,17 @@ def test_remove_an_interrupted_save_but_never_a_live_one(tmp_path, holders):
         remove_interrupted_save(tmp_path)
     with pytest.raises(TypeError):
         remove_interrupted_save(3)
+
+
+def test_an_unclaimed_temporary_is_removed_only_once_it_has_gone_quiet(tmp_path):
+    from tinax.checkpointing import remove_interrupted_save
+
+    temporary = _fake_temporary(tmp_path / "c")
+    # Orbax used directly takes no claim: while its files change, it may be alive.
+    with pytest.raises(FileExistsError, match="changed 0 s ago"):
+        remove_interrupted_save(temporary)
+    old = time.time() - 2 * _claims.QUIET_SECONDS
+    for path in (temporary / "m" / "partial", temporary / "m", temporary):
+        os.utime(path, (old, old))
+    remove_interrupted_save(temporary)
+    assert list(tmp_path.iterdir()) == []

@@ -193,6 +193,16 @@ def test_explore_reads_the_two_process_checkpoint_in_one_process(two):
     np.testing.assert_array_equal(kernel, worker.expected("model/dense1/kernel", (16, 32), 0))
 
 
+def test_a_process_that_never_saves_does_not_hang_the_others(tmp_path):
+    outcome = cluster.launch(WORKER, "absent", tmp_path, processes=2, barrier=5)
+    assert outcome.ok, outcome
+    report = outcome.result(0, "absent")
+    assert report["error"] == "TimeoutError"
+    assert "not every process (2 of them) reached the save" in report["message"]
+    assert report["seconds"] < 30
+    assert _run_files(tmp_path) == []  # nothing written, nothing claimed
+
+
 def test_four_processes_save_and_fresh_ones_load(tmp_path):
     held = _claims.claim(local(tmp_path / "held"))
     try:
