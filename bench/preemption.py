@@ -3,10 +3,10 @@
 Each trial starts a training job in a child process that saves the next training
 checkpoint (model, Adam state, RNG, auxiliary state and a Grain iterator; ``--mib``
 MiB in all) and is killed with SIGKILL at a random moment of that save: uniformly
-within 1.3 times a save's duration, measured first. The parent then resumes as a
-restarted job would: it lists the run, loads the newest checkpoint listed
-``complete``, and saves the following step; when the kill landed mid-write, that
-is the very step the killed job left half-written.
+within 1.3 times the duration of a save by the same kind of job, measured first.
+The parent then resumes as a restarted job would: it lists the run, loads the
+newest checkpoint listed ``complete``, and saves the following step; when the kill
+landed mid-write, that is the very step the killed job left half-written.
 
 Counted, for tinax and for Orbax alone side by side: resumes refused; checkpoints
 listed ``complete`` that do not load bit for bit (each is loaded and checked once);
@@ -44,6 +44,7 @@ class Counts:
     """What one side's trials found."""
 
     kills: int = 0
+    save_seconds: float = 0.0
     before_write: int = 0
     mid_write: int = 0
     after_commit: int = 0
@@ -59,18 +60,29 @@ def step_name(step: int) -> str:
     return f"step_{step:04d}"
 
 
-def _kill_during_save(side: str, path: Path, step: int, mib: float, delay: float) -> None:
-    """Runs a job that saves ``step`` and SIGKILLs it ``delay`` seconds into the save."""
+def _job(side: str, path: Path, step: int, mib: float, delay: float | None) -> float | None:
+    """Runs a job that saves ``step``; SIGKILLs it ``delay`` seconds into the save.
+
+    With ``delay`` ``None`` the save is left to commit, and its duration (as the job
+    measured it) is returned.
+    """
     child = subprocess.Popen(
         [sys.executable, __file__, "--child", side, str(path), str(step), str(mib)],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
-        line = child.stdout.readline() if child.stdout else ""
+        assert child.stdout is not None
+        line = child.stdout.readline()
         if "saving" not in line:
             raise RuntimeError(f"the training job did not reach its save: {line!r}")
+        if delay is None:
+            line = child.stdout.readline()
+            if not line.startswith("saved "):
+                raise RuntimeError(f"the training job's save failed: {line!r}")
+            return float(line.split()[1])
         time.sleep(delay)
+        return None
     finally:
         child.kill()
         child.wait(timeout=60)
@@ -118,16 +130,17 @@ def campaign(side: str, root: Path, kills: int, mib: float, rng: random.Random) 
     """Runs ``kills`` trials for one side in the run directory ``root``."""
     counts = Counts()
     root.mkdir(parents=True)
-    start = time.perf_counter()
-    _campaign.save(side, root / step_name(0), 0, _campaign.live_state(0, nbytes(mib)))
-    duration = time.perf_counter() - start
+    # The first save, by a job like the killed ones, times the window kills land in.
+    duration = _job(side, root / step_name(0), 0, mib, None)
+    assert duration is not None
+    counts.save_seconds = duration
     verified: set[tuple[str, object]] = set()
     latest = 0
     for _ in range(kills):
         step = latest + 1
         target = root / step_name(step)
         delay = rng.uniform(0.0, 1.3 * duration)
-        _kill_during_save(side, target, step, mib, delay)
+        _job(side, target, step, mib, delay)
         counts.kills += 1
         temporary = target.with_name(target.name + names.TEMPORARY_SUFFIX)
         if target.exists():
@@ -162,11 +175,14 @@ def _child(side: str, path: str, step: str, mib: str) -> None:
 
     jax.block_until_ready(state)
     print("saving", flush=True)
+    start = time.perf_counter()
     _campaign.save(side, Path(path), int(step), state)
+    print(f"saved {time.perf_counter() - start:.6f}", flush=True)
     time.sleep(600)  # killed long before: a kill after the commit still meets a live job
 
 
 ROWS = (
+    ("seconds a save takes (kills within 1.3x)", "save_seconds"),
     ("SIGKILLs", "kills"),
     ("  landed before the temporary existed", "before_write"),
     ("  landed mid-write", "mid_write"),
@@ -210,7 +226,11 @@ def main() -> int:
     )
     print(f"{'':44}" + "".join(f"{side:>10}" for side in sides))
     for label, field in ROWS:
-        print(f"{label:44}" + "".join(f"{getattr(results[s], field):>10}" for s in sides))
+        cells = [getattr(results[s], field) for s in sides]
+        print(
+            f"{label:44}"
+            + "".join(f"{c:>10.2f}" if isinstance(c, float) else f"{c:>10}" for c in cells)
+        )
     for side in sides:
         for refusal in results[side].refusals[:3]:
             print(f"{side} refused: {refusal}")
