@@ -34,7 +34,7 @@ class InterruptedSaves(w.VBox):
         """
         self._on_removed = on_removed
         guard = shown_in_widget(self._show_error)
-        self.choice = w.Dropdown(options=[], description="interrupted")
+        self.choice = w.Dropdown(options=[], description="unfinished")
         self.remove_button = w.Button(description="Remove…", icon="trash")
         self.remove_button.on_click(guard(lambda _: self._ask()))
         self.question = w.HTML("")
