@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -192,14 +193,21 @@ def launch(
     env = dict(env or {})
     if barrier is not None:
         env[_BARRIER] = str(barrier)
-    for _attempt in range(3):
-        start = time.monotonic()
-        started = _start(Path(script), argv, processes, devices, logs, env)
-        returncodes, timed_out = _wait(started, timeout, grace)
-        texts = [(logs / f"process_{i}.log").read_text(errors="replace") for i in range(processes)]
-        outcome = Outcome(returncodes, texts, timed_out, time.monotonic() - start)
-        if not (processes > 1 and _PORT_TAKEN in texts[0]):
-            return outcome
+    try:
+        for _attempt in range(3):
+            start = time.monotonic()
+            started = _start(Path(script), argv, processes, devices, logs, env)
+            returncodes, timed_out = _wait(started, timeout, grace)
+            texts = [
+                (logs / f"process_{i}.log").read_text(errors="replace") for i in range(processes)
+            ]
+            outcome = Outcome(returncodes, texts, timed_out, time.monotonic() - start)
+            if not (processes > 1 and _PORT_TAKEN in texts[0]):
+                return outcome
+            # The coordinator's port was taken between choosing it and binding it.
+        return outcome
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
         # The coordinator's port was taken between choosing it and binding it.
     return outcome
 
