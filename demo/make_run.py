@@ -26,14 +26,17 @@ The run is written to a staging directory next to ``RUN_DIR`` and renamed into
 place only when it is complete, so ``RUN_DIR`` either holds a whole run or
 nothing; a second invocation finds ``run.json`` and reuses the run.
 
-This file is a demo script, not part of the installed packages. Its model and
-optimizer are deliberately tiny: a two-layer MLP and Adam in a few lines of
-``jax.numpy``, their state plain pytrees of arrays.
+This file is a demo script, not part of the installed packages. It trains the way a
+flax NNX user does: a small ``nnx.Module`` (two ``nnx.Linear`` layers with
+``nnx.BatchNorm`` and ``nnx.Dropout`` between them), optax's AdamW behind
+``nnx.Optimizer``, and checkpoints of ``nnx.state(model)`` and
+``nnx.state(optimizer)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -45,7 +48,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-RUN_FORMAT = "tinax-demo-run/1"
+RUN_FORMAT = "tinax-demo-run/2"
 RUN_FILE = "run.json"
 LOSSES_FILE = "losses.json"  # written by the training process, folded into run.json
 
@@ -64,66 +67,60 @@ CONFIG: dict[str, Any] = {
 _ATTEMPTS = 3
 
 
-# --- model, optimizer, data: small enough to read in one sitting --------------------
+# --- model, optimizer, data: what a flax NNX user writes -------------------------------
 
 
-def init_model(key: Any, features: int, hidden: int) -> dict[str, dict[str, Any]]:
-    """Two dense layers, ``features → hidden → 1``, He-initialised."""
+@functools.cache
+def model_class() -> type:
+    """The demo's model: a two-layer MLP with BatchNorm and Dropout, in flax NNX.
+
+    Defined on first use, so that reusing a finished run imports neither JAX nor flax.
+    """
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        """``features → hidden → 1`` with batch statistics and dropout in between."""
+
+        def __init__(self, features: int, hidden: int, *, rngs: nnx.Rngs) -> None:
+            self.dense1 = nnx.Linear(features, hidden, rngs=rngs)
+            self.norm = nnx.BatchNorm(hidden, rngs=rngs)
+            self.dropout = nnx.Dropout(0.1, rngs=rngs)
+            self.dense2 = nnx.Linear(hidden, 1, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.dense2(self.dropout(nnx.relu(self.norm(self.dense1(x)))))
+
+    return MLP
+
+
+def make_training(config: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """A fresh ``(model, optimizer, rng)`` at step 0.
+
+    The model is in training mode (batch statistics update, dropout is on); the
+    optimizer is optax's AdamW behind ``nnx.Optimizer``; ``rng`` is the typed PRNG
+    key the training loop draws its input noise from.
+    """
     import jax
-    import jax.numpy as jnp
+    import optax
+    from flax import nnx
 
-    k1, k2 = jax.random.split(key)
-    return {
-        "dense1": {
-            "kernel": jax.random.normal(k1, (features, hidden)) * jnp.sqrt(2.0 / features),
-            "bias": jnp.zeros((hidden,)),
-        },
-        "dense2": {
-            "kernel": jax.random.normal(k2, (hidden, 1)) * jnp.sqrt(2.0 / hidden),
-            "bias": jnp.zeros((1,)),
-        },
-    }
-
-
-def apply_model(model: Mapping[str, Any], x: Any) -> Any:
-    """The MLP's prediction for a batch ``x`` of shape ``(batch, features)``."""
-    import jax
-
-    h = jax.nn.relu(x @ model["dense1"]["kernel"] + model["dense1"]["bias"])
-    return h @ model["dense2"]["kernel"] + model["dense2"]["bias"]
-
-
-def adam_init(params: Any) -> dict[str, Any]:
-    """Adam's state: a step count and the first and second moment of every parameter."""
-    import jax
-    import jax.numpy as jnp
-
-    return {
-        "count": jnp.zeros((), jnp.int32),
-        "mu": jax.tree.map(jnp.zeros_like, params),
-        "nu": jax.tree.map(jnp.zeros_like, params),
-    }
-
-
-def adam_update(
-    grads: Any, state: Mapping[str, Any], params: Any, learning_rate: float
-) -> tuple[Any, dict[str, Any]]:
-    """One Adam step (b1=0.9, b2=0.999, eps=1e-8); returns new params and state."""
-    import jax
-    import jax.numpy as jnp
-
-    b1, b2, eps = 0.9, 0.999, 1e-8
-    count = state["count"] + 1
-    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state["mu"], grads)
-    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state["nu"], grads)
-    t = count.astype(jnp.float32)
-    params = jax.tree.map(
-        lambda p, m, v: p - learning_rate * (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + eps),
-        params,
-        mu,
-        nu,
+    seed = config["seed"]
+    model = model_class()(
+        config["features"], config["hidden"], rngs=nnx.Rngs(params=seed, dropout=seed + 1)
     )
-    return params, {"count": count, "mu": mu, "nu": nu}
+    model.train()
+    optimizer = nnx.Optimizer(
+        model, optax.adamw(config["learning_rate"], weight_decay=1e-4), wrt=nnx.Param
+    )
+    return model, optimizer, jax.random.key(seed + 2)
+
+
+def initial_state(config: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """What a training checkpoint stores at step 0: model state, optimizer state, RNG."""
+    from flax import nnx
+
+    model, optimizer, rng = make_training(config)
+    return nnx.state(model), nnx.state(optimizer), rng
 
 
 def make_dataset(config: Mapping[str, Any]) -> Any:
@@ -151,35 +148,28 @@ def make_dataset(config: Mapping[str, Any]) -> Any:
 
 
 def make_train_step(config: Mapping[str, Any]) -> Any:
-    """A jitted step ``(model, optimizer, rng, batch) → (model, optimizer, rng, loss)``.
+    """A compiled step ``(model, optimizer, rng, batch) → (rng, loss)``.
 
-    ``rng`` is raw key data (``jax.random.key_data``), a ``uint32`` array, so it is
-    checkpointed like any other array.
+    The model and optimizer are updated in place, as NNX does; the input noise
+    comes from ``rng``, which is split and handed back.
     """
     import jax
     import jax.numpy as jnp
+    from flax import nnx
 
-    def loss_fn(model: Any, x: Any, y: Any) -> Any:
-        return jnp.mean((apply_model(model, x) - y) ** 2)
-
-    @jax.jit
+    @nnx.jit
     def train_step(model: Any, optimizer: Any, rng: Any, batch: Any) -> Any:
-        key, noise_key = jax.random.split(jax.random.wrap_key_data(rng))
+        rng, noise_key = jax.random.split(rng)
         x = batch["x"] + config["input_noise"] * jax.random.normal(noise_key, batch["x"].shape)
-        loss, grads = jax.value_and_grad(loss_fn)(model, x, batch["y"])
-        model, optimizer = adam_update(grads, optimizer, model, config["learning_rate"])
-        return model, optimizer, jax.random.key_data(key), loss
+
+        def loss_fn(model: Any) -> Any:
+            return jnp.mean((model(x) - batch["y"]) ** 2)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return rng, loss
 
     return train_step
-
-
-def initial_state(config: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    """Model, optimizer and RNG state at step 0."""
-    import jax
-
-    init_key, train_key = jax.random.split(jax.random.key(config["seed"]))
-    model = init_model(init_key, config["features"], config["hidden"])
-    return model, adam_init(model), jax.random.key_data(train_key)
 
 
 def checkpoint_name(step: int) -> str:
@@ -204,20 +194,22 @@ def train(
         checkpoint is being written (see the module docstring).
     """
     import jax
+    from flax import nnx
 
     from tinax.checkpointing import save_training_checkpoint
 
     train_step = make_train_step(config)
+    model, optimizer, rng = make_training(config)
     if start is None:
-        model, optimizer, rng = initial_state(config)
         iterator = iter(make_dataset(config))
         step = 0
     else:
-        model, optimizer, rng = start.model, start.optimizer, start.rng
-        iterator, step = start.iterator, start.step
+        nnx.update(model, start.model)
+        nnx.update(optimizer, start.optimizer)
+        rng, iterator, step = start.rng, start.iterator, start.step
     pending = None
     while step < config["steps"]:
-        model, optimizer, rng, loss = train_step(model, optimizer, rng, next(iterator))
+        rng, loss = train_step(model, optimizer, rng, next(iterator))
         step += 1
         yield step, float(loss)
         if step % config["checkpoint_every"] != 0:
@@ -225,13 +217,14 @@ def train(
         if pending is not None:
             pending.result()  # one save in flight at a time
         last = step == config["steps"]
+        model_state, optimizer_state = nnx.state(model), nnx.state(optimizer)
         if last and kill_at_last_save:
-            jax.block_until_ready((model, optimizer, rng))
+            jax.block_until_ready((model_state, optimizer_state, rng))
         pending = save_training_checkpoint(
             run_dir / checkpoint_name(step),
             step,
-            model,
-            optimizer,
+            model_state,
+            optimizer_state,
             rng,
             {"loss": float(loss), "learning_rate": float(config["learning_rate"])},
             iterator,
