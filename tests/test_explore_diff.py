@@ -55,10 +55,10 @@ def test_two_steps_of_the_demo_run(demo_run):
     assert list(table.columns[:3]) == ["checkpointable", "key", "status"]
     rows = {(r.checkpointable, r.key): r for r in table.itertuples()}
     assert set(rows) == {(r.checkpointable, r.key) for r in ex.checkpoint_table(a).itertuples()}
-    kernel = rows[("model", "['dense1']['kernel']")]
+    kernel = rows[("model", "['dense1']['kernel']['value']")]
     assert kernel.status == words.CHANGED and kernel.decoded
-    before = ex.read_leaf(a, "model", "['dense1']['kernel']").astype(np.float64)
-    after = ex.read_leaf(b, "model", "['dense1']['kernel']").astype(np.float64)
+    before = ex.read_leaf(a, "model", "['dense1']['kernel']['value']").astype(np.float64)
+    after = ex.read_leaf(b, "model", "['dense1']['kernel']['value']").astype(np.float64)
     assert kernel.max_abs_diff == pytest.approx(np.abs(after - before).max())
     assert kernel.rel_change == pytest.approx(
         np.linalg.norm(after - before) / np.linalg.norm(before), rel=1e-9
@@ -91,14 +91,14 @@ def test_a_leaf_edited_in_place_is_the_only_change(demo_run, tmp_path):
     a = demo_run / STEPS[0]
     b = tmp_path / "edited"
     shutil.copytree(a, b)
-    kernel = ex.read_leaf(a, "model", "['dense2']['kernel']")
+    kernel = ex.read_leaf(a, "model", "['dense2']['kernel']['value']")
     edited = kernel.copy()
     edited[7, 0] += 0.5
-    write_leaf(b / "model", "dense2.kernel", edited)
+    write_leaf(b / "model", "dense2.kernel.value", edited)
     table = ex.diff_table(a, b)
     changed = table[table["status"] != words.SAME]
     assert list(zip(changed["checkpointable"], changed["key"], strict=True)) == [
-        ("model", "['dense2']['kernel']")
+        ("model", "['dense2']['kernel']['value']")
     ]
     row = changed.iloc[0]
     assert row["max_abs_diff"] == pytest.approx(0.5)
@@ -112,14 +112,14 @@ def test_nans_injected_into_one_leaf_are_counted(demo_run, tmp_path):
     a = demo_run / STEPS[0]
     b = tmp_path / "nan"
     shutil.copytree(a, b)
-    bias = ex.read_leaf(a, "model", "['dense1']['bias']")
+    bias = ex.read_leaf(a, "model", "['dense1']['bias']['value']")
     poisoned = bias.copy()
     poisoned[:3] = np.nan
     poisoned[5] = np.inf
     poisoned[6] += 1.0
-    write_leaf(b / "model", "dense1.bias", poisoned)
+    write_leaf(b / "model", "dense1.bias.value", poisoned)
     row = ex.diff_table(a, b).iloc[0]
-    assert (row["key"], row["status"]) == ("['dense1']['bias']", words.CHANGED)
+    assert (row["key"], row["status"]) == ("['dense1']['bias']['value']", words.CHANGED)
     assert (row["nan_a"], row["inf_a"], row["nan_b"], row["inf_b"]) == (0, 0, 3, 1)
     # Statistics cover the elements finite on both sides.
     assert row["max_abs_diff"] == pytest.approx(1.0)

@@ -192,18 +192,18 @@ def test_the_demo_run(demo_run, tmp_path):
     # NaNs injected into one leaf: a warning with the count, not a broken checkpoint.
     poisoned = tmp_path / "nan"
     shutil.copytree(demo_run / "step_000050", poisoned)
-    kernel = ex.read_leaf(poisoned, "model", "['dense1']['kernel']")
+    kernel = ex.read_leaf(poisoned, "model", "['dense1']['kernel']['value']")
     kernel[0, :4] = np.nan
     kernel[1, 0] = -np.inf
-    write_leaf(poisoned / "model", "dense1.kernel", kernel)
+    write_leaf(poisoned / "model", "dense1.kernel.value", kernel)
     result = ex.verify(poisoned, data=True)
     assert result.ok
     warnings = result.findings[result.findings["severity"] == words.WARNING]
-    assert list(warnings["part"]) == ["model ['dense1']['kernel']"]
+    assert list(warnings["part"]) == ["model ['dense1']['kernel']['value']"]
     assert "4 NaN and 1 Inf" in warnings["message"].iloc[0]
     leaves = result.leaves.set_index(["checkpointable", "key"])
-    assert leaves.loc[("model", "['dense1']['kernel']"), "nan_count"] == 4
-    assert leaves.loc[("model", "['dense1']['bias']"), "nan_count"] == 0
+    assert leaves.loc[("model", "['dense1']['kernel']['value']"), "nan_count"] == 4
+    assert leaves.loc[("model", "['dense1']['bias']['value']"), "nan_count"] == 0
 
 
 class _SumCheck(ex.Check):
