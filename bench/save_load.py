@@ -1,13 +1,32 @@
-"""Save and load throughput: tinax against raw Orbax V1, side by side in one run.
+"""Save and load throughput: tinax defaults against raw Orbax V1 defaults against ``dd``.
 
-Writes the same pytree of float32 arrays (1 GiB by default) through
-``tinax.checkpointing`` and through ``orbax.checkpoint.v1`` directly, alternating
-the two, and keeps the best of several rounds for each. Every timed operation
-starts after ``os.sync()``, so write-back of an earlier round is not charged to it. Also measures the disk's
-raw sequential write rate (one large file written and fsync'ed) as the physical
-limit. Loads read into abstract targets; both read from the page cache equally.
+Two workloads of the same total size (1 GiB by default) of float32 arrays drawn from
+a normal distribution:
 
-Usage: python bench/save_load.py [--gib 1.0] [--rounds 3] [--dir DIR]
+  (a) 16 big arrays, where the bytes dominate;
+  (b) 10,000 small arrays, where the cost per leaf dominates.
+
+For each workload every side writes its own checkpoints (rounds alternate which side
+goes first) and then loads its own checkpoint back into abstract targets, so each
+side is measured on the format it writes: tinax uncompressed, Orbax with zstd. Every
+timed operation starts after ``os.sync()``, so write-back of an earlier round is not
+charged to it; loads read from the page cache on every side alike. Reported per side:
+save and load throughput (best, median and the range over rounds) and size on disk.
+
+Also measured: ``dd`` writing the same number of bytes with ``conv=fsync`` (the
+disk's limit), how long ``save_training_checkpoint`` blocks its caller before the
+rest of the save goes on in the background, the fixed cost per call on a tiny
+checkpoint, and what zstd saves on trained weights (the demo run's model and
+optimizer, re-saved both ways).
+
+Goals, checked at the end (exit status 1 if one is missed):
+
+  (a) tinax save and load >= 1.5x raw Orbax defaults (medians); tinax save >= 0.8x dd;
+  (b) tinax save and load no slower than raw Orbax defaults (medians, 5% allowed
+      for run-to-run noise on a shared machine).
+
+Usage: python bench/save_load.py [--gib 1.0] [--rounds 3] [--small-rounds 2]
+       [--small-arrays 10000] [--dir DIR] [--demo-run DIR] [--skip-small]
 
 On a shared virtual disk single rounds vary by tens of percent; use more rounds
 (e.g. --rounds 9) for a tighter figure.
@@ -16,170 +35,385 @@ On a shared virtual disk single rounds vary by tens of percent; use more rounds
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax.checkpointing import abstract_restore_target, load_checkpointables, save_checkpointables
+from tinax._format.storage import local, tree_bytes
+from tinax.checkpointing import (
+    abstract_restore_target,
+    compression,
+    load_checkpointables,
+    save_checkpointables,
+    save_training_checkpoint,
+)
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 MIB = 1 << 20
+GIB = 1 << 30
+REPO = Path(__file__).resolve().parents[1]
+
+# A side saves ``state`` to a new path and loads a path into ``target``.
+Save = Callable[[str, Any], None]
+Load = Callable[[str, Any], Any]
 
 
-def make_state(total_bytes: int, n_arrays: int = 16) -> dict[str, jax.Array]:
-    per = total_bytes // n_arrays // 4
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One way of saving and loading, measured against the others."""
+
+    name: str
+    save: Save
+    load: Load
+
+
+def tinax_side() -> Side:
+    def save(path: str, state: Any) -> None:
+        save_checkpointables(path, {"params": state}).result()
+
+    def load(path: str, target: Any) -> Any:
+        return jax.block_until_ready(load_checkpointables(path, {"params": target}))
+
+    return Side("tinax", save, load)
+
+
+def orbax_side() -> Side:
+    def save(path: str, state: Any) -> None:
+        ocp.save_checkpointables(path, {"params": state})
+
+    def load(path: str, target: Any) -> Any:
+        return jax.block_until_ready(ocp.load_checkpointables(path, {"params": target}))
+
+    return Side("orbax", save, load)
+
+
+@dataclasses.dataclass
+class Measured:
+    """Seconds per round and bytes on disk, per side."""
+
+    nbytes: int
+    saves: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    loads: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    sizes: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def rate(self, seconds: float) -> float:
+        """MiB per second."""
+        return self.nbytes / seconds / MIB
+
+
+def make_state(total_bytes: int, n_arrays: int) -> dict[str, jax.Array]:
+    """``n_arrays`` float32 arrays of normal samples, ``total_bytes`` in all."""
+    per = max(1, total_bytes // n_arrays // 4)
     key = jax.random.key(0)
-    state = {}
-    for i in range(n_arrays):
-        key, sub = jax.random.split(key)
-        state[f"layer_{i:02d}"] = jax.random.normal(sub, (per,), jnp.float32)
-    jax.block_until_ready(state)
-    return state
+    width = len(str(n_arrays - 1))
+    state = {
+        f"layer_{i:0{width}d}": jax.random.normal(jax.random.fold_in(key, i), (per,), jnp.float32)
+        for i in range(n_arrays)
+    }
+    return jax.block_until_ready(state)
 
 
-def raw_write_rate(directory: str, nbytes: int) -> float:
-    """Bytes per second for one sequential write of ``nbytes`` followed by fsync."""
-    block = np.random.default_rng(0).bytes(64 * MIB)
-    path = os.path.join(directory, "raw.bin")
-    start = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        written = 0
-        while written < nbytes:
-            written += f.write(block[: min(len(block), nbytes - written)])
-        os.fsync(f.fileno())
-    elapsed = time.perf_counter() - start
-    os.remove(path)
-    return nbytes / elapsed
-
-
-def timed(fn) -> float:
-    # Flush earlier rounds' dirty pages first, so one side never pays for the
-    # other's write-back.
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds ``fn`` takes, after flushing earlier rounds' dirty pages."""
     os.sync()
+    gc.collect()
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
-def call_overhead(scratch: str, calls: int = 30) -> tuple[float, float, float, float]:
-    """Median seconds per save and per load of a tiny checkpoint, tinax and Orbax.
+def alternating(sides: list[Side], round_index: int) -> list[Side]:
+    """``sides`` in an order that rotates with the round, so no side always goes first."""
+    k = round_index % len(sides)
+    return sides[k:] + sides[:k]
+
+
+def measure_workload(
+    sides: list[Side], state: Any, rounds: int, scratch: str, label: str
+) -> Measured:
+    """Save and load throughput and size on disk of every side on one workload."""
+    target = abstract_restore_target(state)
+    measured = Measured(nbytes=sum(x.nbytes for x in jax.tree.leaves(state)))
+    kept: dict[str, str] = {}
+    for side in sides:
+        # A warm-up of each, so compilation and first-use costs are not measured.
+        warm = os.path.join(scratch, f"{label}-warm-{side.name}")
+        side.save(warm, state)
+        side.load(warm, target)
+        shutil.rmtree(warm)
+        measured.saves[side.name] = []
+        measured.loads[side.name] = []
+    for r in range(rounds):
+        for side in alternating(sides, r):
+            path = os.path.join(scratch, f"{label}-{side.name}-{r}")
+            measured.saves[side.name].append(timed(lambda s=side, p=path: s.save(p, state)))
+            if side.name in kept:
+                shutil.rmtree(path)
+            else:
+                kept[side.name] = path
+    for side in sides:
+        measured.sizes[side.name] = tree_bytes(local(kept[side.name]))
+    for r in range(rounds):
+        for side in alternating(sides, r):
+            measured.loads[side.name].append(
+                timed(lambda s=side: s.load(kept[s.name], target))
+            )
+    for path in kept.values():
+        shutil.rmtree(path)
+    return measured
+
+
+def dd_write(scratch: str, nbytes: int, rounds: int) -> list[float]:
+    """Seconds for ``dd`` to write ``nbytes`` of random data with ``conv=fsync``, per round.
+
+    The source is a file of random bytes in memory (``/dev/shm`` when there is one),
+    so a disk that compresses or skips zeros gets no help.
+    """
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else scratch
+    block = 16 * MIB
+    count = max(1, nbytes // block)
+    fd, source = tempfile.mkstemp(prefix="tinax-bench-dd-", dir=shm)
+    try:
+        rng = np.random.default_rng(0)
+        with os.fdopen(fd, "wb") as f:
+            for _ in range(count):
+                f.write(rng.bytes(block))
+        dest = os.path.join(scratch, "dd.bin")
+        seconds = []
+        for _ in range(rounds):
+            command = ["dd", f"if={source}", f"of={dest}", f"bs={block}", "conv=fsync"]
+            seconds.append(timed(lambda c=command: subprocess.run(c, check=True, capture_output=True)))
+            os.remove(dest)
+        return seconds
+    finally:
+        os.remove(source)
+
+
+def blocking_time(state: Any, scratch: str, rounds: int) -> tuple[list[float], list[float]]:
+    """Seconds until ``save_training_checkpoint`` returns, and until its save commits."""
+    iterator = iter(grain.MapDataset.range(1_000).batch(8).to_iter_dataset())
+    next(iterator)
+    rng = jax.random.key_data(jax.random.key(0))
+    returned, committed = [], []
+    for r in range(rounds + 1):
+        path = os.path.join(scratch, f"blocking-{r}")
+        os.sync()
+        start = time.perf_counter()
+        response = save_training_checkpoint(path, r, state, {}, rng, {}, iterator)
+        back = time.perf_counter() - start
+        response.result()
+        done = time.perf_counter() - start
+        shutil.rmtree(path)
+        if r:  # the first is a warm-up
+            returned.append(back)
+            committed.append(done)
+    return returned, committed
+
+
+def call_overhead(scratch: str, calls: int = 30) -> dict[str, tuple[float, float]]:
+    """Median seconds per save and per load of a tiny checkpoint, by side.
 
     With almost no bytes to move, what is left is each library's fixed cost per
     call, which the disk does not blur.
     """
     state = {f"w{i}": jnp.full((8,), float(i)) for i in range(16)}
     target = abstract_restore_target(state)
-    save_t, save_o, load_t, load_o = [], [], [], []
-    for i in range(calls):
-        a, b = os.path.join(scratch, f"small-t-{i}"), os.path.join(scratch, f"small-o-{i}")
-        save_t.append(timed(lambda a=a: save_checkpointables(a, {"params": state}).result()))
-        save_o.append(timed(lambda b=b: ocp.save_checkpointables(b, {"params": state})))
-        load_t.append(timed(lambda a=a: load_checkpointables(a, {"params": target})))
-        load_o.append(timed(lambda b=b: ocp.load_checkpointables(b, {"params": target})))
-        shutil.rmtree(a)
-        shutil.rmtree(b)
-    med = statistics.median
-    return med(save_t), med(save_o), med(load_t), med(load_o)
+    out = {}
+    for side in (tinax_side(), orbax_side()):
+        saves, loads = [], []
+        for i in range(calls):
+            path = os.path.join(scratch, f"small-{side.name}-{i}")
+            saves.append(timed(lambda s=side, p=path: s.save(p, state)))
+            loads.append(timed(lambda s=side, p=path: s.load(p, target)))
+            shutil.rmtree(path)
+        out[side.name] = (statistics.median(saves), statistics.median(loads))
+    return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gib", type=float, default=1.0, help="size of the pytree in GiB")
-    parser.add_argument(
-        "--rounds", type=int, default=3, help="rounds per side (best and median shown)"
+def trained_weights_sizes(run_dir: Path, scratch: str) -> tuple[int, int, int] | None:
+    """Array bytes of the demo run's last model and optimizer: raw, stored plain, with zstd.
+
+    Returns ``None`` when there is no demo run to read.
+    """
+    sys.path.insert(0, str(REPO / "demo"))
+    from make_run import ensure_run
+
+    import tinax.explore as ex
+
+    try:
+        meta = ensure_run(run_dir)
+    except (OSError, RuntimeError) as e:
+        print(f"no demo run at {run_dir}: {e}")
+        return None
+    last = run_dir / meta["checkpoints"][-1]
+    table = ex.checkpoint_table(last)
+    arrays = table[table["kind"].isin(["jax.Array", "np.ndarray"])]
+    state = {
+        f"{row.checkpointable}{row.key}": np.asarray(ex.read_leaf(last, row.checkpointable, row.key))
+        for row in arrays.itertuples()
+    }
+    raw = sum(x.nbytes for x in state.values())
+    sizes = []
+    for compress in (False, True):
+        path = os.path.join(scratch, f"trained-{compress}")
+        with compression(compress):
+            save_checkpointables(path, {"weights": state}).result()
+        sizes.append(_array_store_bytes(Path(path) / "weights"))
+        shutil.rmtree(path)
+    return raw, sizes[0], sizes[1]
+
+
+def _array_store_bytes(directory: Path) -> int:
+    """Bytes of the OCDBT data files, where array chunks are stored."""
+    return sum(
+        p.stat().st_size
+        for p in directory.rglob("*")
+        if p.is_file() and p.parent.name == "d"
     )
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):7.0f}-{max(values):<7.0f}"
+
+
+def print_workload(title: str, measured: Measured, sides: list[Side]) -> None:
+    print(f"\n{title}: {measured.nbytes / MIB:.0f} MiB of float32")
+    print(
+        f"{'side':8}{'op':6}{'best MiB/s':>12}{'median MiB/s':>14}  {'range MiB/s':<16}"
+        f"{'size MiB':>10}"
+    )
+    for side in sides:
+        for op, table in (("save", measured.saves), ("load", measured.loads)):
+            rates = [measured.rate(s) for s in table[side.name]]
+            size = f"{measured.sizes[side.name] / MIB:10.1f}" if op == "save" else ""
+            print(
+                f"{side.name:8}{op:6}{max(rates):12.0f}{statistics.median(rates):14.0f}  "
+                f"{spread(rates):<16}{size}"
+            )
+
+
+def median_rate(measured: Measured, table: dict[str, list[float]], name: str) -> float:
+    return measured.rate(statistics.median(table[name]))
+
+
+@dataclasses.dataclass
+class Goal:
+    label: str
+    value: float
+    minimum: float
+
+    @property
+    def met(self) -> bool:
+        return self.value >= self.minimum
+
+
+def workload_goals(
+    label: str, measured: Measured, minimum: float, against: str = "orbax"
+) -> list[Goal]:
+    return [
+        Goal(
+            f"{label} tinax/{against} {op}",
+            median_rate(measured, table, "tinax") / median_rate(measured, table, against),
+            minimum,
+        )
+        for op, table in (("save", measured.saves), ("load", measured.loads))
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=1.0, help="size of each workload in GiB")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of workload (a)")
+    parser.add_argument("--small-rounds", type=int, default=2, help="rounds of workload (b)")
+    parser.add_argument("--small-arrays", type=int, default=10_000, help="arrays in (b)")
+    parser.add_argument("--skip-small", action="store_true", help="skip workload (b)")
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument(
+        "--demo-run",
+        default=str(REPO / "demo_run"),
+        help="the demo run whose trained weights are re-saved (built if missing)",
+    )
     args = parser.parse_args()
 
-    nbytes = int(args.gib * (1 << 30))
+    nbytes = int(args.gib * GIB)
     scratch = tempfile.mkdtemp(prefix="tinax-bench-", dir=args.dir)
+    sides = [tinax_side(), orbax_side()]
     try:
-        state = make_state(nbytes)
-        actual = sum(x.nbytes for x in state.values())
-        target = abstract_restore_target(state)
-        saves: dict[str, list[float]] = {"tinax": [], "orbax": []}
-        loads: dict[str, list[float]] = {"tinax": [], "orbax": []}
-
-        def save_tinax(path: str) -> None:
-            save_checkpointables(path, {"params": state}).result()
-
-        def save_orbax(path: str) -> None:
-            ocp.save_checkpointables(path, {"params": state})
-
-        def load_tinax(path: str) -> None:
-            jax.block_until_ready(load_checkpointables(path, {"params": target}))
-
-        def load_orbax(path: str) -> None:
-            jax.block_until_ready(ocp.load_checkpointables(path, {"params": target}))
-
-        # One warm-up of each so compilation and first-use costs are not measured.
-        for name, save, load in (
-            ("tinax", save_tinax, load_tinax),
-            ("orbax", save_orbax, load_orbax),
-        ):
-            path = os.path.join(scratch, f"warm-{name}")
-            save(path)
-            load(path)
-            shutil.rmtree(path)
-
-        # Saves: each side writes its own new checkpoint, alternating who goes first.
-        for r in range(args.rounds):
-            order = [("tinax", save_tinax), ("orbax", save_orbax)]
-            if r % 2:
-                order.reverse()
-            for name, save in order:
-                path = os.path.join(scratch, f"{name}-{r}")
-                saves[name].append(timed(lambda save=save, path=path: save(path)))
-                shutil.rmtree(path)
-
-        # Loads: both sides read the same checkpoint, so neither gets a luckier layout
-        # on disk or in the page cache.
-        shared = os.path.join(scratch, "shared")
-        save_orbax(shared)
-        for r in range(args.rounds):
-            order = [("tinax", load_tinax), ("orbax", load_orbax)]
-            if r % 2:
-                order.reverse()
-            for name, load in order:
-                gc.collect()
-                loads[name].append(timed(lambda load=load: load(shared)))
-        shutil.rmtree(shared)
-
-        disk = raw_write_rate(scratch, actual)
+        big = make_state(nbytes, 16)
+        a = measure_workload(sides, big, args.rounds, scratch, "a")
+        dd = dd_write(scratch, a.nbytes, args.rounds)
+        returned, committed = blocking_time(big, scratch, args.rounds)
+        del big
+        b = None
+        if not args.skip_small:
+            small = make_state(nbytes, args.small_arrays)
+            b = measure_workload(sides, small, args.small_rounds, scratch, "b")
+            del small
         overhead = call_overhead(scratch)
+        trained = trained_weights_sizes(Path(args.demo_run), scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    def rate(seconds: float) -> float:
-        return actual / seconds / MIB
+    print("tinax defaults (arrays uncompressed) against raw Orbax V1 defaults (zstd level 3)")
+    print_workload("(a) 16 arrays", a, sides)
+    dd_rates = [a.nbytes / s / MIB for s in dd]
+    print(
+        f"dd, conv=fsync, same bytes: best {max(dd_rates):.0f} MiB/s, median "
+        f"{statistics.median(dd_rates):.0f} MiB/s, range {spread(dd_rates).strip()}"
+    )
+    if b is not None:
+        print_workload(f"(b) {args.small_arrays} arrays", b, sides)
+    med = statistics.median
+    print(
+        f"\nsave_training_checkpoint with (a) as the model: returns after {med(returned) * 1e3:.0f} ms "
+        f"(range {min(returned) * 1e3:.0f}-{max(returned) * 1e3:.0f}); committed after "
+        f"{med(committed) * 1e3:.0f} ms (median of {len(returned)})"
+    )
+    (ts_, tl), (os_, ol) = overhead["tinax"], overhead["orbax"]
+    print(
+        f"fixed cost per call (16 tiny arrays, median of 30): save {ts_ * 1e3:.1f} ms vs "
+        f"{os_ * 1e3:.1f} ms, load {tl * 1e3:.1f} ms vs {ol * 1e3:.1f} ms (tinax vs orbax)"
+    )
+    if trained is not None:
+        raw, plain, zstd = trained
+        print(
+            f"trained weights (demo run model + optimizer, {raw / 1024:.0f} KiB of arrays): "
+            f"stored {plain / 1024:.0f} KiB uncompressed, {zstd / 1024:.0f} KiB with zstd "
+            f"({(1 - zstd / plain) * 100:.1f}% smaller)"
+        )
 
-    print(
-        f"pytree: {len(state)} float32 arrays, {actual / MIB:.0f} MiB; {args.rounds} rounds, "
-        "alternating; loads read one shared checkpoint"
-    )
-    print(f"{'':6}{'':8}{'tinax MiB/s':>14}{'orbax MiB/s':>14}{'tinax/orbax':>14}")
-    for label, table in (("save", saves), ("load", loads)):
-        for stat, pick in (("best", min), ("median", statistics.median)):
-            t, o = rate(pick(table["tinax"])), rate(pick(table["orbax"]))
-            print(f"{label:6}{stat:8}{t:14.0f}{o:14.0f}{t / o:14.3f}")
-    print(f"disk raw sequential write (fsync'ed): {disk / MIB:.0f} MiB/s")
-    st, so, lt, lo = (x * 1e3 for x in overhead)
-    print(
-        f"fixed cost per call (tiny checkpoint, median of 30): save {st:.1f} ms vs {so:.1f} ms, "
-        f"load {lt:.1f} ms vs {lo:.1f} ms (tinax vs orbax)"
-    )
-    print("goal: tinax/orbax >= 0.97 for save and load")
+    goals = [
+        *workload_goals("(a)", a, 1.5),
+        Goal("(a) tinax save / dd", median_rate(a, a.saves, "tinax") / med(dd_rates), 0.8),
+    ]
+    if b is not None:
+        goals += workload_goals("(b)", b, 0.95)
+    print("\ngoals (medians):")
+    for goal in goals:
+        mark = "ok" if goal.met else "MISSED"
+        print(f"  {goal.label:28} {goal.value:6.2f}  (>= {goal.minimum})  {mark}")
+    return 0 if all(goal.met for goal in goals) else 1
 
     # Multi-process saves: measured in their own module, with JAX jobs of their own.
     from _two_process import two_process_lines
@@ -188,4 +422,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,6 +6,7 @@ support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
 from tinax.checkpointing._checkpointables import load_checkpointables, save_checkpointables
+from tinax.checkpointing._context import compression
 from tinax.checkpointing._destination import remove_interrupted_save
 from tinax.checkpointing._names import validate_checkpointable_name
 from tinax.checkpointing._response import SaveResponse
@@ -26,6 +27,7 @@ __all__ = [
     "TrainingCheckpointNames",
     "abstract_restore_target",
     "allow_lossy_casts",
+    "compression",
     "load_checkpointables",
     "load_training_checkpoint",
     "remove_interrupted_save",

@@ -1,17 +1,64 @@
-"""The Orbax V1 context tinax saves and loads in."""
+"""The Orbax V1 context tinax saves and loads in, and tinax's one storage switch."""
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
 
 from orbax.checkpoint import v1 as ocp
 
 from tinax.checkpointing._empty import EmptyPyTreeHandler
 from tinax.checkpointing._orbax import active_context
 
+# Off by default: zstd buys a few percent of disk on float weights and costs half or
+# more of the save and load throughput (README, "Storage settings").
+_COMPRESS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tinax_compress_arrays", default=False
+)
+
+
+@contextlib.contextmanager
+def compression(enabled: bool = True) -> Iterator[None]:
+    """Makes tinax saves in this block compress arrays (zstd), or not.
+
+    tinax writes arrays uncompressed unless told otherwise: on floating-point
+    weights compression saves little disk and halves the save and load speed.
+    Inside ``with compression():`` saves made by this thread (and by tasks it
+    starts) use Orbax's zstd codec instead. Loads read either kind whatever this
+    says. Blocks nest; the innermost one wins.
+
+    Orbax's own ``ArrayOptions.Saving.use_compression`` is not consulted: it is
+    ``True`` by default, so a context you made active for other reasons could not
+    be told from a request for compression. Every other Orbax option you set with
+    ``with ocp.Context(...)`` stays in force.
+
+    Args:
+      enabled: Whether saves in the block compress arrays.
+
+    Raises:
+      TypeError: If ``enabled`` is not a ``bool``.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    token = _COMPRESS.set(enabled)
+    try:
+        yield
+    finally:
+        _COMPRESS.reset(token)
+
+
+def compressing() -> bool:
+    """Whether a save started now compresses arrays."""
+    return _COMPRESS.get()
+
 
 def context() -> ocp.Context:
-    """The caller's active Orbax context, with a handler for leafless pytrees added.
+    """The caller's active Orbax context, with tinax's handlers and storage choice.
 
-    Options the caller set with ``with ocp.Context(...)`` stay in force.
+    Options the caller set with ``with ocp.Context(...)`` stay in force, except
+    array compression, which ``compression`` decides. The caller's context is
+    copied, never changed.
     """
     active = active_context()
     registry = ocp.handlers.local_registry(
@@ -20,4 +67,5 @@ def context() -> ocp.Context:
     registry.add(EmptyPyTreeHandler)
     ctx = ocp.Context(active)
     ctx.checkpointables.registry = registry
+    ctx.array.saving.use_compression = compressing()
     return ctx
