@@ -68,6 +68,20 @@ def iterator_file_name(process_index: int, process_count: int) -> str:
     return f"process_{process_index}-of-{process_count}.json"
 
 
+# -- tinax's integrity record -------------------------------------------------------------
+
+# In a pytree checkpointable saved by tinax: a checksum of every value each process wrote,
+# one JSON file per process (written before the checkpoint commits).
+CHECKSUMS_DIR = "tinax_checksums"
+CHECKSUMS_FORMAT = "tinax.checksums/1"
+CHECKSUM_FILE = re.compile(r"^process_(\d+)\.json$")
+
+
+def checksum_file_name(process_index: int) -> str:
+    """The name of the file one process writes its checksums to."""
+    return f"process_{process_index}.json"
+
+
 # -- saves in progress ---------------------------------------------------------------------
 
 # Orbax writes a checkpoint under `<name>.orbax-checkpoint-tmp[-<digits>]` and renames

@@ -6,6 +6,7 @@ support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
 from tinax.checkpointing._checkpointables import load_checkpointables, save_checkpointables
+from tinax.checkpointing._checksums import CorruptDataError
 from tinax.checkpointing._context import compression
 from tinax.checkpointing._destination import remove_interrupted_save
 from tinax.checkpointing._names import validate_checkpointable_name
@@ -20,6 +21,7 @@ from tinax.checkpointing._training import (
 from tinax.checkpointing._verdict import TargetMismatchError, allow_lossy_casts
 
 __all__ = [
+    "CorruptDataError",
     "NumpyTarget",
     "SaveResponse",
     "TargetMismatchError",

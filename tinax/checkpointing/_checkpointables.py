@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,12 @@ import jax
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax._format import jsonitems, layout, names
+from tinax._format import arrays, jsonitems, layout, names
 from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import load_source
 from tinax.checkpointing import _context, _destination, _processes
+from tinax.checkpointing._checksums import CorruptDataError
 from tinax.checkpointing._leaves import check_storable, is_stateful
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._response import SaveResponse
@@ -191,6 +193,53 @@ def check_iterator_states(src: Location, name: str) -> None:
     )
 
 
+# Tensorstore reports a read that failed with the status code first.
+_READ_FAILURE = re.compile(
+    r"^(DATA_LOSS|NOT_FOUND|FAILED_PRECONDITION|OUT_OF_RANGE|INVALID_ARGUMENT|UNKNOWN|"
+    r"INTERNAL|RESOURCE_EXHAUSTED|UNAVAILABLE|PERMISSION_DENIED|ABORTED|CANCELLED): "
+)
+# Orbax names the array it was reading in the tensorstore spec it quotes.
+_ORBAX_READING = "Encountered error while reading array index"
+_SPEC_PATH = re.compile(r"['\"]path['\"]: ['\"]([^'\"]*)['\"]")
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) -> Exception:
+    """The error to report for an Orbax load that failed, saying what really happened.
+
+    Orbax reports every failure inside a checkpointable's load as an incompatible
+    handler; the cause is further down the chain: corrupt data (a checksum that
+    does not match), a read that failed (a damaged or unreadable file), or a
+    target that does not fit what is stored.
+    """
+    chain = _chain(error)
+    for cause in chain:
+        if isinstance(cause, CorruptDataError):
+            return CorruptDataError(str(cause))
+    failed = [c for c in chain if _READ_FAILURE.match(str(c)) or str(c).startswith(_ORBAX_READING)]
+    if failed:
+        reading = next((c for c in chain if str(c).startswith(_ORBAX_READING)), None)
+        array = _SPEC_PATH.findall(str(reading)) if reading is not None else []
+        what = f" (reading array {array[-1].rstrip('/')!r})" if array else ""
+        root = next((c for c in reversed(chain) if _READ_FAILURE.match(str(c))), failed[-1])
+        return ValueError(
+            f"checkpoint {str(src)!r}: the stored data of {sorted(targets)} cannot be read; "
+            f"it is damaged or unreadable{what}: {arrays.message(root)}"
+        )
+    return ValueError(
+        f"checkpoint {str(src)!r}: Orbax could not restore {sorted(targets)} although "
+        f"their metadata fits the targets: {_orbax_reason(error)}"
+    )
+
+
 def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
     """Restores ``targets`` from the checkpoint ``src`` and checks them against their targets.
 
@@ -198,7 +247,10 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
     checkpoint's metadata (``check_targets``).
 
     Raises:
-      ValueError: If Orbax cannot restore what the metadata promised.
+      CorruptDataError: If stored data does not match its checksums (a
+        ``ValueError`` naming the checkpoint, checkpointable and leaf).
+      ValueError: If stored data cannot be read, or Orbax cannot restore what
+        the metadata promised.
     """
     for name, target in targets.items():
         if is_stateful(target):
@@ -206,11 +258,8 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
     try:
         with _context.context():
             restored = ocp.load_checkpointables(orbax_path(src), dict(targets))
-    except (TypeError, ValueError, KeyError, LookupError) as e:
-        raise ValueError(
-            f"checkpoint {str(src)!r}: Orbax could not restore {sorted(targets)} although "
-            f"their metadata fits the targets: {_orbax_reason(e)}"
-        ) from e
+    except (TypeError, ValueError, KeyError, LookupError, OSError) as e:
+        raise load_error(src, targets, e) from e
     # Orbax restores a NumPy leaf with its stored shape whatever the target says;
     # a restore that does not match its target is an error, not a surprise later.
     for name, target in targets.items():

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from orbax.checkpoint import v1 as ocp
 
+from tinax.checkpointing._checksums import ChecksummedPyTreeHandler
 from tinax.checkpointing._empty import EmptyPyTreeHandler
 from tinax.checkpointing._orbax import active_context
 
@@ -15,6 +16,11 @@ from tinax.checkpointing._orbax import active_context
 # more of the save and load throughput (README, "Storage settings").
 _COMPRESS: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "tinax_compress_arrays", default=False
+)
+# Measuring what checksums cost needs saves without them (bench/save_load.py); users
+# have no reason to turn them off, so this is not part of the API.
+_CHECKSUMS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tinax_checksums", default=True
 )
 
 
@@ -48,6 +54,16 @@ def compression(enabled: bool = True) -> Iterator[None]:
         _COMPRESS.reset(token)
 
 
+@contextlib.contextmanager
+def without_checksums() -> Iterator[None]:
+    """Saves in this block record no checksums (for measuring their cost)."""
+    token = _CHECKSUMS.set(False)
+    try:
+        yield
+    finally:
+        _CHECKSUMS.reset(token)
+
+
 def compressing() -> bool:
     """Whether a save started now compresses arrays."""
     return _COMPRESS.get()
@@ -64,6 +80,11 @@ def context() -> ocp.Context:
     registry = ocp.handlers.local_registry(
         active.checkpointables.registry, include_global_registry=False
     )
+    if _CHECKSUMS.get():
+        # Registered after Orbax's own, so it handles every pytree; loads check
+        # checksums where a checkpoint has them, whoever wrote it.
+        registry.add(ChecksummedPyTreeHandler)
+    # Last, so that pytrees without leaves go to it rather than to a pytree handler.
     registry.add(EmptyPyTreeHandler)
     ctx = ocp.Context(active)
     ctx.checkpointables.registry = registry
