@@ -16,7 +16,7 @@ from tinax._format import arrays, jsonitems, layout, names
 from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import load_source
-from tinax.checkpointing import _context, _destination, _processes
+from tinax.checkpointing import _context, _destination, _failures, _processes
 from tinax.checkpointing._checksums import CorruptDataError
 from tinax.checkpointing._leaves import check_storable, is_stateful
 from tinax.checkpointing._names import validate_distinct_names
@@ -69,6 +69,8 @@ def save_checkpointables(
         to it (naming that process).
       FileNotFoundError: If the parent directory of ``path`` does not exist.
       TimeoutError: If not every process reached the save in time.
+      OSError: With ``errno.ENOSPC`` if the disk fills up (raised here or by the
+        response's ``result``), naming ``path``; nothing is left behind.
     """
 
     def check_values() -> None:
@@ -78,15 +80,21 @@ def save_checkpointables(
 
     ctx = _context.context()
     dest = _destination.prepare(path, check_values, ctx)
+    where = str(dest.location)
+    _failures.begin(where)
     try:
         with ctx:
             inner = ocp.save_checkpointables_async(orbax_path(dest.location), dict(checkpointables))
-    except BaseException:
+    except BaseException as e:
         try:
             dest.discard_temporaries()
         finally:
             dest.release()
-        raise
+        failure = _failures.save_failure(where, e)
+        _failures.end(where)
+        if failure is e:
+            raise
+        raise failure from e
     return SaveResponse(inner, dest)
 
 

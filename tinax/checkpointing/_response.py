@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from orbax.checkpoint import v1 as ocp
 
+from tinax.checkpointing import _failures
 from tinax.checkpointing._destination import Destination
 
 T = TypeVar("T")
@@ -22,13 +23,16 @@ class SaveResponse(ocp.AsyncResponse[T]):
     removed before the failure is reported, whether or not anyone calls
     ``result``, so a reader never finds a half-written checkpoint. The claim on
     the destination is held until then, and given up whether the save committed
-    or failed.
+    or failed. A full disk is reported as ``OSError`` with ``errno.ENOSPC``, and
+    a failure is logged once (Orbax's per-thread tracebacks of it are kept off
+    the log).
 
     One short-lived watcher thread waits for Orbax's response; it ends when the
     save ends, successfully or not.
     """
 
     def __init__(self, inner: Any, destination: Destination) -> None:
+        # The caller marked the save as in flight (``_failures.begin``); it ends here.
         self._inner = inner
         self._claimed = destination
         self._destination = destination.location
@@ -46,9 +50,12 @@ class SaveResponse(ocp.AsyncResponse[T]):
                 self._claimed.discard_temporaries()
             finally:
                 self._claimed.release()
-            self._future.set_exception(e)
+            failure = _failures.save_failure(str(self._destination), e)
+            _failures.end(str(self._destination))
+            self._future.set_exception(failure)
         else:
             self._claimed.release()
+            _failures.end(str(self._destination))
             self._future.set_result(value)
 
     @property
@@ -67,7 +74,9 @@ class SaveResponse(ocp.AsyncResponse[T]):
 
         Raises:
           TimeoutError: If the save has not finished within ``timeout``.
-          Exception: Whatever made the save fail.
+          OSError: With ``errno.ENOSPC`` if the disk filled up, naming the
+            destination.
+          Exception: Whatever else made the save fail.
         """
         try:
             return self._future.result(timeout)
