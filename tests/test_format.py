@@ -126,14 +126,27 @@ def test_bounded_reads_refuse_links_fifos_and_oversized_files(tmp_path: Path) ->
         files.read_json(where / "deep.json", what="a test")
 
 
-def test_scan_refuses_a_link_out_of_the_checkpoint(tmp_path: Path) -> None:
+def test_scan_refuses_every_link_fifo_and_non_utf8_name(tmp_path: Path) -> None:
     (tmp_path / "c" / "sub").mkdir(parents=True)
     (tmp_path / "c" / "sub" / "f").write_bytes(b"abc")
-    os.symlink(tmp_path / "c" / "sub" / "f", tmp_path / "c" / "inside")
     found = files.scan(local(tmp_path / "c"))
     assert (found.nbytes, found.files) == (3, 1)
+    assert [where.name for where, _ in found.found] == ["f"]
+    # A link inside the checkpoint could pass one checkpointable off as another.
+    os.symlink(tmp_path / "c" / "sub" / "f", tmp_path / "c" / "inside")
+    with pytest.raises(ValueError, match=r"symbolic link .*\(inside\)"):
+        files.scan(local(tmp_path / "c"))
+    os.remove(tmp_path / "c" / "inside")
     os.symlink(tmp_path, tmp_path / "c" / "out")
     with pytest.raises(ValueError, match="outside the checkpoint"):
+        files.scan(local(tmp_path / "c"))
+    os.remove(tmp_path / "c" / "out")
+    os.mkfifo(tmp_path / "c" / "sub" / "fifo")
+    with pytest.raises(ValueError, match="FIFO"):
+        files.scan(local(tmp_path / "c"))
+    os.remove(tmp_path / "c" / "sub" / "fifo")
+    (tmp_path / "c" / os.fsdecode(b"bad-\xff")).write_bytes(b"")
+    with pytest.raises(ValueError, match="not UTF-8"):
         files.scan(local(tmp_path / "c"))
 
 

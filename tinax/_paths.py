@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from tinax._format import names
+from tinax._format import names, preflight
 from tinax._format.storage import DIRECTORY, LINK, Location, local
 
 
@@ -116,11 +116,14 @@ def save_destination(path: object) -> Location:
 
 
 def load_source(path: object) -> Location:
-    """Checks a load source: an existing directory, not an Orbax temporary one.
+    """Checks a load source: an existing checkpoint directory that passes the preflight.
+
+    The preflight (``tinax._format.preflight``) runs here, before anything in the
+    checkpoint is read: every load starts with it.
 
     Raises:
       TypeError, ValueError: As for ``checkpoint_location``; ``ValueError`` also when
-        ``path`` is not a directory.
+        ``path`` is not a directory or the preflight refuses it (naming the file).
       FileNotFoundError: If nothing exists at ``path``.
     """
     src = checkpoint_location(path)
@@ -129,4 +132,5 @@ def load_source(path: object) -> Location:
         raise FileNotFoundError(f"checkpoint {str(src)!r} does not exist")
     if kind != DIRECTORY:
         raise ValueError(f"checkpoint {str(src)!r} is not a directory")
+    preflight.check(src)
     return src

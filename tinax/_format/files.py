@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from tinax._format.storage import DIRECTORY, FILE, LINK, Location
+from tinax._format.storage import DIRECTORY, FILE, LINK, Entry, Location
 
 # Orbax writes a few MiB of _METADATA per 10,000 leaves; refuse anything far beyond.
 MAX_METADATA_BYTES = 256 * 1024 * 1024
@@ -33,23 +33,39 @@ class Scan:
       fingerprint: Digest of every entry's path, size, identity and modification
         time; it changes whenever anything under the directory does.
       files: Number of regular files.
+      found: Every regular file, with its entry, in walk order.
     """
 
     nbytes: int
     fingerprint: str
     files: int
+    found: tuple[tuple[Location, Entry], ...] = ()
+
+
+def is_utf8(name: str) -> bool:
+    """Whether a file name (as ``os`` decodes it) is UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def scan(directory: Location) -> Scan:
     """Walks ``directory`` without following links, checking that it is safe to read.
 
+    Orbax writes regular files and directories only, with UTF-8 names; anything
+    else under a checkpoint is refused before a reader (tinax's, or Orbax's, which
+    would follow a link or block on a FIFO) gets to it.
+
     Raises:
-      ValueError: If a link points outside ``directory``, an entry is neither a
-        regular file, a directory nor a link, or a directory cannot be listed; the
-        message names the entry.
+      ValueError: If an entry is a symbolic link, neither a regular file nor a
+        directory (a FIFO, socket or device), or has a name that is not UTF-8,
+        or a directory cannot be listed; the message names the entry.
     """
     digest = hashlib.blake2b(digest_size=16)
-    total = files = 0
+    total = 0
+    found_files: list[tuple[Location, Entry]] = []
     stack = [directory]
     while stack:
         current = stack.pop()
@@ -59,26 +75,38 @@ def scan(directory: Location) -> Scan:
             raise ValueError(f"cannot list {str(current)!r}: {e.strerror or e}") from None
         for entry in found:
             where = current / entry.name
-            digest.update(f"{where.path}\0{entry.stamp}\n".encode("utf-8", "surrogateescape"))
+            if not is_utf8(entry.name):
+                raise ValueError(
+                    f"{str(where)!r} has a name that is not UTF-8; a checkpoint holds none"
+                )
+            digest.update(f"{where.path}\0{entry.stamp}\n".encode())
             if entry.kind == LINK:
                 target = entry.link_target or ""
-                if not directory.storage.inside(target, directory.path):
-                    raise ValueError(
-                        f"{str(where)!r} is a symbolic link to {target!r}, outside the "
-                        f"checkpoint {str(directory)!r}; it is not followed"
-                    )
-                # A link within the checkpoint is counted where it points, not twice.
-            elif entry.kind == DIRECTORY:
+                place = (
+                    "inside"
+                    if directory.storage.inside(target, directory.path)
+                    else f"outside the checkpoint {str(directory)!r}"
+                )
+                raise ValueError(
+                    f"{str(where)!r} is a symbolic link to {target!r} ({place}); a "
+                    "checkpoint holds none, and links are not followed"
+                )
+            if entry.kind == DIRECTORY:
                 stack.append(where)
             elif entry.kind == FILE:
                 total += entry.size
-                files += 1
+                found_files.append((where, entry))
             else:
                 raise ValueError(
-                    f"{str(where)!r} is not a regular file or directory; "
-                    "a checkpoint holds nothing else"
+                    f"{str(where)!r} is not a regular file or directory (a FIFO, socket "
+                    "or device); a checkpoint holds nothing else"
                 )
-    return Scan(nbytes=total, fingerprint=digest.hexdigest(), files=files)
+    return Scan(
+        nbytes=total,
+        fingerprint=digest.hexdigest(),
+        files=len(found_files),
+        found=tuple(found_files),
+    )
 
 
 def read_bytes(path: Location, *, what: str, max_bytes: int) -> bytes:

@@ -121,4 +121,7 @@ _STEP = re.compile(r"^(?:.*[_-])?(\d+)$")
 def step_from_name(name: str) -> int | None:
     """The step a checkpoint directory's name carries, if any (also for temporaries)."""
     match = _STEP.match(final_name(name))
-    return int(match.group(1)) if match else None
+    # A step must fit a table's Int64 column; longer digit runs are not steps.
+    if not match or len(match.group(1).lstrip("0")) > 18:
+        return None
+    return int(match.group(1))

@@ -91,7 +91,7 @@ def save_failure(destination: str, error: BaseException) -> BaseException:
         logger.error("save to %s failed: no space left on device", destination)
         failure = OSError(
             errno.ENOSPC,
-            f"no space left on device to save the checkpoint {destination!r} "
+            f"No space left on device to save the checkpoint {destination!r} "
             "(nothing was left behind)",
             destination,
         )

@@ -11,7 +11,7 @@ import pandas as pd
 import tensorstore as ts
 
 from tinax import _paths
-from tinax._format import arrays, jsonitems, layout, pytree, words
+from tinax._format import arrays, jsonitems, layout, preflight, pytree, words
 from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax.explore._leaves import Leaf, format_sharding_record, leaf_frame
@@ -27,7 +27,7 @@ def open_checkpoint(path: object) -> Checkpoint:
       FileNotFoundError: If nothing exists at ``path``.
       ValueError: If ``path`` is not a readable checkpoint.
     """
-    return layout.open_checkpoint(_paths.existing_directory(path))
+    return preflight.check(_paths.existing_directory(path))
 
 
 def iterator_state(item: StoredCheckpointable) -> Any:

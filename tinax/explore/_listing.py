@@ -10,7 +10,7 @@ from collections import OrderedDict
 import pandas as pd
 
 from tinax import _claims, _paths
-from tinax._format import files, layout, names, words
+from tinax._format import files, layout, names, preflight, words
 from tinax._format.storage import DIRECTORY, Location
 from tinax.explore import _checkpoint
 from tinax.explore._leaves import frame
@@ -90,10 +90,16 @@ class ListingCache:
 
 
 def _problem(checkpoint: layout.Checkpoint) -> str | None:
+    """Why ``checkpoint`` is not complete: a checkpointable whose metadata or array store
+    manifest cannot be found or read. ``None`` if every one can."""
     try:
         _checkpoint.checkpoint_leaves(checkpoint)
     except ValueError as e:
         return str(e)
+    except Exception as e:
+        # Tensorstore reports some damage (undecodable names, broken stores) as
+        # other errors; one damaged checkpoint must not fail the listing.
+        return f"{type(e).__name__}: {e}"
     return None
 
 
@@ -124,9 +130,31 @@ def _row(
 ) -> tuple[object, ...] | None:
     """The listing row of ``path``; ``None`` if it vanished (renamed or deleted) meanwhile.
 
-    The last two fields are the commit time and the age, in nanoseconds.
+    The last two fields are the commit time and the age, in nanoseconds. Whatever
+    is wrong with ``path`` makes it an ``invalid`` row; nothing in it makes the
+    listing fail.
     """
     name, step = path.name, names.step_from_name(path.name)
+    try:
+        return _read_row(path, name, step, errors, cache, now_ns)
+    except Exception as e:
+        if not path.exists():
+            return None
+        errors[str(path)] = f"{type(e).__name__}: {e}"
+        return (name, str(path), step, words.INVALID, (), None, None, None)
+
+
+def _read_row(
+    path: Location,
+    name: str,
+    step: int | None,
+    errors: dict[str, str],
+    cache: ListingCache | None,
+    now_ns: int,
+) -> tuple[object, ...] | None:
+    if not files.is_utf8(name):
+        errors[str(path)] = f"{str(path)!r} has a name that is not UTF-8"
+        return (name, str(path), step, words.INVALID, (), None, None, None)
     if names.is_temporary_name(name):
         try:
             nbytes: int | None = files.scan(path).nbytes
@@ -138,7 +166,7 @@ def _row(
         age = None if found.started_ns is None else max(0, now_ns - found.started_ns)
         return (name, str(path), step, found.status, _subdirectories(path), nbytes, None, age)
     try:
-        checkpoint = layout.open_checkpoint(path)
+        checkpoint = preflight.check(path)
     except (ValueError, OSError) as e:
         if not path.exists():
             return None
