@@ -86,6 +86,8 @@ class LeafRecord:
 
 ARRAY = "array"
 STRING = "string"
+# A whole file a checkpointable's handler wrote (a Grain iterator state), by name.
+FILE = "file"
 
 
 def encode(leaves: Mapping[str, LeafRecord], process_index: int) -> bytes:
@@ -128,7 +130,7 @@ def _leaf(key: str, entry: object, where: str) -> LeafRecord:
     if not isinstance(entry, dict):
         raise ValueError(f"{where} is not an object")
     kind, dtype, shape, pieces = (entry.get(k) for k in ("kind", "dtype", "shape", "pieces"))
-    if kind not in (ARRAY, STRING) or not isinstance(dtype, str):
+    if kind not in (ARRAY, STRING, FILE) or not isinstance(dtype, str):
         raise ValueError(f"{where} has no kind and dtype")
     if not isinstance(shape, list) or not all(
         isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
@@ -197,6 +199,31 @@ def read_checksums(directory: Location) -> dict[str, LeafRecord] | None:
             else:
                 merged[key] = dataclasses.replace(known, pieces=known.pieces + leaf.pieces)
     return merged
+
+
+def check_files(directory: Location, records: Mapping[str, LeafRecord]) -> list[str]:
+    """Checks the files recorded (kind ``file``) in a checkpointable's directory.
+
+    Returns:
+      What is wrong, one message per damaged or missing file; empty if nothing.
+    """
+    problems = []
+    for name, record in sorted(records.items()):
+        if record.kind != FILE:
+            continue
+        if "/" in name or name in (".", ".."):
+            problems.append(f"checksum record names {name!r}, which is not a file name")
+            continue
+        try:
+            data = files.read_bytes(
+                directory / name, what="a checksummed file", max_bytes=files.MAX_METADATA_BYTES
+            )
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        if digest(data) != record.pieces[0].digest:
+            problems.append(f"file {name!r} is corrupt: it does not match its checksum")
+    return problems
 
 
 def _contains(outer: Bounds, inner: Bounds) -> bool:

@@ -22,6 +22,7 @@ from tinax._format import checksums, names
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.keys import format_key, key_parts
 from tinax._paths import location
+from tinax.checkpointing._orbax import StatefulCheckpointableHandler
 
 
 class CorruptDataError(ValueError):
@@ -186,6 +187,61 @@ def verify_loaded(directory: str, loaded: Any) -> None:
         )
 
 
+def record_files(directory: str) -> dict[str, LeafRecord]:
+    """Checksums of the state files this process wrote into ``directory``."""
+    index, count = jax.process_index(), jax.process_count()
+    name = names.iterator_file_name(index, count)
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        return {}
+    with open(path, "rb") as f:
+        data = f.read()
+    return {name: LeafRecord(checksums.FILE, "", (), (Piece((), checksums.digest(data)),))}
+
+
+def verify_files(directory: str) -> None:
+    """Checks the state files of a checkpointable against its record, if it has one.
+
+    Raises:
+      CorruptDataError: If a recorded file is damaged, naming it.
+    """
+    where = location(directory)
+    records = checksums.read_checksums(where)
+    if records is None:
+        return
+    problems = checksums.check_files(where, records)
+    if problems:
+        raise CorruptDataError(
+            f"checkpoint {str(where.parent)!r}: checkpointable {where.name!r}: "
+            + "; ".join(problems)
+        )
+
+
+class ChecksummedStatefulHandler(StatefulCheckpointableHandler):
+    """Orbax's handler of stateful checkpointables (Grain iterators), with checksums.
+
+    The state files the object writes are digested after it wrote them, before the
+    checkpoint commits; a load checks them before the object reads its state, so a
+    damaged file leaves the caller's iterator untouched.
+    """
+
+    async def save(self, directory: Any, checkpointable: Any) -> Awaitable[None]:
+        inner = await super().save(directory, checkpointable)
+
+        async def _complete() -> None:
+            await inner
+            path = str(await directory.await_creation())
+            record = await asyncio.to_thread(record_files, path)
+            if record:
+                await asyncio.to_thread(write_record, path, record, jax.process_index())
+
+        return _complete()
+
+    async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Awaitable[Any]:
+        await asyncio.to_thread(verify_files, str(directory))
+        return await super().load(directory, abstract_checkpointable)
+
+
 class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
     """Orbax's pytree handler, with tinax's checksums written on save and checked on load."""
 
@@ -221,3 +277,5 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
 # without restore targets.
 ChecksummedPyTreeHandler.__module__ = ocp_handlers.PyTreeHandler.__module__
 ChecksummedPyTreeHandler.__qualname__ = ocp_handlers.PyTreeHandler.__qualname__
+ChecksummedStatefulHandler.__module__ = StatefulCheckpointableHandler.__module__
+ChecksummedStatefulHandler.__qualname__ = StatefulCheckpointableHandler.__qualname__

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from orbax.checkpoint import v1 as ocp
 
-from tinax.checkpointing._checksums import ChecksummedPyTreeHandler
+from tinax.checkpointing._checksums import ChecksummedPyTreeHandler, ChecksummedStatefulHandler
 from tinax.checkpointing._empty import EmptyPyTreeHandler
 from tinax.checkpointing._orbax import active_context
 
@@ -84,6 +84,7 @@ def context() -> ocp.Context:
         # Registered after Orbax's own, so it handles every pytree; loads check
         # checksums where a checkpoint has them, whoever wrote it.
         registry.add(ChecksummedPyTreeHandler)
+        registry.add(ChecksummedStatefulHandler)
     # Last, so that pytrees without leaves go to it rather than to a pytree handler.
     registry.add(EmptyPyTreeHandler)
     ctx = ocp.Context(active)

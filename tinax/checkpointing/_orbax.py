@@ -2,7 +2,8 @@
 
 Orbax's public V1 API has no way to read the active context, to ask whether a
 leaf type has a standard handler, or to learn how long its processes wait for each
-other; these functions are the only places tinax reaches into
+other, and does not export the handler of stateful checkpointables (Grain
+iterators); these are the only places tinax reaches into
 ``orbax.checkpoint.experimental.v1._src``. ``pyproject.toml`` bounds
 Orbax to the minor release they were written against.
 """
@@ -13,6 +14,16 @@ import functools
 from typing import Any
 
 from orbax.checkpoint import v1 as ocp
+from orbax.checkpoint.experimental.v1._src.handlers.stateful_checkpointable_handler import (
+    StatefulCheckpointableHandler,
+)
+
+__all__ = [
+    "StatefulCheckpointableHandler",
+    "active_context",
+    "coordination_timeout",
+    "has_standard_leaf_handler",
+]
 
 
 def active_context() -> ocp.Context:

@@ -11,7 +11,7 @@ import pandas as pd
 import tensorstore as ts
 
 from tinax import _paths
-from tinax._format import arrays, jsonitems, layout, preflight, pytree, words
+from tinax._format import arrays, checksums, jsonitems, layout, preflight, pytree, words
 from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax.explore._leaves import Leaf, format_sharding_record, leaf_frame
@@ -183,6 +183,10 @@ def checkpoint_table(path: str | os.PathLike[str]) -> pd.DataFrame:
       column does not apply. A Grain iterator saved by several processes has one
       row per process, keyed by the name of its state file without ``.json``
       (``['process_1-of-2']``); saved by one process, it is one row with key ``""``.
+      ``DataFrame.attrs["checksums"]`` says, for each checkpointable, whether it
+      carries tinax checksums of its stored values (``True``) or none (``False``:
+      written by Orbax itself or an older tinax; its data can be read but not
+      checked).
 
     Raises:
       TypeError: If ``path`` is not a path.
@@ -190,7 +194,19 @@ def checkpoint_table(path: str | os.PathLike[str]) -> pd.DataFrame:
       ValueError: If ``path`` is not a readable checkpoint; the message names
         the path and what is wrong.
     """
-    return leaf_frame(checkpoint_leaves(open_checkpoint(path)))
+    checkpoint = open_checkpoint(path)
+    table = leaf_frame(checkpoint_leaves(checkpoint))
+    table.attrs["checksums"] = checksum_presence(checkpoint)
+    return table
+
+
+def checksum_presence(checkpoint: Checkpoint) -> dict[str, bool]:
+    """Whether each checkpointable carries tinax checksums of what it stores."""
+    return {
+        item.name: checksums.has_checksums(item.directory)
+        for item in checkpoint.checkpointables
+        if item.layout in (layout.PYTREE, layout.ITERATOR)
+    }
 
 
 def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> Any:

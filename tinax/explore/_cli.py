@@ -257,6 +257,13 @@ def main(
                 print(file=out)
             else:
                 _print_table(table, out)
+                without = sorted(n for n, has in table.attrs["checksums"].items() if not has)
+                if without:
+                    print(
+                        f"checksums: none recorded for {', '.join(map(repr, without))} "
+                        "(written without tinax checksums; data cannot be checked)",
+                        file=out,
+                    )
         else:
             _show_listing(args.path, args.json, out, err)
     except (FileNotFoundError, ValueError, TypeError) as e:
