@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 DEMO_RUN ?= demo_run
 PORT ?= 8888
 
-.PHONY: install lock chromium lint test bench campaigns preemption-campaign race-campaign demo demo-data clean
+.PHONY: install lock chromium lint test bench mutants campaigns preemption-campaign race-campaign demo demo-data clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ preemption-campaign: install
 
 race-campaign: install
 	$(PY) bench/racing_writers.py --trials 50 --mib 128
+
+# The whole mutant campaign (tests/mutants.py): hundreds of damaged and hostile
+# checkpoints against every read path; make test runs a sample of it.
+mutants: install
+	$(PY) tests/mutants.py
 
 demo-data: install
 	$(PY) demo/make_run.py $(DEMO_RUN)

@@ -173,9 +173,7 @@ def measure_workload(
         measured.sizes[side.name] = tree_bytes(local(kept[side.name]))
     for r in range(rounds):
         for side in alternating(sides, r):
-            measured.loads[side.name].append(
-                timed(lambda s=side: s.load(kept[s.name], target))
-            )
+            measured.loads[side.name].append(timed(lambda s=side: s.load(kept[s.name], target)))
     for path in kept.values():
         shutil.rmtree(path)
     return measured
@@ -200,7 +198,9 @@ def dd_write(scratch: str, nbytes: int, rounds: int) -> list[float]:
         seconds = []
         for _ in range(rounds):
             command = ["dd", f"if={source}", f"of={dest}", f"bs={block}", "conv=fsync"]
-            seconds.append(timed(lambda c=command: subprocess.run(c, check=True, capture_output=True)))
+            seconds.append(
+                timed(lambda c=command: subprocess.run(c, check=True, capture_output=True))
+            )
             os.remove(dest)
         return seconds
     finally:
@@ -267,7 +267,9 @@ def trained_weights_sizes(run_dir: Path, scratch: str) -> tuple[int, int, int] |
     table = ex.checkpoint_table(last)
     arrays = table[table["kind"].isin(["jax.Array", "np.ndarray"])]
     state = {
-        f"{row.checkpointable}{row.key}": np.asarray(ex.read_leaf(last, row.checkpointable, row.key))
+        f"{row.checkpointable}{row.key}": np.asarray(
+            ex.read_leaf(last, row.checkpointable, row.key)
+        )
         for row in arrays.itertuples()
     }
     raw = sum(x.nbytes for x in state.values())
@@ -284,9 +286,7 @@ def trained_weights_sizes(run_dir: Path, scratch: str) -> tuple[int, int, int] |
 def _array_store_bytes(directory: Path) -> int:
     """Bytes of the OCDBT data files, where array chunks are stored."""
     return sum(
-        p.stat().st_size
-        for p in directory.rglob("*")
-        if p.is_file() and p.parent.name == "d"
+        p.stat().st_size for p in directory.rglob("*") if p.is_file() and p.parent.name == "d"
     )
 
 

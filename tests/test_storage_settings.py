@@ -42,9 +42,9 @@ def _state() -> dict[str, Any]:
 def _codecs(checkpointable: Path, param: str) -> list[str]:
     """The names of the chunk codecs of one stored array (inside Orbax's shard codec)."""
     key = f"{param}/zarr.json"
-    stored = arrays.read_values(
-        location(checkpointable), [key], ocdbt=True, ctx=arrays.context()
-    )[key]
+    stored = arrays.read_values(location(checkpointable), [key], ocdbt=True, ctx=arrays.context())[
+        key
+    ]
     outer = json.loads(stored)["codecs"]
     assert outer[0]["name"] == "sharding_indexed"
     return [codec["name"] for codec in outer[0]["configuration"]["codecs"]]

@@ -227,9 +227,7 @@ def check_files(directory: Location, records: Mapping[str, LeafRecord]) -> list[
 
 
 def _contains(outer: Bounds, inner: Bounds) -> bool:
-    return all(
-        o0 <= i0 and i1 <= o1 for (o0, o1), (i0, i1) in zip(outer, inner, strict=True)
-    )
+    return all(o0 <= i0 and i1 <= o1 for (o0, o1), (i0, i1) in zip(outer, inner, strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,6 +290,29 @@ def mismatch_message(key: str, record: LeafRecord, bad: Sequence[Mismatch]) -> s
         f"leaf {key}: the stored data is corrupt: its checksum is {first.found}, "
         f"{first.expected} was recorded when it was saved{where}{more}"
     )
+
+
+def check_read_value(directory: Location, key: str, value: Any) -> str | None:
+    """Checks one whole value read from a checkpointable against its record.
+
+    For readers that read a leaf themselves (``tinax.explore.read_leaf``). Returns
+    what is wrong, or ``None`` (also when the checkpointable carries no checksums).
+
+    Raises:
+      ValueError: If the record itself is unreadable.
+    """
+    records = read_checksums(directory)
+    record = None if records is None else records.get(key)
+    if record is None:
+        return None
+    if isinstance(value, np.ndarray):
+        if str(value.dtype) != record.dtype or value.shape != record.shape:
+            return f"leaf {key}: stored as {value.dtype} {value.shape}, recorded as {record.dtype} {record.shape}"
+        bad, _ = check_pieces(record, [(full_bounds(value.shape), value)])
+        return mismatch_message(key, record, bad) if bad else None
+    if check_value(record, value) is False:
+        return f"leaf {key}: the stored value is corrupt: it does not match its checksum"
+    return None
 
 
 def check_value(record: LeafRecord, value: Any) -> bool | None:

@@ -227,7 +227,30 @@ def open_checkpoint(path: Location) -> Checkpoint:
     items = tuple(
         StoredCheckpointable(n, path / n, classify(path / n) or UNKNOWN) for n in item_names
     )
+    if isinstance(handlers, dict):
+        for item in items:
+            _check_handler_layout(path, item, handlers.get(item.name))
     return Checkpoint(path, items, record.committed_nsecs, found)
+
+
+# What a checkpointable written by a known handler must hold, by the end of its name.
+_HANDLER_LAYOUTS = {
+    "PyTreeHandler": (PYTREE, names.PYTREE_METADATA),
+    "StatefulCheckpointableHandler": (ITERATOR, "a Grain iterator state file"),
+    "EmptyPyTreeHandler": (EMPTY, names.EMPTY_PYTREE),
+}
+
+
+def _check_handler_layout(path: Location, item: StoredCheckpointable, handler: str | None) -> None:
+    """Refuses a checkpointable whose files are not what its recorded handler writes."""
+    if handler is None:
+        return
+    expected = _HANDLER_LAYOUTS.get(handler.rsplit(".", 1)[-1])
+    if expected is not None and item.layout != expected[0]:
+        raise ValueError(
+            f"checkpoint {str(path)!r}: checkpointable {item.name!r} was written by "
+            f"{handler.rsplit('.', 1)[-1]} but has no {expected[1]}"
+        )
 
 
 def checkpointable_names(path: Location) -> list[str]:

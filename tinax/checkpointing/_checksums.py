@@ -30,9 +30,7 @@ class CorruptDataError(ValueError):
 
 
 def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> Bounds:
-    return tuple(
-        (s.indices(n)[0], s.indices(n)[1]) for s, n in zip(index, shape, strict=True)
-    )
+    return tuple((s.indices(n)[0], s.indices(n)[1]) for s, n in zip(index, shape, strict=True))
 
 
 def _array_data(value: jax.Array) -> jax.Array:
@@ -63,9 +61,7 @@ def _is_scalar(leaf: Any) -> bool:
     return isinstance(leaf, int | float | complex | np.generic) and not isinstance(leaf, str)
 
 
-def record_save(
-    checkpointable: Any, *, primary: bool
-) -> Callable[[], dict[str, LeafRecord]]:
+def record_save(checkpointable: Any, *, primary: bool) -> Callable[[], dict[str, LeafRecord]]:
     """Starts recording the checksums of a pytree being saved.
 
     Mutable values (NumPy arrays) and small ones are digested now, before the

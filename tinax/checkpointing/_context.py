@@ -19,9 +19,7 @@ _COMPRESS: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 # Measuring what checksums cost needs saves without them (bench/save_load.py); users
 # have no reason to turn them off, so this is not part of the API.
-_CHECKSUMS: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "tinax_checksums", default=True
-)
+_CHECKSUMS: contextvars.ContextVar[bool] = contextvars.ContextVar("tinax_checksums", default=True)
 
 
 @contextlib.contextmanager

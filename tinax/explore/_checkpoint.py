@@ -238,13 +238,26 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
         tree = pytree.read_layout(item.directory)
         leaf = tree.find(key, name=item.name)
         try:
-            return pytree.read_value(tree, leaf, arrays.context())
+            value = pytree.read_value(tree, leaf, arrays.context())
         except ValueError as e:
             raise ValueError(
                 f"checkpoint {str(checkpoint.path)!r}: cannot read leaf {key} of "
                 f"{checkpointable!r}: {arrays.message(e)}"
             ) from None
+        problem = checksums.check_read_value(item.directory, key, value)
+        if problem is not None:
+            raise ValueError(
+                f"checkpoint {str(checkpoint.path)!r}: checkpointable {checkpointable!r}: {problem}"
+            )
+        return value
     if item.layout == layout.ITERATOR:
+        records = checksums.read_checksums(item.directory)
+        problems = [] if records is None else checksums.check_files(item.directory, records)
+        if problems:
+            raise ValueError(
+                f"checkpoint {str(checkpoint.path)!r}: checkpointable {checkpointable!r}: "
+                + "; ".join(problems)
+            )
         return _read_iterator(checkpoint, item, key)
     if key != ROOT_KEY:
         raise ValueError(_one_value(checkpoint, item, key))

@@ -1,0 +1,177 @@
+"""Checksums, the load preflight, honest errors and a full disk."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from orbax.checkpoint import v1 as ocp
+
+import tinax.explore as ex
+from tinax.checkpointing import (
+    CorruptDataError,
+    abstract_restore_target,
+    load_checkpointables,
+    save_checkpointables,
+)
+
+
+def _state() -> dict[str, Any]:
+    rng = np.random.default_rng(1)
+    return {
+        "w": jnp.asarray(rng.standard_normal((128, 128)), jnp.float32),
+        "h": rng.standard_normal((64, 64)).astype(np.float32),
+        "key": jax.random.key(3),
+        "n": 4,
+        "s": "label",
+    }
+
+
+def _biggest_data_file(checkpointable: Path) -> Path:
+    return max(
+        (p for p in checkpointable.rglob("*") if p.parent.name == "d"),
+        key=lambda p: p.stat().st_size,
+    )
+
+
+def _flip_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_array_data_fails_the_load_naming_checkpoint_and_leaf(
+    tmp_path: Path,
+) -> None:
+    state = _state()
+    save_checkpointables(tmp_path / "c", {"model": state}).result()
+    _flip_middle(_biggest_data_file(tmp_path / "c" / "model"))
+    with pytest.raises(CorruptDataError) as caught:
+        load_checkpointables(tmp_path / "c", {"model": abstract_restore_target(state)})
+    message = str(caught.value)
+    assert str(tmp_path / "c") in message and "'model'" in message
+    assert "['w']" in message and "corrupt" in message
+    # tinax.explore reads the same leaf and says the same.
+    with pytest.raises(ValueError, match=r"\['w'\].*corrupt"):
+        ex.read_leaf(tmp_path / "c", "model", "['w']")
+    assert ex.checkpoint_table(tmp_path / "c").attrs["checksums"] == {"model": True}
+
+
+def test_checkpoints_without_checksums_load_and_explore_says_so(tmp_path: Path) -> None:
+    state = _state()
+    ocp.save_checkpointables(tmp_path / "raw", {"model": state})
+    restored = load_checkpointables(tmp_path / "raw", {"model": abstract_restore_target(state)})
+    np.testing.assert_array_equal(restored["model"]["h"], state["h"])
+    assert ex.checkpoint_table(tmp_path / "raw").attrs["checksums"] == {"model": False}
+
+
+def test_each_leaf_kind_is_checked(tmp_path: Path) -> None:
+    state = _state()
+    save_checkpointables(tmp_path / "c", {"model": state}).result()
+    record = (tmp_path / "c" / "model" / "tinax_checksums" / "process_0.json").read_text()
+    for key in ("['w']", "['h']", "['key']", "['n']", "['s']"):
+        assert f'"{key}"' in record
+    # A string leaf edited in place is caught too.
+    strings = tmp_path / "c" / "model" / "_strings.json"
+    strings.write_text(strings.read_text().replace("label", "lapel"))
+    with pytest.raises(CorruptDataError, match=r"\['s'\]"):
+        load_checkpointables(tmp_path / "c", {"model": abstract_restore_target(state)})
+
+
+@pytest.mark.parametrize(
+    ("damage", "named", "why"),
+    [
+        ("link inside", "model", "symbolic link"),
+        ("fifo", "d", "FIFO"),
+        ("huge", "_sharding", "implausibly large"),
+        ("bomb", "process_0", "nests"),
+    ],
+)
+def test_the_preflight_refuses_before_anything_is_read(
+    tmp_path: Path, damage: str, named: str, why: str
+) -> None:
+    state = _state()
+    save_checkpointables(tmp_path / "c", {"model": state, "other": state}).result()
+    model = tmp_path / "c" / "model"
+    if damage == "link inside":
+        shutil.rmtree(model)
+        os.symlink(tmp_path / "c" / "other", model)
+    elif damage == "fifo":
+        target = _biggest_data_file(model)
+        target.unlink()
+        os.mkfifo(target)
+    elif damage == "huge":
+        os.truncate(model / "_sharding", 1 << 30)
+    else:
+        (model / "array_metadatas" / "process_0").write_text("[" * 200 + "]" * 200)
+    with pytest.raises(ValueError, match=why) as caught:
+        load_checkpointables(tmp_path / "c", {"model": abstract_restore_target(state)})
+    assert str(tmp_path / "c") in str(caught.value) and named in str(caught.value)
+
+
+def test_listing_survives_anything_in_the_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpointables(run / "step_1", {"model": _state()}).result()
+    shutil.copytree(run / "step_1", run / "step_2")
+    meta = run / "step_2" / "_CHECKPOINT_METADATA"
+    meta.write_text(meta.read_text().replace('"commit_timestamp_nsecs": ', '"x": '))
+    shutil.copytree(run / "step_1", run / "step_3")
+    (run / "step_3" / "model" / "_METADATA").unlink()
+    (run / os.fsdecode(b"step_4-\xff")).mkdir()
+    shutil.copytree(run / "step_1", run / ("step_" + "9" * 40))
+    table = ex.list_checkpoints(run, cache=None)
+    status = dict(zip(table["name"], table["status"], strict=True))
+    assert status["step_1"] == "complete"
+    assert status["step_3"] == "invalid"
+    assert "_METADATA" in table.attrs["errors"][str(run / "step_3")]
+    assert table["step"].isna().sum() >= 1  # the 40-digit name is no step
+
+
+DISK_FULL = textwrap.dedent(
+    """
+    import errno, os, sys
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax.numpy as jnp
+    from tinax.checkpointing import save_checkpointables
+    where = sys.argv[1]
+    try:
+        save_checkpointables(os.path.join(where, "big"), {"p": {"w": jnp.ones((4 << 20,))}}).result()
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+        assert os.path.join(where, "big") in str(e), e
+        print("ENOSPC", flush=True)
+    assert os.listdir(where) == [], os.listdir(where)
+    save_checkpointables(os.path.join(where, "small"), {"p": {"w": jnp.ones((1024,))}}).result()
+    print("SMALL OK", sorted(os.listdir(where)), flush=True)
+    """
+)
+
+
+def test_a_full_disk_is_enospc_naming_the_destination_with_one_log_line(tmp_path: Path) -> None:
+    # A real 8 MiB tmpfs, mounted in a private mount namespace that vanishes with it.
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    script = tmp_path / "fill.py"
+    script.write_text(DISK_FULL)
+    shell = f"mount -t tmpfs -o size=8m tmpfs {mount} && exec {sys.executable} {script} {mount}"
+    result = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c", shell],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ENOSPC" in result.stdout and "SMALL OK" in result.stdout
+    stderr = [line for line in result.stderr.splitlines() if "WARNING" not in line]
+    assert len(stderr) <= 2, "\n".join(stderr)
+    assert any("no space left on device" in line for line in stderr)

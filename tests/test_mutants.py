@@ -1,0 +1,42 @@
+"""A sample of the mutant campaign (tests/mutants.py; the whole of it: ``make mutants``)."""
+
+from __future__ import annotations
+
+import collections
+
+import mutants
+import pytest
+
+
+@pytest.mark.timeout(600)
+def test_a_sample_of_mutants_gives_clean_errors_or_the_original_values() -> None:
+    records = mutants.run_campaign(sample=60, timeout=60, progress=False)
+    seen = {(r["base"], r["mutant"]) for r in records}
+    assert len(seen) >= 55
+    kinds = {m.split(" ")[0] for _, m in seen}
+    assert {"flip", "truncate", "FIFO", "symlink", "remove", "nesting"} <= kinds
+    assert mutants.failures(records) == []
+    counts = collections.Counter((r["call"], r["outcome"]) for r in records)
+    # Damage was really there: most reads refused it, naming the checkpoint.
+    assert counts[("load", "clean error")] >= 25
+    assert counts[("list_checkpoints", "ok")] == len(seen)
+
+
+def test_the_campaign_has_over_400_mutants_of_every_kind(tmp_path) -> None:
+    bases = mutants.write_bases(tmp_path)
+    cases = mutants.all_mutants(bases)
+    assert len(cases) >= 400
+    described = " | ".join(desc for _, desc, _ in cases)
+    for kind in (
+        "flip byte at 0.50 of model/ocdbt.process_0/d/",
+        "FIFO as",
+        "symlink out as",
+        "symlink in:",
+        "truncate",
+        "huge (1 GiB sparse)",
+        "nesting bomb",
+        "non-UTF-8",
+        "linked to the sibling checkpoint's",
+        "socket as",
+    ):
+        assert kind in described, kind
