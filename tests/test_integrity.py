@@ -93,7 +93,7 @@ def test_each_leaf_kind_is_checked(tmp_path: Path) -> None:
         ("link inside", "model", "symbolic link"),
         ("fifo", "d", "FIFO"),
         ("huge", "_sharding", "implausibly large"),
-        ("bomb", "process_0", "nests"),
+        ("bomb", "process_0", "no array_metadatas list"),
     ],
 )
 def test_the_preflight_refuses_before_anything_is_read(

@@ -18,10 +18,18 @@ not involved, so a restore verdict or a table built after it reads a checked tre
 
 from __future__ import annotations
 
-from tinax._format import files, layout, names
+from typing import Any
+
+from tinax._format import checksums, files, layout, names, pytree
 from tinax._format.storage import Location
 
 # Files parsed as JSON wherever they appear in a checkpoint, with what they hold.
+# Orbax's large per-leaf metadata is parsed without a depth walk (tens of thousands of
+# entries; the parser itself refuses a nesting bomb, and Orbax reads these documents
+# field by field); smaller documents that readers walk are held to files.MAX_JSON_DEPTH.
+_FLAT_JSON = frozenset({names.STRINGS, names.SHARDINGS})
+# Parsed and checked field by field by their own readers below.
+_OWN_READERS = frozenset({names.PYTREE_METADATA})
 _JSON_FILES = {
     names.CHECKPOINT_METADATA: "Orbax checkpoint metadata",
     names.ROOT_METADATA: "Orbax root metadata",
@@ -35,10 +43,9 @@ _JSON_FILES = {
     "data.json": "a JSON checkpointable",
 }
 # Directories whose every file is JSON.
-_JSON_DIRECTORIES = {
-    names.ARRAY_METADATAS: "Orbax array metadata",
-    names.CHECKSUMS_DIR: "tinax checksums",
-}
+_JSON_DIRECTORIES = {names.ARRAY_METADATAS: "Orbax array metadata"}
+# Read by their own readers below (checksums.read_checksums checks them field by field).
+_CAPPED_DIRECTORIES = {names.CHECKSUMS_DIR: files.MAX_METADATA_BYTES}
 # Small files Orbax reads whole that are not JSON.
 _CAPPED_FILES = {
     names.OCDBT_MANIFEST: files.MAX_METADATA_BYTES,
@@ -57,6 +64,25 @@ def _json_kind(where: Location) -> str | None:
     return _JSON_DIRECTORIES.get(where.parent.name)
 
 
+def _check_array_metadatas(where: Location, document: Any) -> None:
+    """Orbax's per-process array metadata: a list of records with shapes, by param."""
+    records = document.get("array_metadatas") if isinstance(document, dict) else None
+    if not isinstance(records, list):
+        raise ValueError(f"{str(where)!r} (Orbax array metadata) has no array_metadatas list")
+    for record in records:
+        entry = record.get("array_metadata") if isinstance(record, dict) else None
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("param_name"), str)
+            or not isinstance(entry.get("write_shape"), list)
+            or not isinstance(entry.get("chunk_shape"), list)
+        ):
+            raise ValueError(
+                f"{str(where)!r} (Orbax array metadata) has a record without a param "
+                "name, write shape and chunk shape"
+            )
+
+
 def check(path: Location) -> layout.Checkpoint:
     """Checks the checkpoint at ``path`` before anything reads it; returns its layout.
 
@@ -73,14 +99,29 @@ def check(path: Location) -> layout.Checkpoint:
     """
     checkpoint = layout.open_checkpoint(path)
     for where, entry in checkpoint.scan.found:
+        if where.name in _OWN_READERS:
+            continue
         what = _json_kind(where)
         if what is not None:
-            files.read_json(where, what=what, max_bytes=files.MAX_METADATA_BYTES)
+            flat = where.name in _FLAT_JSON or where.parent.name == names.ARRAY_METADATAS
+            document = files.read_json(
+                where,
+                what=what,
+                max_bytes=files.MAX_METADATA_BYTES,
+                max_depth=None if flat else files.MAX_JSON_DEPTH,
+            )
+            if where.parent.name == names.ARRAY_METADATAS:
+                _check_array_metadatas(where, document)
             continue
-        cap = _CAPPED_FILES.get(where.name)
+        cap = _CAPPED_FILES.get(where.name) or _CAPPED_DIRECTORIES.get(where.parent.name)
         if cap is not None and entry.size > cap:
             raise ValueError(
                 f"{str(where)!r} is {entry.size} bytes, implausibly large for "
                 f"{where.name}; refusing to read more than {cap}"
             )
+    for item in checkpoint.checkpointables:
+        if item.layout == layout.PYTREE:
+            pytree.read_layout(item.directory)
+        if item.layout in (layout.PYTREE, layout.ITERATOR):
+            checksums.read_checksums(item.directory)
     return checkpoint

@@ -158,7 +158,11 @@ def load_checkpointables(
       TypeError: If ``targets`` is not a mapping or a name is not a string.
       ValueError: If ``targets`` is empty, a name is invalid or not distinct, a
         target is ``None``, ``path`` uses the reserved temporary suffix, ``path``
-        is not a checkpoint, or it lacks a requested checkpointable.
+        is not a checkpoint or fails the preflight (a link, FIFO, oversized or
+        non-JSON metadata file: the message names it), it lacks a requested
+        checkpointable, or stored data cannot be read.
+      CorruptDataError: A ``ValueError``: stored data does not match the
+        checksums saved with it, naming the checkpoint, checkpointable and leaf.
       FileNotFoundError: If ``path`` does not exist.
     """
     _check_mapping(targets, what="targets")
@@ -216,7 +220,10 @@ def _chain(error: BaseException) -> list[BaseException]:
     current: BaseException | None = error
     while current is not None and current not in seen:
         seen.append(current)
-        current = current.__cause__ or current.__context__
+        if current.__cause__ is not None or current.__suppress_context__:
+            current = current.__cause__
+        else:
+            current = current.__context__
     return seen
 
 
@@ -232,6 +239,10 @@ def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) 
     for cause in chain:
         if isinstance(cause, CorruptDataError):
             return CorruptDataError(str(cause))
+    # tinax's own readers name the file that is wrong; that is the message to give.
+    named = next((c for c in chain[1:] if isinstance(c, ValueError) and str(src) in str(c)), None)
+    if named is not None:
+        return ValueError(f"checkpoint {str(src)!r}: cannot load {sorted(targets)}: {named}")
     failed = [c for c in chain if _READ_FAILURE.match(str(c)) or str(c).startswith(_ORBAX_READING)]
     if failed:
         reading = next((c for c in chain if str(c).startswith(_ORBAX_READING)), None)

@@ -225,7 +225,10 @@ def load_training_checkpoint(
         not restore as a mapping.
       ValueError: If the auxiliary checkpointable is missing ``step`` or
         ``state``, the restored step is negative, a target does not match the
-        checkpoint, or the iterator was saved by a different number of processes.
+        checkpoint, the iterator was saved by a different number of processes,
+        the checkpoint fails the preflight, or its stored data is unreadable or
+        corrupt (``CorruptDataError``, naming the leaf; a damaged iterator state
+        is found before the iterator is touched).
       FileNotFoundError: If ``path`` does not exist.
     """
     check_iterator(iterator)
