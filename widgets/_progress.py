@@ -195,7 +195,13 @@ class AsyncProgress(w.VBox):
             count = self._count()
         except Exception:
             return None
-        return int(count) if count is not None else None
+        if count is None:
+            return None
+        # Bytes on disk include metadata beyond the array bytes (an uncompressed save
+        # writes a little more than total_bytes): progress stops at the total.
+        if self.total_bytes is not None:
+            return min(int(count), self.total_bytes)
+        return int(count)
 
     def _sample(self) -> None:
         self.elapsed = time.monotonic() - self._start

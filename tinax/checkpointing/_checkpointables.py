@@ -215,18 +215,6 @@ _ORBAX_READING = "Encountered error while reading array index"
 _SPEC_PATH = re.compile(r"['\"]path['\"]: ['\"]([^'\"]*)['\"]")
 
 
-def _chain(error: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in seen:
-        seen.append(current)
-        if current.__cause__ is not None or current.__suppress_context__:
-            current = current.__cause__
-        else:
-            current = current.__context__
-    return seen
-
-
 def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) -> Exception:
     """The error to report for an Orbax load that failed, saying what really happened.
 
@@ -235,7 +223,7 @@ def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) 
     does not match), a read that failed (a damaged or unreadable file), or a
     target that does not fit what is stored.
     """
-    chain = _chain(error)
+    chain = _failures.causes(error)
     for cause in chain:
         if isinstance(cause, CorruptDataError):
             return CorruptDataError(str(cause))

@@ -65,18 +65,22 @@ def end(destination: str) -> None:
             _in_flight.pop(destination, None)
 
 
-def _chain(error: BaseException) -> list[BaseException]:
+def causes(error: BaseException) -> list[BaseException]:
+    """``error`` and what caused it, outermost first, as a traceback would show them."""
     seen: list[BaseException] = []
     current: BaseException | None = error
     while current is not None and current not in seen:
         seen.append(current)
-        current = current.__cause__ or current.__context__
+        if current.__cause__ is not None or current.__suppress_context__:
+            current = current.__cause__
+        else:
+            current = current.__context__
     return seen
 
 
 def is_disk_full(error: BaseException) -> bool:
     """Whether ``error`` (or what caused it) is a write that found no space left."""
-    for cause in _chain(error):
+    for cause in causes(error):
         if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
             return True
         text = str(cause)
