@@ -429,6 +429,11 @@ def main() -> int:
             f"({(1 - zstd / plain) * 100:.1f}% smaller)"
         )
 
+    # Multi-process saves: measured in their own module, with JAX jobs of their own.
+    from _two_process import two_process_lines
+
+    print("\n".join(two_process_lines(args.gib, args.rounds, args.dir)))
+
     goals = [
         *workload_goals("(a)", a, 1.5),
         Goal("(a) tinax save / dd", median_rate(a, a.saves, "tinax") / med(dd_rates), 0.8),
@@ -449,11 +454,6 @@ def main() -> int:
         sign = "<=" if goal.at_most else ">="
         print(f"  {goal.label:28} {goal.value:6.2f}  ({sign} {goal.bound})  {mark}")
     return 0 if all(goal.met for goal in goals) else 1
-
-    # Multi-process saves: measured in their own module, with JAX jobs of their own.
-    from _two_process import two_process_lines
-
-    print("\n".join(two_process_lines(args.gib, args.rounds, args.dir)))
 
 
 if __name__ == "__main__":
