@@ -169,8 +169,9 @@ class _FullDisk:
 
 def test_a_failed_save_cleans_up_and_gives_up_its_claim(tmp_path):
     response = save_checkpointables(tmp_path / "c", {"bad": _FullDisk(), **_model(1.0)})
-    with pytest.raises(OSError, match="on purpose"):
+    with pytest.raises(OSError, match="No space left on device") as caught:
         response.result()
+    assert caught.value.errno == errno.ENOSPC
     assert list(tmp_path.iterdir()) == []
     save_checkpointables(tmp_path / "c", _model(1.0)).result()
 
