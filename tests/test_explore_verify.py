@@ -19,6 +19,7 @@ from test_explore_diff import write_leaf
 
 import tinax.explore as ex
 from tinax._format import words
+from tinax.checkpointing import save_checkpointables
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -197,13 +198,60 @@ def test_the_demo_run(demo_run, tmp_path):
     kernel[1, 0] = -np.inf
     write_leaf(poisoned / "model", "dense1.kernel.value", kernel)
     result = ex.verify(poisoned, data=True)
-    assert result.ok
+    # Written behind tinax's back: the recorded checksum no longer matches ...
+    assert not result.ok
+    errors = result.errors
+    assert list(errors["part"]) == ["model ['dense1']['kernel']['value']"]
+    assert "does not match the checksum" in errors["message"].iloc[0]
+    # ... and the NaNs are counted all the same.
     warnings = result.findings[result.findings["severity"] == words.WARNING]
     assert list(warnings["part"]) == ["model ['dense1']['kernel']['value']"]
     assert "4 NaN and 1 Inf" in warnings["message"].iloc[0]
     leaves = result.leaves.set_index(["checkpointable", "key"])
     assert leaves.loc[("model", "['dense1']['kernel']['value']"), "nan_count"] == 4
     assert leaves.loc[("model", "['dense1']['bias']['value']"), "nan_count"] == 0
+
+
+def test_nans_saved_with_the_checkpoint_are_a_warning_not_an_error(tmp_path):
+    weights = np.ones((64, 64), np.float32)
+    weights[3, :5] = np.nan
+    save_checkpointables(tmp_path / "c", {"model": {"w": weights}}).result()
+    result = ex.verify(tmp_path / "c", data=True)
+    assert result.ok, result.findings
+    warnings = result.findings[result.findings["severity"] == words.WARNING]
+    assert list(warnings["part"]) == ["model ['w']"] and "5 NaN" in warnings["message"].iloc[0]
+
+
+def _flip_a_byte_in_the_middle_of(directory):
+    data = max(
+        (p for p in directory.rglob("*") if p.is_file() and p.parent.name == "d"),
+        key=lambda p: p.stat().st_size,
+    )
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    data.write_bytes(bytes(raw))
+
+
+def test_a_flipped_byte_in_array_data_fails_verify_with_data(tmp_path):
+    big = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+    save_checkpointables(tmp_path / "c", {"model": {"w": big, "b": np.zeros(3)}}).result()
+    assert ex.verify(tmp_path / "c", data=True).ok
+    _flip_a_byte_in_the_middle_of(tmp_path / "c" / "model")
+    assert ex.verify(tmp_path / "c").ok  # metadata alone cannot see it
+    result = ex.verify(tmp_path / "c", data=True)
+    assert not result.ok
+    assert list(result.errors["part"]) == ["model ['w']"]
+    assert "corrupt" in result.verdict
+
+
+def test_a_checkpoint_without_checksums_says_so(tmp_path):
+    from orbax.checkpoint import v1 as ocp
+
+    ocp.save_checkpointables(tmp_path / "c", {"model": {"w": np.ones(4)}})
+    result = ex.verify(tmp_path / "c", data=True)
+    assert result.ok
+    info = result.findings[result.findings["severity"] == words.INFO]
+    assert any("no checksums recorded for 'model'" in m for m in info["message"])
 
 
 class _SumCheck(ex.Check):
@@ -275,3 +323,37 @@ def test_the_cli_exit_status(template, tmp_path):
     record = json.loads(_cli(broken, "--json").stdout)
     assert record["ok"] is False and record["findings"][0]["severity"] == "error"
     assert _cli(tmp_path / "absent").returncode == 1
+
+
+@pytest.mark.parametrize(
+    "boxes",
+    [
+        [(slice(0, 3), slice(0, 6)), (slice(3, 8), slice(0, 6))],  # whole rows, in order
+        [(slice(0, 8), slice(0, 2)), (slice(0, 8), slice(2, 6))],  # columns: assembled
+    ],
+)
+def test_checksum_pieces_are_digested_from_regions_in_any_layout(boxes):
+    from tinax._format import checksums
+    from tinax._format.pytree import ArrayInfo
+    from tinax.explore._integrity import _ChecksumScan
+
+    values = np.arange(48, dtype=np.float32).reshape(8, 6)
+    halves = [((0, 4), (0, 6)), ((4, 8), (0, 6))]
+    record = checksums.LeafRecord(
+        checksums.ARRAY,
+        "float32",
+        (8, 6),
+        tuple(
+            checksums.Piece(b, checksums.digest(values[b[0][0] : b[0][1], b[1][0] : b[1][1]]))
+            for b in halves
+        ),
+    )
+    array = ex.StoredArray("m", "['w']", "w", ArrayInfo((8, 6), "float32", 4, (8, 6)))
+    for damaged, expected in ((False, []), (True, [words.ERROR])):
+        scan = _ChecksumScan(array, record, np.dtype(np.float32))
+        data = values.copy()
+        if damaged:
+            data[6, 5] += 1
+        for box in boxes:
+            scan.update(box, data[box])
+        assert [f.severity for f in scan.finish()] == expected

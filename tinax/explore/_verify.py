@@ -20,8 +20,10 @@ import tensorstore as ts
 
 from tinax import _paths
 from tinax._format import arrays, chunks, files, jsonitems, layout, names, pytree, words
-from tinax._format.layout import Checkpoint, CheckpointRecord, StoredCheckpointable
+from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax._format.storage import DIRECTORY, FILE, LINK, Location
+from tinax.explore._checks import Check, Finding, LeafScan, PyTreeState, StoredArray, Target
+from tinax.explore._integrity import ChecksumCheck
 from tinax.explore._leaves import frame
 from tinax.explore._numeric import ValueCounts
 
@@ -29,123 +31,6 @@ FINDING_COLUMNS = ("part", "severity", "message")
 LEAF_COLUMNS = ("checkpointable", "key", "dtype", "nbytes", "nan_count", "inf_count", "read")
 
 Progress = Callable[[int, int], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    """One thing ``verify`` found.
-
-    Attributes:
-      part: What it is about: a file or directory relative to the checkpoint
-        (``model/manifest.ocdbt``), a leaf (``model ['dense']['w']``), or ``""``
-        for the checkpoint as a whole.
-      severity: ``error`` (it cannot be trusted to load as saved), ``warning``
-        or ``info``.
-      message: What was found, in words.
-    """
-
-    part: str
-    severity: str
-    message: str
-
-
-@dataclasses.dataclass(frozen=True)
-class StoredArray:
-    """An array leaf as ``verify`` reads it.
-
-    Attributes:
-      checkpointable: The checkpointable's name.
-      key: The leaf's key.
-      param: Orbax's name for the array.
-      info: What its zarr metadata says.
-    """
-
-    checkpointable: str
-    key: str
-    param: str
-    info: pytree.ArrayInfo
-
-    @property
-    def part(self) -> str:
-        return f"{self.checkpointable} {self.key}".rstrip()
-
-
-@dataclasses.dataclass
-class PyTreeState:
-    """A pytree checkpointable as far as the checks have read it.
-
-    Attributes:
-      item: The checkpointable.
-      tree: Its ``_METADATA``, once read.
-      arrays: Its array leaves whose zarr metadata was read.
-      contents: Its OCDBT store's keys, once walked.
-      readable: Whether its array data can be read at all.
-      damaged: Keys of the arrays with chunks in a damaged data file.
-    """
-
-    item: StoredCheckpointable
-    tree: pytree.PyTreeLayout | None = None
-    arrays: list[StoredArray] = dataclasses.field(default_factory=list)
-    contents: chunks.StoreContents | None = None
-    readable: bool = False
-    damaged: set[str] = dataclasses.field(default_factory=set)
-
-
-@dataclasses.dataclass
-class Target:
-    """The checkpoint under verification, as the checks share it.
-
-    Attributes:
-      path: The checkpoint directory.
-      data: Whether array data is read.
-      record: ``_CHECKPOINT_METADATA``, if readable.
-      checkpoint: The checkpoint's layout, if it could be opened.
-      safe: Whether nothing under ``path`` leads out of it (links, FIFOs), so
-        that its array stores may be read.
-      trees: Pytree checkpointables by name.
-      ctx: The tensorstore context reads share.
-    """
-
-    path: Location
-    data: bool
-    record: CheckpointRecord | None = None
-    checkpoint: Checkpoint | None = None
-    safe: bool = True
-    trees: dict[str, PyTreeState] = dataclasses.field(default_factory=dict)
-    ctx: Any = dataclasses.field(default_factory=arrays.context)
-
-    def relative(self, where: Location) -> str:
-        """``where`` as a path relative to the checkpoint."""
-        if where.path == self.path.path:
-            return ""
-        return where.path.removeprefix(self.path.path).lstrip("/" + os.sep)
-
-
-class LeafScan:
-    """Follows one leaf's values as they are read; made by ``Check.leaf``."""
-
-    def update(self, box: chunks.Box, values: np.ndarray) -> None:
-        """Takes one region's values (regions arrive in order and tile the array)."""
-
-    def finish(self) -> Iterable[Finding]:
-        """Findings once every region was read."""
-        return ()
-
-
-class Check:
-    """One kind of check ``verify`` runs; subclass to add one.
-
-    ``structure`` runs first, in order, for every check; then, when data is read,
-    ``leaf`` is asked for a ``LeafScan`` for each array leaf, fed with its values.
-    """
-
-    def structure(self, target: Target) -> Iterable[Finding]:
-        """Findings from the checkpoint's files and metadata."""
-        return ()
-
-    def leaf(self, target: Target, array: StoredArray) -> LeafScan | None:
-        """A scan of ``array``'s values, or ``None`` to skip it."""
-        return None
 
 
 def _message(error: BaseException) -> str:
@@ -558,6 +443,7 @@ DEFAULT_CHECKS: tuple[type[Check], ...] = (
     CheckpointablesCheck,
     PyTreeCheck,
     IteratorCheck,
+    ChecksumCheck,
     NonFiniteCheck,
 )
 
@@ -629,11 +515,15 @@ def verify(
     that holds what each process recorded writing, scalars 0-d), the array
     store's manifest and B+tree, every data file it refers to present and long
     enough, every chunk there, and every Grain iterator file present for the
-    process count in their names and valid JSON. With ``data``, every chunk of
+    process count in their names and valid JSON, and the checksums tinax records
+    with a save readable, covering every array, and matching the files recorded
+    whole (Grain iterator states). With ``data``, every chunk of
     every array is also read and decoded, region by region (at most
     ``chunks.IN_FLIGHT_BYTES`` of decoded regions in flight: well under 128 MiB
     of resident memory whatever the checkpoint's size, unless single stored
-    chunks are larger), and NaN and infinite values are counted.
+    chunks are larger), checked against its recorded checksums (so a flipped
+    byte anywhere in array data is found and the leaf named), and NaN and
+    infinite values are counted.
 
     A damaged checkpoint gives findings, never an exception.
 
