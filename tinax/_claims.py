@@ -18,7 +18,12 @@ process was killed leaves it behind, and the next save to that destination reuse
 
 Locks exist only on local (and NFS) filesystems. Elsewhere, or where the filesystem
 refuses locks, ``claim`` returns ``None`` and callers fall back to refusing any
-temporary directory they cannot account for.
+temporary directory they cannot account for. On object stores (``gs://``) Orbax
+makes no temporary directory: a save writes into its final directory and commits
+by writing ``commit_success.txt`` last. A final directory with neither that marker
+nor ``_CHECKPOINT_METADATA`` is a save that has not committed, judged by the same
+quiet rule (``uncommitted_status``): never loadable, and removed by the next save to
+it once it has been quiet for ``QUIET_SECONDS``.
 
 Imports nothing heavier than ``tinax._format``.
 """
@@ -37,7 +42,7 @@ import time
 import weakref
 from typing import TypeGuard
 
-from tinax._format import names, words
+from tinax._format import layout, names, words
 from tinax._format.storage import DIRECTORY, Location
 
 # How long ``claim`` keeps trying while the lock is taken, in seconds. A listing
@@ -358,14 +363,34 @@ def temporary_status(temporary: Location, *, now_ns: int | None = None) -> Tempo
             started,
             f"its claim ({who}) is held by no live process",
         )
-    oldest, newest = _times(temporary)
+    return _by_activity(temporary, destination, owner, now_ns, "not claimed")
+
+
+def _by_activity(
+    directory: Location, destination: Location, owner: Owner | None, now_ns: int, why: str
+) -> Temporary:
+    """The quiet rule: a save is taken for live while anything under it changed recently."""
+    oldest, newest = _times(directory)
     quiet = None if newest is None else (now_ns - newest) / 1e9
     if quiet is not None and quiet < QUIET_SECONDS:
-        status, reason = words.IN_PROGRESS, f"not claimed; changed {quiet:.0f} s ago"
+        status, reason = words.IN_PROGRESS, f"{why}; changed {quiet:.0f} s ago"
     else:
         status = words.INTERRUPTED
-        reason = "not claimed; unchanged for longer than a live save stays silent"
-    return Temporary(temporary, destination, status, owner, oldest, reason)
+        reason = f"{why}; unchanged for longer than a live save stays silent"
+    return Temporary(directory, destination, status, owner, oldest, reason)
+
+
+def uncommitted_status(directory: Location, *, now_ns: int | None = None) -> Temporary | None:
+    """Whether the save writing ``directory`` in place is alive; ``None`` if it committed.
+
+    Where Orbax cannot rename (object stores, see ``layout.is_uncommitted``), a save
+    writes straight into its final directory, and nothing can be locked there: only
+    its activity tells, as for a temporary directory without a claim.
+    """
+    if not layout.is_uncommitted(directory):
+        return None
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return _by_activity(directory, directory, None, now_ns, "no commit marker")
 
 
 def remove_interrupted(temporary: Location) -> Temporary:
@@ -384,14 +409,19 @@ def remove_interrupted(temporary: Location) -> Temporary:
       FileNotFoundError: If it does not exist.
       FileExistsError: If its save is still in progress (naming who writes it).
     """
-    if not names.is_temporary_name(temporary.name):
-        raise ValueError(f"{str(temporary)!r} is not an Orbax temporary directory")
     kind = temporary.kind()
+    in_place = not names.is_temporary_name(temporary.name) and kind == DIRECTORY
+    found_in_place = uncommitted_status(temporary.snapshot()) if in_place else None
+    if not names.is_temporary_name(temporary.name) and found_in_place is None:
+        raise ValueError(
+            f"{str(temporary)!r} is not an Orbax temporary directory or a save that has "
+            "not committed"
+        )
     if kind is None:
         raise FileNotFoundError(f"{str(temporary)!r} does not exist")
     if kind != DIRECTORY:
         raise ValueError(f"{str(temporary)!r} is not a directory")
-    found = temporary_status(temporary)
+    found = found_in_place or temporary_status(temporary)
     if found.status != words.INTERRUPTED:
         raise FileExistsError(
             f"{str(temporary)!r} belongs to a save in progress ({found.reason}); it is not removed"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from tinax._format import names, preflight
-from tinax._format.storage import DIRECTORY, LINK, Location, local
+from tinax._format import layout, names, preflight, storage
+from tinax._format.storage import DIRECTORY, LINK, Location
 
 
 def text_path(path: object, *, what: str = "path") -> str:
@@ -31,12 +31,18 @@ def text_path(path: object, *, what: str = "path") -> str:
 
 
 def location(path: object, *, what: str = "path") -> Location:
-    """Where ``path`` points: absolute, with ``..`` resolved.
+    """Where ``path`` points: a ``gs://bucket/key`` URL, or a local path made absolute;
+    ``..`` resolved either way.
 
     Raises:
-      TypeError, ValueError: As for ``text_path``.
+      TypeError, ValueError: As for ``text_path``; ``ValueError`` also for a
+        ``gs://`` URL without a bucket.
     """
-    return local(text_path(path, what=what))
+    raw = text_path(path, what=what)
+    try:
+        return storage.location(raw)
+    except ValueError as e:
+        raise ValueError(f"{what} {raw!r}: {e}") from None
 
 
 def checkpoint_location(path: object, *, what: str = "path") -> Location:
@@ -48,7 +54,7 @@ def checkpoint_location(path: object, *, what: str = "path") -> Location:
         suffix (also behind trailing ``/`` or ``/.``).
     """
     raw = text_path(path, what=what)
-    where = local(raw)
+    where = location(raw, what=what)
     if names.is_temporary_name(where.name):
         raise ValueError(
             f"{what} {raw!r} uses Orbax's reserved temporary suffix {names.TEMPORARY_SUFFIX!r}"
@@ -95,8 +101,9 @@ def temporary_siblings(dest: Location) -> list[Location]:
 def save_destination(path: object) -> Location:
     """Checks a save destination: new, and with a directory to land in.
 
-    A leftover temporary directory is not judged here: whether its save still runs
-    is for the claim on the destination to tell (``tinax._claims``).
+    A leftover temporary directory, or (on object stores) a destination holding a
+    save that never committed, is not judged here: whether its save still runs is
+    for the claim on the destination to tell (``tinax._claims``).
 
     Raises:
       TypeError, ValueError: As for ``checkpoint_location``.
@@ -104,11 +111,16 @@ def save_destination(path: object) -> Location:
       FileNotFoundError: If the parent directory does not exist.
     """
     dest = checkpoint_location(path)
-    if dest.exists():
+    # A save that never committed in place (object stores) is for the claim to judge.
+    if dest.exists() and not layout.is_uncommitted(dest):
         raise FileExistsError(
             f"checkpoint destination {str(dest)!r} already exists; saves never overwrite"
         )
-    if _followed_kind(dest.parent) != DIRECTORY:
+    if dest.storage.implicit_directories:
+        # Any path in an existing bucket can be written; ``entry`` raises
+        # FileNotFoundError naming the bucket if there is none.
+        dest.parent.entry()
+    elif _followed_kind(dest.parent) != DIRECTORY:
         raise FileNotFoundError(
             f"parent directory of {str(dest)!r} does not exist: {str(dest.parent)!r}"
         )

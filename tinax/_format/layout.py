@@ -162,6 +162,22 @@ def _checkpointable_dirs(directory: Location) -> list[str]:
     )
 
 
+def is_uncommitted(directory: Location) -> bool:
+    """Whether ``directory`` is a save that has not committed, on storage without renames.
+
+    Where Orbax cannot rename (object stores) it writes a checkpoint into its final
+    directory and commits by writing ``commit_success.txt`` last, after
+    ``_CHECKPOINT_METADATA``: Orbax's own rule takes a directory with neither for
+    unfinished. A checkpoint copied without its marker still has its metadata, and
+    counts as committed. On local disk a save commits by renaming, so a directory
+    with the final name is never an unfinished save.
+    """
+    if directory.storage.commits_by_rename:
+        return False
+    entries = directory.entries()
+    return names.COMMIT_SUCCESS not in entries and names.CHECKPOINT_METADATA not in entries
+
+
 def looks_like_checkpoint(directory: Location) -> bool:
     """Whether ``directory`` is meant to be a checkpoint (readable or not)."""
     entries = directory.entries()
@@ -186,6 +202,12 @@ def open_checkpoint(path: Location) -> Checkpoint:
         raise ValueError(
             f"{str(path)!r} is an Orbax temporary directory: a save in progress or one "
             "that failed, not a checkpoint"
+        )
+    if is_uncommitted(path) and looks_like_checkpoint(path):
+        raise ValueError(
+            f"{str(path)!r} is a save that has not committed (it has no "
+            f"{names.COMMIT_SUCCESS} and no {names.CHECKPOINT_METADATA}): one in progress "
+            "or one that was interrupted, not a checkpoint"
         )
     found = files.scan(path)
     has_record = (path / names.CHECKPOINT_METADATA).exists()

@@ -97,7 +97,8 @@ def check(path: Location) -> layout.Checkpoint:
         a metadata file is too large or not JSON, or ``path`` is not a readable
         checkpoint; the message names the offending file.
     """
-    checkpoint = layout.open_checkpoint(path)
+    # Listed once: on an object store, one request instead of one per directory.
+    checkpoint = layout.open_checkpoint(path.snapshot())
     for where, entry in checkpoint.scan.found:
         if where.name in _OWN_READERS:
             continue

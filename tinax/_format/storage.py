@@ -3,14 +3,16 @@
 Everything tinax reads or lists goes through a ``Location``: a storage and a path in
 it. Its reads are bounded and never follow a link, and a directory walk reports
 links instead of following them, so a checkpoint is read as what it is, not as
-what it points to. ``LocalStorage`` is the local filesystem; other storages (object
-stores) implement the same few methods.
+what it points to. ``LocalStorage`` is the local filesystem; ``tinax._format.gcs``
+implements the same few methods for Google Cloud Storage (``gs://``), and
+``location`` picks the one a user's path or URL names.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import shutil
 import stat
 from collections.abc import Iterator
@@ -21,6 +23,9 @@ DIRECTORY = "directory"
 LINK = "link"
 # FIFOs, sockets, devices: never part of a checkpoint.
 OTHER = "other"
+
+# URLs of Google Cloud Storage objects start with this.
+GCS_SCHEME = "gs://"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +50,19 @@ class Entry:
 
 
 class Storage(Protocol):
-    """The operations tinax needs from where checkpoints are kept."""
+    """The operations tinax needs from where checkpoints are kept.
+
+    Attributes:
+      commits_by_rename: Whether Orbax commits a save here by renaming a temporary
+        directory (local disk). Where it cannot (object stores), it writes into the
+        final directory and marks the end with ``commit_success.txt``.
+      implicit_directories: Whether a directory exists only by holding something
+        (object stores: any path in a bucket can be written without making its
+        parents first).
+    """
+
+    commits_by_rename: bool
+    implicit_directories: bool
 
     def url(self, path: str) -> str:
         """The text a user would write for ``path``."""
@@ -99,9 +116,33 @@ class Storage(Protocol):
         """Removes the directory ``path`` and everything under it; nothing there is fine."""
         ...
 
+    def write_new(self, path: str, data: bytes) -> None:
+        """Writes a new file ``path`` (creating its directory), durably.
+
+        Raises:
+          OSError: If it cannot be written (locally: also if it exists).
+        """
+        ...
+
+    def snapshot(self, path: str) -> Location:
+        """``path`` as seen now, listed in as few requests as the storage allows.
+
+        Entries below the returned location come from one listing made now; reads
+        still go to the storage. Where listing is cheap (local disk) it is ``path``
+        itself, always current.
+        """
+        ...
+
+    def pathlike(self, path: str) -> os.PathLike[str]:
+        """``path`` as Orbax takes it (a ``pathlib`` or ``etils.epath`` path)."""
+        ...
+
 
 class LocalStorage:
     """The local filesystem. Paths are absolute and free of ``..``."""
+
+    commits_by_rename = True
+    implicit_directories = False
 
     def url(self, path: str) -> str:
         return path
@@ -201,6 +242,24 @@ class LocalStorage:
 
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+    def write_new(self, path: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def snapshot(self, path: str) -> Location:
+        return Location(self, path)
+
+    def pathlike(self, path: str) -> os.PathLike[str]:
+        return pathlib.Path(path)
 
 
 LOCAL = LocalStorage()
@@ -302,6 +361,18 @@ class Location:
         """Removes this directory and everything under it."""
         self.storage.remove_tree(self.path)
 
+    def write_new(self, data: bytes) -> None:
+        """Writes ``data`` as this new file, durably (see ``Storage.write_new``)."""
+        self.storage.write_new(self.path, data)
+
+    def snapshot(self) -> Location:
+        """This location as seen now, listed at once (see ``Storage.snapshot``)."""
+        return self.storage.snapshot(self.path)
+
+    def pathlike(self) -> os.PathLike[str]:
+        """This location as Orbax takes it."""
+        return self.storage.pathlike(self.path)
+
 
 def tree_bytes(location: Location) -> int:
     """Total size of the regular files under ``location`` (0 if nothing is there).
@@ -314,7 +385,7 @@ def tree_bytes(location: Location) -> int:
         return 0
     if found.kind == FILE:
         return found.size
-    return sum(entry.size for _, entry in location.walk() if entry.kind == FILE)
+    return sum(entry.size for _, entry in location.snapshot().walk() if entry.kind == FILE)
 
 
 def local(path: str | os.PathLike[str]) -> Location:
@@ -324,3 +395,19 @@ def local(path: str | os.PathLike[str]) -> Location:
     absolute locations.
     """
     return Location(LOCAL, os.path.abspath(os.fspath(path)))
+
+
+def location(path: str | os.PathLike[str]) -> Location:
+    """The ``Location`` a user's path or URL names: ``gs://bucket/key`` or a local path.
+
+    Nothing is imported for Google Cloud Storage unless ``path`` is a ``gs://`` URL.
+
+    Raises:
+      ValueError: If a ``gs://`` URL names no bucket or is not a valid object name.
+    """
+    text = os.fspath(path)
+    if text.startswith(GCS_SCHEME):
+        from tinax._format import gcs
+
+        return gcs.location(text)
+    return local(text)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -98,9 +97,9 @@ def save_checkpointables(
     return SaveResponse(inner, dest)
 
 
-def orbax_path(where: Location) -> Path:
+def orbax_path(where: Location) -> os.PathLike[str]:
     """The path Orbax is given for ``where``: absolute, as Orbax requires."""
-    return Path(where.path)
+    return where.pathlike()
 
 
 def _orbax_reason(error: BaseException) -> str:

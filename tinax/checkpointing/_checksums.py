@@ -10,7 +10,6 @@ differ, naming the checkpoint, the checkpointable and the leaf.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ import jax
 import numpy as np
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
-from tinax._format import checksums, names
+from tinax._format import checksums, files, names
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.keys import format_key, key_parts
 from tinax._paths import location
@@ -109,18 +108,8 @@ def record_save(checkpointable: Any, *, primary: bool) -> Callable[[], dict[str,
 
 def write_record(directory: str, record: dict[str, LeafRecord], process_index: int) -> None:
     """Writes one process's record into a checkpointable's directory, durably."""
-    record_dir = os.path.join(directory, names.CHECKSUMS_DIR)
-    os.makedirs(record_dir, exist_ok=True)
-    path = os.path.join(record_dir, names.checksum_file_name(process_index))
-    data = checksums.encode(record, process_index)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    where = location(directory) / names.CHECKSUMS_DIR / names.checksum_file_name(process_index)
+    where.write_new(checksums.encode(record, process_index))
 
 
 def _loaded_parts(value: Any) -> tuple[list[tuple[Bounds, np.ndarray]], Any] | None:
@@ -187,11 +176,12 @@ def record_files(directory: str) -> dict[str, LeafRecord]:
     """Checksums of the state files this process wrote into ``directory``."""
     index, count = jax.process_index(), jax.process_count()
     name = names.iterator_file_name(index, count)
-    path = os.path.join(directory, name)
-    if not os.path.isfile(path):
+    where = location(directory) / name
+    if not where.is_file():
         return {}
-    with open(path, "rb") as f:
-        data = f.read()
+    data = files.read_bytes(
+        where, what="a Grain iterator state", max_bytes=files.MAX_METADATA_BYTES
+    )
     return {name: LeafRecord(checksums.FILE, "", (), (Piece((), checksums.digest(data)),))}
 
 

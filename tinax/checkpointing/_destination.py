@@ -22,6 +22,7 @@ from collections.abc import Callable
 from orbax.checkpoint import v1 as ocp
 
 from tinax import _claims, _paths
+from tinax._format import words
 from tinax._format.storage import Location
 from tinax.checkpointing import _orbax, _processes
 
@@ -60,6 +61,10 @@ def claim_destination(dest: Location) -> _claims.Claim | None:
     Returns:
       The claim; ``None`` where the storage has no locks.
 
+    On object stores a save writes into ``dest`` itself; one that never committed
+    there and has been quiet for ``_claims.QUIET_SECONDS`` is removed first, like a
+    temporary directory whose writer is gone.
+
     Raises:
       FileExistsError: If a live process holds the claim, if ``dest`` exists, or,
         where there are no locks, if a temporary directory of a save to ``dest``
@@ -67,7 +72,16 @@ def claim_destination(dest: Location) -> _claims.Claim | None:
     """
     held = _claims.claim(dest)
     try:
-        if dest.exists():
+        unfinished = _claims.uncommitted_status(dest.snapshot()) if dest.exists() else None
+        if unfinished is not None and unfinished.status == words.INTERRUPTED:
+            _log.warning("removing %s, left by an interrupted save: %s", dest, unfinished.reason)
+            dest.remove_tree()
+        elif unfinished is not None:
+            raise FileExistsError(
+                f"a save to {str(dest)!r} is in progress ({unfinished.reason}); two saves "
+                "never write one checkpoint"
+            )
+        elif dest.exists():
             raise FileExistsError(
                 f"checkpoint destination {str(dest)!r} already exists; saves never overwrite"
             )
@@ -145,14 +159,17 @@ def remove_interrupted_save(path: str | os.PathLike[str]) -> None:
     (``<checkpoint>.orbax-checkpoint-tmp``); ``tinax.explore.list_checkpoints``
     lists it as ``interrupted``. It is never loadable, and the next save to the
     same checkpoint removes it anyway; this removes it now. The destination is
-    claimed meanwhile, so no save to it can start during the removal.
+    claimed meanwhile, so no save to it can start during the removal. On object
+    stores (``gs://``), where a save writes in place, ``path`` is the checkpoint
+    directory itself that never committed.
 
     Args:
-      path: The temporary directory.
+      path: The temporary directory, or the uncommitted ``gs://`` directory.
 
     Raises:
       TypeError: If ``path`` is not a path.
-      ValueError: If ``path`` is not an Orbax temporary directory.
+      ValueError: If ``path`` is neither an Orbax temporary directory nor a save
+        that has not committed.
       FileNotFoundError: If nothing exists at ``path``.
       FileExistsError: If its save is still in progress; the message says who
         writes it.

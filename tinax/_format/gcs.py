@@ -1,0 +1,305 @@
+"""Google Cloud Storage (``gs://``) behind the storage interface, through gcsfs.
+
+Credentials and endpoints are gcsfs's own: the standard Google environment
+(``GOOGLE_APPLICATION_CREDENTIALS``, ``STORAGE_EMULATOR_HOST``, …) and fsspec's
+``gcs`` configuration (``FSSPEC_GCS``, fsspec config files). tinax adds none, except
+that listings are never served from gcsfs's cache: a run that is being written
+must be listed as it is now.
+
+An object store has no directories, links or renames: a "directory" is a key
+prefix, a walk never meets a link, and Orbax commits a save by writing
+``commit_success.txt`` last into the final directory (``commits_by_rename`` is
+false). Every remote call has a deadline, so an unreachable endpoint or a
+credential probe that never answers becomes an ``OSError`` naming the URL, not a
+hang. ``snapshot`` lists a whole tree in one request per thousand objects, and
+everything below it is then answered from that listing.
+
+Imported only when a ``gs://`` path is used; gcsfs is imported on the first call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tinax._format.storage import DIRECTORY, FILE, GCS_SCHEME, Entry, Location
+
+# Seconds a listing, a metadata request or a small read may take, retries included.
+# gcsfs retries transient failures with back-off; this bounds them all.
+REQUEST_TIMEOUT = 60.0
+# Reads of array data get this much longer per byte (a slow link still finishes).
+_SECONDS_PER_BYTE = 1 / (4 * 1024 * 1024)
+
+_T = TypeVar("_T")
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(bucket, key)`` of a ``gs://`` URL, the key normalised (no ``.``, ``..`` or ``//``).
+
+    Raises:
+      ValueError: If the URL names no bucket, or its key climbs above the bucket.
+    """
+    rest = url[len(GCS_SCHEME) :]
+    bucket, _, key = rest.partition("/")
+    if not bucket or bucket in (".", ".."):
+        raise ValueError(f"{url!r} names no bucket; write gs://BUCKET/PATH")
+    parts: list[str] = []
+    for part in key.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                raise ValueError(f"{url!r} climbs above its bucket")
+            parts.pop()
+            continue
+        parts.append(part)
+    return bucket, "/".join(parts)
+
+
+def location(url: str) -> Location:
+    """The ``Location`` of a ``gs://`` URL.
+
+    Raises:
+      ValueError: As for ``split_url``.
+    """
+    bucket, key = split_url(url)
+    return Location(GCS, f"{bucket}/{key}" if key else bucket)
+
+
+def _mtime_ns(info: dict[str, Any]) -> int | None:
+    stamp = info.get("updated") or info.get("timeCreated")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return int(moment.timestamp() * 1e9)
+
+
+def _entry(name: str, info: dict[str, Any]) -> Entry:
+    if info.get("type") == "directory":
+        return Entry(name=name, kind=DIRECTORY)
+    size = int(info.get("size") or 0)
+    return Entry(
+        name=name,
+        kind=FILE,
+        size=size,
+        stamp=f"{size}:{info.get('generation', '')}:{info.get('updated', '')}",
+        mtime_ns=_mtime_ns(info),
+    )
+
+
+class GcsStorage:
+    """Google Cloud Storage. Paths are ``bucket/key`` without the scheme."""
+
+    commits_by_rename = False
+    implicit_directories = True
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fs: Any = None
+
+    def filesystem(self) -> Any:
+        """The gcsfs filesystem, made on first use from the standard configuration."""
+        with self._lock:
+            if self._fs is None:
+                import gcsfs
+
+                # Listings must be current; fsspec's configuration supplies the rest.
+                self._fs = gcsfs.GCSFileSystem(use_listings_cache=False)
+            return self._fs
+
+    def _call(self, path: str, what: str, action: Callable[[Any], _T], *, seconds: float) -> _T:
+        """Runs ``action(fs)`` for ``path``, turning every failure into a clear ``OSError``."""
+        url = self.url(path)
+        try:
+            fs = self.filesystem()
+            return action(fs)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise type(e)(e.errno, f"cannot {what} {url!r}: {_reason(e)}") from e
+        except Exception as e:
+            if type(e).__name__ == "FSTimeoutError" or isinstance(e, TimeoutError):
+                raise TimeoutError(
+                    f"cannot {what} {url!r}: no answer from Google Cloud Storage "
+                    f"within {seconds:.0f} s"
+                ) from e
+            raise OSError(f"cannot {what} {url!r}: {_reason(e)}") from e
+
+    def url(self, path: str) -> str:
+        return GCS_SCHEME + path
+
+    def join(self, path: str, name: str) -> str:
+        return f"{path.rstrip('/')}/{name}"
+
+    def split(self, path: str) -> tuple[str, str]:
+        if "/" not in path:
+            return "", path
+        parent, name = path.rsplit("/", 1)
+        return parent, name
+
+    def _missing(self, path: str) -> None:
+        """Raises ``FileNotFoundError`` naming the bucket if it is not there or not visible."""
+        bucket = path.split("/", 1)[0]
+
+        def probe(fs: Any) -> bool:
+            return bool(fs.exists(bucket, timeout=REQUEST_TIMEOUT))
+
+        if not self._call(bucket, "reach", probe, seconds=REQUEST_TIMEOUT):
+            raise FileNotFoundError(
+                f"{self.url(path)!r}: bucket {bucket!r} does not exist or these "
+                "credentials cannot see it"
+            )
+
+    def entry(self, path: str) -> Entry | None:
+        try:
+            info = self._call(
+                path,
+                "look at",
+                lambda fs: fs.info(path, timeout=REQUEST_TIMEOUT),
+                seconds=REQUEST_TIMEOUT,
+            )
+        except FileNotFoundError:
+            self._missing(path)
+            return None
+        return _entry(self.split(path)[1], info)
+
+    def entries(self, path: str) -> list[Entry]:
+        def listing(fs: Any) -> list[dict[str, Any]]:
+            return list(fs.ls(path, detail=True, timeout=REQUEST_TIMEOUT))
+
+        found = self._call(path, "list", listing, seconds=REQUEST_TIMEOUT)
+        prefix = path.rstrip("/") + "/"
+        out = []
+        for info in found:
+            name = str(info["name"]).rstrip("/")
+            if not name.startswith(prefix) or name == path:
+                continue  # a directory marker object of ``path`` itself
+            out.append(_entry(name[len(prefix) :], info))
+        if not out and not found and self.entry(path) is None:
+            raise FileNotFoundError(f"{self.url(path)!r} does not exist")
+        return out
+
+    def read(self, path: str, max_bytes: int) -> bytes:
+        def fetch(fs: Any) -> bytes:
+            return bytes(fs.cat_file(path, start=0, end=max_bytes + 1, timeout=seconds))
+
+        seconds = REQUEST_TIMEOUT + max_bytes * _SECONDS_PER_BYTE
+        return self._call(path, "read", fetch, seconds=seconds)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+
+        def fetch(fs: Any) -> bytes:
+            return bytes(fs.cat_file(path, start=offset, end=offset + length, timeout=seconds))
+
+        seconds = REQUEST_TIMEOUT + length * _SECONDS_PER_BYTE
+        return self._call(path, "read", fetch, seconds=seconds)
+
+    def inside(self, target: str, root: str) -> bool:
+        return target == root or target.startswith(root.rstrip("/") + "/")
+
+    def kvstore(self, path: str) -> dict[str, Any]:
+        bucket, _, key = path.partition("/")
+        return {"driver": "gcs", "bucket": bucket, "path": key.rstrip("/") + "/" if key else ""}
+
+    def remove_tree(self, path: str) -> None:
+        def remove(fs: Any) -> None:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(path, recursive=True, timeout=REQUEST_TIMEOUT)
+
+        self._call(path, "remove", remove, seconds=REQUEST_TIMEOUT)
+
+    def write_new(self, path: str, data: bytes) -> None:
+        seconds = REQUEST_TIMEOUT + len(data) * _SECONDS_PER_BYTE
+        self._call(
+            path, "write", lambda fs: fs.pipe_file(path, data, timeout=seconds), seconds=seconds
+        )
+
+    def snapshot(self, path: str) -> Location:
+        def listing(fs: Any) -> dict[str, dict[str, Any]]:
+            return dict(fs.find(path, detail=True, timeout=REQUEST_TIMEOUT))
+
+        found = self._call(path, "list", listing, seconds=REQUEST_TIMEOUT)
+        return Location(Snapshot(self, path, found), path)
+
+    def pathlike(self, path: str) -> os.PathLike[str]:
+        from etils import epath
+
+        return epath.Path(self.url(path))
+
+
+GCS = GcsStorage()
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class Snapshot(GcsStorage):
+    """A tree under ``root`` as one listing found it; reads go to the bucket.
+
+    Attributes:
+      root: The path that was listed.
+      tree: Every directory under ``root`` (itself included) → its entries by name.
+    """
+
+    def __init__(self, base: GcsStorage, root: str, objects: dict[str, dict[str, Any]]) -> None:
+        super().__init__()
+        self._fs = base.filesystem()
+        self.root = root = root.rstrip("/")
+        tree: dict[str, dict[str, Entry]] = {}
+        for key, info in objects.items():
+            name = str(info.get("name", key))
+            marker = name.endswith("/")
+            name = name.rstrip("/")
+            if not name.startswith(root + "/"):
+                if name == root and marker:
+                    tree.setdefault(root, {})
+                continue
+            tree.setdefault(root, {})
+            # Every prefix between root and the object is a directory.
+            where = name
+            while True:
+                up, leaf = where.rsplit("/", 1)
+                if where != name or marker:
+                    tree.setdefault(up, {}).setdefault(leaf, Entry(leaf, DIRECTORY))
+                    tree.setdefault(where, {})
+                else:
+                    tree.setdefault(up, {})[leaf] = _entry(leaf, {**info, "type": "file"})
+                if up == root:
+                    break
+                where = up
+        self.tree = tree
+
+    def _within(self, path: str) -> bool:
+        return path == self.root or path.startswith(self.root + "/")
+
+    def entry(self, path: str) -> Entry | None:
+        if not self._within(path):
+            return GcsStorage.entry(self, path)
+        if path in self.tree:
+            return Entry(self.split(path)[1], DIRECTORY)
+        parent, name = self.split(path)
+        return self.tree.get(parent, {}).get(name)
+
+    def entries(self, path: str) -> list[Entry]:
+        if not self._within(path):
+            return GcsStorage.entries(self, path)
+        found = self.tree.get(path)
+        if found is None:
+            raise FileNotFoundError(f"{self.url(path)!r} is not a directory")
+        return list(found.values())
+
+    def snapshot(self, path: str) -> Location:
+        if self._within(path):
+            return Location(self, path)
+        return GcsStorage.snapshot(self, path)
