@@ -98,6 +98,13 @@ def _proxy_handler(
     return Handler
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # A client that hangs up early (a cancelled read) is not a failure here.
+
+
 class Emulator:
     """fake-gcs-server in memory, behind a counting proxy, on free local ports.
 
@@ -108,10 +115,9 @@ class Emulator:
     def __init__(self) -> None:
         self._server_port = free_port()
         self._counter = _Counter()
-        self._proxy = http.server.ThreadingHTTPServer(
+        self._proxy = _QuietServer(
             ("127.0.0.1", 0), _proxy_handler(self._server_port, self._counter)
         )
-        self._proxy.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._proxy.server_address[1]}"
         self._thread = threading.Thread(target=self._proxy.serve_forever, daemon=True)
         self._process: subprocess.Popen[bytes] | None = None

@@ -33,11 +33,11 @@ def _entries(path):
     return sorted(os.listdir(path))
 
 
-def test_round_trip_keeps_values_types_and_dtypes(tmp_path):
+def test_round_trip_keeps_values_types_and_dtypes(root):
     state = _state()
-    response = save_checkpointables(tmp_path / "c", {"state": state})
+    response = save_checkpointables(f"{root}/c", {"state": state})
     assert response.result(timeout=60) is None
-    restored = load_checkpointables(tmp_path / "c", {"state": abstract_restore_target(state)})
+    restored = load_checkpointables(f"{root}/c", {"state": abstract_restore_target(state)})
     out = restored["state"]
     assert isinstance(out["params"]["dense"]["w"], jax.Array)
     np.testing.assert_array_equal(out["params"]["dense"]["w"], state["params"]["dense"]["w"])

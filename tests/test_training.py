@@ -87,7 +87,8 @@ def _assert_bitwise_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), strict=True)
 
 
-def test_exact_resume(tmp_path):
+def test_exact_resume(root):
+    """Saved on local disk, then on gs://: the same bit-exact resume."""
     n, k = 40, 17
     straight_iter = iter(_dataset())
     straight = _train(_init(), straight_iter, n)
@@ -95,12 +96,12 @@ def test_exact_resume(tmp_path):
 
     it = iter(_dataset())
     partial = _train(_init(), it, k)
-    save_training_checkpoint(tmp_path / "ckpt", k, *partial, it).result()
+    save_training_checkpoint(f"{root}/ckpt", k, *partial, it).result()
 
     fresh_state = _init(seed=123)  # different values: everything must come from disk
     fresh_iter = iter(_dataset())
     restored = load_training_checkpoint(
-        tmp_path / "ckpt", *map(abstract_restore_target, fresh_state), fresh_iter
+        f"{root}/ckpt", *map(abstract_restore_target, fresh_state), fresh_iter
     )
     assert isinstance(restored, TrainingCheckpoint)
     assert restored.step == k
