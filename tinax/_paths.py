@@ -88,6 +88,24 @@ def existing_directory(path: object, *, what: str = "path") -> Location:
     return where
 
 
+def save_directory(path: object, *, what: str = "directory") -> Location:
+    """A directory checkpoints are saved in: an existing local directory, or any
+    ``gs://`` prefix in an existing bucket (object stores have no empty directories).
+
+    Raises:
+      TypeError: As for ``text_path``.
+      FileNotFoundError: If it does not exist (on ``gs://``: its bucket does not).
+      ValueError: If ``path`` is empty or not a directory.
+    """
+    where = location(path, what=what)
+    if where.storage.implicit_directories:
+        found = where.entry()  # raises FileNotFoundError naming a missing bucket
+        if found is not None and found.kind != DIRECTORY:
+            raise ValueError(f"{what} {str(where)!r} is not a directory")
+        return where
+    return existing_directory(path, what=what)
+
+
 def temporary_siblings(dest: Location) -> list[Location]:
     """Orbax temporary directories that belong to a save destined for ``dest``."""
     prefix = dest.name + names.TEMPORARY_SUFFIX

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from tinax._claims import temporary_status
+from tinax._claims import temporary_status, uncommitted_status
 from tinax._format.names import TEMPORARY_SUFFIX, final_name
 from tinax._format.storage import Location, tree_bytes
 from tinax._format.words import IN_PROGRESS
@@ -84,7 +84,13 @@ def check_new_checkpoint_name(directory: Location, name: object) -> str:
         )
     target = directory / name
     if target.exists():
-        raise ValueError(f"{name!r} is already taken in {str(directory)!r}")
+        # On object stores a save writes in place; one that never committed is judged
+        # like a temporary directory.
+        unfinished = uncommitted_status(target.snapshot())
+        if unfinished is None:
+            raise ValueError(f"{name!r} is already taken in {str(directory)!r}")
+        if unfinished.status == IN_PROGRESS:
+            raise ValueError(f"a save to {name!r} is already in progress in {str(directory)!r}")
     if any(temporary_status(t).status == IN_PROGRESS for t in temporary_siblings(target)):
         raise ValueError(f"a save to {name!r} is already in progress in {str(directory)!r}")
     return name

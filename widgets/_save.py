@@ -60,7 +60,8 @@ class SavePanel(w.VBox):
         """Builds the panel.
 
         Args:
-          directory: Existing run directory the checkpoints are saved in.
+          directory: Existing run directory the checkpoints are saved in (on
+            ``gs://``, any prefix in an existing bucket).
           checkpointables: A mapping of checkpointable name to value, or a
             zero-argument callable returning one, evaluated at each click.
 
@@ -70,7 +71,7 @@ class SavePanel(w.VBox):
           FileNotFoundError: If ``directory`` does not exist.
           ValueError: If ``directory`` is not a directory.
         """
-        self._directory = _paths.existing_directory(directory, what="directory")
+        self._directory = _paths.save_directory(directory, what="directory")
         self.directory = str(self._directory)
         if not isinstance(checkpointables, Mapping) and not callable(checkpointables):
             raise TypeError(

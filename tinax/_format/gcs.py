@@ -30,7 +30,7 @@ from tinax._format.storage import DIRECTORY, FILE, GCS_SCHEME, Entry, Location
 
 # Seconds a listing, a metadata request or a small read may take, retries included.
 # gcsfs retries transient failures with back-off; this bounds them all.
-REQUEST_TIMEOUT = 60.0
+REQUEST_TIMEOUT = 15.0
 # Reads of array data get this much longer per byte (a slow link still finishes).
 _SECONDS_PER_BYTE = 1 / (4 * 1024 * 1024)
 
@@ -122,15 +122,18 @@ class GcsStorage:
             return action(fs)
         except FileNotFoundError:
             raise
-        except OSError as e:
-            raise type(e)(e.errno, f"cannot {what} {url!r}: {_reason(e)}") from e
+        except TimeoutError as e:
+            raise TimeoutError(
+                f"cannot {what} {url!r}: no answer from Google Cloud Storage within "
+                f"{seconds:.0f} s (check the network, STORAGE_EMULATOR_HOST and credentials)"
+            ) from e
+        except PermissionError as e:
+            raise PermissionError(
+                e.errno, f"cannot {what} {url!r}: permission denied: {_reason(e)}"
+            ) from e
         except Exception as e:
-            if type(e).__name__ == "FSTimeoutError" or isinstance(e, TimeoutError):
-                raise TimeoutError(
-                    f"cannot {what} {url!r}: no answer from Google Cloud Storage "
-                    f"within {seconds:.0f} s"
-                ) from e
-            raise OSError(f"cannot {what} {url!r}: {_reason(e)}") from e
+            errno_ = e.errno if isinstance(e, OSError) else None
+            raise OSError(errno_, f"cannot {what} {url!r}: {_reason(e)}") from e
 
     def url(self, path: str) -> str:
         return GCS_SCHEME + path

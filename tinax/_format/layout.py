@@ -203,7 +203,10 @@ def open_checkpoint(path: Location) -> Checkpoint:
             f"{str(path)!r} is an Orbax temporary directory: a save in progress or one "
             "that failed, not a checkpoint"
         )
-    if is_uncommitted(path) and looks_like_checkpoint(path):
+    if is_uncommitted(path) and not any(
+        entry.kind == DIRECTORY and looks_like_checkpoint(path / name)
+        for name, entry in path.entries().items()
+    ):
         raise ValueError(
             f"{str(path)!r} is a save that has not committed (it has no "
             f"{names.COMMIT_SUCCESS} and no {names.CHECKPOINT_METADATA}): one in progress "

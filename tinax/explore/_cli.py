@@ -243,7 +243,7 @@ def main(
             if argv[0] == "diff":
                 return _diff(argv[1:], out)
             return _verify(argv[1:], out, err)
-        except (FileNotFoundError, ValueError, TypeError) as e:
+        except (OSError, ValueError, TypeError) as e:
             print(f"{_PROG} {argv[0]}: error: {e}", file=err)
             return 1
     args = _parser().parse_args(argv)
@@ -266,7 +266,7 @@ def main(
                     )
         else:
             _show_listing(args.path, args.json, out, err)
-    except (FileNotFoundError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError) as e:
         print(f"{_PROG}: error: {e}", file=err)
         return 1
     return 0

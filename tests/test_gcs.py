@@ -1,0 +1,218 @@
+"""What only gs:// has: request counts, saves killed in place, wrong buckets, no answer.
+
+Against a real fake-gcs-server behind a counting proxy (``tests/gcs.py``): the
+requests counted are the ones gcsfs, tensorstore and Orbax really made.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from urllib.parse import unquote
+
+import numpy as np
+import pytest
+from conftest import BUCKET
+from gcs import free_port, is_listing, object_name
+
+import tinax.explore as ex
+from tinax import _claims
+from tinax._format import words
+from tinax.checkpointing import (
+    load_checkpointables,
+    remove_interrupted_save,
+    save_checkpointables,
+)
+
+# The OCDBT files that hold array chunks (B+tree nodes live beside the manifest).
+_DATA_FILES = "/ocdbt.process_"
+
+
+def _prefix() -> str:
+    return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+def _data_reads(made: list[tuple[str, str, int]]) -> list[tuple[str, int]]:
+    found = []
+    for request in made:
+        name = object_name(request)
+        if name is not None and _DATA_FILES in name:
+            found.append((name, request[2]))
+    return found
+
+
+def _recursive_listings(made: list[tuple[str, str, int]]) -> int:
+    return sum(1 for r in made if is_listing(r) and "delimiter=&" in r[1])
+
+
+@pytest.fixture(scope="module")
+def big_run(gcs):
+    """Four checkpoints of three 256 KiB leaves each."""
+    run = _prefix()
+    rng = np.random.default_rng(0)
+    leaves = {name: rng.standard_normal((256, 256)).astype(np.float32) for name in "abc"}
+    for step in range(4):
+        save_checkpointables(f"{run}/{step}", {"model": {**leaves, "step": step}}).result()
+    return run, leaves
+
+
+def test_a_listing_lists_the_run_once_and_reads_no_array_data(gcs, big_run):
+    run, _ = big_run
+    with gcs.counting() as first:
+        table = ex.list_checkpoints(run, cache=ex.ListingCache())
+    assert list(table["status"]) == [words.COMPLETE] * 4
+    assert _recursive_listings(first) == 1
+    # Besides that: one probe that the run exists, and metadata reads.
+    assert sum(map(is_listing, first)) <= 2
+    assert _data_reads(first) == []
+
+    cache = ex.ListingCache()
+    ex.list_checkpoints(run, cache=cache)
+    with gcs.counting() as again:
+        ex.list_checkpoints(run, cache=cache)
+    # Unchanged checkpoints are not read again: the run costs one listing.
+    assert _recursive_listings(again) == 1 and len(again) <= 3, again
+
+
+def test_the_table_reads_metadata_and_read_leaf_one_leafs_chunks(gcs, big_run):
+    run, leaves = big_run
+    with gcs.counting() as table_requests:
+        table = ex.checkpoint_table(f"{run}/3")
+    assert list(table["shape"][:3]) == [(256, 256)] * 3
+    assert _data_reads(table_requests) == []
+    assert _recursive_listings(table_requests) == 1
+
+    with gcs.counting() as leaf_requests:
+        value = ex.read_leaf(f"{run}/3", "model", "['b']")
+    np.testing.assert_array_equal(value, leaves["b"])
+    data = _data_reads(leaf_requests)
+    leaf_bytes = leaves["b"].nbytes
+    assert data and leaf_bytes <= sum(n for _, n in data) < 1.1 * leaf_bytes, data
+
+
+_KILLED_SAVE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from tinax.checkpointing import save_checkpointables
+    big = {str(i): np.full((1024, 1024), i, np.float32) for i in range(24)}
+    save_checkpointables(sys.argv[1], {"model": big}).result()
+    """
+)
+
+
+def _killed_save(gcs, dest: str) -> None:
+    """Starts a real save in another process and kills it before it commits."""
+    process = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, dest])
+    key = dest[len("gs://") :].split("/", 1)[1]
+
+    def writing_arrays() -> bool:
+        return any(
+            method in ("POST", "PUT") and key in unquote(path) and "ocdbt.process" in unquote(path)
+            for method, path, _ in gcs.requests()
+        )
+
+    try:
+        deadline = time.monotonic() + 120
+        while not writing_arrays():
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the save ended before it could be killed")
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_a_save_killed_in_place_is_never_loadable_and_a_new_save_replaces_it(gcs, monkeypatch):
+    run = _prefix()
+    dest = f"{run}/7"
+    _killed_save(gcs, dest)
+    listed = ex.list_checkpoints(run)
+    assert list(listed["name"]) == ["7"]
+    assert listed["status"][0] == words.IN_PROGRESS  # written seconds ago: may be live
+    with pytest.raises(ValueError, match="has not committed"):
+        ex.checkpoint_table(dest)
+    with pytest.raises(ValueError, match="has not committed"):
+        load_checkpointables(dest, {"model": {}})
+    with pytest.raises(FileExistsError, match="in progress"):
+        save_checkpointables(dest, {"model": {"w": np.ones(3)}})
+
+    # Once quiet for longer than a live save stays silent, it is interrupted.
+    monkeypatch.setattr(_claims, "QUIET_SECONDS", 0.0)
+    listed = ex.list_checkpoints(run)
+    assert listed["status"][0] == words.INTERRUPTED
+    with pytest.raises(ValueError, match="has not committed"):
+        load_checkpointables(dest, {"model": {}})
+
+    # The resumed job saves the same step again: the leftover is removed first.
+    save_checkpointables(dest, {"model": {"w": np.arange(3.0)}}).result()
+    assert list(ex.list_checkpoints(run)["status"]) == [words.COMPLETE]
+    restored = load_checkpointables(dest, {"model": {"w": np.zeros(3)}})
+    np.testing.assert_array_equal(restored["model"]["w"], np.arange(3.0))
+    assert set(ex.checkpoint_table(dest)["key"]) == {"['w']"}
+
+
+def test_remove_interrupted_save_removes_an_uncommitted_directory(gcs, monkeypatch):
+    run = _prefix()
+    _killed_save(gcs, f"{run}/1")
+    with pytest.raises(FileExistsError, match="in progress"):
+        remove_interrupted_save(f"{run}/1")
+    monkeypatch.setattr(_claims, "QUIET_SECONDS", 0.0)
+    remove_interrupted_save(f"{run}/1")
+    with pytest.raises(FileNotFoundError):
+        ex.list_checkpoints(run)
+    save_checkpointables(f"{run}/2", {"model": {"w": np.ones(2)}}).result()
+    with pytest.raises(ValueError, match="not an Orbax temporary directory or a save"):
+        remove_interrupted_save(f"{run}/2")
+
+
+def test_a_wrong_bucket_is_a_clear_error_at_once(gcs):
+    url = "gs://no-such-bucket-here/run"
+    started = time.monotonic()
+    for call in (
+        lambda: ex.list_checkpoints(url),
+        lambda: ex.checkpoint_table(f"{url}/1"),
+        lambda: load_checkpointables(f"{url}/1", {"model": {}}),
+        lambda: save_checkpointables(f"{url}/1", {"model": {"w": np.ones(2)}}),
+    ):
+        with pytest.raises(FileNotFoundError, match="bucket 'no-such-bucket-here' does not exist"):
+            call()
+    assert time.monotonic() - started < 10
+
+
+def test_urls_without_a_bucket_or_climbing_out_of_it_are_refused():
+    with pytest.raises(ValueError, match="names no bucket"):
+        ex.list_checkpoints("gs://")
+    with pytest.raises(ValueError, match="climbs above its bucket"):
+        ex.list_checkpoints("gs://bucket/../other")
+
+
+def test_an_endpoint_that_never_answers_is_an_error_within_the_deadline(gcs):
+    script = textwrap.dedent(
+        """
+        import time
+        import tinax._format.gcs as gcs
+        import tinax.explore as ex
+        gcs.REQUEST_TIMEOUT = 2.0
+        started = time.monotonic()
+        try:
+            ex.list_checkpoints("gs://tinax-test/run")
+        except OSError as e:
+            print(type(e).__name__, time.monotonic() - started, e)
+        """
+    )
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{free_port()}"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    kind, seconds, message = result.stdout.split(" ", 2)
+    assert kind == "TimeoutError", result.stdout + result.stderr
+    assert float(seconds) < 10
+    assert "'gs://tinax-test/run'" in message and "within 2 s" in message
