@@ -230,3 +230,16 @@ def test_the_widgets_package_re_exports_the_four_widgets_only() -> None:
     ]
     assert Path(widgets.__file__).parent == PACKAGES["tinax.widgets"]
     assert (PACKAGES["tinax.widgets"] / "py.typed").is_file()
+
+
+def test_no_layer_above_the_format_module_knows_which_storage_it_reads() -> None:
+    # Storages differ in capabilities (``commits_by_rename``, ``implicit_directories``),
+    # never by name: only tinax._format picks and implements them.
+    storage_names = ("tinax._format.gcs", "gcsfs", "google.cloud")
+    for layer in ("tinax.checkpointing", "tinax.explore", "tinax.widgets"):
+        for module, source in _modules(layer).items():
+            bad = {n for n in _imports(module, source) for s in storage_names if _under(n, s)}
+            assert not bad, f"{module} imports {sorted(bad)}"
+            text = source.read_text(encoding="utf-8")
+            for word in ("is_local", "LocalStorage", "GcsStorage", "GCS_SCHEME"):
+                assert word not in text, f"{module} uses {word}"

@@ -72,7 +72,7 @@ class CommitCheck(Check):
                     )
         marker = path / names.COMMIT_SUCCESS
         if not marker.exists():
-            if path.is_local:
+            if path.storage.commits_by_rename:
                 yield Finding(
                     names.COMMIT_SUCCESS,
                     words.INFO,
