@@ -27,7 +27,7 @@ def _state(step: int) -> dict[str, Any]:
     }
 
 
-def _save(path: Path, state: dict[str, Any]) -> None:
+def _save(path: Path | str, state: dict[str, Any]) -> None:
     save_checkpointables(path, state).result()
 
 
@@ -37,6 +37,14 @@ def run(tmp_path: Path) -> Path:
     root.mkdir()
     for step in (1, 2):
         _save(root / f"step-{step}", _state(step))
+    return root
+
+
+@pytest.fixture
+def any_run(root: str) -> str:
+    """The same run on local disk, then on gs://."""
+    for step in (1, 2):
+        _save(f"{root}/step-{step}", _state(step))
     return root
 
 
@@ -53,14 +61,15 @@ def _leaf_label(explorer: CheckpointExplorer, checkpointable: str, key: str) -> 
     return rows.index[0]
 
 
-def test_pick_a_checkpoint_and_a_leaf_by_clicking(run: Path) -> None:
+def test_pick_a_checkpoint_and_a_leaf_by_clicking(any_run: str) -> None:
+    run = any_run
     explorer = CheckpointExplorer(run)
     assert explorer.checkpoints["name"].tolist() == ["step-1", "step-2"]
     assert explorer.summary.value == "2 checkpoints"
     assert explorer.leaf_section.layout.display == "none"
 
     explorer.checkpoint_view.pick_button(_label(explorer, "step-2")).click()
-    assert explorer.checkpoint == str(run / "step-2")
+    assert explorer.checkpoint == f"{run}/step-2"
     assert explorer.leaf_section.layout.display == ""
     assert set(explorer.leaves["key"]) >= {"['dense']['w']", "['dense']['b']", "['mu']"}
     assert "step-2" in explorer.leaf_title.value

@@ -41,6 +41,14 @@ def checkpoint(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def any_checkpoint(root: str) -> str:
+    """The same checkpoint on local disk, then on gs://."""
+    path = f"{root}/step-1"
+    save_checkpointables(path, _state(2.0)).result()
+    return path
+
+
 def test_targets_and_table_from_live_state() -> None:
     builder = RestoreTargetBuilder(_state())
     target = builder.target
@@ -72,8 +80,8 @@ def test_targets_and_table_from_live_state() -> None:
     assert builder.table["key"].tolist() == ["['head']"]
 
 
-def test_load_restores_the_chosen_targets_with_progress(checkpoint: Path) -> None:
-    builder = RestoreTargetBuilder(_state(), checkpoint)
+def test_load_restores_the_chosen_targets_with_progress(any_checkpoint: str) -> None:
+    builder = RestoreTargetBuilder(_state(), any_checkpoint)
     assert builder.reason == "" and not builder.load_button.disabled
     assert builder.comparison is not None
     assert set(builder.comparison["status"]) == {"ok"}

@@ -10,6 +10,7 @@ import pytest
 from tinax.widgets import AsyncProgress, SavePanel
 
 from tinax.checkpointing import abstract_restore_target, load_checkpointables, save_checkpointables
+from tinax.explore import list_checkpoints
 
 
 def test_default_name_is_the_next_free_step(tmp_path: Path) -> None:
@@ -74,19 +75,20 @@ def test_a_name_an_interrupted_save_left_behind_can_be_saved_again(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5"]
 
 
-def test_save_evaluates_the_callable_at_click_time(tmp_path: Path) -> None:
+def test_save_evaluates_the_callable_at_click_time(root: str) -> None:
+    """On local disk, then on gs://."""
     state = {"model": {"w": np.arange(4.0)}}
     panel = SavePanel(
-        tmp_path, lambda: {"model": state["model"], "extra": {"n": np.asarray(7, np.int32)}}
+        root, lambda: {"model": state["model"], "extra": {"n": np.asarray(7, np.int32)}}
     )
     state["model"] = {"w": np.arange(4.0) * 10}
     panel.save_button.click()
     assert isinstance(panel.progress, AsyncProgress)
     assert panel.progress.wait(60) == "done", panel.progress.error
-    assert panel.path == str(tmp_path / "step-0")
+    assert panel.path == f"{root}/step-0"
     assert panel.progress.total_bytes == 4 * 8 + 4
     restored = load_checkpointables(
-        tmp_path / "step-0", {"model": abstract_restore_target(state["model"])}
+        f"{root}/step-0", {"model": abstract_restore_target(state["model"])}
     )
     np.testing.assert_array_equal(restored["model"]["w"], np.arange(4.0) * 10)
     assert not panel.saving
@@ -96,7 +98,7 @@ def test_save_evaluates_the_callable_at_click_time(tmp_path: Path) -> None:
     # A second save goes to the next name.
     panel.save_button.click()
     assert panel.progress.wait(60) == "done"
-    assert (tmp_path / "step-1" / "_CHECKPOINT_METADATA").is_file()
+    assert list(list_checkpoints(root)["name"]) == ["step-0", "step-1"]
     assert panel.name_field.value == "step-2"
 
 
