@@ -106,12 +106,17 @@ class Lab:
 
 
 @contextlib.contextmanager
-def running_lab(root_dir: Path, work: Path, *, timeout: float = 120) -> Iterator[Lab]:
+def running_lab(
+    root_dir: Path, work: Path, *, timeout: float = 120, env: dict[str, str] | None = None
+) -> Iterator[Lab]:
     """Starts JupyterLab on a free local port serving ``root_dir``; always stops it.
 
     Its configuration, data, runtime, settings and workspace directories live
     under ``work``; kernels run this interpreter, with the repository importable.
+    ``env`` is added to the environment of the server and its kernels (a storage
+    emulator's endpoint, say).
     """
+    extra_env = dict(env or {})
     for sub in ("config", "data", "runtime", "settings", "workspaces", "ipython"):
         (work / sub).mkdir(parents=True, exist_ok=True)
     for name, values in _SETTINGS.items():
@@ -121,6 +126,7 @@ def running_lab(root_dir: Path, work: Path, *, timeout: float = 120) -> Iterator
     token = secrets.token_hex(16)
     port = free_port()
     env = dict(os.environ)
+    env.update(extra_env)
     env.update(
         JUPYTER_CONFIG_DIR=str(work / "config"),
         JUPYTER_DATA_DIR=str(work / "data"),
