@@ -247,8 +247,17 @@ def _reason(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+# A snapshot keeps the small files it read (metadata), up to this much in all: the
+# preflight and the readers after it then parse the same bytes, fetched once.
+_KEPT_FILE_BYTES = 1024 * 1024
+_KEPT_TOTAL_BYTES = 8 * 1024 * 1024
+
+
 class Snapshot(GcsStorage):
     """A tree under ``root`` as one listing found it; reads go to the bucket.
+
+    Small files read through it are kept: a committed checkpoint's files never
+    change, and what a check read is what the reader after it parses.
 
     Attributes:
       root: The path that was listed.
@@ -282,6 +291,22 @@ class Snapshot(GcsStorage):
                     break
                 where = up
         self.tree = tree
+        self._kept: dict[str, bytes] = {}
+        self._kept_bytes = 0
+
+    def read(self, path: str, max_bytes: int) -> bytes:
+        with self._lock:
+            kept = self._kept.get(path)
+        if kept is not None:
+            return kept[: max_bytes + 1]
+        data = GcsStorage.read(self, path, max_bytes)
+        # Only a whole file is kept (what was read is not past the cap).
+        if len(data) <= min(max_bytes, _KEPT_FILE_BYTES):
+            with self._lock:
+                if self._kept_bytes + len(data) <= _KEPT_TOTAL_BYTES:
+                    self._kept[path] = data
+                    self._kept_bytes += len(data)
+        return data
 
     def _within(self, path: str) -> bool:
         return path == self.root or path.startswith(self.root + "/")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 import time
@@ -25,6 +26,8 @@ LISTING_COLUMNS = (
     "committed",
     "age",
 )
+# Checkpoints read at once by a listing.
+_READERS = 16
 # The last two columns are times (nanoseconds), turned into pandas types at the end.
 _TIME_COLUMNS = 2
 
@@ -256,11 +259,10 @@ def list_checkpoints(
     directory = _paths.existing_directory(root).snapshot()
     errors: dict[str, str] = {}
     now_ns = time.time_ns()
-    rows = [
-        row
-        for path in _candidates(directory)
-        if (row := _row(path, errors, cache, now_ns)) is not None
-    ]
+    # Checkpoints are read side by side: on an object store each read is a round trip.
+    with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
+        found = pool.map(lambda path: _row(path, errors, cache, now_ns), _candidates(directory))
+        rows = [row for row in found if row is not None]
     table = frame(LISTING_COLUMNS[:-_TIME_COLUMNS], (row[:-_TIME_COLUMNS] for row in rows))
     table["committed"] = pd.to_datetime(
         pd.Series([row[-2] for row in rows], dtype="Int64"), unit="ns", utc=True
