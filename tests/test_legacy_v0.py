@@ -7,6 +7,7 @@ import numpy as np
 import orbax.checkpoint as ocp0
 import pytest
 
+from tinax._paths import location
 from tinax.checkpointing.legacy.v0 import (
     load_legacy_v0_grain_iterator,
     load_legacy_v0_pytree,
@@ -22,14 +23,15 @@ def _iterator(skip=0):
     return it
 
 
-def test_pytree_round_trip_with_and_without_target(tmp_path):
+def test_pytree_round_trip_with_and_without_target(root):
+    """On local disk, then on gs://."""
     state = {"w": np.arange(6.0).reshape(2, 3), "n": 4, "name": "x"}
-    save_legacy_v0_pytree(tmp_path / "p", state)
-    assert (tmp_path / "p" / "_METADATA").is_file()
-    plain = load_legacy_v0_pytree(tmp_path / "p")
+    save_legacy_v0_pytree(f"{root}/p", state)
+    assert location(f"{root}/p/_METADATA").is_file()
+    plain = load_legacy_v0_pytree(f"{root}/p")
     np.testing.assert_array_equal(plain["w"], state["w"])
     assert plain["n"] == 4 and plain["name"] == "x"
-    targeted = load_legacy_v0_pytree(tmp_path / "p", {"w": np.zeros((2, 3)), "n": 0, "name": ""})
+    targeted = load_legacy_v0_pytree(f"{root}/p", {"w": np.zeros((2, 3)), "n": 0, "name": ""})
     np.testing.assert_array_equal(targeted["w"], state["w"])
 
 
@@ -47,12 +49,13 @@ def test_pytree_saves_are_immutable_and_paths_checked(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["p"]
 
 
-def test_grain_iterator_round_trip(tmp_path):
+def test_grain_iterator_round_trip(root):
+    """On local disk, then on gs://."""
     it = _iterator(skip=11)
-    save_legacy_v0_grain_iterator(tmp_path / "i", it)
-    assert (tmp_path / "i" / "process_0-of-1.json").is_file()
+    save_legacy_v0_grain_iterator(f"{root}/i", it)
+    assert location(f"{root}/i/process_0-of-1.json").is_file()
     fresh = _iterator()
-    restored = load_legacy_v0_grain_iterator(tmp_path / "i", fresh)
+    restored = load_legacy_v0_grain_iterator(f"{root}/i", fresh)
     assert restored is fresh
     assert [next(restored) for _ in range(5)] == [next(it) for _ in range(5)]
 
