@@ -6,13 +6,13 @@ import re
 from collections.abc import Callable
 
 from tinax._claims import temporary_status
-from tinax._format.names import TEMPORARY_SUFFIX, final_name
+from tinax._format.names import TEMPORARY_SUFFIX, final_name, step_from_name
 from tinax._format.storage import Location, tree_bytes
 from tinax._format.words import IN_PROGRESS
 from tinax._paths import temporary_siblings
 from tinax.checkpointing import validate_checkpointable_name
 
-_STEP_NAME = re.compile(r"^step-(\d+)$")
+_TRAILING_DIGITS = re.compile(r"\d+$")
 
 
 def bytes_landed(destination: Location) -> int:
@@ -41,16 +41,35 @@ def process_bytes_read() -> int | None:
 
 
 def next_free_step_name(directory: Location) -> str:
-    """``step-N`` with ``N`` one past the highest step under ``directory`` (``step-0`` if none).
+    """The name of the run's next checkpoint, written in the run's own pattern.
 
-    Saves still in progress count as taken.
+    The step is one interval past the highest step under ``directory`` (the
+    interval is the gap between the two highest steps; 1 when there are fewer),
+    written with the prefix and zero padding of the checkpoint that has the highest
+    step: ``step_000400`` after ``step_000050 … step_000350``, ``42`` after ``41``.
+    Steps are read as the listing reads them (``step_from_name``); saves still in
+    progress count as taken. ``step-0`` when the run has no step yet.
     """
-    highest = -1
-    for name in directory.entries():
-        match = _STEP_NAME.match(final_name(name))
-        if match:
-            highest = max(highest, int(match.group(1)))
-    return f"step-{highest + 1}"
+    names = [final_name(name) for name in directory.entries()]
+    stepped = sorted(
+        (step, name) for name in set(names) if (step := step_from_name(name)) is not None
+    )
+    if not stepped:
+        return "step-0"
+    steps = sorted({step for step, _ in stepped})
+    interval = steps[-1] - steps[-2] if len(steps) > 1 else 1
+    highest, pattern = stepped[-1]
+    digits = _TRAILING_DIGITS.search(pattern)
+    assert digits is not None  # step_from_name found them
+    prefix, width = pattern[: digits.start()], len(digits.group())
+    padded = digits.group().startswith("0") and width > 1
+    taken = set(names)
+    step = highest + interval
+    while True:
+        name = prefix + (str(step).zfill(width) if padded else str(step))
+        if name not in taken:
+            return name
+        step += interval
 
 
 def check_new_checkpoint_name(directory: Location, name: object) -> str:
