@@ -55,6 +55,19 @@ def _format_number(value: float | int | None) -> str:
     return f"{value:.6g}"
 
 
+def _image_layout(**extra: str) -> w.Layout:
+    # Never stretched by its row (a flex row stretches its items to the tallest one),
+    # and scaled down whole, keeping its aspect ratio, when the notebook is narrow.
+    return w.Layout(
+        align_self="flex-start",
+        flex="0 1 auto",
+        max_width="100%",
+        height="auto",
+        object_fit="contain",
+        **extra,
+    )
+
+
 def _checkpoint_look(row: pd.Series) -> RowLook:
     status = str(row.get("status", ""))
     if status == COMPLETE:
@@ -227,9 +240,12 @@ class CheckpointExplorer(w.VBox):
 
         self.leaf_heading = w.HTML("")
         self.stats_html = w.HTML("")
-        self.histogram = w.Image(format="png", layout=w.Layout(display="none"))
+        self.histogram = w.Image(format="png", layout=_image_layout(display="none"))
         self.leaf_panel = w.VBox(
-            [self.leaf_heading, w.HBox([self.stats_html, self.histogram])],
+            [
+                self.leaf_heading,
+                w.HBox([self.stats_html, self.histogram], layout=w.Layout(flex_flow="row wrap")),
+            ],
             layout=w.Layout(display="none"),
         )
 

@@ -14,6 +14,7 @@ def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:
     # The object-oriented API needs no pyplot state and no GUI backend.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     counts, edges = stats.histogram
     figure = Figure(figsize=(4.2, 2.4), dpi=80)
@@ -24,6 +25,10 @@ def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:
     if title:
         axes.set_title(title, fontsize=9)
     axes.tick_params(labelsize=8)
+    # Few, short tick labels: they never run into each other, even when the image is
+    # shown smaller than its natural size.
+    axes.xaxis.set_major_locator(MaxNLocator(nbins=5))
+    axes.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     figure.tight_layout()
     out = io.BytesIO()
     figure.savefig(out, format="png")
