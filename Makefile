@@ -82,10 +82,11 @@ demo-data: install
 
 # JupyterLab on notebooks/ at the printed URL: no token, loopback only, and no silent
 # move to another port (the URL would be wrong). Jupyter refuses root unless told.
+# demo/jupyter_server_config.py keeps opened notebooks byte-identical to git.
 demo: demo-data
 	@echo "JupyterLab: http://127.0.0.1:$(PORT)/lab (token disabled, listening on 127.0.0.1 only)"
 	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.port_retries=0 \
-		--IdentityProvider.token= --ServerApp.root_dir=notebooks \
+		--IdentityProvider.token= --ServerApp.root_dir=notebooks --config=demo/jupyter_server_config.py \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean:

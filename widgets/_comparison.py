@@ -128,7 +128,7 @@ def judge(
 
 
 # The columns beside key and status, in the order a reader looks for them.
-_SIDE_COLUMNS = ("shape", "dtype", "kind", "lossy")
+_SIDE_COLUMNS = ("shape", "dtype", "lossy", "kind")
 
 
 def is_difference(status: object) -> bool:

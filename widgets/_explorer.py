@@ -88,7 +88,7 @@ def _checkpoint_look(row: pd.Series) -> RowLook:
 
 
 CHECKPOINT_COLUMNS = (
-    Column("name", "checkpoint", "14em"),
+    Column("name", "checkpoint", None),
     Column("step", "step", "6em"),
     Column("status", "status", "7em"),
     Column("nbytes", "size", "7em", format_bytes),
@@ -232,7 +232,10 @@ class CheckpointExplorer(w.VBox):
                 self.leaf_title,
                 self.verdict,
                 self.diff_view,
-                w.HBox([self.checkpointable_filter, self.key_filter]),
+                w.HBox(
+                    [self.checkpointable_filter, self.key_filter],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
                 self.leaf_view,
             ],
             layout=w.Layout(display="none"),
@@ -252,7 +255,10 @@ class CheckpointExplorer(w.VBox):
         super().__init__(
             children=[
                 w.HTML(f"<b>Run</b> <code>{html.escape(os.fspath(root))}</code>"),
-                w.HBox([self.refresh_button, self.watch_box, self.summary]),
+                w.HBox(
+                    [self.refresh_button, self.watch_box, self.summary],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
                 self.message,
                 self.checkpoint_view,
                 self.interrupted,

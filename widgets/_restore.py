@@ -148,7 +148,12 @@ class RestoreTargetBuilder(w.VBox):
         )
         self.comparison_view = ComparisonView(page_size=page_size)
         self.compare_box = self.comparison_view.box
-        self.load_button = w.Button(description="Load", icon="download", button_style="primary")
+        self.load_button = w.Button(
+            description="Load",
+            icon="download",
+            button_style="primary",
+            layout=w.Layout(flex="0 0 auto"),
+        )
         self.load_button.on_click(guard(self._on_load))
         self.reason_html = w.HTML("")
         self.lossy_box = w.Checkbox(
@@ -165,7 +170,10 @@ class RestoreTargetBuilder(w.VBox):
         self.compare_section = w.VBox(
             [
                 self.comparison_view,
-                w.HBox([self.load_button, self.lossy_box, self.reason_html]),
+                w.HBox(
+                    [self.load_button, self.lossy_box, self.reason_html],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
+                ),
                 self.progress_box,
                 self.summary_html,
             ],
@@ -180,6 +188,7 @@ class RestoreTargetBuilder(w.VBox):
                 self.compare_section,
             ]
         )
+        self.add_class("tinax-restore-target-builder")
         self.observe(guard(self._on_path), names="path")
         self._rebuild()
         if path is not None:

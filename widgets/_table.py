@@ -156,6 +156,9 @@ class PagedTable(w.VBox):
                     cells.append(button)
                 else:
                     cells.append(w.Label("", layout=self._cell_layout(c)))
+            for c, cell in zip(self.columns, cells, strict=True):
+                if c.width is None:
+                    cell.add_class("tinax-fitted-cell")  # sized to its text: never cut
             self._cells.append(cells)
             self._rows.append(w.HBox(cells, layout=_row_layout(display="none")))
         self.prev_button = w.Button(icon="chevron-left", tooltip="previous page")
@@ -183,7 +186,7 @@ class PagedTable(w.VBox):
     def _cell_layout(column: Column, *, button: bool = False) -> w.Layout:
         if column.width is None:
             return w.Layout(
-                flex="1 0 auto",
+                flex="0 0 auto",
                 width=_FLEX_MIN,
                 min_width=_FLEX_MIN,
                 margin="1px 4px",
@@ -303,7 +306,8 @@ class PagedTable(w.VBox):
                 text = _cell_text(column, row)
                 if isinstance(cell, w.Button):
                     cell.description = text
-                    cell.tooltip = look.tooltip or text
+                    # The whole text on hover, with why the row cannot be picked if it cannot.
+                    cell.tooltip = f"{text}: {look.tooltip}" if look.tooltip else text
                     cell.disabled = not look.pickable
                     cell.button_style = "info" if label == self.selected else ""
                 else:
