@@ -17,6 +17,8 @@ DEFAULT_PAGE_SIZE = 20
 # A free-width column is as wide as its longest text, within these bounds.
 _FLEX_MIN = "10em"
 _FLEX_MAX_CHARS = 64
+# The advance of one monospace character, in em (DejaVu Sans Mono, Menlo, Consolas: 0.6).
+_CHAR_EM = 0.62
 
 
 def _row_layout(**extra: str) -> w.Layout:
@@ -216,7 +218,9 @@ class PagedTable(w.VBox):
                 lengths = self.frame[column.field].astype(str).str.len()
                 longest = max(longest, int(lengths.max()))
             chars = min(max(longest, 8), _FLEX_MAX_CHARS)
-            width = f"calc({chars}ch + 2em)"
+            # In em, not ch: a ch differs between the bold header, the monospace
+            # buttons and the plain labels, and the column must line up across them.
+            width = f"{chars * _CHAR_EM + 2:.1f}em"
             cells = [self.header.children[index], *(row[index] for row in self._cells)]
             for cell in cells:
                 if cell.layout.min_width != width:
