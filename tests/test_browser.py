@@ -2,9 +2,9 @@
 
 One JupyterLab server serves the whole test. It looks at the explorer and the
 restore-target builder at 900 px (a laptop with the file browser open) and at
-1,600 px, checks from the DOM that every column header can be scrolled into view
+1,400 and 1,600 px, checks from the DOM that every column header can be scrolled into view
 and that the histogram keeps its image's aspect ratio, and keeps screenshots of
-both widths in ``test-artifacts/``. It also opens one of the repository's notebooks
+every width in ``test-artifacts/``. It also opens one of the repository's notebooks
 and checks that JupyterLab leaves its bytes as committed.
 """
 
@@ -24,8 +24,8 @@ from tinax.checkpointing import save_checkpointables
 
 ARTIFACTS = REPO / "test-artifacts"
 TIMEOUT_MS = 120_000
-# A laptop with JupyterLab's file browser open, and a wide screen.
-WIDTHS = (900, 1600)
+# A laptop with JupyterLab's file browser open, a common laptop, and a wide screen.
+WIDTHS = (900, 1400, 1600)
 HEIGHT = 1100
 REPO_NOTEBOOK = REPO / "notebooks" / "02_explore_a_run.ipynb"
 
@@ -167,6 +167,33 @@ _REACHABLE_JS = (
     }
   }
   for (const table of root.querySelectorAll('.tinax-table')) table.scrollLeft = 0;
+  // Nothing else may stick out of the output area, unless a scroll bar reaches it.
+  // The box through which the widget is seen: every ancestor that clips narrows it.
+  const area = {left: 0, right: window.innerWidth};
+  for (let a = root; a && a !== document.body; a = a.parentElement) {
+    if (getComputedStyle(a).overflowX === 'visible') continue;
+    const box = a.getBoundingClientRect();
+    area.left = Math.max(area.left, box.left);
+    area.right = Math.min(area.right, box.right);
+  }
+  const parts = root.querySelectorAll('.widget-label, button, .widget-html, img, select, input');
+  for (const part of parts) {
+    if (part.offsetParent === null) continue;
+    // Labels outside tables (whose cells are checked above) show their whole text.
+    const label = part.classList.contains('widget-label') && !part.closest('.tinax-table');
+    if (label && part.scrollWidth > part.clientWidth + 1) {
+      problems.push(`${part.textContent.trim()}: text cut (${part.scrollWidth} px in ${part.clientWidth} px)`);
+    }
+    const r = part.getBoundingClientRect();
+    if (r.right <= area.right + 1 && r.left >= area.left - 1) continue;
+    let scrolled = false;
+    for (let a = part.parentElement; a && a !== root.parentElement; a = a.parentElement) {
+      if (['auto', 'scroll'].includes(getComputedStyle(a).overflowX)) scrolled = true;
+    }
+    if (!scrolled) {
+      problems.push(`${part.textContent.trim() || part.tagName}: sticks out (${r.left}..${r.right})`);
+    }
+  }
   return {checked: cells.length, problems};
 }
 """
@@ -259,6 +286,11 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             assert stats.locator(cell("NaN")).inner_text() == "0"
             histogram = explorer.locator("img")
             histogram.wait_for()
+            # The diff of two checkpoints: one more table to read on a narrow screen.
+            explorer.locator(".tinax-diff-view select").first.select_option(
+                label="compare with step-200"
+            )
+            explorer.locator(".tinax-diff-view .tinax-table").wait_for()
             builder = page.locator(".tinax-restore-target-builder")
             builder.wait_for()
             builder.locator(".tinax-table").last.wait_for()
@@ -266,8 +298,8 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             for width in WIDTHS:
                 _set_width(page, width)
                 checked = _check_readable(page, explorer, f"explorer at {width} px")
-                # Two tables of 7 columns, plus the checkpoint names and keys shown.
-                assert checked >= 14 + 4 + 4, checked
+                # Two tables of 7 columns and the diff's, with checkpoint names and keys.
+                assert checked >= 14 + 4 + 6, checked
                 checked = _check_readable(page, builder, f"builder at {width} px")
                 assert checked >= 3 + 6, checked  # the comparison's headers and keys
                 look = histogram.evaluate(_ASPECT_JS)

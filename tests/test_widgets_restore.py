@@ -94,6 +94,9 @@ def test_load_restores_the_chosen_targets_with_progress(checkpoint: Path) -> Non
     assert isinstance(result["model"]["head"], np.ndarray)
     assert result["optimizer"]["count"] == 3
     assert builder.progress.total_bytes == int(builder.table["nbytes"].sum())
+    # Once over, nothing says it is still loading.
+    assert builder.progress.label.value == "loaded step-1"
+    assert builder.progress.info.value.startswith("done")
     assert not builder.load_button.disabled
 
 
@@ -187,6 +190,8 @@ def test_a_failing_load_is_shown_not_raised(tmp_path: Path) -> None:
     assert builder.error
     assert builder.result is None
     assert "Failed" in builder.progress.error_box.value
+    assert builder.progress.label.value == "step-1: failed"
+    assert builder.progress.info.value.startswith("failed after ")
     assert not builder.load_button.disabled, "the person can try again"
 
 
