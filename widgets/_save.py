@@ -17,7 +17,7 @@ from ._disk import check_new_checkpoint_name, next_free_step_name
 from ._guard import shown_in_widget
 from ._progress import RUNNING, AsyncProgress
 from ._task import PendingResponse
-from ._text import error_html, note_html
+from ._text import error_html, format_seconds, note_html
 
 
 def _leaf_nbytes(leaf: Any) -> int:
@@ -187,7 +187,7 @@ class SavePanel(w.VBox):
         self._check_name()
         if progress.status != RUNNING:
             self.message.value = (
-                note_html(f"saved {saved}", color="#1b5e20")
+                note_html(f"saved {saved} in {format_seconds(progress.elapsed)}", color="#1b5e20")
                 if progress.status == "done"
                 else error_html(progress.error, title="Save failed:")
             )
