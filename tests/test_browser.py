@@ -83,6 +83,19 @@ def _write_notebook(path: Path) -> None:
             "builder.comparison_view.show_all.value = True\n"
             "builder"
         ),
+        nbformat.v4.new_code_cell(
+            "import concurrent.futures\n"
+            "from tinax.widgets import AsyncProgress\n\n\n"
+            "class Pending:\n"
+            "    def __init__(self):\n"
+            "        self.future = concurrent.futures.Future()\n\n"
+            "    def result(self, timeout=None):\n"
+            "        return self.future.result(timeout)\n\n"
+            "    def on_complete(self, callback):\n"
+            "        self.future.add_done_callback(lambda f: callback(f.result()))\n\n\n"
+            "progress = AsyncProgress(Pending(), description='no total known')\n"
+            "progress"
+        ),
     ]
     nbformat.write(notebook, path)
 
@@ -294,6 +307,13 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             builder = page.locator(".tinax-restore-target-builder")
             builder.wait_for()
             builder.locator(".tinax-table").last.wait_for()
+
+            # Without a known total: a sliding block that moves, not a full bar.
+            pulse = page.locator(".tinax-async-progress .tinax-progress-indeterminate")
+            pulse.wait_for()
+            assert pulse.evaluate("el => el.firstElementChild.getAnimations().length") == 1
+            bar = page.locator(".tinax-async-progress .widget-hprogress")
+            assert bar.evaluate("el => el.offsetParent === null"), "a bar shows beside the block"
 
             for width in WIDTHS:
                 _set_width(page, width)

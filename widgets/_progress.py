@@ -157,6 +157,7 @@ class AsyncProgress(w.VBox):
             children=[w.HBox([self.label, self.bar, self.pulse, self.info]), self.error_box],
             layout=w.Layout(width="100%"),
         )
+        self.add_class("tinax-async-progress")
         self.total_bytes = total
 
         self._start = time.monotonic()
