@@ -156,6 +156,30 @@ def test_count_bytes_callable_drives_the_bar() -> None:
     assert progress.bar.value == 1.0
 
 
+def test_a_sample_taken_while_the_operation_ends_does_not_overwrite_the_end() -> None:
+    """The watcher counts bytes while the response completes in another thread."""
+    response = FutureResponse()
+    counting, release = threading.Event(), threading.Event()
+    calls = {"n": 0}
+
+    def count() -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:  # the watcher's first sample: held until the end is shown
+            counting.set()
+            assert release.wait(10)
+        return 50
+
+    progress = AsyncProgress(response, total_bytes=100, count_bytes=count, interval=0.005)
+    assert counting.wait(10)
+    response.future.set_result(None)  # on_complete: the bar ends in this thread
+    assert progress.status == "done" and progress.info.value.startswith("done: 100 B")
+    release.set()
+    progress._thread.join(10)
+    assert not progress._thread.is_alive()
+    assert progress.bar.value == 1.0 and progress.bar.bar_style == "success"
+    assert progress.info.value.startswith("done: 100 B in ")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [

@@ -231,21 +231,26 @@ class AsyncProgress(w.VBox):
         return int(count)
 
     def _sample(self) -> None:
-        self.elapsed = time.monotonic() - self._start
-        count = self._read_count()
-        if count is not None and count > self.bytes_done:
-            self.bytes_done = count
-        parts = []
-        if self._measured:
-            total = self.total_bytes or 0
-            fraction = self.bytes_done / total if total else 0.0
-            self.bar.value = min(fraction, _RUNNING_CAP)
-            parts.append(f"{format_bytes(self.bytes_done)} / {format_bytes(total)}")
-            parts.append(format_rate(self.bytes_done, self.elapsed))
-        elif self.bytes_done:
-            parts.append(format_bytes(self.bytes_done))
-        parts.append(f"{format_seconds(self.elapsed)} elapsed")
-        self.info.value = " · ".join(parts)
+        count = self._read_count()  # outside the lock: it may walk a directory tree
+        with self._finish_lock:
+            if self._finished.is_set():
+                # The operation ended while counting: the final text stands, a late
+                # sample must not turn a full bar back into a running one.
+                return
+            self.elapsed = time.monotonic() - self._start
+            if count is not None and count > self.bytes_done:
+                self.bytes_done = count
+            parts = []
+            if self._measured:
+                total = self.total_bytes or 0
+                fraction = self.bytes_done / total if total else 0.0
+                self.bar.value = min(fraction, _RUNNING_CAP)
+                parts.append(f"{format_bytes(self.bytes_done)} / {format_bytes(total)}")
+                parts.append(format_rate(self.bytes_done, self.elapsed))
+            elif self.bytes_done:
+                parts.append(format_bytes(self.bytes_done))
+            parts.append(f"{format_seconds(self.elapsed)} elapsed")
+            self.info.value = " · ".join(parts)
 
     def _finish(self, *, value: Any = None, error: BaseException | None = None) -> None:
         with self._finish_lock:
