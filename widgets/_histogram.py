@@ -6,6 +6,17 @@ import io
 
 from tinax.explore import LeafStatistics
 
+# What fits across the image at the title's size.
+_TITLE_CHARS = 56
+
+
+def fit_title(title: str) -> str:
+    """``title`` as it fits across the image: a long key keeps its end, the leaf's own name.
+
+    The image has a fixed width; the whole key is in the widget's heading.
+    """
+    return title if len(title) <= _TITLE_CHARS else "…" + title[-(_TITLE_CHARS - 1) :]
+
 
 def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:
     """A small PNG bar chart of ``stats.histogram`` (empty bytes if there is none)."""
@@ -23,7 +34,7 @@ def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:
     axes.stairs(counts, edges, fill=True, color="#1f77b4")
     axes.set_ylabel("count")
     if title:
-        axes.set_title(title, fontsize=9)
+        axes.set_title(fit_title(title), fontsize=9)
     axes.tick_params(labelsize=8)
     # Few, short tick labels: they never run into each other, even when the image is
     # shown smaller than its natural size.
