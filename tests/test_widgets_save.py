@@ -54,17 +54,25 @@ def test_the_next_name_follows_the_runs_own_pattern_and_the_status_tracks_the_sa
 
 
 @pytest.mark.parametrize(
-    ("existing", "proposed"),
+    ("checkpoints", "others", "proposed"),
     [
-        (["0", "1", "2"], "3"),
-        (["ckpt-0007", "ckpt-0009"], "ckpt-0011"),
-        (["checkpoint_10", "checkpoint_20", "notes", "checkpoint_15.tinax-claim"], "checkpoint_30"),
-        (["step_99"], "step_100"),
-        (["step_000990", "step_999990"], "step_1998990"),
+        (["0", "1", "2"], [], "3"),
+        (["ckpt-0007", "ckpt-0009"], [], "ckpt-0011"),
+        # Directories that are not checkpoints do not set the pattern.
+        (["checkpoint_10", "checkpoint_20"], ["logs_2026", "notes", "eval_25"], "checkpoint_30"),
+        (["step_99"], [], "step_100"),
+        (["step_000990", "step_999990"], [], "step_1998990"),
+        # A save still being written counts; a name already taken is skipped.
+        (["step_10"], ["step_20.orbax-checkpoint-tmp-5"], "step_30"),
+        (["step_10", "step_20"], ["step_30"], "step_40"),
     ],
 )
-def test_next_name_patterns(tmp_path: Path, existing: list[str], proposed: str) -> None:
-    for name in existing:
+def test_next_name_patterns(
+    tmp_path: Path, checkpoints: list[str], others: list[str], proposed: str
+) -> None:
+    for name in checkpoints:
+        ocp.save_checkpointables(tmp_path / name, {"a": {"x": np.zeros(2)}})
+    for name in others:
         (tmp_path / name).mkdir()
     assert SavePanel(tmp_path, {"a": {"x": np.zeros(2)}}).name_field.value == proposed
 
