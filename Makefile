@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 DEMO_RUN ?= demo_run
 PORT ?= 8888
 
-.PHONY: install lock chromium lint test bench mutants campaigns preemption-campaign race-campaign demo demo-data clean
+.PHONY: install lock chromium lint test bench mutants campaigns preemption-campaign race-campaign demo demo-data screenshot clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,12 +80,18 @@ mutants: install
 demo-data: install
 	$(PY) demo/make_run.py $(DEMO_RUN)
 
+# The README's picture: the explorer on the demo run, in JupyterLab in Chromium. Commit
+# docs/explorer.png when it changes; the tests never write it.
+screenshot: demo-data chromium
+	$(PY) demo/screenshot.py $(DEMO_RUN) docs/explorer.png
+
 # JupyterLab on notebooks/ at the printed URL: no token, loopback only, and no silent
 # move to another port (the URL would be wrong). Jupyter refuses root unless told.
+# demo/jupyter_server_config.py keeps opened notebooks byte-identical to git.
 demo: demo-data
 	@echo "JupyterLab: http://127.0.0.1:$(PORT)/lab (token disabled, listening on 127.0.0.1 only)"
 	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.port_retries=0 \
-		--IdentityProvider.token= --ServerApp.root_dir=notebooks \
+		--IdentityProvider.token= --ServerApp.root_dir=notebooks --config=demo/jupyter_server_config.py \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean:

@@ -95,6 +95,8 @@ def test_binder_environment_runs_the_notebooks(tmp_path: Path) -> None:
         VIRTUAL_ENV=str(venv),
         JAX_PLATFORMS="cpu",
         PIP_DISABLE_PIP_VERSION_CHECK="1",
+        # Where postBuild installs the server settings (~/.jupyter on Binder).
+        JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
     )
 
     def run(*args: str, cwd: Path = repo) -> str:
@@ -109,6 +111,8 @@ def test_binder_environment_runs_the_notebooks(tmp_path: Path) -> None:
     run("binder/postBuild")
 
     assert (repo / "demo_run" / "run.json").is_file()
+    installed = tmp_path / "jupyter-config" / "jupyter_server_config.py"
+    assert installed.read_bytes() == (repo / "demo" / "jupyter_server_config.py").read_bytes()
     # postBuild installed the packages into the environment rather than leaving them
     # importable only from the repository directory.
     where = run(

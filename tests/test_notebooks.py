@@ -8,15 +8,18 @@ neither reads nor writes the checkout's ``demo_run/``.
 from __future__ import annotations
 
 import concurrent.futures
+import runpy
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from traitlets.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -54,6 +57,38 @@ def test_notebook_is_stripped_and_valid(name: str) -> None:
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     # Paths are found relative to the notebook, never spelled out for one machine.
     assert not [c.id for c in nb.cells if str(REPO) in c.source or "/home/" in c.source]
+
+
+def _server_hook() -> Any:
+    """The pre-save hook of the server settings shipped for the notebooks."""
+    config = Config()
+    namespace = runpy.run_path(
+        str(REPO / "demo" / "jupyter_server_config.py"), init_globals={"get_config": lambda: config}
+    )
+    hook = config.FileContentsManager.pre_save_hook
+    assert hook is namespace["keep_notebook_metadata_stable"]
+    return hook
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_saving_after_a_kernel_started_leaves_the_bytes_as_committed(name: str) -> None:
+    """What JupyterLab saves once a kernel has filled in its details, after the hook."""
+    committed = (NOTEBOOKS / name).read_text(encoding="utf-8")
+    content = nbformat.reads(committed, as_version=4)
+    content.metadata["language_info"] = {
+        "codemirror_mode": {"name": "ipython", "version": 3},
+        "file_extension": ".py",
+        "mimetype": "text/x-python",
+        "name": "python",
+        "pygments_lexer": "ipython3",
+        "version": "3.11.7",
+    }
+    content.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    model = {"type": "notebook", "content": content}
+    _server_hook()(model=model, path=name, contents_manager=None)
+    # The contents manager writes with nbformat, one newline at the end.
+    saved = nbformat.writes(nbformat.from_dict(model["content"])).rstrip("\n") + "\n"
+    assert saved == committed
 
 
 @pytest.fixture(scope="module")

@@ -94,7 +94,7 @@ def test_readme_links_to_files_that_exist() -> None:
         "notebooks/03_restore_targets.ipynb",
         "notebooks/04_legacy_v0.ipynb",
     }
-    # docs/explorer.png is the browser test's screenshot, kept in git for the README.
+    # docs/explorer.png is made by `make screenshot` (demo/screenshot.py), kept in git.
     for target in targets:
         assert (REPO / target).exists(), target
 
@@ -107,3 +107,19 @@ def test_readme_binder_link_opens_an_existing_notebook() -> None:
         assert urlpath.startswith("lab/tree/")
         assert (REPO / urlpath.removeprefix("lab/tree/")).is_file(), urlpath
     assert "https://mybinder.org/badge_logo.svg" in README
+
+
+def test_the_readme_picture_is_made_by_make_screenshot_and_never_by_the_tests() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    rule = re.search(r"^screenshot: (.*)\n\t(.*)$", makefile, re.MULTILINE)
+    assert rule, "no `make screenshot` target"
+    assert "demo-data" in rule.group(1).split()
+    assert "demo/screenshot.py" in rule.group(2) and "docs/explorer.png" in rule.group(2)
+    # The tests keep their pictures in test-artifacts/ (ignored by git), never in docs/.
+    writers = [
+        p.name
+        for p in (REPO / "tests").rglob("*.py")
+        if p.name != Path(__file__).name and re.search(r"[\"'/]docs[\"'/]", p.read_text())
+    ]
+    assert writers == []
+    assert "test-artifacts/" in (REPO / ".gitignore").read_text().split()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tinax.widgets._histogram import histogram_png
+from tinax.widgets._histogram import fit_title, histogram_png
 
 from tinax.explore import HISTOGRAM_BINS, is_numeric, leaf_statistics
 
@@ -81,3 +83,18 @@ def test_non_numeric_values_are_refused(value: object) -> None:
     assert not is_numeric(value)
     with pytest.raises(TypeError):
         leaf_statistics(value)
+
+
+def test_the_histogram_keeps_its_size_and_a_long_title_keeps_its_end() -> None:
+    from matplotlib.image import imread
+
+    stats = leaf_statistics(np.random.default_rng(0).normal(size=1000))
+    long_key = "['opt_state']['0']['mu']['encoder']['layers_11']['attention']['kernel']['value']"
+    for title in ("['w']", long_key):
+        png = histogram_png(stats, title=title)
+        height, width = imread(io.BytesIO(png), format="png").shape[:2]
+        assert (width, height) == (336, 192)
+    fitted = fit_title(long_key)
+    assert fitted.startswith("…") and fitted.endswith("['attention']['kernel']['value']")
+    assert len(fitted) == 56
+    assert fit_title("['w']") == "['w']"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import threading
 import time
 from pathlib import Path
@@ -63,14 +64,54 @@ def test_without_total_it_is_indeterminate_with_elapsed_time() -> None:
     response = FutureResponse()
     progress = AsyncProgress(response, description="thinking", interval=0.01)
     assert progress.status == "running"
-    assert progress.bar.bar_style == "info"
+    # Not a full bar (which reads as finished): a sliding block, and the bar hidden.
+    assert progress.indeterminate
+    assert progress.bar.layout.display == "none" and progress.bar.value == 0.0
+    assert progress.pulse.layout.display != "none"
+    assert "animation" in progress.pulse.value
     time.sleep(0.1)
     assert "elapsed" in progress.info.value
     response.future.set_result(42)
     assert progress.wait(10) == "done"
     assert progress.value == 42
-    assert progress.info.value.startswith("done in ")
+    assert not progress.indeterminate and progress.pulse.layout.display == "none"
+    assert progress.bar.layout.display != "none"
+    assert (progress.bar.value, progress.bar.bar_style) == (1.0, "success")
+    assert re.fullmatch(r"done in \d+\.\d+ s", progress.info.value), progress.info.value
     assert progress.label.value == "thinking"
+
+
+def test_an_indeterminate_failure_ends_in_a_red_bar_with_the_time_taken() -> None:
+    response = FutureResponse()
+    progress = AsyncProgress(response, interval=0.01)
+    response.future.set_exception(RuntimeError("no"))
+    assert progress.wait(10) == "failed"
+    assert not progress.indeterminate
+    assert (progress.bar.value, progress.bar.bar_style) == (1.0, "danger")
+    assert re.fullmatch(r"failed after \d+\.\d+ s", progress.info.value), progress.info.value
+
+
+def test_the_bar_never_passes_its_total() -> None:
+    """A counter that runs past the total (metadata, other reads) stops at the total."""
+    response = FutureResponse()
+    past = threading.Event()
+    calls = {"n": 0}
+
+    def count() -> int:
+        calls["n"] += 1
+        if calls["n"] > 5:
+            past.set()
+        return 100 * calls["n"]
+
+    progress = AsyncProgress(response, total_bytes=300, count_bytes=count, interval=0.005)
+    assert not progress.indeterminate
+    assert past.wait(10)
+    time.sleep(0.05)
+    assert progress.bytes_done == 300 and progress.bar.value < 1.0
+    assert "300 B / 300 B" in progress.info.value
+    response.future.set_result(None)
+    assert progress.wait(10) == "done"
+    assert progress.bytes_done == 300 and progress.info.value.startswith("done: 300 B in ")
 
 
 def test_a_failure_is_shown_in_the_widget_not_raised() -> None:
@@ -113,6 +154,30 @@ def test_count_bytes_callable_drives_the_bar() -> None:
     response.future.set_result(None)
     assert progress.wait(10) == "done"
     assert progress.bar.value == 1.0
+
+
+def test_a_sample_taken_while_the_operation_ends_does_not_overwrite_the_end() -> None:
+    """The watcher counts bytes while the response completes in another thread."""
+    response = FutureResponse()
+    counting, release = threading.Event(), threading.Event()
+    calls = {"n": 0}
+
+    def count() -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:  # the watcher's first sample: held until the end is shown
+            counting.set()
+            assert release.wait(10)
+        return 50
+
+    progress = AsyncProgress(response, total_bytes=100, count_bytes=count, interval=0.005)
+    assert counting.wait(10)
+    response.future.set_result(None)  # on_complete: the bar ends in this thread
+    assert progress.status == "done" and progress.info.value.startswith("done: 100 B")
+    release.set()
+    progress._thread.join(10)
+    assert not progress._thread.is_alive()
+    assert progress.bar.value == 1.0 and progress.bar.bar_style == "success"
+    assert progress.info.value.startswith("done: 100 B in ")
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,10 @@ def test_targets_and_table_from_live_state() -> None:
     builder.checkboxes["optimizer"].value = False
     assert set(builder.target) == {"model"}
     assert set(builder.table["checkpointable"]) == {"model"}
-    assert builder.subtree_checkboxes[("optimizer", "['mu']")].disabled
+    # Unticked, visibly: the subtrees' own boxes, not only greyed out.
+    optimizer_subtrees = [b for (n, _), b in builder.subtree_checkboxes.items() if n == "optimizer"]
+    assert [b.value for b in optimizer_subtrees] == [False, False]
+    assert not any(b.disabled for b in optimizer_subtrees)
 
     builder.subtree_checkboxes[("model", "['dense']")].value = False
     target = builder.target
@@ -98,11 +102,15 @@ def test_load_restores_the_chosen_targets_with_progress(any_checkpoint: str) -> 
     assert isinstance(result["model"]["head"], np.ndarray)
     assert result["optimizer"]["count"] == 3
     assert builder.progress.total_bytes == int(builder.table["nbytes"].sum())
+    # Once over, nothing says it is still loading.
+    assert builder.progress.label.value == "loaded step-1"
+    assert builder.progress.info.value.startswith("done")
     assert not builder.load_button.disabled
 
 
 def test_left_out_subtrees_are_not_restored(checkpoint: Path) -> None:
-    builder = RestoreTargetBuilder(_state(), checkpoint, load_in_thread=False)
+    state = _state()
+    builder = RestoreTargetBuilder(state, checkpoint, load_in_thread=False)
     builder.checkboxes["optimizer"].value = False
     builder.subtree_checkboxes[("model", "['dense']")].value = False
     assert builder.comparison is not None
@@ -119,9 +127,20 @@ def test_left_out_subtrees_are_not_restored(checkpoint: Path) -> None:
     # Loaded in the click itself: the result is there when click() returns.
     assert builder.status == "loaded"
     assert builder.result is not None
-    assert set(builder.result) == {"model"}
-    assert builder.result["model"]["dense"] == {"w": ..., "b": ...}
+    assert set(builder.result) == {"model"}  # an unticked checkpointable is absent
+    # A left-out subtree holds the live values passed in, the very same objects.
+    live = state["model"]["dense"]
+    assert builder.result["model"]["dense"]["w"] is live["w"]
+    assert builder.result["model"]["dense"]["b"] is live["b"]
+    assert not any(leaf is ... for leaf in jax.tree_util.tree_leaves(builder.result))
     np.testing.assert_array_equal(builder.result["model"]["head"], [2.0, 2.0])
+    assert builder.summary == (
+        "loaded 1 leaf (8 B) in "
+        + builder.summary.split(" in ")[1].split(";")[0]
+        + "; 2 left-out leaves kept as passed in; not loaded: optimizer"
+    )
+    assert re.search(r" in \d+\.\d+ s;", builder.summary)
+    assert builder.summary in builder.summary_html.value
     assert builder.progress is not None and builder.progress.wait(10) == "done"
 
 
@@ -179,6 +198,8 @@ def test_a_failing_load_is_shown_not_raised(tmp_path: Path) -> None:
     assert builder.error
     assert builder.result is None
     assert "Failed" in builder.progress.error_box.value
+    assert builder.progress.label.value == "step-1: failed"
+    assert builder.progress.info.value.startswith("failed after ")
     assert not builder.load_button.disabled, "the person can try again"
 
 
@@ -321,3 +342,108 @@ def test_a_lossy_cast_blocks_load_until_allowed(tmp_path: Path) -> None:
     builder.load_button.click()
     assert builder.status == "loaded", builder.error
     assert builder.result["model"]["n"][0] == np.float32(16777216.0)  # type: ignore[index]
+
+
+def _nnx_training_state() -> dict[str, Any]:
+    import optax
+    from flax import nnx
+
+    model = nnx.Sequential(
+        nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(8, 2, rngs=nnx.Rngs(1))
+    )
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+
+
+def test_a_checkpointables_box_and_its_subtrees_boxes_agree() -> None:
+    builder = RestoreTargetBuilder(_nnx_training_state())
+    parent = builder.checkboxes["optimizer"]
+    subtrees = {k: b for (n, k), b in builder.subtree_checkboxes.items() if n == "optimizer"}
+    assert len(subtrees) >= 2 and all(b.value for b in subtrees.values())
+    first, *others = subtrees
+    rebuilds: list[int] = []
+    original = builder._rebuild
+    builder._rebuild = lambda: (rebuilds.append(1), original())[1]  # type: ignore[method-assign]
+
+    subtrees[first].value = False
+    parent.value = False  # unticks every subtree, visibly
+    assert [b.value for b in subtrees.values()] == [False] * len(subtrees)
+    assert not any(b.disabled for b in subtrees.values())
+    assert "optimizer" not in builder.target
+    parent.value = True  # gives back the subtrees as they were
+    assert not subtrees[first].value and all(subtrees[k].value for k in others)
+    optimizer_keys = builder.table[builder.table["checkpointable"] == "optimizer"]["key"]
+    assert len(optimizer_keys) and not optimizer_keys.str.startswith(first).any()
+
+    parent.value = False
+    subtrees[others[0]].value = True  # ticking a subtree ticks its checkpointable
+    assert parent.value
+    assert [k for k, b in subtrees.items() if b.value] == [others[0]]
+    subtrees[others[0]].value = False  # unticking the last one unticks it
+    assert not parent.value and "optimizer" not in builder.target
+    # One comparison per click, however many boxes the click changed.
+    assert len(rebuilds) == 6
+
+
+def test_the_comparison_lists_only_differences_unless_asked(checkpoint: Path) -> None:
+    state = _state()
+    state["model"]["head"] = np.zeros(2, np.float64)  # stored as float32: a cast
+    builder = RestoreTargetBuilder(state, checkpoint)
+    view = builder.comparison_view
+    table = builder.compare_box.children[0]
+    assert not view.show_all.value
+    assert list(table.frame["key"]) == ["['head']"]
+    assert "4 ok" in view.title.value  # the counts still cover every leaf
+    # Shapes and dtypes, on both sides, come right after the status.
+    titles = [c.title for c in table.columns]
+    assert titles[:7] == [
+        "checkpointable",
+        "key",
+        "status",
+        "stored shape",
+        "target shape",
+        "stored dtype",
+        "target dtype",
+    ]
+    view.show_all.value = True
+    assert len(table.frame) == len(builder.comparison) == 5
+    assert table.frame["key"].iloc[0] == "['head']"  # differences still first
+    view.show_all.value = False
+    builder.subtree_checkboxes[("model", "['head']")].value = False
+    table = builder.compare_box.children[0]
+    assert table.frame.empty
+    assert table.position.value == "no differences: every chosen leaf matches the checkpoint"
+
+
+def test_a_partial_load_of_an_nnx_and_optax_state_has_no_placeholders(tmp_path: Path) -> None:
+    state = _nnx_training_state()
+    save_checkpointables(tmp_path / "step_000100", state).result()
+    builder = RestoreTargetBuilder(state, tmp_path / "step_000100")
+    adam = [k for (n, k) in builder.subtree_checkboxes if n == "optimizer" and "opt_state" in k]
+    assert adam, builder.subtree_checkboxes
+    builder.subtree_checkboxes[("optimizer", adam[0])].value = False
+    builder.load_button.click()
+    assert builder.progress is not None and builder.progress.wait(60) == "done"
+    assert builder.status == "loaded", builder.error
+    result = builder.result
+    assert result is not None and set(result) == {"model", "optimizer"}
+    leaves = jax.tree_util.tree_leaves(result)
+    assert leaves and not any(leaf is ... for leaf in leaves)
+    assert jax.tree_util.tree_structure(result["optimizer"]) == jax.tree_util.tree_structure(
+        state["optimizer"]
+    )
+    live_opt = jax.tree_util.tree_leaves(state["optimizer"]["opt_state"])
+    got_opt = jax.tree_util.tree_leaves(result["optimizer"]["opt_state"])
+    assert all(a is b for a, b in zip(got_opt, live_opt, strict=True))
+    # What was loaded was read from the checkpoint: new arrays with the saved values.
+    for got, saved in zip(
+        jax.tree_util.tree_leaves(result["model"]),
+        jax.tree_util.tree_leaves(state["model"]),
+        strict=True,
+    ):
+        assert got is not saved
+        np.testing.assert_array_equal(got, saved)
+    loaded = int(builder.table["nbytes"].sum())
+    assert builder.summary.startswith(f"loaded {len(builder.table)} leaves (")
+    assert f"{len(live_opt)} left-out leaves kept as passed in" in builder.summary
+    assert loaded > 0

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optax
+import orbax.checkpoint.experimental.v1 as ocp
 import pytest
+from flax import nnx
 from tinax.widgets import AsyncProgress, SavePanel
 
 from tinax.checkpointing import abstract_restore_target, load_checkpointables, save_checkpointables
@@ -19,7 +23,58 @@ def test_default_name_is_the_next_free_step(tmp_path: Path) -> None:
     # A save in progress holds its name too.
     (tmp_path / "step-5.orbax-checkpoint-tmp-1234").mkdir()
     (tmp_path / "notes").mkdir()
-    assert SavePanel(tmp_path, {"a": {"x": np.zeros(2)}}).name_field.value == "step-6"
+    # Steps 3 and 5: the run saves every 2 steps, and step-5 is taken.
+    assert SavePanel(tmp_path, {"a": {"x": np.zeros(2)}}).name_field.value == "step-7"
+
+
+def _optimizer_state() -> Any:
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    return nnx.state(optimizer)
+
+
+def test_the_next_name_follows_the_runs_own_pattern_and_the_status_tracks_the_save(
+    tmp_path: Path,
+) -> None:
+    state = {"optimizer": _optimizer_state()}
+    for step in range(50, 400, 50):
+        ocp.save_checkpointables(tmp_path / f"step_{step:06d}", state)
+    panel = SavePanel(tmp_path, state)
+    assert panel.name_field.value == "step_000400"
+    panel.save_button.click()
+    assert panel.progress is not None and panel.progress.wait(60) == "done", panel.progress.error
+    # Once the save is over, nothing in the panel still says it is saving.
+    assert panel.progress.label.value == "saved step_000400"
+    assert panel.progress.info.value.startswith("done")
+    assert re.search(r"saved step_000400 in \d+\.\d+ s", panel.message.value)
+    assert "saving" not in panel.message.value
+    assert panel.name_field.value == "step_000450"
+    listing = list_checkpoints(tmp_path)
+    assert listing["step"].tolist() == list(range(50, 450, 50))
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "others", "proposed"),
+    [
+        (["0", "1", "2"], [], "3"),
+        (["ckpt-0007", "ckpt-0009"], [], "ckpt-0011"),
+        # Directories that are not checkpoints do not set the pattern.
+        (["checkpoint_10", "checkpoint_20"], ["logs_2026", "notes", "eval_25"], "checkpoint_30"),
+        (["step_99"], [], "step_100"),
+        (["step_000990", "step_999990"], [], "step_1998990"),
+        # A save still being written counts; a name already taken is skipped.
+        (["step_10"], ["step_20.orbax-checkpoint-tmp-5"], "step_30"),
+        (["step_10", "step_20"], ["step_30"], "step_40"),
+    ],
+)
+def test_next_name_patterns(
+    tmp_path: Path, checkpoints: list[str], others: list[str], proposed: str
+) -> None:
+    for name in checkpoints:
+        ocp.save_checkpointables(tmp_path / name, {"a": {"x": np.zeros(2)}})
+    for name in others:
+        (tmp_path / name).mkdir()
+    assert SavePanel(tmp_path, {"a": {"x": np.zeros(2)}}).name_field.value == proposed
 
 
 @pytest.mark.parametrize(

@@ -118,3 +118,29 @@ def test_a_failing_row_look_is_shown_not_raised() -> None:
     assert "KeyError" in table.position.value
     table.prev_button.click()
     assert table.position.value == "rows 1–2 of 4 · page 1/2"
+
+
+def test_a_narrow_notebook_scrolls_the_table_instead_of_cutting_keys() -> None:
+    columns = (Column("key", "key", None), Column("size", "size", "6em"))
+    table = PagedTable(columns, pick="key", page_size=3)
+    keys = ["['a']", "['model']['encoder']['layers_11']['attention']['kernel']", "x" * 200]
+    table.show(pd.DataFrame({"key": keys, "size": [1, 2, 3]}))
+    # The table scrolls sideways; rows are as wide as their cells, never squeezed.
+    assert table.layout.overflow == "auto hidden"
+    assert "tinax-table" in table._dom_classes
+    rows = [table.header, *table.children[1:-1]]
+    assert all(row.layout.width == "max-content" for row in rows)
+    key_cells = [row.children[0] for row in rows]
+    # The key column is as wide as its longest key, up to a cap past which the
+    # whole key shows on hover.
+    assert {cell.layout.min_width for cell in key_cells} == {f"{64 * 0.62 + 2:.1f}em"}
+    assert all(cell.layout.flex == "0 0 auto" for cell in key_cells)
+    assert table.pick_button(2).tooltip == "x" * 200
+    size_cells = [row.children[1] for row in rows]
+    assert {cell.layout.flex for cell in size_cells} == {"0 0 auto"}
+    assert table.header.children[1].tooltip == "size"
+
+    table.show(pd.DataFrame({"key": keys[:2], "size": [1, 2]}))
+    assert key_cells[0].layout.min_width == f"{len(keys[1]) * 0.62 + 2:.1f}em"
+    table.show(pd.DataFrame({"key": ["['a']"], "size": [1]}))
+    assert key_cells[0].layout.min_width == f"{8 * 0.62 + 2:.1f}em"

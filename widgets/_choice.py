@@ -44,6 +44,28 @@ def leave_out(target: Any, subtrees: Collection[KeyPath]) -> Any:
     return jax.tree_util.tree_map_with_path(place, target)
 
 
+def keep_live(restored: Any, live: Any, subtrees: Collection[KeyPath]) -> Any:
+    """``restored`` with every leaf inside one of ``subtrees`` taken from ``live``.
+
+    A load leaves Orbax's placeholder at each left-out leaf; this puts back the
+    very object the live state holds there (not read, not copied), so the result
+    has the live state's structure and no placeholder in it.
+    """
+    if not subtrees:
+        return restored
+    live_leaves = {
+        key_parts(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(live)
+    }
+
+    def place(path: Any, leaf: Any) -> Any:
+        parts = key_parts(path)
+        if any(is_within(parts, s) for s in subtrees) and parts in live_leaves:
+            return live_leaves[parts]
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(place, restored)
+
+
 def inside(keys: pd.Series, subtrees: Collection[KeyPath]) -> pd.Series:
     """Which of the table ``keys`` lie inside one of ``subtrees``."""
     if not subtrees:
@@ -57,6 +79,11 @@ def inside(keys: pd.Series, subtrees: Collection[KeyPath]) -> pd.Series:
 
 class TargetChoice(w.VBox):
     """A checkbox per checkpointable and per top-level subtree of its restore target.
+
+    A checkpointable's box and its subtrees' boxes agree: unticking it unticks
+    them, ticking it again ticks them as they were; ticking a subtree ticks its
+    checkpointable, and unticking its last subtree unticks it. ``on_change`` is
+    called once per click, however many boxes that click changes.
 
     Attributes:
       checkboxes: Checkpointable name → its checkbox.
@@ -93,16 +120,60 @@ class TargetChoice(w.VBox):
             rows.append(box)
             if subs:
                 rows.append(w.HBox(subs, layout=w.Layout(flex_flow="row wrap", margin="0 0 0 2em")))
-        for box in [*self.checkboxes.values(), *self.subtree_checkboxes.values()]:
-            box.observe(on_change, names="value")
+        self._on_change = on_change
+        self._cascading = False
+        # What each checkpointable's subtrees were when it was unticked, to give back.
+        self._remembered: dict[str, dict[str, bool]] = {}
         for name, box in self.checkboxes.items():
-            box.observe(lambda change, n=name: self._enable_subtrees(n), names="value")
+            box.observe(lambda change, n=name: self._parent_changed(n, change), names="value")
+        for (name, _key), box in self.subtree_checkboxes.items():
+            box.observe(lambda change, n=name: self._child_changed(n, change), names="value")
         super().__init__(rows)
 
-    def _enable_subtrees(self, name: str) -> None:
-        for (n, _key), box in self.subtree_checkboxes.items():
-            if n == name:
-                box.disabled = not self.checkboxes[name].value
+    def _subtrees(self, name: str) -> dict[str, w.Checkbox]:
+        return {key: box for (n, key), box in self.subtree_checkboxes.items() if n == name}
+
+    def _parent_changed(self, name: str, change: Any) -> None:
+        if self._cascading:
+            return
+        subtrees = self._subtrees(name)
+        # A parent's tick shows on its children: unticking it unticks them all
+        # (visibly, not just greyed out); ticking it again gives back what they were.
+        self._cascading = True
+        try:
+            if not change["new"]:
+                self._remembered[name] = {key: box.value for key, box in subtrees.items()}
+                for box in subtrees.values():
+                    box.value = False
+            else:
+                remembered = self._remembered.pop(name, {})
+                if not any(remembered.values()):
+                    remembered = {}
+                for key, box in subtrees.items():
+                    box.value = remembered.get(key, True)
+        finally:
+            self._cascading = False
+        self._on_change(change)
+
+    def _child_changed(self, name: str, change: Any) -> None:
+        if self._cascading:
+            return
+        parent = self.checkboxes[name]
+        subtrees = self._subtrees(name)
+        self._cascading = True
+        try:
+            if change["new"] and not parent.value:
+                # Ticking a subtree of an unticked checkpointable ticks it, with only
+                # the subtrees that are ticked now.
+                self._remembered.pop(name, None)
+                parent.value = True
+            elif not any(box.value for box in subtrees.values()):
+                # Nothing left under it: the checkpointable itself is left out.
+                self._remembered[name] = {}
+                parent.value = False
+        finally:
+            self._cascading = False
+        self._on_change(change)
 
     def chosen(self) -> dict[str, Any]:
         """Name → whole abstract target, for the ticked checkpointables."""

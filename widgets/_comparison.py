@@ -127,29 +127,71 @@ def judge(
     return Verdict(comparison=comparison, reason=reason, casts=casts)
 
 
+# The columns beside key and status, in the order a reader looks for them.
+_SIDE_COLUMNS = ("shape", "dtype", "lossy", "kind")
+
+
+def is_difference(status: object) -> bool:
+    """Whether a comparison row is worth a look: anything but a match or a left-out leaf."""
+    return str(status) not in (words.OK, words.LEFT_OUT)
+
+
 class ComparisonView(w.VBox):
-    """The comparison as a paged table, differences first and highlighted."""
+    """The comparison as a paged table, differences first and highlighted.
+
+    By default only the differences are listed (every leaf that does not simply
+    match and is not left out); ``show_all`` lists every leaf.
+
+    Attributes:
+      show_all: The toggle that lists every leaf rather than only the differences.
+      comparison: The whole comparison last shown, or ``None``.
+    """
 
     def __init__(self, *, page_size: int) -> None:
         self._page_size = page_size
+        self._path = ""
+        self.comparison: pd.DataFrame | None = None
         self.title = w.HTML("")
+        self.show_all = w.Checkbox(
+            value=False,
+            description="show every leaf, not only the differences",
+            indent=False,
+            layout=w.Layout(width="auto", display="none"),
+        )
+        self.show_all.observe(lambda _change: self._show_rows(), names="value")
         self.box = w.VBox([])
-        super().__init__([self.title, self.box])
+        super().__init__([self.title, self.show_all, self.box])
 
     def clear(self, path: str | None) -> None:
         """Shows no table, only which checkpoint is compared."""
+        self.comparison = None
         self.box.children = ()
+        self.show_all.layout.display = "none"
         self.title.value = (
             "" if path is None else f"<b>Compared with</b> <code>{html.escape(path)}</code>"
         )
 
     def show(self, path: str, comparison: pd.DataFrame) -> None:
         """Shows ``comparison``, with its status counts in the title."""
+        self._path = path
+        self.comparison = comparison
+        self.show_all.layout.display = ""
+        counts = comparison["status"].value_counts()
+        self.title.value = f"<b>Compared with</b> <code>{html.escape(path)}</code>: " + html.escape(
+            ", ".join(f"{n} {s}" for s, n in counts.items())
+        )
+        self._show_rows()
+
+    def _show_rows(self) -> None:
+        comparison = self.comparison
+        if comparison is None:
+            return
         fields = ["checkpointable", "key", "status"]
         extra = [
             c
+            for part in _SIDE_COLUMNS
             for c in comparison.columns
-            if c not in fields and any(part in c for part in ("kind", "shape", "dtype", "lossy"))
+            if c not in fields and c.startswith(part)
         ]
         columns = [
             Column("checkpointable", "checkpointable", "9em"),
@@ -161,15 +203,17 @@ class ComparisonView(w.VBox):
         if not isinstance(view, PagedTable) or [c.field for c in view.columns] != [
             c.field for c in columns
         ]:
-            view = PagedTable(columns, page_size=self._page_size, look=_look)
+            view = PagedTable(
+                columns,
+                page_size=self._page_size,
+                look=_look,
+                empty_text="no differences: every chosen leaf matches the checkpoint",
+            )
             self.box.children = (view,)
-        order = comparison.apply(_rank, axis=1) if len(comparison) else comparison["status"]
+        rows = comparison
+        if not self.show_all.value and len(comparison):
+            rows = comparison[comparison["status"].map(is_difference).astype(bool)]
+        order = rows.apply(_rank, axis=1) if len(rows) else rows["status"]
         view.show(
-            comparison.assign(_order=order)
-            .sort_values("_order", kind="stable")
-            .drop(columns="_order")
-        )
-        counts = comparison["status"].value_counts()
-        self.title.value = f"<b>Compared with</b> <code>{html.escape(path)}</code>: " + html.escape(
-            ", ".join(f"{n} {s}" for s, n in counts.items())
+            rows.assign(_order=order).sort_values("_order", kind="stable").drop(columns="_order")
         )

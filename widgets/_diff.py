@@ -213,8 +213,13 @@ class DiffView(w.VBox):
                     [
                         w.Label(label, layout=w.Layout(width="20em"), tooltip=label),
                         bar,
-                        w.Label(f"{_number(rel)} ({leaves} changed)"),
-                    ]
+                        w.Label(
+                            f"{_number(rel)} ({leaves} changed)",
+                            layout=w.Layout(flex="0 0 auto"),
+                        ),
+                    ],
+                    # On a narrow screen the numbers go under the bar, never cut.
+                    layout=w.Layout(flex_flow="row wrap"),
                 )
             )
         if not rows:

@@ -6,13 +6,14 @@ import re
 from collections.abc import Callable
 
 from tinax._claims import temporary_status, uncommitted_status
-from tinax._format.names import TEMPORARY_SUFFIX, final_name
-from tinax._format.storage import Location, tree_bytes
+from tinax._format.layout import looks_like_checkpoint
+from tinax._format.names import TEMPORARY_SUFFIX, final_name, is_temporary_name, step_from_name
+from tinax._format.storage import DIRECTORY, Location, tree_bytes
 from tinax._format.words import IN_PROGRESS
 from tinax._paths import temporary_siblings
 from tinax.checkpointing import validate_checkpointable_name
 
-_STEP_NAME = re.compile(r"^step-(\d+)$")
+_TRAILING_DIGITS = re.compile(r"\d+$")
 
 
 def bytes_landed(destination: Location) -> int:
@@ -41,16 +42,50 @@ def process_bytes_read() -> int | None:
 
 
 def next_free_step_name(directory: Location) -> str:
-    """``step-N`` with ``N`` one past the highest step under ``directory`` (``step-0`` if none).
+    """The name of the run's next checkpoint, written in the run's own pattern.
 
-    Saves still in progress count as taken.
+    The step is one interval past the highest step among the run's checkpoints
+    (the interval is the gap between the two highest steps; 1 when there are
+    fewer), written with the prefix and zero padding of the checkpoint that has the
+    highest step: ``step_000400`` after ``step_000050 … step_000350``, ``42`` after
+    ``41``. Steps are read as the listing reads them (``step_from_name``). Saves
+    still in progress and interrupted ones count; other directories (``logs_2026``)
+    do not, though no name already taken is proposed. ``step-0`` in an empty run.
     """
-    highest = -1
-    for name in directory.entries():
-        match = _STEP_NAME.match(final_name(name))
-        if match:
-            highest = max(highest, int(match.group(1)))
-    return f"step-{highest + 1}"
+    entries = directory.entries()
+    taken = {final_name(name) for name in entries}
+    candidates = sorted(
+        (
+            (step, final_name(name), is_temporary_name(name))
+            for name, entry in entries.items()
+            if entry.kind == DIRECTORY and (step := step_from_name(name)) is not None
+        ),
+        reverse=True,
+    )
+    # From the highest step down, the first two that are checkpoints (or saves of
+    # one) are enough: only they decide the pattern and the interval.
+    found: list[tuple[int, str]] = []
+    for step, name, temporary in candidates:
+        if found and step == found[-1][0]:
+            continue
+        if temporary or looks_like_checkpoint(directory / name):
+            found.append((step, name))
+            if len(found) == 2:
+                break
+    if not found:
+        return "step-0"
+    highest, pattern = found[0]
+    interval = highest - found[1][0] if len(found) > 1 else 1
+    digits = _TRAILING_DIGITS.search(pattern)
+    assert digits is not None  # step_from_name found them
+    prefix, width = pattern[: digits.start()], len(digits.group())
+    padded = digits.group().startswith("0") and width > 1
+    step = highest + interval
+    while True:
+        name = prefix + (str(step).zfill(width) if padded else str(step))
+        if name not in taken:
+            return name
+        step += interval
 
 
 def check_new_checkpoint_name(directory: Location, name: object) -> str:

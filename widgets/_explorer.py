@@ -55,6 +55,19 @@ def _format_number(value: float | int | None) -> str:
     return f"{value:.6g}"
 
 
+def _image_layout(**extra: str) -> w.Layout:
+    # Never stretched by its row (a flex row stretches its items to the tallest one),
+    # and scaled down whole, keeping its aspect ratio, when the notebook is narrow.
+    return w.Layout(
+        align_self="flex-start",
+        flex="0 1 auto",
+        max_width="100%",
+        height="auto",
+        object_fit="contain",
+        **extra,
+    )
+
+
 def _checkpoint_look(row: pd.Series) -> RowLook:
     status = str(row.get("status", ""))
     if status == COMPLETE:
@@ -75,7 +88,7 @@ def _checkpoint_look(row: pd.Series) -> RowLook:
 
 
 CHECKPOINT_COLUMNS = (
-    Column("name", "checkpoint", "14em"),
+    Column("name", "checkpoint", None),
     Column("step", "step", "6em"),
     Column("status", "status", "7em"),
     Column("nbytes", "size", "7em", format_bytes),
@@ -219,7 +232,10 @@ class CheckpointExplorer(w.VBox):
                 self.leaf_title,
                 self.verdict,
                 self.diff_view,
-                w.HBox([self.checkpointable_filter, self.key_filter]),
+                w.HBox(
+                    [self.checkpointable_filter, self.key_filter],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
                 self.leaf_view,
             ],
             layout=w.Layout(display="none"),
@@ -227,16 +243,22 @@ class CheckpointExplorer(w.VBox):
 
         self.leaf_heading = w.HTML("")
         self.stats_html = w.HTML("")
-        self.histogram = w.Image(format="png", layout=w.Layout(display="none"))
+        self.histogram = w.Image(format="png", layout=_image_layout(display="none"))
         self.leaf_panel = w.VBox(
-            [self.leaf_heading, w.HBox([self.stats_html, self.histogram])],
+            [
+                self.leaf_heading,
+                w.HBox([self.stats_html, self.histogram], layout=w.Layout(flex_flow="row wrap")),
+            ],
             layout=w.Layout(display="none"),
         )
 
         super().__init__(
             children=[
                 w.HTML(f"<b>Run</b> <code>{html.escape(os.fspath(root))}</code>"),
-                w.HBox([self.refresh_button, self.watch_box, self.summary]),
+                w.HBox(
+                    [self.refresh_button, self.watch_box, self.summary],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
                 self.message,
                 self.checkpoint_view,
                 self.interrupted,

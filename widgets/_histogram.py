@@ -6,6 +6,17 @@ import io
 
 from tinax.explore import LeafStatistics
 
+# What fits across the image at the title's size.
+_TITLE_CHARS = 56
+
+
+def fit_title(title: str) -> str:
+    """``title`` as it fits across the image: a long key keeps its end, the leaf's own name.
+
+    The image has a fixed width; the whole key is in the widget's heading.
+    """
+    return title if len(title) <= _TITLE_CHARS else "…" + title[-(_TITLE_CHARS - 1) :]
+
 
 def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:
     """A small PNG bar chart of ``stats.histogram`` (empty bytes if there is none)."""
@@ -14,6 +25,7 @@ def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:
     # The object-oriented API needs no pyplot state and no GUI backend.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     counts, edges = stats.histogram
     figure = Figure(figsize=(4.2, 2.4), dpi=80)
@@ -22,8 +34,12 @@ def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:
     axes.stairs(counts, edges, fill=True, color="#1f77b4")
     axes.set_ylabel("count")
     if title:
-        axes.set_title(title, fontsize=9)
+        axes.set_title(fit_title(title), fontsize=9)
     axes.tick_params(labelsize=8)
+    # Few, short tick labels: they never run into each other, even when the image is
+    # shown smaller than its natural size.
+    axes.xaxis.set_major_locator(MaxNLocator(nbins=5))
+    axes.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     figure.tight_layout()
     out = io.BytesIO()
     figure.savefig(out, format="png")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 from tinax.checkpointing import allow_lossy_casts, load_checkpointables
 
 from ._disk import load_meter
-from ._progress import AsyncProgress
+from ._progress import DONE, FAILED, AsyncProgress
 from ._task import Task
 
 
@@ -54,6 +55,15 @@ class Load:
         self.progress = AsyncProgress(
             self.task, total_bytes=total_bytes, count_bytes=load_meter(), description=description
         )
+        self.progress.observe(self._on_status, names="status")
+
+    def _on_status(self, change: Any) -> None:
+        # The label said what was going on; once it is over it says how it ended.
+        name = PurePath(self._path).name
+        if change["new"] == DONE:
+            self.progress.label.value = f"loaded {name}"
+        elif change["new"] == FAILED:
+            self.progress.label.value = f"{name}: failed"
 
     def start(self, *, in_thread: bool) -> BaseException | None:
         """Runs the load; returns its failure when it ran (and failed) in this thread."""

@@ -23,6 +23,18 @@ FAILED = "failed"
 # A running bar never shows full: the last bytes land before Orbax commits.
 _RUNNING_CAP = 0.99
 
+# Without a total there is nothing to measure against: a block sliding to and fro
+# says "working" where a full bar would read as "finished". Drawn once by the
+# browser (a CSS animation); nothing is re-sent while it runs.
+_PULSE_HTML = (
+    "<style>@keyframes tinax-pulse{from{left:0}to{left:70%}}</style>"
+    '<div class="tinax-progress-indeterminate" title="working; the total is not known" '
+    'style="position:relative;overflow:hidden;height:1.2em;margin-top:0.2em;'
+    'background:#e3eef8;border-radius:2px">'
+    '<div style="position:absolute;top:0;width:30%;height:100%;background:#2196f3;'
+    'border-radius:2px;animation:tinax-pulse 1.1s ease-in-out infinite alternate"></div></div>'
+)
+
 
 def _check_response(response: object) -> Any:
     for method in ("result", "on_complete"):
@@ -48,8 +60,9 @@ class AsyncProgress(w.VBox):
     """A progress bar bound to any object with ``result(timeout)`` and ``on_complete(callback)``.
 
     With ``total_bytes`` and a ``watch`` path (or a ``count_bytes`` callable) the bar
-    moves with the bytes that have landed; otherwise it shows an indeterminate bar
-    with the elapsed time. It ends in ``status`` ``"done"`` (total and rate shown) or
+    moves with the bytes that have landed, and stops at ``total_bytes``; otherwise
+    it shows an indeterminate bar (a sliding block, never a full bar) with the
+    elapsed time. It ends in ``status`` ``"done"`` (total and rate shown) or
     ``"failed"`` (the error shown in the widget).
 
     One daemon watcher thread waits on the response and samples the byte count; it
@@ -124,18 +137,27 @@ class AsyncProgress(w.VBox):
 
         self.label = w.Label(description, layout=w.Layout(min_width="0", max_width="30%"))
         self.bar = w.FloatProgress(
-            value=0.0 if self._measured else 1.0,
+            value=0.0,
             min=0.0,
             max=1.0,
             bar_style="" if self._measured else "info",
-            layout=w.Layout(width="40%", min_width="8em"),
+            layout=w.Layout(
+                width="40%", min_width="8em", display=None if self._measured else "none"
+            ),
+        )
+        self.pulse = w.HTML(
+            "" if self._measured else _PULSE_HTML,
+            layout=w.Layout(
+                width="40%", min_width="8em", display="none" if self._measured else None
+            ),
         )
         self.info = w.Label("starting…", layout=w.Layout(min_width="0"))
         self.error_box = w.HTML("", layout=w.Layout(display="none"))
         super().__init__(
-            children=[w.HBox([self.label, self.bar, self.info]), self.error_box],
+            children=[w.HBox([self.label, self.bar, self.pulse, self.info]), self.error_box],
             layout=w.Layout(width="100%"),
         )
+        self.add_class("tinax-async-progress")
         self.total_bytes = total
 
         self._start = time.monotonic()
@@ -156,6 +178,11 @@ class AsyncProgress(w.VBox):
     def response(self) -> Any:
         """The response this bar follows."""
         return self._response
+
+    @property
+    def indeterminate(self) -> bool:
+        """Whether the bar shows work going on without a measure of how much is left."""
+        return self.pulse.layout.display != "none"
 
     def wait(self, timeout: float | None = None) -> str:
         """Blocks until the bar has finished (or ``timeout`` seconds pass).
@@ -204,27 +231,35 @@ class AsyncProgress(w.VBox):
         return int(count)
 
     def _sample(self) -> None:
-        self.elapsed = time.monotonic() - self._start
-        count = self._read_count()
-        if count is not None and count > self.bytes_done:
-            self.bytes_done = count
-        parts = []
-        if self._measured:
-            total = self.total_bytes or 0
-            fraction = self.bytes_done / total if total else 0.0
-            self.bar.value = min(fraction, _RUNNING_CAP)
-            parts.append(f"{format_bytes(self.bytes_done)} / {format_bytes(total)}")
-            parts.append(format_rate(self.bytes_done, self.elapsed))
-        elif self.bytes_done:
-            parts.append(format_bytes(self.bytes_done))
-        parts.append(f"{format_seconds(self.elapsed)} elapsed")
-        self.info.value = " · ".join(parts)
+        count = self._read_count()  # outside the lock: it may walk a directory tree
+        with self._finish_lock:
+            if self._finished.is_set():
+                # The operation ended while counting: the final text stands, a late
+                # sample must not turn a full bar back into a running one.
+                return
+            self.elapsed = time.monotonic() - self._start
+            if count is not None and count > self.bytes_done:
+                self.bytes_done = count
+            parts = []
+            if self._measured:
+                total = self.total_bytes or 0
+                fraction = self.bytes_done / total if total else 0.0
+                self.bar.value = min(fraction, _RUNNING_CAP)
+                parts.append(f"{format_bytes(self.bytes_done)} / {format_bytes(total)}")
+                parts.append(format_rate(self.bytes_done, self.elapsed))
+            elif self.bytes_done:
+                parts.append(format_bytes(self.bytes_done))
+            parts.append(f"{format_seconds(self.elapsed)} elapsed")
+            self.info.value = " · ".join(parts)
 
     def _finish(self, *, value: Any = None, error: BaseException | None = None) -> None:
         with self._finish_lock:
             if self._finished.is_set():
                 return
             self.elapsed = time.monotonic() - self._start
+            # The outcome replaces the sliding block: a full green or red bar.
+            self.pulse.layout.display = "none"
+            self.bar.layout.display = None
             if error is None:
                 self.value = value
                 count = self._read_count()
@@ -244,6 +279,8 @@ class AsyncProgress(w.VBox):
                     self.info.value = f"done in {format_seconds(self.elapsed)}"
                 self.status = DONE
             else:
+                if not self._measured:
+                    self.bar.value = 1.0  # else it stays where the failure stopped it
                 self.bar.bar_style = "danger"
                 self.info.value = f"failed after {format_seconds(self.elapsed)}"
                 self.error_box.value = error_html(error, title="Failed:")

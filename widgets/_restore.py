@@ -8,6 +8,7 @@ It composes the three parts that do the work: ``TargetChoice`` (what to restore)
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
@@ -17,16 +18,16 @@ import jax
 import pandas as pd
 import traitlets
 
-from tinax import _paths
+from tinax import _paths, explore
 from tinax.checkpointing import abstract_restore_target, validate_checkpointable_name
 
-from ._choice import TargetChoice
+from ._choice import TargetChoice, keep_live
 from ._comparison import ComparisonView, judge
 from ._guard import shown_in_widget
 from ._loading import Load
 from ._progress import FAILED, RUNNING
 from ._table import Column, PagedTable, format_cell
-from ._text import error_html, format_bytes, note_html
+from ._text import error_html, format_bytes, format_seconds, note_html
 
 STATE_COLUMNS = (
     Column("checkpointable", "checkpointable", "9em"),
@@ -54,12 +55,18 @@ class RestoreTargetBuilder(w.VBox):
     """Abstract restore targets from live state, checked against a checkpoint, and a Load button.
 
     Every checkpointable and each of its top-level subtrees has a checkbox;
-    unticking leaves it out of ``target``. A left-out subtree keeps its structure
-    with Orbax's placeholder ``...`` at every leaf, so Orbax reads none of its
-    bytes, and the restored value holds ``...`` there too.
+    unticking leaves it out of ``target`` (unticking a checkpointable unticks its
+    subtrees). In ``target`` a left-out subtree keeps its structure with Orbax's
+    placeholder ``...`` at every leaf, so Orbax reads none of its bytes. In
+    ``result`` it holds the live values passed in ``state`` (the same objects, not
+    copies): each restored checkpointable has the structure of its live state and
+    no placeholder, ready to replace it whole. A checkpointable that is unticked
+    altogether is absent from ``result``.
 
-    With a checkpoint ``path`` the widget shows ``compare_table`` with differences
-    highlighted (stored leaves of what is unticked show as ``left out``); Load
+    With a checkpoint ``path`` the widget shows ``compare_table``: by default only
+    the leaves that differ (refusals, casts, leaves missing on one side), with a
+    toggle to show every leaf (stored leaves of what is unticked show as ``left
+    out``). After a load a one-line summary says what was restored; Load
     stays disabled, with the reason shown, while a chosen target cannot be
     restored from it. A dtype difference only warns: Orbax casts on restore.
     Load runs in a background thread when JAX runs in one process; with several
@@ -73,6 +80,7 @@ class RestoreTargetBuilder(w.VBox):
       status: ``""``, ``"loading"``, ``"loaded"`` or ``"failed"``.
       error: The last error shown in the widget, or ``""``.
       result: The restored values (name → value) after a load, else ``None``.
+      summary: The one-line summary of the last load, or ``""``.
       progress: The ``AsyncProgress`` of the last load, or ``None``.
       comparison: The last comparison with the checkpoint, or ``None``.
     """
@@ -81,6 +89,7 @@ class RestoreTargetBuilder(w.VBox):
     reason = traitlets.Unicode("")
     status = traitlets.Unicode("")
     error = traitlets.Unicode("")
+    summary = traitlets.Unicode("")
 
     def __init__(
         self,
@@ -111,6 +120,14 @@ class RestoreTargetBuilder(w.VBox):
         if load_in_thread is not None and not isinstance(load_in_thread, bool):
             raise TypeError("load_in_thread must be a bool or None")
         self._load_in_thread = load_in_thread
+        self._live = dict(state)
+        self._load_started = 0.0
+        # What the running load was asked for: its leaves, checkpointables, left-out subtrees.
+        self._loading: tuple[pd.DataFrame, dict[str, Any], dict[str, set[Any]]] = (
+            pd.DataFrame(),
+            {},
+            {},
+        )
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._lock = threading.RLock()
         self.result: dict[str, Any] | None = None
@@ -131,7 +148,12 @@ class RestoreTargetBuilder(w.VBox):
         )
         self.comparison_view = ComparisonView(page_size=page_size)
         self.compare_box = self.comparison_view.box
-        self.load_button = w.Button(description="Load", icon="download", button_style="primary")
+        self.load_button = w.Button(
+            description="Load",
+            icon="download",
+            button_style="primary",
+            layout=w.Layout(flex="0 0 auto"),
+        )
         self.load_button.on_click(guard(self._on_load))
         self.reason_html = w.HTML("")
         self.lossy_box = w.Checkbox(
@@ -144,11 +166,16 @@ class RestoreTargetBuilder(w.VBox):
         )
         self.lossy_box.observe(guard(lambda _change: self._rebuild()), names="value")
         self.progress_box = w.VBox([])
+        self.summary_html = w.HTML("")
         self.compare_section = w.VBox(
             [
                 self.comparison_view,
-                w.HBox([self.load_button, self.lossy_box, self.reason_html]),
+                w.HBox(
+                    [self.load_button, self.lossy_box, self.reason_html],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
+                ),
                 self.progress_box,
+                self.summary_html,
             ],
             layout=w.Layout(display="none"),
         )
@@ -161,6 +188,7 @@ class RestoreTargetBuilder(w.VBox):
                 self.compare_section,
             ]
         )
+        self.add_class("tinax-restore-target-builder")
         self.observe(guard(self._on_path), names="path")
         self._rebuild()
         if path is not None:
@@ -210,6 +238,8 @@ class RestoreTargetBuilder(w.VBox):
     def _on_path(self, _change: Any) -> None:
         self.result = None
         self.status = ""
+        self.summary = ""
+        self.summary_html.value = ""
         self.progress_box.children = ()
         self._rebuild()
 
@@ -285,6 +315,10 @@ class RestoreTargetBuilder(w.VBox):
         self.progress_box.children = (load.progress,)
         self.status = "loading"
         self.result = None
+        self.summary = ""
+        self.summary_html.value = ""
+        self._loading = (self._table.copy(), self.choice.chosen(), self._left_out())
+        self._load_started = time.monotonic()
         self.load_button.disabled = True
         load.progress.observe(
             shown_in_widget(self._show_error)(self._on_progress_status), names="status"
@@ -299,7 +333,29 @@ class RestoreTargetBuilder(w.VBox):
             self.error = f"{type(failure).__name__}: {failure}"
             self.load_button.disabled = bool(self.reason)
 
+    def _left_out(self) -> dict[str, set[Any]]:
+        return {name: self.choice.left_out(name) for name in self.choice.chosen()}
+
     def _loaded(self, result: dict[str, Any]) -> None:
+        seconds = time.monotonic() - self._load_started
+        table, chosen, left_out = self._loading
+        result = {
+            name: keep_live(value, self._live[name], left_out.get(name, set()))
+            for name, value in result.items()
+        }
+        nbytes = int(pd.to_numeric(table["nbytes"], errors="coerce").fillna(0).sum())
+        kept = len(explore.state_table(chosen)) - len(table)
+        parts = [
+            f"loaded {len(table):,} lea{'f' if len(table) == 1 else 'ves'} "
+            f"({format_bytes(nbytes)}) in {format_seconds(seconds)}"
+        ]
+        if kept:
+            parts.append(f"{kept:,} left-out lea{'f' if kept == 1 else 'ves'} kept as passed in")
+        unticked = [name for name in self._live if name not in chosen]
+        if unticked:
+            parts.append("not loaded: " + ", ".join(unticked))
+        self.summary = "; ".join(parts)
+        self.summary_html.value = note_html(self.summary, color="#1b5e20")
         self.result = result
         self.status = "loaded"
         for callback in list(self._callbacks):

@@ -17,7 +17,7 @@ from ._disk import check_new_checkpoint_name, next_free_step_name
 from ._guard import shown_in_widget
 from ._progress import RUNNING, AsyncProgress
 from ._task import PendingResponse
-from ._text import error_html, note_html
+from ._text import error_html, format_seconds, note_html
 
 
 def _leaf_nbytes(leaf: Any) -> int:
@@ -35,7 +35,8 @@ def array_bytes(checkpointables: Mapping[str, Any]) -> int:
 class SavePanel(w.VBox):
     """A name field, a Save button and an ``AsyncProgress`` for the save.
 
-    The name defaults to the next free ``step-N`` under ``directory``. A name that
+    The name defaults to the run's next checkpoint name in the run's own pattern
+    (``step_000400`` after ``step_000050 … step_000350``; ``step-0`` in an empty run). A name that
     is not a portable directory name, or that is already taken, is refused in the
     panel with the reason and the Save button stays disabled; nothing is written.
 
@@ -179,13 +180,15 @@ class SavePanel(w.VBox):
             return
         self.saving = False
         saved = self._saved_name
+        # The bar's label said what was going on; now it says how it ended.
+        progress.label.value = f"saved {saved}" if progress.status == "done" else f"{saved}: failed"
         if self.name_field.value == saved:
             # Offer the next free name; this also re-checks and re-enables Save.
             self.name_field.value = next_free_step_name(self._directory)
         self._check_name()
         if progress.status != RUNNING:
             self.message.value = (
-                note_html(f"saved {saved}", color="#1b5e20")
+                note_html(f"saved {saved} in {format_seconds(progress.elapsed)}", color="#1b5e20")
                 if progress.status == "done"
                 else error_html(progress.error, title="Save failed:")
             )

@@ -14,6 +14,16 @@ import traitlets
 from ._guard import shown_in_widget
 
 DEFAULT_PAGE_SIZE = 20
+# A free-width column is as wide as its longest text, within these bounds.
+_FLEX_MIN = "10em"
+_FLEX_MAX_CHARS = 64
+# The advance of one monospace character, in em (DejaVu Sans Mono, Menlo, Consolas: 0.6).
+_CHAR_EM = 0.62
+
+
+def _row_layout(**extra: str) -> w.Layout:
+    # max-content: the row is as wide as its cells, so the grid above can scroll it.
+    return w.Layout(width="max-content", min_width="100%", **extra)
 
 
 def format_cell(value: Any) -> str:
@@ -123,9 +133,15 @@ class PagedTable(w.VBox):
 
         self.header = w.HBox(
             [
-                w.Label(c.title, style={"font_weight": "bold"}, layout=self._cell_layout(c))
+                w.Label(
+                    c.title,
+                    tooltip=c.title,
+                    style={"font_weight": "bold"},
+                    layout=self._cell_layout(c),
+                )
                 for c in self.columns
-            ]
+            ],
+            layout=_row_layout(),
         )
         self._rows: list[w.HBox] = []
         self._cells: list[list[w.Widget]] = []
@@ -142,8 +158,11 @@ class PagedTable(w.VBox):
                     cells.append(button)
                 else:
                     cells.append(w.Label("", layout=self._cell_layout(c)))
+            for c, cell in zip(self.columns, cells, strict=True):
+                if c.width is None:
+                    cell.add_class("tinax-fitted-cell")  # sized to its text: never cut
             self._cells.append(cells)
-            self._rows.append(w.HBox(cells, layout=w.Layout(display="none")))
+            self._rows.append(w.HBox(cells, layout=_row_layout(display="none")))
         self.prev_button = w.Button(icon="chevron-left", tooltip="previous page")
         self.next_button = w.Button(icon="chevron-right", tooltip="next page")
         for b in (self.prev_button, self.next_button):
@@ -153,7 +172,13 @@ class PagedTable(w.VBox):
         self.next_button.on_click(guard(lambda _: self.turn(+1)))
         self.position = w.Label("")
         self.nav = w.HBox([self.prev_button, self.position, self.next_button])
-        super().__init__(children=[self.header, *self._rows, self.nav])
+        # Rows never squeeze their cells below their widths: a narrow notebook scrolls
+        # the table sideways instead of clipping columns.
+        super().__init__(
+            children=[self.header, *self._rows, self.nav],
+            layout=w.Layout(overflow="auto hidden", max_width="100%"),
+        )
+        self.add_class("tinax-table")
         self.observe(
             shown_in_widget(self._show_error)(self._render_on_change), names=["page", "selected"]
         )
@@ -162,13 +187,45 @@ class PagedTable(w.VBox):
     @staticmethod
     def _cell_layout(column: Column, *, button: bool = False) -> w.Layout:
         if column.width is None:
-            return w.Layout(flex="1 1 12em", min_width="6em", margin="1px 4px")
+            return w.Layout(
+                flex="0 0 auto",
+                width=_FLEX_MIN,
+                min_width=_FLEX_MIN,
+                margin="1px 4px",
+                justify_content="flex-start" if button else None,
+            )
         return w.Layout(
+            flex="0 0 auto",
             width=column.width,
             min_width=column.width,
             margin="1px 4px",
             justify_content="flex-start" if button else None,
         )
+
+    def _fit_flexible_columns(self) -> None:
+        """Widens the free-width columns to their longest text in ``frame`` (up to a cap).
+
+        A key is the one thing a reader needs whole: its column is never narrower
+        than its text (up to ``_FLEX_MAX_CHARS``; longer ones show in full on hover),
+        and the table scrolls sideways when the notebook is narrower than the row.
+        """
+        for index, column in enumerate(self.columns):
+            if column.width is not None:
+                continue
+            longest = len(column.title)
+            if column.field in self.frame.columns and len(self.frame):
+                # Raw text lengths: formatting every cell of a large table costs too much.
+                lengths = self.frame[column.field].astype(str).str.len()
+                longest = max(longest, int(lengths.max()))
+            chars = min(max(longest, 8), _FLEX_MAX_CHARS)
+            # In em, not ch: a ch differs between the bold header, the monospace
+            # buttons and the plain labels, and the column must line up across them.
+            width = f"{chars * _CHAR_EM + 2:.1f}em"
+            cells = [self.header.children[index], *(row[index] for row in self._cells)]
+            for cell in cells:
+                if cell.layout.min_width != width:
+                    cell.layout.width = width
+                    cell.layout.min_width = width
 
     # -- public ---------------------------------------------------------------------
 
@@ -183,6 +240,7 @@ class PagedTable(w.VBox):
         The selection is kept when its row is still in ``frame``.
         """
         self.frame = frame
+        self._fit_flexible_columns()
         if self.selected is not None and self.selected not in frame.index:
             self.selected = None
         page = min(self.page, self.page_count - 1) if keep_page else 0
@@ -252,7 +310,8 @@ class PagedTable(w.VBox):
                 text = _cell_text(column, row)
                 if isinstance(cell, w.Button):
                     cell.description = text
-                    cell.tooltip = look.tooltip or text
+                    # The whole text on hover, with why the row cannot be picked if it cannot.
+                    cell.tooltip = f"{text}: {look.tooltip}" if look.tooltip else text
                     cell.disabled = not look.pickable
                     cell.button_style = "info" if label == self.selected else ""
                 else:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The server settings that ship for the notebooks (make demo, Binder).
+SERVER_CONFIG = REPO / "demo" / "jupyter_server_config.py"
 JUPYTER = Path(sys.executable).with_name("jupyter")
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -112,13 +115,15 @@ def running_lab(
     """Starts JupyterLab on a free local port serving ``root_dir``; always stops it.
 
     Its configuration, data, runtime, settings and workspace directories live
-    under ``work``; kernels run this interpreter, with the repository importable.
-    ``env`` is added to the environment of the server and its kernels (a storage
-    emulator's endpoint, say).
+    under ``work``; the server runs with the repository's ``SERVER_CONFIG``, as
+    ``make demo`` and Binder do; kernels run this interpreter, with the repository
+    importable. ``env`` is added to the environment of the server and its kernels
+    (a storage emulator's endpoint, say).
     """
     extra_env = dict(env or {})
     for sub in ("config", "data", "runtime", "settings", "workspaces", "ipython"):
         (work / sub).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(SERVER_CONFIG, work / "config" / "jupyter_server_config.py")
     for name, values in _SETTINGS.items():
         file = work / "settings" / name
         file.parent.mkdir(parents=True, exist_ok=True)
