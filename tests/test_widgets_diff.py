@@ -40,6 +40,7 @@ def test_the_open_checkpoint_shows_its_verdict(run: Path) -> None:
     shutil.copytree(run / "step-1", broken)
     (broken / "model" / "_METADATA").write_text("{")
     explorer = CheckpointExplorer(run)
+    assert explorer.wait(60), "the background check of the run did not finish"
     explorer.open_checkpoint("step-1")
     assert 'data-ok="true"' in explorer.verdict.value
     assert "sound (metadata checked)" in explorer.verdict.value

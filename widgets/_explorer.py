@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import os
 import threading
+import time
 from typing import Any
 
 import ipywidgets as w
@@ -125,6 +126,10 @@ def statistics_html(stats: LeafStatistics) -> str:
 class CheckpointExplorer(w.VBox):
     """Browse a run: its checkpoints, one checkpoint's leaves, one leaf's statistics.
 
+    Checkpoints are listed newest first; a step range narrows the list and "go to
+    step" opens the checkpoint of a step. The first listing walks the run without
+    parsing metadata, so that a long run shows at once; a background thread then
+    reads each checkpoint's metadata and marks those that cannot be read.
     Checkpoints still being written, interrupted saves and directories that
     cannot be read are listed with their status and age and cannot be opened; an
     interrupted save can be removed, after a confirmation. Picking a leaf reads only that
@@ -174,6 +179,11 @@ class CheckpointExplorer(w.VBox):
         self._lock = threading.RLock()
         self._stop_polling = threading.Event()
         self._poller: threading.Thread | None = None
+        self._background: list[threading.Thread] = []
+        # Listings finish out of order (a background check, a refresh): the last
+        # one started is the one shown.
+        self._listings_started = 0
+        self._listing_shown = 0
         self.checkpoints = pd.DataFrame()
         self.leaves = pd.DataFrame()
         self.statistics: LeafStatistics | None = None
@@ -196,8 +206,24 @@ class CheckpointExplorer(w.VBox):
             page_size=page_size,
             look=_checkpoint_look,
             empty_text="no checkpoints yet",
+            sort_field="step",
+            ascending=False,
         )
         self.checkpoint_view.observe(guard(self._on_pick_checkpoint), names="selected")
+        self.step_range = w.IntRangeSlider(
+            value=(0, 0),
+            min=0,
+            max=0,
+            description="steps",
+            continuous_update=False,
+            layout=w.Layout(width="32em", display="none"),
+        )
+        self.step_range.observe(guard(self._on_step_range), names="value")
+        self.step_box = w.IntText(value=0, description="go to step", layout=w.Layout(width="14em"))
+        self.go_button = w.Button(description="Go", tooltip="open the checkpoint of this step")
+        self.go_button.layout = w.Layout(width="5em")
+        self.go_button.on_click(guard(lambda _: self.go_to_step(int(self.step_box.value))))
+        self.run_controls = w.HBox([self.step_range, self.step_box, self.go_button])
 
         self.leaf_title = w.HTML("")
         self.checkpointable_filter = w.Dropdown(
@@ -238,6 +264,7 @@ class CheckpointExplorer(w.VBox):
                 w.HTML(f"<b>Run</b> <code>{html.escape(os.fspath(root))}</code>"),
                 w.HBox([self.refresh_button, self.watch_box, self.summary]),
                 self.message,
+                self.run_controls,
                 self.checkpoint_view,
                 self.interrupted,
                 self.leaf_section,
@@ -246,34 +273,69 @@ class CheckpointExplorer(w.VBox):
         )
         self.add_class("tinax-checkpoint-explorer")
         self.observe(guard(self._on_poll_interval), names="poll_interval")
-        self.refresh()
+        self.refresh(deep=False)
         self.poll_interval = poll_interval
 
     # -- public ---------------------------------------------------------------------
 
-    def refresh(self) -> None:
-        """Re-lists the run's checkpoints, keeping the open checkpoint if it is still there."""
+    def refresh(self, *, deep: bool = True) -> None:
+        """Re-lists the run's checkpoints, keeping the open checkpoint if it is still there.
+
+        Args:
+          deep: Whether checkpoints not read before are read (metadata only) to
+            tell whether they can be opened. ``False`` lists at the speed of a
+            walk of the run and leaves that check to a background thread.
+        """
         with self._lock:
-            table = explore.list_checkpoints(self.root)
-            table = table.set_index(table["path"].astype(str), drop=False)
-            table.index.name = None
-            changed = not self._same_listing(self.checkpoints, table)
-            self.checkpoints = table
-            counts = table["status"].value_counts() if len(table) else pd.Series(dtype=int)
-            parts = [f"{len(table)} checkpoint{'s' if len(table) != 1 else ''}"]
-            parts += [f"{n} {status}" for status, n in counts.items() if status != COMPLETE]
-            self.summary.value = " · ".join(parts)
-            if changed:
-                self.checkpoint_view.show(table, keep_page=True)
-                self.diff_view.set_base(self.checkpoint, self._comparable())
-            self.interrupted.update(table)
-            if self.checkpoint is not None:
-                still = table[table["path"].astype(str) == self.checkpoint]
-                if still.empty or str(still.iloc[0]["status"]) != COMPLETE:
-                    self._close_checkpoint()
-                    self.message.value = note_html(
-                        "the open checkpoint is gone from the run", color="#8a6d00"
-                    )
+            self._listings_started += 1
+            number = self._listings_started
+        table = explore.list_checkpoints(self.root, deep=deep)
+        with self._lock:
+            if number < self._listing_shown:
+                return  # A listing started later is already shown.
+            self._listing_shown = number
+            self._show_listing(table)
+        if table.attrs.get("unchecked"):
+            self._in_background(self._check_listing, "tinax-explorer-check")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits for the work started in the background (the run's check, a leaf's
+        history across the run); returns whether it has all finished."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                running = [t for t in self._background if t.is_alive()]
+                self._background = running
+            if not running:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            running[0].join(left)
+
+    def go_to_step(self, step: int) -> None:
+        """Opens the complete checkpoint of ``step``, or the nearest one, and shows its row.
+
+        Raises:
+          TypeError: If ``step`` is not an int.
+          ValueError: If the run has no complete checkpoint with a step.
+        """
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"a step is an int, got {type(step).__name__}")
+        table = self.checkpoints
+        done = table[(table["status"] == COMPLETE) & table["step"].notna()] if len(table) else table
+        if done.empty:
+            raise ValueError(f"no complete checkpoint with a step in {str(self.root)!r}")
+        steps = done["step"].astype("int64")
+        distance = (steps - step).abs()
+        # The nearest step; of two as near, the earlier.
+        label = distance.sort_values(kind="stable").index[0]
+        found = int(steps.loc[label])
+        self.open_checkpoint(label)
+        if found != step:
+            self.message.value = note_html(
+                f"no complete checkpoint at step {step:,}; opened step {found:,}, the nearest"
+            )
 
     def open_checkpoint(self, name_or_path: str | os.PathLike[str]) -> None:
         """Opens a listed checkpoint, as if its row had been clicked.
@@ -287,6 +349,8 @@ class CheckpointExplorer(w.VBox):
         if rows.empty:
             raise ValueError(f"no checkpoint {wanted!r} in {str(self.root)!r}")
         label = rows.index[0]
+        if label not in self.checkpoint_view.frame.index:
+            self.step_range.value = (self.step_range.min, self.step_range.max)
         self.checkpoint_view.show_row(label)
         self.checkpoint_view.selected = label
 
@@ -318,6 +382,72 @@ class CheckpointExplorer(w.VBox):
         super().close()
 
     # -- checkpoints ----------------------------------------------------------------
+
+    def _in_background(self, work: Any, name: str) -> None:
+        guarded = shown_in_widget(self._show_error)(work)
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        with self._lock:
+            self._background.append(thread)
+        thread.start()
+
+    def _check_listing(self) -> None:
+        # Deep, so it remembers each verdict: later listings are quick and exact.
+        self.refresh(deep=True)
+
+    def _show_listing(self, table: pd.DataFrame) -> None:
+        table = table.set_index(table["path"].astype(str), drop=False)
+        table.index.name = None
+        changed = not self._same_listing(self.checkpoints, table)
+        self.checkpoints = table
+        counts = table["status"].value_counts() if len(table) else pd.Series(dtype=int)
+        parts = [f"{len(table)} checkpoint{'s' if len(table) != 1 else ''}"]
+        parts += [f"{n} {status}" for status, n in counts.items() if status != COMPLETE]
+        unchecked = len(table.attrs.get("unchecked", ()))
+        if unchecked:
+            parts.append(f"checking {unchecked:,} that have not been read yet…")
+        self.summary.value = " · ".join(parts)
+        if changed:
+            self._update_step_range(table)
+            self.checkpoint_view.show(self._in_step_range(table), keep_page=True)
+            self.diff_view.set_base(self.checkpoint, self._comparable())
+        self.interrupted.update(table)
+        if self.checkpoint is not None:
+            still = table[table["path"].astype(str) == self.checkpoint]
+            if still.empty or str(still.iloc[0]["status"]) != COMPLETE:
+                self._close_checkpoint()
+                self.message.value = note_html(
+                    "the open checkpoint is gone from the run", color="#8a6d00"
+                )
+
+    def _update_step_range(self, table: pd.DataFrame) -> None:
+        steps = table["step"].dropna() if len(table) else pd.Series(dtype="Int64")
+        if steps.empty:
+            self.step_range.layout.display = "none"
+            return
+        low, high = int(steps.min()), int(steps.max())
+        slider = self.step_range
+        was_all = slider.layout.display == "none" or slider.value == (slider.min, slider.max)
+        old_low, old_high = slider.value
+        with self.hold_trait_notifications(), slider.hold_trait_notifications():
+            # Widened first, so that neither bound is clamped against the other.
+            slider.min, slider.max = min(slider.min, low), max(slider.max, high)
+            value = (low, high) if was_all else (max(low, old_low), min(high, old_high))
+            slider.value = value if value[0] <= value[1] else (low, high)
+            slider.min, slider.max = low, high
+        slider.layout.display = ""
+
+    def _in_step_range(self, table: pd.DataFrame) -> pd.DataFrame:
+        slider = self.step_range
+        if slider.layout.display == "none" or slider.value == (slider.min, slider.max):
+            return table
+        low, high = slider.value
+        steps = table["step"]
+        return table[steps.notna() & (steps >= low) & (steps <= high)].copy()
+
+    def _on_step_range(self, _change: Any) -> None:
+        with self._lock:
+            if not self.checkpoints.empty:
+                self.checkpoint_view.show(self._in_step_range(self.checkpoints))
 
     def _comparable(self) -> list[tuple[str, str]]:
         table = self.checkpoints

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as w
+from ipywidgets.widgets.widget_string import LabelStyle
 import pandas as pd
 import traitlets
 
@@ -189,19 +190,20 @@ class PagedTable(w.VBox):
         )
         self._rows: list[w.HBox] = []
         self._cells: list[list[w.Widget]] = []
+        # Widgets are what a table costs to build and to draw: cells of a column share
+        # one layout, cells of a row one style (a row has one look), buttons one style.
+        layouts = {c.field: self._cell_layout(c, button=c.field == pick) for c in self.columns}
+        button_style = w.ButtonStyle(font_family="monospace")
         for i in range(page_size):
             cells: list[w.Widget] = []
+            row_style = LabelStyle()
             for c in self.columns:
                 if c.field == pick:
-                    button = w.Button(
-                        description="",
-                        layout=self._cell_layout(c, button=True),
-                        style={"font_family": "monospace"},
-                    )
+                    button = w.Button(description="", layout=layouts[c.field], style=button_style)
                     button.on_click(shown_in_widget(self._show_error)(self._picker(i)))
                     cells.append(button)
                 else:
-                    cells.append(w.Label("", layout=self._cell_layout(c)))
+                    cells.append(w.Label("", layout=layouts[c.field], style=row_style))
             self._cells.append(cells)
             self._rows.append(w.HBox(cells, layout=w.Layout(display="none")))
         self.prev_button = w.Button(icon="chevron-left", tooltip="previous page")
