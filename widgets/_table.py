@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as w
-from ipywidgets.widgets.widget_string import LabelStyle
 import pandas as pd
 import traitlets
+from ipywidgets.widgets.widget_string import LabelStyle
 
 from ._guard import shown_in_widget
 
