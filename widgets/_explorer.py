@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import ipywidgets as w
+import numpy as np
 import pandas as pd
 import traitlets
 
@@ -19,13 +20,17 @@ from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
 from ._diff import DiffView
 from ._guard import shown_in_widget
 from ._histogram import histogram_png
+from ._history import HISTORY_COLUMNS, history_png, leaf_history, log_histogram_png
 from ._interrupted import InterruptedSaves
 from ._table import Column, PagedTable, RowLook, format_cell
 from ._text import error_html, format_age, format_bytes, note_html
+from ._tree import TreeView, size_bar_html, size_breakdown
 from ._verdict import verdict_html
 
 DEFAULT_POLL_SECONDS = 2.0
 _VALUE_CHARS = 40
+# Arrays this small show their values (a PRNG key's data, a bias, a step count).
+SMALL_ARRAY = 64
 
 
 def _format_time(value: Any) -> str:
@@ -123,6 +128,16 @@ def statistics_html(stats: LeafStatistics) -> str:
     return f'<table class="tinax-leaf-stats">{cells}</table>'
 
 
+def values_html(value: Any) -> str:
+    """A small array's values, as NumPy prints them."""
+    array = np.asarray(value)
+    try:
+        text = np.array2string(array, max_line_width=96, threshold=SMALL_ARRAY, separator=", ")
+    except (TypeError, ValueError):
+        text = repr(array.tolist())
+    return f'<pre class="tinax-leaf-values" style="margin:0 0 4px 0">{html.escape(text)}</pre>'
+
+
 class CheckpointExplorer(w.VBox):
     """Browse a run: its checkpoints, one checkpoint's leaves, one leaf's statistics.
 
@@ -145,6 +160,8 @@ class CheckpointExplorer(w.VBox):
       leaves: The open checkpoint's ``checkpoint_table`` (all rows, unfiltered).
       statistics: The picked leaf's ``LeafStatistics``, or ``None``.
       leaf_value: The picked leaf's value as read, or ``None``.
+      history: The picked leaf's norm, mean and max at every complete checkpoint
+        (``leaf_history``), once "across the run" has read them; else empty.
     """
 
     checkpoint = traitlets.Unicode(None, allow_none=True)
@@ -188,6 +205,8 @@ class CheckpointExplorer(w.VBox):
         self.leaves = pd.DataFrame()
         self.statistics: LeafStatistics | None = None
         self.leaf_value: Any = None
+        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
+        self._history_stop = threading.Event()
 
         guard = shown_in_widget(self._show_error)
         self.refresh_button = w.Button(description="Refresh", icon="refresh")
@@ -238,24 +257,51 @@ class CheckpointExplorer(w.VBox):
             LEAF_COLUMNS, pick="key", page_size=page_size, empty_text="no matching leaves"
         )
         self.leaf_view.observe(guard(self._on_pick_leaf), names="selected")
+        self.tree_view = TreeView(page_size=page_size, on_error=self._show_error)
+        self.tree_view.observe(guard(self._on_tree_pick), names="picked")
+        self.size_bar = w.HTML("")
         self.verdict = w.HTML("")
         self.diff_view = DiffView(page_size=page_size, on_error=self._show_error)
         self.leaf_section = w.VBox(
             [
                 self.leaf_title,
+                self.size_bar,
                 self.verdict,
                 self.diff_view,
                 w.HBox([self.checkpointable_filter, self.key_filter]),
-                self.leaf_view,
+                # Side by side where there is room, one above the other where not.
+                w.HBox(
+                    [self.tree_view, self.leaf_view],
+                    layout=w.Layout(flex_flow="row wrap", align_items="flex-start"),
+                ),
             ],
             layout=w.Layout(display="none"),
         )
 
         self.leaf_heading = w.HTML("")
+        self.values = w.HTML("")
         self.stats_html = w.HTML("")
         self.histogram = w.Image(format="png", layout=w.Layout(display="none"))
+        self.log_box = w.Checkbox(
+            value=False, description="log scale", indent=False, layout=w.Layout(display="none")
+        )
+        self.log_box.observe(guard(lambda _: self._draw_histogram()), names="value")
+        self.history_button = w.Button(
+            description="across the run",
+            icon="line-chart",
+            tooltip="this leaf's norm, mean and max at every complete checkpoint",
+        )
+        self.history_button.on_click(guard(lambda _: self.show_history()))
+        self.history_status = w.Label("")
+        self.history_image = w.Image(format="png", layout=w.Layout(display="none"))
         self.leaf_panel = w.VBox(
-            [self.leaf_heading, w.HBox([self.stats_html, self.histogram])],
+            [
+                self.leaf_heading,
+                self.values,
+                w.HBox([self.stats_html, w.VBox([self.histogram, self.log_box])]),
+                w.HBox([self.history_button, self.history_status]),
+                self.history_image,
+            ],
             layout=w.Layout(display="none"),
         )
 
@@ -373,12 +419,57 @@ class CheckpointExplorer(w.VBox):
         self.leaf_view.show_row(label)
         self.leaf_view.selected = label
 
+    def show_history(self) -> None:
+        """Reads the picked leaf from every complete checkpoint of the run, in the
+        background, and plots its norm, mean and max against step (``wait`` waits).
+
+        Raises:
+          ValueError: If no leaf is picked.
+        """
+        with self._lock:
+            if self.leaf is None or self.checkpoint is None:
+                raise ValueError("pick a leaf first")
+            checkpointable, key = self.leaf
+            self._history_stop.set()
+            stop = self._history_stop = threading.Event()
+            listing = self.checkpoints
+            self.history_status.value = "reading…"
+            self.history_image.layout.display = "none"
+
+        def progress(done: int, total: int) -> None:
+            if not stop.is_set():
+                self.history_status.value = f"read {done:,} of {total:,} checkpoints…"
+
+        def work() -> None:
+            try:
+                table = leaf_history(listing, checkpointable, key, progress=progress, stop=stop)
+                png = history_png(table, title=f"{checkpointable} {key}")
+            except Exception as e:
+                if not stop.is_set():
+                    self.history_status.value = f"⚠ {type(e).__name__}: {e}"
+                raise
+            with self._lock:
+                if stop.is_set():
+                    return  # Another leaf was picked meanwhile.
+                self.history = table
+                failed = int((table["error"] != "").sum())
+                parts = [f"{len(table) - failed:,} checkpoints read"]
+                if failed:
+                    parts.append(f"{failed:,} without this leaf or unreadable")
+                self.history_status.value = " · ".join(parts)
+                if png:
+                    self.history_image.value = png
+                    self.history_image.layout.display = ""
+
+        self._in_background(work, "tinax-explorer-history")
+
     def close(self) -> None:
         """Stops polling and closes the widget."""
         # Also called from __del__, possibly on an instance whose __init__ failed.
-        stop = getattr(self, "_stop_polling", None)
-        if stop is not None:
-            stop.set()
+        for name in ("_stop_polling", "_history_stop"):
+            stop = getattr(self, name, None)
+            if stop is not None:
+                stop.set()
         super().close()
 
     # -- checkpoints ----------------------------------------------------------------
@@ -502,15 +593,28 @@ class CheckpointExplorer(w.VBox):
             f"checkpointable{'s' if len(names) != 1 else ''}, {format_bytes(total)}"
         )
         self.leaf_view.show(leaves)
-        self.verdict.value = verdict_html(path)
+        self.tree_view.show(leaves)
+        self.size_bar.value = size_bar_html(size_breakdown(self.tree_view.tree))
+        # verify reads every metadata file again and walks the array stores: the
+        # leaves are shown first, its verdict when it comes.
+        self.verdict.value = note_html("checking the checkpoint…")
+        self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
         self.diff_view.set_base(path, self._comparable())
         self.leaf_section.layout.display = ""
+
+    def _show_verdict(self, path: str) -> None:
+        text = verdict_html(path)
+        with self._lock:
+            if self.checkpoint == path:
+                self.verdict.value = text
 
     def _close_checkpoint(self) -> None:
         self.checkpoint = None
         self.leaves = pd.DataFrame()
         self.leaf_view.selected = None
         self.leaf_view.show(pd.DataFrame(columns=[c.field for c in LEAF_COLUMNS]))
+        self.tree_view.show(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
+        self.size_bar.value = ""
         self.leaf_section.layout.display = "none"
         self.verdict.value = ""
         self.diff_view.set_base(None, [])
@@ -537,13 +641,42 @@ class CheckpointExplorer(w.VBox):
                 mask &= leaves["key"].astype(str).str.contains(text, case=False, regex=False)
             self.leaf_view.show(leaves[mask])
 
+    def _on_tree_pick(self, change: Any) -> None:
+        label = change["new"]
+        if label is None:
+            return
+        with self._lock:
+            row = self.leaves.loc[label]
+            self.open_leaf(str(row["checkpointable"]), str(row["key"]))
+
     def _clear_leaf(self) -> None:
         self.leaf = None
         self.statistics = None
         self.leaf_value = None
         self.leaf_panel.layout.display = "none"
         self.histogram.layout.display = "none"
+        self.log_box.layout.display = "none"
         self.stats_html.value = ""
+        self.values.value = ""
+        self._history_stop.set()
+        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
+        self.history_status.value = ""
+        self.history_image.layout.display = "none"
+
+    def _draw_histogram(self) -> None:
+        stats = self.statistics
+        key = "" if self.leaf is None else self.leaf[1]
+        png = b""
+        if stats is not None:
+            png = (
+                log_histogram_png(stats, title=key)
+                if self.log_box.value
+                else histogram_png(stats, title=key)
+            )
+        if png:
+            self.histogram.value = png
+        self.histogram.layout.display = "" if png else "none"
+        self.log_box.layout.display = "" if png else "none"
 
     def _on_pick_leaf(self, change: Any) -> None:
         label = change["new"]
@@ -572,14 +705,22 @@ class CheckpointExplorer(w.VBox):
                 self.stats_html.value = error_html(e, title="Cannot read this leaf:")
                 raise
             self.leaf_value = value
-            if is_numeric(value):
+            small = is_numeric(value) and int(np.size(value)) <= SMALL_ARRAY
+            if small:
+                self.values.value = values_html(value)
+            if is_numeric(value) and not (small and np.asarray(value).dtype.kind in "biu"):
                 stats = leaf_statistics(value)
                 self.statistics = stats
                 self.stats_html.value = statistics_html(stats)
-                png = histogram_png(stats, title=key)
-                if png:
-                    self.histogram.value = png
-                    self.histogram.layout.display = ""
+                self.leaf = (checkpointable, key)
+                self._draw_histogram()
+            elif small:
+                # Integers this few are identities (a PRNG key, a step count), not a
+                # distribution: their values are what there is to see.
+                array = np.asarray(value)
+                self.stats_html.value = note_html(
+                    f"{format_cell(tuple(array.shape))} {array.dtype}: values shown"
+                )
             else:
                 self.stats_html.value = f"<pre>{html.escape(_format_value(repr(value)))}</pre>"
             self.leaf = (checkpointable, key)

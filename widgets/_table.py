@@ -145,6 +145,7 @@ class PagedTable(w.VBox):
         empty_text: str = "nothing to show",
         sort_field: str | None = None,
         ascending: bool = True,
+        sortable: bool = True,
     ) -> None:
         """Builds an empty table.
 
@@ -157,6 +158,8 @@ class PagedTable(w.VBox):
           sort_field: The column the rows are sorted by at first; ``None`` keeps
             each frame's own order.
           ascending: Whether that sort is ascending.
+          sortable: Whether the sort controls are shown (a table whose rows have
+            an order of their own, such as a tree's, hides them).
 
         Raises:
           ValueError: If ``columns`` is empty, ``pick`` or ``sort_field`` is not
@@ -230,15 +233,9 @@ class PagedTable(w.VBox):
         self.order_button.layout = w.Layout(width="9em")
         self.sort_choice.observe(guard(self._on_sort_control), names="value")
         self.order_button.observe(guard(self._on_sort_control), names="value")
+        sort_controls = [self.sort_choice, self.order_button] if sortable else []
         self.nav = w.HBox(
-            [
-                self.prev_button,
-                self.position,
-                self.next_button,
-                self.page_box,
-                self.sort_choice,
-                self.order_button,
-            ]
+            [self.prev_button, self.position, self.next_button, self.page_box, *sort_controls]
         )
         super().__init__(children=[self.header, *self._rows, self.nav])
         self.observe(
