@@ -253,12 +253,14 @@ class CheckpointExplorer(w.VBox):
         )
         for control in (self.checkpointable_filter, self.key_filter):
             control.observe(guard(self._on_filter), names="value")
-        self.leaf_view = PagedTable(
-            LEAF_COLUMNS, pick="key", page_size=page_size, empty_text="no matching leaves"
+        self._page_size = page_size
+        self._leaf_view: PagedTable | None = None
+        self._tree_view: TreeView | None = None
+        # Side by side where there is room, one above the other where not; built when
+        # a checkpoint is first opened, so that showing the run builds only its table.
+        self.leaf_tables = w.HBox(
+            [], layout=w.Layout(flex_flow="row wrap", align_items="flex-start")
         )
-        self.leaf_view.observe(guard(self._on_pick_leaf), names="selected")
-        self.tree_view = TreeView(page_size=page_size, on_error=self._show_error)
-        self.tree_view.observe(guard(self._on_tree_pick), names="picked")
         self.size_bar = w.HTML("")
         self.verdict = w.HTML("")
         self.diff_view = DiffView(page_size=page_size, on_error=self._show_error)
@@ -269,11 +271,7 @@ class CheckpointExplorer(w.VBox):
                 self.verdict,
                 self.diff_view,
                 w.HBox([self.checkpointable_filter, self.key_filter]),
-                # Side by side where there is room, one above the other where not.
-                w.HBox(
-                    [self.tree_view, self.leaf_view],
-                    layout=w.Layout(flex_flow="row wrap", align_items="flex-start"),
-                ),
+                self.leaf_tables,
             ],
             layout=w.Layout(display="none"),
         )
@@ -323,6 +321,33 @@ class CheckpointExplorer(w.VBox):
         self.poll_interval = poll_interval
 
     # -- public ---------------------------------------------------------------------
+
+    @property
+    def leaf_view(self) -> PagedTable:
+        """The open checkpoint's leaves as a flat table."""
+        if self._leaf_view is None:
+            self._build_leaf_tables()
+        assert self._leaf_view is not None
+        return self._leaf_view
+
+    @property
+    def tree_view(self) -> TreeView:
+        """The open checkpoint's leaves as a tree."""
+        if self._tree_view is None:
+            self._build_leaf_tables()
+        assert self._tree_view is not None
+        return self._tree_view
+
+    def _build_leaf_tables(self) -> None:
+        guard = shown_in_widget(self._show_error)
+        leaf_view = PagedTable(
+            LEAF_COLUMNS, pick="key", page_size=self._page_size, empty_text="no matching leaves"
+        )
+        leaf_view.observe(guard(self._on_pick_leaf), names="selected")
+        tree_view = TreeView(page_size=self._page_size, on_error=self._show_error)
+        tree_view.observe(guard(self._on_tree_pick), names="picked")
+        self._leaf_view, self._tree_view = leaf_view, tree_view
+        self.leaf_tables.children = (tree_view, leaf_view)
 
     def refresh(self, *, deep: bool = True) -> None:
         """Re-lists the run's checkpoints, keeping the open checkpoint if it is still there.
@@ -611,9 +636,10 @@ class CheckpointExplorer(w.VBox):
     def _close_checkpoint(self) -> None:
         self.checkpoint = None
         self.leaves = pd.DataFrame()
-        self.leaf_view.selected = None
-        self.leaf_view.show(pd.DataFrame(columns=[c.field for c in LEAF_COLUMNS]))
-        self.tree_view.show(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
+        if self._leaf_view is not None and self._tree_view is not None:
+            self._leaf_view.selected = None
+            self._leaf_view.show(pd.DataFrame(columns=[c.field for c in LEAF_COLUMNS]))
+            self._tree_view.show(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
         self.size_bar.value = ""
         self.leaf_section.layout.display = "none"
         self.verdict.value = ""

@@ -172,6 +172,12 @@ _LAYOUTS_KEPT = 8
 _LAYOUTS_LOCK = threading.Lock()
 
 
+def clear_layouts() -> None:
+    """Forgets every parsed layout kept by ``read_layout``."""
+    with _LAYOUTS_LOCK:
+        _LAYOUTS.clear()
+
+
 def read_layout(directory: Location) -> PyTreeLayout:
     """Parses a pytree checkpointable's ``_METADATA``.
 
