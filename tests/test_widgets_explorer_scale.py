@@ -240,6 +240,7 @@ def test_a_leaf_across_the_run(run: dict[str, Any]) -> None:
         assert maximum == pytest.approx(float(kernel.max()))
     assert (history["error"] == "").all()
     assert bytes(explorer.history_image.value).startswith(b"\x89PNG")
+    assert explorer.history_box.children == (explorer.history_image,)
     assert explorer.history_status.value == "3 checkpoints read"
 
     # A leaf that is not everywhere: the others say why.
@@ -258,7 +259,7 @@ def test_a_leaf_across_the_run(run: dict[str, Any]) -> None:
         assert "1 without this leaf or unreadable" in explorer.history_status.value
         # Picking another leaf forgets the history.
         explorer.open_leaf("model", "['dense2']['bias']['value']")
-        assert explorer.history.empty and explorer.history_image.layout.display == "none"
+        assert explorer.history.empty and explorer.history_box.children == ()
     finally:
         import shutil
 

@@ -291,14 +291,17 @@ class CheckpointExplorer(w.VBox):
         )
         self.history_button.on_click(guard(lambda _: self.show_history()))
         self.history_status = w.Label("")
-        self.history_image = w.Image(format="png", layout=w.Layout(display="none"))
+        self.history_image = w.Image(format="png")
+        # Holds the image only while there is a history to show: an empty image is
+        # still an element of the page.
+        self.history_box = w.Box([])
         self.leaf_panel = w.VBox(
             [
                 self.leaf_heading,
                 self.values,
                 w.HBox([self.stats_html, w.VBox([self.histogram, self.log_box])]),
                 w.HBox([self.history_button, self.history_status]),
-                self.history_image,
+                self.history_box,
             ],
             layout=w.Layout(display="none"),
         )
@@ -459,7 +462,7 @@ class CheckpointExplorer(w.VBox):
             stop = self._history_stop = threading.Event()
             listing = self.checkpoints
             self.history_status.value = "reading…"
-            self.history_image.layout.display = "none"
+            self.history_box.children = ()
 
         def progress(done: int, total: int) -> None:
             if not stop.is_set():
@@ -484,7 +487,7 @@ class CheckpointExplorer(w.VBox):
                 self.history_status.value = " · ".join(parts)
                 if png:
                     self.history_image.value = png
-                    self.history_image.layout.display = ""
+                    self.history_box.children = (self.history_image,)
 
         self._in_background(work, "tinax-explorer-history")
 
@@ -687,7 +690,7 @@ class CheckpointExplorer(w.VBox):
         self._history_stop.set()
         self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
         self.history_status.value = ""
-        self.history_image.layout.display = "none"
+        self.history_box.children = ()
 
     def _draw_histogram(self) -> None:
         stats = self.statistics
