@@ -60,6 +60,7 @@ test: install chromium lint
 bench: install
 	$(PY) bench/save_load.py
 	$(PY) bench/explore.py
+	$(PY) bench/explorer_scale.py
 
 # Saves against the real world, tinax beside Orbax alone (a few minutes each; `make test`
 # runs a small sample): jobs SIGKILLed mid-save then resumed, and two writers racing

@@ -211,3 +211,62 @@ def test_the_listing_cache_can_be_bounded_cleared_and_bypassed(tmp_path, monkeyp
         ex.ListingCache(max_entries=-1)
     with pytest.raises(TypeError):
         ex.list_checkpoints(tmp_path, cache={})
+
+
+def test_a_quick_listing_reads_commit_records_only_and_names_what_it_left_unchecked(
+    tmp_path, monkeypatch
+):
+    for step in range(2):
+        save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
+    (tmp_path / "step_1" / "m" / "_METADATA").write_text('{"tree_metadata": {')
+    from tinax._format import preflight
+    from tinax.explore import _listing
+
+    checked = []
+    real = preflight.check
+    monkeypatch.setattr(preflight, "check", lambda path: checked.append(path) or real(path))
+    cache = ex.ListingCache()
+    quick = ex.list_checkpoints(tmp_path, cache=cache, deep=False)
+    assert checked == []
+    assert list(quick["status"]) == ["complete", "complete"]
+    assert quick.attrs["unchecked"] == [str(tmp_path / "step_0"), str(tmp_path / "step_1")]
+    assert list(quick["checkpointables"]) == [("m",), ("m",)]
+    assert list(quick["committed"].notna()) == [True, True]
+    full = ex.list_checkpoints(tmp_path, deep=False, cache=None)
+    assert quick[["name", "nbytes", "committed"]].equals(full[["name", "nbytes", "committed"]])
+
+    deep = ex.list_checkpoints(tmp_path, cache=cache)
+    assert list(deep["status"]) == ["complete", "invalid"] and deep.attrs["unchecked"] == []
+    assert len(checked) == 2
+    # Remembered: a quick listing now knows which one cannot be read.
+    again = ex.list_checkpoints(tmp_path, cache=cache, deep=False)
+    assert list(again["status"]) == ["complete", "invalid"] and again.attrs["unchecked"] == []
+    assert "_METADATA" in again.attrs["errors"][str(tmp_path / "step_1")]
+    assert len(checked) == 2
+    with pytest.raises(TypeError, match="deep"):
+        ex.list_checkpoints(tmp_path, deep="yes")
+    assert _listing.listing_cache is ex.listing_cache
+
+
+def test_a_quick_listing_still_refuses_what_it_cannot_read(tmp_path):
+    save_v1(tmp_path / "good", {"m": {"w": np.zeros(2)}})
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "_CHECKPOINT_METADATA").write_text("{not json")
+    listing = ex.list_checkpoints(tmp_path, deep=False, cache=None)
+    assert dict(zip(listing["name"], listing["status"], strict=True)) == {
+        "broken": "invalid",
+        "good": "complete",
+    }
+    assert "_CHECKPOINT_METADATA" in listing.attrs["errors"][str(broken)]
+
+
+def test_a_remembered_verdict_lists_the_same_row_as_a_fresh_read(tmp_path):
+    root = save_v1_run(tmp_path / "run", steps=(0, 5))
+    (root / "5" / "pytree" / "_METADATA").write_text('{"tree_metadata": {')
+    cache = ex.ListingCache()
+    fresh = ex.list_checkpoints(root, cache=cache)
+    for deep in (True, False):
+        kept = ex.list_checkpoints(root, cache=cache, deep=deep)
+        assert kept.drop(columns="age").equals(fresh.drop(columns="age"))
+        assert kept.attrs["errors"] == fresh.attrs["errors"]

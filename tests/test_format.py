@@ -297,3 +297,20 @@ def test_a_save_in_progress_uses_the_temporary_name_the_format_module_knows(
     assert temporary, seen
     assert all(names.is_temporary_name(n) and names.final_name(n) == "step_2" for n in temporary)
     assert [p.name for p in tmp_path.iterdir()] == ["step_2"]
+
+
+def test_a_parsed_layout_is_reused_until_its_metadata_changes(tmp_path: Path) -> None:
+    ocp.save_checkpointables(tmp_path / "ckpt", {"model": {"w": np.zeros(3), "b": np.ones(2)}})
+    model = local(tmp_path / "ckpt" / "model")
+    first = pytree.read_layout(model)
+    assert pytree.read_layout(model) is first  # parsed once
+    meta = tmp_path / "ckpt" / "model" / names.PYTREE_METADATA
+    document = json.loads(meta.read_text())
+    entry = document["tree_metadata"].pop(next(iter(document["tree_metadata"])))
+    document["tree_metadata"]["('x',)"] = {**entry, "key_metadata": [{"key": "x", "key_type": 2}]}
+    meta.write_text(json.dumps(document))
+    second = pytree.read_layout(model)
+    assert second is not first and "['x']" in [leaf.key for leaf in second.leaves]
+    meta.write_text('{"tree_metadata": [')
+    with pytest.raises(ValueError, match="_METADATA"):
+        pytree.read_layout(model)

@@ -40,7 +40,9 @@ def test_the_open_checkpoint_shows_its_verdict(run: Path) -> None:
     shutil.copytree(run / "step-1", broken)
     (broken / "model" / "_METADATA").write_text("{")
     explorer = CheckpointExplorer(run)
+    assert explorer.wait(60), "the background check of the run did not finish"
     explorer.open_checkpoint("step-1")
+    assert explorer.wait(60), "the verdict did not come"
     assert 'data-ok="true"' in explorer.verdict.value
     assert "sound (metadata checked)" in explorer.verdict.value
     # A checkpoint the listing calls invalid is not opened; verify names its broken part.

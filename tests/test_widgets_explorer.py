@@ -65,6 +65,7 @@ def test_pick_a_checkpoint_and_a_leaf_by_clicking(any_run: str) -> None:
     run = any_run
     explorer = CheckpointExplorer(run)
     assert explorer.checkpoints["name"].tolist() == ["step-1", "step-2"]
+    assert explorer.wait(60)
     assert explorer.summary.value == "2 checkpoints"
     assert explorer.leaf_section.layout.display == "none"
 
@@ -336,3 +337,73 @@ def test_a_save_that_claims_meanwhile_is_not_removed(run: Path) -> None:
         assert statuses[temporary.name] == "in progress"
     finally:
         second.close()
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of 25 one-leaf checkpoints written by Orbax itself, steps 0, 10, … 240."""
+    from orbax.checkpoint import v1 as ocp
+
+    root = tmp_path_factory.mktemp("long_run")
+    for step in range(0, 250, 10):
+        ocp.save_pytree(root / f"step_{step:06d}", {"w": np.full(2, step, np.float32)})
+    return root
+
+
+def _names_shown(explorer: CheckpointExplorer) -> list[str]:
+    view = explorer.checkpoint_view
+    return [str(explorer.checkpoints.loc[label, "name"]) for label in view.visible_labels()]
+
+
+def test_a_run_is_listed_newest_first_narrowed_by_step_and_jumped_through(long_run: Path) -> None:
+    explorer = CheckpointExplorer(long_run, page_size=10)
+    assert _names_shown(explorer)[:3] == ["step_000240", "step_000230", "step_000220"]
+    assert explorer.checkpoint_view.position.value == "rows 1–10 of 25 · page 1/3"
+    slider = explorer.step_range
+    assert (slider.min, slider.max, slider.value) == (0, 240, (0, 240))
+
+    slider.value = (50, 100)
+    assert _names_shown(explorer) == [f"step_{s:06d}" for s in (100, 90, 80, 70, 60, 50)]
+    explorer.checkpoint_view.sort_by("step")  # oldest first, on request
+    assert _names_shown(explorer)[0] == "step_000050"
+
+    # Jumping to a step opens it, widening the range when it lies outside.
+    explorer.step_box.value = 200
+    explorer.go_button.click()
+    assert explorer.checkpoint == str(long_run / "step_000200")
+    assert slider.value == (0, 240)
+    assert "step_000200" in _names_shown(explorer)
+    assert explorer.checkpoint_view.selected == str(long_run / "step_000200")
+    explorer.go_to_step(36)  # no such step: the nearest is opened, and said so
+    assert explorer.checkpoint == str(long_run / "step_000040")
+    assert "nearest" in explorer.message.value and "36" in explorer.message.value
+    explorer.go_to_step(-5)
+    assert explorer.checkpoint == str(long_run / "step_000000")
+    with pytest.raises(TypeError):
+        explorer.go_to_step("10")  # type: ignore[arg-type]
+    explorer.close()
+
+
+def test_the_run_is_shown_before_it_is_checked_and_marked_when_checked(tmp_path: Path) -> None:
+    from orbax.checkpoint import v1 as ocp
+
+    import tinax.explore as ex
+
+    for step in (1, 2, 3):
+        ocp.save_pytree(tmp_path / f"step_{step}", {"w": np.zeros(2, np.float32)})
+    (tmp_path / "step_2" / "state" / "_METADATA").write_text('{"tree_metadata": {')
+    ex.listing_cache.clear()
+    explorer = CheckpointExplorer(tmp_path)
+    assert explorer.wait(60)
+    statuses = dict(zip(explorer.checkpoints["name"], explorer.checkpoints["status"], strict=True))
+    assert statuses == {"step_1": "complete", "step_2": "invalid", "step_3": "complete"}
+    assert explorer.summary.value == "3 checkpoints · 1 invalid"
+    assert explorer.checkpoint_view.pick_button(_label(explorer, "step_2")).disabled
+    # Now remembered: the next explorer's first listing already knows.
+    again = CheckpointExplorer(tmp_path)
+    assert dict(zip(again.checkpoints["name"], again.checkpoints["status"], strict=True)) == (
+        statuses
+    )
+    assert again.wait(0.001) and "checking" not in again.summary.value
+    with pytest.raises(ValueError, match="no complete checkpoint with a step"):
+        CheckpointExplorer(tmp_path / "step_2" / "state").go_to_step(1)

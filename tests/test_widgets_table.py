@@ -144,3 +144,56 @@ def test_a_narrow_notebook_scrolls_the_table_instead_of_cutting_keys() -> None:
     assert key_cells[0].layout.min_width == f"{len(keys[1]) * 0.62 + 2:.1f}em"
     table.show(pd.DataFrame({"key": ["['a']"], "size": [1]}))
     assert key_cells[0].layout.min_width == f"{8 * 0.62 + 2:.1f}em"
+
+
+def test_rows_sort_by_any_column_through_the_controls() -> None:
+    frame = pd.DataFrame(
+        {
+            "name": ["b", "a", "c", "d"],
+            "size": pd.array([2, None, 10, 1], dtype="Int64"),
+            "shape": [(2, 2), (3,), None, (1, 1, 1)],
+        },
+        index=[10, 11, 12, 13],
+    )
+    table = PagedTable(COLUMNS, pick="name", page_size=2)
+    table.show(frame)
+    table.pick_button(11).click()
+    table.sort_choice.value = "size"
+    assert list(table.frame.index) == [13, 10, 12, 11]  # missing last, as numbers
+    assert (table.sort_field, table.ascending, table.page) == ("size", True, 0)
+    table.order_button.value = True
+    assert list(table.frame.index) == [12, 10, 13, 11]  # missing last either way
+    assert table.selected == 11
+    table.sort_by("shape")
+    # Shapes by their number of elements: (1, 1, 1), (3,), (2, 2), then none.
+    assert list(table.frame.index) == [13, 11, 10, 12]
+    assert table.sort_choice.value == "shape" and not table.order_button.value
+    table.sort_by("name", ascending=False)
+    assert _visible_names(table) == ["d", "c"]
+    assert table.order_button.value
+    # A new frame is shown in the same order; stored order comes back on request.
+    table.show(frame[frame["name"] != "d"])
+    assert _visible_names(table) == ["c", "b"]
+    table.sort_choice.value = ""
+    assert table.sort_field is None and list(table.frame.index) == [10, 11, 12]
+    with pytest.raises(ValueError, match="no column"):
+        table.sort_by("missing")
+    with pytest.raises(ValueError, match="sort column"):
+        PagedTable(COLUMNS, sort_field="missing")
+
+
+def test_a_table_starts_sorted_and_jumps_to_a_page() -> None:
+    table = PagedTable(COLUMNS, pick="name", page_size=10, sort_field="size", ascending=False)
+    table.show(_frame(95))
+    assert _visible_names(table)[:2] == ["row-94", "row-93"]
+    assert (table.page_box.value, table.page_box.max) == (1, 10)
+    table.page_box.value = 7
+    assert table.page == 6 and _visible_names(table)[0] == "row-34"
+    table.jump(99)
+    assert table.page == 9 and table.page_box.value == 10
+    table.prev_button.click()
+    assert table.page_box.value == 9
+    table.show(_frame(15))
+    assert (table.page, table.page_box.value, table.page_box.max) == (0, 1, 2)
+    with pytest.raises(TypeError):
+        table.jump("2")  # type: ignore[arg-type]

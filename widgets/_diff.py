@@ -126,12 +126,20 @@ class DiffView(w.VBox):
         )
         self.title = w.HTML("")
         self.bars = w.VBox([])
-        self.table = PagedTable(DIFF_COLUMNS, page_size=page_size, look=_look)
-        self.result = w.VBox(
-            [self.title, self.depth, self.bars, self.table], layout=w.Layout(display="none")
-        )
+        self._page_size = page_size
+        self._table: PagedTable | None = None
+        self.result = w.VBox([self.title, self.depth, self.bars], layout=w.Layout(display="none"))
         super().__init__([w.HBox([self.choice, self.progress]), self.result])
         self.add_class("tinax-diff-view")
+
+    @property
+    def table(self) -> PagedTable:
+        """The diff as a table; made when first needed, so that an explorer that
+        compares nothing never builds it."""
+        if self._table is None:
+            self._table = PagedTable(DIFF_COLUMNS, page_size=self._page_size, look=_look)
+            self.result.children = (*self.result.children, self._table)
+        return self._table
 
     def set_base(self, base: str | None, others: Sequence[tuple[str, str]]) -> None:
         """Compares from ``base``; ``others`` are the ``(name, path)`` choices offered."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import html
 import os
 import threading
+import time
 from typing import Any
 
 import ipywidgets as w
+import numpy as np
 import pandas as pd
 import traitlets
 
@@ -18,13 +20,17 @@ from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
 from ._diff import DiffView
 from ._guard import shown_in_widget
 from ._histogram import histogram_png
+from ._history import HISTORY_COLUMNS, history_png, leaf_history, log_histogram_png
 from ._interrupted import InterruptedSaves
 from ._table import Column, PagedTable, RowLook, format_cell
 from ._text import error_html, format_age, format_bytes, note_html
+from ._tree import TreeView, size_bar_html, size_breakdown
 from ._verdict import verdict_html
 
 DEFAULT_POLL_SECONDS = 2.0
 _VALUE_CHARS = 40
+# Arrays this small show their values (a PRNG key's data, a bias, a step count).
+SMALL_ARRAY = 64
 
 
 def _format_time(value: Any) -> str:
@@ -135,9 +141,23 @@ def statistics_html(stats: LeafStatistics) -> str:
     return f'<table class="tinax-leaf-stats">{cells}</table>'
 
 
+def values_html(value: Any) -> str:
+    """A small array's values, as NumPy prints them."""
+    array = np.asarray(value)
+    try:
+        text = np.array2string(array, max_line_width=96, threshold=SMALL_ARRAY, separator=", ")
+    except (TypeError, ValueError):
+        text = repr(array.tolist())
+    return f'<pre class="tinax-leaf-values" style="margin:0 0 4px 0">{html.escape(text)}</pre>'
+
+
 class CheckpointExplorer(w.VBox):
     """Browse a run: its checkpoints, one checkpoint's leaves, one leaf's statistics.
 
+    Checkpoints are listed newest first; a step range narrows the list and "go to
+    step" opens the checkpoint of a step. The first listing walks the run without
+    parsing metadata, so that a long run shows at once; a background thread then
+    reads each checkpoint's metadata and marks those that cannot be read.
     Checkpoints still being written, interrupted saves and directories that
     cannot be read are listed with their status and age and cannot be opened; an
     interrupted save can be removed, after a confirmation. Picking a leaf reads only that
@@ -153,6 +173,8 @@ class CheckpointExplorer(w.VBox):
       leaves: The open checkpoint's ``checkpoint_table`` (all rows, unfiltered).
       statistics: The picked leaf's ``LeafStatistics``, or ``None``.
       leaf_value: The picked leaf's value as read, or ``None``.
+      history: The picked leaf's norm, mean and max at every complete checkpoint
+        (``leaf_history``), once "across the run" has read them; else empty.
     """
 
     checkpoint = traitlets.Unicode(None, allow_none=True)
@@ -187,10 +209,17 @@ class CheckpointExplorer(w.VBox):
         self._lock = threading.RLock()
         self._stop_polling = threading.Event()
         self._poller: threading.Thread | None = None
+        self._background: list[threading.Thread] = []
+        # Listings finish out of order (a background check, a refresh): the last
+        # one started is the one shown.
+        self._listings_started = 0
+        self._listing_shown = 0
         self.checkpoints = pd.DataFrame()
         self.leaves = pd.DataFrame()
         self.statistics: LeafStatistics | None = None
         self.leaf_value: Any = None
+        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
+        self._history_stop = threading.Event()
 
         guard = shown_in_widget(self._show_error)
         self.refresh_button = w.Button(description="Refresh", icon="refresh")
@@ -209,8 +238,24 @@ class CheckpointExplorer(w.VBox):
             page_size=page_size,
             look=_checkpoint_look,
             empty_text="no checkpoints yet",
+            sort_field="step",
+            ascending=False,
         )
         self.checkpoint_view.observe(guard(self._on_pick_checkpoint), names="selected")
+        self.step_range = w.IntRangeSlider(
+            value=(0, 0),
+            min=0,
+            max=0,
+            description="steps",
+            continuous_update=False,
+            layout=w.Layout(width="32em", display="none"),
+        )
+        self.step_range.observe(guard(self._on_step_range), names="value")
+        self.step_box = w.IntText(value=0, description="go to step", layout=w.Layout(width="14em"))
+        self.go_button = w.Button(description="Go", tooltip="open the checkpoint of this step")
+        self.go_button.layout = w.Layout(width="5em")
+        self.go_button.on_click(guard(lambda _: self.go_to_step(int(self.step_box.value))))
+        self.run_controls = w.HBox([self.step_range, self.step_box, self.go_button])
 
         self.leaf_title = w.HTML("")
         self.checkpointable_filter = w.Dropdown(
@@ -221,33 +266,61 @@ class CheckpointExplorer(w.VBox):
         )
         for control in (self.checkpointable_filter, self.key_filter):
             control.observe(guard(self._on_filter), names="value")
-        self.leaf_view = PagedTable(
-            LEAF_COLUMNS, pick="key", page_size=page_size, empty_text="no matching leaves"
+        self._page_size = page_size
+        self._leaf_view: PagedTable | None = None
+        self._tree_view: TreeView | None = None
+        # Side by side where there is room, one above the other where not; built when
+        # a checkpoint is first opened, so that showing the run builds only its table.
+        self.leaf_tables = w.HBox(
+            [], layout=w.Layout(flex_flow="row wrap", align_items="flex-start")
         )
-        self.leaf_view.observe(guard(self._on_pick_leaf), names="selected")
+        self.size_bar = w.HTML("")
         self.verdict = w.HTML("")
         self.diff_view = DiffView(page_size=page_size, on_error=self._show_error)
         self.leaf_section = w.VBox(
             [
                 self.leaf_title,
+                self.size_bar,
                 self.verdict,
                 self.diff_view,
                 w.HBox(
                     [self.checkpointable_filter, self.key_filter],
                     layout=w.Layout(flex_flow="row wrap"),
                 ),
-                self.leaf_view,
+                self.leaf_tables,
             ],
             layout=w.Layout(display="none"),
         )
 
         self.leaf_heading = w.HTML("")
+        self.values = w.HTML("")
         self.stats_html = w.HTML("")
         self.histogram = w.Image(format="png", layout=_image_layout(display="none"))
+        self.log_box = w.Checkbox(
+            value=False, description="log scale", indent=False, layout=w.Layout(display="none")
+        )
+        self.log_box.observe(guard(lambda _: self._draw_histogram()), names="value")
+        self.history_button = w.Button(
+            description="across the run",
+            icon="line-chart",
+            tooltip="this leaf's norm, mean and max at every complete checkpoint",
+        )
+        self.history_button.on_click(guard(lambda _: self.show_history()))
+        self.history_status = w.Label("")
+        self.history_image = w.Image(format="png", layout=_image_layout())
+        # Holds the image only while there is a history to show: an empty image is
+        # still an element of the page.
+        self.history_box = w.Box([])
         self.leaf_panel = w.VBox(
             [
                 self.leaf_heading,
-                w.HBox([self.stats_html, self.histogram], layout=w.Layout(flex_flow="row wrap")),
+                self.values,
+                w.HBox(
+                    [self.stats_html, w.VBox([self.histogram, self.log_box])],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
+                w.HBox([self.history_button, self.history_status]),
+                self.history_box,
             ],
             layout=w.Layout(display="none"),
         )
@@ -260,6 +333,7 @@ class CheckpointExplorer(w.VBox):
                     layout=w.Layout(flex_flow="row wrap"),
                 ),
                 self.message,
+                self.run_controls,
                 self.checkpoint_view,
                 self.interrupted,
                 self.leaf_section,
@@ -268,34 +342,96 @@ class CheckpointExplorer(w.VBox):
         )
         self.add_class("tinax-checkpoint-explorer")
         self.observe(guard(self._on_poll_interval), names="poll_interval")
-        self.refresh()
+        self.refresh(deep=False)
         self.poll_interval = poll_interval
 
     # -- public ---------------------------------------------------------------------
 
-    def refresh(self) -> None:
-        """Re-lists the run's checkpoints, keeping the open checkpoint if it is still there."""
+    @property
+    def leaf_view(self) -> PagedTable:
+        """The open checkpoint's leaves as a flat table."""
+        if self._leaf_view is None:
+            self._build_leaf_tables()
+        assert self._leaf_view is not None
+        return self._leaf_view
+
+    @property
+    def tree_view(self) -> TreeView:
+        """The open checkpoint's leaves as a tree."""
+        if self._tree_view is None:
+            self._build_leaf_tables()
+        assert self._tree_view is not None
+        return self._tree_view
+
+    def _build_leaf_tables(self) -> None:
+        guard = shown_in_widget(self._show_error)
+        leaf_view = PagedTable(
+            LEAF_COLUMNS, pick="key", page_size=self._page_size, empty_text="no matching leaves"
+        )
+        leaf_view.observe(guard(self._on_pick_leaf), names="selected")
+        tree_view = TreeView(page_size=self._page_size, on_error=self._show_error)
+        tree_view.observe(guard(self._on_tree_pick), names="picked")
+        self._leaf_view, self._tree_view = leaf_view, tree_view
+        self.leaf_tables.children = (tree_view, leaf_view)
+
+    def refresh(self, *, deep: bool = True) -> None:
+        """Re-lists the run's checkpoints, keeping the open checkpoint if it is still there.
+
+        Args:
+          deep: Whether checkpoints not read before are read (metadata only) to
+            tell whether they can be opened. ``False`` lists at the speed of a
+            walk of the run and leaves that check to a background thread.
+        """
         with self._lock:
-            table = explore.list_checkpoints(self.root)
-            table = table.set_index(table["path"].astype(str), drop=False)
-            table.index.name = None
-            changed = not self._same_listing(self.checkpoints, table)
-            self.checkpoints = table
-            counts = table["status"].value_counts() if len(table) else pd.Series(dtype=int)
-            parts = [f"{len(table)} checkpoint{'s' if len(table) != 1 else ''}"]
-            parts += [f"{n} {status}" for status, n in counts.items() if status != COMPLETE]
-            self.summary.value = " · ".join(parts)
-            if changed:
-                self.checkpoint_view.show(table, keep_page=True)
-                self.diff_view.set_base(self.checkpoint, self._comparable())
-            self.interrupted.update(table)
-            if self.checkpoint is not None:
-                still = table[table["path"].astype(str) == self.checkpoint]
-                if still.empty or str(still.iloc[0]["status"]) != COMPLETE:
-                    self._close_checkpoint()
-                    self.message.value = note_html(
-                        "the open checkpoint is gone from the run", color="#8a6d00"
-                    )
+            self._listings_started += 1
+            number = self._listings_started
+        table = explore.list_checkpoints(self.root, deep=deep)
+        with self._lock:
+            if number < self._listing_shown:
+                return  # A listing started later is already shown.
+            self._listing_shown = number
+            self._show_listing(table)
+        if table.attrs.get("unchecked"):
+            self._in_background(self._check_listing, "tinax-explorer-check")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits for the work started in the background (the run's check, a leaf's
+        history across the run); returns whether it has all finished."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                running = [t for t in self._background if t.is_alive()]
+                self._background = running
+            if not running:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            running[0].join(left)
+
+    def go_to_step(self, step: int) -> None:
+        """Opens the complete checkpoint of ``step``, or the nearest one, and shows its row.
+
+        Raises:
+          TypeError: If ``step`` is not an int.
+          ValueError: If the run has no complete checkpoint with a step.
+        """
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"a step is an int, got {type(step).__name__}")
+        table = self.checkpoints
+        done = table[(table["status"] == COMPLETE) & table["step"].notna()] if len(table) else table
+        if done.empty:
+            raise ValueError(f"no complete checkpoint with a step in {str(self.root)!r}")
+        steps = done["step"].astype("int64")
+        distance = (steps - step).abs()
+        # The nearest step; of two as near, the earlier.
+        label = distance.sort_values(kind="stable").index[0]
+        found = int(steps.loc[label])
+        self.open_checkpoint(label)
+        if found != step:
+            self.message.value = note_html(
+                f"no complete checkpoint at step {step:,}; opened step {found:,}, the nearest"
+            )
 
     def open_checkpoint(self, name_or_path: str | os.PathLike[str]) -> None:
         """Opens a listed checkpoint, as if its row had been clicked.
@@ -309,6 +445,8 @@ class CheckpointExplorer(w.VBox):
         if rows.empty:
             raise ValueError(f"no checkpoint {wanted!r} in {str(self.root)!r}")
         label = rows.index[0]
+        if label not in self.checkpoint_view.frame.index:
+            self.step_range.value = (self.step_range.min, self.step_range.max)
         self.checkpoint_view.show_row(label)
         self.checkpoint_view.selected = label
 
@@ -331,15 +469,126 @@ class CheckpointExplorer(w.VBox):
         self.leaf_view.show_row(label)
         self.leaf_view.selected = label
 
+    def show_history(self) -> None:
+        """Reads the picked leaf from every complete checkpoint of the run, in the
+        background, and plots its norm, mean and max against step (``wait`` waits).
+
+        Raises:
+          ValueError: If no leaf is picked.
+        """
+        with self._lock:
+            if self.leaf is None or self.checkpoint is None:
+                raise ValueError("pick a leaf first")
+            checkpointable, key = self.leaf
+            self._history_stop.set()
+            stop = self._history_stop = threading.Event()
+            listing = self.checkpoints
+            self.history_status.value = "reading…"
+            self.history_box.children = ()
+
+        def progress(done: int, total: int) -> None:
+            if not stop.is_set():
+                self.history_status.value = f"read {done:,} of {total:,} checkpoints…"
+
+        def work() -> None:
+            try:
+                table = leaf_history(listing, checkpointable, key, progress=progress, stop=stop)
+                png = history_png(table, title=f"{checkpointable} {key}")
+            except Exception as e:
+                if not stop.is_set():
+                    self.history_status.value = f"⚠ {type(e).__name__}: {e}"
+                raise
+            with self._lock:
+                if stop.is_set():
+                    return  # Another leaf was picked meanwhile.
+                self.history = table
+                failed = int((table["error"] != "").sum())
+                parts = [f"{len(table) - failed:,} checkpoints read"]
+                if failed:
+                    parts.append(f"{failed:,} without this leaf or unreadable")
+                self.history_status.value = " · ".join(parts)
+                if png:
+                    self.history_image.value = png
+                    self.history_box.children = (self.history_image,)
+
+        self._in_background(work, "tinax-explorer-history")
+
     def close(self) -> None:
         """Stops polling and closes the widget."""
         # Also called from __del__, possibly on an instance whose __init__ failed.
-        stop = getattr(self, "_stop_polling", None)
-        if stop is not None:
-            stop.set()
+        for name in ("_stop_polling", "_history_stop"):
+            stop = getattr(self, name, None)
+            if stop is not None:
+                stop.set()
         super().close()
 
     # -- checkpoints ----------------------------------------------------------------
+
+    def _in_background(self, work: Any, name: str) -> None:
+        guarded = shown_in_widget(self._show_error)(work)
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        with self._lock:
+            self._background.append(thread)
+        thread.start()
+
+    def _check_listing(self) -> None:
+        # Deep, so it remembers each verdict: later listings are quick and exact.
+        self.refresh(deep=True)
+
+    def _show_listing(self, table: pd.DataFrame) -> None:
+        table = table.set_index(table["path"].astype(str), drop=False)
+        table.index.name = None
+        changed = not self._same_listing(self.checkpoints, table)
+        self.checkpoints = table
+        counts = table["status"].value_counts() if len(table) else pd.Series(dtype=int)
+        parts = [f"{len(table)} checkpoint{'s' if len(table) != 1 else ''}"]
+        parts += [f"{n} {status}" for status, n in counts.items() if status != COMPLETE]
+        unchecked = len(table.attrs.get("unchecked", ()))
+        if unchecked:
+            parts.append(f"checking {unchecked:,} that have not been read yet…")
+        self.summary.value = " · ".join(parts)
+        if changed:
+            self._update_step_range(table)
+            self.checkpoint_view.show(self._in_step_range(table), keep_page=True)
+            self.diff_view.set_base(self.checkpoint, self._comparable())
+        self.interrupted.update(table)
+        if self.checkpoint is not None:
+            still = table[table["path"].astype(str) == self.checkpoint]
+            if still.empty or str(still.iloc[0]["status"]) != COMPLETE:
+                self._close_checkpoint()
+                self.message.value = note_html(
+                    "the open checkpoint is gone from the run", color="#8a6d00"
+                )
+
+    def _update_step_range(self, table: pd.DataFrame) -> None:
+        steps = table["step"].dropna() if len(table) else pd.Series(dtype="Int64")
+        if steps.empty:
+            self.step_range.layout.display = "none"
+            return
+        low, high = int(steps.min()), int(steps.max())
+        slider = self.step_range
+        was_all = slider.layout.display == "none" or slider.value == (slider.min, slider.max)
+        old_low, old_high = slider.value
+        with self.hold_trait_notifications(), slider.hold_trait_notifications():
+            # Widened first, so that neither bound is clamped against the other.
+            slider.min, slider.max = min(slider.min, low), max(slider.max, high)
+            value = (low, high) if was_all else (max(low, old_low), min(high, old_high))
+            slider.value = value if value[0] <= value[1] else (low, high)
+            slider.min, slider.max = low, high
+        slider.layout.display = ""
+
+    def _in_step_range(self, table: pd.DataFrame) -> pd.DataFrame:
+        slider = self.step_range
+        if slider.layout.display == "none" or slider.value == (slider.min, slider.max):
+            return table
+        low, high = slider.value
+        steps = table["step"]
+        return table[steps.notna() & (steps >= low) & (steps <= high)].copy()
+
+    def _on_step_range(self, _change: Any) -> None:
+        with self._lock:
+            if not self.checkpoints.empty:
+                self.checkpoint_view.show(self._in_step_range(self.checkpoints))
 
     def _comparable(self) -> list[tuple[str, str]]:
         table = self.checkpoints
@@ -394,15 +643,29 @@ class CheckpointExplorer(w.VBox):
             f"checkpointable{'s' if len(names) != 1 else ''}, {format_bytes(total)}"
         )
         self.leaf_view.show(leaves)
-        self.verdict.value = verdict_html(path)
+        self.tree_view.show(leaves)
+        self.size_bar.value = size_bar_html(size_breakdown(self.tree_view.tree))
+        # verify reads every metadata file again and walks the array stores: the
+        # leaves are shown first, its verdict when it comes.
+        self.verdict.value = note_html("checking the checkpoint…")
+        self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
         self.diff_view.set_base(path, self._comparable())
         self.leaf_section.layout.display = ""
+
+    def _show_verdict(self, path: str) -> None:
+        text = verdict_html(path)
+        with self._lock:
+            if self.checkpoint == path:
+                self.verdict.value = text
 
     def _close_checkpoint(self) -> None:
         self.checkpoint = None
         self.leaves = pd.DataFrame()
-        self.leaf_view.selected = None
-        self.leaf_view.show(pd.DataFrame(columns=[c.field for c in LEAF_COLUMNS]))
+        if self._leaf_view is not None and self._tree_view is not None:
+            self._leaf_view.selected = None
+            self._leaf_view.show(pd.DataFrame(columns=[c.field for c in LEAF_COLUMNS]))
+            self._tree_view.show(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
+        self.size_bar.value = ""
         self.leaf_section.layout.display = "none"
         self.verdict.value = ""
         self.diff_view.set_base(None, [])
@@ -429,13 +692,42 @@ class CheckpointExplorer(w.VBox):
                 mask &= leaves["key"].astype(str).str.contains(text, case=False, regex=False)
             self.leaf_view.show(leaves[mask])
 
+    def _on_tree_pick(self, change: Any) -> None:
+        label = change["new"]
+        if label is None:
+            return
+        with self._lock:
+            row = self.leaves.loc[label]
+            self.open_leaf(str(row["checkpointable"]), str(row["key"]))
+
     def _clear_leaf(self) -> None:
         self.leaf = None
         self.statistics = None
         self.leaf_value = None
         self.leaf_panel.layout.display = "none"
         self.histogram.layout.display = "none"
+        self.log_box.layout.display = "none"
         self.stats_html.value = ""
+        self.values.value = ""
+        self._history_stop.set()
+        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
+        self.history_status.value = ""
+        self.history_box.children = ()
+
+    def _draw_histogram(self) -> None:
+        stats = self.statistics
+        key = "" if self.leaf is None else self.leaf[1]
+        png = b""
+        if stats is not None:
+            png = (
+                log_histogram_png(stats, title=key)
+                if self.log_box.value
+                else histogram_png(stats, title=key)
+            )
+        if png:
+            self.histogram.value = png
+        self.histogram.layout.display = "" if png else "none"
+        self.log_box.layout.display = "" if png else "none"
 
     def _on_pick_leaf(self, change: Any) -> None:
         label = change["new"]
@@ -464,14 +756,22 @@ class CheckpointExplorer(w.VBox):
                 self.stats_html.value = error_html(e, title="Cannot read this leaf:")
                 raise
             self.leaf_value = value
-            if is_numeric(value):
+            small = is_numeric(value) and int(np.size(value)) <= SMALL_ARRAY
+            if small:
+                self.values.value = values_html(value)
+            if is_numeric(value) and not (small and np.asarray(value).dtype.kind in "biu"):
                 stats = leaf_statistics(value)
                 self.statistics = stats
                 self.stats_html.value = statistics_html(stats)
-                png = histogram_png(stats, title=key)
-                if png:
-                    self.histogram.value = png
-                    self.histogram.layout.display = ""
+                self.leaf = (checkpointable, key)
+                self._draw_histogram()
+            elif small:
+                # Integers this few are identities (a PRNG key, a step count), not a
+                # distribution: their values are what there is to see.
+                array = np.asarray(value)
+                self.stats_html.value = note_html(
+                    f"{format_cell(tuple(array.shape))} {array.dtype}: values shown"
+                )
             else:
                 self.stats_html.value = f"<pre>{html.escape(_format_value(repr(value)))}</pre>"
             self.leaf = (checkpointable, key)

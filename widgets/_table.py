@@ -10,6 +10,7 @@ from typing import Any
 import ipywidgets as w
 import pandas as pd
 import traitlets
+from ipywidgets.widgets.widget_string import LabelStyle
 
 from ._guard import shown_in_widget
 
@@ -70,6 +71,47 @@ class RowLook:
     tooltip: str | None = None
 
 
+def _sort_value(value: Any) -> Any:
+    """A cell's place in a sort of a column that is not numbers: shapes by their size."""
+    if isinstance(value, tuple):
+        return (0, math.prod(v if isinstance(v, int) else 0 for v in value), len(value), str(value))
+    return (1, 0, 0, str(value))
+
+
+def _sort_key(series: pd.Series) -> pd.Series:
+    if pd.api.types.is_bool_dtype(series.dtype):
+        return series.astype("Int64")
+    if (
+        pd.api.types.is_numeric_dtype(series.dtype)
+        or pd.api.types.is_datetime64_any_dtype(series.dtype)
+        or pd.api.types.is_timedelta64_dtype(series.dtype)
+        or (pd.api.types.is_string_dtype(series.dtype) and series.dtype != object)
+    ):
+        return series
+    # Objects (shapes, tuples of names, mixed values): missing ones stay missing, so
+    # that they sort last whichever way.
+    return series.map(lambda v: None if format_cell(v) == "" else _sort_value(v))
+
+
+def sorted_frame(frame: pd.DataFrame, field: str | None, *, ascending: bool = True) -> pd.DataFrame:
+    """``frame`` sorted by its column ``field`` (stable, missing values last).
+
+    Numbers, times and strings sort by value; shapes by their number of elements;
+    anything else by its text. ``None`` (or a field ``frame`` lacks) keeps ``frame``'s
+    own order.
+    """
+    if field is None or field not in frame.columns or len(frame) < 2:
+        return frame
+    key = _sort_key(frame[field])
+    try:
+        order = key.sort_values(ascending=ascending, kind="stable", na_position="last").index
+    except TypeError:
+        # Values that do not compare with one another sort by their text.
+        text = frame[field].map(lambda v: format_cell(v) or None)
+        order = text.sort_values(ascending=ascending, kind="stable", na_position="last").index
+    return frame.loc[order]
+
+
 def _cell_text(column: Column, row: pd.Series) -> str:
     if column.field not in row.index:
         return ""
@@ -87,14 +129,21 @@ class PagedTable(w.VBox):
     The widgets for a page are made once and reused: turning a page or changing
     the frame only updates their traitlets. With a ``pick`` column, that column is
     a button per row and clicking it sets ``selected`` to the row's index label.
+    The rows can be sorted by any column (``sort_choice`` and ``order_button``, or
+    ``sort_by``), and ``page_box`` jumps to a page by number.
 
     Attributes:
       selected: Index label of the picked row, or ``None``.
       page: Zero-based page number.
+      sort_field: The column sorted by, or ``None`` for the frame's own order.
+      ascending: Whether the sort is ascending.
+      frame: The rows as shown: the frame last passed to ``show``, sorted.
     """
 
     selected = traitlets.Any(None, allow_none=True)
     page = traitlets.Int(0)
+    sort_field = traitlets.Unicode(None, allow_none=True)
+    ascending = traitlets.Bool(True)
 
     def __init__(
         self,
@@ -104,6 +153,9 @@ class PagedTable(w.VBox):
         page_size: int = DEFAULT_PAGE_SIZE,
         look: Callable[[pd.Series], RowLook] | None = None,
         empty_text: str = "nothing to show",
+        sort_field: str | None = None,
+        ascending: bool = True,
+        sortable: bool = True,
     ) -> None:
         """Builds an empty table.
 
@@ -113,10 +165,15 @@ class PagedTable(w.VBox):
           page_size: Rows per page.
           look: Returns a row's colours and whether it can be picked.
           empty_text: Shown when the frame has no rows.
+          sort_field: The column the rows are sorted by at first; ``None`` keeps
+            each frame's own order.
+          ascending: Whether that sort is ascending.
+          sortable: Whether the sort controls are shown (a table whose rows have
+            an order of their own, such as a tree's, hides them).
 
         Raises:
-          ValueError: If ``columns`` is empty, ``pick`` is not one of them or
-            ``page_size`` is not positive.
+          ValueError: If ``columns`` is empty, ``pick`` or ``sort_field`` is not
+            one of them or ``page_size`` is not positive.
         """
         if not columns:
             raise ValueError("a table needs at least one column")
@@ -124,12 +181,19 @@ class PagedTable(w.VBox):
             raise ValueError(f"pick column {pick!r} is not one of the columns")
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+        fields = [c.field for c in columns]
+        if sort_field is not None and sort_field not in fields:
+            raise ValueError(f"sort column {sort_field!r} is not one of the columns")
         self.columns = tuple(columns)
         self.pick = pick
         self.page_size = page_size
         self._look = look
         self._empty_text = empty_text
-        self.frame = pd.DataFrame(columns=[c.field for c in columns])
+        # Set while the controls are updated to match the traits, so that they do not
+        # echo the change back.
+        self._syncing = False
+        self.source = pd.DataFrame(columns=fields)
+        self.frame = self.source
 
         self.header = w.HBox(
             [
@@ -145,19 +209,20 @@ class PagedTable(w.VBox):
         )
         self._rows: list[w.HBox] = []
         self._cells: list[list[w.Widget]] = []
+        # Widgets are what a table costs to build and to draw: cells of a column share
+        # one layout, cells of a row one style (a row has one look), buttons one style.
+        layouts = {c.field: self._cell_layout(c, button=c.field == pick) for c in self.columns}
+        button_style = w.ButtonStyle(font_family="monospace")
         for i in range(page_size):
             cells: list[w.Widget] = []
+            row_style = LabelStyle()
             for c in self.columns:
                 if c.field == pick:
-                    button = w.Button(
-                        description="",
-                        layout=self._cell_layout(c, button=True),
-                        style={"font_family": "monospace"},
-                    )
+                    button = w.Button(description="", layout=layouts[c.field], style=button_style)
                     button.on_click(shown_in_widget(self._show_error)(self._picker(i)))
                     cells.append(button)
                 else:
-                    cells.append(w.Label("", layout=self._cell_layout(c)))
+                    cells.append(w.Label("", layout=layouts[c.field], style=row_style))
             for c, cell in zip(self.columns, cells, strict=True):
                 if c.width is None:
                     cell.add_class("tinax-fitted-cell")  # sized to its text: never cut
@@ -171,7 +236,27 @@ class PagedTable(w.VBox):
         self.prev_button.on_click(guard(lambda _: self.turn(-1)))
         self.next_button.on_click(guard(lambda _: self.turn(+1)))
         self.position = w.Label("")
-        self.nav = w.HBox([self.prev_button, self.position, self.next_button])
+        self.page_box = w.BoundedIntText(
+            value=1, min=1, max=1, description="page", layout=w.Layout(width="10em")
+        )
+        self.page_box.observe(guard(self._on_page_box), names="value")
+        self.sort_choice = w.Dropdown(
+            options=[("stored order", ""), *[(c.title, c.field) for c in self.columns]],
+            value="",
+            description="sort by",
+            layout=w.Layout(width="16em"),
+        )
+        self.order_button = w.ToggleButton(
+            value=False, description="descending", icon="sort-amount-desc", tooltip="reverse"
+        )
+        self.order_button.layout = w.Layout(width="9em")
+        self.sort_choice.observe(guard(self._on_sort_control), names="value")
+        self.order_button.observe(guard(self._on_sort_control), names="value")
+        sort_controls = [self.sort_choice, self.order_button] if sortable else []
+        self.nav = w.HBox(
+            [self.prev_button, self.position, self.next_button, self.page_box, *sort_controls],
+            layout=w.Layout(flex_flow="row wrap"),
+        )
         # Rows never squeeze their cells below their widths: a narrow notebook scrolls
         # the table sideways instead of clipping columns.
         super().__init__(
@@ -182,6 +267,10 @@ class PagedTable(w.VBox):
         self.observe(
             shown_in_widget(self._show_error)(self._render_on_change), names=["page", "selected"]
         )
+        self.observe(guard(self._on_sort), names=["sort_field", "ascending"])
+        self.set_trait("sort_field", sort_field)
+        self.set_trait("ascending", ascending)
+        self._sync_sort_controls()
         self._render()
 
     @staticmethod
@@ -235,11 +324,12 @@ class PagedTable(w.VBox):
         return max(1, math.ceil(len(self.frame) / self.page_size))
 
     def show(self, frame: pd.DataFrame, *, keep_page: bool = False) -> None:
-        """Shows ``frame``: from its first page, or the same page if ``keep_page``.
+        """Shows ``frame``, sorted: from its first page, or the same page if ``keep_page``.
 
         The selection is kept when its row is still in ``frame``.
         """
-        self.frame = frame
+        self.source = frame
+        self.frame = sorted_frame(frame, self.sort_field, ascending=self.ascending)
         self._fit_flexible_columns()
         if self.selected is not None and self.selected not in frame.index:
             self.selected = None
@@ -248,6 +338,26 @@ class PagedTable(w.VBox):
             self.page = page  # renders
         else:
             self._render()
+
+    def sort_by(self, field: str | None, *, ascending: bool = True) -> None:
+        """Sorts the rows by the column ``field`` (``None``: the frame's own order).
+
+        The page shown becomes the first; the selection is kept.
+
+        Raises:
+          ValueError: If ``field`` is not one of the columns.
+        """
+        if field is not None and field not in [c.field for c in self.columns]:
+            raise ValueError(f"no column {field!r} to sort by")
+        with self.hold_trait_notifications():
+            self.sort_field = field
+            self.ascending = ascending
+
+    def jump(self, page: int) -> None:
+        """Shows page ``page`` (counted from 1, as shown), clamped to the pages there are."""
+        if isinstance(page, bool) or not isinstance(page, int):
+            raise TypeError(f"a page number is an int, got {type(page).__name__}")
+        self.page = min(max(0, page - 1), self.page_count - 1)
 
     def turn(self, by: int) -> None:
         """Moves ``by`` pages forwards or backwards, staying within the table."""
@@ -297,6 +407,26 @@ class PagedTable(w.VBox):
     def _render_on_change(self, _change: Any) -> None:
         self._render()
 
+    def _on_sort(self, _change: Any) -> None:
+        self._sync_sort_controls()
+        self.show(self.source)
+
+    def _sync_sort_controls(self) -> None:
+        self._syncing = True
+        try:
+            self.sort_choice.value = self.sort_field or ""
+            self.order_button.value = not self.ascending
+        finally:
+            self._syncing = False
+
+    def _on_sort_control(self, _change: Any) -> None:
+        if not self._syncing:
+            self.sort_by(self.sort_choice.value or None, ascending=not self.order_button.value)
+
+    def _on_page_box(self, change: Any) -> None:
+        if not self._syncing:
+            self.jump(int(change["new"]))
+
     def _render(self) -> None:
         page = self.frame.iloc[self.page * self.page_size : (self.page + 1) * self.page_size]
         for slot, row_box in enumerate(self._rows):
@@ -332,3 +462,11 @@ class PagedTable(w.VBox):
             )
         self.prev_button.disabled = self.page <= 0
         self.next_button.disabled = self.page >= self.page_count - 1
+        self._syncing = True
+        try:
+            # The bound first, so that the value is never clamped to an old one.
+            self.page_box.max = max(self.page_count, self.page_box.value)
+            self.page_box.value = self.page + 1
+            self.page_box.max = self.page_count
+        finally:
+            self._syncing = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from tinax._format.storage import DIRECTORY, FILE, LINK, Entry, Location
@@ -51,12 +52,13 @@ def is_utf8(name: str) -> bool:
     return True
 
 
-def scan(directory: Location) -> Scan:
+def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
     """Walks ``directory`` without following links, checking that it is safe to read.
 
     Orbax writes regular files and directories only, with UTF-8 names; anything
     else under a checkpoint is refused before a reader (tinax's, or Orbax's, which
-    would follow a link or block on a FIFO) gets to it.
+    would follow a link or block on a FIFO) gets to it. ``top`` are the entries of
+    ``directory`` itself, if the caller has just listed them.
 
     Raises:
       ValueError: If an entry is a symbolic link, neither a regular file nor a
@@ -70,7 +72,12 @@ def scan(directory: Location) -> Scan:
     while stack:
         current = stack.pop()
         try:
-            found = sorted(current.storage.entries(current.path), key=lambda e: e.name)
+            listed = (
+                current.storage.entries(current.path)
+                if top is None or current is not directory
+                else top
+            )
+            found = sorted(listed, key=lambda e: e.name)
         except OSError as e:
             raise ValueError(f"cannot list {str(current)!r}: {e.strerror or e}") from None
         for entry in found:

@@ -12,7 +12,7 @@ import posixpath
 from typing import Any
 
 from tinax._format import files, names
-from tinax._format.storage import DIRECTORY, FILE, Location
+from tinax._format.storage import DIRECTORY, FILE, Entry, Location
 
 # How a checkpointable is stored.
 PYTREE = "pytree"
@@ -137,9 +137,12 @@ class Checkpoint:
         )
 
 
-def classify(directory: Location) -> str | None:
-    """The layout of a checkpointable directory, or ``None`` if it holds none."""
-    entries = directory.entries()
+def classify(directory: Location, entries: dict[str, Entry] | None = None) -> str | None:
+    """The layout of a checkpointable directory, or ``None`` if it holds none.
+
+    ``entries`` are its entries, if the caller has listed them already.
+    """
+    entries = directory.entries() if entries is None else entries
     if names.PYTREE_METADATA in entries:
         return PYTREE
     if any(names.ITERATOR_FILE.match(name) for name in entries):
@@ -178,10 +181,19 @@ def is_uncommitted(directory: Location) -> bool:
     return names.COMMIT_SUCCESS not in entries and names.CHECKPOINT_METADATA not in entries
 
 
-def looks_like_checkpoint(directory: Location) -> bool:
-    """Whether ``directory`` is meant to be a checkpoint (readable or not)."""
-    entries = directory.entries()
-    return any(marker in entries for marker in _MARKERS) or bool(_checkpointable_dirs(directory))
+def looks_like_checkpoint(directory: Location, entries: dict[str, Entry] | None = None) -> bool:
+    """Whether ``directory`` is meant to be a checkpoint (readable or not).
+
+    ``entries`` are its entries, if the caller has listed them already.
+    """
+    entries = directory.entries() if entries is None else entries
+    return has_marker(entries) or bool(_checkpointable_dirs(directory))
+
+
+def has_marker(entries: dict[str, Entry]) -> bool:
+    """Whether a directory with these entries holds a file only Orbax writes at a
+    checkpoint's root."""
+    return any(marker in entries for marker in _MARKERS)
 
 
 def open_checkpoint(path: Location) -> Checkpoint:

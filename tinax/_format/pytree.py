@@ -9,8 +9,10 @@ scalar or the one array asked for.
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import json
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,8 +20,8 @@ import numpy as np
 import tensorstore as ts
 
 from tinax._format import arrays, files, names, words
-from tinax._format.keys import KeyPart, KeyPath, format_key
-from tinax._format.storage import Location
+from tinax._format.keys import KeyPart, KeyPath
+from tinax._format.storage import FILE, Location
 
 # Orbax's key types in ``key_metadata``.
 _SEQUENCE_KEY = 1
@@ -99,32 +101,61 @@ class PyTreeLayout:
         )
 
 
-def _key_and_param(key_metadata: object, where: str) -> tuple[KeyPath, str]:
+def _key_and_param(
+    key_metadata: object, meta_file: Location, entry_name: str
+) -> tuple[KeyPath, str, str]:
+    """A leaf's key path, its key text and Orbax's name for its array.
+
+    Called once per leaf of checkpoints with tens of thousands of them: the checks
+    are written out rather than delegated.
+    """
     if not isinstance(key_metadata, list):
-        raise ValueError(f"{where}: key_metadata is not a list")
+        raise ValueError(f"{str(meta_file)!r} entry {entry_name!r}: key_metadata is not a list")
     parts: list[KeyPart] = []
-    stored_names = []
+    texts = []
+    stored_names: list[str] = []
     for item in key_metadata:
-        if not isinstance(item, dict):
-            raise ValueError(f"{where}: a key_metadata entry is not an object")
-        name, key_type = item.get("key"), item.get("key_type")
-        if not isinstance(name, str) or isinstance(key_type, bool):
-            raise ValueError(f"{where}: a key is not a string")
-        if key_type == _SEQUENCE_KEY:
-            if not (name.isdigit() and name.isascii()):
-                raise ValueError(f"{where}: sequence key {name!r} is not an index")
-            parts.append(int(name))
-        elif key_type == _DICT_KEY:
+        name = item.get("key") if isinstance(item, dict) else None
+        key_type = item.get("key_type") if isinstance(item, dict) else None
+        if key_type == _DICT_KEY and type(key_type) is int and isinstance(name, str):
             parts.append(name)
+            texts.append(f"[{name!r}]")
+        elif key_type == _SEQUENCE_KEY and type(key_type) is int and isinstance(name, str):
+            if not (name.isdigit() and name.isascii()):
+                raise ValueError(
+                    f"{str(meta_file)!r} entry {entry_name!r}: sequence key {name!r} is not "
+                    "an index"
+                )
+            index = int(name)
+            parts.append(index)
+            texts.append(f"[{index}]")
         else:
-            raise ValueError(f"{where}: unknown key_type {key_type!r}")
+            raise _refused_key(item, meta_file, entry_name)
         stored_names.append(name)
     param = ".".join(stored_names)
     # Orbax stores the array under this name, "/" making directories (Haiku's module
     # names have them); refuse one that would climb out of the checkpointable.
-    if param and any(part in ("", ".", "..") for part in param.split("/")):
-        raise ValueError(f"{where}: stored name {param!r} is not a path within the checkpoint")
-    return tuple(parts), param
+    if (
+        param
+        and ("/" in param or param in (".", ".."))
+        and any(part in ("", ".", "..") for part in param.split("/"))
+    ):
+        raise ValueError(
+            f"{str(meta_file)!r} entry {entry_name!r}: stored name {param!r} is not a path "
+            "within the checkpoint"
+        )
+    return tuple(parts), "".join(texts), param
+
+
+def _refused_key(item: object, meta_file: Location, entry_name: str) -> ValueError:
+    """What is wrong with one entry of a leaf's ``key_metadata``."""
+    where = f"{str(meta_file)!r} entry {entry_name!r}"
+    if not isinstance(item, dict):
+        return ValueError(f"{where}: a key_metadata entry is not an object")
+    name, key_type = item.get("key"), item.get("key_type")
+    if not isinstance(name, str) or isinstance(key_type, bool):
+        return ValueError(f"{where}: a key is not a string")
+    return ValueError(f"{where}: unknown key_type {key_type!r}")
 
 
 def storage_path(param: str) -> str:
@@ -132,13 +163,54 @@ def storage_path(param: str) -> str:
     return param + "/" if param else ""
 
 
+# Parsed layouts of the last few checkpointables read, by their files' stamps: a
+# checkpoint opened in the explorer is checked, tabled, verified and read from by
+# separate calls, and its _METADATA (megabytes for tens of thousands of leaves) is
+# parsed once for all of them.
+_LAYOUTS: collections.OrderedDict[tuple[str, str, str], PyTreeLayout] = collections.OrderedDict()
+_LAYOUTS_KEPT = 8
+_LAYOUTS_LOCK = threading.Lock()
+
+
+def clear_layouts() -> None:
+    """Forgets every parsed layout kept by ``read_layout``."""
+    with _LAYOUTS_LOCK:
+        _LAYOUTS.clear()
+
+
 def read_layout(directory: Location) -> PyTreeLayout:
     """Parses a pytree checkpointable's ``_METADATA``.
+
+    A layout parsed before is reused while ``_METADATA`` and ``manifest.ocdbt`` are
+    unchanged (same size, identity and modification time).
 
     Raises:
       ValueError: If ``_METADATA`` is missing, not JSON, or not Orbax's pytree
         metadata; the message names the file and what is wrong.
     """
+    meta_file = directory / names.PYTREE_METADATA
+    meta_entry = meta_file.entry()
+    manifest_entry = (directory / names.OCDBT_MANIFEST).entry()
+    key = None
+    if meta_entry is not None and meta_entry.stamp:
+        manifest_stamp = (
+            "" if manifest_entry is None else manifest_entry.kind + manifest_entry.stamp
+        )
+        key = (str(directory), meta_entry.stamp, manifest_stamp)
+        with _LAYOUTS_LOCK:
+            if key in _LAYOUTS:
+                _LAYOUTS.move_to_end(key)
+                return _LAYOUTS[key]
+    layout = _parse_layout(directory, manifest_entry is not None and manifest_entry.kind == FILE)
+    if key is not None:
+        with _LAYOUTS_LOCK:
+            _LAYOUTS[key] = layout
+            while len(_LAYOUTS) > _LAYOUTS_KEPT:
+                _LAYOUTS.popitem(last=False)
+    return layout
+
+
+def _parse_layout(directory: Location, has_manifest: bool) -> PyTreeLayout:
     meta_file = directory / names.PYTREE_METADATA
     meta = files.read_json_object(
         meta_file,
@@ -151,24 +223,22 @@ def read_layout(directory: Location) -> PyTreeLayout:
         raise ValueError(f"{str(meta_file)!r} has no tree_metadata object")
     leaves = []
     for entry_name, entry in tree.items():
-        where = f"{str(meta_file)!r} entry {entry_name!r}"
         if not isinstance(entry, dict):
-            raise ValueError(f"{where} is not an object")
-        path, param = _key_and_param(entry.get("key_metadata"), where)
+            raise ValueError(f"{str(meta_file)!r} entry {entry_name!r} is not an object")
+        path, key, param = _key_and_param(entry.get("key_metadata"), meta_file, entry_name)
         value = entry.get("value_metadata")
         if not isinstance(value, dict) or not isinstance(value.get("value_type"), str):
-            raise ValueError(f"{where} has no value_type")
+            raise ValueError(f"{str(meta_file)!r} entry {entry_name!r} has no value_type")
         value_type: str = value["value_type"]
         leaves.append(
             StoredLeaf(
                 path=path,
-                key=format_key(path),
+                key=key,
                 param=param,
                 kind=_KINDS.get(value_type) or value_type,
                 stored=not value.get("skip_deserialize", False),
             )
         )
-    has_manifest = (directory / names.OCDBT_MANIFEST).is_file()
     ocdbt = meta.get("use_ocdbt")
     if not isinstance(ocdbt, bool):
         ocdbt = has_manifest

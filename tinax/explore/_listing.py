@@ -12,7 +12,7 @@ import pandas as pd
 
 from tinax import _claims, _paths
 from tinax._format import files, layout, names, preflight, words
-from tinax._format.storage import DIRECTORY, Location
+from tinax._format.storage import DIRECTORY, Entry, Location
 from tinax.explore import _checkpoint
 from tinax.explore._leaves import frame
 
@@ -26,10 +26,10 @@ LISTING_COLUMNS = (
     "committed",
     "age",
 )
-# Checkpoints read at once by a listing.
-_READERS = 16
 # The last two columns are times (nanoseconds), turned into pandas types at the end.
 _TIME_COLUMNS = 2
+# Checkpoints read at once by a listing of an object store, where each read is a round trip.
+_READERS = 16
 
 
 class ListingCache:
@@ -48,7 +48,9 @@ class ListingCache:
 
     def __init__(self, max_entries: int = 1024) -> None:
         self._lock = threading.Lock()
-        self._verdicts: OrderedDict[tuple[str, str], str | None] = OrderedDict()
+        # Each verdict, and whether it is the preflight check's refusal (whose rows
+        # show nothing of the checkpoint) rather than a problem found past it.
+        self._verdicts: OrderedDict[tuple[str, str], tuple[str | None, bool]] = OrderedDict()
         self._checked: OrderedDict[tuple[str, str], layout.Checkpoint] = OrderedDict()
         self.max_entries = max_entries
 
@@ -102,15 +104,30 @@ class ListingCache:
     def verdict(self, checkpoint: layout.Checkpoint) -> str | None:
         """``None`` if every checkpointable's metadata reads, else what is wrong."""
         key = (str(checkpoint.path), checkpoint.scan.fingerprint)
+        kept = self.lookup(*key)
+        if kept is not None:
+            return kept[0]
+        problem = _problem(checkpoint)
+        self.store(*key, problem)
+        return problem
+
+    def lookup(self, path: str, fingerprint: str) -> tuple[str | None, bool] | None:
+        """The verdict kept on ``path`` as ``fingerprint`` found it, if any, and
+        whether it was a refusal by the check every read passes first."""
         with self._lock:
+            key = (path, fingerprint)
             if key in self._verdicts:
                 self._verdicts.move_to_end(key)
                 return self._verdicts[key]
-        problem = _problem(checkpoint)
+        return None
+
+    def store(
+        self, path: str, fingerprint: str, problem: str | None, *, refused: bool = False
+    ) -> None:
+        """Keeps the verdict on ``path`` as ``fingerprint`` found it."""
         with self._lock:
-            self._verdicts[key] = problem
+            self._verdicts[(path, fingerprint)] = (problem, refused)
             self._trim()
-        return problem
 
 
 def _problem(checkpoint: layout.Checkpoint) -> str | None:
@@ -131,17 +148,33 @@ def _problem(checkpoint: layout.Checkpoint) -> str | None:
 listing_cache = ListingCache()
 
 
-def _candidates(root: Location) -> list[Location]:
-    if layout.looks_like_checkpoint(root):
-        return [root]
-    found = []
-    for name, entry in sorted(root.entries().items()):
+def _candidates(root: Location) -> list[tuple[Location, dict[str, Entry] | None]]:
+    """The directories under ``root`` that are meant to be checkpoints (or ``root``
+    itself, if it is one), each with its entries as listed on the way.
+
+    Each directory is listed once, whether it turns out to be a checkpoint of the
+    run or a checkpointable of ``root`` itself.
+    """
+    entries = root.entries()
+    listed: dict[str, dict[str, Entry]] = {}
+    for name, entry in sorted(entries.items()):
         # Links are not followed: a run's checkpoints are its own directories.
+        if entry.kind == DIRECTORY:
+            listed[name] = (root / name).entries()
+    if layout.has_marker(entries) or any(
+        names.CHECKPOINT_METADATA not in top and layout.classify(root / name, top) is not None
+        for name, top in listed.items()
+    ):
+        return [(root, None)]
+    found: list[tuple[Location, dict[str, Entry] | None]] = []
+    for name, entry in sorted(entries.items()):
         if entry.kind != DIRECTORY:
             continue
         path = root / name
-        if names.is_temporary_name(name) or name.isdigit() or layout.looks_like_checkpoint(path):
-            found.append(path)
+        if names.is_temporary_name(name):
+            found.append((path, None))  # Changing under the listing: looked at afresh.
+        elif name.isdigit() or layout.looks_like_checkpoint(path, listed[name]):
+            found.append((path, listed[name]))
     return found
 
 
@@ -150,7 +183,7 @@ def _subdirectories(path: Location) -> tuple[str, ...]:
 
 
 def _row(
-    path: Location, errors: dict[str, str], cache: ListingCache | None, now_ns: int
+    path: Location, state: _Listing, top: dict[str, Entry] | None = None
 ) -> tuple[object, ...] | None:
     """The listing row of ``path``; ``None`` if it vanished (renamed or deleted) meanwhile.
 
@@ -160,22 +193,33 @@ def _row(
     """
     name, step = path.name, names.step_from_name(path.name)
     try:
-        return _read_row(path, name, step, errors, cache, now_ns)
+        return _read_row(path, name, step, state, top)
     except Exception as e:
         if not path.exists():
             return None
-        errors[str(path)] = f"{type(e).__name__}: {e}"
+        state.errors[str(path)] = f"{type(e).__name__}: {e}"
         return (name, str(path), step, words.INVALID, (), None, None, None)
+
+
+class _Listing:
+    """What one ``list_checkpoints`` call shares between its rows."""
+
+    def __init__(self, cache: ListingCache | None, deep: bool) -> None:
+        self.cache = cache
+        self.deep = deep
+        self.errors: dict[str, str] = {}
+        self.unchecked: list[str] = []
+        self.now_ns = time.time_ns()
 
 
 def _read_row(
     path: Location,
     name: str,
     step: int | None,
-    errors: dict[str, str],
-    cache: ListingCache | None,
-    now_ns: int,
+    state: _Listing,
+    top: dict[str, Entry] | None,
 ) -> tuple[object, ...] | None:
+    errors, now_ns = state.errors, state.now_ns
     if not files.is_utf8(name):
         errors[str(path)] = f"{str(path)!r} has a name that is not UTF-8"
         return (name, str(path), step, words.INVALID, (), None, None, None)
@@ -194,12 +238,70 @@ def _read_row(
         found = unfinished or _claims.temporary_status(path, now_ns=now_ns)
         age = None if found.started_ns is None else max(0, now_ns - found.started_ns)
         return (name, str(path), step, found.status, _subdirectories(path), nbytes, None, age)
+    quick = _quick_look(path, top)
+    if quick is None:
+        return _checked_row(path, name, step, state)
+    scan, record, item_names = quick
+    kept = None if state.cache is None else state.cache.lookup(str(path), scan.fingerprint)
+    problem = None
+    if kept is None:
+        if state.deep:
+            # Read afresh: the verdict and the row come from the same look at the files.
+            return _checked_row(path, name, step, state)
+        state.unchecked.append(str(path))
+    else:
+        problem, refused = kept
+    if problem is not None:
+        errors[str(path)] = problem
+        if refused:
+            return (name, str(path), step, words.INVALID, (), None, None, None)
+    committed = record.committed_nsecs
+    return (
+        name,
+        str(path),
+        step,
+        words.COMPLETE if problem is None else words.INVALID,
+        item_names,
+        scan.nbytes,
+        committed,
+        None if committed is None else max(0, now_ns - committed),
+    )
+
+
+def _quick_look(
+    path: Location, top: dict[str, Entry] | None
+) -> tuple[files.Scan, layout.CheckpointRecord, tuple[str, ...]] | None:
+    """The walk, the commit record and the checkpointables of ``path``, without parsing
+    any other metadata; ``None`` where only the full check tells (no record naming
+    its checkpointables, or one that does not read)."""
+    if top is not None and names.CHECKPOINT_METADATA not in top:
+        return None
+    try:
+        record = layout.read_checkpoint_record(path)
+    except ValueError:
+        return None  # The full check says what is wrong, in its own words.
+    if not isinstance(record.item_handlers, dict):
+        return None
+    try:
+        scan = files.scan(path, None if top is None else top.values())
+    except ValueError:
+        return None
+    return scan, record, tuple(record.item_handlers)
+
+
+def _checked_row(
+    path: Location, name: str, step: int | None, state: _Listing
+) -> tuple[object, ...] | None:
+    """The row of ``path`` after the full check: every metadata file read."""
+    errors, cache, now_ns = state.errors, state.cache, state.now_ns
     try:
         checkpoint = preflight.check(path) if cache is None else cache.checked(path)
     except (ValueError, OSError) as e:
         if not path.exists():
             return None
         errors[str(path)] = str(e)
+        if cache is not None:
+            _remember_refusal(cache, path, str(e))
         return (name, str(path), step, words.INVALID, (), None, None, None)
     item_names = tuple(item.name for item in checkpoint.checkpointables)
     problem = _problem(checkpoint) if cache is None else cache.verdict(checkpoint)
@@ -218,8 +320,20 @@ def _read_row(
     )
 
 
+def _remember_refusal(cache: ListingCache, path: Location, problem: str) -> None:
+    """Keeps the check's refusal of ``path``, for as long as its files stay as they are."""
+    try:
+        fingerprint = files.scan(path).fingerprint
+    except ValueError:
+        return  # Refused by the walk itself: a quick listing walks it too, and says so.
+    cache.store(str(path), fingerprint, problem, refused=True)
+
+
 def list_checkpoints(
-    root: str | os.PathLike[str], *, cache: ListingCache | None = listing_cache
+    root: str | os.PathLike[str],
+    *,
+    cache: ListingCache | None = listing_cache,
+    deep: bool = True,
 ) -> pd.DataFrame:
     """One row per checkpoint under ``root``, or for ``root`` itself if it is one.
 
@@ -234,6 +348,13 @@ def list_checkpoints(
       cache: Where verdicts on unchanged checkpoints are remembered between
         calls: by default the module's ``listing_cache``; ``None`` reads every
         checkpoint afresh.
+      deep: Whether checkpoints without a remembered verdict are read (metadata
+        only) to tell whether they are readable. ``False`` lists a run as fast as
+        its files can be walked: a checkpoint whose commit record names its
+        checkpointables and reads is listed ``complete`` without its other
+        metadata being parsed, and its path is added to
+        ``DataFrame.attrs["unchecked"]``; a deep listing later tells (and
+        remembers) whether it really is.
 
     Returns:
       A DataFrame with columns ``name``, ``path``, ``step`` (``Int64``, from the
@@ -249,20 +370,26 @@ def list_checkpoints(
       a dict of path to message.
 
     Raises:
-      TypeError: If ``root`` is not a path, or ``cache`` not a ``ListingCache``.
+      TypeError: If ``root`` is not a path, ``cache`` not a ``ListingCache`` or
+        ``deep`` not a bool.
       FileNotFoundError: If ``root`` does not exist.
       ValueError: If ``root`` is not a directory.
     """
     if cache is not None and not isinstance(cache, ListingCache):
         raise TypeError(f"cache must be a ListingCache or None, got {type(cache).__name__}")
+    if not isinstance(deep, bool):
+        raise TypeError(f"deep must be a bool, got {type(deep).__name__}")
     # One listing of the whole run (on an object store, a request per thousand objects).
     directory = _paths.existing_directory(root).snapshot()
-    errors: dict[str, str] = {}
-    now_ns = time.time_ns()
-    # Checkpoints are read side by side: on an object store each read is a round trip.
-    with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
-        found = pool.map(lambda path: _row(path, errors, cache, now_ns), _candidates(directory))
-        rows = [row for row in found if row is not None]
+    state = _Listing(cache, deep)
+    candidates = _candidates(directory)
+    if directory.is_local:
+        found = [_row(path, state, top) for path, top in candidates]
+    else:
+        # Checkpoints are read side by side: on an object store each read is a round trip.
+        with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
+            found = list(pool.map(lambda item: _row(item[0], state, item[1]), candidates))
+    rows = [row for row in found if row is not None]
     table = frame(LISTING_COLUMNS[:-_TIME_COLUMNS], (row[:-_TIME_COLUMNS] for row in rows))
     table["committed"] = pd.to_datetime(
         pd.Series([row[-2] for row in rows], dtype="Int64"), unit="ns", utc=True
@@ -270,5 +397,6 @@ def list_checkpoints(
     table["age"] = pd.to_timedelta(pd.Series([row[-1] for row in rows], dtype="Int64"), unit="ns")
     table = table.sort_values(["step", "name"], na_position="last", kind="stable")
     table = table.reset_index(drop=True)
-    table.attrs["errors"] = errors
+    table.attrs["errors"] = state.errors
+    table.attrs["unchecked"] = sorted(state.unchecked)
     return table

@@ -1,0 +1,142 @@
+"""One leaf across a run: its norm, mean and max at every complete checkpoint."""
+
+from __future__ import annotations
+
+import io
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tinax import explore
+from tinax._format.words import COMPLETE
+from tinax.explore import is_numeric, leaf_statistics
+
+HISTORY_COLUMNS = ("step", "name", "path", "norm", "mean", "max", "error")
+# Elements per pass when the norm is summed, so that a large leaf needs little more
+# memory than itself.
+_CHUNK = 1 << 20
+
+
+def _norm(value: Any) -> float:
+    """The L2 norm of the finite values (complex ones by magnitude)."""
+    flat = np.asarray(value).reshape(-1)
+    total = 0.0
+    for start in range(0, flat.size, _CHUNK):
+        chunk = flat[start : start + _CHUNK]
+        chunk = np.abs(chunk) if chunk.dtype.kind == "c" else chunk
+        as_float = chunk.astype(np.float64)
+        finite = as_float[np.isfinite(as_float)]
+        total += float(np.dot(finite, finite))
+    return math.sqrt(total)
+
+
+def leaf_history(
+    checkpoints: pd.DataFrame,
+    checkpointable: str,
+    key: str,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    stop: threading.Event | None = None,
+) -> pd.DataFrame:
+    """The norm, mean and max of one leaf in every complete checkpoint of a listing.
+
+    Each checkpoint is read with ``read_leaf``: that leaf's bytes only. A checkpoint
+    without the leaf, or whose leaf is not numeric or cannot be read, has NaN
+    figures and says why in ``error``.
+
+    Args:
+      checkpoints: A ``list_checkpoints`` table.
+      checkpointable: The leaf's checkpointable.
+      key: The leaf's key.
+      progress: Called with ``(done, total)`` after each checkpoint.
+      stop: When set, reading stops and the rows read so far are returned.
+
+    Returns:
+      One row per complete checkpoint, in step order: ``step``, ``name``, ``path``,
+      ``norm`` (L2 over the finite values), ``mean`` and ``max`` (finite values),
+      ``error`` (``""`` when read).
+    """
+    done = checkpoints[checkpoints["status"] == COMPLETE] if len(checkpoints) else checkpoints
+    if len(done):
+        done = done.sort_values(["step", "name"], na_position="last", kind="stable")
+    rows: list[tuple[Any, ...]] = []
+    total = len(done)
+    for step, name, path in zip(done["step"], done["name"], done["path"], strict=True):
+        if stop is not None and stop.is_set():
+            break
+        norm = mean = maximum = math.nan
+        error = ""
+        try:
+            value = explore.read_leaf(str(path), checkpointable, key)
+            if is_numeric(value):
+                stats = leaf_statistics(value, bins=None)
+                norm = _norm(value)
+                mean = math.nan if stats.mean is None else float(stats.mean)
+                maximum = math.nan if stats.maximum is None else float(stats.maximum)
+            else:
+                error = f"not numeric ({type(value).__name__})"
+        except Exception as e:  # One unreadable checkpoint does not end the history.
+            error = f"{type(e).__name__}: {e}"
+        rows.append((step, str(name), str(path), norm, mean, maximum, error))
+        if progress is not None:
+            progress(len(rows), total)
+    frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+    frame["step"] = pd.array(frame["step"], dtype="Int64")
+    return frame
+
+
+def history_png(history: pd.DataFrame, *, title: str = "") -> bytes:
+    """Norm, mean and max against step, one small panel each (empty bytes if no figure)."""
+    read = history[history["error"] == ""] if len(history) else history
+    read = read[read["step"].notna()] if len(read) else read
+    if read.empty:
+        return b""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(4.2, 3.6), dpi=80)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(3, 1, sharex=True)
+    steps = read["step"].astype("int64").to_numpy()
+    for ax, field, color in zip(
+        axes, ("norm", "mean", "max"), ("#4e79a7", "#f28e2b", "#e15759"), strict=True
+    ):
+        ax.plot(steps, read[field].to_numpy(dtype=float), "o-", color=color, markersize=3)
+        ax.set_ylabel(field, fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[-1].set_xlabel("step", fontsize=8)
+    if title:
+        axes[0].set_title(title, fontsize=9)
+    figure.tight_layout()
+    out = io.BytesIO()
+    figure.savefig(out, format="png")
+    return out.getvalue()
+
+
+def log_histogram_png(stats: Any, *, title: str = "") -> bytes:
+    """The histogram of ``stats`` with its counts on a log scale, where tails show."""
+    if stats.histogram is None:
+        return b""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    counts, edges = stats.histogram
+    figure = Figure(figsize=(4.2, 2.4), dpi=80)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    # An empty bin has no logarithm: it is drawn at the axis' floor.
+    axes.stairs(np.maximum(counts, 0.5), edges, fill=True, color="#1f77b4", baseline=0.5)
+    axes.set_yscale("log")
+    axes.set_ylim(bottom=0.5)
+    axes.set_ylabel("count (log)")
+    if title:
+        axes.set_title(title, fontsize=9)
+    axes.tick_params(labelsize=8)
+    figure.tight_layout()
+    out = io.BytesIO()
+    figure.savefig(out, format="png")
+    return out.getvalue()
