@@ -52,6 +52,7 @@ class ListingCache:
         # show nothing of the checkpoint) rather than a problem found past it.
         self._verdicts: OrderedDict[tuple[str, str], tuple[str | None, bool]] = OrderedDict()
         self._checked: OrderedDict[tuple[str, str], layout.Checkpoint] = OrderedDict()
+        self._records: OrderedDict[tuple[str, str], layout.CheckpointRecord] = OrderedDict()
         self.max_entries = max_entries
 
     @property
@@ -73,6 +74,8 @@ class ListingCache:
             self._verdicts.popitem(last=False)
         while len(self._checked) > self._max_entries:
             self._checked.popitem(last=False)
+        while len(self._records) > self._max_entries:
+            self._records.popitem(last=False)
 
     def __len__(self) -> int:
         with self._lock:
@@ -83,6 +86,24 @@ class ListingCache:
         with self._lock:
             self._verdicts.clear()
             self._checked.clear()
+            self._records.clear()
+
+    def record(self, path: Location, fingerprint: str) -> layout.CheckpointRecord:
+        """``path``'s commit record, kept while nothing under ``path`` changes.
+
+        Raises:
+          ValueError: As ``layout.read_checkpoint_record`` does (refusals are not kept).
+        """
+        key = (str(path), fingerprint)
+        with self._lock:
+            if key in self._records:
+                self._records.move_to_end(key)
+                return self._records[key]
+        record = layout.read_checkpoint_record(path)
+        with self._lock:
+            self._records[key] = record
+            self._trim()
+        return record
 
     def checked(self, path: Location) -> layout.Checkpoint:
         """``preflight.check(path)``, kept while nothing under ``path`` changes.
@@ -238,7 +259,7 @@ def _read_row(
         found = unfinished or _claims.temporary_status(path, now_ns=now_ns)
         age = None if found.started_ns is None else max(0, now_ns - found.started_ns)
         return (name, str(path), step, found.status, _subdirectories(path), nbytes, None, age)
-    quick = _quick_look(path, top)
+    quick = _quick_look(path, top, state.cache)
     if quick is None:
         return _checked_row(path, name, step, state)
     scan, record, item_names = quick
@@ -269,7 +290,7 @@ def _read_row(
 
 
 def _quick_look(
-    path: Location, top: dict[str, Entry] | None
+    path: Location, top: dict[str, Entry] | None, cache: ListingCache | None
 ) -> tuple[files.Scan, layout.CheckpointRecord, tuple[str, ...]] | None:
     """The walk, the commit record and the checkpointables of ``path``, without parsing
     any other metadata; ``None`` where only the full check tells (no record naming
@@ -277,14 +298,15 @@ def _quick_look(
     if top is not None and names.CHECKPOINT_METADATA not in top:
         return None
     try:
-        record = layout.read_checkpoint_record(path)
+        # The walk comes first: it is what tells whether a kept record still holds.
+        scan = files.scan(path, None if top is None else top.values())
+        if cache is None:
+            record = layout.read_checkpoint_record(path)
+        else:
+            record = cache.record(path, scan.fingerprint)
     except ValueError:
         return None  # The full check says what is wrong, in its own words.
     if not isinstance(record.item_handlers, dict):
-        return None
-    try:
-        scan = files.scan(path, None if top is None else top.values())
-    except ValueError:
         return None
     return scan, record, tuple(record.item_handlers)
 
