@@ -623,12 +623,13 @@ class CheckpointExplorer(w.VBox):
         self.leaf_view.show(leaves)
         self.tree_view.show(leaves)
         self.size_bar.value = size_bar_html(size_breakdown(self.tree_view.tree))
-        # verify reads every metadata file again and walks the array stores: the
-        # leaves are shown first, its verdict when it comes.
         self.verdict.value = note_html("checking the checkpoint…")
-        self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
         self.diff_view.set_base(path, self._comparable())
         self.leaf_section.layout.display = ""
+        # verify reads every metadata file again and walks the array stores: the
+        # leaves are shown first, its verdict when it comes. Started last, because a
+        # thread parsing metadata slows every widget update made beside it.
+        self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
 
     def _show_verdict(self, path: str) -> None:
         text = verdict_html(path)
