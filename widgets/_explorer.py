@@ -147,9 +147,17 @@ class CheckpointExplorer(w.VBox):
     reads each checkpoint's metadata and marks those that cannot be read.
     Checkpoints still being written, interrupted saves and directories that
     cannot be read are listed with their status and age and cannot be opened; an
-    interrupted save can be removed, after a confirmation. Picking a leaf reads only that
-    leaf's bytes. Refresh re-lists the run; ``poll_interval`` (or the "watch"
-    checkbox) re-lists it periodically from a daemon thread.
+    interrupted save can be removed, after a confirmation.
+
+    An open checkpoint shows a bar of its bytes by part (model, optimizer state,
+    the rest), and its leaves both as a tree of subtrees with leaf counts and byte
+    subtotals (``tree_view``) and as a flat table sortable by any column, with a
+    page jump (``leaf_view``). Picking a leaf reads only that leaf's bytes: arrays
+    of up to 64 elements show their values, larger ones their statistics and a
+    histogram (on a log scale if asked); "across the run" reads that one leaf from
+    every complete checkpoint and plots its norm, mean and max against step.
+    Refresh re-lists the run; ``poll_interval`` (or the "watch" checkbox) re-lists
+    it periodically from a daemon thread. ``wait`` waits for background work.
 
     Attributes:
       checkpoint: Path of the open checkpoint, or ``None``.
