@@ -728,6 +728,8 @@ class CheckpointExplorer(w.VBox):
                 f"<b>{html.escape(checkpointable)}</b> <code>{html.escape(key)}</code>"
             )
             self.leaf_panel.layout.display = ""
+            # Wherever it was picked, the tree shows where the leaf sits.
+            self.tree_view.expand(checkpointable, key)
             if str(row["kind"]) not in ARRAY_KINDS:
                 self.leaf_value = row.get("value")
                 self.stats_html.value = (
