@@ -378,8 +378,12 @@ def _listing(run: str, path: str) -> tuple[str, str]:
 
     try:
         table = ex.list_checkpoints(run, cache=None)
+        # The quick listing reads less, and must refuse nothing more loudly.
+        quick = ex.list_checkpoints(run, cache=None, deep=False)
     except Exception as e:
         return "escaped", f"{type(e).__name__}: {e}"
+    if list(quick[quick["name"] == "step_0"]["status"]) != ["complete"]:
+        return "wrong data", "healthy sibling not complete in the quick listing"
     healthy = table[table["name"] == "step_0"]
     if list(healthy["status"]) != ["complete"]:
         return "wrong data", f"healthy sibling listed as {list(healthy['status'])}"

@@ -314,3 +314,25 @@ def test_a_parsed_layout_is_reused_until_its_metadata_changes(tmp_path: Path) ->
     meta.write_text('{"tree_metadata": [')
     with pytest.raises(ValueError, match="_METADATA"):
         pytree.read_layout(model)
+
+
+def test_the_collector_is_paused_while_metadata_is_parsed_and_restored_after() -> None:
+    import gc
+
+    assert gc.isenabled()
+    with files.paused_gc():
+        assert not gc.isenabled()
+        with files.paused_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # still inside the outer pause
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with files.paused_gc():
+            pass
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
+    with pytest.raises(ValueError, match="not valid JSON"), files.paused_gc():
+        files.parse_json(b"{", path=local("/x"), what="test", max_depth=None)
+    assert gc.isenabled()

@@ -268,6 +268,24 @@ def test_a_leaf_across_the_run(run: dict[str, Any]) -> None:
         CheckpointExplorer(run["root"]).show_history()
 
 
+def test_a_leaf_picked_in_the_table_is_shown_in_the_tree(run: dict[str, Any]) -> None:
+    explorer = CheckpointExplorer(run["root"], page_size=4)
+    explorer.open_checkpoint("step_000005")
+    key = "[0]['nu']['dense2']['kernel']['value']"
+    rows = explorer.leaves[explorer.leaves["key"] == key]
+    explorer.leaf_view.show_row(rows.index[0])
+    explorer.leaf_view.pick_button(rows.index[0]).click()
+    tree = explorer.tree_view
+    node = tree.tree.find("optimizer", key)
+    index = [n.id for n in tree.nodes].index(node.id)
+    assert index in tree.table.visible_labels()  # its page is the one shown
+    assert tree.nodes[index - 1].name == "['kernel']"
+    for above in ("", "[0]", "[0]['nu']", "[0]['nu']['dense2']", "[0]['nu']['dense2']['kernel']"):
+        assert tree.is_open(tree.tree.find("optimizer", above))
+    assert not tree.is_open(tree.tree.find("optimizer", "[0]['mu']"))
+    assert explorer.leaf == ("optimizer", key)
+
+
 def test_the_leaf_table_sorts_and_jumps(run: dict[str, Any]) -> None:
     explorer = CheckpointExplorer(run["root"], page_size=5)
     explorer.open_checkpoint("step_000000")

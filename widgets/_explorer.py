@@ -160,9 +160,17 @@ class CheckpointExplorer(w.VBox):
     reads each checkpoint's metadata and marks those that cannot be read.
     Checkpoints still being written, interrupted saves and directories that
     cannot be read are listed with their status and age and cannot be opened; an
-    interrupted save can be removed, after a confirmation. Picking a leaf reads only that
-    leaf's bytes. Refresh re-lists the run; ``poll_interval`` (or the "watch"
-    checkbox) re-lists it periodically from a daemon thread.
+    interrupted save can be removed, after a confirmation.
+
+    An open checkpoint shows a bar of its bytes by part (model, optimizer state,
+    the rest), and its leaves both as a tree of subtrees with leaf counts and byte
+    subtotals (``tree_view``) and as a flat table sortable by any column, with a
+    page jump (``leaf_view``). Picking a leaf reads only that leaf's bytes: arrays
+    of up to 64 elements show their values, larger ones their statistics and a
+    histogram (on a log scale if asked); "across the run" reads that one leaf from
+    every complete checkpoint and plots its norm, mean and max against step.
+    Refresh re-lists the run; ``poll_interval`` (or the "watch" checkbox) re-lists
+    it periodically from a daemon thread. ``wait`` waits for background work.
 
     Attributes:
       checkpoint: Path of the open checkpoint, or ``None``.
@@ -645,12 +653,13 @@ class CheckpointExplorer(w.VBox):
         self.leaf_view.show(leaves)
         self.tree_view.show(leaves)
         self.size_bar.value = size_bar_html(size_breakdown(self.tree_view.tree))
-        # verify reads every metadata file again and walks the array stores: the
-        # leaves are shown first, its verdict when it comes.
         self.verdict.value = note_html("checking the checkpoint…")
-        self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
         self.diff_view.set_base(path, self._comparable())
         self.leaf_section.layout.display = ""
+        # verify reads every metadata file again and walks the array stores: the
+        # leaves are shown first, its verdict when it comes. Started last, because a
+        # thread parsing metadata slows every widget update made beside it.
+        self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
 
     def _show_verdict(self, path: str) -> None:
         text = verdict_html(path)
@@ -741,6 +750,8 @@ class CheckpointExplorer(w.VBox):
                 f"<b>{html.escape(checkpointable)}</b> <code>{html.escape(key)}</code>"
             )
             self.leaf_panel.layout.display = ""
+            # Wherever it was picked, the tree shows where the leaf sits.
+            self.tree_view.expand(checkpointable, key)
             if str(row["kind"]) not in ARRAY_KINDS:
                 self.leaf_value = row.get("value")
                 self.stats_html.value = (

@@ -8,10 +8,13 @@ checkpoint directory before anything in it is read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tinax._format.storage import DIRECTORY, FILE, LINK, Entry, Location
@@ -23,6 +26,37 @@ MAX_SMALL_JSON_BYTES = 16 * 1024 * 1024
 # Orbax metadata and Grain iterator states nest a handful of levels; a deeper
 # document is not one of them, and later code need not guard its recursion.
 MAX_JSON_DEPTH = 100
+
+
+_GC_LOCK = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pauses Python's cycle collector while metadata is parsed into objects.
+
+    Parsing the metadata of tens of thousands of leaves allocates millions of
+    objects, and each allocation burst sets off a full collection that walks all
+    of them again: it doubles the time a large checkpoint takes to open. Parsed
+    metadata holds no reference cycles, so nothing is lost; reference counting
+    frees garbage as usual, and the collector runs again once the last pause (of
+    any thread) ends, unless it was off before.
+    """
+    global _gc_pauses, _gc_was_enabled
+    with _GC_LOCK:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +212,8 @@ def parse_json(data: bytes, *, path: Location, what: str, max_depth: int | None)
         ``max_depth``; the message names the path and ``what`` it should hold.
     """
     try:
-        value = json.loads(data.decode("utf-8"))
+        with paused_gc():
+            value = json.loads(data.decode("utf-8"))
     except RecursionError:
         raise ValueError(
             f"{str(path)!r} ({what}) nests too deeply to be checkpoint metadata"

@@ -101,50 +101,80 @@ class PyTreeLayout:
         )
 
 
-def _key_and_param(
-    key_metadata: object, meta_file: Location, entry_name: str
-) -> tuple[KeyPath, str, str]:
-    """A leaf's key path, its key text and Orbax's name for its array.
+class _KeyReader:
+    """Reads leaves' ``key_metadata`` into key paths, key texts and Orbax's array names.
 
-    Called once per leaf of checkpoints with tens of thousands of them: the checks
-    are written out rather than delegated.
+    Leaves come in tree order, so a leaf's keys mostly repeat the previous leaf's
+    (``opt_state``, ``0``, ``mu``, ``block_0001``, …): the parts it shares with the
+    previous leaf are taken from it, checked when first read, and only the rest
+    is read. Tens of thousands of leaves are read this way in a fraction of the
+    time their JSON takes to parse.
     """
-    if not isinstance(key_metadata, list):
-        raise ValueError(f"{str(meta_file)!r} entry {entry_name!r}: key_metadata is not a list")
-    parts: list[KeyPart] = []
-    texts = []
-    stored_names: list[str] = []
-    for item in key_metadata:
-        name = item.get("key") if isinstance(item, dict) else None
-        key_type = item.get("key_type") if isinstance(item, dict) else None
-        if key_type == _DICT_KEY and type(key_type) is int and isinstance(name, str):
-            parts.append(name)
-            texts.append(f"[{name!r}]")
-        elif key_type == _SEQUENCE_KEY and type(key_type) is int and isinstance(name, str):
-            if not (name.isdigit() and name.isascii()):
-                raise ValueError(
-                    f"{str(meta_file)!r} entry {entry_name!r}: sequence key {name!r} is not "
-                    "an index"
-                )
-            index = int(name)
-            parts.append(index)
-            texts.append(f"[{index}]")
-        else:
-            raise _refused_key(item, meta_file, entry_name)
-        stored_names.append(name)
-    param = ".".join(stored_names)
-    # Orbax stores the array under this name, "/" making directories (Haiku's module
-    # names have them); refuse one that would climb out of the checkpointable.
-    if (
-        param
-        and ("/" in param or param in (".", ".."))
-        and any(part in ("", ".", "..") for part in param.split("/"))
-    ):
-        raise ValueError(
-            f"{str(meta_file)!r} entry {entry_name!r}: stored name {param!r} is not a path "
-            "within the checkpoint"
+
+    def __init__(self, meta_file: Location) -> None:
+        self.meta_file = meta_file
+        self._items: list[Any] = []
+        self._parts: list[KeyPart] = []
+        self._texts: list[str] = []
+        self._names: list[str] = []
+
+    def read(self, key_metadata: object, entry_name: str) -> tuple[KeyPath, str, str]:
+        """The key path, key text and array name of one leaf.
+
+        Raises:
+          ValueError: If the keys are not Orbax's, naming the file and the entry.
+        """
+        if not isinstance(key_metadata, list):
+            raise ValueError(
+                f"{str(self.meta_file)!r} entry {entry_name!r}: key_metadata is not a list"
+            )
+        previous = self._items
+        shared = 0
+        limit = min(len(key_metadata), len(previous))
+        while shared < limit and key_metadata[shared] == previous[shared]:
+            shared += 1
+        parts, texts, stored_names = (
+            self._parts[:shared],
+            self._texts[:shared],
+            self._names[:shared],
         )
-    return tuple(parts), "".join(texts), param
+        for item in key_metadata[shared:]:
+            name = item.get("key") if isinstance(item, dict) else None
+            key_type = item.get("key_type") if isinstance(item, dict) else None
+            if key_type == _DICT_KEY and type(key_type) is int and isinstance(name, str):
+                parts.append(name)
+                texts.append(f"[{name!r}]")
+            elif key_type == _SEQUENCE_KEY and type(key_type) is int and isinstance(name, str):
+                if not (name.isdigit() and name.isascii()):
+                    raise ValueError(
+                        f"{str(self.meta_file)!r} entry {entry_name!r}: sequence key "
+                        f"{name!r} is not an index"
+                    )
+                index = int(name)
+                parts.append(index)
+                texts.append(f"[{index}]")
+            else:
+                raise _refused_key(item, self.meta_file, entry_name)
+            stored_names.append(name)
+        self._items, self._parts, self._texts, self._names = (
+            key_metadata,
+            parts,
+            texts,
+            stored_names,
+        )
+        param = ".".join(stored_names)
+        # Orbax stores the array under this name, "/" making directories (Haiku's module
+        # names have them); refuse one that would climb out of the checkpointable.
+        if (
+            param
+            and ("/" in param or param in (".", ".."))
+            and any(part in ("", ".", "..") for part in param.split("/"))
+        ):
+            raise ValueError(
+                f"{str(self.meta_file)!r} entry {entry_name!r}: stored name {param!r} is not "
+                "a path within the checkpoint"
+            )
+        return tuple(parts), "".join(texts), param
 
 
 def _refused_key(item: object, meta_file: Location, entry_name: str) -> ValueError:
@@ -201,7 +231,10 @@ def read_layout(directory: Location) -> PyTreeLayout:
             if key in _LAYOUTS:
                 _LAYOUTS.move_to_end(key)
                 return _LAYOUTS[key]
-    layout = _parse_layout(directory, manifest_entry is not None and manifest_entry.kind == FILE)
+    with files.paused_gc():
+        layout = _parse_layout(
+            directory, manifest_entry is not None and manifest_entry.kind == FILE
+        )
     if key is not None:
         with _LAYOUTS_LOCK:
             _LAYOUTS[key] = layout
@@ -222,10 +255,11 @@ def _parse_layout(directory: Location, has_manifest: bool) -> PyTreeLayout:
     if not isinstance(tree, dict):
         raise ValueError(f"{str(meta_file)!r} has no tree_metadata object")
     leaves = []
+    keys = _KeyReader(meta_file)
     for entry_name, entry in tree.items():
         if not isinstance(entry, dict):
             raise ValueError(f"{str(meta_file)!r} entry {entry_name!r} is not an object")
-        path, key, param = _key_and_param(entry.get("key_metadata"), meta_file, entry_name)
+        path, key, param = keys.read(entry.get("key_metadata"), entry_name)
         value = entry.get("value_metadata")
         if not isinstance(value, dict) or not isinstance(value.get("value_type"), str):
             raise ValueError(f"{str(meta_file)!r} entry {entry_name!r} has no value_type")
@@ -390,8 +424,9 @@ def leaf_infos(layout: PyTreeLayout, ctx: ts.Context) -> list[tuple[StoredLeaf, 
     in_store = [
         leaf for leaf in layout.leaves if leaf.stored and leaf.kind in words.STORED_ARRAY_KINDS
     ]
-    infos = array_infos(layout, in_store, ctx)
-    return [(leaf, infos.get(leaf.param)) for leaf in layout.leaves]
+    with files.paused_gc():
+        infos = array_infos(layout, in_store, ctx)
+        return [(leaf, infos.get(leaf.param)) for leaf in layout.leaves]
 
 
 def read_strings(layout: PyTreeLayout, params: list[str]) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pandas as pd
 import tensorstore as ts
 
 from tinax import _paths
-from tinax._format import arrays, checksums, jsonitems, layout, preflight, pytree, words
+from tinax._format import arrays, checksums, files, jsonitems, layout, preflight, pytree, words
 from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax.explore._leaves import Leaf, format_sharding_record, leaf_frame
@@ -195,7 +195,8 @@ def checkpoint_table(path: str | os.PathLike[str]) -> pd.DataFrame:
         the path and what is wrong.
     """
     checkpoint = open_checkpoint(path)
-    table = leaf_frame(checkpoint_leaves(checkpoint))
+    with files.paused_gc():
+        table = leaf_frame(checkpoint_leaves(checkpoint))
     table.attrs["checksums"] = checksum_presence(checkpoint)
     return table
 
