@@ -111,10 +111,15 @@ def _killed_save(gcs, dest: str) -> None:
     process = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, dest])
     key = dest[len("gs://") :].split("/", 1)[1]
 
+    seen = len(gcs.requests())
+
     def writing_arrays() -> bool:
+        nonlocal seen
+        made = gcs.requests(seen)
+        seen += len(made)
         return any(
             method in ("POST", "PUT") and key in unquote(path) and "ocdbt.process" in unquote(path)
-            for method, path, _ in gcs.requests()
+            for method, path, _ in made
         )
 
     try:

@@ -9,8 +9,10 @@ scalar or the one array asked for.
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import json
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -132,13 +134,43 @@ def storage_path(param: str) -> str:
     return param + "/" if param else ""
 
 
+# The last few layouts parsed, by directory and the identity of the two files they
+# come from: a check and the reader after it parse a large _METADATA once.
+_LAYOUTS: collections.OrderedDict[tuple[str, str, str], PyTreeLayout] = collections.OrderedDict()
+_LAYOUTS_KEPT = 4
+_LAYOUTS_LOCK = threading.Lock()
+
+
 def read_layout(directory: Location) -> PyTreeLayout:
     """Parses a pytree checkpointable's ``_METADATA``.
+
+    A layout parsed before is reused while ``_METADATA`` and the OCDBT manifest are
+    the same files (same size, identity and modification time).
 
     Raises:
       ValueError: If ``_METADATA`` is missing, not JSON, or not Orbax's pytree
         metadata; the message names the file and what is wrong.
     """
+    meta = (directory / names.PYTREE_METADATA).entry()
+    manifest = (directory / names.OCDBT_MANIFEST).entry()
+    if meta is None or not meta.stamp:
+        return _parse_layout(directory)
+    key = (str(directory), meta.stamp, manifest.stamp if manifest is not None else "")
+    with _LAYOUTS_LOCK:
+        kept = _LAYOUTS.get(key)
+        if kept is not None:
+            _LAYOUTS.move_to_end(key)
+    if kept is not None:
+        return dataclasses.replace(kept, directory=directory)
+    parsed = _parse_layout(directory)
+    with _LAYOUTS_LOCK:
+        _LAYOUTS[key] = parsed
+        while len(_LAYOUTS) > _LAYOUTS_KEPT:
+            _LAYOUTS.popitem(last=False)
+    return parsed
+
+
+def _parse_layout(directory: Location) -> PyTreeLayout:
     meta_file = directory / names.PYTREE_METADATA
     meta = files.read_json_object(
         meta_file,
