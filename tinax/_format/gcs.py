@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import threading
 from collections.abc import Callable
@@ -132,8 +133,13 @@ class GcsStorage:
                 e.errno, f"cannot {what} {url!r}: permission denied: {_reason(e)}"
             ) from e
         except Exception as e:
+            reason = _reason(e)
+            if reason.startswith("Forbidden"):  # gcsfs's word for HTTP 403
+                raise PermissionError(
+                    errno.EACCES, f"cannot {what} {url!r}: permission denied ({reason})"
+                ) from e
             errno_ = e.errno if isinstance(e, OSError) else None
-            raise OSError(errno_, f"cannot {what} {url!r}: {_reason(e)}") from e
+            raise OSError(errno_, f"cannot {what} {url!r}: {reason}") from e
 
     def url(self, path: str) -> str:
         return GCS_SCHEME + path
