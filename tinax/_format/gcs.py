@@ -128,18 +128,16 @@ class GcsStorage:
                 f"cannot {what} {url!r}: no answer from Google Cloud Storage within "
                 f"{seconds:.0f} s (check the network, STORAGE_EMULATOR_HOST and credentials)"
             ) from e
-        except PermissionError as e:
-            raise PermissionError(
-                e.errno, f"cannot {what} {url!r}: permission denied: {_reason(e)}"
-            ) from e
         except Exception as e:
             reason = _reason(e)
-            if reason.startswith("Forbidden"):  # gcsfs's word for HTTP 403
+            # gcsfs says "Forbidden" for HTTP 403.
+            if isinstance(e, PermissionError) or reason.startswith("Forbidden"):
                 raise PermissionError(
                     errno.EACCES, f"cannot {what} {url!r}: permission denied ({reason})"
                 ) from e
-            errno_ = e.errno if isinstance(e, OSError) else None
-            raise OSError(errno_, f"cannot {what} {url!r}: {reason}") from e
+            number = e.errno if isinstance(e, OSError) else None
+            message = f"cannot {what} {url!r}: {reason}"
+            raise (OSError(number, message) if number else OSError(message)) from e
 
     def url(self, path: str) -> str:
         return GCS_SCHEME + path
