@@ -23,6 +23,7 @@ from gcs import DENIED_BUCKET, free_port, is_listing, object_name
 import tinax.explore as ex
 from tinax import _claims
 from tinax._format import words
+from tinax._paths import location
 from tinax.checkpointing import (
     load_checkpointables,
     remove_interrupted_save,
@@ -176,6 +177,16 @@ def test_remove_interrupted_save_removes_an_uncommitted_directory(gcs, monkeypat
     save_checkpointables(f"{run}/2", {"model": {"w": np.ones(2)}}).result()
     with pytest.raises(ValueError, match="not an Orbax temporary directory or a save"):
         remove_interrupted_save(f"{run}/2")
+
+
+def test_a_file_where_a_checkpoint_would_go_is_never_taken_for_a_save(gcs, monkeypatch):
+    run = _prefix()
+    where = location(f"{run}/3")
+    where.write_new(b"notes")
+    monkeypatch.setattr(_claims, "QUIET_SECONDS", 0.0)
+    with pytest.raises(FileExistsError, match="already exists"):
+        save_checkpointables(f"{run}/3", {"model": {"w": np.ones(2)}})
+    assert where.is_file()
 
 
 def test_a_wrong_bucket_is_a_clear_error_at_once(gcs):
