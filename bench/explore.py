@@ -274,7 +274,16 @@ def _gcs_results(args: argparse.Namespace) -> list[tuple[str, str, str, str, str
         _log("timing tables on gs://")
         with emulator.counting() as table_requests:
             rows = len(ex.checkpoint_table(many))
-        ours = _median_seconds(lambda: ex.checkpoint_table(many), args.gcs_repeats)
+        with emulator.counting() as orbax_requests:
+            ocp.checkpointables_metadata(many)
+        from tinax._format import pytree
+
+        def first_table() -> None:
+            # As the first table of this checkpoint in a process: nothing parsed before.
+            pytree._LAYOUTS.clear()
+            ex.checkpoint_table(many)
+
+        ours = _median_seconds(first_table, args.gcs_repeats)
         orbax = _median_seconds(lambda: ocp.checkpointables_metadata(many), args.orbax_repeats)
     finally:
         emulator.stop()
@@ -303,7 +312,7 @@ def _gcs_results(args: argparse.Namespace) -> list[tuple[str, str, str, str, str
         ),
         (
             f"gs:// checkpoint_table vs Orbax checkpointables_metadata, {rows:,} leaves "
-            f"({len(table_requests)} requests)",
+            f"({len(table_requests)} vs {len(orbax_requests)} requests)",
             f"{ours * 1e3:.0f} ms",
             f"{orbax * 1e3:.0f} ms (Orbax)",
             f"{speedup:.1f}x faster",

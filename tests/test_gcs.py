@@ -18,11 +18,12 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 from conftest import BUCKET
-from gcs import free_port, is_listing, object_name
+from gcs import DENIED_BUCKET, free_port, is_listing, object_name
 
 import tinax.explore as ex
 from tinax import _claims
 from tinax._format import words
+from tinax._paths import location
 from tinax.checkpointing import (
     load_checkpointables,
     remove_interrupted_save,
@@ -111,10 +112,15 @@ def _killed_save(gcs, dest: str) -> None:
     process = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, dest])
     key = dest[len("gs://") :].split("/", 1)[1]
 
+    seen = len(gcs.requests())
+
     def writing_arrays() -> bool:
+        nonlocal seen
+        made = gcs.requests(seen)
+        seen += len(made)
         return any(
             method in ("POST", "PUT") and key in unquote(path) and "ocdbt.process" in unquote(path)
-            for method, path, _ in gcs.requests()
+            for method, path, _ in made
         )
 
     try:
@@ -173,6 +179,16 @@ def test_remove_interrupted_save_removes_an_uncommitted_directory(gcs, monkeypat
         remove_interrupted_save(f"{run}/2")
 
 
+def test_a_file_where_a_checkpoint_would_go_is_never_taken_for_a_save(gcs, monkeypatch):
+    run = _prefix()
+    where = location(f"{run}/3")
+    where.write_new(b"notes")
+    monkeypatch.setattr(_claims, "QUIET_SECONDS", 0.0)
+    with pytest.raises(FileExistsError, match="already exists"):
+        save_checkpointables(f"{run}/3", {"model": {"w": np.ones(2)}})
+    assert where.is_file()
+
+
 def test_a_wrong_bucket_is_a_clear_error_at_once(gcs):
     url = "gs://no-such-bucket-here/run"
     started = time.monotonic()
@@ -184,6 +200,16 @@ def test_a_wrong_bucket_is_a_clear_error_at_once(gcs):
     ):
         with pytest.raises(FileNotFoundError, match="bucket 'no-such-bucket-here' does not exist"):
             call()
+    assert time.monotonic() - started < 10
+
+
+def test_a_bucket_this_account_may_not_read_is_a_clear_error_at_once(gcs):
+    url = f"gs://{DENIED_BUCKET}/run"
+    started = time.monotonic()
+    with pytest.raises(PermissionError, match=f"cannot .* {url!r}: permission denied"):
+        ex.list_checkpoints(url)
+    with pytest.raises(PermissionError, match="permission denied"):
+        load_checkpointables(f"{url}/1", {"model": {}})
     assert time.monotonic() - started < 10
 
 

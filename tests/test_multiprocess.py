@@ -9,12 +9,14 @@ as soon as one process fails, so nothing here can hang.
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import cluster
 import multiprocess_worker as worker
 import numpy as np
 import pytest
+from conftest import BUCKET
 
 import tinax.explore as ex
 from tinax import _claims
@@ -225,3 +227,18 @@ def test_four_processes_save_and_fresh_ones_load(tmp_path):
     assert model.loc["['dense1']['kernel']", "sharding"] == (
         "NamedSharding(mesh=(data=4, model=2), spec=(data, model))"
     )
+
+
+def test_two_processes_save_to_gs_and_load_it_back(gcs):
+    """Each process writes its shards, iterator and checksums to the bucket itself."""
+    url = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    outcome = cluster.launch(WORKER, "gcs", url, processes=2, devices=2)
+    assert outcome.ok, outcome
+    for i in range(2):
+        assert outcome.result(i, "exists")["error"] == "FileExistsError"
+        assert outcome.result(i, "load")["shards"] == 28
+    listed = ex.list_checkpoints(url)
+    assert list(listed["status"]) == [words.COMPLETE]
+    iterator_rows = ex.checkpoint_table(f"{url}/ck").query("checkpointable == 'iterator'")
+    assert list(iterator_rows["key"]) == ["['process_0-of-2']", "['process_1-of-2']"]
+    assert ex.verify(f"{url}/ck").ok

@@ -24,12 +24,18 @@ _METADATA_CACHE_BYTES = 64 * 1024 * 1024
 _METADATA_POOL = "cache_pool#tinax_metadata"
 
 
+# Object stores (gs://): a failed request is retried a few times, then reported. With
+# tensorstore's defaults an endpoint that refuses every request is retried for minutes.
+_GCS_RETRIES = {"max_retries": 4, "initial_delay": "0.5s", "max_delay": "4s"}
+
+
 def context() -> ts.Context:
-    """A fresh tensorstore context: metadata cached, array data not."""
+    """A fresh tensorstore context: metadata cached, array data not, retries bounded."""
     return ts.Context(
         {
             "cache_pool": {"total_bytes_limit": 0},
             _METADATA_POOL: {"total_bytes_limit": _METADATA_CACHE_BYTES},
+            "gcs_request_retries": _GCS_RETRIES,
         }
     )
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import threading
 from collections.abc import Callable
@@ -127,13 +128,16 @@ class GcsStorage:
                 f"cannot {what} {url!r}: no answer from Google Cloud Storage within "
                 f"{seconds:.0f} s (check the network, STORAGE_EMULATOR_HOST and credentials)"
             ) from e
-        except PermissionError as e:
-            raise PermissionError(
-                e.errno, f"cannot {what} {url!r}: permission denied: {_reason(e)}"
-            ) from e
         except Exception as e:
-            errno_ = e.errno if isinstance(e, OSError) else None
-            raise OSError(errno_, f"cannot {what} {url!r}: {_reason(e)}") from e
+            reason = _reason(e)
+            # gcsfs says "Forbidden" for HTTP 403.
+            if isinstance(e, PermissionError) or reason.startswith("Forbidden"):
+                raise PermissionError(
+                    errno.EACCES, f"cannot {what} {url!r}: permission denied ({reason})"
+                ) from e
+            number = e.errno if isinstance(e, OSError) else None
+            message = f"cannot {what} {url!r}: {reason}"
+            raise (OSError(number, message) if number else OSError(message)) from e
 
     def url(self, path: str) -> str:
         return GCS_SCHEME + path

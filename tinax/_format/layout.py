@@ -175,7 +175,7 @@ def is_uncommitted(directory: Location) -> bool:
     counts as committed. On local disk a save commits by renaming, so a directory
     with the final name is never an unfinished save.
     """
-    if directory.storage.commits_by_rename:
+    if directory.storage.commits_by_rename or not directory.is_dir():
         return False
     entries = directory.entries()
     return names.COMMIT_SUCCESS not in entries and names.CHECKPOINT_METADATA not in entries

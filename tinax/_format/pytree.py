@@ -230,7 +230,8 @@ def read_layout(directory: Location) -> PyTreeLayout:
         with _LAYOUTS_LOCK:
             if key in _LAYOUTS:
                 _LAYOUTS.move_to_end(key)
-                return _LAYOUTS[key]
+                # The same files, read through the location asked about.
+                return dataclasses.replace(_LAYOUTS[key], directory=directory)
     with files.paused_gc():
         layout = _parse_layout(
             directory, manifest_entry is not None and manifest_entry.kind == FILE

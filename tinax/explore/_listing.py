@@ -387,9 +387,11 @@ def list_checkpoints(
       ``complete``; ``in progress`` for an Orbax temporary directory whose save
       is running (a live process holds its claim); ``interrupted`` for one whose
       writer is gone, which is never loadable and which a new save to the same
-      checkpoint removes; or ``invalid`` for a directory that cannot be read. Why
-      each invalid checkpoint cannot be read is in ``DataFrame.attrs["errors"]``,
-      a dict of path to message.
+      checkpoint removes; or ``invalid`` for a directory that cannot be read. On
+      ``gs://``, where a save writes in place, a checkpoint directory with neither
+      ``commit_success.txt`` nor ``_CHECKPOINT_METADATA`` is ``in progress`` or
+      ``interrupted`` in the same way. Why each invalid checkpoint cannot be read
+      is in ``DataFrame.attrs["errors"]``, a dict of path to message.
 
     Raises:
       TypeError: If ``root`` is not a path, ``cache`` not a ``ListingCache`` or
