@@ -297,7 +297,7 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             assert stats.locator(cell("max")).inner_text() == f"{expected.max():.6g}"
             assert stats.locator(cell("shape")).inner_text() == "(16, 32)"
             assert stats.locator(cell("NaN")).inner_text() == "0"
-            histogram = explorer.locator("img")
+            histogram = explorer.locator("img.tinax-histogram")
             histogram.wait_for()
             # The diff of two checkpoints: one more table to read on a narrow screen.
             explorer.locator(".tinax-diff-view select").first.select_option(

@@ -244,6 +244,7 @@ class CheckpointExplorer(w.VBox):
         self.leaf_heading = w.HTML("")
         self.stats_html = w.HTML("")
         self.histogram = w.Image(format="png", layout=_image_layout(display="none"))
+        self.histogram.add_class("tinax-histogram")
         self.leaf_panel = w.VBox(
             [
                 self.leaf_heading,
