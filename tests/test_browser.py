@@ -96,6 +96,9 @@ def _write_notebook(path: Path) -> None:
             "progress = AsyncProgress(Pending(), description='no total known')\n"
             "progress"
         ),
+        nbformat.v4.new_code_cell(
+            f"from tinax.widgets import SavePanel\n\npanel = SavePanel({RUN_NAME!r}, state)\npanel"
+        ),
     ]
     nbformat.write(notebook, path)
 
@@ -315,8 +318,12 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             bar = page.locator(".tinax-async-progress .widget-hprogress")
             assert bar.evaluate("el => el.offsetParent === null"), "a bar shows beside the block"
 
+            panel = page.locator(".tinax-save-panel")
+            panel.wait_for()
+
             for width in WIDTHS:
                 _set_width(page, width)
+                _check_readable(page, panel, f"save panel at {width} px")
                 checked = _check_readable(page, explorer, f"explorer at {width} px")
                 # Two tables of 7 columns and the diff's, with checkpoint names and keys.
                 assert checked >= 14 + 4 + 6, checked
@@ -331,6 +338,16 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
                 assert look["inside"], f"histogram cut off at {width} px"
                 _screenshot(page, explorer, width, "explorer")
                 _screenshot(page, builder, width, "builder")
+                _screenshot(page, panel, width, "save-panel")
+
+            # The run's next name in its own pattern (step-400 is a save in progress),
+            # and a status that follows the save to its end.
+            assert panel.locator("input").input_value() == "step-500"
+            panel.get_by_role("button", name="Save").click()
+            panel.get_by_text(re.compile(r"^saved step-500 in \d")).wait_for()
+            assert panel.get_by_text("saved step-500", exact=True).is_visible()
+            assert "saving" not in panel.inner_text()
+            assert panel.locator("input").input_value() == "step-600"
 
             # One of the repository's notebooks, opened as a reader would: its kernel
             # starts (and tells JupyterLab its language details), then it is saved.
