@@ -18,7 +18,7 @@ import nbformat
 import numpy as np
 import pytest
 from browser.lab import CHROMIUM, CHROMIUM_ARGS, REPO, running_lab
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 
 from tinax.checkpointing import save_checkpointables
 
@@ -317,6 +317,25 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             assert pulse.evaluate("el => el.firstElementChild.getAnimations().length") == 1
             bar = page.locator(".tinax-async-progress .widget-hprogress")
             assert bar.evaluate("el => el.offsetParent === null"), "a bar shows beside the block"
+
+            # Unticking a checkpointable unticks its subtrees, visibly; ticking gives them back.
+            optimizer = builder.get_by_label("optimizer", exact=True)
+            subtrees = [
+                builder.get_by_label(k, exact=True) for k in ("['count']", "['learning_rate']")
+            ]
+            optimizer.uncheck()
+            for box in subtrees:
+                expect(box).not_to_be_checked()
+                expect(box).to_be_enabled()
+            optimizer.check()
+            for box in subtrees:
+                expect(box).to_be_checked()
+            # Load (the float64 bias is cast to the target's float32 once allowed) ends
+            # in a one-line summary.
+            builder.get_by_label("allow lossy casts").check()
+            builder.get_by_role("button", name="Load").click()
+            summary = builder.get_by_text(re.compile(r"^loaded 6 leaves \(3\.\d KiB\) in \d"))
+            summary.wait_for()
 
             panel = page.locator(".tinax-save-panel")
             panel.wait_for()
