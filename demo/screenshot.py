@@ -91,7 +91,7 @@ def photograph(run: Path, output: Path) -> None:
                 page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
                 explorer = page.locator(".tinax-checkpoint-explorer")
                 explorer.locator("table.tinax-leaf-stats").wait_for()
-                explorer.locator("img").wait_for()
+                explorer.locator("img.tinax-histogram").wait_for()
                 page.wait_for_timeout(1000)  # let the image and the layout settle
                 explorer.evaluate("el => el.scrollIntoView({block: 'start'})")
                 output.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import nbformat
 import numpy as np
 import pytest
 from browser.lab import CHROMIUM, CHROMIUM_ARGS, REPO, running_lab
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 
 from tinax.checkpointing import save_checkpointables
 
@@ -95,6 +95,9 @@ def _write_notebook(path: Path) -> None:
             "        self.future.add_done_callback(lambda f: callback(f.result()))\n\n\n"
             "progress = AsyncProgress(Pending(), description='no total known')\n"
             "progress"
+        ),
+        nbformat.v4.new_code_cell(
+            f"from tinax.widgets import SavePanel\n\npanel = SavePanel({RUN_NAME!r}, state)\npanel"
         ),
     ]
     nbformat.write(notebook, path)
@@ -297,7 +300,7 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             assert stats.locator(cell("max")).inner_text() == f"{expected.max():.6g}"
             assert stats.locator(cell("shape")).inner_text() == "(16, 32)"
             assert stats.locator(cell("NaN")).inner_text() == "0"
-            histogram = explorer.locator("img")
+            histogram = explorer.locator("img.tinax-histogram")
             histogram.wait_for()
             # The diff of two checkpoints: one more table to read on a narrow screen.
             explorer.locator(".tinax-diff-view select").first.select_option(
@@ -315,8 +318,31 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             bar = page.locator(".tinax-async-progress .widget-hprogress")
             assert bar.evaluate("el => el.offsetParent === null"), "a bar shows beside the block"
 
+            # Unticking a checkpointable unticks its subtrees, visibly; ticking gives them back.
+            optimizer = builder.get_by_label("optimizer", exact=True)
+            subtrees = [
+                builder.get_by_label(k, exact=True) for k in ("['count']", "['learning_rate']")
+            ]
+            optimizer.uncheck()
+            for box in subtrees:
+                expect(box).not_to_be_checked()
+                expect(box).to_be_enabled()
+            optimizer.check()
+            for box in subtrees:
+                expect(box).to_be_checked()
+            # Load (the float64 bias is cast to the target's float32 once allowed) ends
+            # in a one-line summary.
+            builder.get_by_label("allow lossy casts").check()
+            builder.get_by_role("button", name="Load").click()
+            summary = builder.get_by_text(re.compile(r"^loaded 6 leaves \(3\.\d KiB\) in \d"))
+            summary.wait_for()
+
+            panel = page.locator(".tinax-save-panel")
+            panel.wait_for()
+
             for width in WIDTHS:
                 _set_width(page, width)
+                _check_readable(page, panel, f"save panel at {width} px")
                 checked = _check_readable(page, explorer, f"explorer at {width} px")
                 # Two tables of 7 columns and the diff's, with checkpoint names and keys.
                 assert checked >= 14 + 4 + 6, checked
@@ -331,6 +357,16 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
                 assert look["inside"], f"histogram cut off at {width} px"
                 _screenshot(page, explorer, width, "explorer")
                 _screenshot(page, builder, width, "builder")
+                _screenshot(page, panel, width, "save-panel")
+
+            # The run's next name in its own pattern (step-400 is a save in progress),
+            # and a status that follows the save to its end.
+            assert panel.locator("input").input_value() == "step-500"
+            panel.get_by_role("button", name="Save").click()
+            panel.get_by_text(re.compile(r"^saved step-500 in \d")).wait_for()
+            assert panel.get_by_text("saved step-500", exact=True).is_visible()
+            assert "saving" not in panel.inner_text()
+            assert panel.locator("input").input_value() == "step-600"
 
             # One of the repository's notebooks, opened as a reader would: its kernel
             # starts (and tells JupyterLab its language details), then it is saved.

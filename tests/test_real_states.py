@@ -232,6 +232,13 @@ def test_the_restore_builder_enables_load_and_unticks_exact_subtrees(
         assert not set(zip(remaining["checkpointable"], remaining["key"], strict=True)) & set(
             zip(inside["checkpointable"], inside["key"], strict=True)
         )
+        siblings = [k for (n, k) in builder.subtree_checkboxes if n == name]
+        if len(siblings) == 1:
+            # Its only subtree unticked: the checkpointable itself is left out, visibly.
+            assert not builder.checkboxes[name].value and name not in builder.target
+            box.value = True  # ticks it again
+            assert builder.checkboxes[name].value
+            continue
         target = builder.target[name]
         left_out = [
             leaf

@@ -304,6 +304,7 @@ class CheckpointExplorer(w.VBox):
         self.values = w.HTML("")
         self.stats_html = w.HTML("")
         self.histogram = w.Image(format="png", layout=_image_layout(display="none"))
+        self.histogram.add_class("tinax-histogram")
         self.log_box = w.Checkbox(
             value=False, description="log scale", indent=False, layout=w.Layout(display="none")
         )

@@ -135,7 +135,9 @@ class AsyncProgress(w.VBox):
         self._measured = self._count is not None and total is not None
         self.value: Any = None
 
-        self.label = w.Label(description, layout=w.Layout(min_width="0", max_width="30%"))
+        # Label and text keep their whole width; on a narrow screen they wrap under
+        # the bar rather than being cut.
+        self.label = w.Label(description, layout=w.Layout(flex="0 0 auto"))
         self.bar = w.FloatProgress(
             value=0.0,
             min=0.0,
@@ -151,10 +153,16 @@ class AsyncProgress(w.VBox):
                 width="40%", min_width="8em", display="none" if self._measured else None
             ),
         )
-        self.info = w.Label("starting…", layout=w.Layout(min_width="0"))
+        self.info = w.Label("starting…", layout=w.Layout(flex="0 0 auto"))
         self.error_box = w.HTML("", layout=w.Layout(display="none"))
         super().__init__(
-            children=[w.HBox([self.label, self.bar, self.pulse, self.info]), self.error_box],
+            children=[
+                w.HBox(
+                    [self.label, self.bar, self.pulse, self.info],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
+                ),
+                self.error_box,
+            ],
             layout=w.Layout(width="100%"),
         )
         self.add_class("tinax-async-progress")

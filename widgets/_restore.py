@@ -18,10 +18,10 @@ import jax
 import pandas as pd
 import traitlets
 
-from tinax import _paths, explore
+from tinax import _paths
 from tinax.checkpointing import abstract_restore_target, validate_checkpointable_name
 
-from ._choice import TargetChoice, keep_live
+from ._choice import LEFT_OUT, TargetChoice, keep_live
 from ._comparison import ComparisonView, judge
 from ._guard import shown_in_widget
 from ._loading import Load
@@ -122,11 +122,13 @@ class RestoreTargetBuilder(w.VBox):
         self._load_in_thread = load_in_thread
         self._live = dict(state)
         self._load_started = 0.0
-        # What the running load was asked for: its leaves, checkpointables, left-out subtrees.
-        self._loading: tuple[pd.DataFrame, dict[str, Any], dict[str, set[Any]]] = (
+        # What the running load was asked for: its leaves, checkpointables, left-out
+        # subtrees and how many placeholders stand for them.
+        self._loading: tuple[pd.DataFrame, dict[str, Any], dict[str, set[Any]], int] = (
             pd.DataFrame(),
             {},
             {},
+            0,
         )
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._lock = threading.RLock()
@@ -303,9 +305,10 @@ class RestoreTargetBuilder(w.VBox):
         self._rebuild()
         if self.reason:
             return
+        target = self.target
         load = Load(
             self.path,
-            self.target,
+            target,
             total_bytes=int(pd.to_numeric(self._table["nbytes"], errors="coerce").fillna(0).sum()),
             description=f"loading {PurePath(self.path).name}",
             finish=self._loaded,
@@ -317,7 +320,8 @@ class RestoreTargetBuilder(w.VBox):
         self.result = None
         self.summary = ""
         self.summary_html.value = ""
-        self._loading = (self._table.copy(), self.choice.chosen(), self._left_out())
+        placeholders = sum(leaf is LEFT_OUT for leaf in jax.tree_util.tree_leaves(target))
+        self._loading = (self._table.copy(), self.choice.chosen(), self._left_out(), placeholders)
         self._load_started = time.monotonic()
         self.load_button.disabled = True
         load.progress.observe(
@@ -338,13 +342,12 @@ class RestoreTargetBuilder(w.VBox):
 
     def _loaded(self, result: dict[str, Any]) -> None:
         seconds = time.monotonic() - self._load_started
-        table, chosen, left_out = self._loading
+        table, chosen, left_out, kept = self._loading
         result = {
             name: keep_live(value, self._live[name], left_out.get(name, set()))
             for name, value in result.items()
         }
         nbytes = int(pd.to_numeric(table["nbytes"], errors="coerce").fillna(0).sum())
-        kept = len(explore.state_table(chosen)) - len(table)
         parts = [
             f"loaded {len(table):,} lea{'f' if len(table) == 1 else 'ves'} "
             f"({format_bytes(nbytes)}) in {format_seconds(seconds)}"

@@ -102,6 +102,7 @@ class SavePanel(w.VBox):
                 self.progress_box,
             ]
         )
+        self.add_class("tinax-save-panel")
         self.name_field.observe(self._on_name, names="value")
         self.save_button.on_click(shown_in_widget(self._show_error)(self._on_save))
         self._check_name()
