@@ -100,6 +100,7 @@ class GcsStorage:
 
     commits_by_rename = False
     implicit_directories = True
+    parallel_reads = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -230,8 +230,11 @@ def read_layout(directory: Location) -> PyTreeLayout:
         with _LAYOUTS_LOCK:
             if key in _LAYOUTS:
                 _LAYOUTS.move_to_end(key)
+                kept = _LAYOUTS[key]
+                if kept.directory == directory:
+                    return kept
                 # The same files, read through the location asked about.
-                return dataclasses.replace(_LAYOUTS[key], directory=directory)
+                return dataclasses.replace(kept, directory=directory)
     with files.paused_gc():
         layout = _parse_layout(
             directory, manifest_entry is not None and manifest_entry.kind == FILE

@@ -59,10 +59,13 @@ class Storage(Protocol):
       implicit_directories: Whether a directory exists only by holding something
         (object stores: any path in a bucket can be written without making its
         parents first).
+      parallel_reads: Whether reading several files side by side pays: each read is
+        a round trip (object stores), not a system call on a local disk.
     """
 
     commits_by_rename: bool
     implicit_directories: bool
+    parallel_reads: bool
 
     def url(self, path: str) -> str:
         """The text a user would write for ``path``."""
@@ -143,6 +146,7 @@ class LocalStorage:
 
     commits_by_rename = True
     implicit_directories = False
+    parallel_reads = False
 
     def url(self, path: str) -> str:
         return path

@@ -407,10 +407,10 @@ def list_checkpoints(
     directory = _paths.existing_directory(root).snapshot()
     state = _Listing(cache, deep)
     candidates = _candidates(directory)
-    if directory.is_local:
+    if not directory.storage.parallel_reads:
         found = [_row(path, state, top) for path, top in candidates]
     else:
-        # Checkpoints are read side by side: on an object store each read is a round trip.
+        # Checkpoints are read side by side: each read is a round trip.
         with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
             found = list(pool.map(lambda item: _row(item[0], state, item[1]), candidates))
     rows = [row for row in found if row is not None]
