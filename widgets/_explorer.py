@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import threading
@@ -14,6 +15,8 @@ import pandas as pd
 import traitlets
 
 from tinax import _paths, explore
+from tinax._format import files
+from tinax._format.layout import Checkpoint
 from tinax._format.words import ARRAY_KINDS, COMPLETE, IN_PROGRESS, INTERRUPTED, SCALAR, STRING
 from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
 from tinax.explore._checkpoint import key_table, leaf_table, open_checkpoint
@@ -635,22 +638,35 @@ class CheckpointExplorer(w.VBox):
         self._close_checkpoint()
         self.error = ""
         self.message.value = ""
-        checkpoint = open_checkpoint(path)
-        keys = key_table(checkpoint).reset_index(drop=True)
-        if len(keys) < FILL_LATER_LEAVES:
+        with contextlib.ExitStack() as pause:
+            # The cycle collector waits while the metadata is parsed and the tables
+            # built: the millions of objects of a large checkpoint's metadata would set
+            # it off again and again. A checkpoint filled in the background hands the
+            # pause to the thread that fills it, so that the collection put off runs
+            # there, not while the keys are being shown.
+            pause.enter_context(files.paused_gc())
+            checkpoint = open_checkpoint(path)
+            keys = key_table(checkpoint).reset_index(drop=True)
+            if len(keys) >= FILL_LATER_LEAVES:
+                self._show_leaves(path, name, keys, filling=True)
+                self._fill_in_background(checkpoint, path, name, pause.pop_all())
+                return
             self._show_leaves(path, name, leaf_table(checkpoint).reset_index(drop=True))
-            # verify reads every metadata file again and walks the array stores: the
-            # leaves are shown first, its verdict when it comes. Started last, because a
-            # thread parsing metadata slows every widget update made beside it.
-            self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
-            return
-        self._show_leaves(path, name, keys, filling=True)
+        # verify reads every metadata file again and walks the array stores: the
+        # leaves are shown first, its verdict when it comes. Started last, because a
+        # thread parsing metadata slows every widget update made beside it.
+        self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
+
+    def _fill_in_background(
+        self, checkpoint: Checkpoint, path: str, name: str, pause: contextlib.ExitStack
+    ) -> None:
         opened = self._opens
 
         def fill() -> None:
             failed = None
             try:
-                table = leaf_table(checkpoint).reset_index(drop=True)
+                with pause:
+                    table = leaf_table(checkpoint).reset_index(drop=True)
             except Exception as e:
                 failed = e
                 with self._lock:
@@ -667,7 +683,11 @@ class CheckpointExplorer(w.VBox):
             if failed is not None:
                 raise failed
 
-        self._in_background(fill, "tinax-explorer-fill")
+        try:
+            self._in_background(fill, "tinax-explorer-fill")
+        except BaseException:
+            pause.close()
+            raise
 
     def _show_leaves(
         self, path: str, name: str, leaves: pd.DataFrame, *, filling: bool = False
