@@ -14,6 +14,7 @@ import random
 import string
 import threading
 from pathlib import Path
+from typing import Any
 
 import grain
 import jax
@@ -425,3 +426,30 @@ def test_keys_are_read_alike_however_leaves_share_their_prefixes(tmp_path: Path)
     (directory / names.PYTREE_METADATA).write_text(json.dumps(document))
     with pytest.raises(ValueError, match=f"entry 'leaf {len(paths)}': sequence key 'x'"):
         pytree.read_layout(local(directory))
+
+
+def test_the_sharding_file_is_parsed_once_for_the_check_and_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tinax._format import preflight
+
+    ocp.save_checkpointables(tmp_path / "ckpt", {"model": {"w": jnp.ones(4), "b": jnp.zeros(2)}})
+    parsed: list[str] = []
+    parse_json = files.parse_json
+
+    def counting(data: bytes, *, path: Any, what: str, max_depth: int | None) -> Any:
+        parsed.append(path.name)
+        return parse_json(data, path=path, what=what, max_depth=max_depth)
+
+    monkeypatch.setattr(files, "parse_json", counting)
+    pytree.clear_layouts()
+    checkpoint = preflight.check(local(tmp_path / "ckpt"))
+    tree = pytree.read_layout(checkpoint.get("model").directory)
+    shardings = pytree.read_shardings(tree, [leaf.param for leaf in tree.leaves])
+    assert set(shardings) == {"w", "b"}
+    assert shardings["w"]["sharding_type"] == "SingleDeviceSharding"
+    assert parsed.count(names.SHARDINGS) == 1
+    (tmp_path / "ckpt" / "model" / names.SHARDINGS).write_text("[1, 2]")  # changed: read again
+    with pytest.raises(ValueError, match="holds a JSON list, not an object"):
+        pytree.read_shardings(tree, ["w"])
+    assert parsed.count(names.SHARDINGS) == 2

@@ -234,10 +234,41 @@ _LAYOUTS_KEPT = 8
 _LAYOUTS_LOCK = threading.Lock()
 
 
+# Parsed ``_sharding`` files, likewise: checked before anything is read, then tabled.
+_SHARDING_FILES: collections.OrderedDict[tuple[str, str], Any] = collections.OrderedDict()
+
+
 def clear_layouts() -> None:
-    """Forgets every parsed layout kept by ``read_layout``."""
+    """Forgets every parsed layout kept by ``read_layout`` (and ``sharding_file``)."""
     with _LAYOUTS_LOCK:
         _LAYOUTS.clear()
+        _SHARDING_FILES.clear()
+
+
+def sharding_file(path: Location) -> Any:
+    """Orbax's ``_sharding`` file at ``path``, parsed once while it is unchanged.
+
+    Do not modify the result: it is shared by every reader of the file.
+
+    Raises:
+      ValueError: If it is missing, too large or not JSON.
+    """
+    entry = path.entry()
+    key = None if entry is None or not entry.stamp else (str(path), entry.stamp)
+    if key is not None:
+        with _LAYOUTS_LOCK:
+            if key in _SHARDING_FILES:
+                _SHARDING_FILES.move_to_end(key)
+                return _SHARDING_FILES[key]
+    stored = files.read_json(
+        path, what="Orbax array shardings", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
+    )
+    if key is not None:
+        with _LAYOUTS_LOCK:
+            _SHARDING_FILES[key] = stored
+            while len(_SHARDING_FILES) > _LAYOUTS_KEPT:
+                _SHARDING_FILES.popitem(last=False)
+    return stored
 
 
 def read_layout(directory: Location) -> PyTreeLayout:
@@ -489,9 +520,12 @@ def read_shardings(layout: PyTreeLayout, params: list[str]) -> dict[str, dict[st
     path = layout.directory / names.SHARDINGS
     if not path.exists():
         return {}
-    stored = files.read_json_object(
-        path, what="Orbax array shardings", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
-    )
+    stored = sharding_file(path)
+    if not isinstance(stored, dict):
+        raise ValueError(
+            f"{str(path)!r} (Orbax array shardings) holds a JSON {type(stored).__name__}, "
+            "not an object"
+        )
     parsed: dict[str, Any] = {}
     out = {}
     for param in params:
