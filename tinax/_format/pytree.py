@@ -125,6 +125,7 @@ class _KeyReader:
         # its trailing ".").
         self._head: tuple[KeyPath, str, str] = ((), "", "")
         self._known: dict[tuple[str, int], tuple[KeyPart, str, str]] = {}
+        self._known_names: dict[str, tuple[KeyPart, str, str]] = {}
 
     def read(self, key_metadata: object, entry_name: str) -> tuple[KeyPath, str, str]:
         """The key path, key text and array name of one leaf.
@@ -139,7 +140,16 @@ class _KeyReader:
         previous = self._items
         count = len(key_metadata)
         if count > 1 and count == len(previous) and key_metadata[:-1] == previous[:-1]:
-            part, text, name = self._read_item(key_metadata[-1], entry_name)
+            last = key_metadata[-1]
+            # A dict key read before is looked up without a call (most leaves).
+            known = None
+            if type(last) is dict and type(last.get("key_type")) is int:
+                name = last.get("key")
+                if last["key_type"] == _DICT_KEY and type(name) is str:
+                    known = self._known_names.get(name)
+            if known is None:
+                known = self._read_item(last, entry_name)
+            part, text, name = known
             self._items = key_metadata
             self._parts[-1], self._texts[-1], self._names[-1] = part, text, name
             head_path, head_text, head_param = self._head
@@ -194,7 +204,7 @@ class _KeyReader:
             if known is not None:
                 return known
             if key_type == _DICT_KEY:
-                known = (name, f"[{name!r}]", name)
+                known = self._known_names[name] = (name, f"[{name!r}]", name)
             elif key_type == _SEQUENCE_KEY:
                 if not (name.isdigit() and name.isascii()):
                     raise ValueError(
