@@ -217,6 +217,10 @@ def _loads(data: bytes) -> Any:
     Infinity, lone surrogates and numbers beyond a double; those documents (and
     any other it refuses) are read by ``json`` as before, so that what is
     accepted, refused and returned does not depend on whether orjson is installed.
+    One bound differs: orjson refuses nesting past 1,024 levels, ``json`` near the
+    interpreter's recursion limit (about 1,000 levels, less the caller's stack);
+    either way a nesting bomb is refused, and documents walked by later code are
+    held to ``MAX_JSON_DEPTH`` after parsing.
     """
     if orjson is not None and _LONG_NUMBER not in data.translate(_DIGITS_ONLY):
         try:
