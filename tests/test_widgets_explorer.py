@@ -465,3 +465,26 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
     pd.testing.assert_frame_equal(
         explorer.leaves, ex.checkpoint_table(run / "step-1").reset_index(drop=True)
     )
+
+
+def test_shapes_that_cannot_be_read_are_said_so_and_the_fill_ends(
+    run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tinax.widgets import _explorer
+
+    monkeypatch.setattr(_explorer, "FILL_LATER_LEAVES", 1)
+    explorer = CheckpointExplorer(run)
+    assert explorer.wait(60)
+    # The array store's data files gone since the run was listed: the keys can be
+    # read, the shapes cannot.
+    removed = [p for p in (run / "step-2" / "model").rglob("*") if p.parent.name == "d"]
+    assert removed
+    for path in removed:
+        path.unlink()
+    explorer.open_checkpoint("step-2")
+    assert explorer.error == "", explorer.error
+    assert "['dense']['w']" in set(explorer.leaves["key"])
+    assert explorer.wait(60)
+    assert not explorer.filling
+    assert "Cannot read shapes and sizes" in explorer.size_bar.value
+    assert "cannot read the array metadata" in explorer.error
