@@ -14,6 +14,7 @@ import random
 import string
 import threading
 from pathlib import Path
+from typing import Any
 
 import grain
 import jax
@@ -336,3 +337,119 @@ def test_the_collector_is_paused_while_metadata_is_parsed_and_restored_after() -
     with pytest.raises(ValueError, match="not valid JSON"), files.paused_gc():
         files.parse_json(b"{", path=local("/x"), what="test", max_depth=None)
     assert gc.isenabled()
+
+
+# What the standard library's reader accepts or refuses, orjson's must too: documents
+# orjson is stricter about (NaN, Infinity, lone surrogates, numbers beyond a double)
+# and numbers it would read differently (integers past 64 bits) among them.
+_JSON_DOCUMENTS = [
+    b'{"a": [1, 2.5, "x", null, true]}',
+    b"[NaN, Infinity, -Infinity]",
+    b'{"loss": NaN}',
+    b"[1e400, -1e400, 1.5e-400, -0.0, 0.1]",
+    b"[123456789012345678901234567890, -9223372036854775809, 18446744073709551616]",
+    b"[9223372036854775807, -9223372036854775808, 1234567890123456789]",
+    b'{"a": 1, "a": 2}',
+    b'"\\ud800"',
+    b'"\\u00e9\\ud83d\\ude00"',
+    b'"\xff"',
+    b"\xef\xbb\xbf{}",
+    b"[1] x",
+    b"",
+    b"[1,]",
+    b"[01]",
+    b'"\t"',
+    b"[" * 5000 + b"]" * 5000,
+    b"[" * 150 + b"]" * 150,
+]
+
+
+def _parsed(document: bytes, max_depth: int | None) -> tuple[str, str]:
+    try:
+        value = files.parse_json(document, path=local("/x"), what="a test", max_depth=max_depth)
+    except ValueError as e:
+        return ("refused", str(e))
+    return ("read", repr(value))  # repr: NaN equals NaN, -0.0 differs from 0.0, 1 from 1.0
+
+
+@pytest.mark.parametrize("max_depth", [None, files.MAX_JSON_DEPTH])
+def test_json_is_read_alike_with_or_without_orjson(monkeypatch, max_depth: int | None) -> None:
+    assert files.orjson is not None  # installed with the explore extra
+    with_orjson = [_parsed(d, max_depth) for d in _JSON_DOCUMENTS]
+    monkeypatch.setattr(files, "orjson", None)
+    standard = [_parsed(d, max_depth) for d in _JSON_DOCUMENTS]
+    assert with_orjson == standard
+    # The documents do test something: some are read, some refused, for each reason.
+    assert ("read", "[nan, inf, -inf]") in standard
+    assert (
+        "read",
+        "[123456789012345678901234567890, -9223372036854775809, 18446744073709551616]",
+    ) in standard
+    reasons = " ".join(text for outcome, text in standard if outcome == "refused")
+    assert "not valid JSON" in reasons and "nests too deeply" in reasons
+    assert ("levels deep" in reasons) == (max_depth is not None)
+
+
+def test_keys_are_read_alike_however_leaves_share_their_prefixes(tmp_path: Path) -> None:
+    rng = random.Random(13)
+    parts = ["a", "b", "it's", "x.y", "_", 0, 1, 12]
+    paths: list[tuple] = []
+    for _ in range(600):
+        if paths and rng.random() < 0.7:  # a sibling or a cousin of the previous leaf
+            keep = rng.randint(0, len(paths[-1]))
+            path = paths[-1][:keep] + tuple(rng.choice(parts) for _ in range(rng.randint(1, 3)))
+        else:
+            path = tuple(rng.choice(parts) for _ in range(rng.randint(1, 6)))
+        paths.append(path)
+    directory = tmp_path / "tree"
+    directory.mkdir()
+    tree = {
+        f"leaf {i}": {
+            "key_metadata": [
+                {"key": str(p), "key_type": 1 if isinstance(p, int) else 2} for p in path
+            ],
+            "value_metadata": {"value_type": "None", "skip_deserialize": True},
+        }
+        for i, path in enumerate(paths)
+    }
+    document = {"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": True}
+    (directory / names.PYTREE_METADATA).write_text(json.dumps(document))
+    read = pytree.read_layout(local(directory)).leaves
+    assert [leaf.path for leaf in read] == paths
+    assert [leaf.key for leaf in read] == [format_key(path) for path in paths]
+    assert [leaf.param for leaf in read] == [".".join(str(p) for p in path) for path in paths]
+    # A bad key is named wherever it falls: after a leaf it shares all but its last key with.
+    tree[f"leaf {len(paths)}"] = {
+        "key_metadata": [*tree["leaf 0"]["key_metadata"][:-1], {"key": "x", "key_type": 1}],
+        "value_metadata": {"value_type": "None"},
+    }
+    (directory / names.PYTREE_METADATA).write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=f"entry 'leaf {len(paths)}': sequence key 'x'"):
+        pytree.read_layout(local(directory))
+
+
+def test_the_sharding_file_is_parsed_once_for_the_check_and_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tinax._format import preflight
+
+    ocp.save_checkpointables(tmp_path / "ckpt", {"model": {"w": jnp.ones(4), "b": jnp.zeros(2)}})
+    parsed: list[str] = []
+    parse_json = files.parse_json
+
+    def counting(data: bytes, *, path: Any, what: str, max_depth: int | None) -> Any:
+        parsed.append(path.name)
+        return parse_json(data, path=path, what=what, max_depth=max_depth)
+
+    monkeypatch.setattr(files, "parse_json", counting)
+    pytree.clear_layouts()
+    checkpoint = preflight.check(local(tmp_path / "ckpt"))
+    tree = pytree.read_layout(checkpoint.get("model").directory)
+    shardings = pytree.read_shardings(tree, [leaf.param for leaf in tree.leaves])
+    assert set(shardings) == {"w", "b"}
+    assert shardings["w"]["sharding_type"] == "SingleDeviceSharding"
+    assert parsed.count(names.SHARDINGS) == 1
+    (tmp_path / "ckpt" / "model" / names.SHARDINGS).write_text("[1, 2]")  # changed: read again
+    with pytest.raises(ValueError, match="holds a JSON list, not an object"):
+        pytree.read_shardings(tree, ["w"])
+    assert parsed.count(names.SHARDINGS) == 2

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from tinax.widgets import CheckpointExplorer
 from tinax.widgets._disk import process_bytes_read
+from tinax.widgets._text import format_bytes
 
 from tinax.checkpointing import save_checkpointables
 
@@ -407,3 +408,92 @@ def test_the_run_is_shown_before_it_is_checked_and_marked_when_checked(tmp_path:
     assert again.wait(0.001) and "checking" not in again.summary.value
     with pytest.raises(ValueError, match="no complete checkpoint with a step"):
         CheckpointExplorer(tmp_path / "step_2" / "state").go_to_step(1)
+
+
+def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
+    run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pandas as pd
+    from tinax.widgets import _explorer
+
+    import tinax.explore as ex
+
+    monkeypatch.setattr(_explorer, "FILL_LATER_LEAVES", 1)  # every checkpoint is "large"
+    explorer = CheckpointExplorer(run)
+    assert explorer.wait(60)
+    explorer.open_checkpoint("step-1")
+    assert explorer.wait(60)
+    explorer.leaf_view.sort_by("nbytes", ascending=False)
+    full = ex.checkpoint_table(run / "step-2").reset_index(drop=True)
+    # Holding the explorer's lock keeps the fill from being applied: what is shown
+    # meanwhile can be looked at.
+    with explorer._lock:
+        explorer.open_checkpoint("step-2")
+        assert explorer.filling
+        shown = explorer.leaves
+        named = ["checkpointable", "key", "kind"]
+        pd.testing.assert_frame_equal(shown[named], full[named])
+        assert (
+            shown.loc[shown["kind"] != "iterator", ["shape", "dtype", "nbytes", "value"]]
+            .isna()
+            .all()
+            .all()
+        )
+        assert "reading shapes and sizes…" in explorer.leaf_title.value
+        assert "reading shapes and sizes…" in explorer.size_bar.value
+        tree = explorer.tree_view
+        assert tree.order.disabled and set(tree.table.frame["nbytes"]) == {"…"}
+        # Not sorted by sizes it does not have: stored order, and it says so.
+        assert explorer.leaf_view.frame["key"].tolist() == full["key"].tolist()
+        assert "sorted by size once it is read" in explorer.leaf_view.position.value
+        # A scalar picked now shows its stored value, read for it.
+        explorer.open_leaf("optimizer", "['count']")
+        assert explorer.leaf_value == 2
+        assert not explorer.wait(0.5)  # the fill is still to come
+    assert explorer.wait(60)
+    assert not explorer.filling
+    pd.testing.assert_frame_equal(explorer.leaves, full)
+    nbytes = explorer.leaf_view.frame["nbytes"]
+    assert nbytes.tolist() == sorted(nbytes.tolist(), reverse=True)
+    assert "once it is read" not in explorer.leaf_view.position.value
+    total = int(pd.to_numeric(full["nbytes"]).fillna(0).sum())
+    assert explorer.leaf_title.value.endswith(format_bytes(total))
+    assert "reading" not in explorer.size_bar.value and "model" in explorer.size_bar.value
+    assert not explorer.tree_view.order.disabled
+    tree = explorer.tree_view
+    assert sum(root.nbytes for root in tree.tree.roots) == total
+    shown_sizes = dict(zip(tree.table.frame["label"], tree.table.frame["nbytes"], strict=True))
+    assert shown_sizes["▾ optimizer"] == 24 and shown_sizes["\u00a0\u00a0· ['count']"] == 8
+    assert explorer.leaf == ("optimizer", "['count']")  # the pick is kept
+
+    # A fill that arrives after another checkpoint was opened is dropped.
+    with explorer._lock:
+        explorer.open_checkpoint("step-2")
+        explorer.open_checkpoint("step-1")
+    assert explorer.wait(60)
+    pd.testing.assert_frame_equal(
+        explorer.leaves, ex.checkpoint_table(run / "step-1").reset_index(drop=True)
+    )
+
+
+def test_shapes_that_cannot_be_read_are_said_so_and_the_fill_ends(
+    run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tinax.widgets import _explorer
+
+    monkeypatch.setattr(_explorer, "FILL_LATER_LEAVES", 1)
+    explorer = CheckpointExplorer(run)
+    assert explorer.wait(60)
+    # The array store's data files gone since the run was listed: the keys can be
+    # read, the shapes cannot.
+    removed = [p for p in (run / "step-2" / "model").rglob("*") if p.parent.name == "d"]
+    assert removed
+    for path in removed:
+        path.unlink()
+    explorer.open_checkpoint("step-2")
+    assert explorer.error == "", explorer.error
+    assert "['dense']['w']" in set(explorer.leaves["key"])
+    assert explorer.wait(60)
+    assert not explorer.filling
+    assert "Cannot read shapes and sizes" in explorer.size_bar.value
+    assert "cannot read the array metadata" in explorer.error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import threading
@@ -14,8 +15,11 @@ import pandas as pd
 import traitlets
 
 from tinax import _paths, explore
-from tinax._format.words import ARRAY_KINDS, COMPLETE, IN_PROGRESS, INTERRUPTED
+from tinax._format import files
+from tinax._format.layout import Checkpoint
+from tinax._format.words import ARRAY_KINDS, COMPLETE, IN_PROGRESS, INTERRUPTED, SCALAR, STRING
 from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
+from tinax.explore._checkpoint import key_table, leaf_table, open_checkpoint
 
 from ._diff import DiffView
 from ._guard import shown_in_widget
@@ -31,6 +35,11 @@ DEFAULT_POLL_SECONDS = 2.0
 _VALUE_CHARS = 40
 # Arrays this small show their values (a PRNG key's data, a bias, a step count).
 SMALL_ARRAY = 64
+# A checkpoint of at least this many leaves shows their keys and kinds first and
+# its shapes, dtypes, sizes and small values when they are read, in the background.
+FILL_LATER_LEAVES = 2_000
+# Columns of the leaf table that are empty until then.
+_FILLED_LATER = ("shape", "dtype", "nbytes", "value")
 
 
 def _format_time(value: Any) -> str:
@@ -172,13 +181,23 @@ class CheckpointExplorer(w.VBox):
     Refresh re-lists the run; ``poll_interval`` (or the "watch" checkbox) re-lists
     it periodically from a daemon thread. ``wait`` waits for background work.
 
+    A checkpoint of many leaves (``FILL_LATER_LEAVES``) shows its leaves' keys and
+    kinds as soon as its metadata is parsed, and says it is "reading shapes and
+    sizes…" while a background thread reads them from the array store; then the
+    tables, the tree's subtotals and the size bar are filled in place. Meanwhile
+    ``filling`` is true, sizes read "…", and a sort by a column not read yet
+    waits for it.
+
     Attributes:
       checkpoint: Path of the open checkpoint, or ``None``.
       leaf: ``(checkpointable, key)`` of the picked leaf, or ``None``.
       error: The last error shown in the widget, or ``""``.
       poll_interval: Seconds between automatic refreshes; ``0`` turns polling off.
       checkpoints: The run's ``list_checkpoints`` table.
-      leaves: The open checkpoint's ``checkpoint_table`` (all rows, unfiltered).
+      leaves: The open checkpoint's ``checkpoint_table`` (all rows, unfiltered);
+        while ``filling``, the same rows with keys and kinds only.
+      filling: Whether the open checkpoint's shapes and sizes are being read
+        (``wait`` waits for them).
       statistics: The picked leaf's ``LeafStatistics``, or ``None``.
       leaf_value: The picked leaf's value as read, or ``None``.
       history: The picked leaf's norm, mean and max at every complete checkpoint
@@ -224,6 +243,9 @@ class CheckpointExplorer(w.VBox):
         self._listing_shown = 0
         self.checkpoints = pd.DataFrame()
         self.leaves = pd.DataFrame()
+        self.filling = False
+        # Counts opens, so that a late fill of a checkpoint closed since is dropped.
+        self._opens = 0
         self.statistics: LeafStatistics | None = None
         self.leaf_value: Any = None
         self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
@@ -639,28 +661,113 @@ class CheckpointExplorer(w.VBox):
         self._close_checkpoint()
         self.error = ""
         self.message.value = ""
-        leaves = explore.checkpoint_table(path).reset_index(drop=True)
-        self.leaves = leaves
-        self.checkpoint = path
-        names = list(dict.fromkeys(str(n) for n in leaves["checkpointable"]))
-        self.checkpointable_filter.options = [("all checkpointables", ""), *[(n, n) for n in names]]
-        self.checkpointable_filter.value = ""
-        self.key_filter.value = ""
-        total = int(pd.to_numeric(leaves["nbytes"], errors="coerce").fillna(0).sum())
-        self.leaf_title.value = (
-            f"<b>{html.escape(name)}</b>: {len(leaves):,} leaves in {len(names)} "
-            f"checkpointable{'s' if len(names) != 1 else ''}, {format_bytes(total)}"
-        )
-        self.leaf_view.show(leaves)
-        self.tree_view.show(leaves)
-        self.size_bar.value = size_bar_html(size_breakdown(self.tree_view.tree))
-        self.verdict.value = note_html("checking the checkpoint…")
-        self.diff_view.set_base(path, self._comparable())
-        self.leaf_section.layout.display = ""
+        with contextlib.ExitStack() as pause:
+            # The cycle collector waits while the metadata is parsed and the tables
+            # built: the millions of objects of a large checkpoint's metadata would set
+            # it off again and again. A checkpoint filled in the background hands the
+            # pause to the thread that fills it, so that the collection put off runs
+            # there, not while the keys are being shown.
+            pause.enter_context(files.paused_gc())
+            checkpoint = open_checkpoint(path)
+            keys = key_table(checkpoint).reset_index(drop=True)
+            if len(keys) >= FILL_LATER_LEAVES:
+                self._show_leaves(path, name, keys, filling=True)
+                self._fill_in_background(checkpoint, path, name, pause.pop_all())
+                return
+            self._show_leaves(path, name, leaf_table(checkpoint).reset_index(drop=True))
         # verify reads every metadata file again and walks the array stores: the
         # leaves are shown first, its verdict when it comes. Started last, because a
         # thread parsing metadata slows every widget update made beside it.
         self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
+
+    def _fill_in_background(
+        self, checkpoint: Checkpoint, path: str, name: str, pause: contextlib.ExitStack
+    ) -> None:
+        opened = self._opens
+
+        def fill() -> None:
+            failed = None
+            try:
+                with pause:
+                    table = leaf_table(checkpoint).reset_index(drop=True)
+            except Exception as e:
+                failed = e
+                with self._lock:
+                    if self._opens == opened:
+                        self.filling = False
+                        self.size_bar.value = error_html(e, title="Cannot read shapes and sizes:")
+            else:
+                with self._lock:
+                    if self._opens == opened:
+                        self._fill(name, table)
+            # The verdict after the fill: both parse metadata, and side by side each
+            # would slow the other.
+            self._show_verdict(path)
+            if failed is not None:
+                raise failed
+
+        try:
+            self._in_background(fill, "tinax-explorer-fill")
+        except BaseException:
+            pause.close()
+            raise
+
+    def _show_leaves(
+        self, path: str, name: str, leaves: pd.DataFrame, *, filling: bool = False
+    ) -> None:
+        self.leaves = leaves
+        self.checkpoint = path
+        self.filling = filling
+        # unique(): in order of first appearance, without a Python loop over the rows.
+        names = [str(n) for n in leaves["checkpointable"].unique()]
+        self.checkpointable_filter.options = [("all checkpointables", ""), *[(n, n) for n in names]]
+        self.checkpointable_filter.value = ""
+        self.key_filter.value = ""
+        self._show_title(name)
+        self.leaf_view.hold(_FILLED_LATER if filling else ())
+        self.leaf_view.show(leaves)
+        self.tree_view.show(leaves, sized=not filling)
+        self.size_bar.value = (
+            note_html("reading shapes and sizes…")
+            if filling
+            else size_bar_html(size_breakdown(self.tree_view.tree))
+        )
+        self.verdict.value = note_html("checking the checkpoint…")
+        self.diff_view.set_base(path, self._comparable())
+        self.leaf_section.layout.display = ""
+
+    def _show_title(self, name: str) -> None:
+        leaves = self.leaves
+        count = leaves["checkpointable"].nunique()
+        if self.filling:
+            size = "reading shapes and sizes…"
+        else:
+            size = format_bytes(
+                int(pd.to_numeric(leaves["nbytes"], errors="coerce").fillna(0).sum())
+            )
+        self.leaf_title.value = (
+            f"<b>{html.escape(name)}</b>: {len(leaves):,} leaves in {count} "
+            f"checkpointable{'s' if count != 1 else ''}, {html.escape(size)}"
+        )
+
+    def _fill(self, name: str, table: pd.DataFrame) -> None:
+        """Puts the full leaf table in place of the keys shown while it was read."""
+        same = table["checkpointable"].equals(self.leaves["checkpointable"]) and table[
+            "key"
+        ].equals(self.leaves["key"])
+        if not same:
+            # The checkpoint changed on disk since its keys were read: shown afresh.
+            self._clear_leaf()
+            self.leaf_view.selected = None
+            self._show_leaves(str(self.checkpoint), name, table)
+            return
+        self.leaves = table
+        self.filling = False
+        self._show_title(name)
+        self._apply_filter(keep_page=True)
+        self.leaf_view.hold(())
+        self.tree_view.fill(table)
+        self.size_bar.value = size_bar_html(size_breakdown(self.tree_view.tree))
 
     def _show_verdict(self, path: str) -> None:
         text = verdict_html(path)
@@ -671,6 +778,8 @@ class CheckpointExplorer(w.VBox):
     def _close_checkpoint(self) -> None:
         self.checkpoint = None
         self.leaves = pd.DataFrame()
+        self.filling = False
+        self._opens += 1
         if self._leaf_view is not None and self._tree_view is not None:
             self._leaf_view.selected = None
             self._leaf_view.show(pd.DataFrame(columns=[c.field for c in LEAF_COLUMNS]))
@@ -691,16 +800,19 @@ class CheckpointExplorer(w.VBox):
 
     def _on_filter(self, _change: Any) -> None:
         with self._lock:
-            leaves = self.leaves
-            if leaves.empty:
-                return
-            mask = pd.Series(True, index=leaves.index)
-            if self.checkpointable_filter.value:
-                mask &= leaves["checkpointable"] == self.checkpointable_filter.value
-            text = self.key_filter.value.strip()
-            if text:
-                mask &= leaves["key"].astype(str).str.contains(text, case=False, regex=False)
-            self.leaf_view.show(leaves[mask])
+            self._apply_filter(keep_page=False)
+
+    def _apply_filter(self, *, keep_page: bool) -> None:
+        leaves = self.leaves
+        if leaves.empty:
+            return
+        mask = pd.Series(True, index=leaves.index)
+        if self.checkpointable_filter.value:
+            mask &= leaves["checkpointable"] == self.checkpointable_filter.value
+        text = self.key_filter.value.strip()
+        if text:
+            mask &= leaves["key"].astype(str).str.contains(text, case=False, regex=False)
+        self.leaf_view.show(leaves[mask], keep_page=keep_page)
 
     def _on_tree_pick(self, change: Any) -> None:
         label = change["new"]
@@ -755,6 +867,9 @@ class CheckpointExplorer(w.VBox):
             self.tree_view.expand(checkpointable, key)
             if str(row["kind"]) not in ARRAY_KINDS:
                 self.leaf_value = row.get("value")
+                if self.filling and str(row["kind"]) in (SCALAR, STRING):
+                    # Not in the table yet: its few stored bytes are read now.
+                    self.leaf_value = explore.read_leaf(self.checkpoint, checkpointable, key)
                 self.stats_html.value = (
                     f"<pre>{html.escape(format_cell(self.leaf_value))}</pre>"
                     f"{note_html(str(row['kind']) + ' leaf: stored value shown, nothing read')}"

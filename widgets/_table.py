@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import ipywidgets as w
@@ -194,6 +194,8 @@ class PagedTable(w.VBox):
         self._syncing = False
         self.source = pd.DataFrame(columns=fields)
         self.frame = self.source
+        # Columns whose values are still being read (see ``hold``).
+        self.held: frozenset[str] = frozenset()
 
         self.header = w.HBox(
             [
@@ -329,7 +331,10 @@ class PagedTable(w.VBox):
         The selection is kept when its row is still in ``frame``.
         """
         self.source = frame
-        self.frame = sorted_frame(frame, self.sort_field, ascending=self.ascending)
+        # A sort by a column still being read would be a wrong order: the rows keep
+        # their own until it is read (``hold``), and the table says so.
+        field = None if self.sort_field in self.held else self.sort_field
+        self.frame = sorted_frame(frame, field, ascending=self.ascending)
         self._fit_flexible_columns()
         if self.selected is not None and self.selected not in frame.index:
             self.selected = None
@@ -338,6 +343,16 @@ class PagedTable(w.VBox):
             self.page = page  # renders
         else:
             self._render()
+
+    def hold(self, fields: Collection[str]) -> None:
+        """Marks the columns whose values are still being read (none: ``()``).
+
+        Sorting by such a column is put off: the rows keep their own order, the
+        table says that it will sort once the column is read, and it does when
+        ``hold`` releases the column (or ``show`` is given a frame after that).
+        """
+        self.held = frozenset(fields)
+        self.show(self.source, keep_page=True)
 
     def sort_by(self, field: str | None, *, ascending: bool = True) -> None:
         """Sorts the rows by the column ``field`` (``None``: the frame's own order).
@@ -460,6 +475,9 @@ class PagedTable(w.VBox):
             self.position.value = (
                 f"rows {first:,}–{last:,} of {total:,} · page {self.page + 1:,}/{self.page_count:,}"
             )
+        if self.sort_field in self.held:
+            title = next(c.title for c in self.columns if c.field == self.sort_field)
+            self.position.value += f" · sorted by {title} once it is read"
         self.prev_button.disabled = self.page <= 0
         self.next_button.disabled = self.page >= self.page_count - 1
         self._syncing = True

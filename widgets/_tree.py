@@ -227,18 +227,28 @@ def size_bar_html(parts: Sequence[tuple[str, int]]) -> str:
     )
 
 
+# A size not read yet.
+PENDING = "…"
+
+
+def _format_size(value: Any) -> str:
+    return PENDING if value is PENDING else format_bytes(value)
+
+
 def _format_count(value: Any) -> str:
     return f"{int(value):,}" if value is not None and value == value else ""
 
 
 def _format_share(value: Any) -> str:
+    if value is PENDING:
+        return PENDING
     return f"{float(value):.1%}" if value is not None and value == value else ""
 
 
 TREE_COLUMNS = (
     Column("label", "subtree", None),
     Column("leaves", "leaves", "6em", _format_count),
-    Column("nbytes", "size", "7em", format_bytes),
+    Column("nbytes", "size", "7em", _format_size),
     Column("share", "share", "5em", _format_share),
 )
 
@@ -248,10 +258,14 @@ class TreeView(w.VBox):
     a leaf to pick it. Subtrees show their leaf count, bytes and share of the
     checkpoint, sorted by name or largest first; long levels are paged.
 
+    While the leaves' sizes are being read (``show(..., sized=False)``), sizes and
+    shares read "…" and subtrees are in name order, "by size" waiting for them.
+
     Attributes:
       picked: The leaf table's index label of the last leaf clicked, or ``None``.
       tree: The ``LeafTree`` shown.
       nodes: The nodes shown, in order (all pages).
+      sized: Whether the leaves' sizes are known.
     """
 
     picked = traitlets.Any(None, allow_none=True)
@@ -260,6 +274,7 @@ class TreeView(w.VBox):
         guard = shown_in_widget(on_error)
         self.tree = LeafTree(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
         self.nodes: list[Node] = []
+        self.sized = True
         self._open: set[tuple[str, tuple[str, ...]]] = set()
         self.order = w.ToggleButtons(
             options=[("by name", BY_NAME), ("by size", BY_SIZE)],
@@ -280,13 +295,31 @@ class TreeView(w.VBox):
         super().__init__([w.HBox([self.order, self.collapse_button]), self.table])
         self.add_class("tinax-leaf-tree")
 
-    def show(self, leaves: pd.DataFrame) -> None:
-        """Shows the tree of ``leaves``, every subtree closed."""
+    def show(self, leaves: pd.DataFrame, *, sized: bool = True) -> None:
+        """Shows the tree of ``leaves``, every subtree closed.
+
+        Args:
+          leaves: The leaf table.
+          sized: Whether its ``nbytes`` are read; ``False`` shows sizes as being
+            read until ``fill`` brings them.
+        """
         self.tree = LeafTree(leaves)
+        self._set_sized(sized)
         self._open = set()
         if len(self.tree.roots) == 1 and self.tree.roots[0].leaf is None:
             self._open.add(self.tree.roots[0].id)  # one checkpointable: its top level
         self._redraw(keep_page=False)
+
+    def fill(self, leaves: pd.DataFrame) -> None:
+        """Shows the same leaves with their sizes read: open subtrees stay open."""
+        self.tree = LeafTree(leaves)
+        self._set_sized(True)
+        self._redraw(keep_page=True)
+
+    def _set_sized(self, sized: bool) -> None:
+        self.sized = sized
+        self.order.disabled = not sized
+        self.order.tooltip = None if sized else "sizes are being read"
 
     def is_open(self, node: Node) -> bool:
         """Whether ``node``'s children are shown."""
@@ -321,7 +354,7 @@ class TreeView(w.VBox):
         self._redraw(keep_page=False)
 
     def _visible(self) -> list[tuple[Node, int]]:
-        by = self.order.value
+        by = self.order.value if self.sized else BY_NAME
         out: list[tuple[Node, int]] = []
         stack = [(n, 0) for n in reversed(self.tree.sorted_roots(by=by))]
         while stack:
@@ -343,8 +376,8 @@ class TreeView(w.VBox):
             {
                 "label": labels,
                 "leaves": [n.leaves for n in self.nodes],
-                "nbytes": [n.nbytes for n in self.nodes],
-                "share": [n.nbytes / total for n in self.nodes],
+                "nbytes": [n.nbytes if self.sized else PENDING for n in self.nodes],
+                "share": [n.nbytes / total if self.sized else PENDING for n in self.nodes],
             }
         )
         self.table.show(frame, keep_page=keep_page)

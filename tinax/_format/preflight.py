@@ -102,6 +102,9 @@ def check(path: Location) -> layout.Checkpoint:
     for where, entry in checkpoint.scan.found:
         if where.name in _OWN_READERS:
             continue
+        if where.name == names.SHARDINGS:
+            pytree.sharding_file(where)  # parsed once for the check and the tables
+            continue
         what = _json_kind(where)
         if what is not None:
             flat = where.name in _FLAT_JSON or where.parent.name == names.ARRAY_METADATAS

@@ -14,7 +14,13 @@ from tinax import _paths
 from tinax._format import arrays, checksums, files, jsonitems, layout, preflight, pytree, words
 from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
-from tinax.explore._leaves import Leaf, format_sharding_record, leaf_frame
+from tinax.explore._leaves import (
+    LEAF_COLUMNS,
+    Leaf,
+    column,
+    format_sharding_record,
+    leaf_frame,
+)
 
 _MAX_THREADS = 8
 
@@ -194,9 +200,61 @@ def checkpoint_table(path: str | os.PathLike[str]) -> pd.DataFrame:
       ValueError: If ``path`` is not a readable checkpoint; the message names
         the path and what is wrong.
     """
-    checkpoint = open_checkpoint(path)
+    return leaf_table(open_checkpoint(path))
+
+
+def leaf_table(checkpoint: Checkpoint) -> pd.DataFrame:
+    """``checkpoint_table`` of a checkpoint already checked by ``open_checkpoint``.
+
+    Raises:
+      ValueError: If any checkpointable's metadata is missing or unreadable.
+    """
     with files.paused_gc():
         table = leaf_frame(checkpoint_leaves(checkpoint))
+    table.attrs["checksums"] = checksum_presence(checkpoint)
+    return table
+
+
+def key_table(checkpoint: Checkpoint) -> pd.DataFrame:
+    """The rows of ``leaf_table`` as far as the checkpoint's own metadata files tell.
+
+    The same rows, in the same order and with the same columns, from the metadata
+    ``open_checkpoint`` has already parsed: every leaf's ``checkpointable``, ``key``
+    and ``kind``. Pytree leaves lack what the array store and value files hold
+    (``shape``, ``dtype``, ``size``, ``nbytes``, ``value``, ``sharding``,
+    ``chunk_shape``: missing); rows of iterators, JSON and empty checkpointables,
+    read from their own small files, are complete. It is what a view of a large
+    checkpoint shows while ``leaf_table`` reads the rest.
+
+    Raises:
+      ValueError: If a checkpointable's metadata is unreadable.
+    """
+    names: list[str] = []
+    keys: list[str] = []
+    kinds: list[str] = []
+    others: list[Leaf] = []
+    rows_of_others: list[int] = []
+    for item in checkpoint.checkpointables:
+        if item.layout == layout.PYTREE:
+            leaves = pytree.read_layout(item.directory).leaves
+            names.extend([item.name] * len(leaves))
+            keys.extend([leaf.key for leaf in leaves])
+            kinds.extend([leaf.kind for leaf in leaves])
+            continue
+        for row in checkpointable_leaves(item, None, values=True):
+            rows_of_others.append(len(keys))
+            others.append(row)
+            names.append(row.checkpointable)
+            keys.append(row.key)
+            kinds.append(row.kind)
+    count = len(keys)
+    columns: dict[str, list[Any]] = {"checkpointable": names, "key": keys, "kind": kinds}
+    for field in LEAF_COLUMNS[3:]:
+        cells: list[Any] = [None] * count
+        for at, row in zip(rows_of_others, others, strict=True):
+            cells[at] = getattr(row, field)
+        columns[field] = cells
+    table = pd.DataFrame({name: column(name, columns[name]) for name in LEAF_COLUMNS})
     table.attrs["checksums"] = checksum_presence(checkpoint)
     return table
 

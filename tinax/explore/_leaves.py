@@ -66,6 +66,8 @@ def column(name: str, values: Sequence[Any]) -> pd.Series:
     if dtype is not None:
         return pd.Series(pd.array(list(values), dtype=dtype))
     cells = np.empty(len(values), dtype=object)
+    if isinstance(values, list) and values.count(None) == len(values):
+        return pd.Series(cells, dtype=object)  # np.empty of objects holds None
     # Assigned one by one so that tuples and dicts stay single cells.
     for i, value in enumerate(values):
         cells[i] = value
