@@ -367,6 +367,12 @@ def workload_goals(
     ]
 
 
+def _size_change(size: float, reference: float) -> str:
+    """``size`` against ``reference`` in words: "7.5% smaller" or "19.5% larger"."""
+    change = (size / reference - 1) * 100
+    return f"{-change:.1f}% smaller" if change <= 0 else f"{change:.1f}% larger"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=1.0, help="size of each workload in GiB")
@@ -426,7 +432,7 @@ def main() -> int:
         print(
             f"trained weights (demo run model + optimizer, {raw / 1024:.0f} KiB of arrays): "
             f"stored {plain / 1024:.0f} KiB uncompressed, {zstd / 1024:.0f} KiB with zstd "
-            f"({(1 - zstd / plain) * 100:.1f}% smaller)"
+            f"({_size_change(zstd, plain)})"
         )
 
     # Multi-process saves: measured in their own module, with JAX jobs of their own.
