@@ -7,6 +7,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
 
 import pandas as pd
 
@@ -28,6 +30,7 @@ LISTING_COLUMNS = (
 )
 # The last two columns are times (nanoseconds), turned into pandas types at the end.
 _TIME_COLUMNS = 2
+_T = TypeVar("_T")
 # Checkpoints read at once by a listing of an object store, where each read is a round trip.
 _READERS = 16
 
@@ -70,12 +73,9 @@ class ListingCache:
             self._trim()
 
     def _trim(self) -> None:
-        while len(self._verdicts) > self._max_entries:
-            self._verdicts.popitem(last=False)
-        while len(self._checked) > self._max_entries:
-            self._checked.popitem(last=False)
-        while len(self._records) > self._max_entries:
-            self._records.popitem(last=False)
+        for store in (self._verdicts, self._checked, self._records):
+            while len(store) > self._max_entries:
+                store.popitem(last=False)
 
     def __len__(self) -> int:
         with self._lock:
@@ -84,9 +84,23 @@ class ListingCache:
     def clear(self) -> None:
         """Forgets every verdict."""
         with self._lock:
-            self._verdicts.clear()
-            self._checked.clear()
-            self._records.clear()
+            for store in (self._verdicts, self._checked, self._records):
+                store.clear()
+
+    def _kept(
+        self, store: OrderedDict[tuple[str, str], _T], key: tuple[str, str], read: Callable[[], _T]
+    ) -> _T:
+        """What ``store`` keeps under ``key``, else what ``read`` returns, kept there
+        (``read`` runs outside the lock; what it raises is not kept)."""
+        with self._lock:
+            if key in store:
+                store.move_to_end(key)
+                return store[key]
+        value = read()
+        with self._lock:
+            store[key] = value
+            self._trim()
+        return value
 
     def record(self, path: Location, fingerprint: str) -> layout.CheckpointRecord:
         """``path``'s commit record, kept while nothing under ``path`` changes.
@@ -94,16 +108,9 @@ class ListingCache:
         Raises:
           ValueError: As ``layout.read_checkpoint_record`` does (refusals are not kept).
         """
-        key = (str(path), fingerprint)
-        with self._lock:
-            if key in self._records:
-                self._records.move_to_end(key)
-                return self._records[key]
-        record = layout.read_checkpoint_record(path)
-        with self._lock:
-            self._records[key] = record
-            self._trim()
-        return record
+        return self._kept(
+            self._records, (str(path), fingerprint), lambda: layout.read_checkpoint_record(path)
+        )
 
     def checked(self, path: Location) -> layout.Checkpoint:
         """``preflight.check(path)``, kept while nothing under ``path`` changes.
@@ -112,15 +119,7 @@ class ListingCache:
           ValueError: As ``preflight.check`` does (refusals are not kept).
         """
         key = (str(path), files.scan(path).fingerprint)
-        with self._lock:
-            if key in self._checked:
-                self._checked.move_to_end(key)
-                return self._checked[key]
-        checkpoint = preflight.check(path)
-        with self._lock:
-            self._checked[key] = checkpoint
-            self._trim()
-        return checkpoint
+        return self._kept(self._checked, key, lambda: preflight.check(path))
 
     def verdict(self, checkpoint: layout.Checkpoint) -> str | None:
         """``None`` if every checkpointable's metadata reads, else what is wrong."""
