@@ -274,11 +274,16 @@ def sharding_file(path: Location) -> Any:
         path, what="Orbax array shardings", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
     )
     if key is not None:
-        with _LAYOUTS_LOCK:
-            _SHARDING_FILES[key] = stored
-            while len(_SHARDING_FILES) > _LAYOUTS_KEPT:
-                _SHARDING_FILES.popitem(last=False)
+        _keep(_SHARDING_FILES, key, stored)
     return stored
+
+
+def _keep(store: collections.OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    """Keeps ``value`` under ``key``, forgetting the oldest past ``_LAYOUTS_KEPT``."""
+    with _LAYOUTS_LOCK:
+        store[key] = value
+        while len(store) > _LAYOUTS_KEPT:
+            store.popitem(last=False)
 
 
 def read_layout(directory: Location) -> PyTreeLayout:
@@ -313,10 +318,7 @@ def read_layout(directory: Location) -> PyTreeLayout:
             directory, manifest_entry is not None and manifest_entry.kind == FILE
         )
     if key is not None:
-        with _LAYOUTS_LOCK:
-            _LAYOUTS[key] = layout
-            while len(_LAYOUTS) > _LAYOUTS_KEPT:
-                _LAYOUTS.popitem(last=False)
+        _keep(_LAYOUTS, key, layout)
     return layout
 
 
