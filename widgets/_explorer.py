@@ -24,7 +24,7 @@ from tinax.explore._checkpoint import key_table, leaf_table, open_checkpoint
 from ._diff import DiffView
 from ._guard import shown_in_widget
 from ._histogram import histogram_png
-from ._history import HISTORY_COLUMNS, history_png, leaf_history, log_histogram_png
+from ._history import HISTORY_COLUMNS, history_png, leaf_history
 from ._interrupted import InterruptedSaves
 from ._table import Column, PagedTable, RowLook, format_cell
 from ._text import error_html, format_age, format_bytes, note_html
@@ -841,11 +841,7 @@ class CheckpointExplorer(w.VBox):
         key = "" if self.leaf is None else self.leaf[1]
         png = b""
         if stats is not None:
-            png = (
-                log_histogram_png(stats, title=key)
-                if self.log_box.value
-                else histogram_png(stats, title=key)
-            )
+            png = histogram_png(stats, title=key, log=self.log_box.value)
         if png:
             self.histogram.value = png
         self.histogram.layout.display = "" if png else "none"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
+
 from tinax.explore import LeafStatistics
 
 # What fits across the image at the title's size.
@@ -18,8 +20,11 @@ def fit_title(title: str) -> str:
     return title if len(title) <= _TITLE_CHARS else "…" + title[-(_TITLE_CHARS - 1) :]
 
 
-def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:
-    """A small PNG bar chart of ``stats.histogram`` (empty bytes if there is none)."""
+def histogram_png(stats: LeafStatistics, *, title: str = "", log: bool = False) -> bytes:
+    """A small PNG bar chart of ``stats.histogram`` (empty bytes if there is none).
+
+    With ``log``, the counts are on a log scale, where the tails show.
+    """
     if stats.histogram is None:
         return b""
     # The object-oriented API needs no pyplot state and no GUI backend.
@@ -31,15 +36,23 @@ def histogram_png(stats: LeafStatistics, *, title: str = "") -> bytes:
     figure = Figure(figsize=(4.2, 2.4), dpi=80)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    axes.stairs(counts, edges, fill=True, color="#1f77b4")
-    axes.set_ylabel("count")
+    if log:
+        # An empty bin has no logarithm: it is drawn at the axis' floor.
+        axes.stairs(np.maximum(counts, 0.5), edges, fill=True, color="#1f77b4", baseline=0.5)
+        axes.set_yscale("log")
+        axes.set_ylim(bottom=0.5)
+        axes.set_ylabel("count (log)")
+    else:
+        axes.stairs(counts, edges, fill=True, color="#1f77b4")
+        axes.set_ylabel("count")
     if title:
         axes.set_title(fit_title(title), fontsize=9)
     axes.tick_params(labelsize=8)
     # Few, short tick labels: they never run into each other, even when the image is
     # shown smaller than its natural size.
     axes.xaxis.set_major_locator(MaxNLocator(nbins=5))
-    axes.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+    if not log:
+        axes.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     figure.tight_layout()
     out = io.BytesIO()
     figure.savefig(out, format="png")

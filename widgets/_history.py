@@ -115,28 +115,3 @@ def history_png(history: pd.DataFrame, *, title: str = "") -> bytes:
     out = io.BytesIO()
     figure.savefig(out, format="png")
     return out.getvalue()
-
-
-def log_histogram_png(stats: Any, *, title: str = "") -> bytes:
-    """The histogram of ``stats`` with its counts on a log scale, where tails show."""
-    if stats.histogram is None:
-        return b""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    counts, edges = stats.histogram
-    figure = Figure(figsize=(4.2, 2.4), dpi=80)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    # An empty bin has no logarithm: it is drawn at the axis' floor.
-    axes.stairs(np.maximum(counts, 0.5), edges, fill=True, color="#1f77b4", baseline=0.5)
-    axes.set_yscale("log")
-    axes.set_ylim(bottom=0.5)
-    axes.set_ylabel("count (log)")
-    if title:
-        axes.set_title(title, fontsize=9)
-    axes.tick_params(labelsize=8)
-    figure.tight_layout()
-    out = io.BytesIO()
-    figure.savefig(out, format="png")
-    return out.getvalue()
