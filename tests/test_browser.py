@@ -17,13 +17,20 @@ from typing import Any
 import nbformat
 import numpy as np
 import pytest
-from browser.lab import CHROMIUM, CHROMIUM_ARGS, REPO, running_lab
+from browser.lab import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    REPO,
+    TIMEOUT_MS,
+    run_all_cells,
+    running_lab,
+    wait_for_kernel,
+)
 from playwright.sync_api import Page, expect, sync_playwright
 
 from tinax.checkpointing import save_checkpointables
 
 ARTIFACTS = REPO / "test-artifacts"
-TIMEOUT_MS = 120_000
 # A laptop with JupyterLab's file browser open, a common laptop, and a wide screen.
 WIDTHS = (900, 1400, 1600)
 HEIGHT = 1100
@@ -101,28 +108,6 @@ def _write_notebook(path: Path) -> None:
         ),
     ]
     nbformat.write(notebook, path)
-
-
-def _wait_for_kernel(page: Page) -> None:
-    # Wait for the notebook's kernel before running, so no kernel dialog appears.
-    page.wait_for_function(
-        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-        " && window.jupyterapp.shell.currentWidget.sessionContext",
-        timeout=TIMEOUT_MS,
-    )
-    page.evaluate(
-        "async () => { await window.jupyterapp.shell.currentWidget.sessionContext.ready; }"
-    )
-    page.wait_for_function(
-        "() => { const s = window.jupyterapp.shell.currentWidget.sessionContext;"
-        " return s.session && s.session.kernel && s.session.kernel.status === 'idle'; }",
-        timeout=TIMEOUT_MS,
-    )
-
-
-def _run_all_cells(page: Page) -> None:
-    _wait_for_kernel(page)
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
 
 # Scrolls ``el`` into view the way a reader can: through the ancestors that show a
@@ -282,7 +267,7 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
         try:
             page.goto(lab.page_url("explorer.ipynb"), timeout=TIMEOUT_MS)
             page.locator(".jp-Notebook").wait_for()
-            _run_all_cells(page)
+            run_all_cells(page)
 
             explorer = page.locator(".tinax-checkpoint-explorer")
             explorer.wait_for()
@@ -376,7 +361,7 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
                 " return w && w.context && w.context.path === name; }",
                 arg=REPO_NOTEBOOK.name,
             )
-            _wait_for_kernel(page)
+            wait_for_kernel(page)
             page.wait_for_function(
                 "() => window.jupyterapp.shell.currentWidget.context.model.dirty"
             )  # the kernel's language details arrived

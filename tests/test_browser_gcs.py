@@ -15,14 +15,20 @@ import gcsfs
 import nbformat
 import numpy as np
 import pytest
-from browser.lab import CHROMIUM, CHROMIUM_ARGS, REPO, running_lab
+from browser.lab import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    REPO,
+    TIMEOUT_MS,
+    run_all_cells,
+    running_lab,
+)
 from conftest import BUCKET
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import sync_playwright
 
 from tinax.checkpointing import save_checkpointables
 
 ARTIFACTS = REPO / "test-artifacts"
-TIMEOUT_MS = 120_000
 LEAF = "['dense_0']['kernel']"
 
 
@@ -58,23 +64,6 @@ def _write_notebook(path: Path, run: str) -> None:
     nbformat.write(notebook, path)
 
 
-def _run_all_cells(page: Page) -> None:
-    page.wait_for_function(
-        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-        " && window.jupyterapp.shell.currentWidget.sessionContext",
-        timeout=TIMEOUT_MS,
-    )
-    page.evaluate(
-        "async () => { await window.jupyterapp.shell.currentWidget.sessionContext.ready; }"
-    )
-    page.wait_for_function(
-        "() => { const s = window.jupyterapp.shell.currentWidget.sessionContext;"
-        " return s.session && s.session.kernel && s.session.kernel.status === 'idle'; }",
-        timeout=TIMEOUT_MS,
-    )
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-
-
 def test_explorer_browses_a_gs_run_in_chromium(gcs, tmp_path: Path) -> None:
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (make chromium)")
@@ -97,7 +86,7 @@ def test_explorer_browses_a_gs_run_in_chromium(gcs, tmp_path: Path) -> None:
         try:
             page.goto(lab.page_url("gcs.ipynb"), timeout=TIMEOUT_MS)
             page.locator(".jp-Notebook").wait_for()
-            _run_all_cells(page)
+            run_all_cells(page)
 
             explorer = page.locator(".tinax-checkpoint-explorer")
             explorer.wait_for()

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 # The server settings that ship for the notebooks (make demo, Binder).
@@ -175,3 +176,30 @@ def running_lab(
         yield lab
     finally:
         lab.stop()
+
+
+# How long a page, a kernel or a widget may take to appear on a shared 2-core machine.
+TIMEOUT_MS = 120_000
+
+
+def wait_for_kernel(page: Any) -> None:
+    """Waits for the open notebook's kernel to be idle, so that no kernel dialog appears."""
+    page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+        " && window.jupyterapp.shell.currentWidget.sessionContext",
+        timeout=TIMEOUT_MS,
+    )
+    page.evaluate(
+        "async () => { await window.jupyterapp.shell.currentWidget.sessionContext.ready; }"
+    )
+    page.wait_for_function(
+        "() => { const s = window.jupyterapp.shell.currentWidget.sessionContext;"
+        " return s.session && s.session.kernel && s.session.kernel.status === 'idle'; }",
+        timeout=TIMEOUT_MS,
+    )
+
+
+def run_all_cells(page: Any) -> None:
+    """Runs every cell of the open notebook once its kernel is ready."""
+    wait_for_kernel(page)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
