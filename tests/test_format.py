@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import string
 import threading
 from pathlib import Path
@@ -426,6 +427,52 @@ def test_keys_are_read_alike_however_leaves_share_their_prefixes(tmp_path: Path)
     (directory / names.PYTREE_METADATA).write_text(json.dumps(document))
     with pytest.raises(ValueError, match=f"entry 'leaf {len(paths)}': sequence key 'x'"):
         pytree.read_layout(local(directory))
+
+
+def test_metadata_only_the_standard_library_accepts_is_read_as_orbax_s_own(
+    tmp_path: Path,
+) -> None:
+    # Orbax's _METADATA decodes straight into typed records; a document that does not
+    # (NaN where nothing is read, a key_type of the wrong type) is read the generic way.
+    # Both ways give the same leaves, and refuse the same documents with one message.
+    state = {"opt": ({"mu": {"w": np.ones(3)}, "count": np.array(2, np.int32)}, ()), "lr": 0.5}
+    ocp.save_checkpointables(tmp_path / "ckpt", {"model": state})
+    model = local(tmp_path / "ckpt" / "model")
+    meta = tmp_path / "ckpt" / "model" / names.PYTREE_METADATA
+    original = meta.read_text()
+    typed = pytree.read_layout(model).leaves
+    assert [leaf.key for leaf in typed] == [
+        "['lr']",
+        "['opt'][0]['count']",
+        "['opt'][0]['mu']['w']",
+        "['opt'][1]",
+    ]
+    document = json.loads(original)
+    document["custom_metadata"] = {"loss": float("nan")}
+    meta.write_text(json.dumps(document))
+    pytree.clear_layouts()
+    assert pytree.read_layout(model).leaves == typed
+    for entry in document["tree_metadata"].values():
+        entry["value_metadata"]["skip_deserialize"] = int(
+            entry["value_metadata"]["skip_deserialize"]
+        )
+    meta.write_text(json.dumps(document))
+    pytree.clear_layouts()
+    assert pytree.read_layout(model).leaves == typed
+    for bad, message in [
+        ({"key": "w", "key_type": True}, "a key is not a string"),
+        ({"key": "w", "key_type": 2.0}, "unknown key_type 2.0"),
+        ({"key": "w", "key_type": 7}, "unknown key_type 7"),
+        ({"key": 3, "key_type": 2}, "a key is not a string"),
+        (["w", 2], "a key_metadata entry is not an object"),
+    ]:
+        document = json.loads(original)
+        entry = next(iter(document["tree_metadata"].values()))
+        entry["key_metadata"][-1] = bad
+        meta.write_text(json.dumps(document))
+        pytree.clear_layouts()
+        with pytest.raises(ValueError, match=re.escape(message)):
+            pytree.read_layout(model)
 
 
 def test_the_sharding_file_is_parsed_once_for_the_check_and_the_table(

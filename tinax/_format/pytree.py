@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 import tensorstore as ts
 
@@ -103,131 +104,167 @@ class PyTreeLayout:
         )
 
 
-class _KeyReader:
-    """Reads leaves' ``key_metadata`` into key paths, key texts and Orbax's array names.
+class _KeyItem(msgspec.Struct, frozen=True, gc=False):
+    """One entry of a leaf's ``key_metadata``: a key's name and Orbax's key type."""
 
-    Leaves come in tree order, so a leaf's keys mostly repeat the previous leaf's
-    (``opt_state``, ``0``, ``mu``, ``block_0001``, …): the parts it shares with the
-    previous leaf are taken from it, checked when first read, and only the rest
-    is read. Most leaves differ from the previous one in their last key alone;
-    for them, the rest is compared at once (in C) and the last key looked up
-    among those already read. Tens of thousands of leaves are read this way in a
-    fraction of the time their JSON takes to parse.
+    key: str
+    key_type: int
+
+
+class _ValueMetadata(msgspec.Struct, gc=False):
+    """A leaf's ``value_metadata``, as far as the tables read it."""
+
+    value_type: str
+    skip_deserialize: bool = False
+
+
+class _Entry(msgspec.Struct, gc=False):
+    """One leaf of ``tree_metadata``."""
+
+    key_metadata: list[_KeyItem]
+    value_metadata: _ValueMetadata
+
+
+class _Metadata(msgspec.Struct, gc=False):
+    """Orbax's pytree ``_METADATA``; fields the tables do not read are skipped."""
+
+    tree_metadata: dict[str, _Entry]
+    use_ocdbt: Any = None
+    use_zarr3: Any = None
+    store_array_data_equal_to_fill_value: Any = None
+
+
+_METADATA_DECODER = msgspec.json.Decoder(_Metadata)
+
+
+def _decode_metadata(meta_file: Location) -> _Metadata:
+    """``_METADATA`` decoded into typed records.
+
+    A document Orbax wrote decodes straight into them, without the dict per key
+    and per leaf a generic parse makes. Any other document (a wrong type, JSON
+    only the standard library accepts, a parse error) is read the generic way,
+    which accepts and refuses exactly what it did before, with its messages.
+
+    Raises:
+      ValueError: If the file is missing, too large, not JSON or not Orbax's
+        pytree metadata; the message names the file and what is wrong.
     """
-
-    def __init__(self, meta_file: Location) -> None:
-        self.meta_file = meta_file
-        self._items: list[Any] = []
-        self._parts: list[KeyPart] = []
-        self._texts: list[str] = []
-        self._names: list[str] = []
-        # The previous leaf's keys but its last: path, text and array name (with
-        # its trailing ".").
-        self._head: tuple[KeyPath, str, str] = ((), "", "")
-        self._known: dict[tuple[str, int], tuple[KeyPart, str, str]] = {}
-        self._known_names: dict[str, tuple[KeyPart, str, str]] = {}
-
-    def read(self, key_metadata: object, entry_name: str) -> tuple[KeyPath, str, str]:
-        """The key path, key text and array name of one leaf.
-
-        Raises:
-          ValueError: If the keys are not Orbax's, naming the file and the entry.
-        """
+    what = "Orbax pytree metadata"
+    data = files.read_bytes(meta_file, what=what, max_bytes=files.MAX_METADATA_BYTES)
+    try:
+        return _METADATA_DECODER.decode(data)
+    except msgspec.DecodeError:
+        pass
+    meta = files.parse_json(data, path=meta_file, what=what, max_depth=None)
+    if not isinstance(meta, dict):
+        raise ValueError(
+            f"{str(meta_file)!r} ({what}) holds a JSON {type(meta).__name__}, not an object"
+        )
+    tree = meta.get("tree_metadata")
+    if not isinstance(tree, dict):
+        raise ValueError(f"{str(meta_file)!r} has no tree_metadata object")
+    entries = {}
+    for entry_name, entry in tree.items():
+        where = f"{str(meta_file)!r} entry {entry_name!r}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} is not an object")
+        key_metadata = entry.get("key_metadata")
         if not isinstance(key_metadata, list):
-            raise ValueError(
-                f"{str(self.meta_file)!r} entry {entry_name!r}: key_metadata is not a list"
-            )
-        previous = self._items
-        count = len(key_metadata)
-        if count > 1 and count == len(previous) and key_metadata[:-1] == previous[:-1]:
-            last = key_metadata[-1]
-            # A dict key read before is looked up without a call (most leaves).
-            known = None
-            if type(last) is dict and type(last.get("key_type")) is int:
-                name = last.get("key")
-                if last["key_type"] == _DICT_KEY and type(name) is str:
-                    known = self._known_names.get(name)
-            if known is None:
-                known = self._read_item(last, entry_name)
-            part, text, name = known
-            self._items = key_metadata
-            self._parts[-1], self._texts[-1], self._names[-1] = part, text, name
-            head_path, head_text, head_param = self._head
-            path, key, param = (*head_path, part), head_text + text, head_param + name
+            raise ValueError(f"{where}: key_metadata is not a list")
+        items = []
+        for item in key_metadata:
+            if not isinstance(item, dict):
+                raise ValueError(f"{where}: a key_metadata entry is not an object")
+            name, key_type = item.get("key"), item.get("key_type")
+            if not isinstance(name, str) or isinstance(key_type, bool):
+                raise ValueError(f"{where}: a key is not a string")
+            if type(key_type) is not int:
+                raise ValueError(f"{where}: unknown key_type {key_type!r}")
+            items.append(_KeyItem(name, key_type))
+        value = entry.get("value_metadata")
+        if not isinstance(value, dict) or not isinstance(value.get("value_type"), str):
+            raise ValueError(f"{where} has no value_type")
+        entries[entry_name] = _Entry(
+            items, _ValueMetadata(value["value_type"], bool(value.get("skip_deserialize", False)))
+        )
+    return _Metadata(
+        entries,
+        meta.get("use_ocdbt"),
+        meta.get("use_zarr3"),
+        meta.get("store_array_data_equal_to_fill_value"),
+    )
+
+
+def _stored_leaves(meta_file: Location, tree: dict[str, _Entry]) -> list[StoredLeaf]:
+    """Every leaf of ``tree_metadata``, in order, with its key path, key text and
+    Orbax's name for its array.
+
+    Leaves come in tree order, so consecutive leaves mostly share all their keys
+    but the last (``opt_state``, ``0``, ``mu``, ``block_0001``, ``mlp``, …): those
+    are compared at once (in C) with the previous leaf's and, when equal, their
+    path, text and name are taken from it. Each distinct key is worked out once.
+    Tens of thousands of leaves are read this way in less time than their JSON
+    takes to decode.
+
+    Raises:
+      ValueError: If the keys are not Orbax's, naming the file and the entry.
+    """
+    known: dict[_KeyItem, tuple[KeyPart, str, str]] = {}
+
+    def read_key(item: _KeyItem, entry_name: str) -> tuple[KeyPart, str, str]:
+        name = item.key
+        if item.key_type == _DICT_KEY:
+            read: tuple[KeyPart, str, str] = (name, f"[{name!r}]", name)
+        elif item.key_type == _SEQUENCE_KEY:
+            if not (name.isdigit() and name.isascii()):
+                raise ValueError(
+                    f"{str(meta_file)!r} entry {entry_name!r}: sequence key {name!r} "
+                    "is not an index"
+                )
+            read = (int(name), f"[{int(name)}]", name)
         else:
-            # The longest prefix shared with the previous leaf, tried from the longest.
-            shared = min(count, len(previous))
-            while shared and key_metadata[:shared] != previous[:shared]:
-                shared -= 1
-            parts, texts, stored_names = (
-                self._parts[:shared],
-                self._texts[:shared],
-                self._names[:shared],
-            )
-            for item in key_metadata[shared:]:
-                part, text, name = self._read_item(item, entry_name)
-                parts.append(part)
-                texts.append(text)
-                stored_names.append(name)
-            self._items, self._parts, self._texts, self._names = (
-                key_metadata,
-                parts,
-                texts,
-                stored_names,
-            )
-            self._head = (
-                tuple(parts[:-1]),
-                "".join(texts[:-1]),
-                ".".join(stored_names[:-1]) + "." if count > 1 else "",
-            )
-            path, key, param = tuple(parts), "".join(texts), ".".join(stored_names)
-        # Orbax stores the array under this name, "/" making directories (Haiku's module
-        # names have them); refuse one that would climb out of the checkpointable.
-        if (
-            param
-            and ("/" in param or param in (".", ".."))
-            and any(part in ("", ".", "..") for part in param.split("/"))
-        ):
             raise ValueError(
-                f"{str(self.meta_file)!r} entry {entry_name!r}: stored name {param!r} is not "
-                "a path within the checkpoint"
+                f"{str(meta_file)!r} entry {entry_name!r}: unknown key_type {item.key_type!r}"
             )
-        return path, key, param
+        known[item] = read
+        return read
 
-    def _read_item(self, item: object, entry_name: str) -> tuple[KeyPart, str, str]:
-        """One ``key_metadata`` entry as a key part, its text and its stored name."""
-        name = item.get("key") if isinstance(item, dict) else None
-        key_type = item.get("key_type") if isinstance(item, dict) else None
-        if isinstance(name, str) and type(key_type) is int:
-            # Block and layer names repeat across leaves: each is worked out once.
-            known = self._known.get((name, key_type))
-            if known is not None:
-                return known
-            if key_type == _DICT_KEY:
-                known = self._known_names[name] = (name, f"[{name!r}]", name)
-            elif key_type == _SEQUENCE_KEY:
-                if not (name.isdigit() and name.isascii()):
-                    raise ValueError(
-                        f"{str(self.meta_file)!r} entry {entry_name!r}: sequence key "
-                        f"{name!r} is not an index"
-                    )
-                index = int(name)
-                known = (index, f"[{index}]", name)
-            if known is not None:
-                self._known[(name, key_type)] = known
-                return known
-        raise _refused_key(item, self.meta_file, entry_name)
-
-
-def _refused_key(item: object, meta_file: Location, entry_name: str) -> ValueError:
-    """What is wrong with one entry of a leaf's ``key_metadata``."""
-    where = f"{str(meta_file)!r} entry {entry_name!r}"
-    if not isinstance(item, dict):
-        return ValueError(f"{where}: a key_metadata entry is not an object")
-    name, key_type = item.get("key"), item.get("key_type")
-    if not isinstance(name, str) or isinstance(key_type, bool):
-        return ValueError(f"{where}: a key is not a string")
-    return ValueError(f"{where}: unknown key_type {key_type!r}")
+    leaves: list[StoredLeaf] = []
+    kinds = _KINDS
+    # The previous leaf's keys but its last, and their path, text and array name
+    # (with its trailing "." if there are any).
+    head: list[_KeyItem] | None = None
+    head_path: KeyPath = ()
+    head_text = head_param = ""
+    for entry_name, entry in tree.items():
+        items = entry.key_metadata
+        path: KeyPath
+        if not items:  # The tree is a single leaf.
+            path, key, param = (), "", ""
+        else:
+            if head is None or len(items) != len(head) + 1 or items[:-1] != head:
+                head = items[:-1]
+                parts = [known.get(item) or read_key(item, entry_name) for item in head]
+                head_path = tuple([part for part, _, _ in parts])
+                head_text = "".join([text for _, text, _ in parts])
+                head_param = "".join([name + "." for _, _, name in parts])
+            last = items[-1]
+            part, text, name = known.get(last) or read_key(last, entry_name)
+            path, key, param = (*head_path, part), head_text + text, head_param + name
+            # Orbax stores the array under this name, "/" making directories (Haiku's
+            # module names have them); refuse one that would climb out of the
+            # checkpointable.
+            if ("/" in param or param in (".", "..")) and any(
+                part in ("", ".", "..") for part in param.split("/")
+            ):
+                raise ValueError(
+                    f"{str(meta_file)!r} entry {entry_name!r}: stored name {param!r} is not "
+                    "a path within the checkpoint"
+                )
+        value = entry.value_metadata
+        kind = kinds.get(value.value_type) or value.value_type
+        leaves.append(StoredLeaf(path, key, param, kind, not value.skip_deserialize))
+    return leaves
 
 
 def storage_path(param: str) -> str:
@@ -324,35 +361,9 @@ def read_layout(directory: Location) -> PyTreeLayout:
 
 def _parse_layout(directory: Location, has_manifest: bool) -> PyTreeLayout:
     meta_file = directory / names.PYTREE_METADATA
-    meta = files.read_json_object(
-        meta_file,
-        what="Orbax pytree metadata",
-        max_bytes=files.MAX_METADATA_BYTES,
-        max_depth=None,
-    )
-    tree = meta.get("tree_metadata")
-    if not isinstance(tree, dict):
-        raise ValueError(f"{str(meta_file)!r} has no tree_metadata object")
-    leaves = []
-    keys = _KeyReader(meta_file)
-    for entry_name, entry in tree.items():
-        if not isinstance(entry, dict):
-            raise ValueError(f"{str(meta_file)!r} entry {entry_name!r} is not an object")
-        path, key, param = keys.read(entry.get("key_metadata"), entry_name)
-        value = entry.get("value_metadata")
-        if not isinstance(value, dict) or not isinstance(value.get("value_type"), str):
-            raise ValueError(f"{str(meta_file)!r} entry {entry_name!r} has no value_type")
-        value_type: str = value["value_type"]
-        leaves.append(
-            StoredLeaf(
-                path=path,
-                key=key,
-                param=param,
-                kind=_KINDS.get(value_type) or value_type,
-                stored=not value.get("skip_deserialize", False),
-            )
-        )
-    ocdbt = meta.get("use_ocdbt")
+    meta = _decode_metadata(meta_file)
+    leaves = _stored_leaves(meta_file, meta.tree_metadata)
+    ocdbt = meta.use_ocdbt
     if not isinstance(ocdbt, bool):
         ocdbt = has_manifest
     if ocdbt and not has_manifest and any(leaf.kind in words.STORED_ARRAY_KINDS for leaf in leaves):
@@ -364,8 +375,8 @@ def _parse_layout(directory: Location, has_manifest: bool) -> PyTreeLayout:
         directory=directory,
         leaves=tuple(leaves),
         ocdbt=ocdbt,
-        zarr3=meta.get("use_zarr3") is True,
-        all_chunks_stored=meta.get("store_array_data_equal_to_fill_value") is True,
+        zarr3=meta.use_zarr3 is True,
+        all_chunks_stored=meta.store_array_data_equal_to_fill_value is True,
     )
 
 
