@@ -299,8 +299,8 @@ class CheckpointExplorer(w.VBox):
         self._page_size = page_size
         self._leaf_view: PagedTable | None = None
         self._tree_view: TreeView | None = None
-        # Side by side where there is room, one above the other where not; built when
-        # a checkpoint is first opened, so that showing the run builds only its table.
+        # Side by side where there is room, one above the other where not; built with
+        # the explorer (below), so that opening a checkpoint only fills them.
         self.leaf_tables = w.HBox(
             [], layout=w.Layout(flex_flow="row wrap", align_items="flex-start")
         )
@@ -374,6 +374,7 @@ class CheckpointExplorer(w.VBox):
         self.add_class("tinax-checkpoint-explorer")
         self.observe(guard(self._on_poll_interval), names="poll_interval")
         self.refresh(deep=False)
+        self._build_leaf_tables()
         self.poll_interval = poll_interval
 
     # -- public ---------------------------------------------------------------------
