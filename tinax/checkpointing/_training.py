@@ -10,7 +10,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from tinax._format import layout, pytree
+from tinax._format import files, layout, pytree
 from tinax._format.storage import Location
 from tinax._paths import load_source
 from tinax.checkpointing._checkpointables import (
@@ -231,6 +231,29 @@ def load_training_checkpoint(
         is found before the iterator is touched).
       FileNotFoundError: If ``path`` does not exist.
     """
+    # Paused for speed, as in load_checkpointables.
+    with files.paused_gc():
+        return _load_training_checkpoint(
+            path,
+            model_target,
+            optimizer_target,
+            rng_target,
+            auxiliary_target,
+            iterator,
+            names=names,
+        )
+
+
+def _load_training_checkpoint(
+    path: str | os.PathLike[str],
+    model_target: Any,
+    optimizer_target: Any,
+    rng_target: Any,
+    auxiliary_target: Any,
+    iterator: grain.DatasetIterator,
+    *,
+    names: TrainingCheckpointNames | None,
+) -> TrainingCheckpoint:
     check_iterator(iterator)
     names = _check_names(names)
     src = load_source(path)
