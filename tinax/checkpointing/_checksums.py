@@ -10,6 +10,7 @@ differ, naming the checkpoint, the checkpointable and the leaf.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,9 +33,20 @@ def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> Bounds:
     return tuple((s.indices(n)[0], s.indices(n)[1]) for s, n in zip(index, shape, strict=True))
 
 
+@functools.cache
+def _is_key_dtype(dtype: Any) -> bool:
+    return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+
+
+@functools.cache
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype)
+
+
 def _array_data(value: jax.Array) -> jax.Array:
-    # Orbax stores a typed PRNG key as its raw key data.
-    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+    # Orbax stores a typed PRNG key as its raw key data. (Looked up per dtype, not
+    # per leaf: a load checks tens of thousands of leaves of a few dtypes.)
+    if _is_key_dtype(value.dtype):
         return jax.random.key_data(value)
     return value
 
@@ -116,6 +128,13 @@ def _loaded_parts(value: Any) -> tuple[list[tuple[Bounds, np.ndarray]], Any] | N
     """The parts of a loaded array at hand, and its (data) array; ``None`` if not an array."""
     if isinstance(value, jax.Array):
         data = _array_data(value)
+        if isinstance(data.sharding, jax.sharding.SingleDeviceSharding) and (
+            data.is_fully_addressable
+        ):
+            # One device holds all of it: the common case, and cheaper to ask than for
+            # its shards. Read through a new array, so a host copy (off CPU) is not
+            # cached on the caller's.
+            return [(checksums.full_bounds(data.shape), np.asarray(data.addressable_data(0)))], data
         return _host_parts(data, written_only=False), data
     if isinstance(value, np.ndarray):
         return [(checksums.full_bounds(value.shape), value)], value
@@ -130,7 +149,7 @@ def _check_leaf(key: str, record: LeafRecord, value: Any) -> str | None:
             return f"leaf {key}: the stored value is corrupt: it does not match its checksum"
         return None
     parts, data = loaded
-    if str(data.dtype) != record.dtype or tuple(data.shape) != record.shape:
+    if _dtype_name(data.dtype) != record.dtype or tuple(data.shape) != record.shape:
         return None  # converted on load at the target's request: not comparable
     bad, uncovered = checksums.check_pieces(record, parts)
     if uncovered and isinstance(data, jax.Array) and data.is_fully_addressable:

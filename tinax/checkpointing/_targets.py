@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -116,10 +117,31 @@ def storage_spec(shape: tuple[int, ...], dtype: Any) -> tuple[tuple[int, ...], s
     implementation's trailing dimensions.
     """
     shape = tuple(int(d) for d in shape)
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    name = _plain_dtype_name(dtype)
+    if name is None:
         data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
         return tuple(data.shape), np.dtype(data.dtype).name
-    return shape, np.dtype(dtype).name
+    return shape, name
+
+
+def _plain_dtype_name(dtype: Any) -> str | None:
+    """NumPy's name of ``dtype``, or ``None`` for a typed PRNG key's.
+
+    Looked up once per dtype: a target has tens of thousands of leaves of a few.
+    """
+    try:
+        return _cached_dtype_name(dtype)
+    except TypeError:  # an unhashable dtype-like: worked out each time
+        return _dtype_name(dtype)
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    return np.dtype(dtype).name
+
+
+_cached_dtype_name = functools.cache(_dtype_name)
 
 
 def target_spec(leaf: Any) -> Spec:
