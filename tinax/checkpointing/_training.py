@@ -187,6 +187,8 @@ def _check_auxiliary_layout(path: Location, name: str) -> None:
             )
 
 
+# The cycle collector is paused for the whole load, as in load_checkpointables.
+@files.paused_gc()
 def load_training_checkpoint(
     path: str | os.PathLike[str],
     model_target: Any,
@@ -231,29 +233,6 @@ def load_training_checkpoint(
         is found before the iterator is touched).
       FileNotFoundError: If ``path`` does not exist.
     """
-    # Paused for speed, as in load_checkpointables.
-    with files.paused_gc():
-        return _load_training_checkpoint(
-            path,
-            model_target,
-            optimizer_target,
-            rng_target,
-            auxiliary_target,
-            iterator,
-            names=names,
-        )
-
-
-def _load_training_checkpoint(
-    path: str | os.PathLike[str],
-    model_target: Any,
-    optimizer_target: Any,
-    rng_target: Any,
-    auxiliary_target: Any,
-    iterator: grain.DatasetIterator,
-    *,
-    names: TrainingCheckpointNames | None,
-) -> TrainingCheckpoint:
     check_iterator(iterator)
     names = _check_names(names)
     src = load_source(path)
