@@ -282,7 +282,19 @@ def read_json_object(
     max_depth: int | None = MAX_JSON_DEPTH,
 ) -> dict[str, Any]:
     """``read_json`` of a file that must hold a JSON object."""
-    value = read_json(path, what=what, max_bytes=max_bytes, max_depth=max_depth)
+    data = read_bytes(path, what=what, max_bytes=max_bytes)
+    return parse_json_object(data, path=path, what=what, max_depth=max_depth)
+
+
+def parse_json_object(
+    data: bytes, *, path: Location, what: str, max_depth: int | None
+) -> dict[str, Any]:
+    """``parse_json`` of bytes that must hold a JSON object.
+
+    Raises:
+      ValueError: As ``parse_json``, or if the document is not an object.
+    """
+    value = parse_json(data, path=path, what=what, max_depth=max_depth)
     if not isinstance(value, dict):
         raise ValueError(
             f"{str(path)!r} ({what}) holds a JSON {type(value).__name__}, not an object"

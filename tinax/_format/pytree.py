@@ -155,11 +155,7 @@ def _decode_metadata(meta_file: Location) -> _Metadata:
         return _METADATA_DECODER.decode(data)
     except msgspec.DecodeError:
         pass
-    meta = files.parse_json(data, path=meta_file, what=what, max_depth=None)
-    if not isinstance(meta, dict):
-        raise ValueError(
-            f"{str(meta_file)!r} ({what}) holds a JSON {type(meta).__name__}, not an object"
-        )
+    meta = files.parse_json_object(data, path=meta_file, what=what, max_depth=None)
     tree = meta.get("tree_metadata")
     if not isinstance(tree, dict):
         raise ValueError(f"{str(meta_file)!r} has no tree_metadata object")
