@@ -23,6 +23,7 @@ from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.keys import format_key, key_parts
 from tinax._paths import location
 from tinax.checkpointing._orbax import StatefulCheckpointableHandler
+from tinax.checkpointing._targets import is_key_dtype
 
 
 class CorruptDataError(ValueError):
@@ -34,11 +35,6 @@ def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> Bounds:
 
 
 @functools.cache
-def _is_key_dtype(dtype: Any) -> bool:
-    return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
-
-
-@functools.cache
 def _dtype_name(dtype: Any) -> str:
     return str(dtype)
 
@@ -46,7 +42,7 @@ def _dtype_name(dtype: Any) -> str:
 def _array_data(value: jax.Array) -> jax.Array:
     # Orbax stores a typed PRNG key as its raw key data. (Looked up per dtype, not
     # per leaf: a load checks tens of thousands of leaves of a few dtypes.)
-    if _is_key_dtype(value.dtype):
+    if is_key_dtype(value.dtype):
         return jax.random.key_data(value)
     return value
 

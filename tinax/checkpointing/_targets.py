@@ -135,6 +135,11 @@ def _plain_dtype_name(dtype: Any) -> str | None:
         return _dtype_name(dtype)
 
 
+def is_key_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is a typed PRNG key's (looked up once per dtype)."""
+    return _plain_dtype_name(dtype) is None
+
+
 def _dtype_name(dtype: Any) -> str | None:
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         return None
