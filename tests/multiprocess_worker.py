@@ -54,6 +54,8 @@ from tinax.checkpointing import (
 MODEL = {
     "dense1": {"kernel": ((16, 32), P("data", "model")), "bias": ((32,), P("model"))},
     "dense2": {"kernel": ((32, 8), P("model", None)), "bias": ((8,), P())},
+    # 24 MiB: on two devices its 12 MiB shards are each stored in more than one chunk.
+    "embed": {"table": ((1024, 6144), P(None, "model"))},
 }
 AUXILIARY = {"loss": 0.125, "tag": "two-d"}
 STEP = 7

@@ -8,6 +8,7 @@ as soon as one process fails, so nothing here can hang.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -20,9 +21,10 @@ from conftest import BUCKET
 
 import tinax.explore as ex
 from tinax import _claims
-from tinax._format import names, words
+from tinax._format import arrays, names, words
 from tinax._format.storage import local
 from tinax.checkpointing import NumpyTarget, load_checkpointables
+from tinax.checkpointing._context import CHUNK_BYTES
 
 WORKER = Path(worker.__file__)
 
@@ -93,7 +95,7 @@ def test_fresh_processes_load_it_exactly_each_with_its_own_iterator(two):
     for i in range(2):
         report = load.result(i, "load")
         # 14 arrays, each checked shard by shard on this process's two devices.
-        assert report["shards"] == 28
+        assert report["shards"] == 34
         assert report["batch"] == next(worker.iterator_at(worker.position(i), i, 2)).tolist()
     assert load.result(0, "load")["batch"] != load.result(1, "load")["batch"]
 
@@ -139,7 +141,7 @@ def test_the_next_run_of_every_process_recovers_from_it(two):
     assert recover.ok, recover
     _same_on_every_process(recover, "recovered")
     for i in range(2):
-        assert recover.result(i, "load")["shards"] == 28
+        assert recover.result(i, "load")["shards"] == 34
     directory = two["directory"]
     assert not (directory / ("killed" + names.TEMPORARY_SUFFIX)).exists()
     assert not (directory / names.claim_name("killed")).exists()
@@ -156,7 +158,7 @@ def test_two_processes_checkpoint_loads_in_one_process_with_one_device(two):
     one = two["one-load"]
     assert one.ok, one
     report = one.result(0, "from-two")
-    assert report["devices"] == 1 and report["shards"] == 14
+    assert report["devices"] == 1 and report["shards"] == 17
     training = one.result(0, "training-load")
     assert training["error"] == "ValueError"
     assert "saved by 2 process(es)" in training["message"]
@@ -169,7 +171,7 @@ def test_one_process_checkpoint_loads_in_two_processes(two):
     assert recover.ok, recover
     for i in range(2):
         report = recover.result(i, "from-one")
-        assert report["devices"] == 4 and report["shards"] == 28
+        assert report["devices"] == 4 and report["shards"] == 34
 
 
 def test_explore_reads_the_two_process_checkpoint_in_one_process(two):
@@ -193,6 +195,15 @@ def test_explore_reads_the_two_process_checkpoint_in_one_process(two):
     # The whole global array, every process's shards together.
     kernel = ex.read_leaf(ck, "model", "['dense1']['kernel']")
     np.testing.assert_array_equal(kernel, worker.expected("model/dense1/kernel", (16, 32), 0))
+    # The embedding table's 12 MiB shards were stored in chunks of at most CHUNK_BYTES.
+    key = "embed.table/zarr.json"
+    stored = arrays.read_values(local(ck / "model"), [key], ocdbt=True, ctx=arrays.context())
+    meta = json.loads(stored[key])
+    shard = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    chunk = meta["codecs"][0]["configuration"]["chunk_shape"]
+    assert shard == chunk and 4 * int(np.prod(chunk)) <= CHUNK_BYTES < 4 * 1024 * 3072, chunk
+    table = ex.read_leaf(ck, "model", "['embed']['table']")
+    np.testing.assert_array_equal(table, worker.expected("model/embed/table", (1024, 6144), 0))
 
 
 def test_a_process_that_never_saves_does_not_hang_the_others(tmp_path):
@@ -236,7 +247,7 @@ def test_two_processes_save_to_gs_and_load_it_back(gcs):
     assert outcome.ok, outcome
     for i in range(2):
         assert outcome.result(i, "exists")["error"] == "FileExistsError"
-        assert outcome.result(i, "load")["shards"] == 28
+        assert outcome.result(i, "load")["shards"] == 34
     listed = ex.list_checkpoints(url)
     assert list(listed["status"]) == [words.COMPLETE]
     iterator_rows = ex.checkpoint_table(f"{url}/ck").query("checkpointable == 'iterator'")

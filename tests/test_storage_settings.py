@@ -27,6 +27,7 @@ from tinax.checkpointing import (
     save_checkpointables,
     save_training_checkpoint,
 )
+from tinax.checkpointing._context import CHUNK_BYTES
 
 
 def _state() -> dict[str, Any]:
@@ -180,3 +181,48 @@ def test_training_checkpoints_round_trip_either_way(tmp_path: Path, compressed: 
     assert ckpt.step == 5 and ckpt.auxiliary == {"loss": 0.5}
     np.testing.assert_array_equal(np.asarray(ckpt.model["w"]), np.asarray(model["w"]))
     np.testing.assert_array_equal(next(ckpt.iterator), next(batches))
+
+
+def _chunk_shapes(checkpointable: Path, param: str) -> tuple[list[int], list[int]]:
+    """The write (outer) and read (inner) chunk shapes of one stored array."""
+    key = f"{param}/zarr.json"
+    stored = arrays.read_values(location(checkpointable), [key], ocdbt=True, ctx=arrays.context())[
+        key
+    ]
+    meta = json.loads(stored)
+    outer = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    inner = meta["codecs"][0]["configuration"]["chunk_shape"]
+    return outer, inner
+
+
+def test_big_arrays_are_stored_in_chunks_of_at_most_chunk_bytes(tmp_path: Path) -> None:
+    # 12 MiB: more than one chunk; the small arrays stay one chunk each.
+    big = jnp.arange(1024 * 3072, dtype=jnp.float32).reshape(1024, 3072)
+    state = {**_state(), "big": big}
+    save_checkpointables(tmp_path / "c", {"p": state}).result()
+    outer, inner = _chunk_shapes(tmp_path / "c" / "p", "big")
+    assert outer == inner
+    assert int(np.prod(inner)) * 4 <= CHUNK_BYTES
+    assert int(np.prod(inner)) < big.size
+    assert _chunk_shapes(tmp_path / "c" / "p", "w")[1] == [256, 256]
+    restored = load_checkpointables(tmp_path / "c", {"p": abstract_restore_target(state)})
+    np.testing.assert_array_equal(np.asarray(restored["p"]["big"]), np.asarray(big))
+    np.testing.assert_array_equal(
+        ex.read_leaf(tmp_path / "c", "p", "['big']")[1000:1010, 3000:],
+        np.asarray(big)[1000:1010, 3000:],
+    )
+
+
+def test_a_chunk_size_in_the_callers_orbax_context_stays_in_force(tmp_path: Path) -> None:
+    ctx = ocp.Context()
+    ctx.array.saving.storage_options.chunk_byte_size = 64 * 1024
+    with ctx:
+        save_checkpointables(tmp_path / "c", {"p": _state()}).result()
+    outer, inner = _chunk_shapes(tmp_path / "c" / "p", "w")
+    assert int(np.prod(inner)) * 4 <= 64 * 1024 and outer == inner
+    assert ctx.array.saving.storage_options.chunk_byte_size == 64 * 1024
+    # And tinax's own choice did not leak into the caller's context either.
+    fresh = ocp.Context()
+    with fresh:
+        save_checkpointables(tmp_path / "d", {"p": _state()}).result()
+    assert fresh.array.saving.storage_options.chunk_byte_size is None
