@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax._format import preflight
+from tinax._format import checksums, preflight
 from tinax._format.storage import local, tree_bytes
 from tinax.checkpointing import (
     abstract_restore_target,
@@ -71,6 +71,7 @@ from tinax.checkpointing import (
     save_checkpointables,
     save_training_checkpoint,
 )
+from tinax.checkpointing._checksums import record_save, verify_loaded
 from tinax.checkpointing._context import without_checksums
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -148,6 +149,10 @@ class Measured:
     sizes: dict[str, int] = dataclasses.field(default_factory=dict)
     # Seconds per run of the load preflight on tinax's checkpoint.
     preflight: list[float] = dataclasses.field(default_factory=list)
+    # Seconds of the checksums' own work, measured on its own: recording them for a
+    # save of the state, and checking a load of tinax's checkpoint against them.
+    record: list[float] = dataclasses.field(default_factory=list)
+    verify: list[float] = dataclasses.field(default_factory=list)
 
     def rate(self, seconds: float) -> float:
         """MiB per second."""
@@ -181,10 +186,37 @@ def alternating(sides: list[Side], round_index: int) -> list[Side]:
     return sides[k:] + sides[:k]
 
 
+def checksum_work(
+    state: Any, path: str, target: Any, rounds: int
+) -> tuple[list[float], list[float]]:
+    """Seconds to record the checksums of ``state``, and to check a load of ``path``.
+
+    Measured apart from the save and the load they belong to, which vary by more
+    from round to round (tens of percent) than checksums cost (a few percent), so a
+    ratio of two medians cannot tell them apart. Recording is timed whole, though
+    in a save it runs while Orbax writes.
+    """
+    records, checks = [], []
+    directory = os.path.join(path, "params")
+    for _ in range(rounds):
+        records.append(
+            timed(lambda: checksums.encode(record_save({"params": state}, primary=True)(), 0))
+        )
+        with without_checksums():
+            loaded = jax.block_until_ready(load_checkpointables(path, {"params": target}))
+        checks.append(timed(lambda loaded=loaded: verify_loaded(directory, loaded["params"])))
+        del loaded
+    return records, checks
+
+
 def measure_workload(
-    sides: list[Side], state: Any, rounds: int, scratch: str, label: str
+    sides: list[Side], state: Any, rounds: int, scratch: str, label: str, load_rounds: int
 ) -> Measured:
-    """Save and load throughput and size on disk of every side on one workload."""
+    """Save and load throughput and size on disk of every side on one workload.
+
+    Loads take a second or so and vary more than saves, so there are ``load_rounds``
+    of them against ``rounds`` of saves.
+    """
     target = abstract_restore_target(state)
     measured = Measured(nbytes=sum(x.nbytes for x in jax.tree.leaves(state)))
     kept: dict[str, str] = {}
@@ -206,12 +238,15 @@ def measure_workload(
                 kept[side.name] = path
     for side in sides:
         measured.sizes[side.name] = tree_bytes(local(kept[side.name]))
-    for r in range(rounds):
+    for r in range(load_rounds):
         for side in alternating(sides, r):
             measured.loads[side.name].append(timed(lambda s=side: s.load(kept[s.name], target)))
     if "tinax" in kept:
         for _ in range(max(5, rounds)):
             measured.preflight.append(timed(lambda: preflight.check(local(kept["tinax"]))))
+        measured.record, measured.verify = checksum_work(
+            state, kept["tinax"], target, max(5, rounds)
+        )
     for path in kept.values():
         shutil.rmtree(path)
     return measured
@@ -335,6 +370,18 @@ def spread(values: list[float]) -> str:
     return f"{min(values):7.0f}-{max(values):<7.0f}"
 
 
+def print_checksum_work(measured: Measured) -> None:
+    med = statistics.median
+    record, verify = med(measured.record), med(measured.verify)
+    save, load = med(measured.saves["tinax"]), med(measured.loads["tinax"])
+    print(
+        f"checksums' own work, timed apart (median of {len(measured.record)}): recording "
+        f"{record * 1e3:.0f} ms ({record / save * 100:.1f}% of tinax's median save, and it "
+        f"runs while Orbax writes), checking {verify * 1e3:.0f} ms "
+        f"({verify / load * 100:.1f}% of its median load)"
+    )
+
+
 def print_workload(title: str, measured: Measured, sides: list[Side]) -> None:
     print(f"\n{title}: {measured.nbytes / MIB:.0f} MiB of float32")
     print(
@@ -408,14 +455,16 @@ def main() -> int:
     sides = [tinax_side(), tinax_without_checksums_side(), tinax_compressed_side(), orbax_side()]
     try:
         big = make_state(nbytes, 16)
-        a = measure_workload(sides, big, args.rounds, scratch, "a")
+        a = measure_workload(sides, big, args.rounds, scratch, "a", 3 * args.rounds)
         dd = dd_write(scratch, a.nbytes, args.rounds)
         returned, committed = blocking_time(big, scratch, args.rounds)
         del big
         b = None
         if not args.skip_small:
             small = make_state(nbytes, args.small_arrays)
-            b = measure_workload(sides, small, args.small_rounds, scratch, "b")
+            b = measure_workload(
+                sides, small, args.small_rounds, scratch, "b", 2 * args.small_rounds
+            )
             del small
         overhead = call_overhead(scratch)
         trained = trained_weights_sizes(Path(args.demo_run), scratch)
@@ -424,6 +473,7 @@ def main() -> int:
 
     print("tinax defaults (arrays uncompressed) against raw Orbax V1 defaults (zstd level 3)")
     print_workload("(a) 16 arrays", a, sides)
+    print_checksum_work(a)
     dd_rates = [a.nbytes / s / MIB for s in dd]
     print(
         f"dd, conv=fsync, same bytes: best {max(dd_rates):.0f} MiB/s, median "
@@ -431,6 +481,7 @@ def main() -> int:
     )
     if b is not None:
         print_workload(f"(b) {args.small_arrays} arrays", b, sides)
+        print_checksum_work(b)
     med = statistics.median
     print(
         f"\nsave_training_checkpoint with (a) as the model: returns after {med(returned) * 1e3:.0f} ms "

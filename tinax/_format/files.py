@@ -51,19 +51,30 @@ def paused_gc() -> Iterator[None]:
     frees garbage as usual, and the collector runs again once the last pause (of
     any thread) ends, unless it was off before.
     """
+    pause_gc()
+    try:
+        yield
+    finally:
+        resume_gc()
+
+
+def pause_gc() -> None:
+    """Starts a pause of the cycle collector that ``resume_gc`` ends (``paused_gc``)."""
     global _gc_pauses, _gc_was_enabled
     with _GC_LOCK:
         if _gc_pauses == 0:
             _gc_was_enabled = gc.isenabled()
             gc.disable()
         _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _GC_LOCK:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
+
+
+def resume_gc() -> None:
+    """Ends one ``pause_gc``; the collector runs again when the last one ends."""
+    global _gc_pauses
+    with _GC_LOCK:
+        _gc_pauses -= 1
+        if _gc_pauses == 0 and _gc_was_enabled:
+            gc.enable()
 
 
 @dataclasses.dataclass(frozen=True)

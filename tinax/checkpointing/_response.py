@@ -28,12 +28,16 @@ class SaveResponse(ocp.AsyncResponse[T]):
     the log).
 
     One short-lived watcher thread waits for Orbax's response; it ends when the
-    save ends, successfully or not.
+    save ends, successfully or not. ``on_end`` is called then, before the result
+    is given out.
     """
 
-    def __init__(self, inner: Any, destination: Destination) -> None:
+    def __init__(
+        self, inner: Any, destination: Destination, on_end: Callable[[], None] | None = None
+    ) -> None:
         # The caller marked the save as in flight (``_failures.begin``); it ends here.
         self._inner = inner
+        self._on_end = on_end
         self._claimed = destination
         self._destination = destination.location
         self._future: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -50,13 +54,21 @@ class SaveResponse(ocp.AsyncResponse[T]):
                 self._claimed.discard_temporaries()
             finally:
                 self._claimed.release()
+                self._end()
             failure = _failures.save_failure(str(self._destination), e)
             _failures.end(str(self._destination))
             self._future.set_exception(failure)
         else:
-            self._claimed.release()
+            try:
+                self._claimed.release()
+            finally:
+                self._end()
             _failures.end(str(self._destination))
             self._future.set_result(value)
+
+    def _end(self) -> None:
+        if self._on_end is not None:
+            self._on_end()
 
     @property
     def path(self) -> str:
