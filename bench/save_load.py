@@ -10,9 +10,9 @@ For each workload every side writes its own checkpoints (rounds alternate which 
 goes first) and then loads its own checkpoint back into abstract targets, so each
 side is measured on the format it writes. The sides: "tinax" (its defaults: arrays
 uncompressed, big ones in chunks of at most 8 MiB, checksums), "no-sums" (the same
-without checksums), "zstd" (tinax with ``compression()`` on) and "orbax" (raw Orbax V1
-defaults: zstd, one chunk per array). Every timed operation starts after ``os.sync()``, so write-back of an earlier round is not
-charged to it; loads read from the page cache on every side alike. Reported per side:
+without checksums), "zstd" (tinax with ``compression()`` on) and "orbax" (raw Orbax
+V1 defaults: zstd, one chunk per array). Every timed operation starts after
+``os.sync()``, so write-back of an earlier round is not charged to it; loads read from the page cache on every side alike. Reported per side:
 save and load throughput (best, median and the range over rounds) and size on disk.
 
 Also measured: ``dd`` writing the same number of bytes with ``conv=fsync`` (the
@@ -40,6 +40,7 @@ On a shared virtual disk single rounds vary by tens of percent; use more rounds
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -93,40 +94,24 @@ class Side:
     load: Load
 
 
-def tinax_side() -> Side:
-    def save(path: str, state: Any) -> None:
-        save_checkpointables(path, {"params": state}).result()
+def tinax_side(
+    name: str = "tinax", within: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+) -> Side:
+    """tinax's save and load; ``within`` sets what its saves run inside.
 
-    def load(path: str, target: Any) -> Any:
-        return jax.block_until_ready(load_checkpointables(path, {"params": target}))
-
-    return Side("tinax", save, load)
-
-
-def tinax_without_checksums_side() -> Side:
-    """tinax as it was before checksums: what they cost is measured against this."""
+    The sides measured: "tinax" (its defaults), "no-sums" (``without_checksums``: what
+    checksums cost is measured against it) and "zstd" (``compression``, its one
+    storage switch: zstd as raw Orbax writes it, in tinax's chunks).
+    """
 
     def save(path: str, state: Any) -> None:
-        with without_checksums():
+        with within() if within is not None else contextlib.nullcontext():
             save_checkpointables(path, {"params": state}).result()
 
     def load(path: str, target: Any) -> Any:
         return jax.block_until_ready(load_checkpointables(path, {"params": target}))
 
-    return Side("no-sums", save, load)
-
-
-def tinax_compressed_side() -> Side:
-    """tinax with its one storage switch on: zstd, as raw Orbax, in tinax's chunks."""
-
-    def save(path: str, state: Any) -> None:
-        with compression():
-            save_checkpointables(path, {"params": state}).result()
-
-    def load(path: str, target: Any) -> Any:
-        return jax.block_until_ready(load_checkpointables(path, {"params": target}))
-
-    return Side("zstd", save, load)
+    return Side(name, save, load)
 
 
 def orbax_side() -> Side:
@@ -452,7 +437,12 @@ def main() -> int:
 
     nbytes = int(args.gib * GIB)
     scratch = tempfile.mkdtemp(prefix="tinax-bench-", dir=args.dir)
-    sides = [tinax_side(), tinax_without_checksums_side(), tinax_compressed_side(), orbax_side()]
+    sides = [
+        tinax_side(),
+        tinax_side("no-sums", without_checksums),
+        tinax_side("zstd", compression),
+        orbax_side(),
+    ]
     try:
         big = make_state(nbytes, 16)
         a = measure_workload(sides, big, args.rounds, scratch, "a", 3 * args.rounds)

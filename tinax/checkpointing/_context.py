@@ -19,11 +19,10 @@ _COMPRESS: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "tinax_compress_arrays", default=False
 )
 # Big arrays are stored in chunks of at most this many bytes (Orbax's default is one
-# chunk per array, or per shard). Reading and writing go chunk by chunk in
-# tensorstore's threads, and buffers this size are reused by the allocator rather
-# than mapped fresh: 1 GiB in 16 arrays loads in 0.55-0.6 s instead of 0.8 s, saves a
-# little faster too, and arrays below the size are untouched (README, "Storage
-# settings"; bench/save_load.py measures it).
+# chunk per array, or per shard). Tensorstore then reads and writes the chunks of an
+# array in parallel, in smaller buffers: 1 GiB in 16 arrays loads in 0.55-0.6 s
+# instead of 0.8 s and saves a little faster too; arrays below the size are untouched
+# (README, "Storage settings"; bench/save_load.py measures it).
 CHUNK_BYTES = 8 << 20
 # Measuring what checksums cost needs saves without them (bench/save_load.py); users
 # have no reason to turn them off, so this is not part of the API.
@@ -79,9 +78,9 @@ def context() -> ocp.Context:
     """The caller's active Orbax context, with tinax's handlers and storage choice.
 
     Options the caller set with ``with ocp.Context(...)`` stay in force, except
-    array compression, which ``compression`` decides. Arrays are stored in chunks of
-    at most ``CHUNK_BYTES`` unless the caller's context sets a ``chunk_byte_size``. The caller's context is
-    copied, never changed.
+    array compression, which ``compression`` decides. Arrays are stored in chunks
+    of at most ``CHUNK_BYTES`` unless the caller's context sets a
+    ``chunk_byte_size``. The caller's context is copied, never changed.
     """
     active = active_context()
     registry = ocp.handlers.local_registry(

@@ -29,12 +29,10 @@ class SaveResponse(ocp.AsyncResponse[T]):
 
     One short-lived watcher thread waits for Orbax's response; it ends when the
     save ends, successfully or not. ``on_end`` is called then, before the result
-    is given out.
+    is given out (the save's pause of the cycle collector ends there).
     """
 
-    def __init__(
-        self, inner: Any, destination: Destination, on_end: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, inner: Any, destination: Destination, on_end: Callable[[], None]) -> None:
         # The caller marked the save as in flight (``_failures.begin``); it ends here.
         self._inner = inner
         self._on_end = on_end
@@ -54,7 +52,7 @@ class SaveResponse(ocp.AsyncResponse[T]):
                 self._claimed.discard_temporaries()
             finally:
                 self._claimed.release()
-                self._end()
+                self._on_end()
             failure = _failures.save_failure(str(self._destination), e)
             _failures.end(str(self._destination))
             self._future.set_exception(failure)
@@ -62,13 +60,9 @@ class SaveResponse(ocp.AsyncResponse[T]):
             try:
                 self._claimed.release()
             finally:
-                self._end()
+                self._on_end()
             _failures.end(str(self._destination))
             self._future.set_result(value)
-
-    def _end(self) -> None:
-        if self._on_end is not None:
-            self._on_end()
 
     @property
     def path(self) -> str:
