@@ -39,10 +39,13 @@ class CheckpointRecord:
         not a string), a single handler name for a flat checkpoint, or ``None``
         when the record names none.
       committed_nsecs: Commit time in nanoseconds since the epoch, if recorded.
+      checksummed: Whether the save recorded that every pytree and iterator
+        checkpointable carries tinax checksums (``names.CHECKSUMS_PROMISE``).
     """
 
     item_handlers: dict[str, str | None] | str | None
     committed_nsecs: int | None
+    checksummed: bool = False
 
 
 def read_checkpoint_record(path: Location) -> CheckpointRecord:
@@ -69,7 +72,12 @@ def read_checkpoint_record(path: Location) -> CheckpointRecord:
     # Later than any plausible date (year 2262) is not a time pandas can show.
     if isinstance(stamp, int) and not isinstance(stamp, bool) and 0 < stamp < 2**63:
         committed = stamp
-    return CheckpointRecord(item_handlers=handlers, committed_nsecs=committed)
+    custom = meta.get("custom_metadata")
+    promise = custom.get(names.CHECKSUMS_PROMISE) if isinstance(custom, dict) else None
+    checksummed = isinstance(promise, dict) and promise.get("checksums") is True
+    return CheckpointRecord(
+        item_handlers=handlers, committed_nsecs=committed, checksummed=checksummed
+    )
 
 
 def check_checkpointable_name(name: object, meta_file: Location) -> str:
@@ -112,12 +120,15 @@ class Checkpoint:
       checkpointables: What it holds, in stored order.
       committed_nsecs: Commit time from ``_CHECKPOINT_METADATA``, if recorded.
       scan: Size and fingerprint of everything under ``path``.
+      checksummed: Whether its save promised tinax checksums for every pytree
+        and iterator checkpointable (their absence is then damage).
     """
 
     path: Location
     checkpointables: tuple[StoredCheckpointable, ...]
     committed_nsecs: int | None
     scan: files.Scan
+    checksummed: bool = False
 
     def get(self, name: object) -> StoredCheckpointable:
         """The checkpointable called ``name``.
@@ -240,7 +251,7 @@ def open_checkpoint(path: Location) -> Checkpoint:
     elif classify(path) is not None or isinstance(handlers, str):
         # A flat checkpoint: the directory itself is the one, unnamed item.
         item = StoredCheckpointable("", path, classify(path) or UNKNOWN)
-        return Checkpoint(path, (item,), record.committed_nsecs, found)
+        return Checkpoint(path, (item,), record.committed_nsecs, found, record.checksummed)
     else:
         item_names = _checkpointable_dirs(path)
 
@@ -267,7 +278,7 @@ def open_checkpoint(path: Location) -> Checkpoint:
     if isinstance(handlers, dict):
         for item in items:
             _check_handler_layout(path, item, handlers.get(item.name))
-    return Checkpoint(path, items, record.committed_nsecs, found)
+    return Checkpoint(path, items, record.committed_nsecs, found, record.checksummed)
 
 
 # What a checkpointable written by a known handler must hold, by the end of its name.

@@ -73,6 +73,10 @@ def iterator_file_name(process_index: int, process_count: int) -> str:
 # In a pytree checkpointable saved by tinax: a checksum of every value each process wrote,
 # one JSON file per process (written before the checkpoint commits).
 CHECKSUMS_DIR = "tinax_checksums"
+# The key tinax saves put in _CHECKPOINT_METADATA's custom_metadata, which Orbax commits
+# with the checkpoint: {"checksums": true} promises a CHECKSUMS_DIR in every pytree and
+# iterator checkpointable, so that deleting one is seen as damage.
+CHECKSUMS_PROMISE = "tinax"
 CHECKSUMS_FORMAT = "tinax.checksums/1"
 CHECKSUM_FILE = re.compile(r"^process_(\d+)\.json$")
 

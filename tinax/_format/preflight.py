@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinax._format import checksums, files, layout, names, pytree
+from tinax._format import checksums, files, layout, names, pytree, words
 from tinax._format.storage import Location
 
 # Files parsed as JSON wherever they appear in a checkpoint, with what they hold.
@@ -123,9 +123,29 @@ def check(path: Location) -> layout.Checkpoint:
                 f"{str(where)!r} is {entry.size} bytes, implausibly large for "
                 f"{where.name}; refusing to read more than {cap}"
             )
+    checksums.check_promise(checkpoint)
     for item in checkpoint.checkpointables:
-        if item.layout == layout.PYTREE:
-            pytree.read_layout(item.directory)
+        tree = pytree.read_layout(item.directory) if item.layout == layout.PYTREE else None
         if item.layout in (layout.PYTREE, layout.ITERATOR):
-            checksums.read_checksums(item.directory)
+            records = checksums.read_checksums(item.directory)
+            if tree is not None and records is not None and checkpoint.checksummed:
+                _check_coverage(checkpoint, item.name, tree, records)
     return checkpoint
+
+
+def _check_coverage(
+    checkpoint: layout.Checkpoint,
+    name: str,
+    tree: pytree.PyTreeLayout,
+    records: dict[str, checksums.LeafRecord],
+) -> None:
+    """Every stored value of a checksummed save's pytree has its record."""
+    for leaf in tree.leaves:
+        if leaf.stored and leaf.kind in _RECORDED_KINDS and leaf.key not in records:
+            raise checksums.CorruptDataError(
+                f"checkpoint {str(checkpoint.path)!r}: checkpointable {name!r}: leaf "
+                f"{leaf.key} has no checksum, though its save recorded one for every value"
+            )
+
+
+_RECORDED_KINDS = frozenset({*words.STORED_ARRAY_KINDS, words.STRING})

@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays, files, names, words
+from tinax._format import arrays, budget, files, names, words
 from tinax._format.keys import KeyPart, KeyPath
 from tinax._format.storage import FILE, Location
 
@@ -387,6 +387,8 @@ class ArrayInfo:
       chunk_shape: The unit the store decodes: zarr3's inner chunk, zarr2's chunk.
       grid_shape: The unit the store keeps under one key: zarr3's shard (the
         chunk grid's shape), zarr2's chunk.
+      compressed: Whether a codec may store fewer bytes than it decodes to
+        (``False`` only for codec chains known to be byte for byte).
     """
 
     shape: tuple[int, ...]
@@ -394,6 +396,7 @@ class ArrayInfo:
     itemsize: int | None
     chunk_shape: tuple[int, ...] | None
     grid_shape: tuple[int, ...] | None = None
+    compressed: bool = True
 
 
 def dtype_name(name: str) -> tuple[str, int | None]:
@@ -457,12 +460,39 @@ def parse_array_metadata(data: bytes, *, zarr3: bool) -> ArrayInfo | None:
                 first.get("configuration"), dict
             ):
                 chunks = _int_tuple(first["configuration"].get("chunk_shape")) or chunks
+        compressed = _zarr3_compressed(codecs)
     else:
         chunks = grid_shape = _int_tuple(meta.get("chunks"))
+        compressed = meta.get("compressor") is not None or bool(meta.get("filters"))
     dtype, itemsize = dtype_name(raw_dtype)
     return ArrayInfo(
-        shape=shape, dtype=dtype, itemsize=itemsize, chunk_shape=chunks, grid_shape=grid_shape
+        shape=shape,
+        dtype=dtype,
+        itemsize=itemsize,
+        chunk_shape=chunks,
+        grid_shape=grid_shape,
+        compressed=compressed,
     )
+
+
+# zarr3 codecs that store exactly the bytes they decode to (plus a fixed-size suffix).
+_PLAIN_CODECS = frozenset({"bytes", "transpose", "crc32c"})
+
+
+def _zarr3_compressed(codecs: object) -> bool:
+    """Whether a zarr3 codec chain (shards' inner chains included) may compress."""
+    if not isinstance(codecs, list):
+        return True
+    for codec in codecs:
+        if not isinstance(codec, dict):
+            return True
+        name, config = codec.get("name"), codec.get("configuration")
+        if name == "sharding_indexed" and isinstance(config, dict):
+            if _zarr3_compressed(config.get("codecs")):
+                return True
+        elif name not in _PLAIN_CODECS:
+            return True
+    return False
 
 
 def array_infos(
@@ -497,6 +527,9 @@ def array_infos(
             raise ValueError(
                 f"array metadata {key} under {str(layout.directory)!r} is not valid zarr metadata"
             )
+        problem = budget.claim_problem(info.shape, info.itemsize, info.chunk_shape)
+        if problem is not None:
+            raise ValueError(f"array {param!r} under {str(layout.directory)!r}: {problem}")
         infos[param] = info
     return infos
 
@@ -598,6 +631,8 @@ def read_value(layout: PyTreeLayout, leaf: StoredLeaf, ctx: ts.Context) -> Any:
         return read_strings(layout, [leaf.param])[leaf.param]
     if leaf.kind == words.EMPTY or not leaf.stored:
         return None
+    # The claimed shape and chunking are checked before tensorstore allocates them.
+    array_infos(layout, [leaf], ctx)
     array = arrays.open_arrays([layout.array_spec(leaf)], ctx)[0].result()
     value = array.read().result()
     return value.item() if leaf.kind == words.SCALAR else value

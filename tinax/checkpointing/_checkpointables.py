@@ -91,7 +91,12 @@ def save_checkpointables(
     _failures.begin(where)
     try:
         with ctx:
-            inner = ocp.save_checkpointables_async(orbax_path(dest.location), dict(checkpointables))
+            inner = ocp.save_checkpointables_async(
+                orbax_path(dest.location),
+                dict(checkpointables),
+                # Committed with the checkpoint: its checksums cannot be stripped unseen.
+                custom_metadata={names.CHECKSUMS_PROMISE: {"checksums": True}},
+            )
     except BaseException as e:
         try:
             dest.discard_temporaries()

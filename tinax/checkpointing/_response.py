@@ -86,7 +86,10 @@ class SaveResponse(ocp.AsyncResponse[T]):
         """
         try:
             return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError as e:
+            if self._future.done():
+                # The save itself timed out (waiting for another process, say).
+                raise TimeoutError(f"save to {str(self._destination)!r} failed: {e}") from e
             raise TimeoutError(
                 f"save to {str(self._destination)!r} not finished after {timeout} s"
             ) from None

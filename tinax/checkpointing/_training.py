@@ -25,6 +25,8 @@ from tinax.checkpointing._verdict import TargetMismatchError, check_targets
 
 STEP_KEY = "step"
 STATE_KEY = "state"
+# Orbax stores the step as an int64.
+_MAX_STEP = 2**63 - 1
 
 
 def check_step(step: object) -> int:
@@ -35,6 +37,10 @@ def check_step(step: object) -> int:
         )
     if step < 0:
         raise ValueError(f"step must be non-negative, got {step}")
+    if step > _MAX_STEP:
+        raise ValueError(
+            f"step must fit in a signed 64-bit integer (at most {_MAX_STEP}), got {step}"
+        )
     return int(step)
 
 

@@ -19,7 +19,17 @@ import pandas as pd
 import tensorstore as ts
 
 from tinax import _paths
-from tinax._format import arrays, chunks, files, jsonitems, layout, names, pytree, words
+from tinax._format import (
+    arrays,
+    chunks,
+    files,
+    jsonitems,
+    layout,
+    names,
+    preflight,
+    pytree,
+    words,
+)
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax._format.storage import DIRECTORY, FILE, LINK, Location
 from tinax.explore._checks import Check, Finding, LeafScan, PyTreeState, StoredArray, Target
@@ -114,6 +124,29 @@ class SafetyCheck(Check):
             )
 
 
+class PreflightCheck(Check):
+    """Every file passes the check every load passes first (``tinax._format.preflight``).
+
+    A checkpoint a load refuses is never sound: the same parse of every metadata
+    file, the same size caps, the same refusals, in the same words. Array stores
+    are not read once it refuses (tensorstore would read what it refused).
+    """
+
+    def structure(self, target: Target) -> Iterable[Finding]:
+        if not target.safe or names.is_temporary_name(target.path.name):
+            return
+        if not (target.path / names.CHECKPOINT_METADATA).exists():
+            return  # reported by CommitCheck; nothing else can be opened
+        try:
+            preflight.check(target.path)
+        except (ValueError, OSError) as e:
+            target.safe = False
+            yield Finding("", words.ERROR, f"a load refuses it: {e}")
+            yield Finding(
+                "", words.INFO, "array stores not read: a load refuses the checkpoint (above)"
+            )
+
+
 class CheckpointablesCheck(Check):
     """The checkpointables recorded are the ones present, and each is in a known layout."""
 
@@ -164,7 +197,7 @@ class CheckpointablesCheck(Check):
             scan = files.scan(target.path)
         except ValueError:
             return None
-        return Checkpoint(target.path, items, record.committed_nsecs, scan)
+        return Checkpoint(target.path, items, record.committed_nsecs, scan, record.checksummed)
 
     @staticmethod
     def _listed(target: Target) -> Iterable[Finding]:
@@ -264,7 +297,7 @@ class PyTreeCheck(Check):
         try:
             pytree.read_shardings(tree, [leaf.param for leaf in tree.leaves])
         except ValueError as e:
-            yield Finding(f"{where}/{names.SHARDINGS}", words.WARNING, str(e))
+            yield Finding(f"{where}/{names.SHARDINGS}", words.ERROR, str(e))
 
     @staticmethod
     def _written(target: Target, directory: Location) -> Any:
@@ -272,7 +305,7 @@ class PyTreeCheck(Check):
             return pytree.read_written_arrays(directory)
         except ValueError as e:
             yield Finding(
-                f"{target.relative(directory)}/{names.ARRAY_METADATAS}", words.WARNING, str(e)
+                f"{target.relative(directory)}/{names.ARRAY_METADATAS}", words.ERROR, str(e)
             )
             return {}
 
@@ -440,6 +473,7 @@ class NonFiniteCheck(Check):
 DEFAULT_CHECKS: tuple[type[Check], ...] = (
     CommitCheck,
     SafetyCheck,
+    PreflightCheck,
     CheckpointablesCheck,
     PyTreeCheck,
     IteratorCheck,
