@@ -143,13 +143,27 @@ def walk_ocdbt(
 
 
 def _walk_ocdbt(
-    directory: Location, wanted: Collection[bytes], ctx: ts.Context
+    directory: Location,
+    wanted: Collection[bytes],
+    ctx: ts.Context,
+    sizes: dict[str, int] | None = None,
 ) -> dict[bytes, bytes]:
-    """Values of ``wanted`` keys, read by walking the OCDBT B+tree (see ``walk_ocdbt``)."""
+    """Values of ``wanted`` keys, read by walking the OCDBT B+tree (see ``walk_ocdbt``).
+
+    ``sizes``, if given, receives the stored bytes of every other key, summed by the
+    directory of each wanted key (``w/zarr.json`` → ``w/``): an array's chunks.
+    """
     base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
     found: dict[bytes, bytes] = {}
     indirect: dict[bytes, str] = {}
+    owners = {key[: key.rfind(b"/") + 1] for key in wanted}
     for key, value in walk_ocdbt(directory, ctx):
+        if sizes is not None and key not in wanted:
+            owner = _owner(key, owners)
+            if owner is not None:
+                length = len(value) if isinstance(value, bytes) else _length(value)
+                name = owner.decode("utf-8", "replace")
+                sizes[name] = sizes.get(name, 0) + length
         if key not in wanted:
             continue
         if isinstance(value, bytes):
@@ -162,12 +176,41 @@ def _walk_ocdbt(
     return found
 
 
+def _owner(key: bytes, owners: Collection[bytes]) -> bytes | None:
+    """The longest of ``owners`` (directories, ``b""`` the root) that ``key`` lies in,
+    when what follows is a chunk key (``c/0/1``, ``0.1``)."""
+    cut = len(key)
+    while cut > 0:
+        cut = key.rfind(b"/", 0, cut)
+        prefix = key[: cut + 1] if cut >= 0 else b""
+        if prefix in owners and _CHUNK_KEY.fullmatch(key[len(prefix) :]):
+            return prefix
+        if cut < 0:
+            return None
+    return None
+
+
+_CHUNK_KEY = re.compile(rb"c(?:[/.]\d+)*|\d+(?:[/.]\d+)*")
+
+
+def _length(location: str) -> int:
+    parts = location.split(":")
+    return int(parts[4]) if len(parts) == 5 and parts[4].isdigit() else 0
+
+
 def read_values(
-    directory: Location, keys: Collection[str], *, ocdbt: bool, ctx: ts.Context
+    directory: Location,
+    keys: Collection[str],
+    *,
+    ocdbt: bool,
+    ctx: ts.Context,
+    sizes: dict[str, int] | None = None,
 ) -> dict[str, bytes]:
     """The stored bytes of ``keys`` (relative to ``directory``), read concurrently.
 
-    Keys that are not stored are absent from the result.
+    Keys that are not stored are absent from the result. ``sizes``, if given, is
+    filled (OCDBT stores only, when their B+tree could be walked) with the stored
+    bytes of the chunks under each key's directory.
 
     Raises:
       ValueError: If the store cannot be opened or read.
@@ -176,8 +219,10 @@ def read_values(
     found: dict[bytes, bytes] = {}
     if ocdbt and wanted:
         try:
-            found = _walk_ocdbt(directory, wanted, ctx)
+            found = _walk_ocdbt(directory, wanted, ctx, sizes)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            if sizes is not None:
+                sizes.clear()
             # The walk reads OCDBT's dumped node format; whatever it could not
             # make sense of is read below through the ordinary key lookup, which
             # also reports a damaged store properly.

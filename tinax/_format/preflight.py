@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from tinax._format import checksums, files, layout, names, pytree, words
-from tinax._format.storage import Location
+from tinax._format.storage import FILE, Location
 
 # Files parsed as JSON wherever they appear in a checkpoint, with what they hold.
 # Orbax's large per-leaf metadata is parsed without a depth walk (tens of thousands of
@@ -80,6 +80,24 @@ def _check_array_metadatas(where: Location, document: Any) -> None:
             raise ValueError(
                 f"{str(where)!r} (Orbax array metadata) has a record without a param "
                 "name, write shape and chunk shape"
+            )
+
+
+def check_store_files(directory: Location) -> None:
+    """The size caps of ``check`` for the bookkeeping of one array store, alone.
+
+    For readers that go on past a refusal (``verify``): tensorstore reads these
+    files whole, so one of them must never be huge.
+
+    Raises:
+      ValueError: Naming a file that is too large.
+    """
+    for where, entry in directory.walk():
+        cap = _CAPPED_FILES.get(where.name)
+        if cap is not None and entry.kind == FILE and entry.size > cap:
+            raise ValueError(
+                f"{str(where)!r} is {entry.size} bytes, implausibly large for "
+                f"{where.name}; refusing to read more than {cap}"
             )
 
 

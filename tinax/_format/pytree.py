@@ -12,6 +12,7 @@ import base64
 import collections
 import dataclasses
 import json
+import math
 import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -153,7 +154,9 @@ def _decode_metadata(meta_file: Location) -> _Metadata:
     data = files.read_bytes(meta_file, what=what, max_bytes=files.MAX_METADATA_BYTES)
     try:
         return _METADATA_DECODER.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
+        # A nesting bomb exhausts msgspec's recursion too; the generic parse below
+        # names the file and says so.
         pass
     meta = files.parse_json_object(data, path=meta_file, what=what, max_depth=None)
     tree = meta.get("tree_metadata")
@@ -505,8 +508,11 @@ def array_infos(
     """
     suffix = names.ZARR3_METADATA if layout.zarr3 else names.ZARR2_METADATA
     keys = {storage_path(leaf.param) + suffix: leaf.param for leaf in leaves}
+    sizes: dict[str, int] = {}
     try:
-        stored = arrays.read_values(layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx)
+        stored = arrays.read_values(
+            layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx, sizes=sizes
+        )
     except ValueError as e:
         raise ValueError(
             f"cannot read the array metadata under {str(layout.directory)!r}: {arrays.message(e)}"
@@ -528,6 +534,16 @@ def array_infos(
                 f"array metadata {key} under {str(layout.directory)!r} is not valid zarr metadata"
             )
         problem = budget.claim_problem(info.shape, info.itemsize, info.chunk_shape)
+        if (
+            problem is None
+            and sizes
+            and layout.all_chunks_stored
+            and not info.compressed
+            and info.itemsize is not None
+        ):
+            # Every chunk is stored, byte for byte: they must hold what the shape claims.
+            claimed = math.prod(info.shape) * info.itemsize
+            problem = budget.stored_problem(claimed, sizes.get(storage_path(param), 0))
         if problem is not None:
             raise ValueError(f"array {param!r} under {str(layout.directory)!r}: {problem}")
         infos[param] = info

@@ -68,8 +68,19 @@ SAME = "same"
 CHANGED = "changed"
 ONLY_IN_A = "only in a"
 ONLY_IN_B = "only in b"
+# Stored bytes that do not match the checksums saved with them.
+CORRUPT = "corrupt"
 
-DIFF_STATUSES = (SAME, CHANGED, ONLY_IN_A, ONLY_IN_B, SHAPE_DIFFERS, DTYPE_DIFFERS, KIND_DIFFERS)
+DIFF_STATUSES = (
+    SAME,
+    CHANGED,
+    ONLY_IN_A,
+    ONLY_IN_B,
+    SHAPE_DIFFERS,
+    DTYPE_DIFFERS,
+    KIND_DIFFERS,
+    CORRUPT,
+)
 
 # -- what ``verify`` found (a finding's ``severity``) ------------------------------------------
 

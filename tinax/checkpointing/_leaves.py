@@ -108,7 +108,7 @@ def check_keys(name: str, key_paths: list[Any]) -> None:
                         f"{type(entry.key).__name__}; Orbax stores keys as strings and would "
                         "give it back as one, so only string keys can be saved"
                     )
-                if not entry.key:
+                if entry.key == "":
                     raise ValueError(
                         f"checkpointable {name!r} leaf {where}: an empty dict key cannot be "
                         "stored (Orbax names each value by its keys)"

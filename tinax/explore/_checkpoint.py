@@ -192,12 +192,16 @@ def checkpoint_table(path: str | os.PathLike[str]) -> pd.DataFrame:
       ``DataFrame.attrs["checksums"]`` says, for each checkpointable, whether it
       carries tinax checksums of its stored values (``True``) or none (``False``:
       written by Orbax itself or an older tinax; its data can be read but not
-      checked).
+      checked). ``DataFrame.attrs["unchecked"]`` names, for each of them, the
+      columns whose values no checksum vouches for: ``sharding`` always (Orbax's
+      own record), ``value`` too without checksums. Values shown are checked
+      against the checksums where there are some.
 
     Raises:
       TypeError: If ``path`` is not a path.
       FileNotFoundError: If ``path`` does not exist.
-      ValueError: If ``path`` is not a readable checkpoint; the message names
+      ValueError: If ``path`` is not a readable checkpoint, or a value shown
+        does not match its checksum (``CorruptDataError``); the message names
         the path and what is wrong.
     """
     return leaf_table(open_checkpoint(path))
@@ -210,9 +214,45 @@ def leaf_table(checkpoint: Checkpoint) -> pd.DataFrame:
       ValueError: If any checkpointable's metadata is missing or unreadable.
     """
     with files.paused_gc():
-        table = leaf_frame(checkpoint_leaves(checkpoint))
-    table.attrs["checksums"] = checksum_presence(checkpoint)
+        leaves = checkpoint_leaves(checkpoint)
+        check_values(checkpoint, leaves)
+        table = leaf_frame(leaves)
+    presence = checksum_presence(checkpoint)
+    table.attrs["checksums"] = presence
+    # Shardings are Orbax's record, which no checksum covers; values are checked
+    # only where the checkpointable carries checksums.
+    table.attrs["unchecked"] = {
+        name: ("sharding",) if present else ("value", "sharding")
+        for name, present in presence.items()
+    }
     return table
+
+
+def check_values(checkpoint: Checkpoint, leaves: list[Leaf]) -> None:
+    """Checks the values a table shows (scalars, strings, iterator states) against the
+    checksums saved with them, as a load would.
+
+    Raises:
+      CorruptDataError: Naming the checkpoint, the checkpointable and the leaf or file.
+    """
+    for item in checkpoint.checkpointables:
+        if item.layout not in (layout.PYTREE, layout.ITERATOR):
+            continue
+        records = checksums.read_checksums(item.directory)
+        if records is None:
+            continue
+        problems = checksums.check_files(item.directory, records)
+        for leaf in leaves:
+            if leaf.checkpointable != item.name or leaf.kind not in (words.SCALAR, words.STRING):
+                continue
+            record = records.get(leaf.key)
+            if record is not None and checksums.check_value(record, leaf.value) is False:
+                problems.append(f"leaf {leaf.key}: the stored value does not match its checksum")
+        if problems:
+            raise checksums.CorruptDataError(
+                f"checkpoint {str(checkpoint.path)!r}: checkpointable {item.name!r}: "
+                + "; ".join(problems)
+            )
 
 
 def key_table(checkpoint: Checkpoint) -> pd.DataFrame:

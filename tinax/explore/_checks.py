@@ -88,6 +88,8 @@ class Target:
         that its array stores may be read.
       trees: Pytree checkpointables by name.
       ctx: The tensorstore context reads share.
+      refused: Why a load refuses the checkpoint (its preflight), if it does;
+        array stores are then not read.
     """
 
     path: Location
@@ -97,6 +99,7 @@ class Target:
     safe: bool = True
     trees: dict[str, PyTreeState] = dataclasses.field(default_factory=dict)
     ctx: Any = dataclasses.field(default_factory=arrays.context)
+    refused: str | None = None
 
     def relative(self, where: Location) -> str:
         """``where`` as a path relative to the checkpoint."""

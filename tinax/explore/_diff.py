@@ -18,8 +18,9 @@ import numpy as np
 import pandas as pd
 import tensorstore as ts
 
-from tinax._format import arrays, chunks, layout, names, pytree, words
+from tinax._format import arrays, checksums, chunks, layout, names, pytree, words
 from tinax.explore import _checkpoint, _live
+from tinax.explore._integrity import PiecesCheck
 from tinax.explore._leaves import Leaf, frame
 from tinax.explore._numeric import PairStats
 
@@ -44,7 +45,14 @@ DIFF_COLUMNS = (
     "nan_b",
     "inf_b",
     "decoded",
+    "decided_by",
 )
+
+# How a row's status was decided (the ``decided_by`` column).
+BY_METADATA = "metadata"
+BY_CHECKSUM = "checksum"
+BY_STORED_BYTES = "stored bytes"
+BY_DATA = "data"
 
 Progress = Callable[[int, int], None]
 
@@ -57,6 +65,7 @@ _STATUS_ORDER = {
     words.ONLY_IN_A: 4,
     words.ONLY_IN_B: 5,
     words.SAME: 6,
+    words.CORRUPT: -1,
 }
 
 
@@ -74,6 +83,8 @@ class _StoredTree:
     def __init__(self, tree: pytree.PyTreeLayout, ctx: ts.Context) -> None:
         self.tree = tree
         self.ctx = ctx
+        # The checksums saved with it (the load's preflight has read them already).
+        self.records = checksums.read_checksums(tree.directory)
         self._contents: chunks.StoreContents | None = None
         self._contents_error = False
 
@@ -105,6 +116,12 @@ class _StoredArray:
 
     def open(self) -> Any:
         return ts.open(self.owner.tree.array_spec(self.leaf), context=self.owner.ctx, read=True)
+
+    def record(self) -> checksums.LeafRecord | None:
+        """The checksums saved for this array, if any."""
+        records = self.owner.records
+        record = None if records is None else records.get(self.leaf.key)
+        return record if record is not None and record.kind == checksums.ARRAY else None
 
     def stored(self) -> tuple[chunks.StoredValue, dict[bytes, chunks.StoredValue]] | None:
         """The array's zarr metadata and chunks as stored, if the store can tell."""
@@ -157,6 +174,7 @@ class _Entry:
 
     leaf: Leaf
     array: _StoredArray | _LiveArray | None = None
+    corrupt: str | None = None
 
 
 @dataclasses.dataclass
@@ -171,8 +189,9 @@ def _stored_side(path: Any) -> _Side:
     entries: dict[tuple[str, str], _Entry] = {}
     for item in checkpoint.checkpointables:
         if item.layout != layout.PYTREE:
+            problem = _damaged_files(item)
             for row in _checkpoint.checkpointable_leaves(item, ctx, True):
-                entries[(row.checkpointable, row.key)] = _Entry(row)
+                entries[(row.checkpointable, row.key)] = _Entry(row, corrupt=problem)
             continue
         tree = pytree.read_layout(item.directory)
         owner = _StoredTree(tree, ctx)
@@ -181,8 +200,29 @@ def _stored_side(path: Any) -> _Side:
             array = None
             if row.kind in words.ARRAY_KINDS and row.shape is not None and stored.stored:
                 array = _StoredArray(owner, stored, row.chunk_shape)
-            entries[(row.checkpointable, row.key)] = _Entry(row, array)
+            entries[(row.checkpointable, row.key)] = _Entry(
+                row, array, _damaged_value(owner.records, row)
+            )
     return _Side(str(checkpoint.path), entries)
+
+
+def _damaged_files(item: layout.StoredCheckpointable) -> str | None:
+    """What is wrong with the files a checkpointable's checksums record whole (iterator states)."""
+    if item.layout != layout.ITERATOR:
+        return None
+    records = checksums.read_checksums(item.directory)
+    problems = [] if records is None else checksums.check_files(item.directory, records)
+    return "; ".join(problems) or None
+
+
+def _damaged_value(records: dict[str, checksums.LeafRecord] | None, row: Leaf) -> str | None:
+    """Whether a scalar or string value read for the table differs from its checksum."""
+    if records is None or row.kind not in (words.SCALAR, words.STRING):
+        return None
+    record = records.get(row.key)
+    if record is not None and checksums.check_value(record, row.value) is False:
+        return f"leaf {row.key}: the stored value does not match its checksum"
+    return None
 
 
 def _live_side(state: Mapping[str, Any]) -> _Side:
@@ -233,6 +273,7 @@ class _Row:
     b: Leaf | None
     stats: PairStats | None = None
     decoded: bool | None = None
+    decided_by: str = BY_METADATA
 
     def record(self) -> tuple[Any, ...]:
         sides: list[Any] = []
@@ -257,7 +298,16 @@ class _Row:
                     stats.norm_b,
                     stats.norm_diff,
                 ]
-        return (self.name, self.key, self.status, *sides, *numbers, *counts, self.decoded)
+        return (
+            self.name,
+            self.key,
+            self.status,
+            *sides,
+            *numbers,
+            *counts,
+            self.decoded,
+            self.decided_by,
+        )
 
 
 def _scalar_stats(a: Leaf, b: Leaf) -> PairStats:
@@ -280,6 +330,8 @@ def _compare(name: str, key: str, a: _Entry | None, b: _Entry | None) -> _Row:
         status = words.ONLY_IN_B if a is None else words.ONLY_IN_A
         return _Row(name, key, status, getattr(a, "leaf", None), getattr(b, "leaf", None))
     la, lb = a.leaf, b.leaf
+    if a.corrupt or b.corrupt:
+        return _Row(name, key, words.CORRUPT, la, lb, decided_by=BY_CHECKSUM)
     if _family(la.kind) != _family(lb.kind):
         return _Row(name, key, words.KIND_DIFFERS, la, lb)
     if la.kind in words.ARRAY_KINDS or la.kind == words.SCALAR:
@@ -290,14 +342,29 @@ def _compare(name: str, key: str, a: _Entry | None, b: _Entry | None) -> _Row:
         if la.kind == words.SCALAR:
             stats = _scalar_stats(la, lb)
             status = words.SAME if stats.equal else words.CHANGED
-            return _Row(name, key, status, la, lb, stats, True)
+            return _Row(name, key, status, la, lb, stats, True, BY_DATA)
         if a.array is None or b.array is None:
             # Nothing stored for an array Orbax was told to skip: nothing to compare.
             return _Row(name, key, words.SAME if a.array is b.array else words.CHANGED, la, lb)
         # Compared in a second pass, region by region.
         return _Row(name, key, words.CHANGED, la, lb)
     status = words.SAME if _same_value(la.value, lb.value) else words.CHANGED
-    return _Row(name, key, status, la, lb, decoded=True)
+    return _Row(name, key, status, la, lb, decoded=True, decided_by=BY_DATA)
+
+
+def _same_records(a: checksums.LeafRecord | None, b: checksums.LeafRecord | None) -> bool | None:
+    """Whether two arrays' saved checksums say they hold the same bytes; ``None`` if they cannot tell.
+
+    They can when both were checksummed in pieces with the same bounds (the same
+    sharding on save): equal digests mean equal bytes, a differing one a change.
+    """
+    if a is None or b is None or (a.dtype, a.shape) != (b.dtype, b.shape):
+        return None
+    pieces_a = {p.bounds: p.digest for p in a.pieces}
+    pieces_b = {p.bounds: p.digest for p in b.pieces}
+    if pieces_a.keys() != pieces_b.keys():
+        return None
+    return pieces_a == pieces_b
 
 
 def _identical_on_disk(a: _StoredArray, b: _StoredArray) -> bool:
@@ -363,6 +430,14 @@ def _decode_pairs(
             yield chunks.ArrayRead(index, entry.array.open(), boxes, itemsize)
 
     stats: dict[int, PairStats] = {}
+    # The saved checksums of each stored side, digested in the same pass.
+    checks: dict[tuple[int, int], PiecesCheck] = {}
+    for index, (row, ea, eb) in enumerate(pairs):
+        for which, entry in enumerate((ea, eb)):
+            if isinstance(entry.array, _StoredArray):
+                record = entry.array.record()
+                if record is not None and record.shape == (row.a.shape if row.a else None):
+                    checks[(index, which)] = PiecesCheck(record, _numpy_dtype(row))
     for (index, box, left), (_, _, right) in zip(
         chunks.read_arrays(reads(0)), chunks.read_arrays(reads(1)), strict=True
     ):
@@ -373,18 +448,26 @@ def _decode_pairs(
         pair = stats.get(index)
         if pair is None:
             pair = stats[index] = PairStats(np.asarray(left).dtype)
-        pair.update(np.asarray(left), np.asarray(right))
+        left, right = np.asarray(left), np.asarray(right)
+        for which, values in enumerate((left, right)):
+            check = checks.get((index, which))
+            if check is not None:
+                check.update(box, values)
+        pair.update(left, right)
         done += 2 * chunks.box_size(box) * pair.dtype.itemsize
         if progress is not None:
             progress(done, total)
     for index, (row, _, _) in enumerate(pairs):
         pair = stats.get(index)
+        row.decided_by = BY_DATA
         if pair is None:  # No elements at all.
             row.status = words.SAME
             continue
         row.stats = pair
         row.decoded = True
         row.status = words.SAME if pair.equal else words.CHANGED
+        if any(checks[(index, w)].results()[0] for w in (0, 1) if (index, w) in checks):
+            row.status = words.CORRUPT
 
 
 def _numpy_dtype(row: _Row) -> np.dtype:
@@ -429,10 +512,17 @@ def diff_table(
     about 100-150 MiB of growth in resident memory (``tests/test_explore_memory.py``
     holds it under 192 MiB for two 256 MiB checkpoints). A stored chunk is the
     unit the store decodes, so a checkpoint whose single chunks are larger than
-    a region needs a few such chunks per side on top. Stored arrays whose zarr
-    metadata and chunks are byte-identical in both checkpoints are recognised as
-    ``same`` from the stored bytes, without decoding (``decoded`` is ``False``);
-    any other pair is decoded and compared bit for bit.
+    a region needs a few such chunks per side on top.
+
+    Stored arrays whose checksums, saved with each checkpoint, agree piece for
+    piece are ``same`` without reading them (``decided_by`` is ``checksum``): the
+    same bytes were saved on both sides, and damage to them since is for
+    ``verify(data=True)`` or a load to find. Without checksums, arrays whose zarr
+    metadata and chunks are byte-identical on disk are ``same`` from those bytes
+    (``stored bytes``). Any other pair is decoded and compared bit for bit
+    (``data``), each stored side checked against its checksums in the same pass:
+    a leaf whose bytes (or whose scalar, string or iterator state) do not match
+    what was saved is ``corrupt``, never ``changed``.
 
     Args:
       a: A checkpoint directory, or live state as a mapping of checkpointable
@@ -446,13 +536,14 @@ def diff_table(
     Returns:
       A DataFrame with columns ``checkpointable``, ``key``, ``status`` (``same``
       bit for bit, ``changed``, ``only in a``, ``only in b``, ``shape differs``,
-      ``dtype differs``, ``kind differs``); ``kind``, ``shape`` and ``dtype`` of
+      ``dtype differs``, ``kind differs``, ``corrupt``); ``kind``, ``shape`` and ``dtype`` of
       each side (suffixed ``_a`` and ``_b``; a live typed PRNG key as its stored
       key data); for changed numeric leaves ``max_abs_diff``, ``rel_change``
       (‖b − a‖ / ‖a‖, infinite if ``a`` is zero), ``cosine``, ``norm_a``,
       ``norm_b`` and ``norm_diff`` (‖b − a‖), all over the elements finite on
       both sides; ``nan_a``, ``inf_a``, ``nan_b``, ``inf_b`` for every leaf
-      whose values were decoded; and ``decoded``.
+      whose values were decoded; ``decoded``; and ``decided_by`` (``metadata``,
+      ``checksum``, ``stored bytes`` or ``data``: what settled the status).
 
     Raises:
       TypeError: If ``a`` or ``b`` is neither a path nor a mapping.
@@ -482,12 +573,20 @@ def diff_table(
             total += 2 * _nbytes(row)
     to_decode = []
     for row, ea, eb in pairs:
-        if (
-            isinstance(ea.array, _StoredArray)
-            and isinstance(eb.array, _StoredArray)
-            and _identical_on_disk(ea.array, eb.array)
+        both_stored = isinstance(ea.array, _StoredArray) and isinstance(eb.array, _StoredArray)
+        records = (
+            (ea.array.record(), eb.array.record())  # type: ignore[union-attr]
+            if both_stored
+            else (None, None)
+        )
+        if _same_records(*records):
+            # The saved checksums agree: the same bytes were saved on both sides.
+            row.status, row.decoded, row.decided_by = words.SAME, False, BY_CHECKSUM
+            done += 2 * _nbytes(row)
+        elif (
+            both_stored and records == (None, None) and _identical_on_disk(ea.array, eb.array)  # type: ignore[arg-type]
         ):
-            row.status, row.decoded = words.SAME, False
+            row.status, row.decoded, row.decided_by = words.SAME, False, BY_STORED_BYTES
             done += 2 * _nbytes(row)
         else:
             to_decode.append((row, ea, eb))

@@ -90,13 +90,18 @@ class _PieceDigest:
         return checksums.digest(self.buffer) == self.piece.digest
 
 
-class _ChecksumScan(LeafScan):
-    def __init__(self, array: StoredArray, record: LeafRecord, dtype: np.dtype) -> None:
-        self.array = array
+class PiecesCheck:
+    """One array's recorded pieces, digested as its regions stream by (any reader's).
+
+    Regions arrive in C order and tile the array, as ``chunks.regions`` makes them.
+    """
+
+    def __init__(self, record: LeafRecord, dtype: np.dtype) -> None:
         self.record = record
         self.pieces = [_PieceDigest(piece, dtype) for piece in record.pieces]
 
     def update(self, box: Box, values: np.ndarray) -> None:
+        """Takes one region's values."""
         for piece in self.pieces:
             if not piece.piece.bounds:
                 piece.take((), values)
@@ -109,9 +114,23 @@ class _ChecksumScan(LeafScan):
             )
             piece.take(overlap, values[local])
 
-    def finish(self) -> Iterable[Finding]:
+    def results(self) -> tuple[list[Piece], int]:
+        """The pieces whose bytes differ from their record, and how many were not checked."""
         results = [p.result() for p in self.pieces]
         bad = [p.piece for p, ok in zip(self.pieces, results, strict=True) if ok is False]
+        return bad, sum(ok is None for ok in results)
+
+
+class _ChecksumScan(LeafScan):
+    def __init__(self, array: StoredArray, record: LeafRecord, dtype: np.dtype) -> None:
+        self.array = array
+        self.check = PiecesCheck(record, dtype)
+
+    def update(self, box: Box, values: np.ndarray) -> None:
+        self.check.update(box, values)
+
+    def finish(self) -> Iterable[Finding]:
+        bad, unchecked = self.check.results()
         if bad:
             where = f" (piece {checksums.describe_bounds(bad[0].bounds)})" if bad[0].bounds else ""
             more = f" and {len(bad) - 1} more piece(s)" if len(bad) > 1 else ""
@@ -121,7 +140,6 @@ class _ChecksumScan(LeafScan):
                 f"its stored data is corrupt: it does not match the checksum recorded when "
                 f"it was saved{where}{more}",
             )
-        unchecked = sum(ok is None for ok in results)
         if unchecked:
             yield Finding(
                 self.array.part,

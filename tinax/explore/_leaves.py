@@ -34,6 +34,7 @@ _DTYPES = {
     "nan_count": "Int64",
     "inf_count": "Int64",
     "decoded": "boolean",
+    "decided_by": "string",
     "part": "string",
     "severity": "string",
     "message": "string",

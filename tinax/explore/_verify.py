@@ -128,8 +128,10 @@ class PreflightCheck(Check):
     """Every file passes the check every load passes first (``tinax._format.preflight``).
 
     A checkpoint a load refuses is never sound: the same parse of every metadata
-    file, the same size caps, the same refusals, in the same words. Array stores
-    are not read once it refuses (tensorstore would read what it refused).
+    file, the same size caps, the same refusals, in the same words. The other
+    checks still run to say more (the array store's bookkeeping is size-checked
+    again before tensorstore reads it); the refusal itself is reported when no
+    other check found what is wrong.
     """
 
     def structure(self, target: Target) -> Iterable[Finding]:
@@ -140,11 +142,8 @@ class PreflightCheck(Check):
         try:
             preflight.check(target.path)
         except (ValueError, OSError) as e:
-            target.safe = False
-            yield Finding("", words.ERROR, f"a load refuses it: {e}")
-            yield Finding(
-                "", words.INFO, "array stores not read: a load refuses the checkpoint (above)"
-            )
+            target.refused = str(e)
+        return ()
 
 
 class CheckpointablesCheck(Check):
@@ -247,6 +246,11 @@ class PyTreeCheck(Check):
         written = yield from self._written(target, directory)
         if not in_store:
             state.readable = True
+            return
+        try:
+            preflight.check_store_files(directory)
+        except ValueError as e:
+            yield Finding(where, words.ERROR, str(e))
             return
         if tree.ocdbt:
             paths = [pytree.storage_path(leaf.param) for leaf in in_store]
@@ -600,6 +604,8 @@ def verify(
             found.extend(_guarded(_structure(check, target), type(check).__name__))
         if data:
             found.extend(_guarded(lambda: _read_data(target, active, progress, leaves), "data"))
+        if target.refused is not None and not any(f.severity == words.ERROR for f in found):
+            found.append(Finding("", words.ERROR, f"a load refuses it: {target.refused}"))
     found.sort(key=lambda f: _ORDER.get(f.severity, 3))
     findings = frame(FINDING_COLUMNS, (dataclasses.astuple(f) for f in found))
     ok = not any(f.severity == words.ERROR for f in found)
