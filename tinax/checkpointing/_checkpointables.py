@@ -95,7 +95,11 @@ def save_checkpointables(
                 orbax_path(dest.location),
                 dict(checkpointables),
                 # Committed with the checkpoint: its checksums cannot be stripped unseen.
-                custom_metadata={names.CHECKSUMS_PROMISE: {"checksums": True}},
+                custom_metadata=(
+                    {names.CHECKSUMS_PROMISE: {"checksums": True}}
+                    if _context.checksumming()
+                    else None
+                ),
             )
     except BaseException as e:
         try:
