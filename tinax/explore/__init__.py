@@ -25,8 +25,8 @@ from tinax.explore._verify import (
     Finding,
     LeafScan,
     StoredArray,
-    Target,
     Verification,
+    VerifyTarget,
     verify,
 )
 
@@ -39,8 +39,8 @@ __all__ = [
     "LeafStatistics",
     "ListingCache",
     "StoredArray",
-    "Target",
     "Verification",
+    "VerifyTarget",
     "checkpoint_table",
     "compare_table",
     "diff_table",

@@ -76,7 +76,7 @@ class PyTreeState:
 
 
 @dataclasses.dataclass
-class Target:
+class VerifyTarget:
     """The checkpoint under verification, as the checks share it.
 
     Attributes:
@@ -126,10 +126,10 @@ class Check:
     ``leaf`` is asked for a ``LeafScan`` for each array leaf, fed with its values.
     """
 
-    def structure(self, target: Target) -> Iterable[Finding]:
+    def structure(self, target: VerifyTarget) -> Iterable[Finding]:
         """Findings from the checkpoint's files and metadata."""
         return ()
 
-    def leaf(self, target: Target, array: StoredArray) -> LeafScan | None:
+    def leaf(self, target: VerifyTarget, array: StoredArray) -> LeafScan | None:
         """A scan of ``array``'s values, or ``None`` to skip it."""
         return None

@@ -17,7 +17,7 @@ import xxhash
 from tinax._format import checksums, layout, pytree, words
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.chunks import Box
-from tinax.explore._checks import Check, Finding, LeafScan, StoredArray, Target
+from tinax.explore._checks import Check, Finding, LeafScan, StoredArray, VerifyTarget
 
 # A piece whose bytes do not arrive in its own C order (a region layout that cuts
 # across it) is assembled in memory up to this size; a larger one is reported as not
@@ -155,7 +155,7 @@ class ChecksumCheck(Check):
     def __init__(self) -> None:
         self.records: dict[str, dict[str, LeafRecord] | None] = {}
 
-    def structure(self, target: Target) -> Iterable[Finding]:
+    def structure(self, target: VerifyTarget) -> Iterable[Finding]:
         checkpoint = target.checkpoint
         if checkpoint is None or not target.safe:
             return
@@ -187,7 +187,9 @@ class ChecksumCheck(Check):
             )
 
     @staticmethod
-    def _coverage(target: Target, name: str, records: dict[str, LeafRecord]) -> Iterable[Finding]:
+    def _coverage(
+        target: VerifyTarget, name: str, records: dict[str, LeafRecord]
+    ) -> Iterable[Finding]:
         state = target.trees.get(name)
         if state is None:
             return
@@ -204,7 +206,9 @@ class ChecksumCheck(Check):
                 )
 
     @staticmethod
-    def _strings(target: Target, name: str, records: dict[str, LeafRecord]) -> Iterable[Finding]:
+    def _strings(
+        target: VerifyTarget, name: str, records: dict[str, LeafRecord]
+    ) -> Iterable[Finding]:
         state = target.trees.get(name)
         if state is None or state.tree is None:
             return
@@ -221,7 +225,7 @@ class ChecksumCheck(Check):
                     "the stored string is corrupt: it does not match its checksum",
                 )
 
-    def leaf(self, target: Target, array: StoredArray) -> LeafScan | None:
+    def leaf(self, target: VerifyTarget, array: StoredArray) -> LeafScan | None:
         records = self.records.get(array.checkpointable)
         record = None if records is None else records.get(array.key)
         if record is None or record.kind != checksums.ARRAY:
