@@ -1,5 +1,8 @@
 """The mutant campaign: hostile and damaged checkpoints against every read path.
 
+(Over 500 lines: a campaign script, its families of damage and its worker in one
+file, so that ``python tests/mutants.py`` runs alone.)
+
 Two healthy checkpoints written by tinax (a ``save_checkpointables`` one and a training
 checkpoint) are damaged in every way a disk, a bug or a hostile user can: a flipped
 byte anywhere in every file (array data files included), truncations, deleted files,

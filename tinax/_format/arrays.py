@@ -1,19 +1,23 @@
-"""Orbax's array store through tensorstore: bulk metadata reads and single-array opens.
+"""Orbax's array store through tensorstore: bulk metadata reads, zarr metadata parsing and
+single-array opens.
 
 Orbax writes a pytree checkpointable's arrays as zarr arrays in an OCDBT key-value
 store (or, in older checkpoints, as plain zarr directories). Each array's zarr
-metadata sits under ``<param>/`` in that store.
+metadata sits under ``<param>/`` in that store; ``parse_array_metadata`` reads what
+it claims (shape, dtype, chunking, codecs) without trusting it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 import re
 import urllib.parse
 from collections.abc import Collection, Iterator
 from typing import Any
 
+import numpy as np
 import tensorstore as ts
 
 from tinax._format.storage import Location
@@ -262,3 +266,126 @@ def array_spec(
 def open_arrays(specs: list[dict[str, Any]], ctx: ts.Context) -> list[Any]:
     """Opens the arrays for reading, all at once; returns their futures."""
     return [ts.open(spec, context=ctx, read=True) for spec in specs]
+
+
+# -- zarr metadata ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayInfo:
+    """What an array's zarr metadata says.
+
+    Attributes:
+      shape: The array's shape.
+      dtype: Its dtype, as NumPy names it.
+      itemsize: Bytes per element (``None`` for a dtype NumPy does not know).
+      chunk_shape: The unit the store decodes: zarr3's inner chunk, zarr2's chunk.
+      grid_shape: The unit the store keeps under one key: zarr3's shard (the
+        chunk grid's shape), zarr2's chunk.
+      compressed: Whether a codec may store fewer bytes than it decodes to
+        (``False`` only for codec chains known to be byte for byte).
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    itemsize: int | None
+    chunk_shape: tuple[int, ...] | None
+    grid_shape: tuple[int, ...] | None = None
+    compressed: bool = True
+
+
+def dtype_name(name: str) -> tuple[str, int | None]:
+    """A stored dtype as NumPy names it, and its item size (``None`` if unknown)."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        try:
+            dtype = np.dtype(getattr(ts, name).numpy_dtype)
+        except (AttributeError, TypeError):
+            return name, None
+    return dtype.name, dtype.itemsize
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a stored dtype name (ml_dtypes' through tensorstore).
+
+    Raises:
+      TypeError: If neither NumPy nor tensorstore knows it.
+    """
+    try:
+        return np.dtype(name)
+    except TypeError:
+        try:
+            return np.dtype(getattr(ts, name).numpy_dtype)
+        except AttributeError:
+            raise TypeError(f"unknown dtype {name!r}") from None
+
+
+def int_tuple(value: object) -> tuple[int, ...] | None:
+    """A list of non-negative integers as a tuple; ``None`` for anything else."""
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        return tuple(value)
+    return None
+
+
+def parse_array_metadata(data: bytes, *, zarr3: bool) -> ArrayInfo | None:
+    """Shape, dtype and chunk shape from a ``zarr.json`` or ``.zarray``; ``None`` if garbled."""
+    try:
+        meta = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    shape = int_tuple(meta.get("shape"))
+    raw_dtype = meta.get("data_type" if zarr3 else "dtype")
+    if shape is None or not isinstance(raw_dtype, str):
+        return None
+    if zarr3:
+        grid = meta.get("chunk_grid")
+        chunks = None
+        if isinstance(grid, dict) and isinstance(grid.get("configuration"), dict):
+            chunks = int_tuple(grid["configuration"].get("chunk_shape"))
+        grid_shape = chunks
+        codecs = meta.get("codecs")
+        # Orbax writes each shard with a sharding codec; its inner chunk is the unit read.
+        if isinstance(codecs, list) and codecs and isinstance(codecs[0], dict):
+            first = codecs[0]
+            if first.get("name") == "sharding_indexed" and isinstance(
+                first.get("configuration"), dict
+            ):
+                chunks = int_tuple(first["configuration"].get("chunk_shape")) or chunks
+        compressed = _zarr3_compressed(codecs)
+    else:
+        chunks = grid_shape = int_tuple(meta.get("chunks"))
+        compressed = meta.get("compressor") is not None or bool(meta.get("filters"))
+    dtype, itemsize = dtype_name(raw_dtype)
+    return ArrayInfo(
+        shape=shape,
+        dtype=dtype,
+        itemsize=itemsize,
+        chunk_shape=chunks,
+        grid_shape=grid_shape,
+        compressed=compressed,
+    )
+
+
+# zarr3 codecs that store exactly the bytes they decode to (plus a fixed-size suffix).
+_PLAIN_CODECS = frozenset({"bytes", "transpose", "crc32c"})
+
+
+def _zarr3_compressed(codecs: object) -> bool:
+    """Whether a zarr3 codec chain (shards' inner chains included) may compress."""
+    if not isinstance(codecs, list):
+        return True
+    for codec in codecs:
+        if not isinstance(codec, dict):
+            return True
+        name, config = codec.get("name"), codec.get("configuration")
+        if name == "sharding_indexed" and isinstance(config, dict):
+            if _zarr3_compressed(config.get("codecs")):
+                return True
+        elif name not in _PLAIN_CODECS:
+            return True
+    return False

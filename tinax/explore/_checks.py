@@ -47,7 +47,7 @@ class StoredArray:
     checkpointable: str
     key: str
     param: str
-    info: pytree.ArrayInfo
+    info: arrays.ArrayInfo
 
     @property
     def part(self) -> str:

@@ -1,5 +1,8 @@
 """Two checkpoints, or a checkpoint and live state, leaf by leaf: what changed, and how much.
 
+(Over 500 lines: the two sides' sources, the comparison and the one read pass
+that decodes, compares and checks checksums are one job, kept in one place.)
+
 Arrays are read a region at a time (``tinax._format.chunks``), so memory stays
 bounded whatever the size of the checkpoints. Stored arrays whose zarr metadata and
 chunks hold the same bytes in both checkpoints are recognised as the same from
@@ -472,7 +475,7 @@ def _decode_pairs(
 
 def _numpy_dtype(row: _Row) -> np.dtype:
     assert row.a is not None and row.a.dtype is not None
-    return pytree.numpy_dtype(row.a.dtype)
+    return arrays.numpy_dtype(row.a.dtype)
 
 
 def _nbytes(row: _Row) -> int:

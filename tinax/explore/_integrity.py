@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 import xxhash
 
-from tinax._format import checksums, layout, pytree, words
+from tinax._format import arrays, checksums, layout, pytree, words
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.chunks import Box
 from tinax.explore._checks import Check, Finding, LeafScan, StoredArray, VerifyTarget
@@ -233,7 +233,7 @@ class ChecksumCheck(Check):
         if record.shape != array.info.shape:
             return None  # reported by ``structure``
         try:
-            dtype = pytree.numpy_dtype(array.info.dtype)
+            dtype = arrays.numpy_dtype(array.info.dtype)
         except TypeError:
             return None  # an unknown dtype is reported by the pytree check
         return _ChecksumScan(array, record, dtype)

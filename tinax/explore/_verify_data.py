@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import chunks, pytree, words
+from tinax._format import arrays, chunks, words
 from tinax.explore._checks import Check, Finding, LeafScan, PyTreeState, StoredArray, VerifyTarget
 from tinax.explore._numeric import ValueCounts
 
@@ -38,7 +38,7 @@ class NonFiniteCheck(Check):
         self.counts: dict[tuple[str, str], ValueCounts] = {}
 
     def leaf(self, target: VerifyTarget, array: StoredArray) -> LeafScan | None:
-        counts = ValueCounts(pytree.numpy_dtype(array.info.dtype))
+        counts = ValueCounts(arrays.numpy_dtype(array.info.dtype))
         self.counts[(array.checkpointable, array.key)] = counts
         return _NonFiniteScan(array, counts)
 

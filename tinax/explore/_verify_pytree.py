@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tinax._format import arrays, chunks, names, preflight, pytree, words
+from tinax._format import arrays, chunks, names, preflight, pytree, words, written
 from tinax._format.storage import Location
 from tinax.explore._checks import Check, Finding, PyTreeState, StoredArray, VerifyTarget
 
@@ -98,7 +98,7 @@ class PyTreeCheck(Check):
     @staticmethod
     def _written(target: VerifyTarget, directory: Location) -> Any:
         try:
-            return pytree.read_written_arrays(directory)
+            return written.read_written_arrays(directory)
         except ValueError as e:
             yield Finding(
                 f"{target.relative(directory)}/{names.ARRAY_METADATAS}", words.ERROR, str(e)
@@ -109,8 +109,8 @@ class PyTreeCheck(Check):
     def _array(
         array: StoredArray,
         leaf: pytree.StoredLeaf,
-        info: pytree.ArrayInfo,
-        written: dict[str, list[pytree.WrittenArray]],
+        info: arrays.ArrayInfo,
+        written: dict[str, list[written.WrittenArray]],
     ) -> Iterable[Finding]:
         if info.itemsize is None:
             yield Finding(array.part, words.ERROR, f"stored with dtype {info.dtype!r}, unknown")
