@@ -216,3 +216,11 @@ def test_integer_dict_keys_of_flax_nnx_round_trip(tmp_path):
     ck.save_checkpointables(tmp_path / "c", state).result()
     loaded = ck.load_checkpointables(tmp_path / "c", {"m": ck.abstract_restore_target(state["m"])})
     assert list(loaded["m"]["layers"]) == [0, 1]
+
+
+def test_verify_of_a_run_says_it_is_a_run(saved, tmp_path):
+    _copy(saved, tmp_path, "step_1")
+    _copy(saved, tmp_path, "step_2")
+    result = ex.verify(tmp_path / "run")
+    assert not result.ok
+    assert "a run of 2 checkpoints (step_1, step_2), not a checkpoint" in result.verdict

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from tinax._format import files, jsonitems, layout, names, preflight, words
 from tinax._format.layout import Checkpoint, StoredCheckpointable
-from tinax._format.storage import DIRECTORY, FILE, LINK
+from tinax._format.storage import DIRECTORY, FILE, LINK, Location
 from tinax.explore._checks import Check, Finding, PyTreeState, VerifyTarget
 
 
@@ -26,11 +26,23 @@ class CommitCheck(Check):
         if (path / names.DELETION_MARKER).exists():
             yield Finding(names.DELETION_MARKER, words.ERROR, "the checkpoint is being deleted")
         if not (path / names.CHECKPOINT_METADATA).exists():
-            yield Finding(
-                names.CHECKPOINT_METADATA,
-                words.ERROR,
-                "missing: Orbax writes it when a save finishes, so this save never did",
-            )
+            inside = _checkpoints_inside(path)
+            if inside:
+                shown = ", ".join(inside[:3]) + (
+                    f" and {len(inside) - 3} more" if len(inside) > 3 else ""
+                )
+                yield Finding(
+                    "",
+                    words.ERROR,
+                    f"a run of {len(inside)} checkpoints ({shown}), not a checkpoint: "
+                    "verify each of them (list_checkpoints shows which are complete)",
+                )
+            else:
+                yield Finding(
+                    names.CHECKPOINT_METADATA,
+                    words.ERROR,
+                    "missing: Orbax writes it when a save finishes, so this save never did",
+                )
         else:
             try:
                 target.record = layout.read_checkpoint_record(path)
@@ -57,6 +69,17 @@ class CommitCheck(Check):
                 )
         elif not marker.is_file():
             yield Finding(names.COMMIT_SUCCESS, words.ERROR, "is not a regular file")
+
+
+def _checkpoints_inside(path: Location) -> list[str]:
+    """Names of the directories directly under ``path`` that are checkpoints (a run's)."""
+    found = []
+    for name, entry in sorted(path.entries().items()):
+        if entry.kind == DIRECTORY and (
+            (path / name / names.CHECKPOINT_METADATA).exists() or names.is_temporary_name(name)
+        ):
+            found.append(name)
+    return found
 
 
 class SafetyCheck(Check):
