@@ -7,28 +7,49 @@ Two healthy checkpoints written by tinax (a ``save_checkpointables`` one and a t
 checkpoint) are damaged in every way a disk, a bug or a hostile user can: a flipped
 byte anywhere in every file (array data files included), truncations, deleted files,
 FIFOs, sockets, symbolic links into and out of the checkpoint, huge (sparse) and
-deeply nested JSON, non-UTF-8 file contents and names. Each mutant sits in a run
-next to a healthy checkpoint, and is read by the load (``load_checkpointables`` or
-``load_training_checkpoint``), ``checkpoint_table``, ``read_leaf`` and
-``list_checkpoints``. Each call's outcome is one of:
+deeply nested JSON, non-UTF-8 file contents and names; and, by family: memory bombs
+(array metadata rewritten in its store to claim 10¹² elements, in its shape, its
+chunk or both, or far more than its bytes), stripped checksums (the record deleted,
+or one leaf's entry, then a data byte flipped), swaps (array bytes, ``_sharding``,
+the checksum record, ``_strings.json`` or an iterator state taken from another
+checkpoint of the same structure), hard links of the array data file (to the
+healthy sibling's, to another checkpoint's), 50 GB sparse files (``manifest.ocdbt``,
+``_METADATA``, array data) and 100,000 nested objects in metadata. Each mutant sits in
+a run next to a healthy checkpoint, and is read by the load
+(``load_checkpointables`` or ``load_training_checkpoint``), ``checkpoint_table``,
+``read_leaf``, ``list_checkpoints``, ``verify(data=True)`` and ``diff_table`` (against
+the healthy sibling, which holds the same values). Each call's outcome is one of:
 
 - ``ok``: it succeeded and what it returned equals the original (damage that does
-  not matter, such as a flipped byte in ``commit_success.txt``);
+  not matter, such as a flipped byte in ``commit_success.txt``); for ``verify``, the
+  verdict was sound; for ``diff_table``, no leaf came out ``changed``;
 - ``clean error``: a ``ValueError``, ``OSError`` or ``TypeError`` whose message names
-  the mutant checkpoint (or the file in it);
+  the mutant checkpoint (or the file in it); for ``verify``, a verdict of not sound;
 - ``unclean error``: any other exception, or a message that does not name the path;
-- ``wrong data``: it succeeded but returned values that differ from what was saved;
+- ``wrong data``: it succeeded but returned values that differ from what was saved
+  (for ``diff_table``: a leaf reported ``changed``, damage that went unseen);
+- ``weaker than load``: ``verify`` called sound a mutant the load refused;
 - ``hang``: it did not finish within the time limit;
 - for ``list_checkpoints``: ``escaped`` when it raised at all, ``wrong data`` when the
   healthy sibling is not listed as complete.
 
+Beside the mutants, a list of misuse calls (``misuse``: saves of colliding, empty or
+non-string keys, empty arrays, steps outside int64, wrong argument types) must each
+be refused with a ``TypeError``, ``ValueError`` or ``FileNotFoundError`` before
+anything is written.
+
+A rewrite that changes data and its checksum record together (self-consistent) is
+outside the threat model: nothing in the checkpoint can tell it from a save.
+
 The calls run in a worker process that the campaign kills and replaces when a call
-hangs. Run the whole campaign (about 450 mutants, some minutes) with
+hangs. Run the whole campaign (about 980 mutants, some minutes) with
 
     make mutants            # or: .venv/bin/python tests/mutants.py [--limit N] [--json FILE]
+                            #     [--family bomb --family swap ...]
 
-It prints a table of outcomes per call and exits 1 unless there are no hangs, no
-wrong data, no exception escaping ``list_checkpoints`` and no unclean error.
+It prints a table of outcomes per call and per family, and exits 1 unless there are
+no hangs, no wrong data, no weaker verdicts, no exception escaping
+``list_checkpoints`` and no unclean error.
 ``tests/test_mutants.py`` runs a sample of it in ``make test``.
 """
 
@@ -61,7 +82,11 @@ OUTCOMES = (
     "hang",
     "escaped",
     "weaker than load",
+    "memory blow-up",
 )
+# A call that leaves the worker's peak resident memory above this blew up: the
+# checkpoints are a few hundred KiB, and a read holds a few tens of MiB beyond JAX.
+MAX_RSS_BYTES = 2 << 30
 # Misuse of the API by a careless caller: each must be refused with a TypeError or
 # ValueError naming what is wrong, before anything is written.
 MISUSE = "misuse"
@@ -695,6 +720,15 @@ def _outcome(call: Callable[[], bool], path: str) -> tuple[str, str]:
     return ("ok", "") if same else ("wrong data", "returned values differ from the saved ones")
 
 
+def _peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def worker() -> None:
     """Reads ``{"base", "path", "call"}`` lines; writes one outcome line per request."""
     import logging
@@ -722,7 +756,8 @@ def worker() -> None:
                 "diff_table": _diff,
             }[call]
             outcome, message = _outcome(lambda fn=fn, b=base, p=path: fn(b, p), path)
-        sys.stdout.write(json.dumps({"outcome": outcome, "message": message[:500]}) + "\n")
+        answer = {"outcome": outcome, "message": message[:500], "rss": _peak_rss()}
+        sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 
 
@@ -762,6 +797,9 @@ class Worker:
         answer = json.loads(line)
         if "records" in answer:
             return "records", json.dumps(answer["records"])
+        if answer.get("rss", 0) > MAX_RSS_BYTES:
+            self.stop()  # a fresh worker, so that the next call's peak is its own
+            return "memory blow-up", f"peak RSS {answer['rss'] >> 20} MiB: {answer['message']}"
         return answer["outcome"], answer["message"]
 
     def stop(self) -> None:
@@ -898,7 +936,7 @@ def family(description: str) -> str:
 
 def failures(records: list[dict[str, str]]) -> list[dict[str, str]]:
     """The records that break the campaign's rules."""
-    bad = {"unclean error", "wrong data", "hang", "escaped", "weaker than load"}
+    bad = {"unclean error", "wrong data", "hang", "escaped", "weaker than load", "memory blow-up"}
     return [r for r in records if r["outcome"] in bad]
 
 
@@ -906,18 +944,18 @@ def print_summary(records: list[dict[str, str]]) -> None:
     mutants_seen = {(r["base"], r["mutant"]) for r in records}
     print(f"{len(mutants_seen)} mutants, {len(records)} calls")
     counts = summary(records)
-    print(f"{'call':20}" + "".join(f"{o:>15}" for o in OUTCOMES))
+    print(f"{'call':20}" + "".join(f"{o:>17}" for o in OUTCOMES))
     for call in (*CALLS, MISUSE):
-        print(f"{call:20}" + "".join(f"{counts[call][o]:15d}" for o in OUTCOMES))
+        print(f"{call:20}" + "".join(f"{counts[call][o]:17d}" for o in OUTCOMES))
     print("\nper family (outcomes of every call on its mutants):")
     families: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for record in records:
         families[family(record["mutant"]) if record["call"] != MISUSE else MISUSE][
             record["outcome"]
         ] += 1
-    print(f"{'family':20}" + "".join(f"{o:>15}" for o in OUTCOMES))
+    print(f"{'family':20}" + "".join(f"{o:>17}" for o in OUTCOMES))
     for name, counter in sorted(families.items()):
-        print(f"{name:20}" + "".join(f"{counter[o]:15d}" for o in OUTCOMES))
+        print(f"{name:20}" + "".join(f"{counter[o]:17d}" for o in OUTCOMES))
     for record in failures(records)[:50]:
         print(
             f"  {record['outcome']}: {record['call']} on {record['base']}: {record['mutant']}: {record['message'][:200]}"
