@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import posixpath
 import re
 import urllib.parse
@@ -30,6 +31,8 @@ _METADATA_POOL = "cache_pool#tinax_metadata"
 
 # Object stores (gs://): a failed request is retried a few times, then reported. With
 # tensorstore's defaults an endpoint that refuses every request is retried for minutes.
+_IO_CONCURRENCY = 16
+_COPY_CONCURRENCY = max(4, os.cpu_count() or 1)
 _GCS_RETRIES = {"max_retries": 4, "initial_delay": "0.5s", "max_delay": "4s"}
 
 
@@ -37,6 +40,10 @@ def context() -> ts.Context:
     """A fresh tensorstore context: metadata cached, array data not, retries bounded."""
     return ts.Context(
         {
+            # Reads of many chunks at once: tensorstore's defaults (the core count)
+            # leave a 2-core machine reading one or two chunks at a time.
+            "file_io_concurrency": {"limit": _IO_CONCURRENCY},
+            "data_copy_concurrency": {"limit": _COPY_CONCURRENCY},
             "cache_pool": {"total_bytes_limit": 0},
             _METADATA_POOL: {"total_bytes_limit": _METADATA_CACHE_BYTES},
             "gcs_request_retries": _GCS_RETRIES,
