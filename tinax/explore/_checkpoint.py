@@ -7,11 +7,22 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import tensorstore as ts
 
 from tinax import _paths
-from tinax._format import arrays, checksums, files, jsonitems, layout, preflight, pytree, words
+from tinax._format import (
+    arrays,
+    checksums,
+    chunks,
+    files,
+    jsonitems,
+    layout,
+    preflight,
+    pytree,
+    words,
+)
 from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax.explore._leaves import (
@@ -308,6 +319,31 @@ def checksum_presence(checkpoint: Checkpoint) -> dict[str, bool]:
     }
 
 
+def _read_array(tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any) -> np.ndarray:
+    """One stored array, read region by region into its own buffer.
+
+    Its claimed shape and chunking are checked first (``pytree.array_infos``); then
+    several chunk-aligned regions are read at once (``chunks.read_arrays``), so
+    that tensorstore decodes them in parallel while they are copied into place,
+    with no more than ``chunks.IN_FLIGHT_BYTES`` beyond the array itself.
+
+    Raises:
+      ValueError: If the metadata claims the impossible or a region cannot be read.
+    """
+    info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
+    dtype = arrays.numpy_dtype(info.dtype)
+    out = np.empty(info.shape, dtype)
+    boxes = chunks.regions(info.shape, info.chunk_shape, dtype.itemsize, chunks.REGION_BYTES)
+    opened = ts.open(tree.array_spec(leaf), context=ctx, read=True)
+    for _, box, values in chunks.read_arrays(
+        [chunks.ArrayRead(None, opened, boxes, dtype.itemsize)]
+    ):
+        if isinstance(values, chunks.ReadFailure):
+            raise ValueError(values.message)
+        out[box] = values
+    return out
+
+
 def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> Any:
     """The value of one stored leaf, reading only that leaf's bytes.
 
@@ -337,7 +373,10 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
         tree = pytree.read_layout(item.directory)
         leaf = tree.find(key, name=item.name)
         try:
-            value = pytree.read_value(tree, leaf, arrays.context())
+            if leaf.kind in words.ARRAY_KINDS and leaf.stored:
+                value = _read_array(tree, leaf, arrays.context())
+            else:
+                value = pytree.read_value(tree, leaf, arrays.context())
         except ValueError as e:
             raise ValueError(
                 f"checkpoint {str(checkpoint.path)!r}: cannot read leaf {key} of "
