@@ -127,7 +127,9 @@ def main() -> int:
             )
         cat = statistics.median(rows["cat"])
         cat_rate = nbytes / cat
-        print(f"checkpoint: {nbytes / MIB:.0f} MiB in {ARRAYS} arrays; {args.rounds} rounds, medians")
+        print(
+            f"checkpoint: {nbytes / MIB:.0f} MiB in {ARRAYS} arrays; {args.rounds} rounds, medians"
+        )
         print(f"  cat                    {cat:6.3f} s  {cat_rate / MIB:8.0f} MiB/s")
         missed = []
         for name, moved in (("verify", nbytes), ("diff", diff_bytes), ("read_leaf", nbytes)):
@@ -145,6 +147,11 @@ def main() -> int:
                 f"  {label:34} {seconds:6.3f} s  {moved / seconds / MIB:8.0f} MiB/s  "
                 f"{ratio:5.2f} of cat (goal {GOAL})  {'ok' if ok else 'MISSED'}"
             )
+        whole = statistics.median(rows["diff"])
+        print(
+            f"  (diff_table against cat of both whole checkpoints: "
+            f"{(2 * nbytes / whole) / cat_rate:.2f} of cat, for information)"
+        )
         by = table["decided_by"].value_counts().to_dict()
         print(f"  diff_table decided_by: {by}")
         return 1 if missed else 0
