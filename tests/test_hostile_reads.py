@@ -224,3 +224,13 @@ def test_verify_of_a_run_says_it_is_a_run(saved, tmp_path):
     result = ex.verify(tmp_path / "run")
     assert not result.ok
     assert "a run of 2 checkpoints (step_1, step_2), not a checkpoint" in result.verdict
+
+
+def test_a_full_disk_names_the_destination_once():
+    import errno
+
+    from tinax.checkpointing import _failures
+
+    failure = _failures.save_failure("/data/run/step_1", OSError(errno.ENOSPC, "full"))
+    assert isinstance(failure, OSError) and failure.errno == errno.ENOSPC
+    assert str(failure).count("/data/run/step_1") == 1
