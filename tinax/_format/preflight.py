@@ -83,11 +83,12 @@ def _check_array_metadatas(where: Location, document: Any) -> None:
             )
 
 
-def check(path: Location) -> layout.Checkpoint:
+def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
     """Checks the checkpoint at ``path`` before anything reads it; returns its layout.
 
     Args:
       path: An existing checkpoint directory.
+      scan: ``files.scan(path)``, if the caller has just made it (a listing has).
 
     Returns:
       The checkpoint's layout, as ``layout.open_checkpoint`` finds it.
@@ -98,7 +99,7 @@ def check(path: Location) -> layout.Checkpoint:
         checkpoint; the message names the offending file.
     """
     # Listed once: on an object store, one request instead of one per directory.
-    checkpoint = layout.open_checkpoint(path.snapshot())
+    checkpoint = layout.open_checkpoint(path.snapshot(), scan)
     for where, entry in checkpoint.scan.found:
         if where.name in _OWN_READERS:
             continue
