@@ -53,7 +53,7 @@ def read_checkpoint_record(path: Location) -> CheckpointRecord:
         message names the file and what is wrong.
     """
     meta_file = path / names.CHECKPOINT_METADATA
-    meta = files.read_json_object(meta_file, what="Orbax checkpoint metadata", max_depth=None)
+    meta = files.read_json_object(meta_file, what="Orbax checkpoint metadata")
     handlers: Any = meta.get("item_handlers")
     if isinstance(handlers, dict):
         for name in handlers:

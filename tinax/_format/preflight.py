@@ -100,8 +100,10 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
     """
     # Listed once: on an object store, one request instead of one per directory.
     checkpoint = layout.open_checkpoint(path.snapshot(), scan)
+    # Read and checked as JSON by open_checkpoint already.
+    record = (checkpoint.path / names.CHECKPOINT_METADATA).path
     for where, entry in checkpoint.scan.found:
-        if where.name in _OWN_READERS:
+        if where.name in _OWN_READERS or where.path == record:
             continue
         if where.name == names.SHARDINGS:
             pytree.sharding_file(where)  # parsed once for the check and the tables
