@@ -306,3 +306,26 @@ def test_array_metadata_read_together_is_judged_checkpoint_by_checkpoint(tmp_pat
         assert alone.attrs["errors"] == {
             str(tmp_path / f"step_{step}"): errors[str(tmp_path / f"step_{step}")]
         }
+
+
+def test_a_listing_of_unchanged_checkpoints_reads_no_file_again(tmp_path, monkeypatch):
+    from tinax._format import files
+
+    for step in range(3):
+        save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
+    cache = ex.ListingCache()
+    first = ex.list_checkpoints(tmp_path, cache=cache)
+    reads = []
+    real = files.read_bytes
+    monkeypatch.setattr(
+        files, "read_bytes", lambda path, **kw: reads.append(path) or real(path, **kw)
+    )
+    for deep in (True, False):
+        again = ex.list_checkpoints(tmp_path, cache=cache, deep=deep)
+        assert again.drop(columns="age").equals(first.drop(columns="age"))
+    assert reads == []
+    (tmp_path / "step_1" / "m" / "_METADATA").write_text("{")
+    changed = ex.list_checkpoints(tmp_path, cache=cache)
+    assert list(changed["status"]) == ["complete", "invalid", "complete"]
+    # Only the changed checkpoint is read again.
+    assert reads and all(str(path).startswith(str(tmp_path / "step_1")) for path in reads)

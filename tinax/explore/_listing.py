@@ -124,6 +124,10 @@ class ListingCache:
         key = (str(path), scan.fingerprint)
         return self._kept(self._checked, key, lambda: preflight.check(path, scan))
 
+    def _holds_check(self, path: str, fingerprint: str) -> bool:
+        with self._lock:
+            return (path, fingerprint) in self._checked
+
     def verdict(self, checkpoint: layout.Checkpoint) -> str | None:
         """``None`` if every checkpointable's metadata reads, else what is wrong."""
         key = (str(checkpoint.path), checkpoint.scan.fingerprint)
@@ -360,6 +364,12 @@ def _read_row(
     if kept is None and state.deep:
         # Read afresh: the verdict and the row come from the same look at the files.
         return _checked_row(path, name, step, state, scan)
+    if (
+        kept is not None
+        and state.cache is not None
+        and state.cache._holds_check(str(path), scan.fingerprint)
+    ):
+        return _checked_row(path, name, step, state, scan)  # All of it kept: no reads.
     record = _quick_record(path, scan, state.cache)
     if record is None:
         return _checked_row(path, name, step, state, scan)
