@@ -56,7 +56,7 @@ def read_checkpoint_record(path: Location) -> CheckpointRecord:
         message names the file and what is wrong.
     """
     meta_file = path / names.CHECKPOINT_METADATA
-    meta = files.read_json_object(meta_file, what="Orbax checkpoint metadata", max_depth=None)
+    meta = files.read_json_object(meta_file, what="Orbax checkpoint metadata")
     handlers: Any = meta.get("item_handlers")
     if isinstance(handlers, dict):
         for name in handlers:
@@ -207,11 +207,12 @@ def has_marker(entries: dict[str, Entry]) -> bool:
     return any(marker in entries for marker in _MARKERS)
 
 
-def open_checkpoint(path: Location) -> Checkpoint:
+def open_checkpoint(path: Location, scan: files.Scan | None = None) -> Checkpoint:
     """Checks a checkpoint directory and finds what it holds, reading metadata only.
 
     Args:
       path: An existing checkpoint directory.
+      scan: ``files.scan(path)``, if the caller has just made it.
 
     Returns:
       The checkpoint's layout.
@@ -235,22 +236,25 @@ def open_checkpoint(path: Location) -> Checkpoint:
             f"{names.COMMIT_SUCCESS} and no {names.CHECKPOINT_METADATA}): one in progress "
             "or one that was interrupted, not a checkpoint"
         )
-    found = files.scan(path)
-    has_record = (path / names.CHECKPOINT_METADATA).exists()
+    found = files.scan(path) if scan is None else scan
+    # What the walk listed, so that nothing under ``path`` is listed twice.
+    listed = found.listing()
+    top = listed.get(path.path, {})
+    has_record = names.CHECKPOINT_METADATA in top
     record = read_checkpoint_record(path) if has_record else CheckpointRecord(None, None)
     handlers = record.item_handlers
 
     if isinstance(handlers, dict):
         for name in handlers:
-            if not (path / name).is_dir():
+            if name not in top or top[name].kind != DIRECTORY:
                 raise ValueError(
                     f"checkpoint {str(path)!r} lists checkpointable {name!r} in "
                     f"{names.CHECKPOINT_METADATA} but has no directory for it"
                 )
         item_names = list(handlers)
-    elif classify(path) is not None or isinstance(handlers, str):
+    elif classify(path, top) is not None or isinstance(handlers, str):
         # A flat checkpoint: the directory itself is the one, unnamed item.
-        item = StoredCheckpointable("", path, classify(path) or UNKNOWN)
+        item = StoredCheckpointable("", path, classify(path, top) or UNKNOWN)
         return Checkpoint(path, (item,), record.committed_nsecs, found, record.checksummed)
     else:
         item_names = _checkpointable_dirs(path)
@@ -273,7 +277,10 @@ def open_checkpoint(path: Location) -> Checkpoint:
             f"{names.CHECKPOINT_METADATA} and no checkpointable directories"
         )
     items = tuple(
-        StoredCheckpointable(n, path / n, classify(path / n) or UNKNOWN) for n in item_names
+        StoredCheckpointable(
+            n, path / n, classify(path / n, listed.get((path / n).path, {})) or UNKNOWN
+        )
+        for n in item_names
     )
     if isinstance(handlers, dict):
         for item in items:

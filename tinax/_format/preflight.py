@@ -101,11 +101,12 @@ def check_store_files(directory: Location) -> None:
             )
 
 
-def check(path: Location) -> layout.Checkpoint:
+def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
     """Checks the checkpoint at ``path`` before anything reads it; returns its layout.
 
     Args:
       path: An existing checkpoint directory.
+      scan: ``files.scan(path)``, if the caller has just made it (a listing has).
 
     Returns:
       The checkpoint's layout, as ``layout.open_checkpoint`` finds it.
@@ -116,9 +117,11 @@ def check(path: Location) -> layout.Checkpoint:
         checkpoint; the message names the offending file.
     """
     # Listed once: on an object store, one request instead of one per directory.
-    checkpoint = layout.open_checkpoint(path.snapshot())
+    checkpoint = layout.open_checkpoint(path.snapshot(), scan)
+    # Read and checked as JSON by open_checkpoint already.
+    record = (checkpoint.path / names.CHECKPOINT_METADATA).path
     for where, entry in checkpoint.scan.found:
-        if where.name in _OWN_READERS:
+        if where.name in _OWN_READERS or where.path == record:
             continue
         if where.name == names.SHARDINGS:
             pytree.sharding_file(where)  # parsed once for the check and the tables

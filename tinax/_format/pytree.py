@@ -389,21 +389,37 @@ def _parse_layout(directory: Location, has_manifest: bool) -> PyTreeLayout:
     )
 
 
+def array_metadata_keys(layout: PyTreeLayout, leaves: Iterable[StoredLeaf]) -> dict[str, str]:
+    """Where each leaf's array metadata is stored, by key: its ``param``."""
+    suffix = names.ZARR3_METADATA if layout.zarr3 else names.ZARR2_METADATA
+    return {storage_path(leaf.param) + suffix: leaf.param for leaf in leaves}
+
+
 def array_infos(
-    layout: PyTreeLayout, leaves: Iterable[StoredLeaf], ctx: ts.Context
+    layout: PyTreeLayout,
+    leaves: Iterable[StoredLeaf],
+    ctx: ts.Context | None,
+    stored: dict[str, bytes] | ValueError | None = None,
 ) -> dict[str, ArrayInfo]:
-    """Each leaf's array metadata by ``param``, read in bulk.
+    """Each leaf's array metadata by ``param``, read in bulk (in ``ctx``, else a
+    fresh context).
+
+    ``stored`` is what ``arrays.read_values`` gave for ``array_metadata_keys``, if
+    the caller has read them already (with other stores: a listing).
 
     Raises:
       ValueError: If a leaf's metadata is missing or garbled, naming it.
     """
-    suffix = names.ZARR3_METADATA if layout.zarr3 else names.ZARR2_METADATA
-    keys = {storage_path(leaf.param) + suffix: leaf.param for leaf in leaves}
+    keys = array_metadata_keys(layout, leaves)
     sizes: dict[str, int] = {}
     try:
-        stored = arrays.read_values(
-            layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx, sizes=sizes
-        )
+        if stored is None:
+            ctx = arrays.context() if ctx is None else ctx
+            stored = arrays.read_values(
+                layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx, sizes=sizes
+            )
+        elif isinstance(stored, ValueError):
+            raise stored
     except ValueError as e:
         raise ValueError(
             f"cannot read the array metadata under {str(layout.directory)!r}: {arrays.message(e)}"

@@ -10,7 +10,7 @@ key paths, so tables of a checkpoint and of live state join on
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
 from tinax.explore._diff import diff_table, sort_by_change
-from tinax.explore._listing import ListingCache, list_checkpoints, listing_cache
+from tinax.explore._listing import ListingCache, list_checkpoints
 from tinax.explore._live import leaf_key, state_table
 from tinax.explore._summary import (
     HISTOGRAM_BINS,
@@ -49,7 +49,6 @@ __all__ = [
     "leaf_statistics",
     "leaf_summary",
     "list_checkpoints",
-    "listing_cache",
     "read_leaf",
     "sort_by_change",
     "state_table",
