@@ -25,14 +25,14 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import grain  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
 
-from tinax.checkpointing import TrainingRun, abstract_restore_target  # noqa: E402
+from tinax.checkpointing import TrainingRun, abstract_restore_target
 
 PREFIX = "TINAX-RUN "
 

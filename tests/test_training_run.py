@@ -109,7 +109,11 @@ def test_300_steps_keep_the_newest_two_plus_the_best_and_say_why(root):
 def test_best_by_a_callable_in_max_mode_and_keep_none_keeps_everything(tmp_path):
     iterator = iter(_dataset())
     with TrainingRun(
-        tmp_path / "a", save_every=10, keep=1, keep_best=2, best_by=lambda a: -a["loss"],
+        tmp_path / "a",
+        save_every=10,
+        keep=1,
+        keep_best=2,
+        best_by=lambda a: -a["loss"],
         best_mode="max",
     ) as run:
         _loop(run, range(1, 61), iterator, best_at=20)
@@ -330,9 +334,9 @@ def test_a_script_ending_with_a_save_in_flight_commits_it_and_exits_cleanly(tmp_
     assert str(checkpoint) in lines[0]
     restored = load_training_checkpoint(
         checkpoint,
-        {"w": jax.ShapeDtypeStruct((4096, 2048), jnp.float32)},
+        {"w": abstract_restore_target(np.zeros((4096, 2048), np.float32))},
         {},
-        jax.ShapeDtypeStruct((2,), jnp.uint32),
+        abstract_restore_target(np.zeros(2, np.uint32)),
         {},
         iter(grain.MapDataset.range(100).to_iter_dataset()),
     )
@@ -343,14 +347,11 @@ def test_a_script_ending_with_a_save_in_flight_commits_it_and_exits_cleanly(tmp_
 # -- crash-safe removal ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kill_at", [0, 2, 6])
-def test_a_kill_during_removal_never_lists_a_half_removed_checkpoint_as_complete(
-    tmp_path, kill_at
-):
+@pytest.mark.parametrize("kill_at", [0, 3, 6])
+def test_a_kill_during_removal_never_lists_a_half_removed_checkpoint_as_complete(tmp_path, kill_at):
     directory = tmp_path / "r"
     options = {"steps": 40, "save_every": 20, "keep": 1}
-    first = _script("train", str(directory), json.dumps({**options, "steps": 20}))
-    assert first.returncode == 0, first.stderr
+    run_worker.train(str(directory), {**options, "steps": 20})
     killed = _script("train", str(directory), json.dumps({**options, "kill_at_delete": kill_at}))
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert any(e["event"] == "killed" for e in _events(killed.stdout))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -58,10 +59,9 @@ def _register_exit_hook() -> None:
     # registered before ours and therefore runs after it.
     import concurrent.futures.thread  # noqa: F401
 
-    try:
+    # Refused once the interpreter is shutting down: nothing can wait any more then.
+    with contextlib.suppress(RuntimeError):
         threading._register_atexit(_wait_at_exit)  # type: ignore[attr-defined]
-    except RuntimeError:
-        pass  # Already shutting down: nothing can wait any more.
 
 
 class SaveResponse(ocp.AsyncResponse[T]):

@@ -230,10 +230,9 @@ class TrainingRun:
         step = check_step(step)
         if self._decided is not None and self._decided[0] == step:
             return self._decided[1]
-        if self._sync is not None and not self._preempted:
-            if self._sync.reached_sync_point(step):
-                self._preempted = True
-                _log.warning("preempted: every process saves at step %d", step)
+        if self._sync is not None and not self._preempted and self._sync.reached_sync_point(step):
+            self._preempted = True
+            _log.warning("preempted: every process saves at step %d", step)
         decision = self._preempted or (
             self._save_every is not None and step % self._save_every == 0
         )
@@ -422,8 +421,14 @@ class TrainingRun:
                     f"run {self.directory!r} has no complete checkpoint of step {step} "
                     f"(it has {sorted(complete)})"
                 )
-            return self._load(complete[step], model_target, optimizer_target, rng_target,
-                              auxiliary_target, iterator)
+            return self._load(
+                complete[step],
+                model_target,
+                optimizer_target,
+                rng_target,
+                auxiliary_target,
+                iterator,
+            )
         failures: list[str] = []
         for candidate in sorted(complete, reverse=True):
             where = complete[candidate]

@@ -151,9 +151,7 @@ def save_training_checkpoint(
         ``TrainingCheckpointNames``.
       ValueError: If ``step`` is negative.
     """
-    return start_training_save(
-        path, step, model, optimizer, rng, auxiliary, iterator, names=names
-    )
+    return start_training_save(path, step, model, optimizer, rng, auxiliary, iterator, names=names)
 
 
 def start_training_save(
