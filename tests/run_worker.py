@@ -97,10 +97,10 @@ def metric(step: int, best_at: int) -> float:
 
 def train(directory: str, options: dict) -> None:
     if options.get("kill_at_delete") is not None:
-        from tinax.checkpointing import _run
+        from tinax._format import removal
 
         calls = {"n": 0}
-        delete = _run._delete
+        delete = removal.delete
 
         def delete_or_die(where: object) -> None:
             if calls["n"] == options["kill_at_delete"]:
@@ -109,7 +109,7 @@ def train(directory: str, options: dict) -> None:
             calls["n"] += 1
             delete(where)
 
-        _run._delete = delete_or_die  # type: ignore[assignment]
+        removal.delete = delete_or_die  # type: ignore[assignment]
     chained = {"called": False}
     if options.get("ready_at") is not None:
         signal.signal(signal.SIGTERM, lambda *_: chained.update(called=True))

@@ -23,7 +23,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import threading
 import time
@@ -35,7 +34,7 @@ from typing import Any
 import grain
 
 from tinax import _claims, _paths
-from tinax._format import names, preflight, words
+from tinax._format import names, preflight, removal, words
 from tinax._format.runrecord import read_run_record
 from tinax._format.storage import FILE, Location
 from tinax.checkpointing import _processes
@@ -75,16 +74,6 @@ def _metric_label(best_by: str | Callable[[Any], Any] | None) -> str | None:
 
 def _sigterm_enabled() -> bool:
     return threading.current_thread() is threading.main_thread()
-
-
-def _preemption_sync() -> Any | None:
-    """JAX's preemption sync manager in a multi-process job, else ``None``."""
-    from jax._src import distributed
-
-    state = distributed.global_state
-    if state.client is None or _processes.process_count() == 1:
-        return None
-    return state.preemption_sync_manager
 
 
 class TrainingRun:
@@ -164,19 +153,19 @@ class TrainingRun:
         self._best_by = best_by
         self._best_mode = best_mode
         self._names = names or TrainingCheckpointNames()
-        self._root = _make_directory(directory)
+        self._root = _run_directory(directory)
         self._primary = _processes.process_index() == 0
         self._lock = threading.RLock()
         self._pending: SaveResponse[None] | None = None
         self._preempted = False
         self._decided: tuple[int, bool] | None = None
-        self._sync = _preemption_sync()
+        self._sync = _processes.preemption_sync()
         self._previous_handler: Any = None
         self._handler_installed = False
         self._closed = False
         self._record = self._read_record()
         if self._primary:
-            self._write_record()
+            # The record is written by saves only: opening a run to read it changes nothing.
             self._clean_up()
         if handle_sigterm and self._sync is None and _sigterm_enabled():
             # In a multi-process job JAX's preemption service owns SIGTERM (its
@@ -338,8 +327,16 @@ class TrainingRun:
           Exception: That save's failure.
         """
         pending, self._pending = self._pending, None
-        if pending is not None:
+        if pending is None:
+            return
+        error: Exception | None = None
+        try:
             pending.result()
+        except Exception as e:
+            error = e
+        # Every process has a save in flight here or none. The primary's ends after
+        # its retention: once all have arrived, every process sees what it kept.
+        _processes.agree(error, what=f"the end of the save to {pending.path!r}", timeout=300.0)
 
     def close(self) -> None:
         """Waits for the save in flight and puts the previous SIGTERM handler back."""
@@ -544,11 +541,9 @@ class TrainingRun:
             _log.warning("not removing %s: %s", where, e)
             return
         try:
-            marker = where / names.DELETION_MARKER
-            if not marker.exists():
-                _write_file(marker, b"")
+            removal.mark_for_removal(where)
             _log.info("removing %s (the run keeps it no longer)", where)
-            _finish_removal(where)
+            removal.finish_removal(where)
         finally:
             if held is not None:
                 held.release()
@@ -572,7 +567,7 @@ class TrainingRun:
                 try:
                     held = _claims.claim(where)
                     _log.info("finishing the removal of %s", where)
-                    _finish_removal(where)
+                    removal.finish_removal(where)
                 except FileExistsError as e:
                     _log.warning("not removing %s: %s", where, e)
                 finally:
@@ -616,72 +611,9 @@ class TrainingRun:
         self._record["policy"] = self._policy()
         self._record["updated_ns"] = time.time_ns()
         data = json.dumps(self._record, indent=1, sort_keys=True).encode("utf-8")
-        _replace_file(self._root / names.RUN_RECORD, data)
+        removal.replace_file(self._root / names.RUN_RECORD, data)
 
 
-def _make_directory(directory: object) -> Location:
-    where = _paths.location(directory, what="directory")
-    if where.is_local and not where.exists():
-        try:
-            os.mkdir(where.path)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"cannot create the run directory {str(where)!r}: its parent does not exist"
-            ) from None
-        except FileExistsError:
-            pass
+def _run_directory(directory: object) -> Location:
+    removal.make_directory(_paths.location(directory, what="directory"))
     return _paths.save_directory(directory, what="directory")
-
-
-def _write_file(where: Location, data: bytes) -> None:
-    if where.is_local:
-        with open(where.path, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    else:
-        where.write_new(data)  # one object, written whole or not at all
-
-
-def _replace_file(where: Location, data: bytes) -> None:
-    """Replaces the file at ``where`` atomically: a reader sees the old or the new one."""
-    if not where.is_local:
-        where.write_new(data)  # an object store replaces an object whole
-        return
-    temporary = f"{where.path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        with open(temporary, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, where.path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-
-
-def _delete(where: Location) -> None:
-    """Deletes one file or directory tree (the single step removals are made of)."""
-    if where.is_local:
-        if os.path.isdir(where.path) and not os.path.islink(where.path):
-            shutil.rmtree(where.path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(where.path)
-    else:
-        where.remove_tree()
-
-
-def _finish_removal(where: Location) -> None:
-    """Removes a checkpoint holding the deletion marker: its commit records first, the
-    marker last, so that it never looks complete on the way."""
-    for record in (names.CHECKPOINT_METADATA, names.COMMIT_SUCCESS):
-        if (where / record).exists():
-            _delete(where / record)
-    for name in sorted(where.entries()):
-        if name != names.DELETION_MARKER:
-            _delete(where / name)
-    _delete(where / names.DELETION_MARKER)
-    if where.is_local:
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(where.path)
