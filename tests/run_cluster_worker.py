@@ -93,7 +93,7 @@ def resume(directory: Path) -> None:
         for shard in restored.model[name].addressable_shards
     )
     run.close()
-    cluster.report("resume", step=step, exact=exact, next=np.asarray(next(iterator)).tolist())
+    cluster.report("resume", restored=step, exact=exact, next=np.asarray(next(iterator)).tolist())
 
 
 if __name__ == "__main__":

@@ -390,7 +390,7 @@ def test_two_processes_save_retain_and_stop_at_the_same_step_after_a_sigterm(tmp
 
     script = Path(run_cluster_worker.__file__)
     loop = cluster.launch(script, "loop", tmp_path / "r", processes=2)
-    assert loop.ok, loop
+    assert loop.ok, "\n=====\n".join(loop.logs)
     reports = [loop.result(i, "loop") for i in range(2)]
     # Process 1 alone got the SIGTERM (at step 25); both saved at the same later step.
     stop = reports[0]["preempted_at"]
@@ -401,10 +401,10 @@ def test_two_processes_save_retain_and_stop_at_the_same_step_after_a_sigterm(tmp
     assert reports[0]["steps"] == reports[1]["steps"] == expected
     assert _complete(tmp_path / "r") == [f"step_{s:06d}" for s in expected]
     resume = cluster.launch(script, "resume", tmp_path / "r", processes=2)
-    assert resume.ok, resume
+    assert resume.ok, "\n=====\n".join(resume.logs)
     for i in range(2):
         report = resume.result(i, "resume")
-        assert report["step"] == stop and report["exact"] is True
+        assert report["restored"] == stop and report["exact"] is True
         # Each process's shard of the data: 1000 examples split by process, batches of 4.
         first = 2 * 4 * stop + i
         assert report["next"] == list(range(first, first + 8, 2))
