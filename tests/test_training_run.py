@@ -219,9 +219,12 @@ def test_when_nothing_loads_restore_names_every_checkpoint_and_why(tmp_path):
     run.close()
     for step in (50, 100):
         _flip_data_byte(tmp_path / "r" / f"step_{step:06d}")
+    iterator = iter(_dataset())
     with pytest.warns(RuntimeWarning), pytest.raises(ValueError) as caught:
-        run.restore(*_targets(), iter(_dataset()))
+        run.restore(*_targets(), iterator)
     assert "step_000050" in str(caught.value) and "step_000100" in str(caught.value)
+    # Neither failed attempt moved the iterator.
+    assert next(iterator).tolist() == [0, 1, 2, 3]
 
 
 def _script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
