@@ -411,3 +411,20 @@ def test_two_processes_save_retain_and_stop_at_the_same_step_after_a_sigterm(tmp
         # Each process's shard of the data: 1000 examples split by process, batches of 4.
         first = 2 * 4 * stop + i
         assert report["next"] == list(range(first, first + 8, 2))
+
+
+def test_a_record_write_cut_short_by_a_kill_is_cleared_by_the_next_run(tmp_path):
+    directory = tmp_path / "r"
+    directory.mkdir()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = directory / f"{names.RUN_RECORD}.{int(gone.stdout)}-1.tmp"
+    live = directory / f"{names.RUN_RECORD}.{os.getpid()}-1.tmp"
+    stale.write_text("{")
+    live.write_text("{")
+    TrainingRun(directory, handle_sigterm=False).close()
+    assert not stale.exists() and live.exists()

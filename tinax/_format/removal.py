@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import threading
 
 from tinax._format import names
-from tinax._format.storage import Location
+from tinax._format.storage import FILE, Location
+
+# ``replace_file`` writes ``<name>.<pid>-<thread>.tmp`` first.
+_TEMPORARY = ".tmp"
 
 
 def make_directory(where: Location) -> None:
@@ -47,7 +51,7 @@ def replace_file(where: Location, data: bytes) -> None:
     if not where.storage.commits_by_rename:
         where.storage.write_new(where.path, data)
         return
-    temporary = f"{where.path}.{os.getpid()}-{threading.get_ident()}.tmp"
+    temporary = f"{where.path}.{os.getpid()}-{threading.get_ident()}{_TEMPORARY}"
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temporary, flags, 0o644)
@@ -95,3 +99,29 @@ def finish_removal(checkpoint: Location) -> None:
     if checkpoint.storage.commits_by_rename:
         with contextlib.suppress(FileNotFoundError, OSError):
             os.rmdir(checkpoint.path)
+
+
+def remove_stale_temporaries(where: Location) -> None:
+    """Removes what a ``replace_file`` of ``where`` left when its process was killed.
+
+    Only files of processes that no longer run on this host are removed.
+    """
+    if not where.storage.commits_by_rename:
+        return
+    pattern = re.compile(re.escape(where.name) + r"\.(\d+)-\d+" + re.escape(_TEMPORARY) + "$")
+    for name, entry in where.parent.entries().items():
+        match = pattern.match(name)
+        if match is None or entry.kind != FILE or _alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink((where.parent / name).path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process: alive
+    return True

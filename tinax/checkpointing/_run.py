@@ -553,6 +553,7 @@ class TrainingRun:
         than the newest complete checkpoint."""
         if newest is None:
             newest = max(self._complete(), default=None)
+        removal.remove_stale_temporaries(self._root / names.RUN_RECORD)
         root = self._root.snapshot()
         for name, entry in sorted(root.entries().items()):
             if entry.kind == FILE:
