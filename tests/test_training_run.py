@@ -189,7 +189,8 @@ def test_a_flipped_data_byte_in_the_newest_falls_back_to_the_previous_with_a_war
     iterator = iter(_dataset())
     with pytest.warns(RuntimeWarning, match=r"step_000100.*CorruptDataError") as caught:
         restored = run.restore(*_targets(), iterator)
-    assert len(caught) == 1
+    # One warning of the run's (Orbax's failed load may add "never awaited" ones).
+    assert len([w for w in caught if str(w.message).startswith("skipping checkpoint")]) == 1
     assert restored is not None and restored.step == 50
     np.testing.assert_array_equal(np.asarray(restored.model["w"]), np.full((16, 16), 50.0))
     # The iterator moved once, to step 50's position: the failed attempt left it alone.
