@@ -227,6 +227,11 @@ def open_checkpoint(path: Location, scan: files.Scan | None = None) -> Checkpoin
             f"{str(path)!r} is an Orbax temporary directory: a save in progress or one "
             "that failed, not a checkpoint"
         )
+    if (path / names.DELETION_MARKER).exists():
+        raise ValueError(
+            f"{str(path)!r} is being removed (it holds {names.DELETION_MARKER}): "
+            "not a checkpoint any more"
+        )
     if is_uncommitted(path) and not any(
         entry.kind == DIRECTORY and looks_like_checkpoint(path / name)
         for name, entry in path.entries().items()

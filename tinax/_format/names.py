@@ -18,6 +18,8 @@ COMMIT_SUCCESS = "commit_success.txt"
 # An empty file Orbax V0 writes to mark a checkpoint directory.
 ORBAX_MARKER = "orbax.checkpoint"
 ROOT_METADATA = "_ROOT_METADATA"
+# Written first when a checkpoint is removed, and removed last: a directory that holds
+# it is being removed (or its removal was interrupted) and is never a checkpoint.
 DELETION_MARKER = "_CHECKPOINT_DELETION"
 METRICS = "metrics"
 
@@ -113,6 +115,22 @@ CLAIM_SUFFIX = ".tinax-claim"
 def claim_name(name: str) -> str:
     """The name of the claim file of a save to the checkpoint ``name``."""
     return name + CLAIM_SUFFIX
+
+
+# -- a run ----------------------------------------------------------------------------------
+
+# A training run (``tinax.checkpointing.TrainingRun``) records its policy, each step's
+# metric and why each checkpoint is kept in this JSON file at the run's root. A file,
+# never a directory, so that nothing lists it as a checkpoint.
+RUN_RECORD = "tinax_run.json"
+RUN_RECORD_FORMAT = "tinax.run/1"
+# A run's checkpoints are named ``step_<step>`` (six digits at least).
+RUN_CHECKPOINT = re.compile(r"^step_(\d+)$")
+
+
+def run_checkpoint_name(step: int) -> str:
+    """The name a training run gives the checkpoint of ``step``."""
+    return f"step_{step:06d}"
 
 
 # -- steps ------------------------------------------------------------------------------

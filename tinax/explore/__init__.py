@@ -12,6 +12,7 @@ from tinax.explore._compare import compare_table
 from tinax.explore._diff import diff_table, sort_by_change
 from tinax.explore._listing import ListingCache, list_checkpoints
 from tinax.explore._live import leaf_key, state_table
+from tinax.explore._retention import retention_table, run_policy
 from tinax.explore._summary import (
     HISTOGRAM_BINS,
     LeafStatistics,
@@ -50,6 +51,8 @@ __all__ = [
     "leaf_summary",
     "list_checkpoints",
     "read_leaf",
+    "retention_table",
+    "run_policy",
     "sort_by_change",
     "state_table",
     "verify",

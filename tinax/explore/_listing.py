@@ -340,6 +340,9 @@ def _read_row(
         return (name, str(path), step, words.INVALID, (), None, None, None)
     # On object stores a save writes in place: one that never committed is judged
     # like a temporary directory.
+    if names.DELETION_MARKER in (path.entries() if top is None else top):
+        # Its removal began (and may have been cut short): it is no checkpoint any more.
+        return (name, str(path), step, words.BEING_REMOVED, _subdirectories(path), None, None, None)
     unfinished = (
         None if names.is_temporary_name(name) else _claims.uncommitted_status(path, now_ns=now_ns)
     )
