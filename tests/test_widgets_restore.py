@@ -120,9 +120,9 @@ def test_left_out_subtrees_are_not_restored(checkpoint: Path) -> None:
     assert statuses["optimizer['mu']"] == "left out"  # the whole checkpointable is unticked
     assert builder.reason == ""
     view = builder.compare_box.children[0]
-    for row in view.children[1:-1]:
-        if row.layout.display != "none" and row.children[2].value == "left out":
-            assert row.children[0].style.background is None  # grey text, not a warning
+    for row, status in zip(view.rows, view.visible_text("status"), strict=True):
+        if status == "left out":
+            assert row["background"] is None  # grey text, not a warning
     builder.load_button.click()
     # Loaded in the click itself: the result is there when click() returns.
     assert builder.status == "loaded"
@@ -154,9 +154,9 @@ def test_incompatible_targets_disable_load_with_the_reason(checkpoint: Path) -> 
     assert "missing from checkpoint" in builder.reason
     assert "Cannot load" in builder.reason_html.value
     view = builder.compare_box.children[0]
-    first = view.children[1].children  # differences are sorted to the top, highlighted
-    assert first[2].value in {"shape differs", "missing from checkpoint"}
-    assert first[0].style.background == "#fde7e9"
+    # Differences are sorted to the top, highlighted.
+    assert view.visible_text("status")[0] in {"shape differs", "missing from checkpoint"}
+    assert view.rows[0]["background"] == "#fde7e9"
     builder.load_button.click()  # refused, nothing happens
     assert builder.progress is None
 
@@ -397,9 +397,9 @@ def test_the_comparison_lists_only_differences_unless_asked(checkpoint: Path) ->
     # Shapes and dtypes, on both sides, come right after the status.
     titles = [c.title for c in table.columns]
     assert titles[:7] == [
-        "checkpointable",
         "key",
         "status",
+        "checkpointable",
         "stored shape",
         "target shape",
         "stored dtype",
@@ -412,7 +412,7 @@ def test_the_comparison_lists_only_differences_unless_asked(checkpoint: Path) ->
     builder.subtree_checkboxes[("model", "['head']")].value = False
     table = builder.compare_box.children[0]
     assert table.frame.empty
-    assert table.position.value == "no differences: every chosen leaf matches the checkpoint"
+    assert table.position == "no differences: every chosen leaf matches the checkpoint"
 
 
 def test_a_partial_load_of_an_nnx_and_optax_state_has_no_placeholders(tmp_path: Path) -> None:

@@ -36,14 +36,14 @@ def _count(value: Any) -> str:
 
 
 DIFF_COLUMNS = (
-    Column("key", "key", None),
-    Column("checkpointable", "checkpointable", "9em"),
-    Column("status", "status", "8em"),
-    Column("rel_change", "rel. change", "7em", _number),
-    Column("max_abs_diff", "max |b−a|", "7em", _number),
-    Column("cosine", "cosine", "6em", _number),
-    Column("nan_b", "NaN (b)", "5em", _count),
-    Column("inf_b", "Inf (b)", "5em", _count),
+    Column("key", "key", key=True),
+    Column("status", "status"),
+    Column("rel_change", "rel. change", _number, align="right", descending_first=True),
+    Column("checkpointable", "checkpointable", essential=False, priority=1),
+    Column("max_abs_diff", "max |b−a|", _number, align="right", essential=False, priority=2),
+    Column("cosine", "cosine", _number, align="right", essential=False, priority=3),
+    Column("nan_b", "NaN (b)", _count, align="right", essential=False, priority=4),
+    Column("inf_b", "Inf (b)", _count, align="right", essential=False, priority=4),
 )
 
 

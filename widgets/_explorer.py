@@ -103,13 +103,13 @@ def _checkpoint_look(row: pd.Series) -> RowLook:
 
 
 CHECKPOINT_COLUMNS = (
-    Column("name", "checkpoint", None),
-    Column("step", "step", "6em"),
-    Column("status", "status", "7em"),
-    Column("nbytes", "size", "7em", format_bytes),
-    Column("committed", "committed (UTC)", "11em", _format_time),
-    Column("age", "age", "5em", format_age),
-    Column("checkpointables", "checkpointables", None, _format_names),
+    Column("name", "checkpoint", key=True),
+    Column("step", "step", align="right", descending_first=True),
+    Column("status", "status"),
+    Column("nbytes", "size on disk", format_bytes, align="right", descending_first=True),
+    Column("age", "age", format_age, align="right", essential=False, priority=1),
+    Column("committed", "committed (UTC)", _format_time, essential=False, priority=3),
+    Column("checkpointables", "checkpointables", _format_names, essential=False, priority=2),
 )
 
 
@@ -119,13 +119,13 @@ def _format_key(value: Any) -> str:
 
 
 LEAF_COLUMNS = (
-    Column("key", "key", None, _format_key),
-    Column("checkpointable", "checkpointable", "9em"),
-    Column("kind", "kind", "7em"),
-    Column("shape", "shape", "8em"),
-    Column("dtype", "dtype", "6em"),
-    Column("nbytes", "size", "6em", format_bytes),
-    Column("value", "value", "10em", _format_value),
+    Column("key", "key", _format_key, key=True),
+    Column("shape", "shape", descending_first=True),
+    Column("dtype", "dtype"),
+    Column("nbytes", "size", format_bytes, align="right", descending_first=True),
+    Column("checkpointable", "checkpointable", essential=False, priority=1),
+    Column("kind", "kind", essential=False, priority=2),
+    Column("value", "value", _format_value, essential=False, priority=3),
 )
 
 
@@ -264,7 +264,6 @@ class CheckpointExplorer(w.VBox):
 
         self.checkpoint_view = PagedTable(
             CHECKPOINT_COLUMNS,
-            pick="name",
             page_size=page_size,
             look=_checkpoint_look,
             empty_text="no checkpoints yet",
@@ -398,7 +397,7 @@ class CheckpointExplorer(w.VBox):
     def _build_leaf_tables(self) -> None:
         guard = shown_in_widget(self._show_error)
         leaf_view = PagedTable(
-            LEAF_COLUMNS, pick="key", page_size=self._page_size, empty_text="no matching leaves"
+            LEAF_COLUMNS, page_size=self._page_size, empty_text="no matching leaves"
         )
         leaf_view.observe(guard(self._on_pick_leaf), names="selected")
         tree_view = TreeView(page_size=self._page_size, on_error=self._show_error)

@@ -30,12 +30,12 @@ from ._table import Column, PagedTable, format_cell
 from ._text import error_html, format_bytes, format_seconds, note_html
 
 STATE_COLUMNS = (
-    Column("checkpointable", "checkpointable", "9em"),
-    Column("key", "key", None, lambda key: format_cell(key) or "(whole)"),
-    Column("kind", "kind", "7em"),
-    Column("shape", "shape", "8em"),
-    Column("dtype", "dtype", "6em"),
-    Column("nbytes", "size", "6em", format_bytes),
+    Column("key", "key", lambda key: format_cell(key) or "(whole)", key=True),
+    Column("shape", "shape"),
+    Column("dtype", "dtype"),
+    Column("nbytes", "size", format_bytes, align="right", descending_first=True),
+    Column("checkpointable", "checkpointable", essential=False, priority=1),
+    Column("kind", "kind", essential=False, priority=2),
 )
 
 
