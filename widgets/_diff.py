@@ -35,15 +35,42 @@ def _count(value: Any) -> str:
     return "" if value is None or value is pd.NA else f"{int(value):,}"
 
 
+def _key(value: Any) -> str:
+    # A checkpointable that is one leaf (a PRNG key, an iterator) has the empty key.
+    return "" if value is None or value is pd.NA else (str(value) or "(whole)")
+
+
+def _percent(value: Any) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(number):
+        return ""
+    return "∞" if math.isinf(number) else f"{number * 100:.3g} %"
+
+
 DIFF_COLUMNS = (
-    Column("key", "key", key=True),
+    Column("key", "key", _key, key=True),
     Column("status", "status"),
-    Column("rel_change", "rel. change", _number, align="right", descending_first=True),
+    # The change told for what the leaf is: a float array's relative change, a
+    # counter's "+150", a PRNG key's "changed".
+    Column("change", "change"),
     Column("checkpointable", "checkpointable", essential=False, priority=1),
-    Column("max_abs_diff", "max |b−a|", _number, align="right", essential=False, priority=2),
-    Column("cosine", "cosine", _number, align="right", essential=False, priority=3),
-    Column("nan_b", "NaN (b)", _count, align="right", essential=False, priority=4),
-    Column("inf_b", "Inf (b)", _count, align="right", essential=False, priority=4),
+    Column("value_kind", "values", essential=False, priority=2),
+    Column(
+        "rel_change",
+        "rel. change",
+        _percent,
+        align="right",
+        descending_first=True,
+        essential=False,
+        priority=3,
+    ),
+    Column("max_abs_diff", "max |b−a|", _number, align="right", essential=False, priority=4),
+    Column("cosine", "cosine", _number, align="right", essential=False, priority=5),
+    Column("nan_b", "NaN (b)", _count, align="right", essential=False, priority=6),
+    Column("inf_b", "Inf (b)", _count, align="right", essential=False, priority=6),
 )
 
 
@@ -93,6 +120,11 @@ def subtree_changes(table: pd.DataFrame, depth: int) -> pd.DataFrame:
         rows.append((name, subtree, rel, int(count)))
     frame = pd.DataFrame(rows, columns=["checkpointable", "subtree", "rel_change", "leaves"])
     return frame.sort_values("rel_change", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _name(path: str) -> str:
+    # A checkpoint's own name, local or gs://.
+    return path.rstrip("/").rsplit("/", 1)[-1] or path
 
 
 class DiffView(w.VBox):
@@ -186,9 +218,14 @@ class DiffView(w.VBox):
         self.diff = table
         counts = table["status"].value_counts()
         self.title.value = (
-            f"<b>Changes</b> from <code>{html.escape(self.base)}</code> to "
-            f"<code>{html.escape(other)}</code>: "
+            f"<b>Changes</b> from <code>{html.escape(_name(self.base))}</code> to "
+            f"<code>{html.escape(_name(other))}</code>: "
             + html.escape(", ".join(f"{n} {s}" for s, n in counts.items()))
+            + "<br>"
+            + note_html(
+                "leaves most changed first: floating-point arrays by relative change "
+                "‖b − a‖ / ‖a‖, then counters by how far they moved, then PRNG keys"
+            )
         )
         self._show_bars()
         self.table.show(table)
@@ -222,7 +259,7 @@ class DiffView(w.VBox):
                         w.Label(label, layout=w.Layout(width="20em"), tooltip=label),
                         bar,
                         w.Label(
-                            f"{_number(rel)} ({leaves} changed)",
+                            f"{_percent(rel)} ({leaves:,} changed)",
                             layout=w.Layout(flex="0 0 auto"),
                         ),
                     ],
@@ -230,6 +267,11 @@ class DiffView(w.VBox):
                     layout=w.Layout(flex_flow="row wrap"),
                 )
             )
-        if not rows:
-            rows = [w.HTML(note_html("no numeric leaf changed"))]
+        if rows:
+            rows.insert(
+                0,
+                w.HTML(note_html("relative change ‖b − a‖ / ‖a‖ of the floating-point leaves")),
+            )
+        else:
+            rows = [w.HTML(note_html("no floating-point leaf changed"))]
         self.bars.children = tuple(rows)
