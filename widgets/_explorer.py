@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import math
 import os
 import threading
 import time
@@ -21,6 +22,7 @@ from tinax._format.words import ARRAY_KINDS, COMPLETE, IN_PROGRESS, INTERRUPTED,
 from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
 from tinax.explore._checkpoint import key_table, leaf_table, open_checkpoint
 
+from ._data_check import DataCheck
 from ._diff import DiffView
 from ._guard import shown_in_widget
 from ._histogram import histogram_png
@@ -129,12 +131,20 @@ LEAF_COLUMNS = (
 )
 
 
+def _itemsize(dtype: Any) -> float:
+    try:
+        return np.dtype(str(dtype)).itemsize
+    except TypeError:
+        return math.nan  # a dtype NumPy does not know: its size is not shown
+
+
 def statistics_html(stats: LeafStatistics) -> str:
     """The statistics of one leaf as a small two-column HTML table."""
     rows = [
         ("shape", format_cell(stats.shape)),
         ("dtype", stats.dtype),
-        ("size", f"{stats.size:,}"),
+        ("elements", f"{stats.size:,}"),
+        ("size", format_bytes(stats.size * _itemsize(stats.dtype))),
         ("min", _format_number(stats.minimum)),
         ("max", _format_number(stats.maximum)),
         ("mean", _format_number(stats.mean)),
@@ -281,6 +291,7 @@ class CheckpointExplorer(w.VBox):
         )
         self.step_range.observe(guard(self._on_step_range), names="value")
         self.step_box = w.IntText(value=0, description="go to step", layout=w.Layout(width="14em"))
+        self._offered_step = 0
         self.go_button = w.Button(description="Go", tooltip="open the checkpoint of this step")
         self.go_button.layout = w.Layout(width="5em")
         self.go_button.on_click(guard(lambda _: self.go_to_step(int(self.step_box.value))))
@@ -298,19 +309,27 @@ class CheckpointExplorer(w.VBox):
         self._page_size = page_size
         self._leaf_view: PagedTable | None = None
         self._tree_view: TreeView | None = None
-        # Side by side where there is room, one above the other where not; built with
-        # the explorer (below), so that opening a checkpoint only fills them.
-        self.leaf_tables = w.HBox(
-            [], layout=w.Layout(flex_flow="row wrap", align_items="flex-start")
-        )
+        # The tree above the flat table, each as wide as the output; built with the
+        # explorer (below), so that opening a checkpoint only fills them.
+        self.leaf_tables = w.VBox([])
         self.size_bar = w.HTML("")
         self.verdict = w.HTML("")
+        self.data_check = DataCheck(page_size=page_size)
+        # What can be done with the open checkpoint, one button each. Another action
+        # (an export, say) adds its button here and its panel below ``data_check``.
+        self.actions = w.HBox(
+            [self.data_check.button], layout=w.Layout(flex_flow="row wrap", align_items="center")
+        )
         self.diff_view = DiffView(page_size=page_size, on_error=self._show_error)
         self.leaf_section = w.VBox(
             [
                 self.leaf_title,
                 self.size_bar,
-                self.verdict,
+                w.HBox(
+                    [self.verdict, self.actions],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
+                ),
+                self.data_check,
                 self.diff_view,
                 w.HBox(
                     [self.checkpointable_filter, self.key_filter],
@@ -547,6 +566,9 @@ class CheckpointExplorer(w.VBox):
     def close(self) -> None:
         """Stops polling and closes the widget."""
         # Also called from __del__, possibly on an instance whose __init__ failed.
+        data_check = getattr(self, "data_check", None)
+        if data_check is not None:
+            data_check.cancel()
         for name in ("_stop_polling", "_history_stop"):
             stop = getattr(self, name, None)
             if stop is not None:
@@ -597,6 +619,10 @@ class CheckpointExplorer(w.VBox):
             self.step_range.layout.display = "none"
             return
         low, high = int(steps.min()), int(steps.max())
+        # "go to step" offers the newest step until the reader types another.
+        if self.step_box.value in (0, self._offered_step):
+            self.step_box.value = high
+        self._offered_step = high
         slider = self.step_range
         was_all = slider.layout.display == "none" or slider.value == (slider.min, slider.max)
         old_low, old_high = slider.value
@@ -733,6 +759,7 @@ class CheckpointExplorer(w.VBox):
             else size_bar_html(size_breakdown(self.tree_view.tree))
         )
         self.verdict.value = note_html("checking the checkpoint…")
+        self.data_check.set_path(path)
         self.diff_view.set_base(path, self._comparable())
         self.leaf_section.layout.display = ""
 
@@ -787,6 +814,7 @@ class CheckpointExplorer(w.VBox):
         self.size_bar.value = ""
         self.leaf_section.layout.display = "none"
         self.verdict.value = ""
+        self.data_check.set_path(None)
         self.diff_view.set_base(None, [])
         self._clear_leaf()
         if self.checkpoint_view.selected is not None:

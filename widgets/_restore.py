@@ -144,6 +144,8 @@ class RestoreTargetBuilder(w.VBox):
         )
         self.checkboxes = self.choice.checkboxes
         self.subtree_checkboxes = self.choice.subtree_checkboxes
+        self.tick = self.choice.tick
+        self.ticked = self.choice.ticked
         self.message = w.HTML("")
         self.state_view = PagedTable(
             STATE_COLUMNS, page_size=page_size, empty_text="nothing chosen"

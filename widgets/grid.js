@@ -187,6 +187,9 @@ function render({ model, el }) {
     const rows = model.get("rows");
     const all = columns.map(() => true);
     // 1. Every column at its natural width, to measure it.
+    // Measured out of the flow, so that its natural width never widens the output.
+    table.style.position = "absolute";
+    table.style.visibility = "hidden";
     table.style.tableLayout = "auto";
     table.style.width = "max-content";
     colgroup.replaceChildren();
@@ -194,6 +197,8 @@ function render({ model, el }) {
     tbody.replaceChildren(...body(columns, rows, all));
     const ths = [...thead.querySelectorAll("th")];
     const natural = ths.map((th) => Math.ceil(th.getBoundingClientRect().width) + 1);
+    table.style.position = "";
+    table.style.visibility = "";
     const avail = Math.floor(root.clientWidth || el.clientWidth || 0);
     if (!avail) return; // not on the page yet: drawn again when it gets a width
     const keyIndex = columns.findIndex((c) => c.key);

@@ -12,6 +12,7 @@ from tinax.explore._compare import compare_table
 from tinax.explore._diff import diff_table, sort_by_change
 from tinax.explore._listing import ListingCache, list_checkpoints, listing_cache
 from tinax.explore._live import leaf_key, state_table
+from tinax.explore._readable import human_bytes, human_duration, readable
 from tinax.explore._summary import (
     HISTOGRAM_BINS,
     LeafStatistics,
@@ -44,6 +45,8 @@ __all__ = [
     "checkpoint_table",
     "compare_table",
     "diff_table",
+    "human_bytes",
+    "human_duration",
     "is_numeric",
     "leaf_key",
     "leaf_statistics",
@@ -51,6 +54,7 @@ __all__ = [
     "list_checkpoints",
     "listing_cache",
     "read_leaf",
+    "readable",
     "sort_by_change",
     "state_table",
     "verify",

@@ -1,0 +1,83 @@
+"""The words tinax's tables use, and leaf keys: one public spelling for every layer.
+
+``tinax.explore`` tables carry status words (``complete``, ``changed``, ``shape
+differs``, …) and leaf keys written as ``jax.tree_util.keystr`` writes them
+(``['opt_state'][0]['mu']``). Code that reads those tables (the Jupyter widgets,
+scripts, a dashboard) compares against these names rather than retyping strings,
+and splits keys with ``parse_key`` rather than a pattern of its own.
+
+This module imports nothing heavy: no JAX, no pandas, no Orbax.
+"""
+
+from tinax._format.keys import KeyPart, KeyPath, format_key, is_within, key_parts, parse_key
+from tinax._format.words import (
+    ARRAY_KINDS,
+    CHANGED,
+    COMPARE_STATUSES,
+    COMPLETE,
+    DIFF_STATUSES,
+    DTYPE_CAST,
+    DTYPE_DIFFERS,
+    EMPTY,
+    ERROR,
+    IN_PROGRESS,
+    INFO,
+    INTERRUPTED,
+    INVALID,
+    ITERATOR,
+    JAX_ARRAY,
+    KIND_DIFFERS,
+    LEFT_OUT,
+    MISSING_FROM_CHECKPOINT,
+    NOT_IN_TARGET,
+    NUMPY_ARRAY,
+    OK,
+    ONLY_IN_A,
+    ONLY_IN_B,
+    REFUSED_STATUSES,
+    SAME,
+    SCALAR,
+    SEVERITIES,
+    SHAPE_DIFFERS,
+    STRING,
+    WARNING,
+)
+
+__all__ = [
+    "ARRAY_KINDS",
+    "CHANGED",
+    "COMPARE_STATUSES",
+    "COMPLETE",
+    "DIFF_STATUSES",
+    "DTYPE_CAST",
+    "DTYPE_DIFFERS",
+    "EMPTY",
+    "ERROR",
+    "INFO",
+    "INTERRUPTED",
+    "INVALID",
+    "IN_PROGRESS",
+    "ITERATOR",
+    "JAX_ARRAY",
+    "KIND_DIFFERS",
+    "LEFT_OUT",
+    "MISSING_FROM_CHECKPOINT",
+    "NOT_IN_TARGET",
+    "NUMPY_ARRAY",
+    "OK",
+    "ONLY_IN_A",
+    "ONLY_IN_B",
+    "REFUSED_STATUSES",
+    "SAME",
+    "SCALAR",
+    "SEVERITIES",
+    "SHAPE_DIFFERS",
+    "STRING",
+    "WARNING",
+    "KeyPart",
+    "KeyPath",
+    "format_key",
+    "is_within",
+    "key_parts",
+    "parse_key",
+]
