@@ -48,7 +48,7 @@ def test_the_open_checkpoint_shows_its_verdict(run: Path) -> None:
     assert "sound (metadata checked)" in explorer.verdict.value
     # A checkpoint the listing calls invalid is not opened; verify names its broken part.
     assert all("step-3" not in path for _, path in explorer.diff_view.choice.options)
-    from tinax.widgets._verdict import verdict_html
+    from tinax.widgets._soundness import verdict_html
 
     text = verdict_html(str(broken))
     assert 'data-ok="false"' in text and "model/_METADATA" in text

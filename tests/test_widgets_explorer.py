@@ -11,7 +11,7 @@ import grain
 import numpy as np
 import pytest
 from tinax.widgets import CheckpointExplorer
-from tinax.widgets._disk import process_bytes_read
+from tinax.widgets._meters import process_bytes_read
 from tinax.widgets._text import format_bytes
 
 from tinax.checkpointing import save_checkpointables

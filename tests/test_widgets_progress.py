@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from tinax.widgets import AsyncProgress
-from tinax.widgets._disk import load_meter
+from tinax.widgets._meters import load_meter
 from tinax.widgets._task import PendingResponse, Task
 
 from tinax.checkpointing import save_checkpointables

@@ -9,7 +9,15 @@ and splits keys with ``parse_key`` rather than a pattern of its own.
 This module imports nothing heavy: no JAX, no pandas, no Orbax.
 """
 
-from tinax._format.keys import KeyPart, KeyPath, format_key, is_within, key_parts, parse_key
+from tinax._format.keys import (
+    KeyPart,
+    KeyPath,
+    format_key,
+    is_within,
+    key_parts,
+    parse_key,
+    split_key,
+)
 from tinax._format.words import (
     ARRAY_KINDS,
     CHANGED,
@@ -26,6 +34,7 @@ from tinax._format.words import (
     INVALID,
     ITERATOR,
     JAX_ARRAY,
+    JSON,
     KIND_DIFFERS,
     LEFT_OUT,
     MISSING_FROM_CHECKPOINT,
@@ -40,6 +49,7 @@ from tinax._format.words import (
     SEVERITIES,
     SHAPE_DIFFERS,
     STRING,
+    UNKNOWN,
     WARNING,
 )
 
@@ -59,6 +69,7 @@ __all__ = [
     "IN_PROGRESS",
     "ITERATOR",
     "JAX_ARRAY",
+    "JSON",
     "KIND_DIFFERS",
     "LEFT_OUT",
     "MISSING_FROM_CHECKPOINT",
@@ -73,6 +84,7 @@ __all__ = [
     "SEVERITIES",
     "SHAPE_DIFFERS",
     "STRING",
+    "UNKNOWN",
     "WARNING",
     "KeyPart",
     "KeyPath",
@@ -80,4 +92,5 @@ __all__ = [
     "is_within",
     "key_parts",
     "parse_key",
+    "split_key",
 ]

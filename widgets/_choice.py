@@ -15,7 +15,7 @@ import jax
 import pandas as pd
 
 from tinax import explore
-from tinax._format.keys import KeyPath, is_within, key_parts, parse_key
+from tinax.vocabulary import KeyPath, is_within, key_parts, parse_key
 
 from ._table import Column, PagedTable, RowLook
 from ._text import format_bytes

@@ -11,8 +11,8 @@ import ipywidgets as w
 import pandas as pd
 
 from tinax import explore
-from tinax._format import words
-from tinax._format.keys import KeyPath
+from tinax import vocabulary as words
+from tinax.vocabulary import KeyPath
 
 from ._choice import inside
 from ._table import Column, PagedTable, RowLook

@@ -12,6 +12,7 @@ import ipywidgets as w
 import pandas as pd
 
 from tinax import explore
+from tinax.vocabulary import INFO
 
 from ._guard import shown_in_widget
 from ._table import Column, PagedTable, RowLook
@@ -235,7 +236,7 @@ class DataCheck(w.VBox):
 
 
 def _findings_html(findings: pd.DataFrame) -> str:
-    shown = findings[findings["severity"] != "info"].head(8)
+    shown = findings[findings["severity"] != INFO].head(8)
     if shown.empty:
         return ""
     items = "".join(

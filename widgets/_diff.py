@@ -11,8 +11,8 @@ import ipywidgets as w
 import pandas as pd
 
 from tinax import explore
-from tinax._format import words
-from tinax._format.keys import format_key, parse_key
+from tinax import vocabulary as words
+from tinax.vocabulary import format_key, parse_key
 
 from ._guard import shown_in_widget
 from ._table import Column, PagedTable, RowLook

@@ -15,12 +15,9 @@ import numpy as np
 import pandas as pd
 import traitlets
 
-from tinax import _paths, explore
-from tinax._format import files
-from tinax._format.layout import Checkpoint
-from tinax._format.words import ARRAY_KINDS, COMPLETE, IN_PROGRESS, INTERRUPTED, SCALAR, STRING
+from tinax import explore
 from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
-from tinax.explore._checkpoint import key_table, leaf_table, open_checkpoint
+from tinax.vocabulary import ARRAY_KINDS, COMPLETE, IN_PROGRESS, INTERRUPTED, SCALAR, STRING
 
 from ._data_check import DataCheck
 from ._diff import DiffView
@@ -28,10 +25,10 @@ from ._guard import shown_in_widget
 from ._histogram import histogram_png
 from ._history import HISTORY_COLUMNS, history_png, leaf_history
 from ._interrupted import InterruptedSaves
+from ._soundness import verdict_html
 from ._table import Column, PagedTable, RowLook, format_cell
 from ._text import error_html, format_age, format_bytes, note_html
 from ._tree import TreeView, size_bar_html, size_breakdown
-from ._verdict import verdict_html
 
 DEFAULT_POLL_SECONDS = 2.0
 _VALUE_CHARS = 40
@@ -239,7 +236,7 @@ class CheckpointExplorer(w.VBox):
           FileNotFoundError: If ``root`` does not exist.
           ValueError: If ``poll_interval`` is negative.
         """
-        self._root = _paths.existing_directory(root, what="run directory")
+        self._root = explore.existing_directory(root, what="run directory")
         # The header shows the path as given; everything else uses the checked one.
         self.root = str(self._root)
         poll_interval = self._valid_poll_interval({"value": poll_interval})
@@ -693,21 +690,25 @@ class CheckpointExplorer(w.VBox):
             # it off again and again. A checkpoint filled in the background hands the
             # pause to the thread that fills it, so that the collection put off runs
             # there, not while the keys are being shown.
-            pause.enter_context(files.paused_gc())
-            checkpoint = open_checkpoint(path)
-            keys = key_table(checkpoint).reset_index(drop=True)
+            pause.enter_context(explore.collector_paused())
+            checkpoint = explore.open_leaves(path)
+            keys = checkpoint.keys()
             if len(keys) >= FILL_LATER_LEAVES:
                 self._show_leaves(path, name, keys, filling=True)
                 self._fill_in_background(checkpoint, path, name, pause.pop_all())
                 return
-            self._show_leaves(path, name, leaf_table(checkpoint).reset_index(drop=True))
+            self._show_leaves(path, name, checkpoint.table())
         # verify reads every metadata file again and walks the array stores: the
         # leaves are shown first, its verdict when it comes. Started last, because a
         # thread parsing metadata slows every widget update made beside it.
         self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
 
     def _fill_in_background(
-        self, checkpoint: Checkpoint, path: str, name: str, pause: contextlib.ExitStack
+        self,
+        checkpoint: explore.StagedLeaves,
+        path: str,
+        name: str,
+        pause: contextlib.ExitStack,
     ) -> None:
         opened = self._opens
 
@@ -715,7 +716,7 @@ class CheckpointExplorer(w.VBox):
             failed = None
             try:
                 with pause:
-                    table = leaf_table(checkpoint).reset_index(drop=True)
+                    table = checkpoint.table()
             except Exception as e:
                 failed = e
                 with self._lock:

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from tinax import explore
-from tinax._format.words import COMPLETE
 from tinax.explore import is_numeric, leaf_statistics
+from tinax.vocabulary import COMPLETE
 
 HISTORY_COLUMNS = ("step", "name", "path", "norm", "mean", "max", "quantiles", "error")
 # The percentiles of a leaf's values drawn over steps, as TensorBoard's distributions

@@ -11,9 +11,8 @@ from typing import Any
 import ipywidgets as w
 import traitlets
 
-from tinax._paths import location
+from tinax import explore
 
-from ._disk import bytes_landed
 from ._text import error_html, format_bytes, format_rate, format_seconds
 
 RUNNING = "running"
@@ -130,8 +129,8 @@ class AsyncProgress(w.VBox):
         self._interval = float(interval)
         self._count: Callable[[], int | None] | None = count_bytes
         if watch is not None:
-            watched = location(watch, what="watch")
-            self._count = lambda: bytes_landed(watched)
+            watched = explore.resolve_path(watch, what="watch")
+            self._count = lambda: explore.bytes_written(watched)
         self._measured = self._count is not None and total is not None
         self.value: Any = None
 

@@ -18,7 +18,7 @@ import jax
 import pandas as pd
 import traitlets
 
-from tinax import _paths
+from tinax import explore
 from tinax.checkpointing import abstract_restore_target, validate_checkpointable_name
 
 from ._choice import LEFT_OUT, TargetChoice, keep_live
@@ -229,10 +229,10 @@ class RestoreTargetBuilder(w.VBox):
     @staticmethod
     def _check_path(path: object) -> str:
         # Orbax reads only absolute paths; a notebook's paths are often relative.
-        where = _paths.location(path)
-        if not where.exists():
-            raise FileNotFoundError(f"checkpoint {str(where)!r} does not exist")
-        return str(where)
+        where = explore.resolve_path(path)
+        if not explore.path_exists(where):
+            raise FileNotFoundError(f"checkpoint {where!r} does not exist")
+        return where
 
     @traitlets.validate("path")
     def _valid_path(self, proposal: Any) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,12 +18,12 @@ import numpy as np
 import pandas as pd
 import traitlets
 
+from tinax.vocabulary import split_key
+
 from ._guard import shown_in_widget
 from ._table import Column, PagedTable, RowLook
 from ._text import format_bytes
 
-# One part of a key as jax.tree_util.keystr writes it: an index or a quoted name.
-_PART = re.compile(r"\[(?:\d+|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]")
 BY_NAME = "name"
 BY_SIZE = "size"
 # Segments of the size bar at most; smaller subtrees are counted together.
@@ -42,8 +41,10 @@ def key_parts(key: str) -> tuple[str, ...]:
     """
     if not key:
         return ()
-    parts = tuple(_PART.findall(key))
-    return parts if "".join(parts) == key else (key,)
+    try:
+        return split_key(key)
+    except ValueError:
+        return (key,)
 
 
 def _natural(part: str) -> tuple[int, int, str]:
