@@ -183,7 +183,8 @@ def _check_readable(root: Any, what: str) -> None:
 def _run_and_check_notebook(page: Page, lab: Any, path: str) -> None:
     """Runs a notebook whole and checks its outputs at every width, with screenshots."""
     page.set_viewport_size({"width": WIDTHS[-1], "height": HEIGHT})
-    page.goto(lab.page_url(path), timeout=TIMEOUT_MS)
+    # A fresh workspace: the notebook alone, not the tabs an earlier page left open.
+    page.goto(lab.page_url(path) + "&reset", timeout=TIMEOUT_MS)
     page.wait_for_function(
         "path => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
         " return w && w.context && w.context.path === path; }",

@@ -773,6 +773,11 @@ class CheckpointExplorer(w.VBox):
             size = format_bytes(
                 int(pd.to_numeric(leaves["nbytes"], errors="coerce").fillna(0).sum())
             )
+            # The listing counts every file on disk; the leaves, the values they hold.
+            rows = self.checkpoints[self.checkpoints["name"].astype(str) == name]
+            if len(rows) and pd.notna(rows["nbytes"].iloc[0]):
+                on_disk = format_bytes(rows["nbytes"].iloc[0])
+                size += f" in arrays and state ({on_disk} on disk with metadata)"
         self.leaf_title.value = (
             f"<b>{html.escape(name)}</b>: {len(leaves):,} leaves in {count} "
             f"checkpointable{'s' if count != 1 else ''}, {html.escape(size)}"

@@ -224,7 +224,10 @@ function render({ model, el }) {
     // 3. Drawn at those widths; keys that are still too long shortened in the middle.
     let keyFont = null;
     const keyText = tbody.querySelector(".tinax-key-text");
-    if (keyText) keyFont = getComputedStyle(keyText).font;
+    if (keyText) {
+      const cs = getComputedStyle(keyText);
+      keyFont = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+    }
     table.style.tableLayout = "fixed";
     table.style.width = `${widths.reduce((s, w, i) => s + (shown[i] ? w : 0), 0)}px`;
     colgroup.replaceChildren(...columns.filter((c, i) => shown[i]).map((c) => {
@@ -237,17 +240,22 @@ function render({ model, el }) {
     tbody.replaceChildren(...trs);
     if (keyIndex >= 0 && keyFont) {
       canvas.font = keyFont;
-      const measure = (t) => canvas.measureText(t).width;
       for (const td of tbody.querySelectorAll("td.tinax-key")) {
+        let over = td.scrollWidth - td.clientWidth;
+        if (over <= 0) continue;
         const label = td.querySelector(".tinax-key-text");
         const text = label.title;
-        let over = td.scrollWidth - td.clientWidth;
-        let room = measure(text) - over - 2;
-        for (let tries = 0; over > 0 && tries < 6; tries++) {
+        // The canvas measures in the label's font; its scale is checked against the
+        // width the label really has, whatever the font stack resolved to.
+        const actual = label.getBoundingClientRect().width;
+        const scale = actual / Math.max(1, canvas.measureText(text).width);
+        const measure = (t) => canvas.measureText(t).width * scale;
+        let room = actual - over - 1;
+        for (let tries = 0; over > 0 && tries < 8; tries++) {
           label.textContent = shorten(text, Math.max(16, room), measure);
           label.classList.add("tinax-shortened");
           over = td.scrollWidth - td.clientWidth;
-          room -= Math.max(4, over);
+          room -= Math.max(3, over);
         }
       }
     }
