@@ -405,11 +405,11 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
     run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import pandas as pd
-    from tinax.widgets import _explorer
+    from tinax.widgets import _checkpoint_pane
 
     import tinax.explore as ex
 
-    monkeypatch.setattr(_explorer, "FILL_LATER_LEAVES", 1)  # every checkpoint is "large"
+    monkeypatch.setattr(_checkpoint_pane, "FILL_LATER_LEAVES", 1)  # every checkpoint is "large"
     explorer = CheckpointExplorer(run)
     assert explorer.wait(60)
     explorer.open_checkpoint("step-1")
@@ -470,9 +470,9 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
 def test_shapes_that_cannot_be_read_are_said_so_and_the_fill_ends(
     run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tinax.widgets import _explorer
+    from tinax.widgets import _checkpoint_pane
 
-    monkeypatch.setattr(_explorer, "FILL_LATER_LEAVES", 1)
+    monkeypatch.setattr(_checkpoint_pane, "FILL_LATER_LEAVES", 1)
     explorer = CheckpointExplorer(run)
     assert explorer.wait(60)
     # The array store's data files gone since the run was listed: the keys can be
