@@ -196,16 +196,24 @@ def _run_and_check_notebook(page: Page, lab: Any, path: str) -> None:
         """() => {
           const w = window.jupyterapp.shell.currentWidget;
           const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
-          return kernel && kernel.status === 'idle' && w.content.widgets.every(
-            (c) => c.model.type !== 'code' || c.model.executionCount !== null);
+          const code = w.content.widgets.filter((c) => c.model.type === 'code');
+          // A cell that raised stops the run: the cells after it never get a count.
+          const raised = code.some((c) => c.model.outputs.toJSON().some(
+            (o) => o.output_type === 'error'));
+          return kernel && kernel.status === 'idle' && (raised || code.every(
+            (c) => c.model.executionCount !== null));
         }""",
         timeout=4 * TIMEOUT_MS,
         polling=500,
     )
     notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
-    failed = notebook.locator(".jp-OutputArea-output pre", has_text="Traceback")
     name = path.rsplit("/", 1)[-1]
-    assert failed.count() == 0, f"{name} raised: " + " | ".join(failed.all_inner_texts())[:2000]
+    errors = page.evaluate(
+        """() => window.jupyterapp.shell.currentWidget.content.widgets.flatMap(
+          (c) => c.model.type === 'code' ? c.model.outputs.toJSON() : [])
+          .filter((o) => o.output_type === 'error').map((o) => `${o.ename}: ${o.evalue}`)"""
+    )
+    assert not errors, f"{name} raised: {errors}"
     stem = name.split("_")[0]
     for width in WIDTHS:
         _set_width(page, width)
