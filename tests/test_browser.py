@@ -224,9 +224,18 @@ def _run_and_check_notebook(page: Page, lab: Any, path: str) -> None:
             output.scroll_into_view_if_needed()
             _check_readable(output, f"{name}, output {i + 1} at {width} px")
         # The whole notebook in one picture: a window as tall as its content.
-        tall = int(notebook.evaluate("el => el.scrollHeight")) + 200
-        page.set_viewport_size({"width": width, "height": min(tall, 16_000)})
+        tall = int(
+            notebook.evaluate(
+                "el => Math.max(el.scrollHeight, ...[...el.querySelectorAll("
+                "'.jp-WindowedPanel-outer, .jp-WindowedPanel-inner')].map((e) => e.scrollHeight))"
+            )
+        )
+        page.set_viewport_size({"width": width, "height": min(tall + 200, 16_000)})
         page.wait_for_timeout(300)
+        notebook.evaluate(
+            "el => { for (const e of [el, ...el.querySelectorAll('.jp-WindowedPanel-outer')])"
+            " e.scrollTop = 0; }"
+        )
         page.screenshot(path=str(ARTIFACTS / f"notebook-{stem}-{width}px.png"))
         page.set_viewport_size({"width": width, "height": HEIGHT})
 

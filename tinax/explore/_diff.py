@@ -324,7 +324,8 @@ class _Row:
                         stats.norm_b,
                         stats.norm_diff,
                     ]
-                    change = f"{stats.rel_change:.3g} rel."
+                    rel = stats.rel_change
+                    change = "∞ %" if math.isinf(rel) else f"{rel * 100:.3g} %"
                 elif kind in (INTEGER, BOOL):
                     # A counter's change is how far it moved, never a float statistic.
                     numbers[0] = stats.max_abs_diff
@@ -543,7 +544,7 @@ def diff_table(
       bit for bit, ``changed``, ``only in a``, ``only in b``, ``shape differs``,
       ``dtype differs``, ``kind differs``); ``value_kind`` (``float``,
       ``integer``, ``bool``, ``PRNG key``, ``other``: see ``value_kind``);
-      ``change``, the change told for its kind (``0.0123 rel.`` for a float
+      ``change``, the change told for its kind (``1.23 %`` relative for a float
       array, ``+150`` for a counter, ``changed`` for a PRNG key, else the
       status); ``delta``, ``b - a`` of a one-element integer leaf; ``kind``, ``shape`` and ``dtype`` of
       each side (suffixed ``_a`` and ``_b``; a live typed PRNG key as its stored
