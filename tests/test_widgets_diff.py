@@ -150,3 +150,23 @@ def test_the_diff_ranks_weights_by_relative_change_and_tells_counters_and_keys_a
     bars = explorer.diff_view.bars.children[1:]
     assert [row.children[0].value for row in bars] == ["model ['dense']", "optimizer ['mu']"]
     assert bars[0].children[2].value == "50 % (1 changed)"
+
+
+def test_the_diff_tree_rolls_changes_up_by_subtree(run: Path) -> None:
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint("step-1")
+    explorer.diff_view.compare(str(run / "step-2"))
+    tree = explorer.diff_view.tree
+    # Checkpointables open one level: model's encoder and decoder, optimizer's leaves.
+    labels = tree.table.frame["label"].tolist()
+    assert labels[:3] == ["model", "['decoder']", "['encoder']"]
+    changed, rel = tree.rollup("model", "['encoder']")
+    assert changed == 1 and rel == pytest.approx(1.0)  # w doubled, b the same
+    changed, rel = tree.rollup("model")
+    assert changed == 2 and 0 < rel < 1.0
+    # Opening a subtree shows its leaves, indented one level deeper.
+    tree.toggle("model", "['encoder']")
+    frame = tree.table.frame
+    rows = frame[frame["label"].isin(["['b']", "['w']"])]
+    assert len(rows) >= 2 and set(rows["depth"]) == {2}
+    assert tree.table.visible_text("rel_change")[labels.index("['encoder']")] == "100 %"

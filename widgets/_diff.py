@@ -14,6 +14,7 @@ from tinax import explore
 from tinax import vocabulary as words
 from tinax.vocabulary import format_key, parse_key
 
+from ._diff_tree import DiffTree
 from ._guard import shown_in_widget
 from ._table import Column, PagedTable, RowLook
 from ._text import error_html, note_html
@@ -160,7 +161,11 @@ class DiffView(w.VBox):
         self.bars = w.VBox([])
         self._page_size = page_size
         self._table: PagedTable | None = None
-        self.result = w.VBox([self.title, self.depth, self.bars], layout=w.Layout(display="none"))
+        # The same changes by subtree, opened a level at a time, with their rollup.
+        self.tree = DiffTree(page_size=page_size)
+        self.result = w.VBox(
+            [self.title, self.depth, self.bars, self.tree], layout=w.Layout(display="none")
+        )
         super().__init__([w.HBox([self.choice, self.progress]), self.result])
         self.add_class("tinax-diff-view")
 
@@ -228,6 +233,7 @@ class DiffView(w.VBox):
             )
         )
         self._show_bars()
+        self.tree.show(table)
         self.table.show(table)
         self.result.layout.display = ""
 
