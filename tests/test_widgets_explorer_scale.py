@@ -239,6 +239,9 @@ def test_a_leaf_across_the_run(run: dict[str, Any]) -> None:
         assert mean == pytest.approx(float(kernel.mean()))
         assert maximum == pytest.approx(float(kernel.max()))
     assert (history["error"] == "").all()
+    # The values' distribution at each step, for the bands over steps: sorted percentiles.
+    for quantiles in history["quantiles"]:
+        assert len(quantiles) == 9 and list(quantiles) == sorted(quantiles)
     assert bytes(explorer.history_image.value).startswith(b"\x89PNG")
     assert explorer.history_box.children == (explorer.history_image,)
     assert explorer.history_status.value == "3 checkpoints read"

@@ -121,7 +121,7 @@ def history_png(history: pd.DataFrame, *, title: str = "") -> bytes:
     axes = figure.subplots(4, 1, sharex=True, height_ratios=(1, 1, 1, 1.6))
     steps = read["step"].astype("int64").to_numpy()
     for ax, field, color in zip(
-        axes, ("norm", "mean", "max"), ("#4e79a7", "#f28e2b", "#e15759"), strict=True
+        axes[:3], ("norm", "mean", "max"), ("#4e79a7", "#f28e2b", "#e15759"), strict=True
     ):
         ax.plot(steps, read[field].to_numpy(dtype=float), "o-", color=color, markersize=3)
         ax.set_ylabel(field, fontsize=10)
