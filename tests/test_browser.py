@@ -321,7 +321,8 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             explorer.locator(".tinax-diff-view select").first.select_option(
                 label="compare with step-200"
             )
-            explorer.locator(".tinax-diff-view .tinax-table").wait_for()
+            explorer.locator(".tinax-diff-view .tinax-diff-tree .tinax-table").wait_for()
+            explorer.locator(".tinax-diff-view .tinax-table").last.wait_for()
             builder = page.locator(".tinax-restore-target-builder")
             builder.wait_for()
             builder.locator(".tinax-table").last.wait_for()
@@ -335,6 +336,7 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
 
             # Unticking a checkpointable unticks its subtrees, visibly; ticking gives them back.
             optimizer = builder.get_by_label("optimizer", exact=True)
+            optimizer.wait_for()
             subtrees = [
                 builder.get_by_label(k, exact=True) for k in ("['count']", "['learning_rate']")
             ]
