@@ -199,7 +199,7 @@ def test_a_failing_load_is_shown_not_raised(tmp_path: Path) -> None:
     assert builder.result is None
     assert "Failed" in builder.progress.error_box.value
     assert builder.progress.label.value == "step-1: failed"
-    assert builder.progress.info.value.startswith("failed after ")
+    assert builder.progress.info.value.startswith("failed in ")
     assert not builder.load_button.disabled, "the person can try again"
 
 
