@@ -447,3 +447,32 @@ def test_a_partial_load_of_an_nnx_and_optax_state_has_no_placeholders(tmp_path: 
     assert builder.summary.startswith(f"loaded {len(builder.table)} leaves (")
     assert f"{len(live_opt)} left-out leaves kept as passed in" in builder.summary
     assert loaded > 0
+
+
+def test_a_subtree_can_be_left_out_at_any_depth(tmp_path: Path) -> None:
+    # The model's parameters without BatchNorm's running statistics.
+    from flax import nnx
+
+    model = nnx.Sequential(nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.BatchNorm(8, rngs=nnx.Rngs(1)))
+    state = {"model": nnx.state(model)}
+    save_checkpointables(tmp_path / "step-1", state).result()
+    builder = RestoreTargetBuilder(state, tmp_path / "step-1", load_in_thread=False)
+    everything = builder.table["key"].tolist()
+    statistics = [k for k in everything if "['mean']" in k or "['var']" in k]
+    assert len(statistics) == 2, everything
+    for key in statistics:
+        builder.tick("model", key.removesuffix("['value']"), False)
+    assert builder.ticked("model") is None  # restored in part
+    assert builder.ticked("model", "['layers']['1']") is None  # the BatchNorm layer
+    kept = builder.table["key"].tolist()
+    assert kept == [k for k in everything if k not in statistics]
+    builder.load_button.click()
+    assert builder.status == "loaded"
+    # The statistics left out hold the live values, the very same objects.
+    leaves = dict(jax.tree_util.tree_leaves_with_path(builder.result["model"]))
+    live = dict(jax.tree_util.tree_leaves_with_path(state["model"]))
+    for path, leaf in leaves.items():
+        if "mean" in jax.tree_util.keystr(path) or "var" in jax.tree_util.keystr(path):
+            assert leaf is live[path]
+    builder.tick("model", "", True)  # the whole model again
+    assert builder.ticked("model") is True

@@ -144,8 +144,6 @@ class RestoreTargetBuilder(w.VBox):
         )
         self.checkboxes = self.choice.checkboxes
         self.subtree_checkboxes = self.choice.subtree_checkboxes
-        self.tick = self.choice.tick
-        self.ticked = self.choice.ticked
         self.message = w.HTML("")
         self.state_view = PagedTable(
             STATE_COLUMNS, page_size=page_size, empty_text="nothing chosen"
@@ -199,6 +197,20 @@ class RestoreTargetBuilder(w.VBox):
             self.path = self._check_path(path)  # checked here too, to raise from the constructor
 
     # -- public ---------------------------------------------------------------------
+
+    def tick(self, checkpointable: str, key: str = "", value: bool = True) -> None:
+        """Restores (``True``) or leaves out (``False``) the subtree ``key`` of
+        ``checkpointable``, at any depth (``""``: the whole checkpointable), as
+        clicking its box in the tree does.
+
+        Raises:
+          ValueError: If there is no such subtree.
+        """
+        self.choice.tick(checkpointable, key, value)
+
+    def ticked(self, checkpointable: str, key: str = "") -> bool | None:
+        """Whether the subtree is restored: ``True``, ``False`` or ``None`` (in part)."""
+        return self.choice.ticked(checkpointable, key)
 
     @property
     def target(self) -> dict[str, Any]:
