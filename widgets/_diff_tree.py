@@ -29,14 +29,14 @@ def _count(value: Any) -> str:
 
 _COLUMNS = (
     Column("label", "subtree", key=True),
-    Column("changed", "changed", _count, align="right"),
+    Column("moved", "leaves changed", _count, align="right"),
     Column("leaves", "leaves", _count, align="right", essential=False),
     Column("rel_change", "rel. change", _percent, align="right"),
 )
 
 
 def _look(row: pd.Series) -> RowLook:
-    color = "#888888" if row["changed"] == 0 else None
+    color = "#888888" if row["moved"] == 0 else None
     return RowLook(depth=int(row["depth"]), mark=str(row["mark"]), color=color)
 
 
@@ -137,7 +137,7 @@ class DiffTree(w.VBox):
                     " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")
                     for n in self.nodes
                 ],
-                "changed": [c for c, _ in rollups],
+                "moved": [c for c, _ in rollups],
                 "leaves": [n.leaves for n in self.nodes],
                 "rel_change": [r for _, r in rollups],
             }
