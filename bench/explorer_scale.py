@@ -432,7 +432,7 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
         jump_floors.append(
             _best(lambda s=start_row: leaves.iloc[s : s + view.page_size].to_dict("records"), 1)
         )
-        jumps.append(_best(lambda p=page: setattr(view.page_box, "value", p), 1))
+        jumps.append(_best(lambda p=page: view.jump(p), 1))
     row(
         f"jump to a page ({view.page_count:,} pages)",
         statistics.median(jumps),

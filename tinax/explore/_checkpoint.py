@@ -25,6 +25,7 @@ from tinax._format import (
 )
 from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
+from tinax._format.storage import tree_bytes
 from tinax.explore._leaves import (
     LEAF_COLUMNS,
     Leaf,
@@ -65,11 +66,27 @@ def _iterator_leaves(item: StoredCheckpointable, values: bool) -> list[Leaf]:
     (``['process_1-of-2']``), in process order.
     """
     states = jsonitems.read_iterator_states(item.directory)
+    # An iterator's size is its stored state's: the bytes of its JSON file.
+    sizes = {stem: tree_bytes(item.directory / f"{stem}.json") for stem in states}
     if len(states) == 1:
-        state = next(iter(states.values()))
-        return [Leaf(item.name, ROOT_KEY, words.ITERATOR, value=state if values else None)]
+        stem, state = next(iter(states.items()))
+        return [
+            Leaf(
+                item.name,
+                ROOT_KEY,
+                words.ITERATOR,
+                nbytes=sizes[stem],
+                value=state if values else None,
+            )
+        ]
     return [
-        Leaf(item.name, format_key((stem,)), words.ITERATOR, value=state if values else None)
+        Leaf(
+            item.name,
+            format_key((stem,)),
+            words.ITERATOR,
+            nbytes=sizes[stem],
+            value=state if values else None,
+        )
         for stem, state in states.items()
     ]
 

@@ -31,6 +31,9 @@ DIFF_COLUMNS = (
     "checkpointable",
     "key",
     "status",
+    "value_kind",
+    "change",
+    "delta",
     "kind_a",
     "kind_b",
     "shape_a",
@@ -58,6 +61,60 @@ BY_STORED_BYTES = "stored bytes"
 BY_DATA = "data"
 
 Progress = Callable[[int, int], None]
+
+# What a leaf's values are, for how its change is told and ranked: floating-point
+# arrays by relative change, integer counters by how much they moved ("+150"), PRNG
+# keys as changed or not (their bits are not quantities).
+FLOAT = "float"
+INTEGER = "integer"
+PRNG_KEY = "PRNG key"
+BOOL = "bool"
+OTHER = "other"
+# Changed leaves are ranked by what they are: weights first, counters, keys, the rest.
+_KIND_ORDER = {FLOAT: 0, INTEGER: 1, BOOL: 2, PRNG_KEY: 3, OTHER: 4}
+# Names under which a uint32 array of shape (..., 2) or (..., 4) is a PRNG key's data.
+_KEY_NAMES = ("rng", "key", "seed", "prng")
+
+
+def value_kind(checkpointable: str, key: str, dtype: Any, shape: Any) -> str:
+    """What the values of a leaf are: ``"float"``, ``"integer"``, ``"bool"``,
+    ``"PRNG key"`` or ``"other"``.
+
+    A typed PRNG key (dtype ``key<…>``) is a key; so is a stored key's data, a
+    ``uint32`` array whose last axis is 2 (threefry) or 4 (rbg) under a name
+    that says so (``rng``, ``key``, ``seed``), since Orbax stores typed keys as
+    their raw data.
+    """
+    text = str(dtype) if dtype is not None else ""
+    if text.startswith("key<"):
+        return PRNG_KEY
+    try:
+        np_dtype = np.dtype(text)
+    except TypeError:
+        return FLOAT if "float" in text else OTHER
+    if np_dtype.kind == "b":
+        return BOOL
+    if np_dtype.kind in "iu":
+        if (
+            np_dtype == np.uint32
+            and isinstance(shape, tuple)
+            and shape
+            and shape[-1] in (2, 4)
+            and any(w in f"{checkpointable} {key}".lower() for w in _KEY_NAMES)
+        ):
+            return PRNG_KEY
+        return INTEGER
+    if np_dtype.kind in "fc" or "float" in text:
+        return FLOAT
+    return OTHER
+
+
+def _signed(value: float) -> str:
+    whole = round(value)
+    if abs(value - whole) < 1e-9:
+        return f"{whole:+,d}"
+    return f"{value:+.4g}"
+
 
 # Statuses after ``changed`` in the order ``sort`` puts them (changed rows go by size).
 _STATUS_ORDER = {
@@ -278,13 +335,22 @@ class _Row:
     decoded: bool | None = None
     decided_by: str = BY_METADATA
 
+    def value_kind(self) -> str:
+        leaf = self.a if self.a is not None else self.b
+        if leaf is None or leaf.kind not in (*words.ARRAY_KINDS, words.SCALAR):
+            return OTHER
+        return value_kind(self.name, self.key, leaf.dtype, leaf.shape)
+
     def record(self) -> tuple[Any, ...]:
         sides: list[Any] = []
         for field in ("kind", "shape", "dtype"):
             sides += [getattr(self.a, field, None), getattr(self.b, field, None)]
         stats = self.stats
+        kind = self.value_kind()
         numbers: list[Any] = [None] * 6
         counts: list[Any] = [None] * 4
+        delta: Any = None
+        change = self.status
         if stats is not None:
             counts = [
                 stats.counts_a.nan,
@@ -293,18 +359,35 @@ class _Row:
                 stats.counts_b.inf,
             ]
             if self.status == words.CHANGED and stats.numeric:
-                numbers = [
-                    stats.max_abs_diff,
-                    stats.rel_change,
-                    stats.cosine,
-                    stats.norm_a,
-                    stats.norm_b,
-                    stats.norm_diff,
-                ]
+                if kind == FLOAT:
+                    numbers = [
+                        stats.max_abs_diff,
+                        stats.rel_change,
+                        stats.cosine,
+                        stats.norm_a,
+                        stats.norm_b,
+                        stats.norm_diff,
+                    ]
+                    rel = stats.rel_change
+                    change = "∞ %" if math.isinf(rel) else f"{rel * 100:.3g} %"
+                elif kind in (INTEGER, BOOL):
+                    # A counter's change is how far it moved, never a float statistic.
+                    numbers[0] = stats.max_abs_diff
+                    shape = getattr(self.a, "shape", None)
+                    if shape is not None and math.prod(shape) == 1:
+                        delta = stats.sum_diff
+                        change = _signed(stats.sum_diff)
+                    else:
+                        change = f"max |Δ| {stats.max_abs_diff:,.0f}"
+        if kind == PRNG_KEY and self.status in (words.CHANGED, words.SAME):
+            change = self.status  # a key changed or not; its bits are no quantity
         return (
             self.name,
             self.key,
             self.status,
+            kind,
+            change,
+            delta,
             *sides,
             *numbers,
             *counts,
@@ -485,17 +568,22 @@ def _nbytes(row: _Row) -> int:
 
 
 def sort_by_change(table: pd.DataFrame) -> pd.DataFrame:
-    """``diff_table`` rows with the largest relative change first.
+    """``diff_table`` rows with what matters most first.
 
-    Changed leaves come first, by ``rel_change`` (largest first; those without
-    one, such as changed strings, after them), then the other differences, then
-    leaves that are the same; stored order breaks ties.
+    Changed leaves come first: floating-point arrays by ``rel_change`` (largest
+    first), then integer counters by how far they moved, then PRNG keys and the
+    rest; then the other differences; then leaves that are the same. Stored
+    order breaks ties.
     """
     order = table["status"].map(lambda s: _STATUS_ORDER.get(s, len(_STATUS_ORDER)))
-    change = pd.to_numeric(table["rel_change"], errors="coerce").fillna(-1.0)
-    keyed = table.assign(_order=order, _change=-change)
-    keyed = keyed.sort_values(["_order", "_change"], kind="stable")
-    return keyed.drop(columns=["_order", "_change"]).reset_index(drop=True)
+    kinds = table["value_kind"].map(lambda k: _KIND_ORDER.get(k, len(_KIND_ORDER)))
+    kinds = kinds.where(table["status"] == words.CHANGED, 0)
+    change = pd.to_numeric(table["rel_change"], errors="coerce")
+    moved = pd.to_numeric(table["delta"], errors="coerce").abs()
+    size = change.fillna(moved).fillna(-1.0)
+    keyed = table.assign(_order=order, _kind=kinds, _change=-size)
+    keyed = keyed.sort_values(["_order", "_kind", "_change"], kind="stable")
+    return keyed.drop(columns=["_order", "_kind", "_change"]).reset_index(drop=True)
 
 
 def diff_table(
@@ -539,14 +627,19 @@ def diff_table(
     Returns:
       A DataFrame with columns ``checkpointable``, ``key``, ``status`` (``same``
       bit for bit, ``changed``, ``only in a``, ``only in b``, ``shape differs``,
-      ``dtype differs``, ``kind differs``, ``corrupt``); ``kind``, ``shape`` and ``dtype`` of
-      each side (suffixed ``_a`` and ``_b``; a live typed PRNG key as its stored
-      key data); for changed numeric leaves ``max_abs_diff``, ``rel_change``
+      ``dtype differs``, ``kind differs``, ``corrupt``); ``value_kind`` (``float``,
+      ``integer``, ``bool``, ``PRNG key``, ``other``: see ``value_kind``);
+      ``change``, the change told for its kind (``1.23 %`` relative for a float
+      array, ``+150`` for a counter, ``changed`` for a PRNG key, else the
+      status); ``delta``, ``b - a`` of a one-element integer leaf; ``kind``,
+      ``shape`` and ``dtype`` of each side (suffixed ``_a`` and ``_b``; a live typed PRNG key as its stored
+      key data); for changed floating-point leaves ``max_abs_diff``, ``rel_change``
       (‖b − a‖ / ‖a‖, infinite if ``a`` is zero), ``cosine``, ``norm_a``,
       ``norm_b`` and ``norm_diff`` (‖b − a‖), all over the elements finite on
-      both sides; ``nan_a``, ``inf_a``, ``nan_b``, ``inf_b`` for every leaf
-      whose values were decoded; ``decoded``; and ``decided_by`` (``metadata``,
-      ``checksum``, ``stored bytes`` or ``data``: what settled the status).
+      both sides (integer leaves only ``max_abs_diff``; PRNG keys none);
+      ``nan_a``, ``inf_a``, ``nan_b``, ``inf_b`` for every leaf whose values
+      were decoded; ``decoded``; and ``decided_by`` (``metadata``, ``checksum``,
+      ``stored bytes`` or ``data``: what settled the status).
 
     Raises:
       TypeError: If ``a`` or ``b`` is neither a path nor a mapping.
