@@ -485,3 +485,27 @@ def test_shapes_that_cannot_be_read_are_said_so_and_the_fill_ends(
     assert not explorer.filling
     assert "Cannot read shapes and sizes" in explorer.size_bar.value
     assert "cannot read the array metadata" in explorer.error
+
+
+def test_a_training_run_shows_its_policy_and_why_each_checkpoint_is_kept(tmp_path: Path) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from tinax.checkpointing import TrainingRun
+
+    batches = iter(grain.MapDataset.range(1_000).batch(4).to_iter_dataset())
+    rng = jax.random.key_data(jax.random.key(0))
+    with TrainingRun(tmp_path, save_every=10, keep=1, keep_best=1, best_by="loss") as run:
+        for step in range(1, 41):
+            next(batches)
+            if run.should_save(step):
+                loss = abs(step - 20)  # best at step 20
+                run.save(step, {"w": jnp.full(3, step)}, {}, rng, {"loss": loss}, batches)
+    explorer = CheckpointExplorer(tmp_path, poll_interval=0)
+    kept = dict(zip(explorer.checkpoints["name"], explorer.checkpoints["kept"], strict=True))
+    assert kept == {"step_000020": "best loss", "step_000040": "newest 1"}
+    assert "every 10 steps · keeps newest 1 + best 1 by loss (min)" in explorer.summary.value
+    # A run not written by TrainingRun has no reasons and no policy to show.
+    plain = CheckpointExplorer(tmp_path / "step_000040", poll_interval=0)
+    assert set(plain.checkpoints["kept"]) <= {""}
+    assert "keeps" not in plain.summary.value

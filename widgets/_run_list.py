@@ -59,10 +59,41 @@ CHECKPOINT_COLUMNS = (
     Column("step", "step", align="right", descending_first=True),
     Column("status", "status"),
     Column("nbytes", "size on disk", format_bytes, align="right", descending_first=True),
+    Column("kept", "kept because", essential=False),
     Column("age", "age", format_age, align="right", essential=False, priority=1),
     Column("committed", "committed (UTC)", _format_time, essential=False, priority=3),
     Column("checkpointables", "checkpointables", _format_names, essential=False, priority=2),
 )
+
+
+def _policy_text(policy: dict[str, Any]) -> str:
+    """A training run's policy in a few words: "every 50 steps · keeps newest 2 + best 1 by loss"."""
+    every = policy.get("save_every")
+    parts = [f"every {every:,} steps" if isinstance(every, int) else "forced saves only"]
+    keep, best = policy.get("keep"), policy.get("keep_best")
+    kept = [f"newest {keep}"] if isinstance(keep, int) else ["all"]
+    if isinstance(best, int) and best > 0 and policy.get("best_by"):
+        kept.append(f"best {best} by {policy['best_by']} ({policy.get('best_mode', 'min')})")
+    return " · ".join([*parts, "keeps " + " + ".join(kept)])
+
+
+def _with_retention(table: pd.DataFrame, root: str) -> pd.DataFrame:
+    """The listing with the run's reasons for keeping each checkpoint (``kept``) and
+    its policy (``attrs["policy"]``), where ``TrainingRun`` recorded them."""
+    try:
+        policy = explore.run_policy(root)
+        reasons = explore.retention_table(root) if policy is not None else None
+    except (OSError, ValueError):
+        # A single checkpoint, or a record that cannot be read: the listing says enough.
+        policy = reasons = None
+    kept = pd.Series("", index=table.index, dtype="string")
+    if reasons is not None and len(reasons) and len(table):
+        by_name = dict(zip(reasons["name"].astype(str), reasons["kept"].astype(str), strict=True))
+        kept = table["name"].astype(str).map(by_name).fillna("").astype("string")
+    table = table.assign(kept=kept)
+    if policy is not None:
+        table.attrs["policy"] = _policy_text(policy)
+    return table
 
 
 class RunList:
@@ -128,7 +159,7 @@ class RunList:
         with self._lock:
             self._listings_started += 1
             number = self._listings_started
-        table = explore.list_checkpoints(self.root, deep=deep)
+        table = _with_retention(explore.list_checkpoints(self.root, deep=deep), self.root)
         with self._lock:
             if number < self._listing_shown:
                 return  # A listing started later is already shown.
@@ -189,6 +220,8 @@ class RunList:
         self.checkpoints = table
         counts = table["status"].value_counts() if len(table) else pd.Series(dtype=int)
         parts = [f"{len(table)} checkpoint{'s' if len(table) != 1 else ''}"]
+        if table.attrs.get("policy"):
+            parts.append(table.attrs["policy"])
         parts += [f"{n} {status}" for status, n in counts.items() if status != COMPLETE]
         unchecked = len(table.attrs.get("unchecked", ()))
         if unchecked:
