@@ -19,7 +19,7 @@ $(STAMP): requirements.lock pyproject.toml
 install: $(STAMP)
 
 # requirements.lock is generated from pyproject.toml, never edited by hand: the runtime
-# dependencies, the explore and widgets extras and the test group (which includes the
+# dependencies, the gcs, explore and widgets extras and the test group (which includes the
 # demo group), with hashes. Binder's binder/requirements.txt is the runtime, widgets and
 # demo part of it, pinned to the same versions. uv resolves as of LOCK_DATE, so the same
 # pyproject.toml gives the same lock on any day.
@@ -35,7 +35,7 @@ $(UV):
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 lock: $(UV)
-	$(UV) pip compile pyproject.toml --extra explore --extra widgets --group test \
+	$(UV) pip compile pyproject.toml --extra gcs --extra explore --extra widgets --group test \
 		$(LOCK_FLAGS) -o requirements.lock
 	$(UV) pip compile pyproject.toml --extra widgets --group demo \
 		--constraint requirements.lock $(LOCK_FLAGS) -o binder/requirements.txt
