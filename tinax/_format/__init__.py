@@ -10,6 +10,8 @@ through ``storage``.
 - ``words``: the kinds and statuses tables show.
 - ``keys``: leaf key paths, their one spelling, and subtree membership.
 - ``storage``: local disk behind a small interface; a ``Location`` in it.
+- ``gcs``: Google Cloud Storage (``gs://``) behind the same interface, through gcsfs.
+- ``locate``: the ``Location`` a user's path or URL names (local or ``gs://``).
 - ``files``: bounded, no-follow, JSON-only reads; the safety scan of a checkpoint.
 - ``layout``: which checkpoint a directory is and what it holds.
 - ``pytree``: a pytree checkpointable's metadata: leaves, arrays, strings, shardings.
