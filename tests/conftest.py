@@ -1,4 +1,5 @@
-"""Shared test set-up: JAX on the CPU, quiet Orbax logging."""
+"""Shared test set-up: JAX on the CPU, quiet Orbax logging, and the session fixtures
+(the fake-gcs-server, the demo run) every test file may use."""
 
 import logging
 import os
@@ -7,7 +8,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 logging.getLogger("absl").setLevel(logging.ERROR)
 
 
+import fcntl  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -45,3 +51,47 @@ def root(request, tmp_path) -> str:
         return str(tmp_path)
     request.getfixturevalue("gcs")
     return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _shared_temp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory every worker of this session sees (pytest-xdist gives each its own
+    base temporary directory, side by side in one parent)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo run ``demo/make_run.py`` writes, made once per session for every worker.
+
+    Tests read it; a test that changes a checkpoint copies it first. The script's
+    standard output is in ``demo_run_output``.
+    """
+    shared = _shared_temp(tmp_path_factory)
+    run = shared / "demo" / "demo_run"
+    output = shared / "demo-make_run-output.txt"
+    with open(shared / "demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker makes it, the others wait
+        if not output.is_file():
+            if run.parent.exists():
+                shutil.rmtree(run.parent)  # an earlier attempt failed halfway
+            run.parent.mkdir()
+            done = subprocess.run(
+                [sys.executable, str(REPO / "demo" / "make_run.py"), str(run)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr[-4000:]
+            output.write_text(done.stdout)
+    return run
+
+
+@pytest.fixture(scope="session")
+def demo_run_output(demo_run: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """What ``demo/make_run.py`` printed while it made ``demo_run``."""
+    return (_shared_temp(tmp_path_factory) / "demo-make_run-output.txt").read_text()
