@@ -95,3 +95,38 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def demo_run_output(demo_run: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """What ``demo/make_run.py`` printed while it made ``demo_run``."""
     return (_shared_temp(tmp_path_factory) / "demo-make_run-output.txt").read_text()
+
+
+# What `make check` leaves to `make test` (markers registered in pyproject.toml):
+# ``browser``, every test of tests/test_browser*.py (Chromium driving JupyterLab);
+# ``slow``, tests that start an outside world: the files below (Jupyter kernels,
+# several JAX processes, a fresh virtualenv, kill campaigns, the demo script itself,
+# explorer runs at scale), and any test using the fake GCS server or the demo run.
+SLOW_FILES = frozenset(
+    {
+        "test_binder.py",
+        "test_campaigns.py",
+        "test_claims.py",
+        "test_demo.py",
+        "test_multiprocess.py",
+        "test_mutants.py",
+        "test_notebooks.py",
+        "test_widgets_explorer_scale.py",
+    }
+)
+SLOW_FIXTURES = frozenset({"gcs", "demo_run", "demo_run_output"})
+
+
+def _needs_gcs(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("root") == "gs"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        if name.startswith("test_browser"):
+            item.add_marker(pytest.mark.browser)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if name in SLOW_FILES or fixtures & SLOW_FIXTURES or _needs_gcs(item):
+            item.add_marker(pytest.mark.slow)
