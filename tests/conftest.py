@@ -99,27 +99,43 @@ def demo_run_output(demo_run: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 # What `make check` leaves to `make test` (markers registered in pyproject.toml):
 # ``browser``, every test of tests/test_browser*.py (Chromium driving JupyterLab);
-# ``slow``, tests that start an outside world: the files below (Jupyter kernels,
-# several JAX processes, a fresh virtualenv, kill campaigns, the demo script itself,
-# explorer runs at scale), and any test using the fake GCS server or the demo run.
+# ``slow``, tests that start an outside world or take tens of seconds: the files and
+# tests below (Jupyter kernels, several JAX processes, a fresh virtualenv, the CLI in
+# fresh interpreters, kill campaigns, real flax/optax states, runs at scale), and every
+# test using the fake GCS server or the demo run.
 SLOW_FILES = frozenset(
     {
         "test_binder.py",
         "test_campaigns.py",
         "test_claims.py",
         "test_demo.py",
+        "test_explore_cli.py",
+        "test_explore_memory.py",
+        "test_explore_storages.py",
         "test_multiprocess.py",
         "test_mutants.py",
         "test_notebooks.py",
+        "test_readme.py",
+        "test_real_states.py",
         "test_widgets_explorer_scale.py",
+    }
+)
+SLOW_TESTS = frozenset(
+    {
+        "test_a_full_disk_is_enospc_naming_the_destination_with_one_log_line",
+        "test_exact_resume",
+        "test_filters_and_pages_at_ten_thousand_leaves",
+        "test_the_cli_exit_status",
+        "test_the_wheel_installs_tinax_widgets_and_no_top_level_widgets",
     }
 )
 SLOW_FIXTURES = frozenset({"gcs", "demo_run", "demo_run_output"})
 
 
-def _needs_gcs(item: pytest.Item) -> bool:
+def _uses_gcs(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
-    return callspec is not None and callspec.params.get("root") == "gs"
+    params = callspec.params.values() if callspec is not None else ()
+    return any(isinstance(value, str) and value == "gs" for value in params)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -127,6 +143,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = item.path.name
         if name.startswith("test_browser"):
             item.add_marker(pytest.mark.browser)
+        function = getattr(item, "originalname", item.name)
         fixtures = set(getattr(item, "fixturenames", ()))
-        if name in SLOW_FILES or fixtures & SLOW_FIXTURES or _needs_gcs(item):
+        if (
+            name in SLOW_FILES
+            or function in SLOW_TESTS
+            or fixtures & SLOW_FIXTURES
+            or _uses_gcs(item)
+        ):
             item.add_marker(pytest.mark.slow)

@@ -3,10 +3,12 @@ installed from the repository's widgets/ folder and nowhere else."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import tomllib
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -141,10 +143,15 @@ def _third_party_imports(root: Path) -> dict[str, set[str]]:
     return found
 
 
-def _distributions_of(module: str) -> set[str]:
+@functools.cache
+def _providers() -> Mapping[str, list[str]]:
     from importlib.metadata import packages_distributions
 
-    names = packages_distributions().get(module)
+    return packages_distributions()
+
+
+def _distributions_of(module: str) -> set[str]:
+    names = _providers().get(module)
     assert names, f"{module} is imported but no installed distribution provides it"
     return {name.lower().replace("_", "-") for name in names}
 
