@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 DEMO_RUN ?= demo_run
 PORT ?= 8888
 
-.PHONY: install lock chromium lint test bench mutants campaigns preemption-campaign race-campaign run-campaign demo demo-data screenshot clean
+.PHONY: install lock chromium lint check test bench mutants campaigns preemption-campaign race-campaign run-campaign demo demo-data screenshot clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(STAMP): requirements.lock pyproject.toml
 install: $(STAMP)
 
 # requirements.lock is generated from pyproject.toml, never edited by hand: the runtime
-# dependencies, the explore and widgets extras and the test group (which includes the
+# dependencies, the gcs, explore and widgets extras and the test group (which includes the
 # demo group), with hashes. Binder's binder/requirements.txt is the runtime, widgets and
 # demo part of it, pinned to the same versions. uv resolves as of LOCK_DATE, so the same
 # pyproject.toml gives the same lock on any day.
@@ -35,7 +35,7 @@ $(UV):
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 lock: $(UV)
-	$(UV) pip compile pyproject.toml --extra explore --extra widgets --group test \
+	$(UV) pip compile pyproject.toml --extra gcs --extra explore --extra widgets --group test \
 		$(LOCK_FLAGS) -o requirements.lock
 	$(UV) pip compile pyproject.toml --extra widgets --group demo \
 		--constraint requirements.lock $(LOCK_FLAGS) -o binder/requirements.txt
@@ -54,8 +54,22 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Test processes (pytest-xdist): one per core of the 2-core machines the suite is sized
+# for. Every test makes its own directories and servers; the demo run is shared
+# (tests/conftest.py). Each test file runs in one process (loadscope), so a file's
+# module fixtures (a two-process JAX job, a saved run) are made once, not per process.
+# `make test WORKERS=auto` uses every core.
+WORKERS ?= 2
+PYTEST := $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) --dist loadscope
+
+# The quick loop (under 2 minutes): lint, types, and the tests marked neither slow nor
+# browser (tests/conftest.py says which those are).
+check: lint
+	$(PYTEST) -q -m "not slow and not browser"
+
+# Everything, with the 25 slowest tests listed at the end.
 test: install chromium lint
-	$(PY) -m pytest -ra
+	$(PYTEST) -ra --durations=25
 
 bench: install
 	$(PY) bench/save_load.py

@@ -1,4 +1,5 @@
-"""Shared test set-up: JAX on the CPU, quiet Orbax logging."""
+"""Shared test set-up: JAX on the CPU, quiet Orbax logging, and the session fixtures
+(the fake-gcs-server, the demo run) every test file may use."""
 
 import logging
 import os
@@ -7,7 +8,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 logging.getLogger("absl").setLevel(logging.ERROR)
 
 
+import fcntl  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -45,3 +51,104 @@ def root(request, tmp_path) -> str:
         return str(tmp_path)
     request.getfixturevalue("gcs")
     return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _shared_temp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory every worker of this session sees (pytest-xdist gives each its own
+    base temporary directory, side by side in one parent)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo run ``demo/make_run.py`` writes, made once per session for every worker.
+
+    Tests read it; a test that changes a checkpoint copies it first. The script's
+    standard output is in ``demo_run_output``.
+    """
+    shared = _shared_temp(tmp_path_factory)
+    run = shared / "demo" / "demo_run"
+    output = shared / "demo-make_run-output.txt"
+    with open(shared / "demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker makes it, the others wait
+        if not output.is_file():
+            if run.parent.exists():
+                shutil.rmtree(run.parent)  # an earlier attempt failed halfway
+            run.parent.mkdir()
+            done = subprocess.run(
+                [sys.executable, str(REPO / "demo" / "make_run.py"), str(run)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr[-4000:]
+            output.write_text(done.stdout)
+    return run
+
+
+@pytest.fixture(scope="session")
+def demo_run_output(demo_run: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """What ``demo/make_run.py`` printed while it made ``demo_run``."""
+    return (_shared_temp(tmp_path_factory) / "demo-make_run-output.txt").read_text()
+
+
+# What `make check` leaves to `make test` (markers registered in pyproject.toml):
+# ``browser``, every test of tests/test_browser*.py (Chromium driving JupyterLab);
+# ``slow``, tests that start an outside world or take tens of seconds: the files and
+# tests below (Jupyter kernels, several JAX processes, a fresh virtualenv, the CLI in
+# fresh interpreters, kill campaigns, real flax/optax states, runs at scale), and every
+# test using the fake GCS server or the demo run.
+SLOW_FILES = frozenset(
+    {
+        "test_binder.py",
+        "test_campaigns.py",
+        "test_claims.py",
+        "test_demo.py",
+        "test_explore_cli.py",
+        "test_explore_memory.py",
+        "test_explore_storages.py",
+        "test_multiprocess.py",
+        "test_mutants.py",
+        "test_notebooks.py",
+        "test_readme.py",
+        "test_real_states.py",
+        "test_widgets_explorer_scale.py",
+    }
+)
+SLOW_TESTS = frozenset(
+    {
+        "test_a_full_disk_is_enospc_naming_the_destination_with_one_log_line",
+        "test_exact_resume",
+        "test_filters_and_pages_at_ten_thousand_leaves",
+        "test_the_cli_exit_status",
+        "test_the_wheel_installs_tinax_widgets_and_no_top_level_widgets",
+    }
+)
+SLOW_FIXTURES = frozenset({"gcs", "demo_run", "demo_run_output"})
+
+
+def _uses_gcs(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return any(isinstance(value, str) and value == "gs" for value in params)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        if name.startswith("test_browser"):
+            item.add_marker(pytest.mark.browser)
+        function = getattr(item, "originalname", item.name)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if (
+            name in SLOW_FILES
+            or function in SLOW_TESTS
+            or fixtures & SLOW_FIXTURES
+            or _uses_gcs(item)
+        ):
+            item.add_marker(pytest.mark.slow)

@@ -150,4 +150,8 @@ def test_binder_environment_runs_the_notebooks(tmp_path: Path) -> None:
         executed = nbformat.read(out / path.name, as_version=4)
         code = [c for c in executed.cells if c.cell_type == "code"]
         assert all(c.execution_count is not None for c in code), path.name
-        assert not [o for c in code for o in c.outputs if o.output_type == "error"], path.name
+        outputs = [o for c in code for o in c.outputs]
+        assert not [o for o in outputs if o.output_type == "error"], path.name
+        # Every notebook shows something: printed text, a table, a figure or a widget.
+        kinds = {o.output_type for o in outputs}
+        assert kinds & {"stream", "display_data", "execute_result"}, path.name

@@ -22,19 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = ("step_000050", "step_000100")
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("diff") / "demo_run"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "demo" / "make_run.py"), str(run)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return run
-
-
 def write_leaf(checkpointable: Path, param: str, values: np.ndarray, key: str) -> None:
     """Overwrites a stored array in place, through tensorstore, as a repair tool would,
     and the checksum saved for it (else the new bytes are damage, and the leaf corrupt)."""

@@ -168,19 +168,6 @@ def test_a_stray_checkpointable_is_a_warning(template, tmp_path):
     assert list(warnings["part"]) == ["stray"]
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("verify-demo") / "demo_run"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "demo" / "make_run.py"), str(run)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return run
-
-
 def test_the_demo_run(demo_run, tmp_path):
     for step in ("step_000050", "step_000250"):
         result = ex.verify(demo_run / step, data=True)

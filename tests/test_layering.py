@@ -295,3 +295,80 @@ def test_the_vocabulary_is_inert_and_complete() -> None:
         check=True,
     )
     assert loaded.stdout.strip() == "[]"
+
+
+def _all_modules() -> dict[str, Path]:
+    found = {}
+    for layer in (*PACKAGES, "tinax._paths", "tinax._claims"):
+        found.update(_modules(layer))
+    found["tinax"] = REPO / "tinax" / "__init__.py"
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module → the project's modules it imports, at any depth of its code.
+
+    Importing a submodule runs its packages' ``__init__`` first, so a module naming
+    one of its own packages (``from tinax.explore import _checkpoint``) is no edge.
+    """
+    modules = _all_modules()
+    return {
+        module: {
+            name
+            for name in _imports(module, source)
+            if name in modules and name != module and not _under(module, name)
+        }
+        for module, source in modules.items()
+    }
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                group.append(other)
+                if other == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_goes_in_a_circle() -> None:
+    graph = _import_graph()
+    assert "tinax._format.storage" in graph["tinax._format.gcs"]
+    assert _circles(graph) == []
+    # The check finds a circle where there is one.
+    assert _circles({**graph, "tinax._format.storage": {"tinax._format.gcs"}}) == [
+        ["tinax._format.gcs", "tinax._format.storage"]
+    ]
+
+
+def test_importing_explore_loads_no_jax_orbax_or_grain() -> None:
+    loaded = _loaded_after("import tinax.explore")
+    assert "pandas" in loaded and "tinax.explore" in loaded
+    heavy = {m for m in loaded for top in ("jax", "jaxlib", "orbax", "grain") if _under(m, top)}
+    assert not heavy, sorted(heavy)[:20]

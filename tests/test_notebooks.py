@@ -1,4 +1,4 @@
-"""The notebooks: stripped in git, and each runs top to bottom on a real kernel.
+"""The notebooks: stripped in git, saved as committed, and notebook 03 quiet on stderr.
 
 Execution happens in a scratch copy of ``notebooks/`` and ``demo/`` with its own demo
 run next to them (at ``../demo_run``, where the notebooks look for it), so the test
@@ -10,9 +10,6 @@ from __future__ import annotations
 import concurrent.futures
 import runpy
 import shutil
-import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,8 +28,6 @@ EXPECTED = (
     "04_legacy_v0.ipynb",
 )
 CELL_TIMEOUT_S = 120
-# Each notebook is meant to take seconds on a CPU; this bound catches one that does not.
-NOTEBOOK_BUDGET_S = 60
 
 
 def _read(name: str) -> nbformat.NotebookNode:
@@ -98,39 +93,18 @@ def test_saving_after_a_kernel_started_leaves_the_bytes_as_committed(name: str) 
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A scratch checkout with notebooks/, demo/ and a finished demo_run/."""
+def workspace(tmp_path_factory: pytest.TempPathFactory, demo_run: Path) -> Path:
+    """A scratch checkout with notebooks/, demo/ and a finished demo_run/ (a copy of the
+    session's, which the notebooks may add to)."""
     root = tmp_path_factory.mktemp("checkout")
     shutil.copytree(NOTEBOOKS, root / "notebooks", ignore=shutil.ignore_patterns(".ipynb*"))
     shutil.copytree(REPO / "demo", root / "demo", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(
-        [sys.executable, str(root / "demo" / "make_run.py"), str(root / "demo_run")],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    shutil.copytree(demo_run, root / "demo_run", symlinks=True)
     return root
 
 
-@pytest.mark.parametrize("name", EXPECTED)
-def test_notebook_runs_top_to_bottom(workspace: Path, name: str) -> None:
-    nb = nbformat.read(workspace / "notebooks" / name, as_version=4)
-    client = NotebookClient(
-        nb,
-        timeout=CELL_TIMEOUT_S,
-        kernel_name="python3",  # jupyter_client runs it with this very interpreter
-        allow_errors=False,
-        resources={"metadata": {"path": str(workspace / "notebooks")}},
-    )
-    started = time.monotonic()
-    client.execute()  # raises CellExecutionError on the first failing cell
-    elapsed = time.monotonic() - started
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert all(c.execution_count is not None for c in nb.cells if c.cell_type == "code")
-    # Every notebook shows something: printed text, a table, a figure or a widget.
-    assert any(o.output_type in ("stream", "display_data", "execute_result") for o in outputs)
-    assert elapsed < NOTEBOOK_BUDGET_S, f"{name} took {elapsed:.1f} s"
+# Every notebook runs top to bottom in Binder's environment (tests/test_binder.py); here,
+# in this one, notebook 03 runs again and again.
 
 
 def _stderr_of_one_run(workspace: Path) -> list[str]:
@@ -138,9 +112,10 @@ def _stderr_of_one_run(workspace: Path) -> list[str]:
     NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,
-        kernel_name="python3",
+        kernel_name="python3",  # jupyter_client runs it with this very interpreter
         resources={"metadata": {"path": str(workspace / "notebooks")}},
-    ).execute()
+    ).execute()  # raises CellExecutionError on the first failing cell
+    assert all(c.execution_count is not None for c in nb.cells if c.cell_type == "code")
     return [
         o.text
         for c in nb.cells

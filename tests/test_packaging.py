@@ -3,10 +3,12 @@ installed from the repository's widgets/ folder and nowhere else."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import tomllib
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -119,3 +121,93 @@ def test_the_widgets_logger_is_named_after_the_package() -> None:
     from tinax.widgets import _guard
 
     assert _guard._log is logging.getLogger("tinax.widgets")
+
+
+def _third_party_imports(root: Path) -> dict[str, set[str]]:
+    """Top-level third-party module → the files under ``root`` that import it."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for source in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top != "tinax" and top not in sys.stdlib_module_names:
+                    found.setdefault(top, set()).add(str(source.relative_to(REPO)))
+    return found
+
+
+@functools.cache
+def _providers() -> Mapping[str, list[str]]:
+    from importlib.metadata import packages_distributions
+
+    return packages_distributions()
+
+
+def _distributions_of(module: str) -> set[str]:
+    names = _providers().get(module)
+    assert names, f"{module} is imported but no installed distribution provides it"
+    return {name.lower().replace("_", "-") for name in names}
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {Requirement(text).name.lower().replace("_", "-") for text in requirements}
+
+
+def test_every_imported_package_is_declared_where_its_importer_is_installed() -> None:
+    project = _pyproject()["project"]
+    core = _names(project["dependencies"])
+    extras = {name: _names(extra) for name, extra in project["optional-dependencies"].items()}
+    # What each part of the package may rely on: the core dependencies, plus the
+    # extra that installs it (tinax.explore, tinax.widgets and gs:// support).
+    allowed = {
+        "tinax/_format/gcs.py": core | extras["gcs"],
+        "tinax/explore": core | extras["explore"],
+        "widgets": core | extras["widgets"],
+        "tinax": core,
+    }
+    imports = _third_party_imports(REPO / "tinax")
+    for module, files in _third_party_imports(REPO / "widgets").items():
+        imports.setdefault(module, set()).update(files)
+    assert {"numpy", "jax", "orbax", "tensorstore", "ml_dtypes", "pandas", "gcsfs"} <= set(imports)
+    for module, files in sorted(imports.items()):
+        provided = _distributions_of(module)
+        for file in sorted(files):
+            part = next(p for p in allowed if file == p or file.startswith(p + "/"))
+            assert provided & allowed[part], (
+                f"{file} imports {module} ({sorted(provided)}), which {part}'s "
+                "dependencies in pyproject.toml do not declare"
+            )
+
+
+def test_gcsfs_is_an_extra_and_not_a_core_dependency() -> None:
+    project = _pyproject()["project"]
+    assert "gcsfs" not in _names(project["dependencies"])
+    assert "gcsfs" in _names(project["optional-dependencies"]["gcs"])
+
+
+def test_a_gs_path_without_gcsfs_says_what_to_install() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'gcsfs':\n"
+        '            raise ModuleNotFoundError(f"No module named {name!r}", name=name)\n'
+        "sys.meta_path.insert(0, Block())\n"
+        "import tinax.explore\n"
+        "try:\n"
+        "    tinax.explore.list_checkpoints('gs://some-bucket/run')\n"
+        "except ImportError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
+    assert out.startswith("ModuleNotFoundError"), out
+    assert "pip install 'tinax[gcs]'" in out

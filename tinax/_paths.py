@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from tinax._format import layout, names, preflight, storage
+from tinax._format import layout, locate, names, preflight
 from tinax._format.storage import DIRECTORY, LINK, Location
 
 
@@ -40,7 +40,7 @@ def location(path: object, *, what: str = "path") -> Location:
     """
     raw = text_path(path, what=what)
     try:
-        return storage.location(raw)
+        return locate.location(raw)
     except ValueError as e:
         raise ValueError(f"{what} {raw!r}: {e}") from None
 

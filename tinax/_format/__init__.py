@@ -15,7 +15,8 @@ Vocabulary:
 Where bytes come from:
 
 - ``storage``: local disk behind a small interface; a ``Location`` in it.
-- ``gcs``: the same interface on ``gs://``.
+- ``gcs``: Google Cloud Storage (``gs://``) behind the same interface, through gcsfs.
+- ``locate``: the ``Location`` a user's path or URL names (local or ``gs://``).
 - ``files``: bounded, no-follow, JSON-only reads; the safety scan of a checkpoint.
 
 What a checkpoint is:

@@ -14,7 +14,8 @@ credential probe that never answers becomes an ``OSError`` naming the URL, not a
 hang. ``snapshot`` lists a whole tree in one request per thousand objects, and
 everything below it is then answered from that listing.
 
-Imported only when a ``gs://`` path is used; gcsfs is imported on the first call.
+Imported only when a ``gs://`` path is used; gcsfs (the ``gcs`` extra) is imported on the
+first call, and its absence is a ``ModuleNotFoundError`` saying what to install.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ REQUEST_TIMEOUT = 15.0
 _SECONDS_PER_BYTE = 1 / (4 * 1024 * 1024)
 
 _T = TypeVar("_T")
+
+# gcsfs (with aiohttp and Google's client libraries) comes with the gcs extra only.
+INSTALL_HINT = "gs:// paths need gcsfs, installed with: pip install 'tinax[gcs]'"
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -110,7 +114,10 @@ class GcsStorage:
         """The gcsfs filesystem, made on first use from the standard configuration."""
         with self._lock:
             if self._fs is None:
-                import gcsfs
+                try:
+                    import gcsfs
+                except ImportError as e:
+                    raise ModuleNotFoundError(INSTALL_HINT, name=e.name) from e
 
                 # Listings must be current; fsspec's configuration supplies the rest.
                 self._fs = gcsfs.GCSFileSystem(use_listings_cache=False)
@@ -122,7 +129,7 @@ class GcsStorage:
         try:
             fs = self.filesystem()
             return action(fs)
-        except FileNotFoundError:
+        except (FileNotFoundError, ImportError):
             raise
         except TimeoutError as e:
             raise TimeoutError(

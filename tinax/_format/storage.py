@@ -5,7 +5,8 @@ it. Its reads are bounded and never follow a link, and a directory walk reports
 links instead of following them, so a checkpoint is read as what it is, not as
 what it points to. ``LocalStorage`` is the local filesystem; ``tinax._format.gcs``
 implements the same few methods for Google Cloud Storage (``gs://``), and
-``location`` picks the one a user's path or URL names.
+``tinax._format.locate`` picks the one a user's path or URL names (this module
+imports neither).
 """
 
 from __future__ import annotations
@@ -407,19 +408,3 @@ def local(path: str | os.PathLike[str]) -> Location:
     absolute locations.
     """
     return Location(LOCAL, os.path.abspath(os.fspath(path)))
-
-
-def location(path: str | os.PathLike[str]) -> Location:
-    """The ``Location`` a user's path or URL names: ``gs://bucket/key`` or a local path.
-
-    Nothing is imported for Google Cloud Storage unless ``path`` is a ``gs://`` URL.
-
-    Raises:
-      ValueError: If a ``gs://`` URL names no bucket or is not a valid object name.
-    """
-    text = os.fspath(path)
-    if text.startswith(GCS_SCHEME):
-        from tinax._format import gcs
-
-        return gcs.location(text)
-    return local(text)

@@ -91,7 +91,9 @@ def start_save(
 
     # Orbax's work per leaf allocates tens of objects, and with them the cycle
     # collector walks the whole heap again and again: it took a quarter of a save of
-    # 10,000 arrays. Paused until the save ends (README, "Storage settings").
+    # 10,000 arrays. Paused for the synchronous part of the save only: the caller's
+    # training loop goes on while the rest is written, and its cyclic garbage must
+    # still be collected (README, "Storage settings"; bench/rss.py).
     files.pause_gc()
     try:
         ctx = _context.context()
@@ -124,7 +126,12 @@ def start_save(
         if failure is e:
             raise
         raise failure from e
-    return SaveResponse(inner, dest, on_end=files.resume_gc, after_commit=after_commit)
+    files.resume_gc()
+    return SaveResponse(inner, dest, on_end=_nothing, after_commit=after_commit)
+
+
+def _nothing() -> None:
+    """What a save's end has to undo: nothing since the collector pause ends earlier."""
 
 
 def orbax_path(where: Location) -> os.PathLike[str]:
