@@ -1,5 +1,8 @@
 """A training run: the save interval, retention, resume and preemption in one object.
 
+(Over 500 lines: one class, whose interval, retention, resume and preemption share
+the run's state and its record; split, each part would reach into the others.)
+
 A run is a directory of checkpoints named ``step_<step>`` (``names.run_checkpoint_name``)
 and one small JSON record beside them (``names.RUN_RECORD``): the run's policy, the
 metric of every step saved, and why each checkpoint is kept. The record is a file,

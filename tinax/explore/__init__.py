@@ -9,9 +9,10 @@ key paths, so tables of a checkpoint and of live state join on
 
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
-from tinax.explore._diff import diff_table, sort_by_change
+from tinax.explore._diff import diff_table
 from tinax.explore._listing import ListingCache, list_checkpoints
 from tinax.explore._live import leaf_key, state_table
+from tinax.explore._ranking import sort_by_change
 from tinax.explore._readable import human_bytes, human_duration, readable
 from tinax.explore._retention import retention_table, run_policy
 from tinax.explore._run_dir import (

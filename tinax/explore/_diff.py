@@ -1,7 +1,8 @@
 """Two checkpoints, or a checkpoint and live state, leaf by leaf: what changed, and how much.
 
 (Over 500 lines: the two sides' sources, the comparison and the one read pass
-that decodes, compares and checks checksums are one job, kept in one place.)
+that decodes, compares and checks checksums are one job, kept in one place. How a
+change is told for its kind and ranked lives in ``_ranking``.)
 
 Arrays are read a region at a time (``tinax._format.chunks``), so memory stays
 bounded whatever the size of the checkpoints. Stored arrays whose zarr metadata and
@@ -26,6 +27,7 @@ from tinax.explore import _checkpoint, _live
 from tinax.explore._integrity import PiecesCheck
 from tinax.explore._leaves import Leaf, frame
 from tinax.explore._numeric import PairStats
+from tinax.explore._ranking import OTHER, sort_by_change, told_change, value_kind
 
 DIFF_COLUMNS = (
     "checkpointable",
@@ -61,72 +63,6 @@ BY_STORED_BYTES = "stored bytes"
 BY_DATA = "data"
 
 Progress = Callable[[int, int], None]
-
-# What a leaf's values are, for how its change is told and ranked: floating-point
-# arrays by relative change, integer counters by how much they moved ("+150"), PRNG
-# keys as changed or not (their bits are not quantities).
-FLOAT = "float"
-INTEGER = "integer"
-PRNG_KEY = "PRNG key"
-BOOL = "bool"
-OTHER = "other"
-# Changed leaves are ranked by what they are: weights first, counters, keys, the rest.
-_KIND_ORDER = {FLOAT: 0, INTEGER: 1, BOOL: 2, PRNG_KEY: 3, OTHER: 4}
-# Names under which a uint32 array of shape (..., 2) or (..., 4) is a PRNG key's data.
-_KEY_NAMES = ("rng", "key", "seed", "prng")
-
-
-def value_kind(checkpointable: str, key: str, dtype: Any, shape: Any) -> str:
-    """What the values of a leaf are: ``"float"``, ``"integer"``, ``"bool"``,
-    ``"PRNG key"`` or ``"other"``.
-
-    A typed PRNG key (dtype ``key<…>``) is a key; so is a stored key's data, a
-    ``uint32`` array whose last axis is 2 (threefry) or 4 (rbg) under a name
-    that says so (``rng``, ``key``, ``seed``), since Orbax stores typed keys as
-    their raw data.
-    """
-    text = str(dtype) if dtype is not None else ""
-    if text.startswith("key<"):
-        return PRNG_KEY
-    try:
-        np_dtype = np.dtype(text)
-    except TypeError:
-        return FLOAT if "float" in text else OTHER
-    if np_dtype.kind == "b":
-        return BOOL
-    if np_dtype.kind in "iu":
-        if (
-            np_dtype == np.uint32
-            and isinstance(shape, tuple)
-            and shape
-            and shape[-1] in (2, 4)
-            and any(w in f"{checkpointable} {key}".lower() for w in _KEY_NAMES)
-        ):
-            return PRNG_KEY
-        return INTEGER
-    if np_dtype.kind in "fc" or "float" in text:
-        return FLOAT
-    return OTHER
-
-
-def _signed(value: float) -> str:
-    whole = round(value)
-    if abs(value - whole) < 1e-9:
-        return f"{whole:+,d}"
-    return f"{value:+.4g}"
-
-
-# Statuses after ``changed`` in the order ``sort`` puts them (changed rows go by size).
-_STATUS_ORDER = {
-    words.CHANGED: 0,
-    words.SHAPE_DIFFERS: 1,
-    words.DTYPE_DIFFERS: 2,
-    words.KIND_DIFFERS: 3,
-    words.ONLY_IN_A: 4,
-    words.ONLY_IN_B: 5,
-    words.SAME: 6,
-    words.CORRUPT: -1,
-}
 
 
 def _family(kind: str) -> str:
@@ -345,42 +281,8 @@ class _Row:
         sides: list[Any] = []
         for field in ("kind", "shape", "dtype"):
             sides += [getattr(self.a, field, None), getattr(self.b, field, None)]
-        stats = self.stats
         kind = self.value_kind()
-        numbers: list[Any] = [None] * 6
-        counts: list[Any] = [None] * 4
-        delta: Any = None
-        change = self.status
-        if stats is not None:
-            counts = [
-                stats.counts_a.nan,
-                stats.counts_a.inf,
-                stats.counts_b.nan,
-                stats.counts_b.inf,
-            ]
-            if self.status == words.CHANGED and stats.numeric:
-                if kind == FLOAT:
-                    numbers = [
-                        stats.max_abs_diff,
-                        stats.rel_change,
-                        stats.cosine,
-                        stats.norm_a,
-                        stats.norm_b,
-                        stats.norm_diff,
-                    ]
-                    rel = stats.rel_change
-                    change = "∞ %" if math.isinf(rel) else f"{rel * 100:.3g} %"
-                elif kind in (INTEGER, BOOL):
-                    # A counter's change is how far it moved, never a float statistic.
-                    numbers[0] = stats.max_abs_diff
-                    shape = getattr(self.a, "shape", None)
-                    if shape is not None and math.prod(shape) == 1:
-                        delta = stats.sum_diff
-                        change = _signed(stats.sum_diff)
-                    else:
-                        change = f"max |Δ| {stats.max_abs_diff:,.0f}"
-        if kind == PRNG_KEY and self.status in (words.CHANGED, words.SAME):
-            change = self.status  # a key changed or not; its bits are no quantity
+        numbers, counts, change, delta = told_change(kind, self.status, self.stats, self.a)
         return (
             self.name,
             self.key,
@@ -565,25 +467,6 @@ def _nbytes(row: _Row) -> int:
     if row.a is None or row.a.shape is None:
         return 0
     return math.prod(row.a.shape) * np.dtype(_numpy_dtype(row)).itemsize
-
-
-def sort_by_change(table: pd.DataFrame) -> pd.DataFrame:
-    """``diff_table`` rows with what matters most first.
-
-    Changed leaves come first: floating-point arrays by ``rel_change`` (largest
-    first), then integer counters by how far they moved, then PRNG keys and the
-    rest; then the other differences; then leaves that are the same. Stored
-    order breaks ties.
-    """
-    order = table["status"].map(lambda s: _STATUS_ORDER.get(s, len(_STATUS_ORDER)))
-    kinds = table["value_kind"].map(lambda k: _KIND_ORDER.get(k, len(_KIND_ORDER)))
-    kinds = kinds.where(table["status"] == words.CHANGED, 0)
-    change = pd.to_numeric(table["rel_change"], errors="coerce")
-    moved = pd.to_numeric(table["delta"], errors="coerce").abs()
-    size = change.fillna(moved).fillna(-1.0)
-    keyed = table.assign(_order=order, _kind=kinds, _change=-size)
-    keyed = keyed.sort_values(["_order", "_kind", "_change"], kind="stable")
-    return keyed.drop(columns=["_order", "_kind", "_change"]).reset_index(drop=True)
 
 
 def diff_table(

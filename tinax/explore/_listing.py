@@ -1,4 +1,9 @@
-"""A run directory as a table of its checkpoints."""
+"""A run directory as a table of its checkpoints.
+
+(Over 500 lines: the listing cache, the quick and the deep listing and the one bulk
+read of every checkpoint's array store share their rows and verdicts; the format's
+own checks live in ``tinax._format``.)
+"""
 
 from __future__ import annotations
 
