@@ -10,6 +10,7 @@ key paths, so tables of a checkpoint and of live state join on
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
 from tinax.explore._diff import diff_table, sort_by_change
+from tinax.explore._export import export_safetensors
 from tinax.explore._listing import ListingCache, list_checkpoints, listing_cache
 from tinax.explore._live import leaf_key, state_table
 from tinax.explore._summary import (
@@ -44,6 +45,7 @@ __all__ = [
     "checkpoint_table",
     "compare_table",
     "diff_table",
+    "export_safetensors",
     "is_numeric",
     "leaf_key",
     "leaf_statistics",
