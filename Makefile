@@ -61,6 +61,7 @@ bench: install
 	$(PY) bench/save_load.py
 	$(PY) bench/explore.py
 	$(PY) bench/explorer_scale.py
+	$(PY) bench/export.py
 
 # Saves against the real world, tinax beside Orbax alone (a few minutes each; `make test`
 # runs a small sample): jobs SIGKILLed mid-save then resumed, and two writers racing
