@@ -28,6 +28,7 @@ EXPECTED = (
     "02_explore_a_run.ipynb",
     "03_restore_targets.ipynb",
     "04_legacy_v0.ipynb",
+    "05_safetensors.ipynb",
 )
 CELL_TIMEOUT_S = 120
 # Each notebook is meant to take seconds on a CPU; this bound catches one that does not.
