@@ -43,10 +43,11 @@ _EXPORT = r"""
 import json, resource, sys, time
 import tinax.explore as ex
 ckpt, out = sys.argv[1:3]
+baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 start = time.perf_counter()
 files = ex.export_safetensors(ckpt, out)
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+print(json.dumps({"seconds": seconds, "baseline": baseline, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
 _LOAD_SAVE = r"""
@@ -108,7 +109,7 @@ def main() -> int:
     try:
         ckpt, raw = _make(workdir)
         total = raw.stat().st_size
-        cp_s, export_s, export_rss, load_s, load_rss = [], [], [], [], []
+        cp_s, export_s, export_rss, load_s, load_rss, base = [], [], [], [], [], []
         for round_ in range(args.rounds):
             scratch = workdir / f"round{round_}"
             shutil.rmtree(scratch, ignore_errors=True)
@@ -118,6 +119,7 @@ def main() -> int:
             result = _child(_EXPORT, ckpt, scratch / "export")
             export_s.append(result["seconds"])
             export_rss.append(result["rss"])
+            base.append(result["baseline"])
             shutil.rmtree(scratch / "export")
             result = _child(_LOAD_SAVE, ckpt, scratch / "model.safetensors", ARRAYS)
             load_s.append(result["seconds"])
@@ -139,6 +141,9 @@ def main() -> int:
         print(
             f"  export_safetensors         {export:6.2f} s  {gib / export:6.2f} GiB/s  "
             f"peak RSS {rss / MIB:7.0f} MiB   {speed:.2f} of cp (goal ≥ {GOAL_SPEED})"
+        )
+        print(
+            f"    (of which {max(base) / MIB:.0f} MiB after importing tinax.explore, before the export)"
         )
         print(
             f"  load + safetensors save    {load:6.2f} s  {gib / load:6.2f} GiB/s  "

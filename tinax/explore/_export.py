@@ -34,7 +34,7 @@ from tinax.explore._checkpoint import open_checkpoint
 
 # Decoded bytes of one region, and of all regions read ahead of the one being written.
 REGION_BYTES = 8 << 20
-IN_FLIGHT_BYTES = 32 << 20
+IN_FLIGHT_BYTES = 16 << 20
 # The float types an export can cast to (``dtype=``), by the names NumPy gives them.
 CAST_DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
