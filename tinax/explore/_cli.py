@@ -195,7 +195,12 @@ def _export_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="only leaves whose key or tensor name contains one of these",
     )
-    parser.add_argument("--dtype", choices=CAST_DTYPES, help="cast floating-point arrays")
+    parser.add_argument(
+        "--dtype",
+        choices=CAST_DTYPES,
+        metavar="DTYPE",
+        help=f"cast floating-point arrays to DTYPE ({', '.join(CAST_DTYPES)})",
+    )
     parser.add_argument(
         "--max-file-size", type=parse_size, metavar="SIZE", help="e.g. 5GB: split the files"
     )
