@@ -331,3 +331,34 @@ def test_export_writes_safetensors_quietly_into_a_pipe(demo_run, tmp_path):
     taken = explore("export", demo_run / "step_000250", out)
     assert taken.returncode == 1 and "not empty" in taken.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_human_units_and_middle_cuts():
+    from tinax.explore import _terminal as term
+
+    assert [term.human_bytes(n) for n in (0, 1023, 89531, 3 << 30, None)] == [
+        "0 B",
+        "1023 B",
+        "87.4 KiB",
+        "3.0 GiB",
+        "",
+    ]
+    now = pd.Timestamp("2026-12-03 12:00:00", tz="UTC")
+    ages = [now - pd.Timedelta(seconds=s) for s in (5, 190, 7300, 3 * 86400)]
+    assert [term.human_age(t, now) for t in ages] == [
+        "5 s ago",
+        "3 min ago",
+        "2 h ago",
+        "2026-11-30 12:00",
+    ]
+    assert term.human_age(pd.NaT, now) == "" and term.number(pd.NA) == ""
+    assert term.number(-0.6278967261314392) == "-0.6279" and term.number(np.int64(89531)) == "89531"
+    cut = term.shorten_middle("['opt_state']['0']['mu']['dense1']['kernel']['value']", 30)
+    assert len(cut) == 30 and cut.startswith("['opt_state']") and cut.endswith("['value']")
+
+
+def test_help_fits_80_columns():
+    for args in (("--help",), ("export", "--help"), ("diff", "--help", "x")):
+        result = explore(*args, columns=80)
+        assert result.returncode == 0 and "usage:" in result.stdout
+        assert max(len(line) for line in result.stdout.splitlines()) <= 80, args
