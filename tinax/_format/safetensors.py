@@ -276,25 +276,6 @@ def check_size(header: Header) -> None:
         )
 
 
-def read_tensor(header: Header, name: str) -> np.ndarray:
-    """One tensor's values, read from its file (a memory map, copied)."""
-    entry = header.tensors[name]
-    dtype = numpy_dtype(entry.dtype).newbyteorder("<") if entry.dtype != "bool" else np.dtype(bool)
-    if entry.nbytes == 0:
-        return np.zeros(entry.shape, dtype)
-    mapped = np.memmap(
-        header.path,
-        dtype=np.uint8,
-        mode="r",
-        offset=header.data_start + entry.start,
-        shape=(entry.nbytes,),
-    )
-    try:
-        return np.array(mapped).view(dtype).reshape(entry.shape)
-    finally:
-        del mapped
-
-
 def map_tensor(header: Header, name: str) -> np.ndarray:
     """One tensor as a read-only memory map of its file (nothing read until indexed)."""
     entry = header.tensors[name]
