@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 DEMO_RUN ?= demo_run
 PORT ?= 8888
 
-.PHONY: install lock chromium lint test bench mutants campaigns preemption-campaign race-campaign demo demo-data screenshot clean
+.PHONY: install lock chromium lint test bench mutants campaigns preemption-campaign race-campaign run-campaign demo demo-data screenshot clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,17 +62,22 @@ bench: install
 	$(PY) bench/explore.py
 	$(PY) bench/explorer_scale.py
 	$(PY) bench/export.py
+	$(PY) bench/reads.py
 
 # Saves against the real world, tinax beside Orbax alone (a few minutes each; `make test`
 # runs a small sample): jobs SIGKILLed mid-save then resumed, and two writers racing
-# for one checkpoint. Each exits non-zero when tinax misses a goal.
-campaigns: preemption-campaign race-campaign
+# for one checkpoint, and a training run (saving and pruning) SIGKILLed at random
+# moments then resumed. Each exits non-zero when tinax misses a goal.
+campaigns: preemption-campaign race-campaign run-campaign
 
 preemption-campaign: install
 	$(PY) bench/preemption.py --kills 30 --mib 256
 
 race-campaign: install
 	$(PY) bench/racing_writers.py --trials 50 --mib 128
+
+run-campaign: install
+	$(PY) bench/run_campaign.py --kills 30 --mib 32
 
 # The whole mutant campaign (tests/mutants.py): hundreds of damaged and hostile
 # checkpoints against every read path; make test runs a sample of it.

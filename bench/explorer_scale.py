@@ -140,6 +140,59 @@ def _scandir_walk(root: Path) -> int:
     return count
 
 
+# A fresh process, as a person starting a notebook or a script has: the imports are
+# timed apart, then the first call (nothing listed, parsed or cached before it), beside
+# the os.scandir walk of the same run made in the same process after it.
+_FRESH_PROBE = r"""
+import json, os, sys, time
+start = time.perf_counter()
+what, run = sys.argv[1:3]
+if what == "listing":
+    import tinax.explore as ex
+else:
+    from tinax.widgets import CheckpointExplorer
+imported = time.perf_counter() - start
+start = time.perf_counter()
+if what == "listing":
+    table = ex.list_checkpoints(run)
+    assert (table["status"] == "complete").all(), table["status"].value_counts()
+    rows = len(table)
+elif what == "explorer":
+    explorer = CheckpointExplorer(run)
+    rows = len(explorer.checkpoints)
+else:
+    explorer = CheckpointExplorer(run)
+    explorer.wait(300)
+    start = time.perf_counter()
+    explorer.open_checkpoint(sys.argv[3])
+    rows = len(explorer.leaves)
+seconds = time.perf_counter() - start
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[4])))
+from explorer_scale import _scandir_walk
+start = time.perf_counter()
+_scandir_walk(run)
+walk = time.perf_counter() - start
+if what != "listing":
+    explorer.wait(300)
+    explorer.close()
+print(json.dumps({"imports": imported, "seconds": seconds, "walk": walk, "rows": rows}))
+"""
+
+
+def fresh(what: str, run: Path, checkpoint: str = "") -> dict[str, Any]:
+    """``_FRESH_PROBE`` of ``what`` (``listing``, ``explorer`` or ``open``) in a new process."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH_PROBE, what, str(run), checkpoint, __file__],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def _largest_metadata(checkpoint: Path) -> Path:
     return max(checkpoint.glob("*/_METADATA"), key=lambda p: p.stat().st_size)
 
@@ -181,6 +234,23 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
     def row(measure: str, ours: float, floor: float, floor_name: str, goal: float) -> None:
         results.append((measure, ours, floor, floor_name, goal))
 
+    _log("timing the run's listing, first call in a fresh process")
+    probes = [fresh("listing", run) for _ in range(repeats)]
+    row(
+        f"list_checkpoints, first call in a fresh process ({probes[0]['rows']:,} checkpoints)",
+        statistics.median(p["seconds"] for p in probes),
+        statistics.median(p["walk"] for p in probes),
+        "os.scandir walk",
+        0.5,
+    )
+    row(
+        "  (import tinax.explore before it)",
+        statistics.median(p["imports"] for p in probes),
+        statistics.median(p["walk"] for p in probes),
+        "os.scandir walk",
+        math.inf,
+    )
+
     _log("timing the run's listing")
     walks, quick, deep_cold, deep_warm = [], [], [], []
     for _ in range(repeats):  # Interleaved, so that load on the machine hits all alike.
@@ -215,11 +285,39 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
         math.inf,
     )
 
+    _log("timing the explorer on the run, in a fresh process")
+    probes = [fresh("explorer", run) for _ in range(repeats)]
+    row(
+        f"CheckpointExplorer shown, {count:,} checkpoints, in a fresh process",
+        statistics.median(p["seconds"] for p in probes),
+        statistics.median(p["walk"] for p in probes),
+        "os.scandir walk",
+        0.5,
+    )
+    row(
+        "  (import tinax.widgets before it)",
+        statistics.median(p["imports"] for p in probes),
+        statistics.median(p["walk"] for p in probes),
+        "os.scandir walk",
+        math.inf,
+    )
+    _log("timing the 50,000-leaf open in a fresh process")
+    probes = [fresh("open", wide_run, wide.name) for _ in range(repeats)]
+    row(
+        f"open the {probes[0]['rows']:,}-leaf checkpoint, in a fresh process",
+        statistics.median(p["seconds"] for p in probes),
+        statistics.median(
+            _best(lambda: json.loads(_largest_metadata(wide).read_bytes()), 1)
+            for _ in range(repeats)
+        ),
+        "json.loads of its largest _METADATA",
+        0.5,
+    )
+
     _log("timing the explorer on the run")
     shown, walks = [], []
     for _ in range(repeats):
         walks.append(_best(lambda: _scandir_walk(run), 1))
-        ex.listing_cache.clear()  # as in a fresh kernel
         start = time.perf_counter()
         explorer = CheckpointExplorer(run)
         shown.append(time.perf_counter() - start)
@@ -239,7 +337,7 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
     assert len(explorer.history) == count and (explorer.history["error"] == "").all()
     explorer.close()
     row(
-        f"CheckpointExplorer shown, {count:,} checkpoints (nothing cached)",
+        f"CheckpointExplorer shown again, {count:,} checkpoints (verdicts kept)",
         statistics.median(shown),
         statistics.median(walks),
         "os.scandir walk",
@@ -334,7 +432,7 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
         jump_floors.append(
             _best(lambda s=start_row: leaves.iloc[s : s + view.page_size].to_dict("records"), 1)
         )
-        jumps.append(_best(lambda p=page: setattr(view.page_box, "value", p), 1))
+        jumps.append(_best(lambda p=page: view.jump(p), 1))
     row(
         f"jump to a page ({view.page_count:,} pages)",
         statistics.median(jumps),

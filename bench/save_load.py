@@ -4,7 +4,9 @@ Two workloads of the same total size (1 GiB by default) of float32 arrays drawn 
 a normal distribution:
 
   (a) 16 big arrays, where the bytes dominate;
-  (b) 10,000 small arrays, where the cost per leaf dominates.
+  (b) 10,000 small arrays, where the cost per leaf dominates;
+  (c) 100,000 tiny arrays (50 MiB), tinax against raw Orbax alone: whether a save
+      and a load of a very wide tree finish, and what each costs per leaf.
 
 For each workload every side writes its own checkpoints (rounds alternate which side
 goes first) and then loads its own checkpoint back into abstract targets, so each
@@ -24,7 +26,7 @@ optimizer, re-saved both ways).
 Goals, checked at the end (exit status 1 if one is missed):
 
   (a) tinax save and load >= 1.5x raw Orbax defaults (medians); tinax save >= 0.8x dd;
-  (b) tinax save and load no slower than raw Orbax defaults (medians, 5% allowed
+  (b), (c) tinax save and load no slower than raw Orbax defaults (medians, 5% allowed
       for run-to-run noise on a shared machine);
   checksums: tinax save and load >= 0.95x tinax without checksums (side "no-sums"),
       on (a) and (b);
@@ -32,6 +34,7 @@ Goals, checked at the end (exit status 1 if one is missed):
 
 Usage: python bench/save_load.py [--gib 1.0] [--rounds 5] [--small-rounds 2]
        [--small-arrays 10000] [--dir DIR] [--demo-run DIR] [--skip-small]
+       [--many-arrays 100000] [--many-mib 50] [--many-rounds 1] [--skip-many]
 
 On a shared virtual disk single rounds vary by tens of percent; use more rounds
 (e.g. --rounds 9) for a tighter figure.
@@ -147,8 +150,17 @@ class Measured:
 def make_state(total_bytes: int, n_arrays: int) -> dict[str, jax.Array]:
     """``n_arrays`` float32 arrays of normal samples, ``total_bytes`` in all."""
     per = max(1, total_bytes // n_arrays // 4)
-    key = jax.random.key(0)
     width = len(str(n_arrays - 1))
+    if n_arrays >= 1_000:
+        # Drawn on the host at once and moved to the device in one batched call: one
+        # random draw per leaf takes minutes for 100,000 leaves.
+        host = np.random.default_rng(0).standard_normal((n_arrays, per), dtype=np.float32)
+        arrays = jax.device_put(list(host))
+        del host
+        return jax.block_until_ready(
+            {f"layer_{i:0{width}d}": array for i, array in enumerate(arrays)}
+        )
+    key = jax.random.key(0)
     state = {
         f"layer_{i:0{width}d}": jax.random.normal(jax.random.fold_in(key, i), (per,), jnp.float32)
         for i in range(n_arrays)
@@ -195,22 +207,32 @@ def checksum_work(
 
 
 def measure_workload(
-    sides: list[Side], state: Any, rounds: int, scratch: str, label: str, load_rounds: int
+    sides: list[Side],
+    state: Any,
+    rounds: int,
+    scratch: str,
+    label: str,
+    load_rounds: int,
+    *,
+    warm_up: bool = True,
+    extras: bool = True,
 ) -> Measured:
     """Save and load throughput and size on disk of every side on one workload.
 
     Loads take a second or so and vary more than saves, so there are ``load_rounds``
-    of them against ``rounds`` of saves.
+    of them against ``rounds`` of saves. ``warm_up`` saves and loads once on each
+    side first, untimed; ``extras`` times the preflight and the checksums' own work.
     """
     target = abstract_restore_target(state)
     measured = Measured(nbytes=sum(x.nbytes for x in jax.tree.leaves(state)))
     kept: dict[str, str] = {}
     for side in sides:
-        # A warm-up of each, so compilation and first-use costs are not measured.
-        warm = os.path.join(scratch, f"{label}-warm-{side.name}")
-        side.save(warm, state)
-        side.load(warm, target)
-        shutil.rmtree(warm)
+        if warm_up:
+            # A warm-up of each, so compilation and first-use costs are not measured.
+            warm = os.path.join(scratch, f"{label}-warm-{side.name}")
+            side.save(warm, state)
+            side.load(warm, target)
+            shutil.rmtree(warm)
         measured.saves[side.name] = []
         measured.loads[side.name] = []
     for r in range(rounds):
@@ -226,7 +248,7 @@ def measure_workload(
     for r in range(load_rounds):
         for side in alternating(sides, r):
             measured.loads[side.name].append(timed(lambda s=side: s.load(kept[s.name], target)))
-    if "tinax" in kept:
+    if "tinax" in kept and extras:
         for _ in range(max(5, rounds)):
             measured.preflight.append(timed(lambda: preflight.check(local(kept["tinax"]))))
         measured.record, measured.verify = checksum_work(
@@ -427,6 +449,10 @@ def main() -> int:
     parser.add_argument("--small-rounds", type=int, default=2, help="rounds of workload (b)")
     parser.add_argument("--small-arrays", type=int, default=10_000, help="arrays in (b)")
     parser.add_argument("--skip-small", action="store_true", help="skip workload (b)")
+    parser.add_argument("--many-arrays", type=int, default=100_000, help="arrays in (c)")
+    parser.add_argument("--many-mib", type=float, default=50.0, help="size of (c) in MiB")
+    parser.add_argument("--many-rounds", type=int, default=1, help="rounds of workload (c)")
+    parser.add_argument("--skip-many", action="store_true", help="skip workload (c)")
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument(
         "--demo-run",
@@ -456,6 +482,22 @@ def main() -> int:
                 sides, small, args.small_rounds, scratch, "b", 2 * args.small_rounds
             )
             del small
+        c = None
+        if not args.skip_many:
+            # Tinax beside raw Orbax alone: each save or load of (c) takes a minute or
+            # more, so there is no warm-up ((b) warmed both up) and no other side.
+            many = make_state(int(args.many_mib * MIB), args.many_arrays)
+            c = measure_workload(
+                [tinax_side(), orbax_side()],
+                many,
+                args.many_rounds,
+                scratch,
+                "c",
+                args.many_rounds,
+                warm_up=False,
+                extras=False,
+            )
+            del many
         overhead = call_overhead(scratch)
         trained = trained_weights_sizes(Path(args.demo_run), scratch)
     finally:
@@ -472,6 +514,13 @@ def main() -> int:
     if b is not None:
         print_workload(f"(b) {args.small_arrays} arrays", b, sides)
         print_checksum_work(b)
+    if c is not None:
+        for op, table in (("save", c.saves), ("load", c.loads)):
+            print(
+                f"(c) {args.many_arrays:,} arrays, {op} seconds (median of {len(table['tinax'])}): "
+                f"tinax {statistics.median(table['tinax']):.1f}, orbax "
+                f"{statistics.median(table['orbax']):.1f}"
+            )
     med = statistics.median
     print(
         f"\nsave_training_checkpoint with (a) as the model: returns after {med(returned) * 1e3:.0f} ms "
@@ -510,6 +559,8 @@ def main() -> int:
             f"{med(b.preflight) * 1e3:.0f} ms, {share * 100:.2f}% of its load"
         )
         goals.append(Goal("(b) preflight / load (%)", share * 100, 2.0, at_most=True))
+    if c is not None:
+        goals += workload_goals("(c)", c, 0.95)
     print("\ngoals (medians):")
     for goal in goals:
         mark = "ok" if goal.met else "MISSED"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
 c: Any = get_config()  # type: ignore[name-defined]  # noqa: F821 - provided by Jupyter
 
 
@@ -29,4 +31,17 @@ def keep_notebook_metadata_stable(model: dict[str, Any], **_kwargs: Any) -> None
     metadata.pop("widgets", None)
 
 
-c.FileContentsManager.pre_save_hook = keep_notebook_metadata_stable
+class StableNotebooksContentsManager(AsyncLargeFileManager):
+    """Jupyter's default contents manager, with the hook above run before every save.
+
+    Registered with ``register_pre_save_hook`` rather than set as the
+    ``pre_save_hook`` option: Jupyter validates that option again once the config is
+    applied and then warns that the hook overrides itself.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.register_pre_save_hook(keep_notebook_metadata_stable)
+
+
+c.ServerApp.contents_manager_class = StableNotebooksContentsManager

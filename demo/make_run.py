@@ -4,12 +4,13 @@ Usage::
 
     python demo/make_run.py [RUN_DIR]        # default: demo_run next to demo/
 
-The run is a directory of training checkpoints written with
-``tinax.checkpointing.save_training_checkpoint`` every ``CHECKPOINT_EVERY`` steps,
-plus ``run.json`` (the configuration and the loss of every step)::
+The run is a directory of training checkpoints written by a
+``tinax.checkpointing.TrainingRun`` every ``checkpoint_every`` steps, plus ``run.json``
+(the configuration and the loss of every step)::
 
     demo_run/
       run.json
+      tinax_run.json                           the TrainingRun's policy, and why each is kept
       step_000050/ … step_000250/              complete training checkpoints
       step_000300.orbax-checkpoint-tmp…/       the save that was interrupted
       step_000300.tinax-claim                  its claim, held by nobody since the kill
@@ -65,6 +66,8 @@ CONFIG: dict[str, Any] = {
 }
 
 _ATTEMPTS = 3
+# How many of the newest checkpoints the run keeps: all of them.
+KEEP = CONFIG["steps"] // CONFIG["checkpoint_every"]
 
 
 # --- model, optimizer, data: what a flax NNX user writes -------------------------------
@@ -196,7 +199,7 @@ def train(
     import jax
     from flax import nnx
 
-    from tinax.checkpointing import save_training_checkpoint
+    from tinax.checkpointing import TrainingRun
 
     train_step = make_train_step(config)
     model, optimizer, rng = make_training(config)
@@ -207,32 +210,31 @@ def train(
         nnx.update(model, start.model)
         nnx.update(optimizer, start.optimizer)
         rng, iterator, step = start.rng, start.iterator, start.step
-    pending = None
-    while step < config["steps"]:
-        rng, loss = train_step(model, optimizer, rng, next(iterator))
-        step += 1
-        yield step, float(loss)
-        if step % config["checkpoint_every"] != 0:
-            continue
-        if pending is not None:
-            pending.result()  # one save in flight at a time
-        last = step == config["steps"]
-        model_state, optimizer_state = nnx.state(model), nnx.state(optimizer)
-        if last and kill_at_last_save:
-            jax.block_until_ready((model_state, optimizer_state, rng))
-        pending = save_training_checkpoint(
-            run_dir / checkpoint_name(step),
-            step,
-            model_state,
-            optimizer_state,
-            rng,
-            {"loss": float(loss), "learning_rate": float(config["learning_rate"])},
-            iterator,
-        )
-        if last and kill_at_last_save:
-            _die_mid_write(run_dir, checkpoint_name(step))
-    if pending is not None:
-        pending.result()
+    # Every checkpoint of the demo is kept (the newest KEEP), and the best by loss.
+    with TrainingRun(
+        run_dir, save_every=config["checkpoint_every"], keep=KEEP, keep_best=1, best_by="loss"
+    ) as run:
+        while step < config["steps"]:
+            rng, loss = train_step(model, optimizer, rng, next(iterator))
+            step += 1
+            yield step, float(loss)
+            if not run.should_save(step):
+                continue
+            last = step == config["steps"]
+            model_state, optimizer_state = nnx.state(model), nnx.state(optimizer)
+            if last and kill_at_last_save:
+                run.wait()  # the previous save, and its retention, are done
+                jax.block_until_ready((model_state, optimizer_state, rng))
+            run.save(
+                step,
+                model_state,
+                optimizer_state,
+                rng,
+                {"loss": float(loss), "learning_rate": float(config["learning_rate"])},
+                iterator,
+            )
+            if last and kill_at_last_save:
+                _die_mid_write(run_dir, checkpoint_name(step))
 
 
 def _die_mid_write(run_dir: Path, name: str, timeout: float = 5.0) -> None:

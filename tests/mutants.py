@@ -1,31 +1,55 @@
 """The mutant campaign: hostile and damaged checkpoints against every read path.
 
+(Over 500 lines: a campaign script, its families of damage and its worker in one
+file, so that ``python tests/mutants.py`` runs alone.)
+
 Two healthy checkpoints written by tinax (a ``save_checkpointables`` one and a training
 checkpoint) are damaged in every way a disk, a bug or a hostile user can: a flipped
 byte anywhere in every file (array data files included), truncations, deleted files,
 FIFOs, sockets, symbolic links into and out of the checkpoint, huge (sparse) and
-deeply nested JSON, non-UTF-8 file contents and names. Each mutant sits in a run
-next to a healthy checkpoint, and is read by the load (``load_checkpointables`` or
-``load_training_checkpoint``), ``checkpoint_table``, ``read_leaf`` and
-``list_checkpoints``. Each call's outcome is one of:
+deeply nested JSON, non-UTF-8 file contents and names; and, by family: memory bombs
+(array metadata rewritten in its store to claim 10¹² elements, in its shape, its
+chunk or both, or far more than its bytes), stripped checksums (the record deleted,
+or one leaf's entry, then a data byte flipped), swaps (array bytes, ``_sharding``,
+the checksum record, ``_strings.json`` or an iterator state taken from another
+checkpoint of the same structure), hard links of the array data file (to the
+healthy sibling's, to another checkpoint's), 50 GB sparse files (``manifest.ocdbt``,
+``_METADATA``, array data) and 100,000 nested objects in metadata. Each mutant sits in
+a run next to a healthy checkpoint, and is read by the load
+(``load_checkpointables`` or ``load_training_checkpoint``), ``checkpoint_table``,
+``read_leaf``, ``list_checkpoints``, ``verify(data=True)`` and ``diff_table`` (against
+the healthy sibling, which holds the same values). Each call's outcome is one of:
 
 - ``ok``: it succeeded and what it returned equals the original (damage that does
-  not matter, such as a flipped byte in ``commit_success.txt``);
+  not matter, such as a flipped byte in ``commit_success.txt``); for ``verify``, the
+  verdict was sound; for ``diff_table``, no leaf came out ``changed``;
 - ``clean error``: a ``ValueError``, ``OSError`` or ``TypeError`` whose message names
-  the mutant checkpoint (or the file in it);
+  the mutant checkpoint (or the file in it); for ``verify``, a verdict of not sound;
 - ``unclean error``: any other exception, or a message that does not name the path;
-- ``wrong data``: it succeeded but returned values that differ from what was saved;
+- ``wrong data``: it succeeded but returned values that differ from what was saved
+  (for ``diff_table``: a leaf reported ``changed``, damage that went unseen);
+- ``weaker than load``: ``verify`` called sound a mutant the load refused;
 - ``hang``: it did not finish within the time limit;
 - for ``list_checkpoints``: ``escaped`` when it raised at all, ``wrong data`` when the
   healthy sibling is not listed as complete.
 
+Beside the mutants, a list of misuse calls (``misuse``: saves of colliding, empty or
+non-string keys, empty arrays, steps outside int64, wrong argument types) must each
+be refused with a ``TypeError``, ``ValueError`` or ``FileNotFoundError`` before
+anything is written.
+
+A rewrite that changes data and its checksum record together (self-consistent) is
+outside the threat model: nothing in the checkpoint can tell it from a save.
+
 The calls run in a worker process that the campaign kills and replaces when a call
-hangs. Run the whole campaign (about 450 mutants, some minutes) with
+hangs. Run the whole campaign (about 980 mutants, some minutes) with
 
     make mutants            # or: .venv/bin/python tests/mutants.py [--limit N] [--json FILE]
+                            #     [--family bomb --family swap ...]
 
-It prints a table of outcomes per call and exits 1 unless there are no hangs, no
-wrong data, no exception escaping ``list_checkpoints`` and no unclean error.
+It prints a table of outcomes per call and per family, and exits 1 unless there are
+no hangs, no wrong data, no weaker verdicts, no exception escaping
+``list_checkpoints`` and no unclean error.
 ``tests/test_mutants.py`` runs a sample of it in ``make test``.
 """
 
@@ -49,18 +73,33 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 CALL_TIMEOUT = 60.0
-CALLS = ("load", "checkpoint_table", "read_leaf", "list_checkpoints")
-OUTCOMES = ("ok", "clean error", "unclean error", "wrong data", "hang", "escaped")
+CALLS = ("load", "checkpoint_table", "read_leaf", "list_checkpoints", "verify", "diff_table")
+OUTCOMES = (
+    "ok",
+    "clean error",
+    "unclean error",
+    "wrong data",
+    "hang",
+    "escaped",
+    "weaker than load",
+    "memory blow-up",
+)
+# A call that leaves the worker's peak resident memory above this blew up: the
+# checkpoints are a few hundred KiB, and a read holds a few tens of MiB beyond JAX.
+MAX_RSS_BYTES = 2 << 30
+# Misuse of the API by a careless caller: each must be refused with a TypeError or
+# ValueError naming what is wrong, before anything is written.
+MISUSE = "misuse"
 BASES = ("checkpointables", "training")
 
 # -- the healthy checkpoints and what a load must give back -----------------------------------
 
 
-def _model() -> dict[str, Any]:
+def _model(seed: int = 0) -> dict[str, Any]:
     import jax.numpy as jnp
     import numpy as np
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     return {
         "dense": {
             "w": jnp.asarray(rng.standard_normal((64, 64)), jnp.float32),
@@ -99,18 +138,30 @@ def _training_parts() -> tuple[Any, Any, Any, Any]:
 
 
 def write_bases(directory: Path) -> dict[str, Path]:
-    """The two healthy checkpoints, written by tinax."""
+    """The two healthy checkpoints, written by tinax, and beside each (``other``) one of
+    the same structure holding other values, for damage that swaps files between them."""
     from tinax.checkpointing import save_checkpointables, save_training_checkpoint
 
     paths = {base: directory / base / "step_1" for base in BASES}
     for path in paths.values():
         path.parent.mkdir(parents=True)
-    save_checkpointables(
-        paths["checkpointables"], {"model": _model(), "extra": {"scale": 2.0, "note": "x"}}
-    ).result()
+    for name, seed, note in (("step_1", 0, "x"), ("other", 1, "y")):
+        save_checkpointables(
+            paths["checkpointables"].parent / name,
+            {"model": _model(seed), "extra": {"scale": 2.0 + seed, "note": note}},
+        ).result()
     model, optimizer, rng, auxiliary = _training_parts()
     save_training_checkpoint(
         paths["training"], 1, model, optimizer, rng, auxiliary, _iterator()
+    ).result()
+    save_training_checkpoint(
+        paths["training"].parent / "other",
+        1,
+        _model(1),
+        optimizer,
+        rng,
+        {"loss": 0.75, "tag": "run-b"},
+        _iterator(skip=5),
     ).result()
     return paths
 
@@ -244,6 +295,169 @@ def _rename_non_utf8(relative: str) -> Damage:
         path.rename(path.parent / os.fsdecode(path.name.encode() + b"-\xff"))
 
     return damage
+
+
+# -- the families of damage beyond single files --------------------------------------------
+
+
+def _data_file(root: Path, checkpointable: str = "model") -> Path:
+    """The largest file of a checkpointable's array store: where its array bytes are."""
+    files = [p for p in (root / checkpointable).rglob("*") if p.is_file() and p.parent.name == "d"]
+    return max(files, key=lambda p: (p.stat().st_size, p.name))
+
+
+def _inflate(param: str, *, shape: list[int] | None, chunk: list[int] | None) -> Damage:
+    """The array metadata of ``param`` rewritten in its OCDBT store to claim other sizes."""
+
+    def damage(root: Path) -> None:
+        import tensorstore as ts
+
+        store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{root / 'model'}"}).result()
+        key = f"{param}/zarr.json"
+        meta = json.loads(store.read(key).result().value)
+        if shape is not None:
+            meta["shape"] = shape
+            meta["chunk_grid"]["configuration"]["chunk_shape"] = shape
+        if chunk is not None:
+            meta["codecs"][0]["configuration"]["chunk_shape"] = chunk
+        store.write(key, json.dumps(meta).encode()).result()
+
+    return damage
+
+
+def _strip_checksums(then: Damage | None) -> Damage:
+    def damage(root: Path) -> None:
+        for record in root.glob("*/tinax_checksums"):
+            shutil.rmtree(record)
+        if then is not None:
+            then(root)
+
+    return damage
+
+
+def _drop_leaf_record(key: str, then: Damage | None) -> Damage:
+    """One leaf's entry removed from the checksum record (the record stays valid JSON)."""
+
+    def damage(root: Path) -> None:
+        for record in (root / "model" / "tinax_checksums").glob("*.json"):
+            document = json.loads(record.read_bytes())
+            document["leaves"].pop(key, None)
+            record.write_text(json.dumps(document))
+        if then is not None:
+            then(root)
+
+    return damage
+
+
+def _flip_data(root: Path) -> None:
+    path = _data_file(root)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _swap_data(other: Path) -> Damage:
+    """The array bytes replaced by those of another checkpoint of the same structure."""
+
+    def damage(root: Path) -> None:
+        _data_file(root).write_bytes(_data_file(other).read_bytes())
+
+    return damage
+
+
+def _swap_file(relative: str, other: Path) -> Damage:
+    def damage(root: Path) -> None:
+        (root / relative).write_bytes((other / relative).read_bytes())
+
+    return damage
+
+
+def _hard_link_data(other: Path | None) -> Damage:
+    """The array data file replaced by a hard link to the sibling's (identical) file, or
+    to the bytes of another checkpoint of the same structure."""
+
+    def damage(root: Path) -> None:
+        mine = _data_file(root)
+        source = (
+            root.parent / "step_0" / mine.relative_to(root) if other is None else _data_file(other)
+        )
+        mine.unlink()
+        os.link(source, mine)
+
+    return damage
+
+
+def _sparse(relative: str, size: int) -> Damage:
+    def damage(root: Path) -> None:
+        with open(root / relative, "r+b") as f:
+            f.truncate(size)
+
+    return damage
+
+
+def _sparse_data(size: int) -> Damage:
+    def damage(root: Path) -> None:
+        with open(_data_file(root), "r+b") as f:
+            f.truncate(size)
+
+    return damage
+
+
+def _nested_objects(depth: int) -> bytes:
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+def families(base: Path, kind: str) -> Iterator[tuple[str, Damage]]:
+    """Damage beyond single files: memory bombs, stripped checksums, files swapped with
+    another checkpoint's, hard links, huge sparse files and deep nesting."""
+    other = base.parent / "other"
+    param = "dense.w"
+    big = 10**6
+    yield "bomb: shape claims 10^12 elements", _inflate(param, shape=[big, big], chunk=None)
+    yield "bomb: chunk claims 10^12 elements", _inflate(param, shape=None, chunk=[big, big])
+    yield (
+        "bomb: shape and chunk claim 10^12 elements",
+        _inflate(param, shape=[big, big], chunk=[big, big]),
+    )
+    yield "bomb: shape claims 1000x its bytes", _inflate(param, shape=[64, 64_000], chunk=None)
+    yield "bomb: chunk claims 100x its shape", _inflate(param, shape=None, chunk=[6400, 64])
+    yield "strip: checksums removed", _strip_checksums(None)
+    yield "strip: checksums removed, then a data byte flipped", _strip_checksums(_flip_data)
+    yield (
+        "strip: one leaf's checksum removed, then a data byte flipped",
+        _drop_leaf_record("['dense']['w']", _flip_data),
+    )
+    yield "swap: array data from another checkpoint", _swap_data(other)
+    yield "swap: _sharding from another checkpoint", _swap_file("model/_sharding", other)
+    yield (
+        "swap: checksums from another checkpoint",
+        _swap_file("model/tinax_checksums/process_0.json", other),
+    )
+    for relative in _files(base):
+        name = Path(relative).name
+        if name == "_strings.json" or names_iterator(name):
+            yield f"swap: {relative} from another checkpoint", _swap_file(relative, other)
+    yield "hard link: data file to the sibling's", _hard_link_data(None)
+    yield "hard link: data file to another checkpoint's", _hard_link_data(other)
+    yield "sparse: 50 GB manifest.ocdbt", _sparse("model/manifest.ocdbt", 50 << 30)
+    yield "sparse: 50 GB _METADATA", _sparse("model/_METADATA", 50 << 30)
+    yield "sparse: 50 GB array data file", _sparse_data(50 << 30)
+    yield (
+        "deep nesting: 100k objects in _METADATA",
+        _write("model/_METADATA", _nested_objects(100_000)),
+    )
+    yield (
+        "deep nesting: 100k objects in _sharding",
+        _write("model/_sharding", _nested_objects(100_000)),
+    )
+    yield (
+        "deep nesting: 100k objects in the checksums",
+        _write("model/tinax_checksums/process_0.json", _nested_objects(100_000)),
+    )
+    yield (
+        "deep nesting: 100k objects in _CHECKPOINT_METADATA",
+        _write("_CHECKPOINT_METADATA", _nested_objects(100_000)),
+    )
 
 
 BOMB = b"[" * 100_000 + b"]" * 100_000
@@ -392,6 +606,108 @@ def _listing(run: str, path: str) -> tuple[str, str]:
     return "ok", f"listed as {status or 'nothing'}"
 
 
+def _verify(base: str, path: str) -> tuple[str, str]:
+    """``verify(data=True)``: sound is ``ok``, not sound a refusal (a ``clean error``)."""
+    import tinax.explore as ex
+
+    try:
+        result = ex.verify(path, data=True)
+    except Exception as e:
+        return "unclean error", f"{type(e).__name__}: {e}"
+    if result.ok:
+        return "ok", result.verdict
+    return "clean error", result.verdict
+
+
+def _diff(base: str, path: str) -> bool:
+    """``diff_table`` of the healthy sibling against the mutant: both were saved with the
+    same values, so a leaf ``changed`` is damage that went unseen."""
+    import tinax.explore as ex
+
+    table = ex.diff_table(os.path.join(os.path.dirname(path), "step_0"), path)
+    return not (table["status"] == "changed").any()
+
+
+def _misuse_calls(scratch: str) -> list[tuple[str, Callable[[], Any]]]:
+    """Careless calls, each to be refused with a clear TypeError or ValueError."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import tinax.explore as ex
+    from tinax import checkpointing as ck
+
+    x = np.ones(3, np.float32)
+    some = os.path.join(scratch, "misuse")
+
+    def save(tree: Any) -> Callable[[], Any]:
+        return lambda: ck.save_checkpointables(some, {"m": tree}).result()
+
+    return [
+        ("save colliding keys", save({"a.b": x, "a": {"b": x}})),
+        ("save a float dict key", save({1.5: x})),
+        ("save a tuple dict key", save({(1, 2): x})),
+        ("save an empty dict key", save({"": x})),
+        ("save an empty array", save({"a": np.zeros((0, 4), np.float32)})),
+        ("save a None checkpointable", lambda: ck.save_checkpointables(some, {"m": None})),
+        ("save no checkpointables", lambda: ck.save_checkpointables(some, {})),
+        ("save a list of checkpointables", lambda: ck.save_checkpointables(some, [x])),
+        (
+            "save to a temporary name",
+            lambda: ck.save_checkpointables(some + ".orbax-checkpoint-tmp-1", {"m": x}),
+        ),
+        (
+            "save step 10**20",
+            lambda: ck.save_training_checkpoint(some, 10**20, {"w": x}, {}, jnp.zeros(2), {}, None),
+        ),
+        (
+            "save step -1",
+            lambda: ck.save_training_checkpoint(some, -1, {"w": x}, {}, jnp.zeros(2), {}, None),
+        ),
+        (
+            "save step True",
+            lambda: ck.save_training_checkpoint(some, True, {"w": x}, {}, jnp.zeros(2), {}, None),
+        ),
+        ("verify data='yes'", lambda: ex.verify(scratch, data="yes")),  # type: ignore[arg-type]
+        ("verify a missing path", lambda: ex.verify(some + "-missing")),
+        ("diff two numbers", lambda: ex.diff_table(1, 2)),  # type: ignore[arg-type]
+        ("read_leaf with an int key", lambda: ex.read_leaf(scratch, "model", 3)),  # type: ignore[arg-type]
+        ("checkpoint_table of None", lambda: ex.checkpoint_table(None)),  # type: ignore[arg-type]
+        ("list_checkpoints of 5", lambda: ex.list_checkpoints(5)),  # type: ignore[arg-type]
+        ("load into a list", lambda: ck.load_checkpointables(scratch, [x])),  # type: ignore[arg-type]
+    ]
+
+
+def misuse(scratch: str) -> list[dict[str, str]]:
+    """Every misuse call's outcome: a TypeError/ValueError/FileNotFoundError that says what
+    is wrong is ``clean error``; anything else (success included) breaks the rules."""
+    records = []
+    for description, call in _misuse_calls(scratch):
+        try:
+            call()
+        except (TypeError, ValueError, FileNotFoundError) as e:
+            outcome, message = "clean error", f"{type(e).__name__}: {e}"
+            if not str(e) or isinstance(e, RecursionError):
+                outcome = "unclean error"
+        except Exception as e:
+            outcome, message = "unclean error", f"{type(e).__name__}: {e}"
+        else:
+            outcome, message = "wrong data", "accepted"
+        nothing_written = not os.path.exists(os.path.join(scratch, "misuse"))
+        if not nothing_written:
+            outcome, message = "wrong data", "something was written: " + message
+            shutil.rmtree(os.path.join(scratch, "misuse"), ignore_errors=True)
+        records.append(
+            {
+                "base": "-",
+                "mutant": description,
+                "call": MISUSE,
+                "outcome": outcome,
+                "message": message[:500],
+            }
+        )
+    return records
+
+
 def _outcome(call: Callable[[], bool], path: str) -> tuple[str, str]:
     try:
         same = call()
@@ -402,6 +718,15 @@ def _outcome(call: Callable[[], bool], path: str) -> tuple[str, str]:
     except Exception as e:
         return "unclean error", f"{type(e).__name__}: {e}"
     return ("ok", "") if same else ("wrong data", "returned values differ from the saved ones")
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def worker() -> None:
@@ -416,10 +741,23 @@ def worker() -> None:
         base, path, call = request["base"], request["path"], request["call"]
         if call == "list_checkpoints":
             outcome, message = _listing(os.path.dirname(path), path)
+        elif call == "verify":
+            outcome, message = _verify(base, path)
+        elif call == MISUSE:
+            records = misuse(path)
+            sys.stdout.write(json.dumps({"records": records}) + "\n")
+            sys.stdout.flush()
+            continue
         else:
-            fn = {"load": _load, "checkpoint_table": _table, "read_leaf": _read_leaf}[call]
+            fn = {
+                "load": _load,
+                "checkpoint_table": _table,
+                "read_leaf": _read_leaf,
+                "diff_table": _diff,
+            }[call]
             outcome, message = _outcome(lambda fn=fn, b=base, p=path: fn(b, p), path)
-        sys.stdout.write(json.dumps({"outcome": outcome, "message": message[:500]}) + "\n")
+        answer = {"outcome": outcome, "message": message[:500], "rss": _peak_rss()}
+        sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 
 
@@ -457,6 +795,11 @@ class Worker:
             self.stop()
             return "unclean error", "the worker process died"
         answer = json.loads(line)
+        if "records" in answer:
+            return "records", json.dumps(answer["records"])
+        if answer.get("rss", 0) > MAX_RSS_BYTES:
+            self.stop()  # a fresh worker, so that the next call's peak is its own
+            return "memory blow-up", f"peak RSS {answer['rss'] >> 20} MiB: {answer['message']}"
         return answer["outcome"], answer["message"]
 
     def stop(self) -> None:
@@ -472,7 +815,16 @@ def _copy(source: Path, dest: Path) -> None:
 
 def all_mutants(bases: dict[str, Path]) -> list[tuple[str, str, Damage]]:
     """``(base, description, damage)`` for every mutant of both bases."""
-    return [(base, desc, dmg) for base in BASES for desc, dmg in mutants(bases[base])]
+    return [
+        (base, desc, dmg)
+        for base in BASES
+        for desc, dmg in [*mutants(bases[base]), *families(bases[base], base)]
+    ]
+
+
+def names_iterator(name: str) -> bool:
+    """Whether ``name`` is a Grain iterator state file."""
+    return name.startswith("process_") and name.endswith(".json") and "-of-" in name
 
 
 def run_campaign(
@@ -480,6 +832,7 @@ def run_campaign(
     sample: int | None = None,
     timeout: float = CALL_TIMEOUT,
     progress: bool = True,
+    only: tuple[str, ...] = (),
 ) -> list[dict[str, str]]:
     """Builds the bases, damages copies, reads them; returns one record per call."""
     scratch = Path(tempfile.mkdtemp(prefix="tinax-mutants-"))
@@ -488,6 +841,8 @@ def run_campaign(
     try:
         bases = write_bases(scratch / "bases")
         cases = all_mutants(bases)
+        if only:
+            cases = [case for case in cases if family(case[1]) in only]
         if sample is not None:
             # Every kind of damage at least once, then an even spread over the rest.
             by_kind: dict[str, list[int]] = collections.defaultdict(list)
@@ -501,6 +856,21 @@ def run_campaign(
         if limit is not None:
             cases = cases[:limit]
         started = time.monotonic()
+        misuse_dir = scratch / "misuse-calls"
+        _copy(bases["checkpointables"], misuse_dir)
+        outcome, message = worker_process.call("-", str(misuse_dir), MISUSE, timeout * 3)
+        if outcome == "records":
+            records.extend(json.loads(message))
+        else:
+            records.append(
+                {
+                    "base": "-",
+                    "mutant": "misuse calls",
+                    "call": MISUSE,
+                    "outcome": outcome,
+                    "message": message,
+                }
+            )
         for n, (base, desc, damage) in enumerate(cases, 1):
             run = scratch / "runs" / f"{n:04d}"
             _copy(bases[base], run / "step_0")
@@ -508,13 +878,12 @@ def run_campaign(
             mutant = run / "step_1"
             damage(mutant)
             calls = (
-                CALLS
-                if base == "checkpointables"
-                else ("load", "checkpoint_table", "list_checkpoints")
+                CALLS if base == "checkpointables" else tuple(c for c in CALLS if c != "read_leaf")
             )
+            mine = []
             for call in calls:
                 outcome, message = worker_process.call(base, str(mutant), call, timeout)
-                records.append(
+                mine.append(
                     {
                         "base": base,
                         "mutant": desc,
@@ -523,6 +892,8 @@ def run_campaign(
                         "message": message,
                     }
                 )
+            _cross_check(mine)
+            records.extend(mine)
             shutil.rmtree(run, ignore_errors=True)
             for stray in (scratch / "runs").glob("outside-*"):
                 shutil.rmtree(stray) if stray.is_dir() else stray.unlink()
@@ -534,6 +905,19 @@ def run_campaign(
     return records
 
 
+def _cross_check(records: list[dict[str, str]]) -> None:
+    """``verify`` calling sound, or ``diff_table`` reading it, a mutant the load refuses."""
+    by_call = {r["call"]: r for r in records}
+    load = by_call.get("load")
+    if load is None or load["outcome"] != "clean error":
+        return
+    for call in ("verify", "diff_table"):
+        record = by_call.get(call)
+        if record is not None and record["outcome"] == "ok" and call == "verify":
+            record["outcome"] = "weaker than load"
+            record["message"] = f"sound, but the load refused: {load['message'][:300]}"
+
+
 def summary(records: list[dict[str, str]]) -> dict[str, collections.Counter[str]]:
     """Outcome counts per call."""
     table: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
@@ -542,9 +926,17 @@ def summary(records: list[dict[str, str]]) -> dict[str, collections.Counter[str]
     return table
 
 
+def family(description: str) -> str:
+    """The family of a mutant, from its description (``flip``, ``bomb:``, ``swap:``…)."""
+    head = description.split(" ")[0].rstrip(":")
+    if head == "deep" or head == "hard":
+        return " ".join(description.split(" ")[:2]).rstrip(":")
+    return head
+
+
 def failures(records: list[dict[str, str]]) -> list[dict[str, str]]:
     """The records that break the campaign's rules."""
-    bad = {"unclean error", "wrong data", "hang", "escaped"}
+    bad = {"unclean error", "wrong data", "hang", "escaped", "weaker than load", "memory blow-up"}
     return [r for r in records if r["outcome"] in bad]
 
 
@@ -552,9 +944,18 @@ def print_summary(records: list[dict[str, str]]) -> None:
     mutants_seen = {(r["base"], r["mutant"]) for r in records}
     print(f"{len(mutants_seen)} mutants, {len(records)} calls")
     counts = summary(records)
-    print(f"{'call':20}" + "".join(f"{o:>15}" for o in OUTCOMES))
-    for call in CALLS:
-        print(f"{call:20}" + "".join(f"{counts[call][o]:15d}" for o in OUTCOMES))
+    print(f"{'call':20}" + "".join(f"{o:>17}" for o in OUTCOMES))
+    for call in (*CALLS, MISUSE):
+        print(f"{call:20}" + "".join(f"{counts[call][o]:17d}" for o in OUTCOMES))
+    print("\nper family (outcomes of every call on its mutants):")
+    families: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for record in records:
+        families[family(record["mutant"]) if record["call"] != MISUSE else MISUSE][
+            record["outcome"]
+        ] += 1
+    print(f"{'family':20}" + "".join(f"{o:>17}" for o in OUTCOMES))
+    for name, counter in sorted(families.items()):
+        print(f"{name:20}" + "".join(f"{counter[o]:17d}" for o in OUTCOMES))
     for record in failures(records)[:50]:
         print(
             f"  {record['outcome']}: {record['call']} on {record['base']}: {record['mutant']}: {record['message'][:200]}"
@@ -568,11 +969,16 @@ def main() -> int:
     parser.add_argument("--sample", type=int, default=None, help="run an even sample of N")
     parser.add_argument("--timeout", type=float, default=CALL_TIMEOUT, help="seconds per call")
     parser.add_argument("--json", default=None, help="also write every call's record here")
+    parser.add_argument(
+        "--family", action="append", default=[], help="run only this family (repeatable)"
+    )
     args = parser.parse_args()
     if args.worker:
         worker()
         return 0
-    records = run_campaign(limit=args.limit, sample=args.sample, timeout=args.timeout)
+    records = run_campaign(
+        limit=args.limit, sample=args.sample, timeout=args.timeout, only=tuple(args.family)
+    )
     print_summary(records)
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))

@@ -1,16 +1,19 @@
 """The widgets in a real browser: JupyterLab + Debian's Chromium driven by Playwright.
 
-One JupyterLab server serves the whole test. It looks at the explorer and the
-restore-target builder at 900 px (a laptop with the file browser open) and at
-1,400 and 1,600 px, checks from the DOM that every column header can be scrolled into view
-and that the histogram keeps its image's aspect ratio, and keeps screenshots of
-every width in ``test-artifacts/``. It also opens one of the repository's notebooks
-and checks that JupyterLab leaves its bytes as committed.
+One JupyterLab server serves the whole test. It looks at every widget, and at the
+repository's notebooks 02 and 03 run whole, at 900 px, at 1,280 px with the file
+browser open and at 1,600 px; it checks from the DOM that no output needs sideways
+scrolling and that no visible text is cut (a key shortened in the middle on purpose
+carries the whole key as its title), that the histogram keeps its image's aspect
+ratio, and keeps screenshots of every width in ``test-artifacts/``. It also checks
+that JupyterLab leaves a notebook's bytes as committed when it opens and saves it.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +34,9 @@ from playwright.sync_api import Page, expect, sync_playwright
 from tinax.checkpointing import save_checkpointables
 
 ARTIFACTS = REPO / "test-artifacts"
-# A laptop with JupyterLab's file browser open, a common laptop, and a wide screen.
-WIDTHS = (900, 1400, 1600)
+# A small laptop, a common laptop with JupyterLab's file browser open, a wide screen.
+WIDTHS = (900, 1280, 1600)
+REPO_NOTEBOOKS = ("02_explore_a_run.ipynb", "03_restore_targets.ipynb")
 HEIGHT = 1100
 REPO_NOTEBOOK = REPO / "notebooks" / "02_explore_a_run.ipynb"
 
@@ -110,101 +114,44 @@ def _write_notebook(path: Path) -> None:
     nbformat.write(notebook, path)
 
 
-# Scrolls ``el`` into view the way a reader can: through the ancestors that show a
-# scroll bar (overflow auto or scroll), never through ones that clip (overflow hidden).
-_REVEAL_JS = """
-function reveal(el) {
-  for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
-    const style = getComputedStyle(a);
-    const box = a.getBoundingClientRect();
-    let r = el.getBoundingClientRect();
-    if (['auto', 'scroll'].includes(style.overflowX)) {
-      if (r.right > box.right) a.scrollLeft += Math.min(r.right - box.right, r.left - box.left);
-      r = el.getBoundingClientRect();
-      if (r.left < box.left) a.scrollLeft -= box.left - r.left;
+# What a reader of ``root`` (an output, or a widget) cannot read without help: any
+# element that scrolls sideways or reaches past the output's right edge, and any
+# visible text cut short; a key shortened in the middle on purpose (with its whole
+# text as a title) is fine.
+_READABLE_JS = """
+(root) => {
+  const problems = [];
+  const output = root.closest('.jp-OutputArea-output') || root;
+  const edge = output.getBoundingClientRect().right;
+  const name = (el) => (el.textContent || el.tagName).trim().slice(0, 60);
+  for (const box of [output, ...root.querySelectorAll('table, .tinax-grid-body, .widget-box')]) {
+    if (box.offsetParent === null) continue;
+    if (box.scrollWidth > box.clientWidth + 1) {
+      problems.push(`${box.tagName}.${box.className}: needs sideways scrolling` +
+        ` (${box.scrollWidth} px in ${box.clientWidth} px)`);
     }
-    if (['auto', 'scroll'].includes(style.overflowY)) {
-      r = el.getBoundingClientRect();
-      if (r.bottom > box.bottom) a.scrollTop += Math.min(r.bottom - box.bottom, r.top - box.top);
-      r = el.getBoundingClientRect();
-      if (r.top < box.top) a.scrollTop -= box.top - r.top;
+    const r = box.getBoundingClientRect();
+    if (r.width && r.right > edge + 1) {
+      problems.push(`${box.tagName}.${box.className}: reaches past the output (${r.right} > ${edge})`);
     }
   }
+  for (const el of root.querySelectorAll('*')) {
+    if (el.offsetParent === null || !el.clientWidth) continue;
+    const text = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (!text && !['TD', 'TH'].includes(el.tagName)) continue;
+    if (el.scrollWidth <= el.clientWidth + 1) continue;
+    if (el.querySelector('.tinax-shortened[title]') || el.matches('.tinax-shortened[title]')) continue;
+    problems.push(`${name(el)}: text cut (${el.scrollWidth} px in ${el.clientWidth} px)`);
+  }
+  return problems;
 }
 """
 
-# For every table header cell and every cell sized to its text (keys) in ``root``:
-# reveal it, then report it if its text is cut, or if it still lies outside an
-# ancestor that clips (a column cut off with no way to scroll to it). Tables are
-# scrolled back to their start afterwards.
-_REACHABLE_JS = (
-    "(root) => {"
-    + _REVEAL_JS
-    + """
-  const problems = [];
-  const cells = [
-    ...root.querySelectorAll('.tinax-table > .widget-hbox:first-child > .widget-label'),
-    ...root.querySelectorAll('.tinax-table .tinax-fitted-cell'),
-  ].filter((cell) => cell.offsetParent !== null && cell.textContent.trim() !== '');
-  for (const cell of cells) {
-    const text = cell.textContent.trim();
-    reveal(cell);
-    const r = cell.getBoundingClientRect();
-    if (cell.scrollWidth > cell.clientWidth + 1) {
-      problems.push(`${text}: text cut (${cell.scrollWidth} px in ${cell.clientWidth} px)`);
-    }
-    if (r.left < -1 || r.right > window.innerWidth + 1) {
-      problems.push(`${text}: off screen (${r.left}..${r.right})`);
-    }
-    for (let a = cell.parentElement; a && a !== document.body; a = a.parentElement) {
-      if (getComputedStyle(a).overflowX === 'visible') continue;
-      const box = a.getBoundingClientRect();
-      if (r.left < box.left - 1 || r.right > box.right + 1) {
-        problems.push(
-          `${text}: clipped by ${a.className} (${r.left}..${r.right} in ${box.left}..${box.right})`
-        );
-        break;
-      }
-    }
-  }
-  for (const table of root.querySelectorAll('.tinax-table')) table.scrollLeft = 0;
-  // Nothing else may stick out of the output area, unless a scroll bar reaches it.
-  // The box through which the widget is seen: every ancestor that clips narrows it.
-  const area = {left: 0, right: window.innerWidth};
-  for (let a = root; a && a !== document.body; a = a.parentElement) {
-    if (getComputedStyle(a).overflowX === 'visible') continue;
-    const box = a.getBoundingClientRect();
-    area.left = Math.max(area.left, box.left);
-    area.right = Math.min(area.right, box.right);
-  }
-  const parts = root.querySelectorAll('.widget-label, button, .widget-html, img, select, input');
-  for (const part of parts) {
-    if (part.offsetParent === null) continue;
-    // Labels outside tables (whose cells are checked above) show their whole text.
-    const label = part.classList.contains('widget-label') && !part.closest('.tinax-table');
-    if (label && part.scrollWidth > part.clientWidth + 1) {
-      problems.push(`${part.textContent.trim()}: text cut (${part.scrollWidth} px in ${part.clientWidth} px)`);
-    }
-    const r = part.getBoundingClientRect();
-    if (r.right <= area.right + 1 && r.left >= area.left - 1) continue;
-    let scrolled = false;
-    for (let a = part.parentElement; a && a !== root.parentElement; a = a.parentElement) {
-      if (['auto', 'scroll'].includes(getComputedStyle(a).overflowX)) scrolled = true;
-    }
-    if (!scrolled) {
-      problems.push(`${part.textContent.trim() || part.tagName}: sticks out (${r.left}..${r.right})`);
-    }
-  }
-  return {checked: cells.length, problems};
-}
-"""
-)
 
 _ASPECT_JS = (
     "(img) => {"
-    + _REVEAL_JS
     + """
-  reveal(img);
+  img.scrollIntoView({block: 'center'});
   const r = img.getBoundingClientRect();
   const area = img.closest('.jp-OutputArea-output').getBoundingClientRect();
   return {natural: [img.naturalWidth, img.naturalHeight], shown: [r.width, r.height],
@@ -227,22 +174,84 @@ def _screenshot(page: Page, widget: Any, width: int, name: str) -> None:
     page.set_viewport_size({"width": width, "height": HEIGHT})
 
 
-def _check_readable(page: Page, widget: Any, what: str) -> int:
-    """Asserts that every header and key of ``widget``'s tables can be read; returns how many."""
-    found = widget.evaluate(_REACHABLE_JS)
-    assert not found["problems"], f"{what}: " + "; ".join(found["problems"])
-    return int(found["checked"])
+def _check_readable(root: Any, what: str) -> None:
+    """Asserts that ``root`` (a widget or an output) reads without sideways scrolling."""
+    problems = root.evaluate(_READABLE_JS)
+    assert not problems, f"{what}: " + "; ".join(problems)
+
+
+def _run_and_check_notebook(page: Page, lab: Any, path: str) -> None:
+    """Runs a notebook whole and checks its outputs at every width, with screenshots."""
+    page.set_viewport_size({"width": WIDTHS[-1], "height": HEIGHT})
+    # A fresh workspace: the notebook alone, not the tabs an earlier page left open.
+    page.goto(lab.page_url(path) + "&reset", timeout=TIMEOUT_MS)
+    page.wait_for_function(
+        "path => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+        " return w && w.context && w.context.path === path; }",
+        arg=path,
+    )
+    run_all_cells(page)
+    # Done when the kernel is idle and every code cell has run.
+    page.wait_for_function(
+        """() => {
+          const w = window.jupyterapp.shell.currentWidget;
+          const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+          const code = w.content.widgets.filter((c) => c.model.type === 'code');
+          // A cell that raised stops the run: the cells after it never get a count.
+          const raised = code.some((c) => c.model.outputs.toJSON().some(
+            (o) => o.output_type === 'error'));
+          return kernel && kernel.status === 'idle' && (raised || code.every(
+            (c) => c.model.executionCount !== null));
+        }""",
+        timeout=4 * TIMEOUT_MS,
+        polling=500,
+    )
+    notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+    name = path.rsplit("/", 1)[-1]
+    errors = page.evaluate(
+        """() => window.jupyterapp.shell.currentWidget.content.widgets.flatMap(
+          (c) => c.model.type === 'code' ? c.model.outputs.toJSON() : [])
+          .filter((o) => o.output_type === 'error').map((o) => `${o.ename}: ${o.evalue}`)"""
+    )
+    assert not errors, f"{name} raised: {errors}"
+    stem = name.split("_")[0]
+    for width in WIDTHS:
+        _set_width(page, width)
+        outputs = notebook.locator(".jp-OutputArea-output")
+        assert outputs.count() >= 5, f"{name}: {outputs.count()} outputs"
+        for i in range(outputs.count()):
+            output = outputs.nth(i)
+            output.scroll_into_view_if_needed()
+            _check_readable(output, f"{name}, output {i + 1} at {width} px")
+        # The whole notebook in one picture: a window as tall as its content.
+        tall = int(
+            notebook.evaluate(
+                "el => Math.max(el.scrollHeight, ...[...el.querySelectorAll("
+                "'.jp-WindowedPanel-outer, .jp-WindowedPanel-inner')].map((e) => e.scrollHeight))"
+            )
+        )
+        page.set_viewport_size({"width": width, "height": min(tall + 200, 16_000)})
+        page.wait_for_timeout(300)
+        notebook.evaluate(
+            "el => { for (const e of [el, ...el.querySelectorAll('.jp-WindowedPanel-outer')])"
+            " e.scrollTop = 0; }"
+        )
+        page.screenshot(path=str(ARTIFACTS / f"notebook-{stem}-{width}px.png"))
+        page.set_viewport_size({"width": width, "height": HEIGHT})
 
 
 def _set_width(page: Page, width: int) -> None:
     page.set_viewport_size({"width": width, "height": HEIGHT})
-    if width < 1000:
+    if width == 1280:
         # A laptop: the file browser is open beside the notebook.
         page.evaluate(
             "async () => { if (window.jupyterapp.shell.leftCollapsed)"
             " await window.jupyterapp.commands.execute('filebrowser:activate'); }"
         )
         page.wait_for_function("() => !window.jupyterapp.shell.leftCollapsed")
+    else:
+        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+        page.wait_for_function("() => window.jupyterapp.shell.leftCollapsed")
     page.wait_for_timeout(500)  # let JupyterLab lay the panels out again
 
 
@@ -255,6 +264,18 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
     _write_run(notebooks / RUN_NAME)
     _write_notebook(notebooks / "explorer.ipynb")
     committed = REPO_NOTEBOOK.read_bytes()
+    # The repository's notebooks find demo/ and the demo run one level above their
+    # own folder; the run is built while the widgets are looked at.
+    copy_root = notebooks / "repo"
+    (copy_root / "notebooks").mkdir(parents=True)
+    (copy_root / "demo").symlink_to(REPO / "demo")
+    for name in REPO_NOTEBOOKS:
+        (copy_root / "notebooks" / name).write_bytes((REPO / "notebooks" / name).read_bytes())
+    demo_run = subprocess.Popen(
+        [sys.executable, str(REPO / "demo" / "make_run.py"), str(copy_root / "demo_run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     (notebooks / REPO_NOTEBOOK.name).write_bytes(committed)
     opened_at = (notebooks / REPO_NOTEBOOK.name).stat().st_mtime_ns
     expected = _kernel(300).astype(np.float64)
@@ -271,10 +292,19 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
 
             explorer = page.locator(".tinax-checkpoint-explorer")
             explorer.wait_for()
-            in_progress = explorer.get_by_role("button", name=re.compile(r"^step-400"))
-            assert in_progress.is_disabled(), "a save in progress must not be openable"
-            explorer.get_by_role("button", name="step-300", exact=True).click()
-            explorer.get_by_role("button", name=LEAF, exact=True).click()
+            rows = explorer.locator(".tinax-table tbody tr")
+            in_progress = rows.filter(has_text=re.compile(r"step-400"))
+            assert "tinax-unpickable" in (in_progress.get_attribute("class") or ""), (
+                "a save in progress must not be openable"
+            )
+            rows.filter(has_text=re.compile(r"^step-300")).click()
+            # A header click sorts (sizes largest first), a second click reverses.
+            leaf_table = explorer.locator(".tinax-table").filter(has_text="dtype").last
+            leaf_table.locator('th[data-field="nbytes"] button').click()
+            expect(leaf_table.locator('th[data-field="nbytes"]')).to_have_attribute(
+                "aria-sort", "descending"
+            )
+            leaf_table.locator(f'tbody tr:has(span[title="{LEAF}"])').click()
 
             stats = explorer.locator("table.tinax-leaf-stats")
             stats.wait_for()
@@ -291,7 +321,8 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             explorer.locator(".tinax-diff-view select").first.select_option(
                 label="compare with step-200"
             )
-            explorer.locator(".tinax-diff-view .tinax-table").wait_for()
+            explorer.locator(".tinax-diff-view .tinax-diff-tree .tinax-table").wait_for()
+            explorer.locator(".tinax-diff-view .tinax-table").last.wait_for()
             builder = page.locator(".tinax-restore-target-builder")
             builder.wait_for()
             builder.locator(".tinax-table").last.wait_for()
@@ -305,6 +336,7 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
 
             # Unticking a checkpointable unticks its subtrees, visibly; ticking gives them back.
             optimizer = builder.get_by_label("optimizer", exact=True)
+            optimizer.wait_for()
             subtrees = [
                 builder.get_by_label(k, exact=True) for k in ("['count']", "['learning_rate']")
             ]
@@ -327,12 +359,13 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
 
             for width in WIDTHS:
                 _set_width(page, width)
-                _check_readable(page, panel, f"save panel at {width} px")
-                checked = _check_readable(page, explorer, f"explorer at {width} px")
-                # Two tables of 7 columns and the diff's, with checkpoint names and keys.
-                assert checked >= 14 + 4 + 6, checked
-                checked = _check_readable(page, builder, f"builder at {width} px")
-                assert checked >= 3 + 6, checked  # the comparison's headers and keys
+                _check_readable(panel, f"save panel at {width} px")
+                _check_readable(explorer, f"explorer at {width} px")
+                _check_readable(builder, f"builder at {width} px")
+                # Key, shape, dtype and size in every leaf table, whatever the width.
+                headers = leaf_table.locator("th").all_inner_texts()
+                assert {"key", "shape", "dtype"} <= {h.strip(" ▲▼") for h in headers}, headers
+                assert any(h.startswith("size") for h in headers), headers
                 look = histogram.evaluate(_ASPECT_JS)
                 (nw, nh), (sw, sh) = look["natural"], look["shown"]
                 assert nw > 0 and sh > 0
@@ -369,6 +402,13 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             page.wait_for_function(
                 "() => !window.jupyterapp.shell.currentWidget.context.model.dirty"
             )
+            saved = (notebooks / REPO_NOTEBOOK.name).read_bytes()
+
+            # Notebooks 02 and 03 run whole: every output fits every width.
+            output, _ = demo_run.communicate(timeout=TIMEOUT_MS / 1000)
+            assert demo_run.returncode == 0, output.decode(errors="replace")
+            for name in REPO_NOTEBOOKS:
+                _run_and_check_notebook(page, lab, f"repo/notebooks/{name}")
         except Exception as e:
             failure = ARTIFACTS / "browser-failure.png"
             page.screenshot(path=str(failure), full_page=True)
@@ -378,8 +418,10 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
             ) from e
         finally:
             browser.close()
+            if demo_run.poll() is None:
+                demo_run.kill()
+                demo_run.wait()
 
     copy = notebooks / REPO_NOTEBOOK.name
     assert copy.stat().st_mtime_ns > opened_at, "JupyterLab did not save the notebook"
-    saved = copy.read_bytes()
     assert saved == committed, "opening and saving a notebook in JupyterLab changed its bytes"

@@ -36,3 +36,11 @@ def test_jobs_killed_mid_save_resume_and_nothing_partial_is_listed_complete():
 def test_racing_writers_end_with_one_commit_and_a_refused_loser():
     tinax = _campaign("racing_writers.py", "--trials", "4", "--mib", "16")["tinax"]
     assert tinax == {"one commit, loser refused": 4}
+
+
+def test_a_training_run_killed_while_saving_and_pruning_resumes_from_its_newest_sound_step():
+    tinax = _campaign("run_campaign.py", "--kills", "2", "--mib", "4", "--seed", "1")["tinax"]
+    assert tinax["kills"] == 2 and tinax["resumes"] == 2
+    assert tinax["refused"] == 0 and tinax["not_from_newest"] == 0
+    # Every checkpoint listed complete after each kill was loaded and checked bit for bit.
+    assert tinax["listed_complete"] >= 1 and tinax["partial_listed_complete"] == 0

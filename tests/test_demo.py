@@ -67,7 +67,7 @@ def test_run_has_complete_checkpoints_and_one_interrupted_save(run_dir: Path) ->
     temporaries = [n for n in entries if ".orbax-checkpoint-tmp" in n]
     # The killed save's claim is left behind too, held by nobody.
     claim = "step_000300.tinax-claim"
-    assert entries == sorted([*COMPLETE, *temporaries, claim, "run.json"])
+    assert entries == sorted([*COMPLETE, *temporaries, claim, "run.json", "tinax_run.json"])
     for name in COMPLETE:
         meta = json.loads((run_dir / name / "_CHECKPOINT_METADATA").read_text())
         assert set(meta["item_handlers"]) == NAMES

@@ -16,7 +16,7 @@ import tensorstore as ts
 from explore_fixtures import save_v1
 
 import tinax.explore as ex
-from tinax._format import words
+from tinax._format import checksums, words
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("step_000050", "step_000100")
@@ -35,8 +35,21 @@ def demo_run(tmp_path_factory) -> Path:
     return run
 
 
-def write_leaf(checkpointable: Path, param: str, values: np.ndarray) -> None:
-    """Overwrites a stored array in place, through tensorstore, as a repair tool would."""
+def write_leaf(checkpointable: Path, param: str, values: np.ndarray, key: str) -> None:
+    """Overwrites a stored array in place, through tensorstore, as a repair tool would,
+    and the checksum saved for it (else the new bytes are damage, and the leaf corrupt)."""
+    write_leaf_bytes(checkpointable, param, values)
+    for record in sorted((checkpointable / "tinax_checksums").glob("*.json")):
+        document = json.loads(record.read_bytes())
+        entry = document["leaves"].pop(key, None)
+        if entry is not None and record.name == "process_0.json":
+            bounds = [[0, n] for n in values.shape]
+            entry["pieces"] = [[bounds, checksums.digest(np.ascontiguousarray(values))]]
+            document["leaves"][key] = entry
+        record.write_text(json.dumps(document))
+
+
+def write_leaf_bytes(checkpointable: Path, param: str, values: np.ndarray) -> None:
     spec = {
         "driver": "zarr3",
         "kvstore": {
@@ -94,7 +107,7 @@ def test_a_leaf_edited_in_place_is_the_only_change(demo_run, tmp_path):
     kernel = ex.read_leaf(a, "model", "['dense2']['kernel']['value']")
     edited = kernel.copy()
     edited[7, 0] += 0.5
-    write_leaf(b / "model", "dense2.kernel.value", edited)
+    write_leaf(b / "model", "dense2.kernel.value", edited, "['dense2']['kernel']['value']")
     table = ex.diff_table(a, b)
     changed = table[table["status"] != words.SAME]
     assert list(zip(changed["checkpointable"], changed["key"], strict=True)) == [
@@ -117,7 +130,7 @@ def test_nans_injected_into_one_leaf_are_counted(demo_run, tmp_path):
     poisoned[:3] = np.nan
     poisoned[5] = np.inf
     poisoned[6] += 1.0
-    write_leaf(b / "model", "dense1.bias.value", poisoned)
+    write_leaf(b / "model", "dense1.bias.value", poisoned, "['dense1']['bias']['value']")
     row = ex.diff_table(a, b).iloc[0]
     assert (row["key"], row["status"]) == ("['dense1']['bias']['value']", words.CHANGED)
     assert (row["nan_a"], row["inf_a"], row["nan_b"], row["inf_b"]) == (0, 0, 3, 1)

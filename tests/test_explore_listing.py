@@ -199,8 +199,8 @@ def test_the_listing_cache_can_be_bounded_cleared_and_bypassed(tmp_path, monkeyp
     reads = []
     from tinax.explore import _listing
 
-    real = _listing._problem
-    monkeypatch.setattr(_listing, "_problem", lambda c: reads.append(c) or real(c))
+    real = _listing._metadata_problem
+    monkeypatch.setattr(_listing, "_metadata_problem", lambda c: reads.append(c) or real(c))
     cache = ex.ListingCache()
     ex.list_checkpoints(tmp_path, cache=cache)
     ex.list_checkpoints(tmp_path, cache=cache)
@@ -220,11 +220,12 @@ def test_a_quick_listing_reads_commit_records_only_and_names_what_it_left_unchec
         save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
     (tmp_path / "step_1" / "m" / "_METADATA").write_text('{"tree_metadata": {')
     from tinax._format import preflight
-    from tinax.explore import _listing
 
     checked = []
     real = preflight.check
-    monkeypatch.setattr(preflight, "check", lambda path: checked.append(path) or real(path))
+    monkeypatch.setattr(
+        preflight, "check", lambda path, *scan: checked.append(path) or real(path, *scan)
+    )
     cache = ex.ListingCache()
     quick = ex.list_checkpoints(tmp_path, cache=cache, deep=False)
     assert checked == []
@@ -245,7 +246,7 @@ def test_a_quick_listing_reads_commit_records_only_and_names_what_it_left_unchec
     assert len(checked) == 2
     with pytest.raises(TypeError, match="deep"):
         ex.list_checkpoints(tmp_path, deep="yes")
-    assert _listing.listing_cache is ex.listing_cache
+    assert not hasattr(ex, "listing_cache")  # the default cache is the module's own
 
 
 def test_a_quick_listing_still_refuses_what_it_cannot_read(tmp_path):
@@ -270,3 +271,61 @@ def test_a_remembered_verdict_lists_the_same_row_as_a_fresh_read(tmp_path):
         kept = ex.list_checkpoints(root, cache=cache, deep=deep)
         assert kept.drop(columns="age").equals(fresh.drop(columns="age"))
         assert kept.attrs["errors"] == fresh.attrs["errors"]
+
+
+def test_array_metadata_read_together_is_judged_checkpoint_by_checkpoint(tmp_path):
+    # The deep listing reads every checkpoint's array store at once: damage to one
+    # store must mark that checkpoint alone, in its own words.
+    for step in range(5):
+        save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(3, step), "b": np.zeros(2)}})
+    meta_file = tmp_path / "step_1" / "m" / "_METADATA"
+    meta = json.loads(meta_file.read_text())
+    (name, entry), *_ = meta["tree_metadata"].items()
+    ghost = json.loads(json.dumps(entry))
+    ghost["key_metadata"][-1]["key"] = "ghost"
+    meta["tree_metadata"][name.replace(entry["key_metadata"][-1]["key"], "ghost")] = ghost
+    meta_file.write_text(json.dumps(meta))
+    for data in (tmp_path / "step_3" / "m").rglob("d/*"):
+        data.unlink()
+    listing = ex.list_checkpoints(tmp_path, cache=None)
+    statuses = dict(zip(listing["name"], listing["status"], strict=True))
+    assert statuses == {
+        "step_0": "complete",
+        "step_1": "invalid",
+        "step_2": "complete",
+        "step_3": "invalid",
+        "step_4": "complete",
+    }
+    errors = listing.attrs["errors"]
+    assert set(errors) == {str(tmp_path / "step_1"), str(tmp_path / "step_3")}
+    assert "ghost" in errors[str(tmp_path / "step_1")]
+    assert str(tmp_path / "step_3") in errors[str(tmp_path / "step_3")]
+    # Each verdict is the one a listing of that checkpoint alone gives.
+    for step in (1, 3):
+        alone = ex.list_checkpoints(tmp_path / f"step_{step}", cache=None)
+        assert alone.attrs["errors"] == {
+            str(tmp_path / f"step_{step}"): errors[str(tmp_path / f"step_{step}")]
+        }
+
+
+def test_a_listing_of_unchanged_checkpoints_reads_no_file_again(tmp_path, monkeypatch):
+    from tinax._format import files
+
+    for step in range(3):
+        save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
+    cache = ex.ListingCache()
+    first = ex.list_checkpoints(tmp_path, cache=cache)
+    reads = []
+    real = files.read_bytes
+    monkeypatch.setattr(
+        files, "read_bytes", lambda path, **kw: reads.append(path) or real(path, **kw)
+    )
+    for deep in (True, False):
+        again = ex.list_checkpoints(tmp_path, cache=cache, deep=deep)
+        assert again.drop(columns="age").equals(first.drop(columns="age"))
+    assert reads == []
+    (tmp_path / "step_1" / "m" / "_METADATA").write_text("{")
+    changed = ex.list_checkpoints(tmp_path, cache=cache)
+    assert list(changed["status"]) == ["complete", "invalid", "complete"]
+    # Only the changed checkpoint is read again.
+    assert reads and all(str(path).startswith(str(tmp_path / "step_1")) for path in reads)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from explore_fixtures import chunk_locations, delete_chunk_files, iterator, save_v1
 from test_explore_bad_input import CASES as METADATA_CASES
-from test_explore_diff import write_leaf
+from test_explore_diff import write_leaf_bytes
 
 import tinax.explore as ex
 from tinax._format import words
@@ -196,7 +196,7 @@ def test_the_demo_run(demo_run, tmp_path):
     kernel = ex.read_leaf(poisoned, "model", "['dense1']['kernel']['value']")
     kernel[0, :4] = np.nan
     kernel[1, 0] = -np.inf
-    write_leaf(poisoned / "model", "dense1.kernel.value", kernel)
+    write_leaf_bytes(poisoned / "model", "dense1.kernel.value", kernel)
     result = ex.verify(poisoned, data=True)
     # Written behind tinax's back: the recorded checksum no longer matches ...
     assert not result.ok
@@ -334,7 +334,7 @@ def test_the_cli_exit_status(template, tmp_path):
 )
 def test_checksum_pieces_are_digested_from_regions_in_any_layout(boxes):
     from tinax._format import checksums
-    from tinax._format.pytree import ArrayInfo
+    from tinax._format.arrays import ArrayInfo
     from tinax.explore._integrity import _ChecksumScan
 
     values = np.arange(48, dtype=np.float32).reshape(8, 6)

@@ -244,3 +244,55 @@ def test_no_layer_above_the_format_module_knows_which_storage_it_reads() -> None
             text = source.read_text(encoding="utf-8")
             for word in ("is_local", "LocalStorage", "GcsStorage", "GCS_SCHEME"):
                 assert word not in text, f"{module} uses {word}"
+
+
+# The public faces the widgets may use: each layer's package itself, and the
+# vocabulary of status words and keys. Everything with a leading underscore below
+# tinax.widgets is another layer's own business.
+WIDGETS_MAY_IMPORT = ("tinax.checkpointing", "tinax.explore", "tinax.vocabulary")
+
+
+def test_widgets_import_only_the_public_faces_of_the_layers_below() -> None:
+    for module, source in _modules("tinax.widgets").items():
+        used = {n for n in _imports(module, source) if _under(n, "tinax")}
+        bad = set()
+        for name in used:
+            if _under(name, "tinax.widgets"):
+                continue
+            parts = name.split(".")
+            public = next((p for p in WIDGETS_MAY_IMPORT if _under(name, p)), None)
+            # ``from tinax.explore import diff_table`` names tinax.explore.diff_table:
+            # fine; tinax.explore._diff (or tinax._format) is not.
+            private = public is None or any(p.startswith("_") for p in parts[1:])
+            if private and name != "tinax":
+                bad.add(name)
+        assert not bad, f"{module} imports private modules {sorted(bad)}"
+
+
+def test_the_widgets_split_keys_with_the_format_s_parser() -> None:
+    # One grammar of keys: no pattern of its own in the widgets.
+    for module, source in _modules("tinax.widgets").items():
+        text = source.read_text(encoding="utf-8")
+        assert "re.compile" not in text or module.endswith("._text"), module
+
+
+def test_the_vocabulary_is_inert_and_complete() -> None:
+    import tinax.vocabulary as vocabulary
+    from tinax._format import words
+
+    # Every word of the format's vocabulary is public, under the same name.
+    for name, value in vars(words).items():
+        if name.isupper() and isinstance(value, str):
+            assert getattr(vocabulary, name) == value, name
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, tinax.vocabulary;"
+            "print(sorted(m for m in ('jax', 'pandas', 'orbax', 'ipywidgets') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert loaded.stdout.strip() == "[]"

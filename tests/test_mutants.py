@@ -11,15 +11,31 @@ import pytest
 @pytest.mark.timeout(600)
 def test_a_sample_of_mutants_gives_clean_errors_or_the_original_values() -> None:
     records = mutants.run_campaign(sample=60, timeout=60, progress=False)
-    seen = {(r["base"], r["mutant"]) for r in records}
+    seen = {(r["base"], r["mutant"]) for r in records if r["call"] != mutants.MISUSE}
     assert len(seen) >= 55
-    kinds = {m.split(" ")[0] for _, m in seen}
-    assert {"flip", "truncate", "FIFO", "symlink", "remove", "nesting"} <= kinds
+    families = {mutants.family(m) for _, m in seen}
+    assert {
+        "flip",
+        "truncate",
+        "FIFO",
+        "symlink",
+        "remove",
+        "nesting",
+        "bomb",
+        "strip",
+        "swap",
+        "hard link",
+        "sparse",
+        "deep nesting",
+    } <= families
     assert mutants.failures(records) == []
     counts = collections.Counter((r["call"], r["outcome"]) for r in records)
     # Damage was really there: most reads refused it, naming the checkpoint.
     assert counts[("load", "clean error")] >= 25
+    assert counts[("verify", "clean error")] >= counts[("load", "clean error")]
     assert counts[("list_checkpoints", "ok")] == len(seen)
+    # Every misuse call was refused with a clear TypeError or ValueError.
+    assert counts[("misuse", "clean error")] == len(mutants._misuse_calls("/nowhere")) > 15
 
 
 def test_the_campaign_has_over_400_mutants_of_every_kind(tmp_path) -> None:
@@ -38,5 +54,11 @@ def test_the_campaign_has_over_400_mutants_of_every_kind(tmp_path) -> None:
         "non-UTF-8",
         "linked to the sibling checkpoint's",
         "socket as",
+        "bomb: chunk claims 10^12 elements",
+        "strip: checksums removed, then a data byte flipped",
+        "swap: array data from another checkpoint",
+        "hard link: data file to another checkpoint's",
+        "sparse: 50 GB manifest.ocdbt",
+        "deep nesting: 100k objects in _METADATA",
     ):
         assert kind in described, kind

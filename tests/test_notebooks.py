@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +62,18 @@ def test_notebook_is_stripped_and_valid(name: str) -> None:
 
 
 def _server_hook() -> Any:
-    """The pre-save hook of the server settings shipped for the notebooks."""
+    """What the contents manager of the shipped server settings runs before a save."""
     config = Config()
-    namespace = runpy.run_path(
+    runpy.run_path(
         str(REPO / "demo" / "jupyter_server_config.py"), init_globals={"get_config": lambda: config}
     )
-    hook = config.FileContentsManager.pre_save_hook
-    assert hook is namespace["keep_notebook_metadata_stable"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Jupyter's "Overriding existing pre_save_hook"
+        manager = config.ServerApp.contents_manager_class(root_dir=str(NOTEBOOKS), config=config)
+
+    def hook(*, model: dict[str, Any], path: str, contents_manager: object) -> None:
+        manager.run_pre_save_hooks(model=model, path=path)
+
     return hook
 
 

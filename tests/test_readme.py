@@ -37,7 +37,7 @@ def test_readme_script_saves_and_loads_a_checkpoint(tmp_path: Path) -> None:
     script = scripts[0]
     code_lines = [line for line in script.splitlines() if line.strip()]
     assert len(code_lines) <= 10, f"the example has {len(code_lines)} lines"
-    assert "save_training_checkpoint(" in script and "load_training_checkpoint(" in script
+    assert "TrainingRun(" in script and "run.restore(" in script
     (tmp_path / "example.py").write_text(script)
     done = subprocess.run(
         [sys.executable, "example.py"],
@@ -48,10 +48,15 @@ def test_readme_script_saves_and_loads_a_checkpoint(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert (tmp_path / "step_1" / "commit_success.txt").is_file()
-    # The restored iterator continues with the second batch of the same pipeline.
-    second = list(grain.MapDataset.range(1_000).shuffle(seed=0).batch(32))[1][:4]
-    assert done.stdout.strip() == f"1 {{'loss': 0.5}} {np.array2string(second)}"
+    # Three saves, the newest two kept.
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_dir()) == [
+        "step_000002",
+        "step_000003",
+    ]
+    assert (tmp_path / "run" / "step_000003" / "commit_success.txt").is_file()
+    # The restored iterator continues with the fourth batch of the same pipeline.
+    fourth = list(grain.MapDataset.range(1_000).shuffle(seed=0).batch(32))[3][:4]
+    assert done.stdout.strip() == f"[2, 3] 3 {{'loss': {1 / 3}}} {np.array2string(fourth)}"
 
 
 def test_readme_terminal_commands_run_on_the_demo_run(tmp_path: Path) -> None:

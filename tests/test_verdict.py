@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tinax.explore as ex
-from tinax._format.verdict import MAX_LINES, cast_is_lossless
+from tinax._format.fit import MAX_LINES, cast_is_lossless
 from tinax.checkpointing import (
     NumpyTarget,
     TargetMismatchError,

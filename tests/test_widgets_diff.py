@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 from tinax.widgets import CheckpointExplorer
 from tinax.widgets._diff import subtree_changes
@@ -47,7 +48,7 @@ def test_the_open_checkpoint_shows_its_verdict(run: Path) -> None:
     assert "sound (metadata checked)" in explorer.verdict.value
     # A checkpoint the listing calls invalid is not opened; verify names its broken part.
     assert all("step-3" not in path for _, path in explorer.diff_view.choice.options)
-    from tinax.widgets._verdict import verdict_html
+    from tinax.widgets._soundness import verdict_html
 
     text = verdict_html(str(broken))
     assert 'data-ok="false"' in text and "model/_METADATA" in text
@@ -69,12 +70,13 @@ def test_compare_with_another_checkpoint(run: Path) -> None:
     assert set(table["status"].iloc[-4:]) == {"same"}
     assert "2 changed" in view.title.value
     # One bar per top-level subtree that changed, the largest first, full length.
-    bars = view.bars.children
+    bars = view.bars.children[1:]  # under a line that says what the bars measure
+    assert "relative change" in view.bars.children[0].value
     assert [row.children[0].value for row in bars] == ["model ['encoder']", "model ['decoder']"]
     assert bars[0].children[1].value == pytest.approx(1.0)
     assert 0 < bars[1].children[1].value < 0.01
     view.depth.value = 2
-    assert view.bars.children[0].children[0].value == "model ['encoder']['w']"
+    assert view.bars.children[1].children[0].value == "model ['encoder']['w']"
     # Back to the placeholder: the comparison goes away; so does closing the checkpoint.
     view.choice.value = ""
     assert view.result.layout.display == "none" and view.other is None
@@ -109,3 +111,62 @@ def test_subtree_changes_are_norms_of_their_changed_leaves() -> None:
     assert subtrees.to_dict("records") == [
         {"checkpointable": "m", "subtree": "['a']", "rel_change": pytest.approx(0.2), "leaves": 2}
     ]
+
+
+def _training(step: int, weights: np.ndarray) -> dict[str, Any]:
+    return {
+        "model": {"dense": {"kernel": weights, "bias": np.zeros(4, np.float32)}},
+        "optimizer": {"count": np.asarray(step, np.int32), "mu": weights * 0.1},
+        "rng": np.asarray([0, step], np.uint32),  # a PRNG key as Orbax stores it
+        "auxiliary": {"dropout_count": np.asarray(step * 2, np.int64)},
+    }
+
+
+def test_the_diff_ranks_weights_by_relative_change_and_tells_counters_and_keys_apart(
+    tmp_path: Path,
+) -> None:
+    weights = np.linspace(1.0, 2.0, 16, dtype=np.float32).reshape(4, 4)
+    save_checkpointables(tmp_path / "step-100", _training(100, weights)).result()
+    save_checkpointables(tmp_path / "step-250", _training(250, weights * 1.5)).result()
+    explorer = CheckpointExplorer(tmp_path)
+    explorer.open_checkpoint("step-100")
+    explorer.diff_view.compare(str(tmp_path / "step-250"))
+    table = explorer.diff_view.diff
+    changed = table[table["status"] == "changed"]
+    # Floating-point arrays first, by relative change; then the counters; then the key.
+    assert list(changed["value_kind"]) == ["float", "float", "integer", "integer", "PRNG key"]
+    assert list(changed["key"][:2]) == ["['dense']['kernel']", "['mu']"]
+    assert changed["rel_change"].iloc[0] == pytest.approx(0.5)
+    counters = dict(zip(changed["key"][2:4], changed["change"][2:4], strict=True))
+    assert counters == {"['dropout_count']": "+300", "['count']": "+150"}
+    rng = changed[changed["checkpointable"] == "rng"].iloc[0]
+    assert rng["change"] == "changed" and pd.isna(rng["rel_change"]) and pd.isna(rng["cosine"])
+    # The table shows the rng's leaf as the whole checkpointable, not a blank key.
+    view = explorer.diff_view.table
+    slot = list(view.frame["checkpointable"]).index("rng")
+    assert view.visible_text("key")[slot] == "(whole)"
+    assert view.sort_field is None  # the rows are in the diff's own order, and say so
+    # The bars measure floating-point leaves only, in percent.
+    bars = explorer.diff_view.bars.children[1:]
+    assert [row.children[0].value for row in bars] == ["model ['dense']", "optimizer ['mu']"]
+    assert bars[0].children[2].value == "50 % (1 changed)"
+
+
+def test_the_diff_tree_rolls_changes_up_by_subtree(run: Path) -> None:
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint("step-1")
+    explorer.diff_view.compare(str(run / "step-2"))
+    tree = explorer.diff_view.tree
+    # Checkpointables open one level: model's encoder and decoder, optimizer's leaves.
+    labels = tree.table.frame["label"].tolist()
+    assert labels[:3] == ["model", "['decoder']", "['encoder']"]
+    changed, rel = tree.rollup("model", "['encoder']")
+    assert changed == 1 and rel == pytest.approx(1.0)  # w doubled, b the same
+    changed, rel = tree.rollup("model")
+    assert changed == 2 and 0 < rel < 1.0
+    # Opening a subtree shows its leaves, indented one level deeper.
+    tree.toggle("model", "['encoder']")
+    frame = tree.table.frame
+    rows = frame[frame["label"].isin(["['b']", "['w']"])]
+    assert len(rows) >= 2 and set(rows["depth"]) == {2}
+    assert tree.table.visible_text("rel_change")[labels.index("['encoder']")] == "100 %"

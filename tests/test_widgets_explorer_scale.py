@@ -60,7 +60,7 @@ def _pick_in_tree(explorer: CheckpointExplorer, name: str) -> None:
     tree = explorer.tree_view
     index = next(i for i, node in enumerate(tree.nodes) if node.name == name)
     tree.table.show_row(index)
-    tree.table.pick_button(index).click()
+    tree.table.click(index)
 
 
 def test_the_tree_shows_subtrees_with_counts_and_byte_subtotals(run: dict[str, Any]) -> None:
@@ -239,6 +239,9 @@ def test_a_leaf_across_the_run(run: dict[str, Any]) -> None:
         assert mean == pytest.approx(float(kernel.mean()))
         assert maximum == pytest.approx(float(kernel.max()))
     assert (history["error"] == "").all()
+    # The values' distribution at each step, for the bands over steps: sorted percentiles.
+    for quantiles in history["quantiles"]:
+        assert len(quantiles) == 9 and list(quantiles) == sorted(quantiles)
     assert bytes(explorer.history_image.value).startswith(b"\x89PNG")
     assert explorer.history_box.children == (explorer.history_image,)
     assert explorer.history_status.value == "3 checkpoints read"
@@ -274,7 +277,7 @@ def test_a_leaf_picked_in_the_table_is_shown_in_the_tree(run: dict[str, Any]) ->
     key = "[0]['nu']['dense2']['kernel']['value']"
     rows = explorer.leaves[explorer.leaves["key"] == key]
     explorer.leaf_view.show_row(rows.index[0])
-    explorer.leaf_view.pick_button(rows.index[0]).click()
+    explorer.leaf_view.click(rows.index[0])
     tree = explorer.tree_view
     node = tree.tree.find("optimizer", key)
     index = [n.id for n in tree.nodes].index(node.id)
@@ -290,11 +293,11 @@ def test_the_leaf_table_sorts_and_jumps(run: dict[str, Any]) -> None:
     explorer = CheckpointExplorer(run["root"], page_size=5)
     explorer.open_checkpoint("step_000000")
     view = explorer.leaf_view
-    view.sort_choice.value = "nbytes"
-    view.order_button.value = True
+    view.click_header("nbytes")  # sizes sort largest first
+    assert view.sort_field == "nbytes" and not view.ascending
     largest = pd.to_numeric(explorer.leaves["nbytes"]).max()
     assert explorer.leaves.loc[view.visible_labels()[0], "nbytes"] == largest
-    view.page_box.value = view.page_count
+    view.jump(view.page_count)
     assert view.page == view.page_count - 1
     # Filtering keeps the sort.
     explorer.key_filter.value = "kernel"

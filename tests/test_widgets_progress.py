@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from tinax.widgets import AsyncProgress
-from tinax.widgets._disk import load_meter
+from tinax.widgets._meters import load_meter
 from tinax.widgets._task import PendingResponse, Task
 
 from tinax.checkpointing import save_checkpointables
@@ -33,6 +33,14 @@ class FutureResponse:
                 callback(f.result())
 
         self.future.add_done_callback(call)
+
+
+def _until(condition: Any, timeout: float = 10.0) -> None:
+    """Polls ``condition`` until it holds; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come true in time"
+        time.sleep(0.005)
 
 
 def test_bar_moves_with_bytes_landing_during_a_save(tmp_path: Path) -> None:
@@ -69,8 +77,7 @@ def test_without_total_it_is_indeterminate_with_elapsed_time() -> None:
     assert progress.bar.layout.display == "none" and progress.bar.value == 0.0
     assert progress.pulse.layout.display != "none"
     assert "animation" in progress.pulse.value
-    time.sleep(0.1)
-    assert "elapsed" in progress.info.value
+    _until(lambda: "elapsed" in progress.info.value)
     response.future.set_result(42)
     assert progress.wait(10) == "done"
     assert progress.value == 42
@@ -88,7 +95,7 @@ def test_an_indeterminate_failure_ends_in_a_red_bar_with_the_time_taken() -> Non
     assert progress.wait(10) == "failed"
     assert not progress.indeterminate
     assert (progress.bar.value, progress.bar.bar_style) == (1.0, "danger")
-    assert re.fullmatch(r"failed after \d+\.\d+ s", progress.info.value), progress.info.value
+    assert re.fullmatch(r"failed in \d+\.\d+ s", progress.info.value), progress.info.value
 
 
 def test_the_bar_never_passes_its_total() -> None:
@@ -104,11 +111,10 @@ def test_the_bar_never_passes_its_total() -> None:
         return 100 * calls["n"]
 
     progress = AsyncProgress(response, total_bytes=300, count_bytes=count, interval=0.005)
-    assert not progress.indeterminate
     assert past.wait(10)
-    time.sleep(0.05)
+    _until(lambda: "300 B / 300 B" in progress.info.value)
+    assert not progress.indeterminate  # bytes moved: a bar
     assert progress.bytes_done == 300 and progress.bar.value < 1.0
-    assert "300 B / 300 B" in progress.info.value
     response.future.set_result(None)
     assert progress.wait(10) == "done"
     assert progress.bytes_done == 300 and progress.info.value.startswith("done: 300 B in ")
@@ -148,7 +154,7 @@ def test_count_bytes_callable_drives_the_bar() -> None:
 
     progress = AsyncProgress(response, total_bytes=100, count_bytes=count, interval=0.005)
     assert reached.wait(10)
-    time.sleep(0.05)
+    _until(lambda: "50 B / 100 B" in progress.info.value)
     assert progress.bytes_done == 50
     assert progress.bar.value == pytest.approx(0.5)
     response.future.set_result(None)
@@ -209,8 +215,8 @@ def test_a_pending_response_follows_the_real_one_once_attached(tmp_path: Path) -
     with pytest.raises(TimeoutError):
         pending.result(timeout=0.01)
     assert not pending.done()
-    time.sleep(0.05)
-    assert progress.status == "running" and "elapsed" in progress.info.value
+    _until(lambda: "elapsed" in progress.info.value)
+    assert progress.status == "running"
     response = save_checkpointables(tmp_path / "c", {"x": {"a": np.arange(3)}})
     pending.attach(response)
     assert progress.wait(60) == "done"
@@ -269,3 +275,27 @@ def test_load_meter_counts_bytes_brought_into_the_process() -> None:
     after = count() or 0
     assert after - before >= 16 << 20
     assert block.sum() == 32 << 20
+
+
+def test_a_measured_bar_slides_until_bytes_move_then_shows_rate_and_time_left() -> None:
+    response = FutureResponse()
+    state: dict[str, float] = {"landed": 0.0, "since": 0.0}
+
+    def count() -> int:
+        if state["since"]:  # once moving: 1,000 bytes a second, up to 900
+            state["landed"] = min(900.0, 100 + 1000 * (time.monotonic() - state["since"]))
+        return int(state["landed"])
+
+    progress = AsyncProgress(response, total_bytes=10_000, count_bytes=count, interval=0.005)
+    _until(lambda: "elapsed" in progress.info.value)
+    assert progress.indeterminate and progress.bar.layout.display == "none"
+    state["landed"] = 5  # the metadata: not yet the data
+    _until(lambda: progress.bytes_done == 5)
+    assert progress.indeterminate
+    state["since"] = time.monotonic()
+    _until(lambda: not progress.indeterminate)
+    assert progress.bar.layout.display != "none"
+    _until(lambda: "left" in progress.info.value and "/s" in progress.info.value)
+    response.future.set_result(None)
+    assert progress.wait(10) == "done"
+    assert progress.info.value.startswith("done: 9.8 KiB in ")

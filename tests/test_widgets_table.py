@@ -1,13 +1,21 @@
-"""PagedTable: pages of a DataFrame in reused stock widgets, clickable rows."""
+"""PagedTable: one page of a DataFrame sent to the browser's table (grid.js) as text.
+
+Clicks arrive from the browser as messages; these tests send the same messages
+through ipywidgets' own message path (``_handle_custom_msg``) and read back the
+rows and texts the browser is sent.
+"""
 
 from __future__ import annotations
 
-import ipywidgets as w
 import pandas as pd
 import pytest
 from tinax.widgets._table import Column, PagedTable, RowLook, format_cell
 
-COLUMNS = (Column("name", "name"), Column("size", "size"), Column("shape", "shape"))
+COLUMNS = (
+    Column("name", "name", key=True),
+    Column("size", "size", align="right", descending_first=True),
+    Column("shape", "shape", essential=False),
+)
 
 
 def _frame(n: int) -> pd.DataFrame:
@@ -20,74 +28,94 @@ def _frame(n: int) -> pd.DataFrame:
     )
 
 
-def _visible_names(table: PagedTable) -> list[str]:
-    names = []
-    for row in table.children[1:-1]:
-        assert isinstance(row, w.HBox)
-        if row.layout.display != "none":
-            names.append(row.children[0].description)
-    return names
+def _browser(table: PagedTable, **message: object) -> None:
+    table._handle_custom_msg(dict(message), [])
 
 
-def test_pages_turn_and_reuse_the_same_widgets() -> None:
-    table = PagedTable(COLUMNS, pick="name", page_size=20)
-    cells_before = [row.children for row in table.children[1:-1]]
+def _names(table: PagedTable) -> list[str]:
+    return table.visible_text("name")
+
+
+def test_only_the_page_shown_is_sent_and_pages_turn() -> None:
+    table = PagedTable(COLUMNS, page_size=20)
     table.show(_frame(45))
-    assert table.page_count == 3
-    assert table.position.value == "rows 1–20 of 45 · page 1/3"
-    assert table.prev_button.disabled and not table.next_button.disabled
-    table.next_button.click()
-    table.next_button.click()
+    assert table.page_count == 3 and len(table.rows) == 20
+    assert table.position == "rows 1–20 of 45"
+    _browser(table, kind="page", page=1)
+    _browser(table, kind="page", page=2)
     assert table.page == 2
-    assert _visible_names(table) == [f"row-{i}" for i in range(40, 45)]
-    assert table.position.value == "rows 41–45 of 45 · page 3/3"
-    assert table.next_button.disabled
-    table.turn(+5)
+    assert _names(table) == [f"row-{i}" for i in range(40, 45)]
+    assert table.position == "rows 41–45 of 45"
+    _browser(table, kind="page", page=9)  # past the end: the last page
     assert table.page == 2
-    assert [row.children for row in table.children[1:-1]] == cells_before
+    table.turn(-5)
+    assert table.page == 0
+    # Every cell is text, shapes as Python writes them.
+    assert table.rows[1]["cells"] == ["row-1", "1", "(1,)"]
 
 
 def test_clicking_a_row_selects_its_index_label() -> None:
-    table = PagedTable(COLUMNS, pick="name", page_size=10)
+    table = PagedTable(COLUMNS, page_size=4)
     frame = _frame(30)
     table.show(frame[frame["size"] % 3 == 0])  # labels 0, 3, 6, ...
     table.turn(+1)
-    button = table.pick_button(12)
-    button.click()
+    _browser(table, kind="pick", slot=0)  # the first row of page 2: label 12
     assert table.selected == 12
-    assert button.button_style == "info"
+    assert [r["selected"] for r in table.rows] == [True, False, False, False]
     # A new frame that still holds the row keeps the selection; one that does not drops it.
     table.show(frame, keep_page=True)
     assert table.selected == 12
     table.show(frame[frame["size"] > 20])
     assert table.selected is None
     with pytest.raises(ValueError, match="not on the current page"):
-        table.pick_button(0)
+        table.click(0)
 
 
-def test_row_look_disables_picking_and_colours_text() -> None:
+def test_row_look_refuses_picks_and_colours_text() -> None:
     table = PagedTable(
-        COLUMNS,
-        pick="name",
-        look=lambda row: RowLook(color="red", pickable=row["size"] != 1),
+        COLUMNS, look=lambda row: RowLook(color="red", pickable=row["size"] != 1, tooltip="why")
     )
     table.show(_frame(3))
-    assert table.pick_button(1).disabled and not table.pick_button(0).disabled
-    label = table.children[1].children[1]
-    assert isinstance(label, w.Label) and label.style.text_color == "red"
+    assert not table.pickable(1) and table.pickable(0)
+    assert [r["pickable"] for r in table.rows] == [True, False, True]
+    assert table.rows[0]["color"] == "red" and table.rows[0]["tip"] == "why"
+    _browser(table, kind="pick", slot=1)  # a refused pick is shown, not raised
+    assert table.selected is None and "cannot be picked" in table.position
+
+
+def test_tree_rows_carry_depth_mark_and_tick_boxes() -> None:
+    ticks: list[tuple[object, bool]] = []
+    table = PagedTable(
+        COLUMNS,
+        look=lambda row: RowLook(depth=row["size"], mark="▸", check=True, mixed=row["size"] == 2),
+        on_check=lambda label, value: ticks.append((label, value)),
+        sortable=False,
+    )
+    table.show(_frame(3))
+    assert [(r["depth"], r["mark"], r["check"]) for r in table.rows] == [
+        (0, "▸", 1),
+        (1, "▸", 1),
+        (2, "▸", 2),
+    ]
+    _browser(table, kind="check", slot=1, value=False)
+    assert ticks == [(1, False)]
+    _browser(table, kind="sort", field="size")  # a tree keeps its own order
+    assert table.sort_field is None
 
 
 def test_empty_frames_and_bad_arguments() -> None:
     table = PagedTable(COLUMNS, empty_text="no rows here")
     table.show(_frame(0))
-    assert table.position.value == "no rows here"
+    assert table.position == "no rows here" and table.rows == []
     assert table.page_count == 1
     with pytest.raises(ValueError):
         PagedTable(())
-    with pytest.raises(ValueError):
-        PagedTable(COLUMNS, pick="missing")
+    with pytest.raises(ValueError, match="one key column"):
+        PagedTable((Column("a", "a", key=True), Column("b", "b", key=True)))
     with pytest.raises(ValueError):
         PagedTable(COLUMNS, page_size=0)
+    with pytest.raises(ValueError, match="no tick boxes"):
+        table.tick(0, True)
 
 
 @pytest.mark.parametrize(
@@ -112,41 +140,27 @@ def test_a_failing_row_look_is_shown_not_raised() -> None:
             raise KeyError("no look for row 3")
         return RowLook()
 
-    table = PagedTable(COLUMNS, pick="name", page_size=2, look=look)
+    table = PagedTable(COLUMNS, page_size=2, look=look)
     table.show(_frame(4))
-    table.next_button.click()  # page 2 holds row 3: its look fails
-    assert "KeyError" in table.position.value
-    table.prev_button.click()
-    assert table.position.value == "rows 1–2 of 4 · page 1/2"
+    _browser(table, kind="page", page=1)  # page 2 holds row 3: its look fails
+    assert "KeyError" in table.position
+    _browser(table, kind="page", page=0)
+    assert table.position == "rows 1–2 of 4"
 
 
-def test_a_narrow_notebook_scrolls_the_table_instead_of_cutting_keys() -> None:
-    columns = (Column("key", "key", None), Column("size", "size", "6em"))
-    table = PagedTable(columns, pick="key", page_size=3)
-    keys = ["['a']", "['model']['encoder']['layers_11']['attention']['kernel']", "x" * 200]
-    table.show(pd.DataFrame({"key": keys, "size": [1, 2, 3]}))
-    # The table scrolls sideways; rows are as wide as their cells, never squeezed.
-    assert table.layout.overflow == "auto hidden"
+def test_the_browser_is_told_which_columns_can_give_way() -> None:
+    table = PagedTable(COLUMNS)
+    assert [(c["field"], c["key"], c["essential"]) for c in table.spec] == [
+        ("name", True, True),
+        ("size", False, True),
+        ("shape", False, False),
+    ]
     assert "tinax-table" in table._dom_classes
-    rows = [table.header, *table.children[1:-1]]
-    assert all(row.layout.width == "max-content" for row in rows)
-    key_cells = [row.children[0] for row in rows]
-    # The key column is as wide as its longest key, up to a cap past which the
-    # whole key shows on hover.
-    assert {cell.layout.min_width for cell in key_cells} == {f"{64 * 0.62 + 2:.1f}em"}
-    assert all(cell.layout.flex == "0 0 auto" for cell in key_cells)
-    assert table.pick_button(2).tooltip == "x" * 200
-    size_cells = [row.children[1] for row in rows]
-    assert {cell.layout.flex for cell in size_cells} == {"0 0 auto"}
-    assert table.header.children[1].tooltip == "size"
-
-    table.show(pd.DataFrame({"key": keys[:2], "size": [1, 2]}))
-    assert key_cells[0].layout.min_width == f"{len(keys[1]) * 0.62 + 2:.1f}em"
-    table.show(pd.DataFrame({"key": ["['a']"], "size": [1]}))
-    assert key_cells[0].layout.min_width == f"{8 * 0.62 + 2:.1f}em"
+    # The view's code and style ship with the package.
+    assert "shorten" in str(PagedTable._esm) and ".tinax-grid" in str(PagedTable._css)
 
 
-def test_rows_sort_by_any_column_through_the_controls() -> None:
+def test_headers_sort_sizes_largest_first_and_a_second_click_reverses() -> None:
     frame = pd.DataFrame(
         {
             "name": ["b", "a", "c", "d"],
@@ -155,26 +169,25 @@ def test_rows_sort_by_any_column_through_the_controls() -> None:
         },
         index=[10, 11, 12, 13],
     )
-    table = PagedTable(COLUMNS, pick="name", page_size=2)
+    table = PagedTable(COLUMNS, page_size=2)
     table.show(frame)
-    table.pick_button(11).click()
-    table.sort_choice.value = "size"
-    assert list(table.frame.index) == [13, 10, 12, 11]  # missing last, as numbers
-    assert (table.sort_field, table.ascending, table.page) == ("size", True, 0)
-    table.order_button.value = True
-    assert list(table.frame.index) == [12, 10, 13, 11]  # missing last either way
+    table.click(11)
+    _browser(table, kind="sort", field="size")
+    assert (table.sort_field, table.ascending, table.page) == ("size", False, 0)
+    assert list(table.frame.index) == [12, 10, 13, 11]  # missing last
+    _browser(table, kind="sort", field="size")
+    assert list(table.frame.index) == [13, 10, 12, 11]  # missing last either way
     assert table.selected == 11
-    table.sort_by("shape")
+    table.click_header("shape")
     # Shapes by their number of elements: (1, 1, 1), (3,), (2, 2), then none.
     assert list(table.frame.index) == [13, 11, 10, 12]
-    assert table.sort_choice.value == "shape" and not table.order_button.value
-    table.sort_by("name", ascending=False)
-    assert _visible_names(table) == ["d", "c"]
-    assert table.order_button.value
+    table.click_header("name")
+    table.click_header("name")
+    assert _names(table) == ["d", "c"]
     # A new frame is shown in the same order; stored order comes back on request.
     table.show(frame[frame["name"] != "d"])
-    assert _visible_names(table) == ["c", "b"]
-    table.sort_choice.value = ""
+    assert _names(table) == ["c", "b"]
+    table.sort_by(None)
     assert table.sort_field is None and list(table.frame.index) == [10, 11, 12]
     with pytest.raises(ValueError, match="no column"):
         table.sort_by("missing")
@@ -183,17 +196,15 @@ def test_rows_sort_by_any_column_through_the_controls() -> None:
 
 
 def test_a_table_starts_sorted_and_jumps_to_a_page() -> None:
-    table = PagedTable(COLUMNS, pick="name", page_size=10, sort_field="size", ascending=False)
+    table = PagedTable(COLUMNS, page_size=10, sort_field="size", ascending=False)
     table.show(_frame(95))
-    assert _visible_names(table)[:2] == ["row-94", "row-93"]
-    assert (table.page_box.value, table.page_box.max) == (1, 10)
-    table.page_box.value = 7
-    assert table.page == 6 and _visible_names(table)[0] == "row-34"
+    assert _names(table)[:2] == ["row-94", "row-93"]
+    assert table.page_count == 10
+    table.jump(7)
+    assert table.page == 6 and _names(table)[0] == "row-34"
     table.jump(99)
-    assert table.page == 9 and table.page_box.value == 10
-    table.prev_button.click()
-    assert table.page_box.value == 9
+    assert table.page == 9
     table.show(_frame(15))
-    assert (table.page, table.page_box.value, table.page_box.max) == (0, 1, 2)
+    assert (table.page, table.page_count) == (0, 2)
     with pytest.raises(TypeError):
         table.jump("2")  # type: ignore[arg-type]

@@ -15,7 +15,11 @@ import jax
 import pandas as pd
 
 from tinax import explore
-from tinax._format.keys import KeyPath, format_key, is_within, key_parts, parse_key
+from tinax.vocabulary import KeyPath, is_within, key_parts, parse_key
+
+from ._table import Column, PagedTable, RowLook
+from ._text import format_bytes
+from ._tree import LeafTree, Node
 
 # Orbax skips a leaf whose restore target is this placeholder.
 LEFT_OUT = ...
@@ -77,115 +81,187 @@ def inside(keys: pd.Series, subtrees: Collection[KeyPath]) -> pd.Series:
     )
 
 
-class TargetChoice(w.VBox):
-    """A checkbox per checkpointable and per top-level subtree of its restore target.
+class TickBox:
+    """The tick of one subtree of a ``TargetChoice``, read and set like a checkbox."""
 
-    A checkpointable's box and its subtrees' boxes agree: unticking it unticks
-    them, ticking it again ticks them as they were; ticking a subtree ticks its
-    checkpointable, and unticking its last subtree unticks it. ``on_change`` is
-    called once per click, however many boxes that click changes.
+    def __init__(self, choice: TargetChoice, checkpointable: str, key: str) -> None:
+        self._choice = choice
+        self.checkpointable = checkpointable
+        self.key = key
+        self.disabled = False
+
+    @property
+    def value(self) -> bool:
+        """Whether anything under it is restored (a partly ticked subtree is ticked)."""
+        return self._choice.ticked(self.checkpointable, self.key) is not False
+
+    @value.setter
+    def value(self, value: bool) -> None:
+        if value != self.value or self._choice.ticked(self.checkpointable, self.key) is None:
+            self._choice.tick(self.checkpointable, self.key, bool(value))
+
+
+def _choice_look(row: pd.Series) -> RowLook:
+    state = row["state"]
+    return RowLook(
+        depth=int(row["depth"]),
+        mark=str(row["mark"]),
+        check=state is not False,
+        mixed=state is None,
+        color=None if state is not False else "#888",
+    )
+
+
+_CHOICE_COLUMNS = (
+    Column("label", "restore", key=True),
+    Column("leaves", "leaves", lambda n: f"{int(n):,}", align="right"),
+    Column("nbytes", "size", format_bytes, align="right"),
+)
+
+
+class TargetChoice(w.VBox):
+    """The restore targets as a tree with a tick box on every subtree, at any depth.
+
+    Unticking a subtree leaves out every leaf under it (``['batch_stats']`` of a
+    model, ``['mu']`` of an optimizer, a single kernel); a partly ticked subtree
+    shows a mixed box. Unticking a whole checkpointable leaves it out and ticking
+    it again gives back its subtrees as they were. Clicking a row opens or closes
+    it. ``on_change`` is called once per click.
 
     Attributes:
-      checkboxes: Checkpointable name → its checkbox.
-      subtree_checkboxes: ``(name, key)`` → the checkbox of that top-level subtree,
+      checkboxes: Checkpointable name → its ``TickBox``.
+      subtree_checkboxes: ``(name, key)`` → the ``TickBox`` of a top-level subtree,
         ``key`` written as tables write it (``['mu']``).
+      view: The tree's table.
     """
 
-    def __init__(self, targets: Mapping[str, Any], on_change: Callable[[Any], None]) -> None:
-        """Builds the checkboxes, all ticked.
+    def __init__(
+        self,
+        targets: Mapping[str, Any],
+        on_change: Callable[[Any], None],
+        *,
+        page_size: int = 30,
+    ) -> None:
+        """Builds the tree, everything ticked, each checkpointable open one level.
 
         Args:
           targets: Checkpointable name → abstract restore target.
-          on_change: Called with the change whenever a box is ticked or unticked.
+          on_change: Called (with ``None``) whenever a click changes the ticks.
+          page_size: Rows of the tree per page.
         """
         self._targets = dict(targets)
-        self.checkboxes: dict[str, w.Checkbox] = {}
-        self.subtree_checkboxes: dict[tuple[str, str], w.Checkbox] = {}
-        self._paths: dict[tuple[str, str], KeyPath] = {}
-        rows: list[w.Widget] = []
-        for name, tree in self._targets.items():
-            box = w.Checkbox(
-                value=True, description=name, indent=False, style={"font_weight": "bold"}
-            )
-            self.checkboxes[name] = box
-            subs = []
-            for path in top_level_subtrees(tree):
-                key = format_key(path)
-                sub = w.Checkbox(
-                    value=True, description=key, indent=False, layout=w.Layout(width="auto")
-                )
-                self.subtree_checkboxes[(name, key)] = sub
-                self._paths[(name, key)] = path
-                subs.append(sub)
-            rows.append(box)
-            if subs:
-                rows.append(w.HBox(subs, layout=w.Layout(flex_flow="row wrap", margin="0 0 0 2em")))
         self._on_change = on_change
-        self._cascading = False
-        # What each checkpointable's subtrees were when it was unticked, to give back.
-        self._remembered: dict[str, dict[str, bool]] = {}
-        for name, box in self.checkboxes.items():
-            box.observe(lambda change, n=name: self._parent_changed(n, change), names="value")
-        for (name, _key), box in self.subtree_checkboxes.items():
-            box.observe(lambda change, n=name: self._child_changed(n, change), names="value")
-        super().__init__(rows)
+        self.leaf_table = explore.state_table(self._targets)
+        self.tree = LeafTree(self.leaf_table)
+        self._row_keys = self.leaf_table["key"].astype(str).to_numpy(dtype=object)
+        self._row_names = self.leaf_table["checkpointable"].astype(str).to_numpy(dtype=object)
+        # Row positions (in ``leaf_table``) of the leaves left out.
+        self._unticked: set[int] = set()
+        # What a checkpointable's ticks were when it was unticked whole, to give back.
+        self._remembered: dict[str, set[int]] = {}
+        self._open = {root.id for root in self.tree.roots if root.leaf is None}
+        self.nodes: list[Node] = []
+        self.checkboxes = {name: TickBox(self, name, "") for name in self._targets}
+        self.subtree_checkboxes: dict[tuple[str, str], TickBox] = {}
+        for root in self.tree.roots:
+            if root.leaf is None:
+                for child in self.tree.children(root):
+                    self.subtree_checkboxes[(root.checkpointable, child.key)] = TickBox(
+                        self, root.checkpointable, child.key
+                    )
+        self.view = PagedTable(
+            _CHOICE_COLUMNS,
+            page_size=page_size,
+            look=_choice_look,
+            empty_text="nothing to restore",
+            sortable=False,
+            on_check=self._on_check,
+        )
+        self.view.observe(self._on_pick, names="selected")
+        super().__init__([self.view])
+        self.add_class("tinax-target-choice")
+        self._redraw()
 
-    def _subtrees(self, name: str) -> dict[str, w.Checkbox]:
-        return {key: box for (n, key), box in self.subtree_checkboxes.items() if n == name}
+    # -- ticks --------------------------------------------------------------------
 
-    def _parent_changed(self, name: str, change: Any) -> None:
-        if self._cascading:
-            return
-        subtrees = self._subtrees(name)
-        # A parent's tick shows on its children: unticking it unticks them all
-        # (visibly, not just greyed out); ticking it again gives back what they were.
-        self._cascading = True
-        try:
-            if not change["new"]:
-                self._remembered[name] = {key: box.value for key, box in subtrees.items()}
-                for box in subtrees.values():
-                    box.value = False
+    def _node(self, checkpointable: str, key: str) -> Node:
+        if checkpointable not in self._targets:
+            raise ValueError(f"no checkpointable {checkpointable!r} to restore")
+        return self.tree.find(checkpointable, key)
+
+    def _state(self, node: Node) -> bool | None:
+        rows = node.rows.tolist()
+        out = sum(1 for r in rows if r in self._unticked)
+        if out == 0:
+            return True
+        return False if out == len(rows) else None
+
+    def ticked(self, checkpointable: str, key: str = "") -> bool | None:
+        """Whether the subtree ``key`` of ``checkpointable`` is restored: ``True``
+        (all of it), ``False`` (none) or ``None`` (part of it).
+
+        Raises:
+          ValueError: If there is no such subtree.
+        """
+        return self._state(self._node(checkpointable, key))
+
+    def tick(self, checkpointable: str, key: str = "", value: bool = True) -> None:
+        """Ticks (restores) or unticks (leaves out) the subtree ``key`` of
+        ``checkpointable`` (``""``: the whole checkpointable), at any depth.
+
+        Raises:
+          ValueError: If there is no such subtree.
+        """
+        node = self._node(checkpointable, key)
+        rows = set(node.rows.tolist())
+        name_rows = set(self._node(checkpointable, "").rows.tolist())
+        if value:
+            if not node.path and self._state(node) is False:
+                remembered = self._remembered.pop(checkpointable, set())
+                self._unticked -= rows
+                if remembered != name_rows:
+                    self._unticked |= remembered
             else:
-                remembered = self._remembered.pop(name, {})
-                if not any(remembered.values()):
-                    remembered = {}
-                for key, box in subtrees.items():
-                    box.value = remembered.get(key, True)
-        finally:
-            self._cascading = False
-        self._on_change(change)
+                self._unticked -= rows
+        else:
+            if not node.path:
+                self._remembered[checkpointable] = self._unticked & name_rows
+            self._unticked |= rows
+            if name_rows <= self._unticked and node.path:
+                self._remembered[checkpointable] = set()
+        self._redraw()
+        self._on_change(None)
 
-    def _child_changed(self, name: str, change: Any) -> None:
-        if self._cascading:
-            return
-        parent = self.checkboxes[name]
-        subtrees = self._subtrees(name)
-        self._cascading = True
-        try:
-            if change["new"] and not parent.value:
-                # Ticking a subtree of an unticked checkpointable ticks it, with only
-                # the subtrees that are ticked now.
-                self._remembered.pop(name, None)
-                parent.value = True
-            elif not any(box.value for box in subtrees.values()):
-                # Nothing left under it: the checkpointable itself is left out.
-                self._remembered[name] = {}
-                parent.value = False
-        finally:
-            self._cascading = False
-        self._on_change(change)
+    def _on_check(self, label: Any, value: bool) -> None:
+        node = self.nodes[label]
+        self.tick(node.checkpointable, node.key, value)
+
+    # -- what is chosen -----------------------------------------------------------
 
     def chosen(self) -> dict[str, Any]:
-        """Name → whole abstract target, for the ticked checkpointables."""
-        return {n: t for n, t in self._targets.items() if self.checkboxes[n].value}
+        """Name → whole abstract target, for the checkpointables with anything ticked."""
+        return {
+            root.checkpointable: self._targets[root.checkpointable]
+            for root in self.tree.roots
+            if self._state(root) is not False
+        }
 
     def left_out(self, name: str) -> set[KeyPath]:
-        """Key paths of the unticked subtrees of checkpointable ``name``."""
-        return {
-            self._paths[(n, key)]
-            for (n, key), box in self.subtree_checkboxes.items()
-            if n == name and not box.value
-        }
+        """Key paths of the largest wholly unticked subtrees of checkpointable ``name``."""
+        if name not in self._targets:
+            raise ValueError(f"no checkpointable {name!r} to restore")
+        out: set[KeyPath] = set()
+        stack = [r for r in self.tree.roots if r.checkpointable == name]
+        while stack:
+            node = stack.pop()
+            state = self._state(node)
+            if state is True:
+                continue
+            if state is False and node.path:
+                out.add(parse_key(node.key))
+            elif node.leaf is None:
+                stack.extend(self.tree.children(node))
+        return out
 
     @property
     def target(self) -> dict[str, Any]:
@@ -194,12 +270,56 @@ class TargetChoice(w.VBox):
 
     def table(self) -> pd.DataFrame:
         """``state_table`` rows of the leaves ``target`` restores."""
-        chosen = self.chosen()
-        if not chosen:
-            return explore.state_table({})
-        table = explore.state_table(chosen)
-        dropped = pd.Series(False, index=table.index, dtype=bool)
-        for name in chosen:
-            rows = table["checkpointable"] == name
-            dropped |= rows & inside(table["key"], self.left_out(name))
-        return table[~dropped].reset_index(drop=True)
+        keep = [i for i in range(len(self.leaf_table)) if i not in self._unticked]
+        return self.leaf_table.iloc[keep].reset_index(drop=True)
+
+    # -- the view -----------------------------------------------------------------
+
+    def _on_pick(self, change: Any) -> None:
+        index = change["new"]
+        if index is None:
+            return
+        self.view.selected = None  # a click opens or closes; nothing stays selected
+        node = self.nodes[index]
+        if node.leaf is not None:
+            return
+        if node.id in self._open:
+            self._open = {
+                i
+                for i in self._open
+                if not (i[0] == node.checkpointable and i[1][: len(node.path)] == node.path)
+            }
+        else:
+            self._open.add(node.id)
+        self._redraw(keep_page=True)
+
+    def expand(self, checkpointable: str, key: str = "") -> None:
+        """Opens the subtree ``key`` of ``checkpointable`` and every one above it."""
+        node = self._node(checkpointable, key)
+        for depth in range(len(node.path) + 1):
+            self._open.add((checkpointable, node.path[:depth]))
+        self._redraw(keep_page=True)
+
+    def _redraw(self, *, keep_page: bool = True) -> None:
+        out: list[tuple[Node, int]] = []
+        stack = [(n, 0) for n in reversed(self.tree.roots)]
+        while stack:
+            node, depth = stack.pop()
+            out.append((node, depth))
+            if node.id in self._open and node.leaf is None:
+                stack.extend((c, depth + 1) for c in reversed(self.tree.children(node)))
+        self.nodes = [n for n, _ in out]
+        frame = pd.DataFrame(
+            {
+                "label": [n.name if n.path else n.checkpointable for n in self.nodes],
+                "depth": [d for _, d in out],
+                "mark": [
+                    " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")
+                    for n in self.nodes
+                ],
+                "state": pd.Series([self._state(n) for n in self.nodes], dtype=object),
+                "leaves": [n.leaves for n in self.nodes],
+                "nbytes": [n.nbytes for n in self.nodes],
+            }
+        )
+        self.view.show(frame, keep_page=keep_page)

@@ -11,8 +11,8 @@ import ipywidgets as w
 import pandas as pd
 
 from tinax import explore
-from tinax._format import words
-from tinax._format.keys import KeyPath
+from tinax import vocabulary as words
+from tinax.vocabulary import KeyPath
 
 from ._choice import inside
 from ._table import Column, PagedTable, RowLook
@@ -194,10 +194,10 @@ class ComparisonView(w.VBox):
             if c not in fields and c.startswith(part)
         ]
         columns = [
-            Column("checkpointable", "checkpointable", "9em"),
-            Column("key", "key", None),
-            Column("status", "status", "11em"),
-            *[Column(c, _side_title(c), "7.5em") for c in extra],
+            Column("key", "key", key=True),
+            Column("status", "status"),
+            Column("checkpointable", "checkpointable", essential=False, priority=1),
+            *[Column(c, _side_title(c), essential=False) for c in extra],
         ]
         view = self.box.children[0] if self.box.children else None
         if not isinstance(view, PagedTable) or [c.field for c in view.columns] != [

@@ -11,9 +11,10 @@ import ipywidgets as w
 import pandas as pd
 
 from tinax import explore
-from tinax._format import words
-from tinax._format.keys import format_key, parse_key
+from tinax import vocabulary as words
+from tinax.vocabulary import format_key, parse_key
 
+from ._diff_tree import DiffTree
 from ._guard import shown_in_widget
 from ._table import Column, PagedTable, RowLook
 from ._text import error_html, note_html
@@ -35,15 +36,42 @@ def _count(value: Any) -> str:
     return "" if value is None or value is pd.NA else f"{int(value):,}"
 
 
+def _key(value: Any) -> str:
+    # A checkpointable that is one leaf (a PRNG key, an iterator) has the empty key.
+    return "" if value is None or value is pd.NA else (str(value) or "(whole)")
+
+
+def _percent(value: Any) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(number):
+        return ""
+    return "∞" if math.isinf(number) else f"{number * 100:.3g} %"
+
+
 DIFF_COLUMNS = (
-    Column("key", "key", None),
-    Column("checkpointable", "checkpointable", "9em"),
-    Column("status", "status", "8em"),
-    Column("rel_change", "rel. change", "7em", _number),
-    Column("max_abs_diff", "max |b−a|", "7em", _number),
-    Column("cosine", "cosine", "6em", _number),
-    Column("nan_b", "NaN (b)", "5em", _count),
-    Column("inf_b", "Inf (b)", "5em", _count),
+    Column("key", "key", _key, key=True),
+    Column("status", "status"),
+    # The change told for what the leaf is: a float array's relative change, a
+    # counter's "+150", a PRNG key's "changed".
+    Column("change", "change"),
+    Column("checkpointable", "checkpointable", essential=False, priority=1),
+    Column("value_kind", "values", essential=False, priority=2),
+    Column(
+        "rel_change",
+        "rel. change",
+        _percent,
+        align="right",
+        descending_first=True,
+        essential=False,
+        priority=3,
+    ),
+    Column("max_abs_diff", "max |b−a|", _number, align="right", essential=False, priority=4),
+    Column("cosine", "cosine", _number, align="right", essential=False, priority=5),
+    Column("nan_b", "NaN (b)", _count, align="right", essential=False, priority=6),
+    Column("inf_b", "Inf (b)", _count, align="right", essential=False, priority=6),
 )
 
 
@@ -95,6 +123,11 @@ def subtree_changes(table: pd.DataFrame, depth: int) -> pd.DataFrame:
     return frame.sort_values("rel_change", ascending=False, kind="stable").reset_index(drop=True)
 
 
+def _name(path: str) -> str:
+    # A checkpoint's own name, local or gs://.
+    return path.rstrip("/").rsplit("/", 1)[-1] or path
+
+
 class DiffView(w.VBox):
     """A "compare with…" choice, and the diff of the open checkpoint against the one chosen.
 
@@ -128,7 +161,11 @@ class DiffView(w.VBox):
         self.bars = w.VBox([])
         self._page_size = page_size
         self._table: PagedTable | None = None
-        self.result = w.VBox([self.title, self.depth, self.bars], layout=w.Layout(display="none"))
+        # The same changes by subtree, opened a level at a time, with their rollup.
+        self.tree = DiffTree(page_size=page_size)
+        self.result = w.VBox(
+            [self.title, self.depth, self.bars, self.tree], layout=w.Layout(display="none")
+        )
         super().__init__([w.HBox([self.choice, self.progress]), self.result])
         self.add_class("tinax-diff-view")
 
@@ -186,11 +223,17 @@ class DiffView(w.VBox):
         self.diff = table
         counts = table["status"].value_counts()
         self.title.value = (
-            f"<b>Changes</b> from <code>{html.escape(self.base)}</code> to "
-            f"<code>{html.escape(other)}</code>: "
+            f"<b>Changes</b> from <code>{html.escape(_name(self.base))}</code> to "
+            f"<code>{html.escape(_name(other))}</code>: "
             + html.escape(", ".join(f"{n} {s}" for s, n in counts.items()))
+            + "<br>"
+            + note_html(
+                "leaves most changed first: floating-point arrays by relative change "
+                "‖b − a‖ / ‖a‖, then counters by how far they moved, then PRNG keys"
+            )
         )
         self._show_bars()
+        self.tree.show(table)
         self.table.show(table)
         self.result.layout.display = ""
 
@@ -222,7 +265,7 @@ class DiffView(w.VBox):
                         w.Label(label, layout=w.Layout(width="20em"), tooltip=label),
                         bar,
                         w.Label(
-                            f"{_number(rel)} ({leaves} changed)",
+                            f"{_percent(rel)} ({leaves:,} changed)",
                             layout=w.Layout(flex="0 0 auto"),
                         ),
                     ],
@@ -230,6 +273,11 @@ class DiffView(w.VBox):
                     layout=w.Layout(flex_flow="row wrap"),
                 )
             )
-        if not rows:
-            rows = [w.HTML(note_html("no numeric leaf changed"))]
+        if rows:
+            rows.insert(
+                0,
+                w.HTML(note_html("relative change ‖b − a‖ / ‖a‖ of the floating-point leaves")),
+            )
+        else:
+            rows = [w.HTML(note_html("no floating-point leaf changed"))]
         self.bars.children = tuple(rows)

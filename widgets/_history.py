@@ -12,10 +12,13 @@ import numpy as np
 import pandas as pd
 
 from tinax import explore
-from tinax._format.words import COMPLETE
 from tinax.explore import is_numeric, leaf_statistics
+from tinax.vocabulary import COMPLETE
 
-HISTORY_COLUMNS = ("step", "name", "path", "norm", "mean", "max", "error")
+HISTORY_COLUMNS = ("step", "name", "path", "norm", "mean", "max", "quantiles", "error")
+# The percentiles of a leaf's values drawn over steps, as TensorBoard's distributions
+# draw them: bands from the outside in, the median as a line.
+PERCENTILES = (0.0, 7.0, 16.0, 31.0, 50.0, 69.0, 84.0, 93.0, 100.0)
 # Elements per pass when the norm is summed, so that a large leaf needs little more
 # memory than itself.
 _CHUNK = 1 << 20
@@ -58,6 +61,7 @@ def leaf_history(
     Returns:
       One row per complete checkpoint, in step order: ``step``, ``name``, ``path``,
       ``norm`` (L2 over the finite values), ``mean`` and ``max`` (finite values),
+      ``quantiles`` (the ``PERCENTILES`` of the finite real values, or ``None``),
       ``error`` (``""`` when read).
     """
     done = checkpoints[checkpoints["status"] == COMPLETE] if len(checkpoints) else checkpoints
@@ -69,6 +73,7 @@ def leaf_history(
         if stop is not None and stop.is_set():
             break
         norm = mean = maximum = math.nan
+        quantiles: tuple[float, ...] | None = None
         error = ""
         try:
             value = explore.read_leaf(str(path), checkpointable, key)
@@ -77,11 +82,12 @@ def leaf_history(
                 norm = _norm(value)
                 mean = math.nan if stats.mean is None else float(stats.mean)
                 maximum = math.nan if stats.maximum is None else float(stats.maximum)
+                quantiles = _quantiles(value)
             else:
                 error = f"not numeric ({type(value).__name__})"
         except Exception as e:  # One unreadable checkpoint does not end the history.
             error = f"{type(e).__name__}: {e}"
-        rows.append((step, str(name), str(path), norm, mean, maximum, error))
+        rows.append((step, str(name), str(path), norm, mean, maximum, quantiles, error))
         if progress is not None:
             progress(len(rows), total)
     frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
@@ -89,8 +95,19 @@ def leaf_history(
     return frame
 
 
+def _quantiles(value: Any) -> tuple[float, ...] | None:
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf" or array.size == 0:
+        return None
+    finite = array[np.isfinite(array)] if array.dtype.kind == "f" else array
+    if finite.size == 0:
+        return None
+    return tuple(float(q) for q in np.percentile(finite, PERCENTILES))
+
+
 def history_png(history: pd.DataFrame, *, title: str = "") -> bytes:
-    """Norm, mean and max against step, one small panel each (empty bytes if no figure)."""
+    """Norm, mean and max against step, one small panel each, and the distribution of
+    the values over steps (percentile bands); empty bytes if there is nothing to draw."""
     read = history[history["error"] == ""] if len(history) else history
     read = read[read["step"].notna()] if len(read) else read
     if read.empty:
@@ -98,19 +115,34 @@ def history_png(history: pd.DataFrame, *, title: str = "") -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(4.2, 3.6), dpi=80)
+    # Sized to be shown at its natural size (about 460 px wide) with 10 pt labels.
+    figure = Figure(figsize=(4.8, 6.0), dpi=96)
     FigureCanvasAgg(figure)
-    axes = figure.subplots(3, 1, sharex=True)
+    axes = figure.subplots(4, 1, sharex=True, height_ratios=(1, 1, 1, 1.6))
     steps = read["step"].astype("int64").to_numpy()
     for ax, field, color in zip(
-        axes, ("norm", "mean", "max"), ("#4e79a7", "#f28e2b", "#e15759"), strict=True
+        axes[:3], ("norm", "mean", "max"), ("#4e79a7", "#f28e2b", "#e15759"), strict=True
     ):
         ax.plot(steps, read[field].to_numpy(dtype=float), "o-", color=color, markersize=3)
-        ax.set_ylabel(field, fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[-1].set_xlabel("step", fontsize=8)
+        ax.set_ylabel(field, fontsize=10)
+        ax.tick_params(labelsize=10)
+    spread = axes[-1]
+    rows = [(s, q) for s, q in zip(steps, read["quantiles"], strict=True) if q is not None]
+    if rows:
+        at = np.asarray([s for s, _ in rows])
+        q = np.asarray([q for _, q in rows])
+        bands = len(PERCENTILES) // 2
+        for i in range(bands):
+            shade = 0.25 + 0.6 * (i + 1) / bands
+            spread.fill_between(
+                at, q[:, i], q[:, -1 - i], color="#4e79a7", alpha=shade * 0.5, linewidth=0
+            )
+        spread.plot(at, q[:, bands], color="#1f3b5c", linewidth=1.2)
+    spread.set_ylabel("values", fontsize=10)
+    spread.tick_params(labelsize=10)
+    axes[-1].set_xlabel("step (bands: 0–100, 7–93, 16–84, 31–69 %; line: median)", fontsize=10)
     if title:
-        axes[0].set_title(title, fontsize=9)
+        axes[0].set_title(title, fontsize=11)
     figure.tight_layout()
     out = io.BytesIO()
     figure.savefig(out, format="png")

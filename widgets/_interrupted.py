@@ -8,8 +8,8 @@ from collections.abc import Callable
 import ipywidgets as w
 import pandas as pd
 
-from tinax._format.words import INTERRUPTED
 from tinax.checkpointing import remove_interrupted_save
+from tinax.vocabulary import INTERRUPTED
 
 from ._guard import shown_in_widget
 from ._text import error_html, format_age, format_bytes, note_html

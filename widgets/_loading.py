@@ -8,7 +8,7 @@ from typing import Any
 
 from tinax.checkpointing import allow_lossy_casts, load_checkpointables
 
-from ._disk import load_meter
+from ._meters import load_meter
 from ._progress import DONE, FAILED, AsyncProgress
 from ._task import Task
 

@@ -11,9 +11,8 @@ from typing import Any
 import ipywidgets as w
 import traitlets
 
-from tinax._paths import location
+from tinax import explore
 
-from ._disk import bytes_landed
 from ._text import error_html, format_bytes, format_rate, format_seconds
 
 RUNNING = "running"
@@ -22,6 +21,11 @@ FAILED = "failed"
 
 # A running bar never shows full: the last bytes land before Orbax commits.
 _RUNNING_CAP = 0.99
+# The bar shows once this share of the total (or this many bytes) has landed; a rate
+# and an ETA once bytes have moved for this long.
+_MOVING_SHARE = 0.01
+_MOVING_BYTES = 4 << 20
+_RATE_AFTER = 0.25
 
 # Without a total there is nothing to measure against: a block sliding to and fro
 # says "working" where a full bar would read as "finished". Drawn once by the
@@ -130,8 +134,8 @@ class AsyncProgress(w.VBox):
         self._interval = float(interval)
         self._count: Callable[[], int | None] | None = count_bytes
         if watch is not None:
-            watched = location(watch, what="watch")
-            self._count = lambda: bytes_landed(watched)
+            watched = explore.resolve_path(watch, what="watch")
+            self._count = lambda: explore.bytes_written(watched)
         self._measured = self._count is not None and total is not None
         self.value: Any = None
 
@@ -143,16 +147,12 @@ class AsyncProgress(w.VBox):
             min=0.0,
             max=1.0,
             bar_style="" if self._measured else "info",
-            layout=w.Layout(
-                width="40%", min_width="8em", display=None if self._measured else "none"
-            ),
+            layout=w.Layout(width="40%", min_width="8em", display="none"),
         )
-        self.pulse = w.HTML(
-            "" if self._measured else _PULSE_HTML,
-            layout=w.Layout(
-                width="40%", min_width="8em", display="none" if self._measured else None
-            ),
-        )
+        # A sliding block until bytes start to move: the first seconds of a save
+        # write metadata, and a bar that crawls there reads as stalled.
+        self.pulse = w.HTML(_PULSE_HTML, layout=w.Layout(width="40%", min_width="8em"))
+        self._moving: tuple[float, int] | None = None
         self.info = w.Label("starting…", layout=w.Layout(flex="0 0 auto"))
         self.error_box = w.HTML("", layout=w.Layout(display="none"))
         super().__init__(
@@ -249,12 +249,27 @@ class AsyncProgress(w.VBox):
             if count is not None and count > self.bytes_done:
                 self.bytes_done = count
             parts = []
-            if self._measured:
-                total = self.total_bytes or 0
+            total = self.total_bytes or 0
+            if (
+                self._measured
+                and self._moving is None
+                and self.bytes_done >= min(total * _MOVING_SHARE, _MOVING_BYTES)
+            ):
+                self._moving = (self.elapsed, self.bytes_done)
+                self.pulse.layout.display = "none"
+                self.bar.layout.display = None
+            if self._moving is not None:
                 fraction = self.bytes_done / total if total else 0.0
                 self.bar.value = min(fraction, _RUNNING_CAP)
                 parts.append(f"{format_bytes(self.bytes_done)} / {format_bytes(total)}")
-                parts.append(format_rate(self.bytes_done, self.elapsed))
+                # Rate and ETA from when the bytes began to move, not from the start.
+                since, first = self._moving
+                seconds, moved = self.elapsed - since, self.bytes_done - first
+                if seconds >= _RATE_AFTER and moved > 0:
+                    rate = moved / seconds
+                    parts.append(format_rate(moved, seconds))
+                    if total > self.bytes_done:
+                        parts.append(f"{format_seconds((total - self.bytes_done) / rate)} left")
             elif self.bytes_done:
                 parts.append(format_bytes(self.bytes_done))
             parts.append(f"{format_seconds(self.elapsed)} elapsed")
@@ -290,7 +305,7 @@ class AsyncProgress(w.VBox):
                 if not self._measured:
                     self.bar.value = 1.0  # else it stays where the failure stopped it
                 self.bar.bar_style = "danger"
-                self.info.value = f"failed after {format_seconds(self.elapsed)}"
+                self.info.value = f"failed in {format_seconds(self.elapsed)}"
                 self.error_box.value = error_html(error, title="Failed:")
                 self.error_box.layout.display = ""
                 self.error = f"{type(error).__name__}: {error}"

@@ -18,7 +18,7 @@ import jax
 import pandas as pd
 import traitlets
 
-from tinax import _paths
+from tinax import explore
 from tinax.checkpointing import abstract_restore_target, validate_checkpointable_name
 
 from ._choice import LEFT_OUT, TargetChoice, keep_live
@@ -30,12 +30,12 @@ from ._table import Column, PagedTable, format_cell
 from ._text import error_html, format_bytes, format_seconds, note_html
 
 STATE_COLUMNS = (
-    Column("checkpointable", "checkpointable", "9em"),
-    Column("key", "key", None, lambda key: format_cell(key) or "(whole)"),
-    Column("kind", "kind", "7em"),
-    Column("shape", "shape", "8em"),
-    Column("dtype", "dtype", "6em"),
-    Column("nbytes", "size", "6em", format_bytes),
+    Column("key", "key", lambda key: format_cell(key) or "(whole)", key=True),
+    Column("shape", "shape"),
+    Column("dtype", "dtype"),
+    Column("nbytes", "size", format_bytes, align="right", descending_first=True),
+    Column("checkpointable", "checkpointable", essential=False, priority=1),
+    Column("kind", "kind", essential=False, priority=2),
 )
 
 
@@ -198,6 +198,20 @@ class RestoreTargetBuilder(w.VBox):
 
     # -- public ---------------------------------------------------------------------
 
+    def tick(self, checkpointable: str, key: str = "", value: bool = True) -> None:
+        """Restores (``True``) or leaves out (``False``) the subtree ``key`` of
+        ``checkpointable``, at any depth (``""``: the whole checkpointable), as
+        clicking its box in the tree does.
+
+        Raises:
+          ValueError: If there is no such subtree.
+        """
+        self.choice.tick(checkpointable, key, value)
+
+    def ticked(self, checkpointable: str, key: str = "") -> bool | None:
+        """Whether the subtree is restored: ``True``, ``False`` or ``None`` (in part)."""
+        return self.choice.ticked(checkpointable, key)
+
     @property
     def target(self) -> dict[str, Any]:
         """Name → abstract restore target for the ticked checkpointables, ready for loading."""
@@ -227,10 +241,10 @@ class RestoreTargetBuilder(w.VBox):
     @staticmethod
     def _check_path(path: object) -> str:
         # Orbax reads only absolute paths; a notebook's paths are often relative.
-        where = _paths.location(path)
-        if not where.exists():
-            raise FileNotFoundError(f"checkpoint {str(where)!r} does not exist")
-        return str(where)
+        where = explore.resolve_path(path)
+        if not explore.path_exists(where):
+            raise FileNotFoundError(f"checkpoint {where!r} does not exist")
+        return where
 
     @traitlets.validate("path")
     def _valid_path(self, proposal: Any) -> str | None:

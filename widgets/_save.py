@@ -10,10 +10,9 @@ import ipywidgets as w
 import jax
 import traitlets
 
-from tinax import _paths
+from tinax import explore
 from tinax.checkpointing import save_checkpointables
 
-from ._disk import check_new_checkpoint_name, next_free_step_name
 from ._guard import shown_in_widget
 from ._progress import RUNNING, AsyncProgress
 from ._task import PendingResponse
@@ -72,8 +71,7 @@ class SavePanel(w.VBox):
           FileNotFoundError: If ``directory`` does not exist.
           ValueError: If ``directory`` is not a directory.
         """
-        self._directory = _paths.save_directory(directory, what="directory")
-        self.directory = str(self._directory)
+        self.directory = explore.save_directory(directory, what="directory")
         if not isinstance(checkpointables, Mapping) and not callable(checkpointables):
             raise TypeError(
                 "checkpointables must be a mapping of name to value or a zero-argument "
@@ -86,7 +84,7 @@ class SavePanel(w.VBox):
         self._saved_name = ""
 
         self.name_field = w.Text(
-            value=next_free_step_name(self._directory),
+            value=explore.next_checkpoint_name(self.directory),
             description="Name",
             continuous_update=True,
             layout=w.Layout(width="22em"),
@@ -111,7 +109,7 @@ class SavePanel(w.VBox):
 
     def _check_name(self) -> bool:
         try:
-            check_new_checkpoint_name(self._directory, self.name_field.value)
+            explore.check_new_checkpoint_name(self.directory, self.name_field.value)
         except (TypeError, ValueError) as e:
             self.name_error = str(e)
             self.message.value = error_html(str(e), title="Cannot save:")
@@ -150,7 +148,7 @@ class SavePanel(w.VBox):
             return
         name = self.name_field.value
         mapping = self._evaluate()
-        destination = str(self._directory / name)
+        destination = self.directory.rstrip("/") + "/" + name
         self.saving = True
         self.save_button.disabled = True
         self.message.value = note_html(f"saving {name}…")
@@ -185,7 +183,7 @@ class SavePanel(w.VBox):
         progress.label.value = f"saved {saved}" if progress.status == "done" else f"{saved}: failed"
         if self.name_field.value == saved:
             # Offer the next free name; this also re-checks and re-enables Save.
-            self.name_field.value = next_free_step_name(self._directory)
+            self.name_field.value = explore.next_checkpoint_name(self.directory)
         self._check_name()
         if progress.status != RUNNING:
             self.message.value = (

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,12 +18,12 @@ import numpy as np
 import pandas as pd
 import traitlets
 
+from tinax.vocabulary import split_key
+
 from ._guard import shown_in_widget
-from ._table import Column, PagedTable
+from ._table import Column, PagedTable, RowLook
 from ._text import format_bytes
 
-# One part of a key as jax.tree_util.keystr writes it: an index or a quoted name.
-_PART = re.compile(r"\[(?:\d+|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]")
 BY_NAME = "name"
 BY_SIZE = "size"
 # Segments of the size bar at most; smaller subtrees are counted together.
@@ -42,8 +41,10 @@ def key_parts(key: str) -> tuple[str, ...]:
     """
     if not key:
         return ()
-    parts = tuple(_PART.findall(key))
-    return parts if "".join(parts) == key else (key,)
+    try:
+        return split_key(key)
+    except ValueError:
+        return (key,)
 
 
 def _natural(part: str) -> tuple[int, int, str]:
@@ -246,11 +247,16 @@ def _format_share(value: Any) -> str:
 
 
 TREE_COLUMNS = (
-    Column("label", "subtree", None),
-    Column("leaves", "leaves", "6em", _format_count),
-    Column("nbytes", "size", "7em", _format_size),
-    Column("share", "share", "5em", _format_share),
+    Column("label", "subtree", key=True),
+    Column("leaves", "leaves", _format_count, align="right"),
+    Column("nbytes", "size", _format_size, align="right"),
+    Column("share", "share", _format_share, align="right", essential=False),
 )
+
+
+def _tree_look(row: pd.Series) -> RowLook:
+    # Left-aligned and indented like treescope's: the depth is room, not spaces.
+    return RowLook(depth=int(row["depth"]), mark=str(row["mark"]))
 
 
 class TreeView(w.VBox):
@@ -286,8 +292,8 @@ class TreeView(w.VBox):
         self.collapse_button.on_click(guard(lambda _: self.collapse()))
         self.table = PagedTable(
             TREE_COLUMNS,
-            pick="label",
             page_size=page_size,
+            look=_tree_look,
             empty_text="no leaves",
             sortable=False,
         )
@@ -368,13 +374,14 @@ class TreeView(w.VBox):
         visible = self._visible()
         self.nodes = [node for node, _ in visible]
         total = self.tree.nbytes or 1
-        labels = []
-        for node, depth in visible:
-            mark = "·" if node.leaf is not None else ("▾" if node.id in self._open else "▸")
-            labels.append("\u00a0\u00a0" * depth + f"{mark} {node.name}")
         frame = pd.DataFrame(
             {
-                "label": labels,
+                "label": [node.name for node in self.nodes],
+                "depth": [depth for _, depth in visible],
+                "mark": [
+                    " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")
+                    for n in self.nodes
+                ],
                 "leaves": [n.leaves for n in self.nodes],
                 "nbytes": [n.nbytes if self.sized else PENDING for n in self.nodes],
                 "share": [n.nbytes / total if self.sized else PENDING for n in self.nodes],

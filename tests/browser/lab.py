@@ -40,6 +40,8 @@ _SETTINGS = {
         "checkForUpdates": False,
         "doNotDisturbMode": True,
     },
+    # Every cell drawn, not only those scrolled into view: tests read every output.
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
 }
 
 

@@ -5,13 +5,35 @@ The one place that knows the on-disk format. It sits below both
 nor ipywidgets: tensorstore reads the array store, everything else is JSON read
 through ``storage``.
 
+Vocabulary:
+
 - ``names``: every file name, suffix and naming pattern (temporary directories,
-  iterator files, steps in names).
+  iterator files, steps in names, the checksum record and its promise).
 - ``words``: the kinds and statuses tables show.
 - ``keys``: leaf key paths, their one spelling, and subtree membership.
+
+Where bytes come from:
+
 - ``storage``: local disk behind a small interface; a ``Location`` in it.
+- ``gcs``: the same interface on ``gs://``.
 - ``files``: bounded, no-follow, JSON-only reads; the safety scan of a checkpoint.
+
+What a checkpoint is:
+
 - ``layout``: which checkpoint a directory is and what it holds.
-- ``pytree``: a pytree checkpointable's metadata: leaves, arrays, strings, shardings.
-- ``arrays``: the array store through tensorstore.
+- ``preflight``: the one check every read passes before anything is read.
+- ``pytree``: a pytree checkpointable's metadata: leaves, strings, shardings, scalars.
+- ``jsonitems``: JSON checkpointables, Grain iterator states, empty pytrees.
+- ``written``: Orbax's per-process records of the arrays each process wrote.
+
+Arrays and their bytes:
+
+- ``arrays``: the array store through tensorstore, and zarr metadata parsing.
+- ``budget``: the memory a read may claim; impossible shapes and chunks refused.
+- ``chunks``: which chunks are stored, and reading an array a region at a time.
+- ``checksums``: the checksums tinax saves, and checking values against them.
+
+Restores:
+
+- ``fit``: whether restore targets fit a checkpoint, leaf by leaf.
 """

@@ -1,19 +1,25 @@
-"""Orbax's array store through tensorstore: bulk metadata reads and single-array opens.
+"""Orbax's array store through tensorstore: bulk metadata reads, zarr metadata parsing and
+single-array opens.
 
 Orbax writes a pytree checkpointable's arrays as zarr arrays in an OCDBT key-value
 store (or, in older checkpoints, as plain zarr directories). Each array's zarr
-metadata sits under ``<param>/`` in that store.
+metadata sits under ``<param>/`` in that store; ``parse_array_metadata`` reads what
+it claims (shape, dtype, chunking, codecs) without trusting it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import os
 import posixpath
 import re
 import urllib.parse
 from collections.abc import Collection, Iterator
 from typing import Any
 
+import numpy as np
 import tensorstore as ts
 
 from tinax._format.storage import Location
@@ -26,6 +32,8 @@ _METADATA_POOL = "cache_pool#tinax_metadata"
 
 # Object stores (gs://): a failed request is retried a few times, then reported. With
 # tensorstore's defaults an endpoint that refuses every request is retried for minutes.
+_IO_CONCURRENCY = 16
+_COPY_CONCURRENCY = max(4, os.cpu_count() or 1)
 _GCS_RETRIES = {"max_retries": 4, "initial_delay": "0.5s", "max_delay": "4s"}
 
 
@@ -33,6 +41,10 @@ def context() -> ts.Context:
     """A fresh tensorstore context: metadata cached, array data not, retries bounded."""
     return ts.Context(
         {
+            # Reads of many chunks at once: tensorstore's defaults (the core count)
+            # leave a 2-core machine reading one or two chunks at a time.
+            "file_io_concurrency": {"limit": _IO_CONCURRENCY},
+            "data_copy_concurrency": {"limit": _COPY_CONCURRENCY},
             "cache_pool": {"total_bytes_limit": 0},
             _METADATA_POOL: {"total_bytes_limit": _METADATA_CACHE_BYTES},
             "gcs_request_retries": _GCS_RETRIES,
@@ -143,13 +155,27 @@ def walk_ocdbt(
 
 
 def _walk_ocdbt(
-    directory: Location, wanted: Collection[bytes], ctx: ts.Context
+    directory: Location,
+    wanted: Collection[bytes],
+    ctx: ts.Context,
+    sizes: dict[str, int] | None = None,
 ) -> dict[bytes, bytes]:
-    """Values of ``wanted`` keys, read by walking the OCDBT B+tree (see ``walk_ocdbt``)."""
+    """Values of ``wanted`` keys, read by walking the OCDBT B+tree (see ``walk_ocdbt``).
+
+    ``sizes``, if given, receives the stored bytes of every other key, summed by the
+    directory of each wanted key (``w/zarr.json`` → ``w/``): an array's chunks.
+    """
     base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
     found: dict[bytes, bytes] = {}
     indirect: dict[bytes, str] = {}
+    owners = {key[: key.rfind(b"/") + 1] for key in wanted}
     for key, value in walk_ocdbt(directory, ctx):
+        if sizes is not None and key not in wanted:
+            owner = _owner(key, owners)
+            if owner is not None:
+                length = len(value) if isinstance(value, bytes) else _length(value)
+                name = owner.decode("utf-8", "replace")
+                sizes[name] = sizes.get(name, 0) + length
         if key not in wanted:
             continue
         if isinstance(value, bytes):
@@ -162,12 +188,41 @@ def _walk_ocdbt(
     return found
 
 
+def _owner(key: bytes, owners: Collection[bytes]) -> bytes | None:
+    """The longest of ``owners`` (directories, ``b""`` the root) that ``key`` lies in,
+    when what follows is a chunk key (``c/0/1``, ``0.1``)."""
+    cut = len(key)
+    while cut > 0:
+        cut = key.rfind(b"/", 0, cut)
+        prefix = key[: cut + 1] if cut >= 0 else b""
+        if prefix in owners and _CHUNK_KEY.fullmatch(key[len(prefix) :]):
+            return prefix
+        if cut < 0:
+            return None
+    return None
+
+
+_CHUNK_KEY = re.compile(rb"c(?:[/.]\d+)*|\d+(?:[/.]\d+)*")
+
+
+def _length(location: str) -> int:
+    parts = location.split(":")
+    return int(parts[4]) if len(parts) == 5 and parts[4].isdigit() else 0
+
+
 def read_values(
-    directory: Location, keys: Collection[str], *, ocdbt: bool, ctx: ts.Context
+    directory: Location,
+    keys: Collection[str],
+    *,
+    ocdbt: bool,
+    ctx: ts.Context,
+    sizes: dict[str, int] | None = None,
 ) -> dict[str, bytes]:
     """The stored bytes of ``keys`` (relative to ``directory``), read concurrently.
 
-    Keys that are not stored are absent from the result.
+    Keys that are not stored are absent from the result. ``sizes``, if given, is
+    filled (OCDBT stores only, when their B+tree could be walked) with the stored
+    bytes of the chunks under each key's directory.
 
     Raises:
       ValueError: If the store cannot be opened or read.
@@ -176,8 +231,10 @@ def read_values(
     found: dict[bytes, bytes] = {}
     if ocdbt and wanted:
         try:
-            found = _walk_ocdbt(directory, wanted, ctx)
+            found = _walk_ocdbt(directory, wanted, ctx, sizes)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            if sizes is not None:
+                sizes.clear()
             # The walk reads OCDBT's dumped node format; whatever it could not
             # make sense of is read below through the ordinary key lookup, which
             # also reports a damaged store properly.
@@ -217,3 +274,221 @@ def array_spec(
 def open_arrays(specs: list[dict[str, Any]], ctx: ts.Context) -> list[Any]:
     """Opens the arrays for reading, all at once; returns their futures."""
     return [ts.open(spec, context=ctx, read=True) for spec in specs]
+
+
+# -- zarr metadata ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayInfo:
+    """What an array's zarr metadata says.
+
+    Attributes:
+      shape: The array's shape.
+      dtype: Its dtype, as NumPy names it.
+      itemsize: Bytes per element (``None`` for a dtype NumPy does not know).
+      chunk_shape: The unit the store decodes: zarr3's inner chunk, zarr2's chunk.
+      grid_shape: The unit the store keeps under one key: zarr3's shard (the
+        chunk grid's shape), zarr2's chunk.
+      compressed: Whether a codec may store fewer bytes than it decodes to
+        (``False`` only for codec chains known to be byte for byte).
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    itemsize: int | None
+    chunk_shape: tuple[int, ...] | None
+    grid_shape: tuple[int, ...] | None = None
+    compressed: bool = True
+
+
+def dtype_name(name: str) -> tuple[str, int | None]:
+    """A stored dtype as NumPy names it, and its item size (``None`` if unknown)."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        try:
+            dtype = np.dtype(getattr(ts, name).numpy_dtype)
+        except (AttributeError, TypeError):
+            return name, None
+    return dtype.name, dtype.itemsize
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a stored dtype name (ml_dtypes' through tensorstore).
+
+    Raises:
+      TypeError: If neither NumPy nor tensorstore knows it.
+    """
+    try:
+        return np.dtype(name)
+    except TypeError:
+        try:
+            return np.dtype(getattr(ts, name).numpy_dtype)
+        except AttributeError:
+            raise TypeError(f"unknown dtype {name!r}") from None
+
+
+def int_tuple(value: object) -> tuple[int, ...] | None:
+    """A list of non-negative integers as a tuple; ``None`` for anything else."""
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        return tuple(value)
+    return None
+
+
+def parse_array_metadata(data: bytes, *, zarr3: bool) -> ArrayInfo | None:
+    """Shape, dtype and chunk shape from a ``zarr.json`` or ``.zarray``; ``None`` if garbled."""
+    try:
+        meta = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    shape = int_tuple(meta.get("shape"))
+    raw_dtype = meta.get("data_type" if zarr3 else "dtype")
+    if shape is None or not isinstance(raw_dtype, str):
+        return None
+    if zarr3:
+        grid = meta.get("chunk_grid")
+        chunks = None
+        if isinstance(grid, dict) and isinstance(grid.get("configuration"), dict):
+            chunks = int_tuple(grid["configuration"].get("chunk_shape"))
+        grid_shape = chunks
+        codecs = meta.get("codecs")
+        # Orbax writes each shard with a sharding codec; its inner chunk is the unit read.
+        if isinstance(codecs, list) and codecs and isinstance(codecs[0], dict):
+            first = codecs[0]
+            if first.get("name") == "sharding_indexed" and isinstance(
+                first.get("configuration"), dict
+            ):
+                chunks = int_tuple(first["configuration"].get("chunk_shape")) or chunks
+        compressed = _zarr3_compressed(codecs)
+    else:
+        chunks = grid_shape = int_tuple(meta.get("chunks"))
+        compressed = meta.get("compressor") is not None or bool(meta.get("filters"))
+    dtype, itemsize = dtype_name(raw_dtype)
+    return ArrayInfo(
+        shape=shape,
+        dtype=dtype,
+        itemsize=itemsize,
+        chunk_shape=chunks,
+        grid_shape=grid_shape,
+        compressed=compressed,
+    )
+
+
+# zarr3 codecs that store exactly the bytes they decode to (plus a fixed-size suffix).
+_PLAIN_CODECS = frozenset({"bytes", "transpose", "crc32c"})
+
+
+def _zarr3_compressed(codecs: object) -> bool:
+    """Whether a zarr3 codec chain (shards' inner chains included) may compress."""
+    if not isinstance(codecs, list):
+        return True
+    for codec in codecs:
+        if not isinstance(codec, dict):
+            return True
+        name, config = codec.get("name"), codec.get("configuration")
+        if name == "sharding_indexed" and isinstance(config, dict):
+            if _zarr3_compressed(config.get("codecs")):
+                return True
+        elif name not in _PLAIN_CODECS:
+            return True
+    return False
+
+
+# What a walk of a store's B+tree may raise where it cannot make sense of a node.
+_WALK_ERRORS = (ValueError, KeyError, TypeError, IndexError, AttributeError)
+
+
+def _walk_level(
+    base: Any,
+    nodes: list[tuple[bytes, Any]],
+    wanted: Collection[bytes],
+    found: dict[bytes, Any],
+    ctx: ts.Context,
+) -> list[tuple[bytes, str]]:
+    """Takes the ``wanted`` keys of one B+tree level's nodes (their pending dumps) into
+    ``found``; returns the nodes of the level below."""
+    below: list[tuple[bytes, str]] = []
+    for prefix, future in nodes:
+        for entry in future.result()["entries"]:
+            if "location" in entry:
+                # Keys below an interior entry are stored relative to its prefix.
+                below.append((prefix + entry.get("subtree_common_prefix", b""), entry["location"]))
+                continue
+            key = prefix + entry["key"]
+            if key in wanted:
+                if "inline_value" in entry:
+                    found[key] = entry["inline_value"]
+                elif "indirect_value" in entry:
+                    found[key] = ts.ocdbt.dump(base, entry["indirect_value"], context=ctx)
+    return below
+
+
+def read_values_of_stores(
+    requests: list[tuple[Location, Collection[str]]], *, ocdbt: list[bool], ctx: ts.Context
+) -> list[dict[str, bytes] | ValueError]:
+    """``read_values`` of several stores, for each its values or its refusal.
+
+    The OCDBT B+trees of every store are walked together, a level at a time, with
+    every store's nodes of that level requested at once: a run of a thousand small
+    checkpoints is read in a few rounds of concurrent reads instead of a thousand
+    rounds of sequential ones. A store the walk cannot make sense of, or in which
+    it misses a key, is read by ``read_values`` alone, which reports damage properly.
+    """
+    wanted = [{key.encode("utf-8"): key for key in keys} for _, keys in requests]
+    opening = {
+        i: ts.KvStore.open(directory.kvstore(), context=ctx)
+        for i, ((directory, _), in_ocdbt) in enumerate(zip(requests, ocdbt, strict=True))
+        if in_ocdbt and wanted[i]
+    }
+    bases: dict[int, Any] = {}
+    for i, future in opening.items():
+        with contextlib.suppress(*_WALK_ERRORS):
+            bases[i] = future.result()
+    manifests: dict[int, Any] = {i: ts.ocdbt.dump(base, context=ctx) for i, base in bases.items()}
+    found: dict[int, dict[bytes, Any]] = {}
+    level: dict[int, list[tuple[bytes, Any]]] = {}
+    for i, future in manifests.items():
+        with contextlib.suppress(*_WALK_ERRORS):
+            versions = future.result().get("versions") or []
+            found[i] = {}
+            if versions and "location" in versions[-1].get("root", {}):
+                level[i] = [(b"", versions[-1]["root"]["location"])]
+    while level:
+        pending = {
+            i: [(prefix, ts.ocdbt.dump(bases[i], loc, context=ctx)) for prefix, loc in nodes]
+            for i, nodes in level.items()
+        }
+        level = {}
+        for i, nodes in pending.items():
+            try:
+                below = _walk_level(bases[i], nodes, wanted[i], found[i], ctx)
+            except _WALK_ERRORS:
+                del found[i]
+                continue
+            if below:
+                level[i] = below
+    out: list[dict[str, bytes] | ValueError] = []
+    for i, ((directory, keys), in_ocdbt) in enumerate(zip(requests, ocdbt, strict=True)):
+        values = found.get(i)
+        try:
+            if values is not None and len(values) == len(wanted[i]):
+                out.append(
+                    {
+                        wanted[i][key]: value if isinstance(value, bytes) else value.result()
+                        for key, value in values.items()
+                    }
+                )
+                continue
+        except _WALK_ERRORS:
+            pass
+        # Not walked, or keys missed by the walk: the ordinary lookup says what is there.
+        try:
+            out.append(read_values(directory, keys, ocdbt=in_ocdbt, ctx=ctx))
+        except ValueError as e:
+            out.append(e)
+    return out

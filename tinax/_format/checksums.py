@@ -26,10 +26,18 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from tinax._format import files, names
+from tinax._format import files, layout, names
 from tinax._format.storage import Location
 
 ALGORITHM = "xxh3_64"
+
+
+class CorruptDataError(ValueError):
+    """Stored data does not match the checksums recorded when it was saved (or a
+    checkpoint saved with checksums has lost them)."""
+
+    __module__ = "tinax.checkpointing"
+
 
 # Index bounds of a piece of an array: one (start, stop) per dimension; () for a scalar.
 Bounds = tuple[tuple[int, int], ...]
@@ -139,6 +147,32 @@ def _leaf(key: str, entry: object, where: str) -> LeafRecord:
             raise ValueError(f"{where}: piece {piece!r} does not fit shape {tuple(shape)}")
         parsed.append(Piece(bounds, hexdigest))
     return LeafRecord(kind, dtype, tuple(shape), tuple(parsed))
+
+
+def missing_promised(checkpoint: layout.Checkpoint) -> list[str]:
+    """Checkpointables a checksummed save promised checksums for that have none."""
+    if not checkpoint.checksummed:
+        return []
+    return [
+        item.name
+        for item in checkpoint.checkpointables
+        if item.layout in (layout.PYTREE, layout.ITERATOR) and not has_checksums(item.directory)
+    ]
+
+
+def check_promise(checkpoint: layout.Checkpoint) -> None:
+    """Refuses a checkpoint whose save recorded checksums that are now gone.
+
+    Raises:
+      CorruptDataError: Naming the checkpoint and the checkpointables.
+    """
+    missing = missing_promised(checkpoint)
+    if missing:
+        raise CorruptDataError(
+            f"checkpoint {str(checkpoint.path)!r}: checkpointable(s) {missing} lost the "
+            f"checksums saved with them ({names.CHECKSUMS_DIR} is missing): their data "
+            "cannot be trusted"
+        )
 
 
 def has_checksums(directory: Location) -> bool:

@@ -87,12 +87,23 @@ class Scan:
         time; it changes whenever anything under the directory does.
       files: Number of regular files.
       found: Every regular file, with its entry, in walk order.
+      directories: Every directory below the one scanned, with its entry. With
+        ``found`` it is everything under the directory (the scan refuses all else).
     """
 
     nbytes: int
     fingerprint: str
     files: int
     found: tuple[tuple[Location, Entry], ...] = ()
+    directories: tuple[tuple[Location, Entry], ...] = ()
+
+    def listing(self) -> dict[str, dict[str, Entry]]:
+        """The entries of every directory the scan walked (its own too), by path."""
+        listed: dict[str, dict[str, Entry]] = {}
+        for where, entry in (*self.directories, *self.found):
+            parent, name = where.storage.split(where.path)
+            listed.setdefault(parent, {})[name] = entry
+        return listed
 
 
 def is_utf8(name: str) -> bool:
@@ -120,6 +131,7 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
     digest = hashlib.blake2b(digest_size=16)
     total = 0
     found_files: list[tuple[Location, Entry]] = []
+    found_directories: list[tuple[Location, Entry]] = []
     stack = [directory]
     while stack:
         current = stack.pop()
@@ -152,6 +164,7 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
                 )
             if entry.kind == DIRECTORY:
                 stack.append(where)
+                found_directories.append((where, entry))
             elif entry.kind == FILE:
                 total += entry.size
                 found_files.append((where, entry))
@@ -165,6 +178,7 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
         fingerprint=digest.hexdigest(),
         files=len(found_files),
         found=tuple(found_files),
+        directories=tuple(found_directories),
     )
 
 

@@ -13,6 +13,7 @@ Code that asks whether a leaf lies inside a subtree compares key paths
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 
 KeyPart = int | str
@@ -33,8 +34,14 @@ def format_key(path: Iterable[KeyPart]) -> str:
     return "".join(out)
 
 
-def parse_key(text: str) -> KeyPath:
-    """The key path that ``format_key`` wrote as ``text``.
+# One part of a key as written: an index, or a quoted name with backslash escapes.
+_PART = re.compile(r"\[(?:\d+|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]", re.ASCII)
+
+
+def split_key(text: str) -> tuple[str, ...]:
+    """The parts of a key as written, without decoding them: ``"['a'][0]"`` gives
+    ``("['a']", "[0]")``. The grammar of ``parse_key``, at the speed of one regular
+    expression (a tree of tens of thousands of keys is split in a blink).
 
     Raises:
       TypeError: If ``text`` is not a string.
@@ -42,36 +49,29 @@ def parse_key(text: str) -> KeyPath:
     """
     if not isinstance(text, str):
         raise TypeError(f"a key is a str, got {type(text).__name__}")
+    parts = tuple(_PART.findall(text))
+    if sum(len(p) for p in parts) != len(text):
+        raise ValueError(f"key {text!r} is not a sequence of [index] and ['name'] parts")
+    return parts
+
+
+def parse_key(text: str) -> KeyPath:
+    """The key path that ``format_key`` wrote as ``text``.
+
+    Raises:
+      TypeError: If ``text`` is not a string.
+      ValueError: If ``text`` is not a sequence of ``[index]`` and ``['name']`` parts.
+    """
     parts: list[KeyPart] = []
-    i = 0
-    while i < len(text):
-        if text[i] != "[":
-            raise ValueError(f"key {text!r}: expected '[' at position {i}")
-        i += 1
-        if i < len(text) and text[i] in "'\"":
-            quote, start = text[i], i
-            i += 1
-            while i < len(text) and text[i] != quote:
-                i += 2 if text[i] == "\\" else 1
-            if i >= len(text):
-                raise ValueError(f"key {text!r}: unterminated name at position {start}")
-            literal = text[start : i + 1]
+    for part in split_key(text):
+        inner = part[1:-1]
+        if inner[:1] in ("'", '"'):
             try:
-                name = ast.literal_eval(literal)
+                parts.append(ast.literal_eval(inner))
             except (ValueError, SyntaxError):
-                raise ValueError(f"key {text!r}: {literal} is not a quoted name") from None
-            parts.append(name)
-            i += 1
+                raise ValueError(f"key {text!r}: {inner} is not a quoted name") from None
         else:
-            end = text.find("]", i)
-            digits = text[i:end] if end >= 0 else ""
-            if not digits.isdigit() or not digits.isascii():
-                raise ValueError(f"key {text!r}: expected an index or a quoted name at {i}")
-            parts.append(int(digits))
-            i = end
-        if i >= len(text) or text[i] != "]":
-            raise ValueError(f"key {text!r}: expected ']' at position {i}")
-        i += 1
+            parts.append(int(inner))
     return tuple(parts)
 
 

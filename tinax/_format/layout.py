@@ -39,10 +39,13 @@ class CheckpointRecord:
         not a string), a single handler name for a flat checkpoint, or ``None``
         when the record names none.
       committed_nsecs: Commit time in nanoseconds since the epoch, if recorded.
+      checksummed: Whether the save recorded that every pytree and iterator
+        checkpointable carries tinax checksums (``names.CHECKSUMS_PROMISE``).
     """
 
     item_handlers: dict[str, str | None] | str | None
     committed_nsecs: int | None
+    checksummed: bool = False
 
 
 def read_checkpoint_record(path: Location) -> CheckpointRecord:
@@ -53,7 +56,7 @@ def read_checkpoint_record(path: Location) -> CheckpointRecord:
         message names the file and what is wrong.
     """
     meta_file = path / names.CHECKPOINT_METADATA
-    meta = files.read_json_object(meta_file, what="Orbax checkpoint metadata", max_depth=None)
+    meta = files.read_json_object(meta_file, what="Orbax checkpoint metadata")
     handlers: Any = meta.get("item_handlers")
     if isinstance(handlers, dict):
         for name in handlers:
@@ -69,7 +72,12 @@ def read_checkpoint_record(path: Location) -> CheckpointRecord:
     # Later than any plausible date (year 2262) is not a time pandas can show.
     if isinstance(stamp, int) and not isinstance(stamp, bool) and 0 < stamp < 2**63:
         committed = stamp
-    return CheckpointRecord(item_handlers=handlers, committed_nsecs=committed)
+    custom = meta.get("custom_metadata")
+    promise = custom.get(names.CHECKSUMS_PROMISE) if isinstance(custom, dict) else None
+    checksummed = isinstance(promise, dict) and promise.get("checksums") is True
+    return CheckpointRecord(
+        item_handlers=handlers, committed_nsecs=committed, checksummed=checksummed
+    )
 
 
 def check_checkpointable_name(name: object, meta_file: Location) -> str:
@@ -112,12 +120,15 @@ class Checkpoint:
       checkpointables: What it holds, in stored order.
       committed_nsecs: Commit time from ``_CHECKPOINT_METADATA``, if recorded.
       scan: Size and fingerprint of everything under ``path``.
+      checksummed: Whether its save promised tinax checksums for every pytree
+        and iterator checkpointable (their absence is then damage).
     """
 
     path: Location
     checkpointables: tuple[StoredCheckpointable, ...]
     committed_nsecs: int | None
     scan: files.Scan
+    checksummed: bool = False
 
     def get(self, name: object) -> StoredCheckpointable:
         """The checkpointable called ``name``.
@@ -196,11 +207,12 @@ def has_marker(entries: dict[str, Entry]) -> bool:
     return any(marker in entries for marker in _MARKERS)
 
 
-def open_checkpoint(path: Location) -> Checkpoint:
+def open_checkpoint(path: Location, scan: files.Scan | None = None) -> Checkpoint:
     """Checks a checkpoint directory and finds what it holds, reading metadata only.
 
     Args:
       path: An existing checkpoint directory.
+      scan: ``files.scan(path)``, if the caller has just made it.
 
     Returns:
       The checkpoint's layout.
@@ -215,6 +227,11 @@ def open_checkpoint(path: Location) -> Checkpoint:
             f"{str(path)!r} is an Orbax temporary directory: a save in progress or one "
             "that failed, not a checkpoint"
         )
+    if (path / names.DELETION_MARKER).exists():
+        raise ValueError(
+            f"{str(path)!r} is being removed (it holds {names.DELETION_MARKER}): "
+            "not a checkpoint any more"
+        )
     if is_uncommitted(path) and not any(
         entry.kind == DIRECTORY and looks_like_checkpoint(path / name)
         for name, entry in path.entries().items()
@@ -224,23 +241,26 @@ def open_checkpoint(path: Location) -> Checkpoint:
             f"{names.COMMIT_SUCCESS} and no {names.CHECKPOINT_METADATA}): one in progress "
             "or one that was interrupted, not a checkpoint"
         )
-    found = files.scan(path)
-    has_record = (path / names.CHECKPOINT_METADATA).exists()
+    found = files.scan(path) if scan is None else scan
+    # What the walk listed, so that nothing under ``path`` is listed twice.
+    listed = found.listing()
+    top = listed.get(path.path, {})
+    has_record = names.CHECKPOINT_METADATA in top
     record = read_checkpoint_record(path) if has_record else CheckpointRecord(None, None)
     handlers = record.item_handlers
 
     if isinstance(handlers, dict):
         for name in handlers:
-            if not (path / name).is_dir():
+            if name not in top or top[name].kind != DIRECTORY:
                 raise ValueError(
                     f"checkpoint {str(path)!r} lists checkpointable {name!r} in "
                     f"{names.CHECKPOINT_METADATA} but has no directory for it"
                 )
         item_names = list(handlers)
-    elif classify(path) is not None or isinstance(handlers, str):
+    elif classify(path, top) is not None or isinstance(handlers, str):
         # A flat checkpoint: the directory itself is the one, unnamed item.
-        item = StoredCheckpointable("", path, classify(path) or UNKNOWN)
-        return Checkpoint(path, (item,), record.committed_nsecs, found)
+        item = StoredCheckpointable("", path, classify(path, top) or UNKNOWN)
+        return Checkpoint(path, (item,), record.committed_nsecs, found, record.checksummed)
     else:
         item_names = _checkpointable_dirs(path)
 
@@ -262,12 +282,15 @@ def open_checkpoint(path: Location) -> Checkpoint:
             f"{names.CHECKPOINT_METADATA} and no checkpointable directories"
         )
     items = tuple(
-        StoredCheckpointable(n, path / n, classify(path / n) or UNKNOWN) for n in item_names
+        StoredCheckpointable(
+            n, path / n, classify(path / n, listed.get((path / n).path, {})) or UNKNOWN
+        )
+        for n in item_names
     )
     if isinstance(handlers, dict):
         for item in items:
             _check_handler_layout(path, item, handlers.get(item.name))
-    return Checkpoint(path, items, record.committed_nsecs, found)
+    return Checkpoint(path, items, record.committed_nsecs, found, record.checksummed)
 
 
 # What a checkpointable written by a known handler must hold, by the end of its name.

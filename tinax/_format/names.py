@@ -18,6 +18,8 @@ COMMIT_SUCCESS = "commit_success.txt"
 # An empty file Orbax V0 writes to mark a checkpoint directory.
 ORBAX_MARKER = "orbax.checkpoint"
 ROOT_METADATA = "_ROOT_METADATA"
+# Written first when a checkpoint is removed, and removed last: a directory that holds
+# it is being removed (or its removal was interrupted) and is never a checkpoint.
 DELETION_MARKER = "_CHECKPOINT_DELETION"
 METRICS = "metrics"
 
@@ -73,6 +75,10 @@ def iterator_file_name(process_index: int, process_count: int) -> str:
 # In a pytree checkpointable saved by tinax: a checksum of every value each process wrote,
 # one JSON file per process (written before the checkpoint commits).
 CHECKSUMS_DIR = "tinax_checksums"
+# The key tinax saves put in _CHECKPOINT_METADATA's custom_metadata, which Orbax commits
+# with the checkpoint: {"checksums": true} promises a CHECKSUMS_DIR in every pytree and
+# iterator checkpointable, so that deleting one is seen as damage.
+CHECKSUMS_PROMISE = "tinax"
 CHECKSUMS_FORMAT = "tinax.checksums/1"
 CHECKSUM_FILE = re.compile(r"^process_(\d+)\.json$")
 
@@ -109,6 +115,22 @@ CLAIM_SUFFIX = ".tinax-claim"
 def claim_name(name: str) -> str:
     """The name of the claim file of a save to the checkpoint ``name``."""
     return name + CLAIM_SUFFIX
+
+
+# -- a run ----------------------------------------------------------------------------------
+
+# A training run (``tinax.checkpointing.TrainingRun``) records its policy, each step's
+# metric and why each checkpoint is kept in this JSON file at the run's root. A file,
+# never a directory, so that nothing lists it as a checkpoint.
+RUN_RECORD = "tinax_run.json"
+RUN_RECORD_FORMAT = "tinax.run/1"
+# A run's checkpoints are named ``step_<step>`` (six digits at least).
+RUN_CHECKPOINT = re.compile(r"^step_(\d+)$")
+
+
+def run_checkpoint_name(step: int) -> str:
+    """The name a training run gives the checkpoint of ``step``."""
+    return f"step_{step:06d}"
 
 
 # -- steps ------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinax._format import checksums, files, layout, names, pytree
-from tinax._format.storage import Location
+from tinax._format import checksums, files, layout, names, pytree, words
+from tinax._format.storage import FILE, Location
 
 # Files parsed as JSON wherever they appear in a checkpoint, with what they hold.
 # Orbax's large per-leaf metadata is parsed without a depth walk (tens of thousands of
@@ -83,11 +83,30 @@ def _check_array_metadatas(where: Location, document: Any) -> None:
             )
 
 
-def check(path: Location) -> layout.Checkpoint:
+def check_store_files(directory: Location) -> None:
+    """The size caps of ``check`` for the bookkeeping of one array store, alone.
+
+    For readers that go on past a refusal (``verify``): tensorstore reads these
+    files whole, so one of them must never be huge.
+
+    Raises:
+      ValueError: Naming a file that is too large.
+    """
+    for where, entry in directory.walk():
+        cap = _CAPPED_FILES.get(where.name)
+        if cap is not None and entry.kind == FILE and entry.size > cap:
+            raise ValueError(
+                f"{str(where)!r} is {entry.size} bytes, implausibly large for "
+                f"{where.name}; refusing to read more than {cap}"
+            )
+
+
+def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
     """Checks the checkpoint at ``path`` before anything reads it; returns its layout.
 
     Args:
       path: An existing checkpoint directory.
+      scan: ``files.scan(path)``, if the caller has just made it (a listing has).
 
     Returns:
       The checkpoint's layout, as ``layout.open_checkpoint`` finds it.
@@ -98,9 +117,11 @@ def check(path: Location) -> layout.Checkpoint:
         checkpoint; the message names the offending file.
     """
     # Listed once: on an object store, one request instead of one per directory.
-    checkpoint = layout.open_checkpoint(path.snapshot())
+    checkpoint = layout.open_checkpoint(path.snapshot(), scan)
+    # Read and checked as JSON by open_checkpoint already.
+    record = (checkpoint.path / names.CHECKPOINT_METADATA).path
     for where, entry in checkpoint.scan.found:
-        if where.name in _OWN_READERS:
+        if where.name in _OWN_READERS or where.path == record:
             continue
         if where.name == names.SHARDINGS:
             pytree.sharding_file(where)  # parsed once for the check and the tables
@@ -123,9 +144,29 @@ def check(path: Location) -> layout.Checkpoint:
                 f"{str(where)!r} is {entry.size} bytes, implausibly large for "
                 f"{where.name}; refusing to read more than {cap}"
             )
+    checksums.check_promise(checkpoint)
     for item in checkpoint.checkpointables:
-        if item.layout == layout.PYTREE:
-            pytree.read_layout(item.directory)
+        tree = pytree.read_layout(item.directory) if item.layout == layout.PYTREE else None
         if item.layout in (layout.PYTREE, layout.ITERATOR):
-            checksums.read_checksums(item.directory)
+            records = checksums.read_checksums(item.directory)
+            if tree is not None and records is not None and checkpoint.checksummed:
+                _check_coverage(checkpoint, item.name, tree, records)
     return checkpoint
+
+
+def _check_coverage(
+    checkpoint: layout.Checkpoint,
+    name: str,
+    tree: pytree.PyTreeLayout,
+    records: dict[str, checksums.LeafRecord],
+) -> None:
+    """Every stored value of a checksummed save's pytree has its record."""
+    for leaf in tree.leaves:
+        if leaf.stored and leaf.kind in _RECORDED_KINDS and leaf.key not in records:
+            raise checksums.CorruptDataError(
+                f"checkpoint {str(checkpoint.path)!r}: checkpointable {name!r}: leaf "
+                f"{leaf.key} has no checksum, though its save recorded one for every value"
+            )
+
+
+_RECORDED_KINDS = frozenset({*words.STORED_ARRAY_KINDS, words.STRING})

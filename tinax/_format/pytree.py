@@ -1,5 +1,8 @@
 """An Orbax pytree checkpointable, from its metadata alone.
 
+(Over 500 lines: ``_METADATA``'s typed decoding and the parsed-layout cache belong
+together, and the readers of strings, shardings and scalars share their layout.)
+
 The tree comes from ``_METADATA``; each array's shape, dtype and chunking from its
 zarr metadata (read in bulk, see ``arrays``); strings from ``_strings.json``;
 shardings from ``_sharding``. Array chunks are never read, except the few bytes of a
@@ -9,18 +12,23 @@ scalar or the one array asked for.
 from __future__ import annotations
 
 import base64
+import codecs
 import collections
 import dataclasses
 import json
+import math
 import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import msgspec
-import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays, files, names, words
+from tinax._format import arrays, budget, files, names, words
+from tinax._format.arrays import (  # re-exported: zarr parsing lives with the array readers
+    ArrayInfo,
+    parse_array_metadata,
+)
 from tinax._format.keys import KeyPart, KeyPath
 from tinax._format.storage import FILE, Location
 
@@ -152,8 +160,13 @@ def _decode_metadata(meta_file: Location) -> _Metadata:
     what = "Orbax pytree metadata"
     data = files.read_bytes(meta_file, what=what, max_bytes=files.MAX_METADATA_BYTES)
     try:
+        # msgspec skips fields the records do not name without looking at them;
+        # a load (Orbax's parser) refuses bytes that are not UTF-8 anywhere.
+        codecs.decode(data, "utf-8")
         return _METADATA_DECODER.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        # A nesting bomb exhausts msgspec's recursion too; the generic parse below
+        # names the file and says so.
         pass
     meta = files.parse_json_object(data, path=meta_file, what=what, max_depth=None)
     tree = meta.get("tree_metadata")
@@ -376,107 +389,37 @@ def _parse_layout(directory: Location, has_manifest: bool) -> PyTreeLayout:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class ArrayInfo:
-    """What an array's zarr metadata says.
-
-    Attributes:
-      shape: The array's shape.
-      dtype: Its dtype, as NumPy names it.
-      itemsize: Bytes per element (``None`` for a dtype NumPy does not know).
-      chunk_shape: The unit the store decodes: zarr3's inner chunk, zarr2's chunk.
-      grid_shape: The unit the store keeps under one key: zarr3's shard (the
-        chunk grid's shape), zarr2's chunk.
-    """
-
-    shape: tuple[int, ...]
-    dtype: str
-    itemsize: int | None
-    chunk_shape: tuple[int, ...] | None
-    grid_shape: tuple[int, ...] | None = None
-
-
-def dtype_name(name: str) -> tuple[str, int | None]:
-    """A stored dtype as NumPy names it, and its item size (``None`` if unknown)."""
-    try:
-        dtype = np.dtype(name)
-    except TypeError:
-        try:
-            dtype = np.dtype(getattr(ts, name).numpy_dtype)
-        except (AttributeError, TypeError):
-            return name, None
-    return dtype.name, dtype.itemsize
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The NumPy dtype of a stored dtype name (ml_dtypes' through tensorstore).
-
-    Raises:
-      TypeError: If neither NumPy nor tensorstore knows it.
-    """
-    try:
-        return np.dtype(name)
-    except TypeError:
-        try:
-            return np.dtype(getattr(ts, name).numpy_dtype)
-        except AttributeError:
-            raise TypeError(f"unknown dtype {name!r}") from None
-
-
-def _int_tuple(value: object) -> tuple[int, ...] | None:
-    if isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-    ):
-        return tuple(value)
-    return None
-
-
-def parse_array_metadata(data: bytes, *, zarr3: bool) -> ArrayInfo | None:
-    """Shape, dtype and chunk shape from a ``zarr.json`` or ``.zarray``; ``None`` if garbled."""
-    try:
-        meta = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(meta, dict):
-        return None
-    shape = _int_tuple(meta.get("shape"))
-    raw_dtype = meta.get("data_type" if zarr3 else "dtype")
-    if shape is None or not isinstance(raw_dtype, str):
-        return None
-    if zarr3:
-        grid = meta.get("chunk_grid")
-        chunks = None
-        if isinstance(grid, dict) and isinstance(grid.get("configuration"), dict):
-            chunks = _int_tuple(grid["configuration"].get("chunk_shape"))
-        grid_shape = chunks
-        codecs = meta.get("codecs")
-        # Orbax writes each shard with a sharding codec; its inner chunk is the unit read.
-        if isinstance(codecs, list) and codecs and isinstance(codecs[0], dict):
-            first = codecs[0]
-            if first.get("name") == "sharding_indexed" and isinstance(
-                first.get("configuration"), dict
-            ):
-                chunks = _int_tuple(first["configuration"].get("chunk_shape")) or chunks
-    else:
-        chunks = grid_shape = _int_tuple(meta.get("chunks"))
-    dtype, itemsize = dtype_name(raw_dtype)
-    return ArrayInfo(
-        shape=shape, dtype=dtype, itemsize=itemsize, chunk_shape=chunks, grid_shape=grid_shape
-    )
+def array_metadata_keys(layout: PyTreeLayout, leaves: Iterable[StoredLeaf]) -> dict[str, str]:
+    """Where each leaf's array metadata is stored, by key: its ``param``."""
+    suffix = names.ZARR3_METADATA if layout.zarr3 else names.ZARR2_METADATA
+    return {storage_path(leaf.param) + suffix: leaf.param for leaf in leaves}
 
 
 def array_infos(
-    layout: PyTreeLayout, leaves: Iterable[StoredLeaf], ctx: ts.Context
+    layout: PyTreeLayout,
+    leaves: Iterable[StoredLeaf],
+    ctx: ts.Context | None,
+    stored: dict[str, bytes] | ValueError | None = None,
 ) -> dict[str, ArrayInfo]:
-    """Each leaf's array metadata by ``param``, read in bulk.
+    """Each leaf's array metadata by ``param``, read in bulk (in ``ctx``, else a
+    fresh context).
+
+    ``stored`` is what ``arrays.read_values`` gave for ``array_metadata_keys``, if
+    the caller has read them already (with other stores: a listing).
 
     Raises:
       ValueError: If a leaf's metadata is missing or garbled, naming it.
     """
-    suffix = names.ZARR3_METADATA if layout.zarr3 else names.ZARR2_METADATA
-    keys = {storage_path(leaf.param) + suffix: leaf.param for leaf in leaves}
+    keys = array_metadata_keys(layout, leaves)
+    sizes: dict[str, int] = {}
     try:
-        stored = arrays.read_values(layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx)
+        if stored is None:
+            ctx = arrays.context() if ctx is None else ctx
+            stored = arrays.read_values(
+                layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx, sizes=sizes
+            )
+        elif isinstance(stored, ValueError):
+            raise stored
     except ValueError as e:
         raise ValueError(
             f"cannot read the array metadata under {str(layout.directory)!r}: {arrays.message(e)}"
@@ -497,6 +440,19 @@ def array_infos(
             raise ValueError(
                 f"array metadata {key} under {str(layout.directory)!r} is not valid zarr metadata"
             )
+        problem = budget.claim_problem(info.shape, info.itemsize, info.chunk_shape)
+        if (
+            problem is None
+            and sizes
+            and layout.all_chunks_stored
+            and not info.compressed
+            and info.itemsize is not None
+        ):
+            # Every chunk is stored, byte for byte: they must hold what the shape claims.
+            claimed = math.prod(info.shape) * info.itemsize
+            problem = budget.stored_problem(claimed, sizes.get(storage_path(param), 0))
+        if problem is not None:
+            raise ValueError(f"array {param!r} under {str(layout.directory)!r}: {problem}")
         infos[param] = info
     return infos
 
@@ -598,6 +554,8 @@ def read_value(layout: PyTreeLayout, leaf: StoredLeaf, ctx: ts.Context) -> Any:
         return read_strings(layout, [leaf.param])[leaf.param]
     if leaf.kind == words.EMPTY or not leaf.stored:
         return None
+    # The claimed shape and chunking are checked before tensorstore allocates them.
+    array_infos(layout, [leaf], ctx)
     array = arrays.open_arrays([layout.array_spec(leaf)], ctx)[0].result()
     value = array.read().result()
     return value.item() if leaf.kind == words.SCALAR else value
@@ -621,54 +579,3 @@ def top_level_keys(directory: Location) -> list[tuple[KeyPart, bool]] | None:
         else:
             keys.setdefault("", False)
     return list(keys.items())
-
-
-@dataclasses.dataclass(frozen=True)
-class WrittenArray:
-    """What one process recorded of an array it wrote (``array_metadatas/process_<i>``).
-
-    Attributes:
-      param: Orbax's name for the array.
-      write_shape: The shape of the part of the array that process wrote.
-      chunk_shape: The chunk shape it wrote with.
-    """
-
-    param: str
-    write_shape: tuple[int, ...] | None
-    chunk_shape: tuple[int, ...] | None
-
-
-def read_written_arrays(directory: Location) -> dict[str, list[WrittenArray]]:
-    """Each process's record of the arrays it wrote, by file name under ``array_metadatas``.
-
-    Returns an empty dict when the checkpointable has no such records (Orbax V0).
-
-    Raises:
-      ValueError: If a record is unreadable or not Orbax's, naming the file.
-    """
-    folder = directory / names.ARRAY_METADATAS
-    if not folder.exists():
-        return {}
-    out: dict[str, list[WrittenArray]] = {}
-    for name in sorted(folder.entries()):
-        path = folder / name
-        record = files.read_json_object(
-            path, what="Orbax's record of the arrays a process wrote", max_depth=None
-        )
-        entries = record.get("array_metadatas")
-        if not isinstance(entries, list):
-            raise ValueError(f"{str(path)!r} has no array_metadatas list")
-        written = []
-        for entry in entries:
-            meta = entry.get("array_metadata") if isinstance(entry, dict) else None
-            if not isinstance(meta, dict) or not isinstance(meta.get("param_name"), str):
-                raise ValueError(f"{str(path)!r} has an entry without a param_name")
-            written.append(
-                WrittenArray(
-                    param=meta["param_name"],
-                    write_shape=_int_tuple(meta.get("write_shape")),
-                    chunk_shape=_int_tuple(meta.get("chunk_shape")),
-                )
-            )
-        out[name] = written
-    return out

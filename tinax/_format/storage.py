@@ -151,11 +151,19 @@ class LocalStorage:
     def url(self, path: str) -> str:
         return path
 
+    # os.path.join and os.path.split, for the absolute, normalised paths of this class
+    # and names without a trailing "/": a listing joins and splits tens of thousands.
     def join(self, path: str, name: str) -> str:
-        return os.path.join(path, name)
+        if name.startswith("/"):
+            return name
+        return path + name if path.endswith("/") else f"{path}/{name}"
 
     def split(self, path: str) -> tuple[str, str]:
-        return os.path.split(path)
+        cut = path.rfind("/") + 1
+        head = path[:cut]
+        if head.strip("/"):
+            head = head.rstrip("/")
+        return head, path[cut:]
 
     def entry(self, path: str) -> Entry | None:
         try:

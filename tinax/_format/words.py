@@ -31,6 +31,27 @@ IN_PROGRESS = "in progress"
 # A save whose writer is gone (killed, preempted): never loadable, safe to remove.
 INTERRUPTED = "interrupted"
 INVALID = "invalid"
+# A checkpoint whose removal has begun (it holds ``names.DELETION_MARKER``): never
+# loadable; the run that removes it, or the next one, finishes the removal.
+BEING_REMOVED = "being removed"
+
+# -- why a run keeps a checkpoint (``retention_table``'s ``kept``) -------------------------
+
+
+def kept_newest(count: int) -> str:
+    """A checkpoint kept as one of the ``count`` newest (``"newest 2"``)."""
+    return f"newest {count}"
+
+
+def kept_best(metric: str, count: int = 1) -> str:
+    """A checkpoint kept as one of the ``count`` best by ``metric`` (``"best loss"``)."""
+    return f"best {metric}" if count == 1 else f"best {count} by {metric}"
+
+
+# Kept whatever the policy says: the newest checkpoint whose metadata reads.
+KEPT_NEWEST_SOUND = "newest sound"
+# Kept because no policy removes anything (``keep=None``).
+KEPT_ALL = "all kept"
 
 # -- a leaf against a restore target (``compare_table``'s ``status``) -----------------------
 
@@ -68,8 +89,19 @@ SAME = "same"
 CHANGED = "changed"
 ONLY_IN_A = "only in a"
 ONLY_IN_B = "only in b"
+# Stored bytes that do not match the checksums saved with them.
+CORRUPT = "corrupt"
 
-DIFF_STATUSES = (SAME, CHANGED, ONLY_IN_A, ONLY_IN_B, SHAPE_DIFFERS, DTYPE_DIFFERS, KIND_DIFFERS)
+DIFF_STATUSES = (
+    SAME,
+    CHANGED,
+    ONLY_IN_A,
+    ONLY_IN_B,
+    SHAPE_DIFFERS,
+    DTYPE_DIFFERS,
+    KIND_DIFFERS,
+    CORRUPT,
+)
 
 # -- what ``verify`` found (a finding's ``severity``) ------------------------------------------
 

@@ -11,6 +11,7 @@ from tinax.checkpointing._context import compression
 from tinax.checkpointing._destination import remove_interrupted_save
 from tinax.checkpointing._names import validate_checkpointable_name
 from tinax.checkpointing._response import SaveResponse
+from tinax.checkpointing._run import TrainingRun
 from tinax.checkpointing._safetensors import load_safetensors
 from tinax.checkpointing._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing._training import (
@@ -28,6 +29,7 @@ __all__ = [
     "TargetMismatchError",
     "TrainingCheckpoint",
     "TrainingCheckpointNames",
+    "TrainingRun",
     "abstract_restore_target",
     "allow_lossy_casts",
     "compression",

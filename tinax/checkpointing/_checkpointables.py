@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -72,6 +72,18 @@ def save_checkpointables(
         response's ``result``), naming ``path``; nothing is left behind.
     """
 
+    return start_save(path, checkpointables)
+
+
+def start_save(
+    path: str | os.PathLike[str],
+    checkpointables: Mapping[str, Any],
+    *,
+    after_commit: Callable[[], None] | None = None,
+) -> SaveResponse[None]:
+    """``save_checkpointables``, with ``after_commit`` run once the save has committed
+    and before its response gives the result out (see ``SaveResponse``)."""
+
     def check_values() -> None:
         _check_mapping(checkpointables, what="checkpointables")
         for name, value in checkpointables.items():
@@ -91,7 +103,16 @@ def save_checkpointables(
     _failures.begin(where)
     try:
         with ctx:
-            inner = ocp.save_checkpointables_async(orbax_path(dest.location), dict(checkpointables))
+            inner = ocp.save_checkpointables_async(
+                orbax_path(dest.location),
+                dict(checkpointables),
+                # Committed with the checkpoint: its checksums cannot be stripped unseen.
+                custom_metadata=(
+                    {names.CHECKSUMS_PROMISE: {"checksums": True}}
+                    if _context.checksumming()
+                    else None
+                ),
+            )
     except BaseException as e:
         try:
             dest.discard_temporaries()
@@ -103,7 +124,7 @@ def save_checkpointables(
         if failure is e:
             raise
         raise failure from e
-    return SaveResponse(inner, dest, on_end=files.resume_gc)
+    return SaveResponse(inner, dest, on_end=files.resume_gc, after_commit=after_commit)
 
 
 def orbax_path(where: Location) -> os.PathLike[str]:

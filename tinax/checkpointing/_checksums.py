@@ -19,15 +19,11 @@ import numpy as np
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
 from tinax._format import checksums, files, names
-from tinax._format.checksums import Bounds, LeafRecord, Piece
+from tinax._format.checksums import Bounds, CorruptDataError, LeafRecord, Piece
 from tinax._format.keys import format_key, key_parts
 from tinax._paths import location
 from tinax.checkpointing._orbax import StatefulCheckpointableHandler
 from tinax.checkpointing._targets import is_key_dtype
-
-
-class CorruptDataError(ValueError):
-    """Stored array data does not match the checksums recorded when it was saved."""
 
 
 def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> Bounds:

@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Iterator
 
 from orbax.checkpoint import v1 as ocp
+from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
 from tinax.checkpointing._checksums import ChecksummedPyTreeHandler, ChecksummedStatefulHandler
 from tinax.checkpointing._empty import EmptyPyTreeHandler
@@ -69,9 +70,25 @@ def without_checksums() -> Iterator[None]:
         _CHECKSUMS.reset(token)
 
 
+def checksumming() -> bool:
+    """Whether a save started now records checksums."""
+    return _CHECKSUMS.get()
+
+
 def compressing() -> bool:
     """Whether a save started now compresses arrays."""
     return _COMPRESS.get()
+
+
+class _NamedChecksummedPyTreeHandler(ChecksummedPyTreeHandler):
+    """The checksummed pytree handler for a checkpointable Orbax names a handler for.
+
+    A registry holds each handler type once; this one takes the named entry.
+    """
+
+
+_NamedChecksummedPyTreeHandler.__module__ = ChecksummedPyTreeHandler.__module__
+_NamedChecksummedPyTreeHandler.__qualname__ = ChecksummedPyTreeHandler.__qualname__
 
 
 def context() -> ocp.Context:
@@ -83,10 +100,19 @@ def context() -> ocp.Context:
     ``chunk_byte_size``. The caller's context is copied, never changed.
     """
     active = active_context()
-    registry = ocp.handlers.local_registry(
-        active.checkpointables.registry, include_global_registry=False
-    )
-    if _CHECKSUMS.get():
+    checksummed = _CHECKSUMS.get()
+    registry = ocp.handlers.local_registry(include_global_registry=False)
+    for handler, name in active.checkpointables.registry.get_all_entries():
+        if checksummed and name is not None and handler is ocp_handlers.PyTreeHandler:
+            # Orbax registers its pytree handler by name for "state": a checkpointable
+            # of that name gets checksums too.
+            handler = _NamedChecksummedPyTreeHandler
+        registry.add(
+            handler,
+            checkpointable_name=name,
+            secondary_typestrs=active.checkpointables.registry.get_secondary_typestrs(handler),
+        )
+    if checksummed:
         # Registered after Orbax's own, so it handles every pytree; loads check
         # checksums where a checkpoint has them, whoever wrote it.
         registry.add(ChecksummedPyTreeHandler)

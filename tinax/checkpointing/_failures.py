@@ -95,8 +95,8 @@ def save_failure(destination: str, error: BaseException) -> BaseException:
         logger.error("save to %s failed: no space left on device", destination)
         failure = OSError(
             errno.ENOSPC,
-            f"No space left on device to save the checkpoint {destination!r} "
-            "(nothing was left behind)",
+            # The path is the error's filename, which str() shows once.
+            "No space left on device to save the checkpoint (nothing was left behind)",
             destination,
         )
         failure.__cause__ = error

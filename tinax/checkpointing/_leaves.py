@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
 from tinax._format.keys import format_key, key_parts
@@ -45,15 +46,77 @@ def check_storable(name: str, value: Any) -> None:
         raise ValueError(f"checkpointable {name!r} is None; there is nothing to save")
     if is_stateful(value) or is_leafless(value):
         return
-    for key_path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+    flat = jax.tree_util.tree_flatten_with_path(value)[0]
+    check_keys(name, [key_path for key_path, _ in flat])
+    for key_path, leaf in flat:
         where = format_key(key_parts(key_path)) or "<root>"
         if isinstance(leaf, NumpyTarget):
             raise TypeError(
                 f"checkpointable {name!r} leaf {where} is an abstract restore target, not a value"
+            )
+        if isinstance(leaf, jax.Array | np.ndarray) and leaf.size == 0 and leaf.ndim > 0:
+            raise ValueError(
+                f"checkpointable {name!r} leaf {where} is an array of shape {leaf.shape} "
+                "without elements, which Orbax cannot store"
             )
         if not has_standard_leaf_handler(type(leaf)):
             raise TypeError(
                 f"checkpointable {name!r} leaf {where} has type "
                 f"{type(leaf).__module__}.{type(leaf).__qualname__}, which Orbax cannot "
                 f"store{_hint(leaf)}"
+            )
+
+
+def _stored_name(entry: Any) -> str:
+    """The name Orbax gives one key of a leaf's path in its stored array's name."""
+    if isinstance(entry, jax.tree_util.DictKey):
+        return str(entry.key)
+    if isinstance(entry, jax.tree_util.SequenceKey):
+        return str(entry.idx)
+    if isinstance(entry, jax.tree_util.GetAttrKey):
+        return entry.name
+    if isinstance(entry, jax.tree_util.FlattenedIndexKey):
+        return str(entry.key)
+    return str(entry)
+
+
+def check_keys(name: str, key_paths: list[Any]) -> None:
+    """Refuses key paths Orbax would not give back as they were saved.
+
+    Orbax names each stored value by its keys joined with ``.``: two leaves whose
+    names come out the same (``{'a.b': x, 'a': {'b': y}}``) would overwrite each
+    other. A dict key that is neither a string nor an integer (flax NNX's index
+    keys) comes back as its text, if at all, and an empty key as nothing.
+
+    Raises:
+      TypeError: If a dict key is neither a string nor an integer, naming the leaf.
+      ValueError: If a key is empty or two leaves would be stored under one name,
+        naming them.
+    """
+    seen: dict[str, str] = {}
+    for key_path in key_paths:
+        where = format_key(key_parts(key_path)) or "<root>"
+        for entry in key_path:
+            if isinstance(entry, jax.tree_util.DictKey):
+                if isinstance(entry.key, int) and not isinstance(entry.key, bool):
+                    # flax NNX keys list items by index; a load gives them back
+                    # through its target's structure.
+                    pass
+                elif not isinstance(entry.key, str):
+                    raise TypeError(
+                        f"checkpointable {name!r} leaf {where}: dict key {entry.key!r} is a "
+                        f"{type(entry.key).__name__}; Orbax stores keys as strings and would "
+                        "give it back as one, so only string keys can be saved"
+                    )
+                if entry.key == "":
+                    raise ValueError(
+                        f"checkpointable {name!r} leaf {where}: an empty dict key cannot be "
+                        "stored (Orbax names each value by its keys)"
+                    )
+        stored = ".".join(_stored_name(entry) for entry in key_path)
+        other = seen.setdefault(stored, where)
+        if other != where:
+            raise ValueError(
+                f"checkpointable {name!r}: leaves {other} and {where} would both be stored "
+                f"as {stored!r} (Orbax joins keys with '.'); rename one of them"
             )

@@ -49,6 +49,24 @@ def _client() -> Any:
     return distributed.global_state.client
 
 
+def preemption_sync() -> Any | None:
+    """JAX's preemption sync manager in a multi-process job, else ``None``.
+
+    ``jax.distributed.initialize`` starts it (unless ``jax_enable_preemption_service``
+    is off): its notifier catches SIGTERM, tells every process through the
+    coordination service, and ``reached_sync_point(step)`` then returns ``True`` at
+    the same step everywhere (the step after the largest any process had reached).
+    ``jax.experimental.multihost_utils.reached_preemption_sync_point`` is its public
+    face; the manager itself is reached here to tell whether there is one.
+    """
+    from jax._src import distributed
+
+    state = distributed.global_state
+    if state.client is None or process_count() == 1:
+        return None
+    return state.preemption_sync_manager
+
+
 def process_index() -> int:
     """This process's index in the job (0 in a single-process job)."""
     return int(jax.process_index())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -13,6 +15,53 @@ from tinax.checkpointing import _failures
 from tinax.checkpointing._destination import Destination
 
 T = TypeVar("T")
+
+_log = logging.getLogger("tinax.checkpointing")
+
+# Every save of this process that has not ended yet, so that the interpreter's exit
+# can wait for them (see ``_wait_at_exit``).
+_in_flight: set[SaveResponse[Any]] = set()
+_in_flight_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _wait_at_exit() -> None:
+    """Waits for every save in flight before the interpreter shuts its thread pools.
+
+    A script may end while a save is still writing. ``atexit`` would be too late:
+    by then ``concurrent.futures`` has shut its thread pools down, and Orbax's
+    background work fails with "cannot schedule new futures after shutdown" (or
+    waits forever for work that never runs). ``threading._register_atexit``
+    callbacks run first, in reverse order of registration, when the main thread
+    ends; this one is registered after ``concurrent.futures.thread``'s, so it runs
+    while every pool still works. Failures are already logged by each response.
+    """
+    with _in_flight_lock:
+        waiting = sorted(_in_flight, key=lambda response: response.path)
+    if not waiting:
+        return
+    _log.warning(
+        "waiting for %d tinax save(s) in flight to commit before exiting: %s",
+        len(waiting),
+        ", ".join(response.path for response in waiting),
+    )
+    for response in waiting:
+        response._future.exception()  # waits; never raises the save's failure
+
+
+def _register_exit_hook() -> None:
+    global _exit_hook_registered
+    with _in_flight_lock:
+        if _exit_hook_registered:
+            return
+        _exit_hook_registered = True
+    # Imported first so that its own exit callback (which shuts the pools down) is
+    # registered before ours and therefore runs after it.
+    import concurrent.futures.thread  # noqa: F401
+
+    # Refused once the interpreter is shutting down: nothing can wait any more then.
+    with contextlib.suppress(RuntimeError):
+        threading._register_atexit(_wait_at_exit)  # type: ignore[attr-defined]
 
 
 class SaveResponse(ocp.AsyncResponse[T]):
@@ -29,22 +78,44 @@ class SaveResponse(ocp.AsyncResponse[T]):
 
     One short-lived watcher thread waits for Orbax's response; it ends when the
     save ends, successfully or not. ``on_end`` is called then, before the result
-    is given out (the save's pause of the cycle collector ends there).
+    is given out (the save's pause of the cycle collector ends there). After a
+    commit, ``after_commit`` (if given) runs on that thread before the result is
+    given out; what it raises is logged, never reported as the save's failure.
+
+    A script that ends while saves are in flight does not lose them: the
+    interpreter's exit waits for every one to end (logging one line that says so).
     """
 
-    def __init__(self, inner: Any, destination: Destination, on_end: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        destination: Destination,
+        on_end: Callable[[], None],
+        after_commit: Callable[[], None] | None = None,
+    ) -> None:
         # The caller marked the save as in flight (``_failures.begin``); it ends here.
         self._inner = inner
         self._on_end = on_end
+        self._after_commit = after_commit
         self._claimed = destination
         self._destination = destination.location
         self._future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        _register_exit_hook()
+        with _in_flight_lock:
+            _in_flight.add(self)
         self._thread = threading.Thread(
             target=self._watch, name=f"tinax-save:{self._destination.name}", daemon=True
         )
         self._thread.start()
 
     def _watch(self) -> None:
+        try:
+            self._settle()
+        finally:
+            with _in_flight_lock:
+                _in_flight.discard(self)
+
+    def _settle(self) -> None:
         try:
             value = self._inner.result()
         except BaseException as e:
@@ -62,6 +133,11 @@ class SaveResponse(ocp.AsyncResponse[T]):
             finally:
                 self._on_end()
             _failures.end(str(self._destination))
+            if self._after_commit is not None:
+                try:
+                    self._after_commit()
+                except Exception:
+                    _log.exception("after the save to %s committed", self._destination)
             self._future.set_result(value)
 
     @property
@@ -86,7 +162,10 @@ class SaveResponse(ocp.AsyncResponse[T]):
         """
         try:
             return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError as e:
+            if self._future.done():
+                # The save itself timed out (waiting for another process, say).
+                raise TimeoutError(f"save to {str(self._destination)!r} failed: {e}") from e
             raise TimeoutError(
                 f"save to {str(self._destination)!r} not finished after {timeout} s"
             ) from None

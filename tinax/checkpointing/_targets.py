@@ -10,9 +10,9 @@ import jax
 import numpy as np
 
 from tinax._format import words
+from tinax._format.fit import PLACEHOLDER as PLACEHOLDER_KIND
+from tinax._format.fit import Spec
 from tinax._format.keys import ROOT, KeyPath, key_parts
-from tinax._format.verdict import PLACEHOLDER as PLACEHOLDER_KIND
-from tinax._format.verdict import Spec
 
 
 @dataclasses.dataclass(frozen=True)

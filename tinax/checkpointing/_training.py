@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grain
@@ -17,7 +17,7 @@ from tinax.checkpointing._checkpointables import (
     check_iterator_states,
     check_targets_given,
     restore_checkpointables,
-    save_checkpointables,
+    start_save,
 )
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._response import SaveResponse
@@ -25,6 +25,8 @@ from tinax.checkpointing._verdict import TargetMismatchError, check_targets
 
 STEP_KEY = "step"
 STATE_KEY = "state"
+# Orbax stores the step as an int64.
+_MAX_STEP = 2**63 - 1
 
 
 def check_step(step: object) -> int:
@@ -35,6 +37,10 @@ def check_step(step: object) -> int:
         )
     if step < 0:
         raise ValueError(f"step must be non-negative, got {step}")
+    if step > _MAX_STEP:
+        raise ValueError(
+            f"step must fit in a signed 64-bit integer (at most {_MAX_STEP}), got {step}"
+        )
     return int(step)
 
 
@@ -151,10 +157,26 @@ def save_training_checkpoint(
         ``TrainingCheckpointNames``.
       ValueError: If ``step`` is negative.
     """
+    return start_training_save(path, step, model, optimizer, rng, auxiliary, iterator, names=names)
+
+
+def start_training_save(
+    path: str | os.PathLike[str],
+    step: int,
+    model: Any,
+    optimizer: Any,
+    rng: Any,
+    auxiliary: Any,
+    iterator: grain.DatasetIterator,
+    *,
+    names: TrainingCheckpointNames | None = None,
+    after_commit: Callable[[], None] | None = None,
+) -> SaveResponse[None]:
+    """``save_training_checkpoint``, with ``after_commit`` as in ``start_save``."""
     step = check_step(step)
     check_iterator(iterator)
     names = _check_names(names)
-    return save_checkpointables(
+    return start_save(
         path,
         {
             names.model: model,
@@ -163,6 +185,7 @@ def save_training_checkpoint(
             names.auxiliary: {STEP_KEY: step, STATE_KEY: auxiliary},
             names.iterator: iterator,
         },
+        after_commit=after_commit,
     )
 
 

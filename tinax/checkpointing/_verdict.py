@@ -12,7 +12,7 @@ import contextvars
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tinax._format import layout, verdict
+from tinax._format import fit, layout
 from tinax.checkpointing._targets import target_leaves, target_spec
 
 _ALLOW_LOSSY = contextvars.ContextVar("tinax_allow_lossy_casts", default=False)
@@ -84,11 +84,11 @@ def check_targets(checkpoint: layout.Checkpoint, targets: Mapping[str, Any]) -> 
       ValueError: If the checkpoint's metadata cannot be read.
     """
     missing_checkpointables(checkpoint, list(targets))
-    stored = verdict.stored_specs(checkpoint, targets)
+    stored = fit.stored_specs(checkpoint, targets)
     wanted = {
         name: [(path, target_spec(leaf)) for path, leaf in target_leaves(tree)]
         for name, tree in targets.items()
     }
-    refused = verdict.refusals(verdict.judge(stored, wanted), allow_lossy=lossy_casts_allowed())
+    refused = fit.refusals(fit.judge(stored, wanted), allow_lossy=lossy_casts_allowed())
     if refused:
-        raise TargetMismatchError(verdict.refusal_message(str(checkpoint.path), refused))
+        raise TargetMismatchError(fit.refusal_message(str(checkpoint.path), refused))

@@ -11,8 +11,20 @@ from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
 from tinax.explore._diff import diff_table, sort_by_change
 from tinax.explore._export import export_safetensors
-from tinax.explore._listing import ListingCache, list_checkpoints, listing_cache
+from tinax.explore._listing import ListingCache, list_checkpoints
 from tinax.explore._live import leaf_key, state_table
+from tinax.explore._readable import human_bytes, human_duration, readable
+from tinax.explore._retention import retention_table, run_policy
+from tinax.explore._run_dir import (
+    bytes_written,
+    check_new_checkpoint_name,
+    existing_directory,
+    next_checkpoint_name,
+    path_exists,
+    resolve_path,
+    save_directory,
+)
+from tinax.explore._staged import StagedLeaves, collector_paused, open_leaves
 from tinax.explore._summary import (
     HISTOGRAM_BINS,
     LeafStatistics,
@@ -26,8 +38,8 @@ from tinax.explore._verify import (
     Finding,
     LeafScan,
     StoredArray,
-    Target,
     Verification,
+    VerifyTarget,
     verify,
 )
 
@@ -39,20 +51,34 @@ __all__ = [
     "LeafScan",
     "LeafStatistics",
     "ListingCache",
+    "StagedLeaves",
     "StoredArray",
-    "Target",
     "Verification",
+    "VerifyTarget",
+    "bytes_written",
+    "check_new_checkpoint_name",
     "checkpoint_table",
+    "collector_paused",
     "compare_table",
     "diff_table",
+    "existing_directory",
     "export_safetensors",
+    "human_bytes",
+    "human_duration",
     "is_numeric",
     "leaf_key",
     "leaf_statistics",
     "leaf_summary",
     "list_checkpoints",
-    "listing_cache",
+    "next_checkpoint_name",
+    "open_leaves",
+    "path_exists",
     "read_leaf",
+    "readable",
+    "resolve_path",
+    "retention_table",
+    "run_policy",
+    "save_directory",
     "sort_by_change",
     "state_table",
     "verify",

@@ -7,13 +7,25 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import tensorstore as ts
 
 from tinax import _paths
-from tinax._format import arrays, checksums, files, jsonitems, layout, preflight, pytree, words
+from tinax._format import (
+    arrays,
+    checksums,
+    chunks,
+    files,
+    jsonitems,
+    layout,
+    preflight,
+    pytree,
+    words,
+)
 from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
+from tinax._format.storage import tree_bytes
 from tinax.explore._leaves import (
     LEAF_COLUMNS,
     Leaf,
@@ -54,11 +66,27 @@ def _iterator_leaves(item: StoredCheckpointable, values: bool) -> list[Leaf]:
     (``['process_1-of-2']``), in process order.
     """
     states = jsonitems.read_iterator_states(item.directory)
+    # An iterator's size is its stored state's: the bytes of its JSON file.
+    sizes = {stem: tree_bytes(item.directory / f"{stem}.json") for stem in states}
     if len(states) == 1:
-        state = next(iter(states.values()))
-        return [Leaf(item.name, ROOT_KEY, words.ITERATOR, value=state if values else None)]
+        stem, state = next(iter(states.items()))
+        return [
+            Leaf(
+                item.name,
+                ROOT_KEY,
+                words.ITERATOR,
+                nbytes=sizes[stem],
+                value=state if values else None,
+            )
+        ]
     return [
-        Leaf(item.name, format_key((stem,)), words.ITERATOR, value=state if values else None)
+        Leaf(
+            item.name,
+            format_key((stem,)),
+            words.ITERATOR,
+            nbytes=sizes[stem],
+            value=state if values else None,
+        )
         for stem, state in states.items()
     ]
 
@@ -192,12 +220,16 @@ def checkpoint_table(path: str | os.PathLike[str]) -> pd.DataFrame:
       ``DataFrame.attrs["checksums"]`` says, for each checkpointable, whether it
       carries tinax checksums of its stored values (``True``) or none (``False``:
       written by Orbax itself or an older tinax; its data can be read but not
-      checked).
+      checked). ``DataFrame.attrs["unchecked"]`` names, for each of them, the
+      columns whose values no checksum vouches for: ``sharding`` always (Orbax's
+      own record), ``value`` too without checksums. Values shown are checked
+      against the checksums where there are some.
 
     Raises:
       TypeError: If ``path`` is not a path.
       FileNotFoundError: If ``path`` does not exist.
-      ValueError: If ``path`` is not a readable checkpoint; the message names
+      ValueError: If ``path`` is not a readable checkpoint, or a value shown
+        does not match its checksum (``CorruptDataError``); the message names
         the path and what is wrong.
     """
     return leaf_table(open_checkpoint(path))
@@ -210,9 +242,45 @@ def leaf_table(checkpoint: Checkpoint) -> pd.DataFrame:
       ValueError: If any checkpointable's metadata is missing or unreadable.
     """
     with files.paused_gc():
-        table = leaf_frame(checkpoint_leaves(checkpoint))
-    table.attrs["checksums"] = checksum_presence(checkpoint)
+        leaves = checkpoint_leaves(checkpoint)
+        check_values(checkpoint, leaves)
+        table = leaf_frame(leaves)
+    presence = checksum_presence(checkpoint)
+    table.attrs["checksums"] = presence
+    # Shardings are Orbax's record, which no checksum covers; values are checked
+    # only where the checkpointable carries checksums.
+    table.attrs["unchecked"] = {
+        name: ("sharding",) if present else ("value", "sharding")
+        for name, present in presence.items()
+    }
     return table
+
+
+def check_values(checkpoint: Checkpoint, leaves: list[Leaf]) -> None:
+    """Checks the values a table shows (scalars, strings, iterator states) against the
+    checksums saved with them, as a load would.
+
+    Raises:
+      CorruptDataError: Naming the checkpoint, the checkpointable and the leaf or file.
+    """
+    for item in checkpoint.checkpointables:
+        if item.layout not in (layout.PYTREE, layout.ITERATOR):
+            continue
+        records = checksums.read_checksums(item.directory)
+        if records is None:
+            continue
+        problems = checksums.check_files(item.directory, records)
+        for leaf in leaves:
+            if leaf.checkpointable != item.name or leaf.kind not in (words.SCALAR, words.STRING):
+                continue
+            record = records.get(leaf.key)
+            if record is not None and checksums.check_value(record, leaf.value) is False:
+                problems.append(f"leaf {leaf.key}: the stored value does not match its checksum")
+        if problems:
+            raise checksums.CorruptDataError(
+                f"checkpoint {str(checkpoint.path)!r}: checkpointable {item.name!r}: "
+                + "; ".join(problems)
+            )
 
 
 def key_table(checkpoint: Checkpoint) -> pd.DataFrame:
@@ -268,6 +336,31 @@ def checksum_presence(checkpoint: Checkpoint) -> dict[str, bool]:
     }
 
 
+def _read_array(tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any) -> np.ndarray:
+    """One stored array, read region by region into its own buffer.
+
+    Its claimed shape and chunking are checked first (``pytree.array_infos``); then
+    several chunk-aligned regions are read at once (``chunks.read_arrays``), so
+    that tensorstore decodes them in parallel while they are copied into place,
+    with no more than ``chunks.IN_FLIGHT_BYTES`` beyond the array itself.
+
+    Raises:
+      ValueError: If the metadata claims the impossible or a region cannot be read.
+    """
+    info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
+    dtype = arrays.numpy_dtype(info.dtype)
+    out = np.empty(info.shape, dtype)
+    boxes = chunks.regions(info.shape, info.chunk_shape, dtype.itemsize, chunks.REGION_BYTES)
+    opened = ts.open(tree.array_spec(leaf), context=ctx, read=True)
+    for _, box, values in chunks.read_arrays(
+        [chunks.ArrayRead(None, opened, boxes, dtype.itemsize)]
+    ):
+        if isinstance(values, chunks.ReadFailure):
+            raise ValueError(values.message)
+        out[box] = values
+    return out
+
+
 def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> Any:
     """The value of one stored leaf, reading only that leaf's bytes.
 
@@ -297,7 +390,10 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
         tree = pytree.read_layout(item.directory)
         leaf = tree.find(key, name=item.name)
         try:
-            value = pytree.read_value(tree, leaf, arrays.context())
+            if leaf.kind in words.ARRAY_KINDS and leaf.stored:
+                value = _read_array(tree, leaf, arrays.context())
+            else:
+                value = pytree.read_value(tree, leaf, arrays.context())
         except ValueError as e:
             raise ValueError(
                 f"checkpoint {str(checkpoint.path)!r}: cannot read leaf {key} of "

@@ -47,7 +47,7 @@ class StoredArray:
     checkpointable: str
     key: str
     param: str
-    info: pytree.ArrayInfo
+    info: arrays.ArrayInfo
 
     @property
     def part(self) -> str:
@@ -76,7 +76,7 @@ class PyTreeState:
 
 
 @dataclasses.dataclass
-class Target:
+class VerifyTarget:
     """The checkpoint under verification, as the checks share it.
 
     Attributes:
@@ -88,6 +88,8 @@ class Target:
         that its array stores may be read.
       trees: Pytree checkpointables by name.
       ctx: The tensorstore context reads share.
+      refused: Why a load refuses the checkpoint (its preflight), if it does;
+        array stores are then not read.
     """
 
     path: Location
@@ -97,6 +99,7 @@ class Target:
     safe: bool = True
     trees: dict[str, PyTreeState] = dataclasses.field(default_factory=dict)
     ctx: Any = dataclasses.field(default_factory=arrays.context)
+    refused: str | None = None
 
     def relative(self, where: Location) -> str:
         """``where`` as a path relative to the checkpoint."""
@@ -123,10 +126,10 @@ class Check:
     ``leaf`` is asked for a ``LeafScan`` for each array leaf, fed with its values.
     """
 
-    def structure(self, target: Target) -> Iterable[Finding]:
+    def structure(self, target: VerifyTarget) -> Iterable[Finding]:
         """Findings from the checkpoint's files and metadata."""
         return ()
 
-    def leaf(self, target: Target, array: StoredArray) -> LeafScan | None:
+    def leaf(self, target: VerifyTarget, array: StoredArray) -> LeafScan | None:
         """A scan of ``array``'s values, or ``None`` to skip it."""
         return None

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from tinax._format import verdict, words
+from tinax._format import fit, words
 from tinax.explore import _checkpoint, _live
 from tinax.explore._leaves import frame
 
@@ -26,14 +26,14 @@ COMPARE_COLUMNS = (
 )
 
 
-def _shown(leaf: Any, spec: verdict.Spec) -> verdict.Spec:
+def _shown(leaf: Any, spec: fit.Spec) -> fit.Spec:
     """The target as the caller wrote it: a typed PRNG key with its key dtype, say."""
     if spec.kind in words.ARRAY_KINDS:
-        return verdict.Spec(spec.kind, tuple(int(d) for d in leaf.shape), str(leaf.dtype))
+        return fit.Spec(spec.kind, tuple(int(d) for d in leaf.shape), str(leaf.dtype))
     return spec
 
 
-def _sides(v: verdict.LeafVerdict, shown: dict[tuple[str, Any], verdict.Spec]) -> list[Any]:
+def _sides(v: fit.LeafVerdict, shown: dict[tuple[str, Any], fit.Spec]) -> list[Any]:
     target = shown.get((v.checkpointable, v.path), v.target)
     cells: list[Any] = []
     for field in ("kind", "shape", "dtype"):
@@ -75,10 +75,10 @@ def compare_table(path: str | os.PathLike[str], targets: Mapping[str, Any]) -> p
     """
     targets = _live.check_mapping(targets)
     checkpoint = _checkpoint.open_checkpoint(path)
-    stored = verdict.stored_specs(checkpoint)
+    stored = fit.stored_specs(checkpoint)
     from tinax.checkpointing._targets import target_leaves, target_spec
 
-    wanted: dict[str, list[tuple[Any, verdict.Spec]]] = {}
+    wanted: dict[str, list[tuple[Any, fit.Spec]]] = {}
     shown = {}
     for name, tree in targets.items():
         wanted[name] = []
@@ -90,6 +90,6 @@ def compare_table(path: str | os.PathLike[str], targets: Mapping[str, Any]) -> p
         COMPARE_COLUMNS,
         (
             (v.checkpointable, v.key, v.status, *_sides(v, shown), v.lossy)
-            for v in verdict.judge(stored, wanted)
+            for v in fit.judge(stored, wanted)
         ),
     )

@@ -1,5 +1,8 @@
 """Two checkpoints, or a checkpoint and live state, leaf by leaf: what changed, and how much.
 
+(Over 500 lines: the two sides' sources, the comparison and the one read pass
+that decodes, compares and checks checksums are one job, kept in one place.)
+
 Arrays are read a region at a time (``tinax._format.chunks``), so memory stays
 bounded whatever the size of the checkpoints. Stored arrays whose zarr metadata and
 chunks hold the same bytes in both checkpoints are recognised as the same from
@@ -18,8 +21,9 @@ import numpy as np
 import pandas as pd
 import tensorstore as ts
 
-from tinax._format import arrays, chunks, layout, names, pytree, words
+from tinax._format import arrays, checksums, chunks, layout, names, pytree, words
 from tinax.explore import _checkpoint, _live
+from tinax.explore._integrity import PiecesCheck
 from tinax.explore._leaves import Leaf, frame
 from tinax.explore._numeric import PairStats
 
@@ -27,6 +31,9 @@ DIFF_COLUMNS = (
     "checkpointable",
     "key",
     "status",
+    "value_kind",
+    "change",
+    "delta",
     "kind_a",
     "kind_b",
     "shape_a",
@@ -44,9 +51,70 @@ DIFF_COLUMNS = (
     "nan_b",
     "inf_b",
     "decoded",
+    "decided_by",
 )
 
+# How a row's status was decided (the ``decided_by`` column).
+BY_METADATA = "metadata"
+BY_CHECKSUM = "checksum"
+BY_STORED_BYTES = "stored bytes"
+BY_DATA = "data"
+
 Progress = Callable[[int, int], None]
+
+# What a leaf's values are, for how its change is told and ranked: floating-point
+# arrays by relative change, integer counters by how much they moved ("+150"), PRNG
+# keys as changed or not (their bits are not quantities).
+FLOAT = "float"
+INTEGER = "integer"
+PRNG_KEY = "PRNG key"
+BOOL = "bool"
+OTHER = "other"
+# Changed leaves are ranked by what they are: weights first, counters, keys, the rest.
+_KIND_ORDER = {FLOAT: 0, INTEGER: 1, BOOL: 2, PRNG_KEY: 3, OTHER: 4}
+# Names under which a uint32 array of shape (..., 2) or (..., 4) is a PRNG key's data.
+_KEY_NAMES = ("rng", "key", "seed", "prng")
+
+
+def value_kind(checkpointable: str, key: str, dtype: Any, shape: Any) -> str:
+    """What the values of a leaf are: ``"float"``, ``"integer"``, ``"bool"``,
+    ``"PRNG key"`` or ``"other"``.
+
+    A typed PRNG key (dtype ``key<…>``) is a key; so is a stored key's data, a
+    ``uint32`` array whose last axis is 2 (threefry) or 4 (rbg) under a name
+    that says so (``rng``, ``key``, ``seed``), since Orbax stores typed keys as
+    their raw data.
+    """
+    text = str(dtype) if dtype is not None else ""
+    if text.startswith("key<"):
+        return PRNG_KEY
+    try:
+        np_dtype = np.dtype(text)
+    except TypeError:
+        return FLOAT if "float" in text else OTHER
+    if np_dtype.kind == "b":
+        return BOOL
+    if np_dtype.kind in "iu":
+        if (
+            np_dtype == np.uint32
+            and isinstance(shape, tuple)
+            and shape
+            and shape[-1] in (2, 4)
+            and any(w in f"{checkpointable} {key}".lower() for w in _KEY_NAMES)
+        ):
+            return PRNG_KEY
+        return INTEGER
+    if np_dtype.kind in "fc" or "float" in text:
+        return FLOAT
+    return OTHER
+
+
+def _signed(value: float) -> str:
+    whole = round(value)
+    if abs(value - whole) < 1e-9:
+        return f"{whole:+,d}"
+    return f"{value:+.4g}"
+
 
 # Statuses after ``changed`` in the order ``sort`` puts them (changed rows go by size).
 _STATUS_ORDER = {
@@ -57,6 +125,7 @@ _STATUS_ORDER = {
     words.ONLY_IN_A: 4,
     words.ONLY_IN_B: 5,
     words.SAME: 6,
+    words.CORRUPT: -1,
 }
 
 
@@ -74,6 +143,8 @@ class _StoredTree:
     def __init__(self, tree: pytree.PyTreeLayout, ctx: ts.Context) -> None:
         self.tree = tree
         self.ctx = ctx
+        # The checksums saved with it (the load's preflight has read them already).
+        self.records = checksums.read_checksums(tree.directory)
         self._contents: chunks.StoreContents | None = None
         self._contents_error = False
 
@@ -105,6 +176,12 @@ class _StoredArray:
 
     def open(self) -> Any:
         return ts.open(self.owner.tree.array_spec(self.leaf), context=self.owner.ctx, read=True)
+
+    def record(self) -> checksums.LeafRecord | None:
+        """The checksums saved for this array, if any."""
+        records = self.owner.records
+        record = None if records is None else records.get(self.leaf.key)
+        return record if record is not None and record.kind == checksums.ARRAY else None
 
     def stored(self) -> tuple[chunks.StoredValue, dict[bytes, chunks.StoredValue]] | None:
         """The array's zarr metadata and chunks as stored, if the store can tell."""
@@ -157,6 +234,7 @@ class _Entry:
 
     leaf: Leaf
     array: _StoredArray | _LiveArray | None = None
+    corrupt: str | None = None
 
 
 @dataclasses.dataclass
@@ -171,8 +249,9 @@ def _stored_side(path: Any) -> _Side:
     entries: dict[tuple[str, str], _Entry] = {}
     for item in checkpoint.checkpointables:
         if item.layout != layout.PYTREE:
+            problem = _damaged_files(item)
             for row in _checkpoint.checkpointable_leaves(item, ctx, True):
-                entries[(row.checkpointable, row.key)] = _Entry(row)
+                entries[(row.checkpointable, row.key)] = _Entry(row, corrupt=problem)
             continue
         tree = pytree.read_layout(item.directory)
         owner = _StoredTree(tree, ctx)
@@ -181,8 +260,29 @@ def _stored_side(path: Any) -> _Side:
             array = None
             if row.kind in words.ARRAY_KINDS and row.shape is not None and stored.stored:
                 array = _StoredArray(owner, stored, row.chunk_shape)
-            entries[(row.checkpointable, row.key)] = _Entry(row, array)
+            entries[(row.checkpointable, row.key)] = _Entry(
+                row, array, _damaged_value(owner.records, row)
+            )
     return _Side(str(checkpoint.path), entries)
+
+
+def _damaged_files(item: layout.StoredCheckpointable) -> str | None:
+    """What is wrong with the files a checkpointable's checksums record whole (iterator states)."""
+    if item.layout != layout.ITERATOR:
+        return None
+    records = checksums.read_checksums(item.directory)
+    problems = [] if records is None else checksums.check_files(item.directory, records)
+    return "; ".join(problems) or None
+
+
+def _damaged_value(records: dict[str, checksums.LeafRecord] | None, row: Leaf) -> str | None:
+    """Whether a scalar or string value read for the table differs from its checksum."""
+    if records is None or row.kind not in (words.SCALAR, words.STRING):
+        return None
+    record = records.get(row.key)
+    if record is not None and checksums.check_value(record, row.value) is False:
+        return f"leaf {row.key}: the stored value does not match its checksum"
+    return None
 
 
 def _live_side(state: Mapping[str, Any]) -> _Side:
@@ -233,14 +333,24 @@ class _Row:
     b: Leaf | None
     stats: PairStats | None = None
     decoded: bool | None = None
+    decided_by: str = BY_METADATA
+
+    def value_kind(self) -> str:
+        leaf = self.a if self.a is not None else self.b
+        if leaf is None or leaf.kind not in (*words.ARRAY_KINDS, words.SCALAR):
+            return OTHER
+        return value_kind(self.name, self.key, leaf.dtype, leaf.shape)
 
     def record(self) -> tuple[Any, ...]:
         sides: list[Any] = []
         for field in ("kind", "shape", "dtype"):
             sides += [getattr(self.a, field, None), getattr(self.b, field, None)]
         stats = self.stats
+        kind = self.value_kind()
         numbers: list[Any] = [None] * 6
         counts: list[Any] = [None] * 4
+        delta: Any = None
+        change = self.status
         if stats is not None:
             counts = [
                 stats.counts_a.nan,
@@ -249,15 +359,41 @@ class _Row:
                 stats.counts_b.inf,
             ]
             if self.status == words.CHANGED and stats.numeric:
-                numbers = [
-                    stats.max_abs_diff,
-                    stats.rel_change,
-                    stats.cosine,
-                    stats.norm_a,
-                    stats.norm_b,
-                    stats.norm_diff,
-                ]
-        return (self.name, self.key, self.status, *sides, *numbers, *counts, self.decoded)
+                if kind == FLOAT:
+                    numbers = [
+                        stats.max_abs_diff,
+                        stats.rel_change,
+                        stats.cosine,
+                        stats.norm_a,
+                        stats.norm_b,
+                        stats.norm_diff,
+                    ]
+                    rel = stats.rel_change
+                    change = "∞ %" if math.isinf(rel) else f"{rel * 100:.3g} %"
+                elif kind in (INTEGER, BOOL):
+                    # A counter's change is how far it moved, never a float statistic.
+                    numbers[0] = stats.max_abs_diff
+                    shape = getattr(self.a, "shape", None)
+                    if shape is not None and math.prod(shape) == 1:
+                        delta = stats.sum_diff
+                        change = _signed(stats.sum_diff)
+                    else:
+                        change = f"max |Δ| {stats.max_abs_diff:,.0f}"
+        if kind == PRNG_KEY and self.status in (words.CHANGED, words.SAME):
+            change = self.status  # a key changed or not; its bits are no quantity
+        return (
+            self.name,
+            self.key,
+            self.status,
+            kind,
+            change,
+            delta,
+            *sides,
+            *numbers,
+            *counts,
+            self.decoded,
+            self.decided_by,
+        )
 
 
 def _scalar_stats(a: Leaf, b: Leaf) -> PairStats:
@@ -280,6 +416,8 @@ def _compare(name: str, key: str, a: _Entry | None, b: _Entry | None) -> _Row:
         status = words.ONLY_IN_B if a is None else words.ONLY_IN_A
         return _Row(name, key, status, getattr(a, "leaf", None), getattr(b, "leaf", None))
     la, lb = a.leaf, b.leaf
+    if a.corrupt or b.corrupt:
+        return _Row(name, key, words.CORRUPT, la, lb, decided_by=BY_CHECKSUM)
     if _family(la.kind) != _family(lb.kind):
         return _Row(name, key, words.KIND_DIFFERS, la, lb)
     if la.kind in words.ARRAY_KINDS or la.kind == words.SCALAR:
@@ -290,14 +428,29 @@ def _compare(name: str, key: str, a: _Entry | None, b: _Entry | None) -> _Row:
         if la.kind == words.SCALAR:
             stats = _scalar_stats(la, lb)
             status = words.SAME if stats.equal else words.CHANGED
-            return _Row(name, key, status, la, lb, stats, True)
+            return _Row(name, key, status, la, lb, stats, True, BY_DATA)
         if a.array is None or b.array is None:
             # Nothing stored for an array Orbax was told to skip: nothing to compare.
             return _Row(name, key, words.SAME if a.array is b.array else words.CHANGED, la, lb)
         # Compared in a second pass, region by region.
         return _Row(name, key, words.CHANGED, la, lb)
     status = words.SAME if _same_value(la.value, lb.value) else words.CHANGED
-    return _Row(name, key, status, la, lb, decoded=True)
+    return _Row(name, key, status, la, lb, decoded=True, decided_by=BY_DATA)
+
+
+def _same_records(a: checksums.LeafRecord | None, b: checksums.LeafRecord | None) -> bool | None:
+    """Whether two arrays' saved checksums say they hold the same bytes; ``None`` if they cannot tell.
+
+    They can when both were checksummed in pieces with the same bounds (the same
+    sharding on save): equal digests mean equal bytes, a differing one a change.
+    """
+    if a is None or b is None or (a.dtype, a.shape) != (b.dtype, b.shape):
+        return None
+    pieces_a = {p.bounds: p.digest for p in a.pieces}
+    pieces_b = {p.bounds: p.digest for p in b.pieces}
+    if pieces_a.keys() != pieces_b.keys():
+        return None
+    return pieces_a == pieces_b
 
 
 def _identical_on_disk(a: _StoredArray, b: _StoredArray) -> bool:
@@ -363,6 +516,14 @@ def _decode_pairs(
             yield chunks.ArrayRead(index, entry.array.open(), boxes, itemsize)
 
     stats: dict[int, PairStats] = {}
+    # The saved checksums of each stored side, digested in the same pass.
+    checks: dict[tuple[int, int], PiecesCheck] = {}
+    for index, (row, ea, eb) in enumerate(pairs):
+        for which, entry in enumerate((ea, eb)):
+            if isinstance(entry.array, _StoredArray):
+                record = entry.array.record()
+                if record is not None and record.shape == (row.a.shape if row.a else None):
+                    checks[(index, which)] = PiecesCheck(record, _numpy_dtype(row))
     for (index, box, left), (_, _, right) in zip(
         chunks.read_arrays(reads(0)), chunks.read_arrays(reads(1)), strict=True
     ):
@@ -373,23 +534,31 @@ def _decode_pairs(
         pair = stats.get(index)
         if pair is None:
             pair = stats[index] = PairStats(np.asarray(left).dtype)
-        pair.update(np.asarray(left), np.asarray(right))
+        left, right = np.asarray(left), np.asarray(right)
+        for which, values in enumerate((left, right)):
+            check = checks.get((index, which))
+            if check is not None:
+                check.update(box, values)
+        pair.update(left, right)
         done += 2 * chunks.box_size(box) * pair.dtype.itemsize
         if progress is not None:
             progress(done, total)
     for index, (row, _, _) in enumerate(pairs):
         pair = stats.get(index)
+        row.decided_by = BY_DATA
         if pair is None:  # No elements at all.
             row.status = words.SAME
             continue
         row.stats = pair
         row.decoded = True
         row.status = words.SAME if pair.equal else words.CHANGED
+        if any(checks[(index, w)].results()[0] for w in (0, 1) if (index, w) in checks):
+            row.status = words.CORRUPT
 
 
 def _numpy_dtype(row: _Row) -> np.dtype:
     assert row.a is not None and row.a.dtype is not None
-    return pytree.numpy_dtype(row.a.dtype)
+    return arrays.numpy_dtype(row.a.dtype)
 
 
 def _nbytes(row: _Row) -> int:
@@ -399,17 +568,22 @@ def _nbytes(row: _Row) -> int:
 
 
 def sort_by_change(table: pd.DataFrame) -> pd.DataFrame:
-    """``diff_table`` rows with the largest relative change first.
+    """``diff_table`` rows with what matters most first.
 
-    Changed leaves come first, by ``rel_change`` (largest first; those without
-    one, such as changed strings, after them), then the other differences, then
-    leaves that are the same; stored order breaks ties.
+    Changed leaves come first: floating-point arrays by ``rel_change`` (largest
+    first), then integer counters by how far they moved, then PRNG keys and the
+    rest; then the other differences; then leaves that are the same. Stored
+    order breaks ties.
     """
     order = table["status"].map(lambda s: _STATUS_ORDER.get(s, len(_STATUS_ORDER)))
-    change = pd.to_numeric(table["rel_change"], errors="coerce").fillna(-1.0)
-    keyed = table.assign(_order=order, _change=-change)
-    keyed = keyed.sort_values(["_order", "_change"], kind="stable")
-    return keyed.drop(columns=["_order", "_change"]).reset_index(drop=True)
+    kinds = table["value_kind"].map(lambda k: _KIND_ORDER.get(k, len(_KIND_ORDER)))
+    kinds = kinds.where(table["status"] == words.CHANGED, 0)
+    change = pd.to_numeric(table["rel_change"], errors="coerce")
+    moved = pd.to_numeric(table["delta"], errors="coerce").abs()
+    size = change.fillna(moved).fillna(-1.0)
+    keyed = table.assign(_order=order, _kind=kinds, _change=-size)
+    keyed = keyed.sort_values(["_order", "_kind", "_change"], kind="stable")
+    return keyed.drop(columns=["_order", "_kind", "_change"]).reset_index(drop=True)
 
 
 def diff_table(
@@ -429,10 +603,17 @@ def diff_table(
     about 100-150 MiB of growth in resident memory (``tests/test_explore_memory.py``
     holds it under 192 MiB for two 256 MiB checkpoints). A stored chunk is the
     unit the store decodes, so a checkpoint whose single chunks are larger than
-    a region needs a few such chunks per side on top. Stored arrays whose zarr
-    metadata and chunks are byte-identical in both checkpoints are recognised as
-    ``same`` from the stored bytes, without decoding (``decoded`` is ``False``);
-    any other pair is decoded and compared bit for bit.
+    a region needs a few such chunks per side on top.
+
+    Stored arrays whose checksums, saved with each checkpoint, agree piece for
+    piece are ``same`` without reading them (``decided_by`` is ``checksum``): the
+    same bytes were saved on both sides, and damage to them since is for
+    ``verify(data=True)`` or a load to find. Without checksums, arrays whose zarr
+    metadata and chunks are byte-identical on disk are ``same`` from those bytes
+    (``stored bytes``). Any other pair is decoded and compared bit for bit
+    (``data``), each stored side checked against its checksums in the same pass:
+    a leaf whose bytes (or whose scalar, string or iterator state) do not match
+    what was saved is ``corrupt``, never ``changed``.
 
     Args:
       a: A checkpoint directory, or live state as a mapping of checkpointable
@@ -446,13 +627,19 @@ def diff_table(
     Returns:
       A DataFrame with columns ``checkpointable``, ``key``, ``status`` (``same``
       bit for bit, ``changed``, ``only in a``, ``only in b``, ``shape differs``,
-      ``dtype differs``, ``kind differs``); ``kind``, ``shape`` and ``dtype`` of
-      each side (suffixed ``_a`` and ``_b``; a live typed PRNG key as its stored
-      key data); for changed numeric leaves ``max_abs_diff``, ``rel_change``
+      ``dtype differs``, ``kind differs``, ``corrupt``); ``value_kind`` (``float``,
+      ``integer``, ``bool``, ``PRNG key``, ``other``: see ``value_kind``);
+      ``change``, the change told for its kind (``1.23 %`` relative for a float
+      array, ``+150`` for a counter, ``changed`` for a PRNG key, else the
+      status); ``delta``, ``b - a`` of a one-element integer leaf; ``kind``,
+      ``shape`` and ``dtype`` of each side (suffixed ``_a`` and ``_b``; a live typed PRNG key as its stored
+      key data); for changed floating-point leaves ``max_abs_diff``, ``rel_change``
       (‖b − a‖ / ‖a‖, infinite if ``a`` is zero), ``cosine``, ``norm_a``,
       ``norm_b`` and ``norm_diff`` (‖b − a‖), all over the elements finite on
-      both sides; ``nan_a``, ``inf_a``, ``nan_b``, ``inf_b`` for every leaf
-      whose values were decoded; and ``decoded``.
+      both sides (integer leaves only ``max_abs_diff``; PRNG keys none);
+      ``nan_a``, ``inf_a``, ``nan_b``, ``inf_b`` for every leaf whose values
+      were decoded; ``decoded``; and ``decided_by`` (``metadata``, ``checksum``,
+      ``stored bytes`` or ``data``: what settled the status).
 
     Raises:
       TypeError: If ``a`` or ``b`` is neither a path nor a mapping.
@@ -482,12 +669,20 @@ def diff_table(
             total += 2 * _nbytes(row)
     to_decode = []
     for row, ea, eb in pairs:
-        if (
-            isinstance(ea.array, _StoredArray)
-            and isinstance(eb.array, _StoredArray)
-            and _identical_on_disk(ea.array, eb.array)
+        both_stored = isinstance(ea.array, _StoredArray) and isinstance(eb.array, _StoredArray)
+        records = (
+            (ea.array.record(), eb.array.record())  # type: ignore[union-attr]
+            if both_stored
+            else (None, None)
+        )
+        if _same_records(*records):
+            # The saved checksums agree: the same bytes were saved on both sides.
+            row.status, row.decoded, row.decided_by = words.SAME, False, BY_CHECKSUM
+            done += 2 * _nbytes(row)
+        elif (
+            both_stored and records == (None, None) and _identical_on_disk(ea.array, eb.array)  # type: ignore[arg-type]
         ):
-            row.status, row.decoded = words.SAME, False
+            row.status, row.decoded, row.decided_by = words.SAME, False, BY_STORED_BYTES
             done += 2 * _nbytes(row)
         else:
             to_decode.append((row, ea, eb))

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 import numpy as np
 import xxhash
 
-from tinax._format import checksums, layout, pytree, words
+from tinax._format import arrays, checksums, layout, pytree, words
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.chunks import Box
-from tinax.explore._checks import Check, Finding, LeafScan, StoredArray, Target
+from tinax.explore._checks import Check, Finding, LeafScan, StoredArray, VerifyTarget
 
 # A piece whose bytes do not arrive in its own C order (a region layout that cuts
 # across it) is assembled in memory up to this size; a larger one is reported as not
@@ -90,13 +90,18 @@ class _PieceDigest:
         return checksums.digest(self.buffer) == self.piece.digest
 
 
-class _ChecksumScan(LeafScan):
-    def __init__(self, array: StoredArray, record: LeafRecord, dtype: np.dtype) -> None:
-        self.array = array
+class PiecesCheck:
+    """One array's recorded pieces, digested as its regions stream by (any reader's).
+
+    Regions arrive in C order and tile the array, as ``chunks.regions`` makes them.
+    """
+
+    def __init__(self, record: LeafRecord, dtype: np.dtype) -> None:
         self.record = record
         self.pieces = [_PieceDigest(piece, dtype) for piece in record.pieces]
 
     def update(self, box: Box, values: np.ndarray) -> None:
+        """Takes one region's values."""
         for piece in self.pieces:
             if not piece.piece.bounds:
                 piece.take((), values)
@@ -109,9 +114,23 @@ class _ChecksumScan(LeafScan):
             )
             piece.take(overlap, values[local])
 
-    def finish(self) -> Iterable[Finding]:
+    def results(self) -> tuple[list[Piece], int]:
+        """The pieces whose bytes differ from their record, and how many were not checked."""
         results = [p.result() for p in self.pieces]
         bad = [p.piece for p, ok in zip(self.pieces, results, strict=True) if ok is False]
+        return bad, sum(ok is None for ok in results)
+
+
+class _ChecksumScan(LeafScan):
+    def __init__(self, array: StoredArray, record: LeafRecord, dtype: np.dtype) -> None:
+        self.array = array
+        self.check = PiecesCheck(record, dtype)
+
+    def update(self, box: Box, values: np.ndarray) -> None:
+        self.check.update(box, values)
+
+    def finish(self) -> Iterable[Finding]:
+        bad, unchecked = self.check.results()
         if bad:
             where = f" (piece {checksums.describe_bounds(bad[0].bounds)})" if bad[0].bounds else ""
             more = f" and {len(bad) - 1} more piece(s)" if len(bad) > 1 else ""
@@ -121,7 +140,6 @@ class _ChecksumScan(LeafScan):
                 f"its stored data is corrupt: it does not match the checksum recorded when "
                 f"it was saved{where}{more}",
             )
-        unchecked = sum(ok is None for ok in results)
         if unchecked:
             yield Finding(
                 self.array.part,
@@ -137,7 +155,7 @@ class ChecksumCheck(Check):
     def __init__(self) -> None:
         self.records: dict[str, dict[str, LeafRecord] | None] = {}
 
-    def structure(self, target: Target) -> Iterable[Finding]:
+    def structure(self, target: VerifyTarget) -> Iterable[Finding]:
         checkpoint = target.checkpoint
         if checkpoint is None or not target.safe:
             return
@@ -169,7 +187,9 @@ class ChecksumCheck(Check):
             )
 
     @staticmethod
-    def _coverage(target: Target, name: str, records: dict[str, LeafRecord]) -> Iterable[Finding]:
+    def _coverage(
+        target: VerifyTarget, name: str, records: dict[str, LeafRecord]
+    ) -> Iterable[Finding]:
         state = target.trees.get(name)
         if state is None:
             return
@@ -186,7 +206,9 @@ class ChecksumCheck(Check):
                 )
 
     @staticmethod
-    def _strings(target: Target, name: str, records: dict[str, LeafRecord]) -> Iterable[Finding]:
+    def _strings(
+        target: VerifyTarget, name: str, records: dict[str, LeafRecord]
+    ) -> Iterable[Finding]:
         state = target.trees.get(name)
         if state is None or state.tree is None:
             return
@@ -203,7 +225,7 @@ class ChecksumCheck(Check):
                     "the stored string is corrupt: it does not match its checksum",
                 )
 
-    def leaf(self, target: Target, array: StoredArray) -> LeafScan | None:
+    def leaf(self, target: VerifyTarget, array: StoredArray) -> LeafScan | None:
         records = self.records.get(array.checkpointable)
         record = None if records is None else records.get(array.key)
         if record is None or record.kind != checksums.ARRAY:
@@ -211,7 +233,7 @@ class ChecksumCheck(Check):
         if record.shape != array.info.shape:
             return None  # reported by ``structure``
         try:
-            dtype = pytree.numpy_dtype(array.info.dtype)
+            dtype = arrays.numpy_dtype(array.info.dtype)
         except TypeError:
             return None  # an unknown dtype is reported by the pytree check
         return _ChecksumScan(array, record, dtype)

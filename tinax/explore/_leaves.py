@@ -24,6 +24,9 @@ _DTYPES = {
     "step": "Int64",
     "lossy": "boolean",
     # diff_table and verify
+    "value_kind": "string",
+    "change": "string",
+    "delta": "float64",
     "max_abs_diff": "float64",
     "rel_change": "float64",
     "cosine": "float64",
@@ -34,6 +37,7 @@ _DTYPES = {
     "nan_count": "Int64",
     "inf_count": "Int64",
     "decoded": "boolean",
+    "decided_by": "string",
     "part": "string",
     "severity": "string",
     "message": "string",

@@ -13,7 +13,7 @@ from typing import TypeVar
 import pandas as pd
 
 from tinax import _claims, _paths
-from tinax._format import files, layout, names, preflight, words
+from tinax._format import arrays, files, layout, names, preflight, pytree, words
 from tinax._format.storage import DIRECTORY, Entry, Location
 from tinax.explore import _checkpoint
 from tinax.explore._leaves import frame
@@ -112,14 +112,21 @@ class ListingCache:
             self._records, (str(path), fingerprint), lambda: layout.read_checkpoint_record(path)
         )
 
-    def checked(self, path: Location) -> layout.Checkpoint:
+    def checked(self, path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
         """``preflight.check(path)``, kept while nothing under ``path`` changes.
+
+        ``scan`` is ``files.scan(path)``, if the caller has just made it.
 
         Raises:
           ValueError: As ``preflight.check`` does (refusals are not kept).
         """
-        key = (str(path), files.scan(path).fingerprint)
-        return self._kept(self._checked, key, lambda: preflight.check(path))
+        scan = files.scan(path) if scan is None else scan
+        key = (str(path), scan.fingerprint)
+        return self._kept(self._checked, key, lambda: preflight.check(path, scan))
+
+    def _holds_check(self, path: str, fingerprint: str) -> bool:
+        with self._lock:
+            return (path, fingerprint) in self._checked
 
     def verdict(self, checkpoint: layout.Checkpoint) -> str | None:
         """``None`` if every checkpointable's metadata reads, else what is wrong."""
@@ -151,21 +158,95 @@ class ListingCache:
 
 
 def _problem(checkpoint: layout.Checkpoint) -> str | None:
-    """Why ``checkpoint`` is not complete: a checkpointable whose metadata or array store
-    manifest cannot be found or read. ``None`` if every one can."""
+    """Why ``checkpoint`` is not complete: a checkpointable whose metadata or array
+    metadata cannot be found or read. ``None`` if every one can."""
+    problem, trees = _metadata_problem(checkpoint)
+    if problem is not None or not trees:
+        return problem
+    return _array_problem(trees, _read_array_metadata(trees))
+
+
+# A pytree checkpointable whose array metadata is still to be read, and its leaves
+# in the array store.
+_Tree = tuple[pytree.PyTreeLayout, list[pytree.StoredLeaf]]
+
+
+def _metadata_problem(checkpoint: layout.Checkpoint) -> tuple[str | None, list[_Tree]]:
+    """What is wrong with the metadata files of ``checkpoint``'s checkpointables
+    (``None`` if nothing), and the pytrees whose array metadata is left to read.
+
+    What the listing reads of a checkpoint beyond the preflight check: what tells
+    whether its leaves can be tabled (every file of their metadata, the array
+    store's record of every stored array), never a value.
+    """
+    trees: list[_Tree] = []
     try:
-        _checkpoint.checkpoint_leaves(checkpoint)
-    except ValueError as e:
-        return str(e)
+        for item in checkpoint.checkpointables:
+            if item.layout != layout.PYTREE:
+                _checkpoint.checkpointable_leaves(item, None, values=False)
+                continue
+            tree = pytree.read_layout(item.directory)
+            strings = [leaf.param for leaf in tree.leaves if leaf.kind == words.STRING]
+            if strings:
+                pytree.read_strings(tree, strings)
+            in_store = [
+                leaf
+                for leaf in tree.leaves
+                if leaf.stored and leaf.kind in words.STORED_ARRAY_KINDS
+            ]
+            pytree.read_shardings(
+                tree, [leaf.param for leaf in in_store if leaf.kind == words.JAX_ARRAY]
+            )
+            if in_store:
+                trees.append((tree, in_store))
     except Exception as e:
-        # Tensorstore reports some damage (undecodable names, broken stores) as
-        # other errors; one damaged checkpoint must not fail the listing.
-        return f"{type(e).__name__}: {e}"
+        return _message(e), []
+    return None, trees
+
+
+def _message(error: Exception) -> str:
+    if isinstance(error, ValueError):
+        return str(error)
+    # Tensorstore reports some damage (undecodable names, broken stores) as
+    # other errors; one damaged checkpoint must not fail the listing.
+    return f"{type(error).__name__}: {error}"
+
+
+def _read_array_metadata(trees: list[_Tree]) -> list[dict[str, bytes] | ValueError | None]:
+    """The stored array metadata of every tree, read at once (see
+    ``arrays.read_values_of_stores``); ``None`` for all if that fails as a whole."""
+    try:
+        return list(
+            arrays.read_values_of_stores(
+                [
+                    (tree.directory, pytree.array_metadata_keys(tree, leaves))
+                    for tree, leaves in trees
+                ],
+                ocdbt=[tree.ocdbt for tree, _ in trees],
+                ctx=arrays.context(),
+            )
+        )
+    except Exception:
+        # Read one by one below, each failing in its own words.
+        return [None] * len(trees)
+
+
+def _array_problem(
+    trees: list[_Tree], stored: list[dict[str, bytes] | ValueError | None]
+) -> str | None:
+    """What is wrong with the array metadata of ``trees`` (``stored`` as read, or
+    ``None`` where it is read now), if anything."""
+    for (tree, leaves), values in zip(trees, stored, strict=True):
+        try:
+            pytree.array_infos(tree, leaves, None, stored=values)
+        except Exception as e:
+            return _message(e)
     return None
 
 
-# The cache list_checkpoints uses unless told otherwise.
-listing_cache = ListingCache()
+# The cache list_checkpoints uses unless told otherwise: the process's own, which
+# callers cannot swap or change (they pass a ListingCache of their own instead).
+_DEFAULT_CACHE = ListingCache()
 
 
 def _candidates(root: Location) -> list[tuple[Location, dict[str, Entry] | None]]:
@@ -202,9 +283,23 @@ def _subdirectories(path: Location) -> tuple[str, ...]:
     return tuple(sorted(n for n, e in path.entries().items() if e.kind == DIRECTORY))
 
 
+# A listing row: name, path, step, status, checkpointables, size, commit time and age
+# (the last two in nanoseconds).
+_Row = tuple[object, ...]
+
+
+class _Pending:
+    """A checked checkpoint whose array metadata is read with every other one's."""
+
+    def __init__(self, row: _Row, checkpoint: layout.Checkpoint, trees: list[_Tree]) -> None:
+        self.row = row
+        self.checkpoint = checkpoint
+        self.trees = trees
+
+
 def _row(
     path: Location, state: _Listing, top: dict[str, Entry] | None = None
-) -> tuple[object, ...] | None:
+) -> _Row | _Pending | None:
     """The listing row of ``path``; ``None`` if it vanished (renamed or deleted) meanwhile.
 
     The last two fields are the commit time and the age, in nanoseconds. Whatever
@@ -238,13 +333,16 @@ def _read_row(
     step: int | None,
     state: _Listing,
     top: dict[str, Entry] | None,
-) -> tuple[object, ...] | None:
+) -> _Row | _Pending | None:
     errors, now_ns = state.errors, state.now_ns
     if not files.is_utf8(name):
         errors[str(path)] = f"{str(path)!r} has a name that is not UTF-8"
         return (name, str(path), step, words.INVALID, (), None, None, None)
     # On object stores a save writes in place: one that never committed is judged
     # like a temporary directory.
+    if names.DELETION_MARKER in (path.entries() if top is None else top):
+        # Its removal began (and may have been cut short): it is no checkpoint any more.
+        return (name, str(path), step, words.BEING_REMOVED, _subdirectories(path), None, None, None)
     unfinished = (
         None if names.is_temporary_name(name) else _claims.uncommitted_status(path, now_ns=now_ns)
     )
@@ -258,16 +356,28 @@ def _read_row(
         found = unfinished or _claims.temporary_status(path, now_ns=now_ns)
         age = None if found.started_ns is None else max(0, now_ns - found.started_ns)
         return (name, str(path), step, found.status, _subdirectories(path), nbytes, None, age)
-    quick = _quick_look(path, top, state.cache)
-    if quick is None:
-        return _checked_row(path, name, step, state)
-    scan, record, item_names = quick
+    if top is not None and names.CHECKPOINT_METADATA not in top:
+        return _checked_row(path, name, step, state, None)
+    try:
+        # The walk comes first: it is what tells whether a kept verdict still holds.
+        scan = files.scan(path, None if top is None else top.values())
+    except ValueError:
+        return _checked_row(path, name, step, state, None)  # Refused in the check's words.
     kept = None if state.cache is None else state.cache.lookup(str(path), scan.fingerprint)
+    if kept is None and state.deep:
+        # Read afresh: the verdict and the row come from the same look at the files.
+        return _checked_row(path, name, step, state, scan)
+    if (
+        kept is not None
+        and state.cache is not None
+        and state.cache._holds_check(str(path), scan.fingerprint)
+    ):
+        return _checked_row(path, name, step, state, scan)  # All of it kept: no reads.
+    record = _quick_record(path, scan, state.cache)
+    if record is None:
+        return _checked_row(path, name, step, state, scan)
     problem = None
     if kept is None:
-        if state.deep:
-            # Read afresh: the verdict and the row come from the same look at the files.
-            return _checked_row(path, name, step, state)
         state.unchecked.append(str(path))
     else:
         problem, refused = kept
@@ -275,76 +385,105 @@ def _read_row(
         errors[str(path)] = problem
         if refused:
             return (name, str(path), step, words.INVALID, (), None, None, None)
+    assert isinstance(record.item_handlers, dict)
     committed = record.committed_nsecs
     return (
         name,
         str(path),
         step,
         words.COMPLETE if problem is None else words.INVALID,
-        item_names,
+        tuple(record.item_handlers),
         scan.nbytes,
         committed,
         None if committed is None else max(0, now_ns - committed),
     )
 
 
-def _quick_look(
-    path: Location, top: dict[str, Entry] | None, cache: ListingCache | None
-) -> tuple[files.Scan, layout.CheckpointRecord, tuple[str, ...]] | None:
-    """The walk, the commit record and the checkpointables of ``path``, without parsing
-    any other metadata; ``None`` where only the full check tells (no record naming
-    its checkpointables, or one that does not read)."""
-    if top is not None and names.CHECKPOINT_METADATA not in top:
-        return None
+def _quick_record(
+    path: Location, scan: files.Scan, cache: ListingCache | None
+) -> layout.CheckpointRecord | None:
+    """The commit record of ``path`` as ``scan`` found it, without parsing any other
+    metadata; ``None`` where only the full check tells (no record naming its
+    checkpointables, or one that does not read)."""
     try:
-        # The walk comes first: it is what tells whether a kept record still holds.
-        scan = files.scan(path, None if top is None else top.values())
         if cache is None:
             record = layout.read_checkpoint_record(path)
         else:
             record = cache.record(path, scan.fingerprint)
     except ValueError:
         return None  # The full check says what is wrong, in its own words.
-    if not isinstance(record.item_handlers, dict):
-        return None
-    return scan, record, tuple(record.item_handlers)
+    return record if isinstance(record.item_handlers, dict) else None
 
 
 def _checked_row(
-    path: Location, name: str, step: int | None, state: _Listing
-) -> tuple[object, ...] | None:
-    """The row of ``path`` after the full check: every metadata file read."""
-    errors, cache, now_ns = state.errors, state.cache, state.now_ns
+    path: Location, name: str, step: int | None, state: _Listing, scan: files.Scan | None
+) -> _Row | _Pending | None:
+    """The row of ``path`` after the full check: every metadata file read (the array
+    store's, of pytrees, left pending to be read with every other checkpoint's)."""
+    errors, cache = state.errors, state.cache
     try:
-        checkpoint = preflight.check(path) if cache is None else cache.checked(path)
+        checked = preflight.check if cache is None else cache.checked
+        checkpoint = checked(path, scan)
     except (ValueError, OSError) as e:
         if not path.exists():
             return None
         errors[str(path)] = str(e)
         if cache is not None:
-            _remember_refusal(cache, path, str(e))
+            _remember_refusal(cache, path, str(e), scan)
         return (name, str(path), step, words.INVALID, (), None, None, None)
     item_names = tuple(item.name for item in checkpoint.checkpointables)
-    problem = _problem(checkpoint) if cache is None else cache.verdict(checkpoint)
-    if problem is not None:
-        errors[str(path)] = problem
+    key = (str(checkpoint.path), checkpoint.scan.fingerprint)
+    kept = None if cache is None else cache.lookup(*key)
+    trees: list[_Tree] = []
+    if kept is not None:
+        problem = kept[0]
+    else:
+        problem, trees = _metadata_problem(checkpoint)
     committed = checkpoint.committed_nsecs
-    return (
+    row = (
         name,
         str(path),
         step,
-        words.COMPLETE if problem is None else words.INVALID,
+        words.COMPLETE,
         item_names,
         checkpoint.scan.nbytes,
         committed,
-        None if committed is None else max(0, now_ns - committed),
+        None if committed is None else max(0, state.now_ns - committed),
     )
+    if trees:
+        return _Pending(row, checkpoint, trees)
+    if kept is None and cache is not None:
+        cache.store(*key, problem)
+    return _judged(row, problem, state)
 
 
-def _remember_refusal(cache: ListingCache, path: Location, problem: str) -> None:
+def _judged(row: _Row, problem: str | None, state: _Listing) -> _Row:
+    """``row`` with the status ``problem`` gives it."""
+    if problem is None:
+        return row
+    state.errors[str(row[1])] = problem
+    return (*row[:3], words.INVALID, *row[4:])
+
+
+def _finish(pending: list[_Pending], state: _Listing) -> list[_Row]:
+    """The rows of ``pending`` checkpoints, their array metadata read all at once."""
+    trees = [tree for item in pending for tree in item.trees]
+    stored = iter(_read_array_metadata(trees))
+    rows = []
+    for item in pending:
+        problem = _array_problem(item.trees, [next(stored) for _ in item.trees])
+        if state.cache is not None:
+            state.cache.store(str(item.checkpoint.path), item.checkpoint.scan.fingerprint, problem)
+        rows.append(_judged(item.row, problem, state))
+    return rows
+
+
+def _remember_refusal(
+    cache: ListingCache, path: Location, problem: str, scan: files.Scan | None
+) -> None:
     """Keeps the check's refusal of ``path``, for as long as its files stay as they are."""
     try:
-        fingerprint = files.scan(path).fingerprint
+        fingerprint = (files.scan(path) if scan is None else scan).fingerprint
     except ValueError:
         return  # Refused by the walk itself: a quick listing walks it too, and says so.
     cache.store(str(path), fingerprint, problem, refused=True)
@@ -353,7 +492,7 @@ def _remember_refusal(cache: ListingCache, path: Location, problem: str) -> None
 def list_checkpoints(
     root: str | os.PathLike[str],
     *,
-    cache: ListingCache | None = listing_cache,
+    cache: ListingCache | None = _DEFAULT_CACHE,
     deep: bool = True,
 ) -> pd.DataFrame:
     """One row per checkpoint under ``root``, or for ``root`` itself if it is one.
@@ -367,8 +506,8 @@ def list_checkpoints(
       root: A run directory (Orbax V1 ``training.Checkpointer``, V0
         ``CheckpointManager``, or any directory of checkpoints) or a checkpoint.
       cache: Where verdicts on unchanged checkpoints are remembered between
-        calls: by default the module's ``listing_cache``; ``None`` reads every
-        checkpoint afresh.
+        calls: by default one kept by the process for every caller; a
+        ``ListingCache`` of the caller's own; ``None`` reads every checkpoint afresh.
       deep: Whether checkpoints without a remembered verdict are read (metadata
         only) to tell whether they are readable. ``False`` lists a run as fast as
         its files can be walked: a checkpoint whose commit record names its
@@ -412,7 +551,11 @@ def list_checkpoints(
         # Checkpoints are read side by side: each read is a round trip.
         with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
             found = list(pool.map(lambda item: _row(item[0], state, item[1]), candidates))
-    rows = [row for row in found if row is not None]
+    pending = [row for row in found if isinstance(row, _Pending)]
+    finished = iter(_finish(pending, state)) if pending else iter(())
+    rows = [
+        next(finished) if isinstance(row, _Pending) else row for row in found if row is not None
+    ]
     table = frame(LISTING_COLUMNS[:-_TIME_COLUMNS], (row[:-_TIME_COLUMNS] for row in rows))
     table["committed"] = pd.to_datetime(
         pd.Series([row[-2] for row in rows], dtype="Int64"), unit="ns", utc=True

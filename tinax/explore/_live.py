@@ -56,6 +56,19 @@ def iterator_state(value: Any) -> Any:
     return state
 
 
+def _state_bytes(iterator: Any, state: Any) -> int | None:
+    """The bytes of an iterator's state as a save writes it (Grain: JSON, indent 4)."""
+    raw = iterator.get_state()
+    if isinstance(raw, bytes):
+        return len(raw)
+    if isinstance(raw, str):
+        return len(raw.encode("utf-8"))
+    try:
+        return len(json.dumps(state, indent=4).encode("utf-8"))
+    except (TypeError, ValueError):
+        return None
+
+
 def _sharding(sharding: Any) -> str | None:
     if sharding is None:
         return None
@@ -102,7 +115,8 @@ def live_leaf(name: str, key: str, leaf: Any) -> Leaf:
     if kind == words.STRING:
         return Leaf(name, key, kind, value=leaf)
     if kind == words.ITERATOR:
-        return Leaf(name, key, kind, value=iterator_state(leaf))
+        state = iterator_state(leaf)
+        return Leaf(name, key, kind, nbytes=_state_bytes(leaf, state), value=state)
     return Leaf(name, key, kind)
 
 

@@ -126,6 +126,7 @@ class PairStats:
         self._aa = self._bb = self._dd = 0.0
         self._ab: complex | float = 0.0
         self._max = 0.0
+        self._sum_d = 0.0
 
     def update(self, a: np.ndarray, b: np.ndarray) -> None:
         """Adds one region of each side (the same region, the same dtype)."""
@@ -164,11 +165,19 @@ class PairStats:
         self._bb += bb
         self._ab += ab
         self._dd += dd
+        if d.dtype.kind != "c" and d.size:
+            self._sum_d += float(d.sum(dtype=np.float64))
 
     @property
     def max_abs_diff(self) -> float:
         """The largest ``|b - a|`` over elements finite on both sides."""
         return self._max
+
+    @property
+    def sum_diff(self) -> float:
+        """``Σ (b - a)`` over elements finite on both sides (real values only): the
+        change of a counter (``+150``)."""
+        return self._sum_d
 
     @property
     def norm_a(self) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 from tinax import explore
-from tinax._format import words
+from tinax import vocabulary as words
 
 from ._text import error_html
 

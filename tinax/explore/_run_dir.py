@@ -1,47 +1,74 @@
-"""What the widgets learn from the filesystem: bytes landed, free names, bytes read."""
+"""Paths and names in a run directory, for code that saves into one or watches a save:
+where a path points, the next checkpoint's name in the run's own pattern, whether a
+name is free, and how many bytes a save has written so far.
+
+Each takes a local path or a ``gs://`` URL and returns plain strings and ints.
+"""
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable
 
+from tinax import _paths
 from tinax._claims import temporary_status, uncommitted_status
 from tinax._format.layout import looks_like_checkpoint
 from tinax._format.names import TEMPORARY_SUFFIX, final_name, is_temporary_name, step_from_name
 from tinax._format.storage import DIRECTORY, Location, tree_bytes
 from tinax._format.words import IN_PROGRESS
-from tinax._paths import temporary_siblings
-from tinax.checkpointing import validate_checkpointable_name
 
+PathLike = str | os.PathLike[str]
 _TRAILING_DIGITS = re.compile(r"\d+$")
 
 
-def bytes_landed(destination: Location) -> int:
+def resolve_path(path: object, *, what: str = "path") -> str:
+    """Where ``path`` points, as one string: a ``gs://`` URL, or an absolute local path.
+
+    Raises:
+      TypeError: If ``path`` is not a string or path.
+      ValueError: If it is empty or a ``gs://`` URL without a bucket.
+    """
+    return str(_paths.location(path, what=what))
+
+
+def existing_directory(path: PathLike, *, what: str = "directory") -> str:
+    """``path`` resolved, checked to be an existing directory (a link to one is followed).
+
+    Raises:
+      TypeError: If ``path`` is not a string or path.
+      FileNotFoundError: If nothing exists there.
+      ValueError: If it is empty or not a directory.
+    """
+    return str(_paths.existing_directory(path, what=what))
+
+
+def save_directory(path: PathLike, *, what: str = "directory") -> str:
+    """``path`` resolved, checked to be a place checkpoints can be saved in: an existing
+    local directory, or any ``gs://`` prefix in an existing bucket.
+
+    Raises:
+      TypeError: If ``path`` is not a string or path.
+      FileNotFoundError: If it does not exist (on ``gs://``: its bucket does not).
+      ValueError: If it is empty or not a directory.
+    """
+    return str(_paths.save_directory(path, what=what))
+
+
+def bytes_written(destination: PathLike) -> int:
     """Bytes written so far by a save headed for ``destination``.
 
-    Counts the Orbax temporary directories first and the final directory once the
+    Counts Orbax's temporary directories first and the final directory once the
     save has renamed it, so the count keeps growing across the commit.
     """
-    return sum(tree_bytes(p) for p in temporary_siblings(destination)) + tree_bytes(destination)
+    where = _paths.location(destination, what="destination")
+    return sum(tree_bytes(p) for p in _paths.temporary_siblings(where)) + tree_bytes(where)
 
 
-def process_bytes_read() -> int | None:
-    """Bytes this process has read through system calls so far (Linux), else ``None``.
-
-    Loads read a checkpoint's array data with ordinary reads, so the growth of this
-    counter while a load runs measures the load's progress.
-    """
-    try:
-        with open("/proc/self/io", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("rchar:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
+def _location(path: PathLike | Location, what: str) -> Location:
+    return path if isinstance(path, Location) else _paths.location(path, what=what)
 
 
-def next_free_step_name(directory: Location) -> str:
+def next_checkpoint_name(directory: PathLike) -> str:
     """The name of the run's next checkpoint, written in the run's own pattern.
 
     The step is one interval past the highest step among the run's checkpoints
@@ -52,7 +79,8 @@ def next_free_step_name(directory: Location) -> str:
     still in progress and interrupted ones count; other directories (``logs_2026``)
     do not, though no name already taken is proposed. ``step-0`` in an empty run.
     """
-    entries = directory.entries()
+    run = _location(directory, "directory")
+    entries = run.entries()
     taken = {final_name(name) for name in entries}
     candidates = sorted(
         (
@@ -68,7 +96,7 @@ def next_free_step_name(directory: Location) -> str:
     for step, name, temporary in candidates:
         if found and step == found[-1][0]:
             continue
-        if temporary or looks_like_checkpoint(directory / name):
+        if temporary or looks_like_checkpoint(run / name):
             found.append((step, name))
             if len(found) == 2:
                 break
@@ -88,7 +116,7 @@ def next_free_step_name(directory: Location) -> str:
         step += interval
 
 
-def check_new_checkpoint_name(directory: Location, name: object) -> str:
+def check_new_checkpoint_name(directory: PathLike, name: object) -> str:
     """Checks that ``name`` can become a new checkpoint directory under ``directory``.
 
     Args:
@@ -104,6 +132,9 @@ def check_new_checkpoint_name(directory: Location, name: object) -> str:
         temporary suffix, or is already taken by a checkpoint, a file or a save in
         progress. What an interrupted save left does not take it: the save removes it.
     """
+    from tinax.checkpointing import validate_checkpointable_name  # Orbax, only here
+
+    run = _location(directory, "directory")
     if not isinstance(name, str):
         raise TypeError(f"checkpoint name must be a str, got {type(name).__name__}")
     if not name.strip():
@@ -117,52 +148,20 @@ def check_new_checkpoint_name(directory: Location, name: object) -> str:
         raise ValueError(
             f"checkpoint name {name!r} uses Orbax's reserved temporary marker {TEMPORARY_SUFFIX!r}"
         )
-    target = directory / name
+    target = run / name
     if target.exists():
         # On object stores a save writes in place; one that never committed is judged
         # like a temporary directory.
         unfinished = uncommitted_status(target.snapshot())
         if unfinished is None:
-            raise ValueError(f"{name!r} is already taken in {str(directory)!r}")
+            raise ValueError(f"{name!r} is already taken in {str(run)!r}")
         if unfinished.status == IN_PROGRESS:
-            raise ValueError(f"a save to {name!r} is already in progress in {str(directory)!r}")
-    if any(temporary_status(t).status == IN_PROGRESS for t in temporary_siblings(target)):
-        raise ValueError(f"a save to {name!r} is already in progress in {str(directory)!r}")
+            raise ValueError(f"a save to {name!r} is already in progress in {str(run)!r}")
+    if any(temporary_status(t).status == IN_PROGRESS for t in _paths.temporary_siblings(target)):
+        raise ValueError(f"a save to {name!r} is already in progress in {str(run)!r}")
     return name
 
 
-def process_memory() -> int | None:
-    """This process's resident memory in bytes (Linux), else ``None``."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def load_meter() -> Callable[[], int | None] | None:
-    """A counter of the bytes a load has brought into this process, from now on.
-
-    A load reads the stored bytes (counted by ``process_bytes_read``, but only
-    when each read call returns) and then decodes them into new arrays, which
-    grows resident memory as it goes. The counter reports whichever has grown
-    more, so that a load of one large array moves too. It is an estimate: other
-    work in the process adds to both. ``None`` where neither is available.
-    """
-    read0, memory0 = process_bytes_read(), process_memory()
-    if read0 is None and memory0 is None:
-        return None
-
-    def count() -> int | None:
-        read, memory = process_bytes_read(), process_memory()
-        grown = [
-            now - then
-            for now, then in ((read, read0), (memory, memory0))
-            if now is not None and then is not None
-        ]
-        return max(grown) if grown else None
-
-    return count
+def path_exists(path: PathLike) -> bool:
+    """Whether anything exists at ``path`` (a local path or a ``gs://`` URL)."""
+    return _paths.location(path).exists()

@@ -1,0 +1,164 @@
+"""``verify(data=True)``, ``diff_table`` and ``read_leaf`` against ``cat`` of the same bytes.
+
+Run with ``.venv/bin/python bench/reads.py`` (``make bench`` runs it too). It writes a
+checkpoint of 16 float32 arrays of 64 MiB (1 GiB) with tinax, and a copy of it with
+half the arrays changed, reads them once so that the page cache is warm, then in
+each of ``--rounds`` rounds (median shown) times, side by side:
+
+- ``cat`` of the checkpoint's files to ``/dev/null`` (the floor: the bytes alone);
+- ``verify(path, data=True)``: every chunk decoded, checksummed and NaN/Inf counted;
+- ``diff_table(a, b)`` of the two: the unchanged half decided by their saved
+  checksums without reading them, the changed half decoded and compared, against
+  ``cat`` of the bytes it had to read (the changed arrays of both sides);
+- ``read_leaf`` of every array in turn, against ``cat`` of the same 1 GiB.
+
+Each line prints the throughput as a fraction of ``cat``'s and its goal (0.5); the
+script exits 1 when a goal is missed. The machine's other work makes single runs
+noisy: the ratios are measured in the same run, a few seconds apart.
+``--workdir DIR`` keeps the checkpoints there and reuses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+MIB = 1 << 20
+ARRAYS = 16
+ARRAY_MIB = 64
+GOAL = 0.5
+
+
+def _state(seed: int, changed: set[int]) -> dict[str, np.ndarray]:
+    out = {}
+    for i in range(ARRAYS):
+        rng = np.random.default_rng(1000 + i + (seed if i in changed else 0))
+        out[f"w{i:02d}"] = rng.standard_normal(ARRAY_MIB * MIB // 4, dtype=np.float32).reshape(
+            -1, 1024
+        )
+    return out
+
+
+def _write(workdir: Path) -> tuple[Path, Path]:
+    from tinax.checkpointing import save_checkpointables
+
+    a, b = workdir / "a", workdir / "b"
+    if not (a.exists() and b.exists()):
+        for path in (a, b):
+            shutil.rmtree(path, ignore_errors=True)
+        save_checkpointables(a, {"model": _state(0, set())}).result()
+        save_checkpointables(b, {"model": _state(1, set(range(0, ARRAYS, 2)))}).result()
+    return a, b
+
+
+def _files(path: Path) -> list[str]:
+    return [str(p) for p in sorted(path.rglob("*")) if p.is_file()]
+
+
+def _cat(files: list[str]) -> float:
+    start = time.perf_counter()
+    for i in range(0, len(files), 256):
+        subprocess.run(["cat", *files[i : i + 256]], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _changed_files(a: Path, b: Path) -> list[str]:
+    """The data files holding the arrays diff_table has to read: those that differ."""
+    out = []
+    for side in (a, b):
+        other = b if side == a else a
+        for f in _files(side):
+            twin = other / Path(f).relative_to(side)
+            same = twin.exists() and twin.stat().st_size == os.path.getsize(f)
+            if not same or Path(f).read_bytes() != twin.read_bytes():
+                out.append(f)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    import tinax.explore as ex
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tinax-reads-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        a, b = _write(workdir)
+        files_a = _files(a)
+        keys = [f"['w{i:02d}']" for i in range(ARRAYS)]
+        # Which bytes diff_table must read: the arrays whose saved checksums differ.
+        table = ex.diff_table(a, b, sort=False)
+        decoded = table[table["decided_by"] == "data"]
+        nbytes = sum(os.path.getsize(f) for f in files_a)
+        diff_bytes = 2 * int(decoded["key"].map(lambda _: ARRAY_MIB * MIB).sum())
+        _cat(files_a + _files(b))  # warm the page cache
+        rows: dict[str, list[float]] = {k: [] for k in ("cat", "verify", "diff", "read_leaf")}
+        for _ in range(args.rounds):
+            rows["cat"].append(_cat(files_a))
+            result = None
+
+            def run_verify() -> None:
+                nonlocal result
+                result = ex.verify(a, data=True)
+
+            rows["verify"].append(_timed(run_verify))
+            assert result is not None and result.ok, result
+            rows["diff"].append(_timed(lambda: ex.diff_table(a, b)))
+            rows["read_leaf"].append(
+                _timed(lambda: [ex.read_leaf(a, "model", key) for key in keys])
+            )
+        cat = statistics.median(rows["cat"])
+        cat_rate = nbytes / cat
+        print(
+            f"checkpoint: {nbytes / MIB:.0f} MiB in {ARRAYS} arrays; {args.rounds} rounds, medians"
+        )
+        print(f"  cat                    {cat:6.3f} s  {cat_rate / MIB:8.0f} MiB/s")
+        missed = []
+        for name, moved in (("verify", nbytes), ("diff", diff_bytes), ("read_leaf", nbytes)):
+            seconds = statistics.median(rows[name])
+            ratio = (moved / seconds) / cat_rate
+            ok = ratio >= GOAL
+            if not ok:
+                missed.append(name)
+            label = {
+                "verify": "verify(data=True)",
+                "diff": f"diff_table ({len(decoded)} of {ARRAYS} decoded)",
+                "read_leaf": "read_leaf (every array)",
+            }[name]
+            print(
+                f"  {label:34} {seconds:6.3f} s  {moved / seconds / MIB:8.0f} MiB/s  "
+                f"{ratio:5.2f} of cat (goal {GOAL})  {'ok' if ok else 'MISSED'}"
+            )
+        whole = statistics.median(rows["diff"])
+        print(
+            f"  (diff_table against cat of both whole checkpoints: "
+            f"{(2 * nbytes / whole) / cat_rate:.2f} of cat, for information)"
+        )
+        by = table["decided_by"].value_counts().to_dict()
+        print(f"  diff_table decided_by: {by}")
+        return 1 if missed else 0
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""One process of a multi-process training loop checkpointed by ``TrainingRun``.
+
+Started N times by ``cluster.launch`` (see tests/test_training_run.py)::
+
+    python run_cluster_worker.py PHASE DIRECTORY
+
+Phases:
+  loop     train steps 1.. with ``save_every=10, keep=2, keep_best=1``; at step 25
+           process 1 sends itself SIGTERM (JAX's preemption notifier catches it and
+           tells every process); every process reports the step at which it saved
+           for the preemption and the run's steps.
+  resume   restore the run in fresh processes and report the step, whether every
+           shard holds that step's values, and the next batch of each iterator.
+
+The state is a small model sharded over the ("data", "model") mesh, a replicated RNG
+key and one Grain iterator per process; every value is a fixed function of the step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import cluster
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+from multiprocess_worker import dataset, expected, global_array
+
+from tinax.checkpointing import TrainingRun, abstract_restore_target
+
+
+def model(step: int) -> dict[str, Any]:
+    return {
+        "w": global_array(expected("w", (8, 16), step), P("data", "model")),
+        "b": global_array(expected("b", (16,), step), P("model")),
+    }
+
+
+def rng(step: int) -> Any:
+    return global_array(np.asarray(jax.random.key_data(jax.random.key(step))), P())
+
+
+def loss(step: int) -> float:
+    return float(abs(step - 10))
+
+
+def open_run(directory: Path) -> TrainingRun:
+    return TrainingRun(directory, save_every=10, keep=2, keep_best=1, best_by="loss")
+
+
+def loop(directory: Path) -> None:
+    run = open_run(directory)
+    iterator = iter(dataset())
+    saved_for_preemption = None
+    for step in range(1, 200):
+        next(iterator)
+        if step == 25 and jax.process_index() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        run.save(
+            step,
+            model(step),
+            {"count": np.asarray(step)},
+            rng(step),
+            {"loss": loss(step)},
+            iterator,
+        )
+        if run.preempted:
+            saved_for_preemption = step
+            break
+    run.close()
+    cluster.report("loop", preempted_at=saved_for_preemption, steps=run.steps)
+
+
+def resume(directory: Path) -> None:
+    run = open_run(directory)
+    iterator = iter(dataset())
+    restored = run.restore(
+        abstract_restore_target(model(0)),
+        {"count": abstract_restore_target(np.asarray(0))},
+        abstract_restore_target(rng(0)),
+        {"loss": 0.0},
+        iterator,
+    )
+    assert restored is not None
+    step = restored.step
+    exact = all(
+        np.array_equal(np.asarray(shard.data), expected(name, shape, step)[shard.index])
+        for name, shape in (("w", (8, 16)), ("b", (16,)))
+        for shard in restored.model[name].addressable_shards
+    )
+    run.close()
+    cluster.report("resume", restored=step, exact=exact, next=np.asarray(next(iterator)).tolist())
+
+
+if __name__ == "__main__":
+    phase = sys.argv[1]
+
+    def body() -> None:
+        cluster.join()
+        (loop if phase == "loop" else resume)(Path(sys.argv[2]))
+
+    cluster.main(body)

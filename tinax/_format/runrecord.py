@@ -1,0 +1,29 @@
+"""A training run's record: its policy, each step's metric, why each checkpoint is kept.
+
+``tinax.checkpointing.TrainingRun`` writes it (``names.RUN_RECORD`` at the run's root,
+replaced atomically); ``tinax.explore`` reads it. JSON only, size-bounded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tinax._format import files, names
+from tinax._format.storage import Location
+
+# A record holds a number per kept step and a few words per kept checkpoint.
+MAX_RECORD_BYTES = 16 << 20
+
+
+def read_run_record(root: Location) -> dict[str, Any] | None:
+    """The run record at ``root``; ``None`` if there is none or it is not a run record."""
+    where = root / names.RUN_RECORD
+    if not where.is_file():
+        return None
+    try:
+        record = files.read_json(where, what="tinax run record", max_bytes=MAX_RECORD_BYTES)
+    except (ValueError, OSError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != names.RUN_RECORD_FORMAT:
+        return None
+    return record

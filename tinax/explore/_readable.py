@@ -1,0 +1,111 @@
+"""Tables made for reading: human units in place of raw numbers, for notebooks and logs.
+
+``tinax.explore`` tables keep machine values (bytes as integers, UTC timestamps,
+ages as timedeltas), so that code can sort and sum them. ``readable`` turns a copy
+into text a person reads at a glance: ``87.4 KiB``, ``3 min``, ``2026-12-03 19:37``,
+``(16, 32)``, and blanks for missing values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+# Columns that hold bytes, by the names the explore tables use.
+_BYTE_COLUMNS = frozenset({"nbytes", "nbytes_a", "nbytes_b", "bytes"})
+# A cell longer than this is shortened in the middle.
+MAX_CHARS = 48
+
+
+def human_bytes(n: Any) -> str:
+    """``1536`` → ``'1.5 KiB'``; ``''`` for a missing value."""
+    if _missing(n):
+        return ""
+    value = float(n)
+    for unit in _BYTE_UNITS:
+        if abs(value) < 1024 or unit == _BYTE_UNITS[-1]:
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_duration(value: Any) -> str:
+    """A timedelta (or seconds) as ``'42 s'``, ``'7 min'``, ``'3 h'`` or ``'2 d'``."""
+    if _missing(value):
+        return ""
+    seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
+
+
+def _missing(value: Any) -> bool:
+    if value is None or value is pd.NaT or value is pd.NA:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+        return _text(", ".join(value))  # names: model, optimizer, …
+    if isinstance(value, tuple):
+        inner = ", ".join(_text(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if _missing(value):
+        return ""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.6g}"
+    if isinstance(value, pd.Timestamp):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    text = str(value)
+    if len(text) > MAX_CHARS:
+        half = (MAX_CHARS - 1) // 2
+        text = text[:half] + "…" + text[-(MAX_CHARS - 1 - half) :]
+    return text
+
+
+def readable(table: pd.DataFrame, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """A copy of an explore table with every cell as short text for reading.
+
+    Bytes columns (``nbytes``) read ``87.4 KiB``, ages ``3 min``, timestamps
+    ``2026-12-03 19:37:18`` (UTC, as stored), shapes ``(16, 32)``, floats with six
+    significant digits, long values shortened in the middle; missing values are
+    blank. The index is kept, so rows still line up with ``table``.
+
+    Args:
+      table: Any DataFrame, typically from ``list_checkpoints``,
+        ``checkpoint_table``, ``diff_table`` or ``state_table``.
+      columns: The columns kept, in this order (default: all).
+
+    Returns:
+      A new DataFrame of strings.
+
+    Raises:
+      TypeError: If ``table`` is not a DataFrame.
+      KeyError: If a column asked for is not in ``table``.
+    """
+    if not isinstance(table, pd.DataFrame):
+        raise TypeError(f"table must be a pandas DataFrame, got {type(table).__name__}")
+    if columns is not None:
+        missing = [c for c in columns if c not in table.columns]
+        if missing:
+            raise KeyError(f"no column {missing[0]!r} in the table")
+        table = table[list(columns)]
+    out = {}
+    for name in table.columns:
+        series = table[name]
+        if name in _BYTE_COLUMNS:
+            out[name] = series.map(human_bytes)
+        elif pd.api.types.is_timedelta64_dtype(series.dtype):
+            out[name] = series.map(human_duration)
+        else:
+            out[name] = series.map(_text)
+    return pd.DataFrame(out, index=table.index).astype("string")

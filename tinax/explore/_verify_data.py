@@ -1,0 +1,130 @@
+"""``verify``'s data pass: every array's regions read once, fed to every check's scan,
+and NaN/Inf counted."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from tinax._format import arrays, chunks, words
+from tinax.explore._checks import Check, Finding, LeafScan, PyTreeState, StoredArray, VerifyTarget
+from tinax.explore._numeric import ValueCounts
+
+Progress = Callable[[int, int], None]
+
+
+class _NonFiniteScan(LeafScan):
+    def __init__(self, array: StoredArray, counts: ValueCounts) -> None:
+        self.array = array
+        self.counts = counts
+
+    def update(self, box: chunks.Box, values: np.ndarray) -> None:
+        self.counts.update(values)
+
+    def finish(self) -> Iterable[Finding]:
+        nan, inf = self.counts.nan, self.counts.inf
+        if nan or inf:
+            yield Finding(self.array.part, words.WARNING, f"holds {nan:,} NaN and {inf:,} Inf")
+
+
+class NonFiniteCheck(Check):
+    """Counts NaN and infinite values in every floating-point leaf (when data is read)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], ValueCounts] = {}
+
+    def leaf(self, target: VerifyTarget, array: StoredArray) -> LeafScan | None:
+        counts = ValueCounts(arrays.numpy_dtype(array.info.dtype))
+        self.counts[(array.checkpointable, array.key)] = counts
+        return _NonFiniteScan(array, counts)
+
+
+def read_data(
+    target: VerifyTarget,
+    active: list[Check],
+    progress: Progress | None,
+    rows: list[tuple[Any, ...]],
+) -> list[Finding]:
+    found: list[Finding] = []
+    work: list[tuple[StoredArray, PyTreeState]] = []
+    for name, state in target.trees.items():
+        if state.tree is None:
+            continue
+        if not (target.safe and state.readable):
+            found.append(
+                Finding(name, words.INFO, "data not read: its array store is damaged (see above)")
+            )
+            continue
+        for array in state.arrays:
+            if array.info.itemsize is None:
+                continue  # An unknown dtype is reported already; nothing can decode it.
+            if array.key in state.damaged:
+                found.append(
+                    Finding(array.part, words.INFO, "data not read: a data file of it is damaged")
+                )
+            else:
+                work.append((array, state))
+    sizes = [math.prod(a.info.shape) * (a.info.itemsize or 0) for a, _ in work]
+    total, done = sum(sizes), 0
+    if progress is not None:
+        progress(0, total)
+
+    def reads() -> Iterable[chunks.ArrayRead]:
+        for index, (array, state) in enumerate(work):
+            assert state.tree is not None
+            leaf = state.tree.find(array.key, name=array.checkpointable)
+            spec = state.tree.array_spec(leaf)
+            itemsize = array.info.itemsize or 1
+            boxes = chunks.regions(
+                array.info.shape, array.info.chunk_shape, itemsize, chunks.REGION_BYTES
+            )
+            yield chunks.ArrayRead(
+                index, ts.open(spec, context=target.ctx, read=True), boxes, itemsize
+            )
+
+    scans: dict[int, list[LeafScan]] = {}
+    failed: dict[int, str] = {}
+    for index, box, values in chunks.read_arrays(reads()):
+        if index not in scans:
+            array = work[index][0]
+            scans[index] = [s for c in active if (s := c.leaf(target, array)) is not None]
+        if isinstance(values, chunks.ReadFailure):
+            failed.setdefault(index, values.message)
+        elif index not in failed:
+            for scan in scans[index]:
+                scan.update(box, values)
+        done += chunks.box_size(box) * (work[index][0].info.itemsize or 0)
+        if progress is not None:
+            progress(done, total)
+    for index, (array, _) in enumerate(work):
+        counts = _nonfinite(active, array)
+        if index in failed:
+            found.append(
+                Finding(array.part, words.ERROR, f"its data cannot be read: {failed[index]}")
+            )
+        else:
+            for scan in scans.get(index, []):
+                found.extend(scan.finish())
+        rows.append(
+            (
+                array.checkpointable,
+                array.key,
+                array.info.dtype,
+                sizes[index],
+                None if counts is None or index in failed else counts.nan,
+                None if counts is None or index in failed else counts.inf,
+                index not in failed,
+            )
+        )
+    return found
+
+
+def _nonfinite(active: list[Check], array: StoredArray) -> ValueCounts | None:
+    for check in active:
+        if isinstance(check, NonFiniteCheck):
+            return check.counts.get((array.checkpointable, array.key))
+    return None

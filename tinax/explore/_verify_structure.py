@@ -1,0 +1,266 @@
+"""``verify``'s checks of a checkpoint's structure: commit state, safety, the load's
+preflight, the checkpointables present, and Grain iterator files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tinax._format import files, jsonitems, layout, names, preflight, words
+from tinax._format.layout import Checkpoint, StoredCheckpointable
+from tinax._format.storage import DIRECTORY, FILE, LINK, Location
+from tinax.explore._checks import Check, Finding, PyTreeState, VerifyTarget
+
+
+class CommitCheck(Check):
+    """The checkpoint committed: not a temporary directory, recorded, marked, not being deleted."""
+
+    def structure(self, target: VerifyTarget) -> Iterable[Finding]:
+        path = target.path
+        if names.is_temporary_name(path.name):
+            yield Finding(
+                "",
+                words.ERROR,
+                "an Orbax temporary directory: a save that has not committed (still in "
+                "progress, or interrupted); it is not a checkpoint",
+            )
+        if (path / names.DELETION_MARKER).exists():
+            yield Finding(names.DELETION_MARKER, words.ERROR, "the checkpoint is being deleted")
+        if not (path / names.CHECKPOINT_METADATA).exists():
+            inside = _checkpoints_inside(path)
+            if inside:
+                shown = ", ".join(inside[:3]) + (
+                    f" and {len(inside) - 3} more" if len(inside) > 3 else ""
+                )
+                yield Finding(
+                    "",
+                    words.ERROR,
+                    f"a run of {len(inside)} checkpoints ({shown}), not a checkpoint: "
+                    "verify each of them (list_checkpoints shows which are complete)",
+                )
+            else:
+                yield Finding(
+                    names.CHECKPOINT_METADATA,
+                    words.ERROR,
+                    "missing: Orbax writes it when a save finishes, so this save never did",
+                )
+        else:
+            try:
+                target.record = layout.read_checkpoint_record(path)
+            except ValueError as e:
+                yield Finding(names.CHECKPOINT_METADATA, words.ERROR, str(e))
+            else:
+                if target.record.committed_nsecs is None:
+                    yield Finding(
+                        names.CHECKPOINT_METADATA, words.WARNING, "records no commit time"
+                    )
+        marker = path / names.COMMIT_SUCCESS
+        if not marker.exists():
+            if path.storage.commits_by_rename:
+                yield Finding(
+                    names.COMMIT_SUCCESS,
+                    words.INFO,
+                    "absent; on a local disk the final rename is what commits a save",
+                )
+            else:
+                yield Finding(
+                    names.COMMIT_SUCCESS,
+                    words.ERROR,
+                    "missing: on an object store a save commits by writing it last",
+                )
+        elif not marker.is_file():
+            yield Finding(names.COMMIT_SUCCESS, words.ERROR, "is not a regular file")
+
+
+def _checkpoints_inside(path: Location) -> list[str]:
+    """Names of the directories directly under ``path`` that are checkpoints (a run's)."""
+    found = []
+    for name, entry in sorted(path.entries().items()):
+        if entry.kind == DIRECTORY and (
+            (path / name / names.CHECKPOINT_METADATA).exists() or names.is_temporary_name(name)
+        ):
+            found.append(name)
+    return found
+
+
+class SafetyCheck(Check):
+    """Nothing under the checkpoint leads out of it: no outward link, no FIFO or device."""
+
+    def structure(self, target: VerifyTarget) -> Iterable[Finding]:
+        for where, entry in target.path.walk():
+            if entry.kind == LINK:
+                if not target.path.storage.inside(entry.link_target or "", target.path.path):
+                    target.safe = False
+                    yield Finding(
+                        target.relative(where),
+                        words.ERROR,
+                        f"a symbolic link to {entry.link_target!r}, outside the checkpoint",
+                    )
+            elif entry.kind not in (FILE, DIRECTORY):
+                target.safe = False
+                yield Finding(
+                    target.relative(where),
+                    words.ERROR,
+                    "neither a regular file nor a directory; a checkpoint holds nothing else",
+                )
+        if not target.safe:
+            yield Finding(
+                "", words.INFO, "array stores not read: the checkpoint is not safe to read"
+            )
+
+
+class PreflightCheck(Check):
+    """Every file passes the check every load passes first (``tinax._format.preflight``).
+
+    A checkpoint a load refuses is never sound: the same parse of every metadata
+    file, the same size caps, the same refusals, in the same words. The other
+    checks still run to say more (the array store's bookkeeping is size-checked
+    again before tensorstore reads it); the refusal itself is reported when no
+    other check found what is wrong.
+    """
+
+    def structure(self, target: VerifyTarget) -> Iterable[Finding]:
+        if not target.safe or names.is_temporary_name(target.path.name):
+            return ()
+        if not (target.path / names.CHECKPOINT_METADATA).exists():
+            return ()  # reported by CommitCheck; nothing else can be opened
+        try:
+            preflight.check(target.path)
+        except (ValueError, OSError) as e:
+            target.refused = str(e)
+        return ()
+
+
+class CheckpointablesCheck(Check):
+    """The checkpointables recorded are the ones present, and each is in a known layout."""
+
+    def structure(self, target: VerifyTarget) -> Iterable[Finding]:
+        reported = False
+        for finding in self._listed(target):
+            reported = reported or finding.severity == words.ERROR
+            yield finding
+        if not target.safe:
+            return
+        path = target.path
+        try:
+            target.checkpoint = layout.open_checkpoint(path)
+        except (ValueError, OSError) as e:
+            # An unreadable record, a temporary name or a missing directory is reported already.
+            unreadable_record = (
+                target.record is None and (path / names.CHECKPOINT_METADATA).exists()
+            )
+            if not (reported or unreadable_record or names.is_temporary_name(path.name)):
+                yield Finding("", words.ERROR, f"cannot be opened: {e}")
+            target.checkpoint = self._present(target)
+            if target.checkpoint is None:
+                return
+        for item in target.checkpoint.checkpointables:
+            if item.layout == layout.PYTREE:
+                target.trees[item.name] = PyTreeState(item)
+            elif item.layout == layout.UNKNOWN:
+                yield Finding(
+                    item.name or ".",
+                    words.WARNING,
+                    "stored in a layout tinax does not know; its contents are not checked",
+                )
+
+    @staticmethod
+    def _present(target: VerifyTarget) -> Checkpoint | None:
+        """The recorded checkpointables that are there, so that they are still checked."""
+        record = target.record
+        if record is None or not isinstance(record.item_handlers, dict):
+            return None
+        items = tuple(
+            StoredCheckpointable(
+                name, target.path / name, layout.classify(target.path / name) or layout.UNKNOWN
+            )
+            for name in record.item_handlers
+            if (target.path / name).is_dir()
+        )
+        try:
+            scan = files.scan(target.path)
+        except ValueError:
+            return None
+        return Checkpoint(target.path, items, record.committed_nsecs, scan, record.checksummed)
+
+    @staticmethod
+    def _listed(target: VerifyTarget) -> Iterable[Finding]:
+        path = target.path
+        recorded = target.record.item_handlers if target.record is not None else None
+        present = {
+            name
+            for name, entry in path.entries().items()
+            if entry.kind == DIRECTORY and layout.classify(path / name) is not None
+        }
+        if isinstance(recorded, dict):
+            for name in recorded:
+                if not (path / name).is_dir():
+                    yield Finding(
+                        name,
+                        words.ERROR,
+                        f"listed in {names.CHECKPOINT_METADATA} but has no directory",
+                    )
+            for name in sorted(present - set(recorded)):
+                yield Finding(
+                    name,
+                    words.WARNING,
+                    f"a checkpointable directory not listed in {names.CHECKPOINT_METADATA}; "
+                    "a load does not see it",
+                )
+
+
+class IteratorCheck(Check):
+    """Every process's iterator state file is there, for the process count recorded, and reads."""
+
+    def structure(self, target: VerifyTarget) -> Iterable[Finding]:
+        if target.checkpoint is None:
+            return
+        for item in target.checkpoint.checkpointables:
+            if item.layout == layout.ITERATOR:
+                yield from self._iterator(target, item)
+            elif item.layout == layout.JSON:
+                try:
+                    jsonitems.read_json_item(item.directory)
+                except ValueError as e:
+                    yield Finding(target.relative(item.directory), words.ERROR, str(e))
+            elif item.layout == layout.EMPTY:
+                try:
+                    jsonitems.read_empty_record(item.directory)
+                except ValueError as e:
+                    yield Finding(
+                        f"{target.relative(item.directory)}/{names.EMPTY_PYTREE}".lstrip("/"),
+                        words.ERROR,
+                        str(e),
+                    )
+
+    @staticmethod
+    def _iterator(target: VerifyTarget, item: StoredCheckpointable) -> Iterable[Finding]:
+        where = target.relative(item.directory)
+        found = jsonitems.iterator_files(item.directory)
+        counts = sorted({count for _, count, _ in found})
+        if len(counts) > 1:
+            yield Finding(
+                where,
+                words.ERROR,
+                f"iterator files disagree on the process count: {', '.join(map(str, counts))}",
+            )
+        for count in counts:
+            present = {index for index, n, _ in found if n == count}
+            for index in range(count):
+                if index not in present:
+                    name = names.iterator_file_name(index, count)
+                    yield Finding(
+                        f"{where}/{name}".lstrip("/"),
+                        words.ERROR,
+                        f"missing: the state of process {index} of {count}",
+                    )
+            for index in sorted(present - set(range(count))):
+                yield Finding(
+                    f"{where}/{names.iterator_file_name(index, count)}".lstrip("/"),
+                    words.ERROR,
+                    f"names process {index} of only {count}",
+                )
+        for _, _, name in found:
+            try:
+                files.read_json(item.directory / name, what="Grain iterator state")
+            except ValueError as e:
+                yield Finding(f"{where}/{name}".lstrip("/"), words.ERROR, str(e))

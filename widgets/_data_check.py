@@ -1,0 +1,247 @@
+"""The "check data" action: ``verify(path, data=True)`` in the background, with
+progress, cancel, and NaN/Inf per leaf."""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any
+
+import ipywidgets as w
+import pandas as pd
+
+from tinax import explore
+from tinax.vocabulary import INFO
+
+from ._guard import shown_in_widget
+from ._table import Column, PagedTable, RowLook
+from ._text import error_html, format_bytes, format_rate, format_seconds, note_html
+
+
+class Cancelled(Exception):
+    """Raised in the reader's progress callback when the reader asked to stop."""
+
+
+def _count(value: Any) -> str:
+    return "" if value is None or value is pd.NA else f"{int(value):,}"
+
+
+_LEAF_COLUMNS = (
+    Column("key", "key", lambda k: str(k) or "(whole)", key=True),
+    Column("nan_count", "NaN", _count, align="right", descending_first=True),
+    Column("inf_count", "Inf", _count, align="right", descending_first=True),
+    Column("nbytes", "size", format_bytes, align="right", descending_first=True),
+    Column("dtype", "dtype", essential=False, priority=1),
+    Column("checkpointable", "checkpointable", essential=False, priority=2),
+    Column("read", "read", lambda r: "yes" if r is True else "no", essential=False, priority=3),
+)
+
+
+def _look(row: pd.Series) -> RowLook:
+    bad = any(
+        row.get(c) is not None and row.get(c) is not pd.NA and row.get(c)
+        for c in ("nan_count", "inf_count")
+    )
+    if bad:
+        return RowLook(color="#b00020", background="#fde7e9", tooltip="NaN or Inf values")
+    if row.get("read") is False:
+        return RowLook(color="#7a4f01", background="#fff4ce", tooltip="not every region decoded")
+    return RowLook()
+
+
+class DataCheck(w.VBox):
+    """A "check data" button for one checkpoint: every chunk read, decoded and checked
+    against its checksums, NaN and Inf counted per leaf (``tinax.explore.verify``
+    with ``data=True``), in a background thread with a progress bar and a Cancel
+    button. The verdict, the findings and a table of the leaves (those with NaN or
+    Inf first) show when it ends; an error shows in the widget.
+
+    The ``button`` is not among the widget's children: the host places it with its
+    other actions.
+
+    Attributes:
+      button: The "check data" button.
+      path: The checkpoint checked, or ``None``.
+      result: The last ``Verification``, or ``None`` (none yet, or cancelled).
+      status: ``""``, ``"checking"``, ``"done"``, ``"cancelled"`` or ``"failed"``.
+    """
+
+    def __init__(self, *, page_size: int = 10) -> None:
+        self.path: str | None = None
+        self.result: Any = None
+        self.status = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        guard = shown_in_widget(self._show_error)
+        self.button = w.Button(
+            description="check data",
+            icon="check-square-o",
+            tooltip="read every chunk of every array: checksums, NaN and Inf",
+            layout=w.Layout(width="auto"),
+            disabled=True,
+        )
+        self.button.on_click(guard(lambda _: self.start()))
+        self.cancel_button = w.Button(
+            description="Cancel", icon="stop", layout=w.Layout(width="auto", display="none")
+        )
+        self.cancel_button.on_click(guard(lambda _: self.cancel()))
+        self.bar = w.FloatProgress(
+            value=0.0, min=0.0, max=1.0, layout=w.Layout(width="12em", display="none")
+        )
+        self.label = w.HTML("")
+        self.findings = w.HTML("")
+        self.table = PagedTable(
+            _LEAF_COLUMNS,
+            page_size=page_size,
+            look=_look,
+            pick=False,
+            empty_text="no arrays",
+            sort_field="nan_count",
+            ascending=False,
+        )
+        self.table.layout.display = "none"
+        super().__init__(
+            [
+                w.HBox(
+                    [self.bar, self.cancel_button, self.label],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
+                ),
+                self.findings,
+                self.table,
+            ]
+        )
+        self.add_class("tinax-data-check")
+
+    def set_path(self, path: str | None) -> None:
+        """The checkpoint the button checks; a check of another one is cancelled."""
+        if path != self.path:
+            self.cancel()
+            self.path = path
+            self.result = None
+            self.status = ""
+            self.label.value = ""
+            self.findings.value = ""
+            self.table.layout.display = "none"
+        self.button.disabled = path is None
+
+    def start(self, *, in_thread: bool = True) -> None:
+        """Checks the checkpoint's data: in a background thread, or on this one.
+
+        Raises:
+          ValueError: If no checkpoint is set.
+        """
+        if self.path is None:
+            raise ValueError("no checkpoint to check")
+        self.cancel()
+        self._stop = threading.Event()
+        stop, path = self._stop, self.path
+        self.status = "checking"
+        self.result = None
+        self.findings.value = ""
+        self.table.layout.display = "none"
+        self.button.disabled = True
+        self.cancel_button.layout.display = ""
+        self.bar.layout.display = ""
+        self.bar.bar_style = "info"
+        self.bar.value = 0.0
+        self.label.value = note_html("reading…")
+        started = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            if stop.is_set():
+                raise Cancelled
+            elapsed = time.monotonic() - started
+            self.bar.value = done / total if total else 1.0
+            rate = format_rate(done, elapsed)
+            eta = ""
+            if done and total > done and elapsed > 0.5:
+                eta = f", {format_seconds((total - done) * elapsed / done)} left"
+            self.label.value = note_html(
+                f"{format_bytes(done)} of {format_bytes(total)} at {rate}{eta}"
+            )
+
+        def work() -> None:
+            try:
+                result = explore.verify(path, data=True, progress=progress)
+            except Exception as e:
+                if not stop.is_set():
+                    self._finish(path, error=e, started=started)
+                return
+            self._finish(path, result=result, started=started, cancelled=stop.is_set())
+
+        if in_thread:
+            self._thread = threading.Thread(target=work, name="tinax-data-check", daemon=True)
+            self._thread.start()
+        else:
+            work()
+
+    def cancel(self) -> None:
+        """Stops a check in progress (at its next region); nothing is shown of it."""
+        if self.status == "checking":
+            self._stop.set()
+            self.status = "cancelled"
+            self._end_controls()
+            self.label.value = note_html("cancelled")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits for a check in the background; returns whether none is running."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def _end_controls(self) -> None:
+        self.button.disabled = self.path is None
+        self.cancel_button.layout.display = "none"
+        self.bar.layout.display = "none"
+
+    def _finish(
+        self,
+        path: str,
+        *,
+        started: float,
+        result: Any = None,
+        error: BaseException | None = None,
+        cancelled: bool = False,
+    ) -> None:
+        with self._lock:
+            if path != self.path or cancelled or self.status != "checking":
+                return
+            seconds = format_seconds(time.monotonic() - started)
+            self._end_controls()
+            if error is not None:
+                self.status = "failed"
+                self.label.value = note_html(f"failed in {seconds}", color="#b00020")
+                self.findings.value = error_html(error, title="Cannot check data:")
+                return
+            self.status = "done"
+            self.result = result
+            color = "#1b7f3b" if result.ok else "#b00020"
+            mark = "✔" if result.ok else "✘"
+            self.label.value = (
+                f'<span class="tinax-data-verdict" data-ok="{str(result.ok).lower()}" '
+                f'style="color:{color}">{mark} {html.escape(result.verdict)}</span> '
+                + note_html(f"in {seconds}")
+            )
+            self.findings.value = _findings_html(result.findings)
+            leaves = result.leaves
+            self.table.show(leaves)
+            self.table.layout.display = "" if len(leaves) else "none"
+
+    def _show_error(self, error: BaseException) -> None:
+        self.findings.value = error_html(error)
+
+
+def _findings_html(findings: pd.DataFrame) -> str:
+    shown = findings[findings["severity"] != INFO].head(8)
+    if shown.empty:
+        return ""
+    items = "".join(
+        f"<li>{html.escape(str(s))}: <code>{html.escape(str(p))}</code> "
+        f'<span style="white-space:normal">{html.escape(str(m))}</span></li>'
+        for p, s, m in zip(shown["part"], shown["severity"], shown["message"], strict=True)
+    )
+    return f'<ul style="margin:0;font-size:90%;overflow-wrap:anywhere">{items}</ul>'

@@ -1,0 +1,145 @@
+"""The diff of two checkpoints as a tree: each subtree's changed leaves and its relative
+change rolled up from its floating-point leaves, opened a level at a time."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ipywidgets as w
+import numpy as np
+import pandas as pd
+
+from tinax.vocabulary import CHANGED, SAME
+
+from ._guard import shown_in_widget
+from ._table import Column, PagedTable, RowLook
+from ._tree import LeafTree, Node
+
+
+def _percent(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return "∞ %" if math.isinf(value) else f"{value * 100:.3g} %"
+
+
+def _count(value: Any) -> str:
+    return "" if value is None else f"{int(value):,}"
+
+
+_COLUMNS = (
+    Column("label", "subtree", key=True),
+    Column("moved", "leaves changed", _count, align="right"),
+    Column("leaves", "leaves", _count, align="right", essential=False),
+    Column("rel_change", "rel. change", _percent, align="right"),
+)
+
+
+def _look(row: pd.Series) -> RowLook:
+    color = "#888888" if row["moved"] == 0 else None
+    return RowLook(depth=int(row["depth"]), mark=str(row["mark"]), color=color)
+
+
+class DiffTree(w.VBox):
+    """A ``diff_table`` as a tree of subtrees: how many leaves changed under each, and
+    its relative change ‖b − a‖ / ‖a‖ over its changed floating-point leaves (leaves
+    that are the same add nothing to ‖b − a‖). Click a subtree to open or close it.
+
+    Attributes:
+      nodes: The nodes shown, in order.
+    """
+
+    def __init__(self, *, page_size: int = 20) -> None:
+        self.nodes: list[Node] = []
+        self._open: set[tuple[str, tuple[str, ...]]] = set()
+        self._tree = LeafTree(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
+        self._aa = self._dd = np.zeros(0)
+        self._changed = np.zeros(0, bool)
+        self.table = PagedTable(
+            _COLUMNS, page_size=page_size, look=_look, sortable=False, empty_text="no leaves"
+        )
+        guard = shown_in_widget(self.table._show_error)
+        self.table.observe(guard(self._on_pick), names="selected")
+        super().__init__([self.table])
+        self.add_class("tinax-diff-tree")
+
+    def show(self, diff: pd.DataFrame) -> None:
+        """Shows the tree of ``diff``, its checkpointables open one level."""
+        frame = pd.DataFrame(
+            {
+                "checkpointable": diff["checkpointable"].astype(str),
+                "key": diff["key"].astype(str),
+                "nbytes": 0,
+            }
+        ).reset_index(drop=True)
+        self._tree = LeafTree(frame)
+        status = diff["status"].astype(str).to_numpy()
+        self._changed = status != SAME
+        floating = (status == CHANGED) & diff["norm_a"].notna().to_numpy()
+        norm_a = pd.to_numeric(diff["norm_a"], errors="coerce").fillna(0).to_numpy(float)
+        norm_d = pd.to_numeric(diff["norm_diff"], errors="coerce").fillna(0).to_numpy(float)
+        self._aa = np.where(floating, norm_a**2, 0.0)
+        self._dd = np.where(floating, norm_d**2, 0.0)
+        self._open = {r.id for r in self._tree.roots if r.leaf is None}
+        self._redraw(keep_page=False)
+
+    def toggle(self, checkpointable: str, key: str = "") -> None:
+        """Opens a closed subtree, closes an open one."""
+        node = self._tree.find(checkpointable, key)
+        if node.leaf is not None:
+            raise ValueError(f"{checkpointable!r} {key} is a leaf, not a subtree")
+        if node.id in self._open:
+            self._open = {
+                i
+                for i in self._open
+                if not (i[0] == node.checkpointable and i[1][: len(node.path)] == node.path)
+            }
+        else:
+            self._open.add(node.id)
+        self._redraw(keep_page=True)
+
+    def rollup(self, checkpointable: str, key: str = "") -> tuple[int, float]:
+        """``(changed leaves, relative change)`` of a subtree (NaN: no float changed)."""
+        return self._rollup(self._tree.find(checkpointable, key))
+
+    def _rollup(self, node: Node) -> tuple[int, float]:
+        rows = node.rows
+        changed = int(self._changed[rows].sum())
+        aa, dd = float(self._aa[rows].sum()), float(self._dd[rows].sum())
+        if aa > 0.0:
+            return changed, math.sqrt(dd / aa)
+        return changed, math.nan if dd == 0.0 else math.inf
+
+    def _on_pick(self, change: Any) -> None:
+        index = change["new"]
+        if index is None:
+            return
+        self.table.selected = None
+        node = self.nodes[index]
+        if node.leaf is None:
+            self.toggle(node.checkpointable, node.key)
+
+    def _redraw(self, *, keep_page: bool) -> None:
+        out: list[tuple[Node, int]] = []
+        stack = [(n, 0) for n in reversed(self._tree.roots)]
+        while stack:
+            node, depth = stack.pop()
+            out.append((node, depth))
+            if node.id in self._open and node.leaf is None:
+                stack.extend((c, depth + 1) for c in reversed(self._tree.children(node)))
+        self.nodes = [n for n, _ in out]
+        rollups = [self._rollup(n) for n in self.nodes]
+        frame = pd.DataFrame(
+            {
+                "label": [n.name if n.path else n.checkpointable for n in self.nodes],
+                "depth": [d for _, d in out],
+                "mark": [
+                    " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")
+                    for n in self.nodes
+                ],
+                "moved": [c for c, _ in rollups],
+                "leaves": [n.leaves for n in self.nodes],
+                "rel_change": [r for _, r in rollups],
+            }
+        )
+        self.table.show(frame, keep_page=keep_page)

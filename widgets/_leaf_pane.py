@@ -1,0 +1,275 @@
+"""The explorer's leaf pane: one leaf's values, statistics, histogram and history."""
+
+from __future__ import annotations
+
+import html
+import math
+import threading
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as w
+import numpy as np
+import pandas as pd
+
+from tinax import explore
+from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
+from tinax.vocabulary import ARRAY_KINDS, SCALAR, STRING
+
+from ._checkpoint_pane import _format_value
+from ._guard import shown_in_widget
+from ._histogram import histogram_png
+from ._history import HISTORY_COLUMNS, history_png, leaf_history
+from ._table import format_cell
+from ._text import error_html, format_bytes, note_html
+
+# Arrays this small show their values (a PRNG key's data, a bias, a step count).
+SMALL_ARRAY = 64
+
+
+def _format_number(value: float | int | None) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.6g}"
+
+
+def _image_layout(**extra: str) -> w.Layout:
+    # Never stretched by its row (a flex row stretches its items to the tallest one),
+    # and scaled down whole, keeping its aspect ratio, when the notebook is narrow.
+    return w.Layout(
+        align_self="flex-start",
+        flex="0 1 auto",
+        max_width="100%",
+        height="auto",
+        object_fit="contain",
+        **extra,
+    )
+
+
+def _itemsize(dtype: Any) -> float:
+    try:
+        return np.dtype(str(dtype)).itemsize
+    except TypeError:
+        return math.nan  # a dtype NumPy does not know: its size is not shown
+
+
+def statistics_html(stats: LeafStatistics) -> str:
+    """The statistics of one leaf as a small two-column HTML table."""
+    rows = [
+        ("shape", format_cell(stats.shape)),
+        ("dtype", stats.dtype),
+        ("elements", f"{stats.size:,}"),
+        ("size", format_bytes(stats.size * _itemsize(stats.dtype))),
+        ("min", _format_number(stats.minimum)),
+        ("max", _format_number(stats.maximum)),
+        ("mean", _format_number(stats.mean)),
+        ("std", _format_number(stats.std)),
+        ("NaN", f"{stats.nan_count:,}"),
+        ("Inf", f"{stats.inf_count:,}"),
+    ]
+    cells = "".join(
+        f'<tr><th style="text-align:left;padding-right:1em">{html.escape(k)}</th>'
+        f'<td style="font-family:monospace" data-stat="{html.escape(k)}">{html.escape(v)}</td></tr>'
+        for k, v in rows
+    )
+    return f'<table class="tinax-leaf-stats">{cells}</table>'
+
+
+def values_html(value: Any) -> str:
+    """A small array's values, as NumPy prints them."""
+    array = np.asarray(value)
+    try:
+        text = np.array2string(array, max_line_width=96, threshold=SMALL_ARRAY, separator=", ")
+    except (TypeError, ValueError):
+        text = repr(array.tolist())
+    return f'<pre class="tinax-leaf-values" style="margin:0 0 4px 0">{html.escape(text)}</pre>'
+
+
+class LeafPane:
+    """The leaf pane of ``CheckpointExplorer``: picking a leaf and showing what it holds."""
+
+    if TYPE_CHECKING:
+        # The explorer's state and the other panes' widgets, shared through ``self``.
+        statistics: LeafStatistics | None
+        leaf: tuple[str, str] | None
+        _history_stop: threading.Event
+
+        def __getattr__(self, name: str) -> Any: ...
+
+    def _build_leaf_pane(self) -> None:
+        """Makes the leaf pane's widgets."""
+        guard = shown_in_widget(self._show_error)
+        self.leaf_heading = w.HTML("")
+        self.values = w.HTML("")
+        self.stats_html = w.HTML("")
+        self.histogram = w.Image(format="png", layout=_image_layout(display="none"))
+        self.histogram.add_class("tinax-histogram")
+        self.log_box = w.Checkbox(
+            value=False, description="log scale", indent=False, layout=w.Layout(display="none")
+        )
+        self.log_box.observe(guard(lambda _: self._draw_histogram()), names="value")
+        self.history_button = w.Button(
+            description="across the run",
+            icon="line-chart",
+            tooltip="this leaf's norm, mean and max at every complete checkpoint",
+        )
+        self.history_button.on_click(guard(lambda _: self.show_history()))
+        self.history_status = w.Label("")
+        self.history_image = w.Image(format="png", layout=_image_layout())
+        # Holds the image only while there is a history to show: an empty image is
+        # still an element of the page.
+        self.history_box = w.Box([])
+        self.leaf_panel = w.VBox(
+            [
+                self.leaf_heading,
+                self.values,
+                w.HBox(
+                    [self.stats_html, w.VBox([self.histogram, self.log_box])],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
+                w.HBox([self.history_button, self.history_status]),
+                self.history_box,
+            ],
+            layout=w.Layout(display="none"),
+        )
+
+    def open_leaf(self, checkpointable: str, key: str) -> None:
+        """Picks a leaf of the open checkpoint, as if its row had been clicked.
+
+        Raises:
+          ValueError: If no checkpoint is open or it has no such leaf.
+        """
+        if self.checkpoint is None:
+            raise ValueError("no checkpoint is open")
+        leaves = self.leaves
+        rows = leaves[(leaves["checkpointable"] == checkpointable) & (leaves["key"] == key)]
+        if rows.empty:
+            raise ValueError(f"the open checkpoint has no leaf {checkpointable!r} {key}")
+        label = rows.index[0]
+        if label not in self.leaf_view.frame.index:
+            self.checkpointable_filter.value = ""
+            self.key_filter.value = ""
+        self.leaf_view.show_row(label)
+        self.leaf_view.selected = label
+
+    def show_history(self) -> None:
+        """Reads the picked leaf from every complete checkpoint of the run, in the
+        background, and plots its norm, mean and max against step (``wait`` waits).
+
+        Raises:
+          ValueError: If no leaf is picked.
+        """
+        with self._lock:
+            if self.leaf is None or self.checkpoint is None:
+                raise ValueError("pick a leaf first")
+            checkpointable, key = self.leaf
+            self._history_stop.set()
+            stop = self._history_stop = threading.Event()
+            listing = self.checkpoints
+            self.history_status.value = "reading…"
+            self.history_box.children = ()
+
+        def progress(done: int, total: int) -> None:
+            if not stop.is_set():
+                self.history_status.value = f"read {done:,} of {total:,} checkpoints…"
+
+        def work() -> None:
+            try:
+                table = leaf_history(listing, checkpointable, key, progress=progress, stop=stop)
+                png = history_png(table, title=f"{checkpointable} {key}")
+            except Exception as e:
+                if not stop.is_set():
+                    self.history_status.value = f"⚠ {type(e).__name__}: {e}"
+                raise
+            with self._lock:
+                if stop.is_set():
+                    return  # Another leaf was picked meanwhile.
+                self.history = table
+                failed = int((table["error"] != "").sum())
+                parts = [f"{len(table) - failed:,} checkpoints read"]
+                if failed:
+                    parts.append(f"{failed:,} without this leaf or unreadable")
+                self.history_status.value = " · ".join(parts)
+                if png:
+                    self.history_image.value = png
+                    self.history_box.children = (self.history_image,)
+
+        self._in_background(work, "tinax-explorer-history")
+
+    def _clear_leaf(self) -> None:
+        self.leaf = None
+        self.statistics = None
+        self.leaf_value = None
+        self.leaf_panel.layout.display = "none"
+        self.histogram.layout.display = "none"
+        self.log_box.layout.display = "none"
+        self.stats_html.value = ""
+        self.values.value = ""
+        self._history_stop.set()
+        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
+        self.history_status.value = ""
+        self.history_box.children = ()
+
+    def _draw_histogram(self) -> None:
+        stats = self.statistics
+        key = "" if self.leaf is None else self.leaf[1]
+        png = b""
+        if stats is not None:
+            png = histogram_png(stats, title=key, log=self.log_box.value)
+        if png:
+            self.histogram.value = png
+        self.histogram.layout.display = "" if png else "none"
+        self.log_box.layout.display = "" if png else "none"
+
+    def _on_pick_leaf(self, change: Any) -> None:
+        label = change["new"]
+        with self._lock:
+            self._clear_leaf()
+            if label is None or self.checkpoint is None:
+                return
+            row = self.leaves.loc[label]
+            checkpointable, key = str(row["checkpointable"]), str(row["key"])
+            self.leaf_heading.value = (
+                f"<b>{html.escape(checkpointable)}</b> <code>{html.escape(key)}</code>"
+            )
+            self.leaf_panel.layout.display = ""
+            # Wherever it was picked, the tree shows where the leaf sits.
+            self.tree_view.expand(checkpointable, key)
+            if str(row["kind"]) not in ARRAY_KINDS:
+                self.leaf_value = row.get("value")
+                if self.filling and str(row["kind"]) in (SCALAR, STRING):
+                    # Not in the table yet: its few stored bytes are read now.
+                    self.leaf_value = explore.read_leaf(self.checkpoint, checkpointable, key)
+                self.stats_html.value = (
+                    f"<pre>{html.escape(format_cell(self.leaf_value))}</pre>"
+                    f"{note_html(str(row['kind']) + ' leaf: stored value shown, nothing read')}"
+                )
+                self.leaf = (checkpointable, key)
+                return
+            self.stats_html.value = note_html("reading…")
+            try:
+                value = explore.read_leaf(self.checkpoint, checkpointable, key)
+            except Exception as e:
+                self.stats_html.value = error_html(e, title="Cannot read this leaf:")
+                raise
+            self.leaf_value = value
+            small = is_numeric(value) and int(np.size(value)) <= SMALL_ARRAY
+            if small:
+                self.values.value = values_html(value)
+            if is_numeric(value) and not (small and np.asarray(value).dtype.kind in "biu"):
+                stats = leaf_statistics(value)
+                self.statistics = stats
+                self.stats_html.value = statistics_html(stats)
+                self.leaf = (checkpointable, key)
+                self._draw_histogram()
+            elif small:
+                # Integers this few are identities (a PRNG key, a step count), not a
+                # distribution: their values are what there is to see.
+                array = np.asarray(value)
+                self.stats_html.value = note_html(
+                    f"{format_cell(tuple(array.shape))} {array.dtype}: values shown"
+                )
+            else:
+                self.stats_html.value = f"<pre>{html.escape(_format_value(repr(value)))}</pre>"
+            self.leaf = (checkpointable, key)

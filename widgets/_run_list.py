@@ -1,0 +1,297 @@
+"""The explorer's run list: the run's checkpoints, newest first, kept up to date."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as w
+import pandas as pd
+
+from tinax import explore
+from tinax.vocabulary import COMPLETE, IN_PROGRESS, INTERRUPTED
+
+from ._guard import shown_in_widget
+from ._interrupted import InterruptedSaves
+from ._table import Column, PagedTable, RowLook, format_cell
+from ._text import format_age, format_bytes, note_html
+
+DEFAULT_POLL_SECONDS = 2.0
+
+
+def _format_time(value: Any) -> str:
+    if value is None or value is pd.NaT or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    try:
+        return pd.Timestamp(value).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError):
+        return format_cell(value)
+
+
+def _format_names(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return ", ".join(str(v) for v in value)
+    return format_cell(value)
+
+
+def _checkpoint_look(row: pd.Series) -> RowLook:
+    status = str(row.get("status", ""))
+    if status == COMPLETE:
+        return RowLook()
+    if status == IN_PROGRESS:
+        return RowLook(
+            color="#8a6d00",
+            pickable=False,
+            tooltip="a save in progress: not opened until it commits",
+        )
+    if status == INTERRUPTED:
+        return RowLook(
+            color="#8a6d00",
+            pickable=False,
+            tooltip="an interrupted save: its writer is gone, it never loads; remove it below",
+        )
+    return RowLook(color="#b00020", pickable=False, tooltip=f"{status}: cannot be opened")
+
+
+CHECKPOINT_COLUMNS = (
+    Column("name", "checkpoint", key=True),
+    Column("step", "step", align="right", descending_first=True),
+    Column("status", "status"),
+    Column("nbytes", "size on disk", format_bytes, align="right", descending_first=True),
+    Column("age", "age", format_age, align="right", essential=False, priority=1),
+    Column("committed", "committed (UTC)", _format_time, essential=False, priority=3),
+    Column("checkpointables", "checkpointables", _format_names, essential=False, priority=2),
+)
+
+
+class RunList:
+    """The run list of ``CheckpointExplorer``: listing, polling, picking a checkpoint."""
+
+    if TYPE_CHECKING:
+        # The explorer's state and the other panes' widgets, shared through ``self``.
+        _poller: threading.Thread | None
+        _listings_started: int
+        _listing_shown: int
+        checkpoints: pd.DataFrame
+        poll_interval: float
+        _stop_polling: threading.Event
+
+        def __getattr__(self, name: str) -> Any: ...
+
+    def _build_run_list(self, poll_interval: float, page_size: int) -> None:
+        """Makes the run list's widgets."""
+        guard = shown_in_widget(self._show_error)
+        self.refresh_button = w.Button(description="Refresh", icon="refresh")
+        self.refresh_button.on_click(guard(lambda _: self.refresh()))
+        self.watch_box = w.Checkbox(
+            value=poll_interval > 0, description="watch for new checkpoints", indent=False
+        )
+        self.watch_box.observe(guard(self._on_watch), names="value")
+        self.summary = w.Label("")
+        self.message = w.HTML("")
+        self.interrupted = InterruptedSaves(on_removed=self.refresh)
+
+        self.checkpoint_view = PagedTable(
+            CHECKPOINT_COLUMNS,
+            page_size=page_size,
+            look=_checkpoint_look,
+            empty_text="no checkpoints yet",
+            sort_field="step",
+            ascending=False,
+        )
+        self.checkpoint_view.observe(guard(self._on_pick_checkpoint), names="selected")
+        self.step_range = w.IntRangeSlider(
+            value=(0, 0),
+            min=0,
+            max=0,
+            description="steps",
+            continuous_update=False,
+            layout=w.Layout(width="32em", display="none"),
+        )
+        self.step_range.observe(guard(self._on_step_range), names="value")
+        self.step_box = w.IntText(value=0, description="go to step", layout=w.Layout(width="14em"))
+        self._offered_step = 0
+        self.go_button = w.Button(description="Go", tooltip="open the checkpoint of this step")
+        self.go_button.layout = w.Layout(width="5em")
+        self.go_button.on_click(guard(lambda _: self.go_to_step(int(self.step_box.value))))
+        self.run_controls = w.HBox([self.step_range, self.step_box, self.go_button])
+
+    def refresh(self, *, deep: bool = True) -> None:
+        """Re-lists the run's checkpoints, keeping the open checkpoint if it is still there.
+
+        Args:
+          deep: Whether checkpoints not read before are read (metadata only) to
+            tell whether they can be opened. ``False`` lists at the speed of a
+            walk of the run and leaves that check to a background thread.
+        """
+        with self._lock:
+            self._listings_started += 1
+            number = self._listings_started
+        table = explore.list_checkpoints(self.root, deep=deep)
+        with self._lock:
+            if number < self._listing_shown:
+                return  # A listing started later is already shown.
+            self._listing_shown = number
+            self._show_listing(table)
+        if table.attrs.get("unchecked"):
+            self._in_background(self._check_listing, "tinax-explorer-check")
+
+    def go_to_step(self, step: int) -> None:
+        """Opens the complete checkpoint of ``step``, or the nearest one, and shows its row.
+
+        Raises:
+          TypeError: If ``step`` is not an int.
+          ValueError: If the run has no complete checkpoint with a step.
+        """
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"a step is an int, got {type(step).__name__}")
+        table = self.checkpoints
+        done = table[(table["status"] == COMPLETE) & table["step"].notna()] if len(table) else table
+        if done.empty:
+            raise ValueError(f"no complete checkpoint with a step in {str(self.root)!r}")
+        steps = done["step"].astype("int64")
+        distance = (steps - step).abs()
+        # The nearest step; of two as near, the earlier.
+        label = distance.sort_values(kind="stable").index[0]
+        found = int(steps.loc[label])
+        self.open_checkpoint(label)
+        if found != step:
+            self.message.value = note_html(
+                f"no complete checkpoint at step {step:,}; opened step {found:,}, the nearest"
+            )
+
+    def open_checkpoint(self, name_or_path: str | os.PathLike[str]) -> None:
+        """Opens a listed checkpoint, as if its row had been clicked.
+
+        Raises:
+          ValueError: If no listed checkpoint has that name or path.
+        """
+        wanted = os.fspath(name_or_path)
+        table = self.checkpoints
+        rows = table[(table["name"].astype(str) == wanted) | (table.index == wanted)]
+        if rows.empty:
+            raise ValueError(f"no checkpoint {wanted!r} in {str(self.root)!r}")
+        label = rows.index[0]
+        if label not in self.checkpoint_view.frame.index:
+            self.step_range.value = (self.step_range.min, self.step_range.max)
+        self.checkpoint_view.show_row(label)
+        self.checkpoint_view.selected = label
+
+    def _check_listing(self) -> None:
+        # Deep, so it remembers each verdict: later listings are quick and exact.
+        self.refresh(deep=True)
+
+    def _show_listing(self, table: pd.DataFrame) -> None:
+        table = table.set_index(table["path"].astype(str), drop=False)
+        table.index.name = None
+        changed = not self._same_listing(self.checkpoints, table)
+        self.checkpoints = table
+        counts = table["status"].value_counts() if len(table) else pd.Series(dtype=int)
+        parts = [f"{len(table)} checkpoint{'s' if len(table) != 1 else ''}"]
+        parts += [f"{n} {status}" for status, n in counts.items() if status != COMPLETE]
+        unchecked = len(table.attrs.get("unchecked", ()))
+        if unchecked:
+            parts.append(f"checking {unchecked:,} that have not been read yet…")
+        self.summary.value = " · ".join(parts)
+        if changed:
+            self._update_step_range(table)
+            self.checkpoint_view.show(self._in_step_range(table), keep_page=True)
+            self.diff_view.set_base(self.checkpoint, self._comparable())
+        self.interrupted.update(table)
+        if self.checkpoint is not None:
+            still = table[table["path"].astype(str) == self.checkpoint]
+            if still.empty or str(still.iloc[0]["status"]) != COMPLETE:
+                self._close_checkpoint()
+                self.message.value = note_html(
+                    "the open checkpoint is gone from the run", color="#8a6d00"
+                )
+
+    def _update_step_range(self, table: pd.DataFrame) -> None:
+        steps = table["step"].dropna() if len(table) else pd.Series(dtype="Int64")
+        if steps.empty:
+            self.step_range.layout.display = "none"
+            return
+        low, high = int(steps.min()), int(steps.max())
+        # "go to step" offers the newest step until the reader types another.
+        if self.step_box.value in (0, self._offered_step):
+            self.step_box.value = high
+        self._offered_step = high
+        slider = self.step_range
+        was_all = slider.layout.display == "none" or slider.value == (slider.min, slider.max)
+        old_low, old_high = slider.value
+        with self.hold_trait_notifications(), slider.hold_trait_notifications():
+            # Widened first, so that neither bound is clamped against the other.
+            slider.min, slider.max = min(slider.min, low), max(slider.max, high)
+            value = (low, high) if was_all else (max(low, old_low), min(high, old_high))
+            slider.value = value if value[0] <= value[1] else (low, high)
+            slider.min, slider.max = low, high
+        slider.layout.display = ""
+
+    def _in_step_range(self, table: pd.DataFrame) -> pd.DataFrame:
+        slider = self.step_range
+        if slider.layout.display == "none" or slider.value == (slider.min, slider.max):
+            return table
+        low, high = slider.value
+        steps = table["step"]
+        return table[steps.notna() & (steps >= low) & (steps <= high)].copy()
+
+    def _on_step_range(self, _change: Any) -> None:
+        with self._lock:
+            if not self.checkpoints.empty:
+                self.checkpoint_view.show(self._in_step_range(self.checkpoints))
+
+    def _comparable(self) -> list[tuple[str, str]]:
+        table = self.checkpoints
+        if table.empty:
+            return []
+        done = table[table["status"] == COMPLETE]
+        return [(str(n), str(p)) for n, p in zip(done["name"], done["path"], strict=True)]
+
+    @staticmethod
+    def _same_listing(old: pd.DataFrame, new: pd.DataFrame) -> bool:
+        fields = ["path", "status", "nbytes", "committed"]
+        if list(old.index) != list(new.index) or not {*fields, "age"} <= set(old.columns):
+            return False
+        # Ages change all the time; the table is redrawn when their shown text does.
+        if list(old["age"].map(format_age)) != list(new["age"].map(format_age)):
+            return False
+        return bool(old[fields].astype(str).equals(new[fields].astype(str)))
+
+    def _on_pick_checkpoint(self, change: Any) -> None:
+        label = change["new"]
+        with self._lock:
+            if label is None:
+                return
+            row = self.checkpoints.loc[label]
+            if str(row["status"]) != COMPLETE:
+                # Buttons of such rows are disabled; this guards programmatic picks.
+                self.checkpoint_view.selected = None
+                self.message.value = note_html(
+                    f"{row['name']} is {row['status']}; it is not opened", color="#8a6d00"
+                )
+                return
+            self._open(str(row["path"]), str(row["name"]))
+
+    def _on_watch(self, change: Any) -> None:
+        if change["new"] and self.poll_interval <= 0:
+            self.poll_interval = DEFAULT_POLL_SECONDS
+        elif not change["new"]:
+            self.poll_interval = 0.0
+
+    def _on_poll_interval(self, change: Any) -> None:
+        interval = float(change["new"])
+        self.watch_box.value = interval > 0
+        self._stop_polling.set()
+        self._stop_polling = threading.Event()
+        if interval > 0:
+            stop = self._stop_polling
+            self._poller = threading.Thread(
+                target=self._poll, args=(interval, stop), name="tinax-explorer-poll", daemon=True
+            )
+            self._poller.start()
+
+    def _poll(self, interval: float, stop: threading.Event) -> None:
+        guarded_refresh = shown_in_widget(self._show_error)(self.refresh)
+        while not stop.wait(interval):
+            guarded_refresh()
