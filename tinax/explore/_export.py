@@ -248,7 +248,7 @@ def _plan(
             )
         seen[label] = leaf.key
         try:
-            stored = pytree.numpy_dtype(info.dtype)
+            stored = arrays.numpy_dtype(info.dtype)
         except TypeError:
             raise ValueError(
                 f"leaf {leaf.key} has dtype {info.dtype}, which cannot be read"
