@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from tinax import _paths
+from tinax._format import fit, words
 from tinax._format import safetensors as st
-from tinax._format import verdict, words
+from tinax._format.fit import PLACEHOLDER as PLACEHOLDER_KIND
+from tinax._format.fit import Spec
 from tinax._format.keys import KeyPath, key_parts
-from tinax._format.verdict import PLACEHOLDER as PLACEHOLDER_KIND
-from tinax._format.verdict import Spec
 from tinax.checkpointing._targets import (
     NumpyTarget,
     _is_whole_leaf,
@@ -170,12 +170,12 @@ def load_safetensors(
     for tensor in by_tensor:
         if tensor not in used:
             stored.append(((tensor,), Spec(words.NUMPY_ARRAY, *_shape_dtype(by_tensor, tensor))))
-    judged = verdict.judge({"": stored}, {"": wanted})
-    refused = verdict.refusals(judged, allow_lossy=lossy_casts_allowed())
+    judged = fit.judge({"": stored}, {"": wanted})
+    refused = fit.refusals(judged, allow_lossy=lossy_casts_allowed())
     if refused:
-        lines = [v.line() for v in refused[: verdict.MAX_LINES]]
-        if len(refused) > verdict.MAX_LINES:
-            lines.append(f"… and {len(refused) - verdict.MAX_LINES} more")
+        lines = [v.line() for v in refused[: fit.MAX_LINES]]
+        if len(refused) > fit.MAX_LINES:
+            lines.append(f"… and {len(refused) - fit.MAX_LINES} more")
         count = f"{len(refused)} lea{'f' if len(refused) == 1 else 'ves'}"
         raise TargetMismatchError(
             f"safetensors {label!r} do not fit the target ({count}):\n  " + "\n  ".join(lines)
