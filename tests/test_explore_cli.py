@@ -94,7 +94,7 @@ def test_a_checkpoint_prints_its_leaves(checkpoint):
     w = next(line for line in lines if "['dense']['w']" in line)
     assert w.split()[1:] == ["jax.Array", "(2,", "2)", "float32", "16", "B", "(2,", "2)"]
     assert any("['name']" in line and "tiny" in line for line in lines)
-    assert "iterator: 1 leaf" in lines
+    assert any(line.startswith("iterator: 1 leaf") for line in lines)
     assert any("(root)" in line and "next_index" in line for line in lines)
 
 
@@ -284,7 +284,9 @@ def test_csv_parses_with_the_tables_columns(demo_run):
     parsed = pd.read_csv(io.StringIO(explore(path, "--csv").stdout), keep_default_na=False)
     assert list(parsed.columns) == list(table.columns)
     assert list(parsed["key"]) == list(table["key"])
-    assert list(parsed["nbytes"]) == ["" if pd.isna(n) else str(n) for n in table["nbytes"]]
+    assert [str(n) for n in parsed["nbytes"]] == [
+        "" if pd.isna(n) else str(n) for n in table["nbytes"]
+    ]
     assert [json.loads(s) if s else None for s in parsed["shape"]] == [
         list(t) if isinstance(t, tuple) else None for t in table["shape"]
     ]
