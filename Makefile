@@ -75,6 +75,7 @@ bench: install
 	$(PY) bench/save_load.py
 	$(PY) bench/explore.py
 	$(PY) bench/explorer_scale.py
+	$(PY) bench/export.py
 	$(PY) bench/reads.py
 
 # Saves against the real world, tinax beside Orbax alone (a few minutes each; `make test`

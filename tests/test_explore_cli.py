@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
 from explore_fixtures import iterator, save_v1, save_v1_run
 
 
-def explore(*args: str | Path) -> subprocess.CompletedProcess[str]:
+def explore(*args: str | Path, columns: int | None = None) -> subprocess.CompletedProcess[str]:
+    """The command line as a script runs it: output to a pipe, ``COLUMNS`` as given
+    (unset: 80, the width of a terminal that says nothing)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
     return subprocess.run(
         [sys.executable, "-m", "tinax.explore", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
 
 
@@ -43,19 +53,22 @@ def test_a_run_directory_prints_its_checkpoints(run):
     result = explore(run)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == [
+    assert lines[0].split() == ["name", "step", "status", "size", "committed", "checkpointables"]
+    assert lines[1].split()[:3] == ["0", "0", "complete"]
+    assert lines[1].split()[4] == "KiB" and " ago " in lines[1]
+    assert lines[3].split() == ["9", "9", "invalid"]
+    assert f"invalid: {run / '9'}:" in result.stderr
+    wide = explore(run, columns=200).stdout.splitlines()
+    assert wide[0].split() == [
         "name",
-        "path",
         "step",
         "status",
-        "checkpointables",
-        "nbytes",
+        "size",
         "committed",
-        "age",
+        "checkpointables",
+        "path",
     ]
-    assert "complete" in lines[1] and str(run / "0") in lines[1]
-    assert "invalid" in lines[3] and str(run / "9") in lines[3]
-    assert f"invalid: {run / '9'}:" in result.stderr
+    assert str(run / "0") in wide[1] and "iterator, pytree" in wide[1]
 
 
 def test_a_run_directory_as_json(run):
@@ -76,11 +89,13 @@ def test_a_checkpoint_prints_its_leaves(checkpoint):
     result = explore(checkpoint)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:4] == ["checkpointable", "key", "kind", "shape"]
+    assert lines[0] == "model: 3 leaves, 24 B"
+    assert lines[1].split()[:4] == ["key", "kind", "shape", "dtype"]
     w = next(line for line in lines if "['dense']['w']" in line)
-    assert "jax.Array" in w and "(2, 2)" in w and "float32" in w
+    assert w.split()[1:] == ["jax.Array", "(2,", "2)", "float32", "16", "B", "(2,", "2)"]
     assert any("['name']" in line and "tiny" in line for line in lines)
-    assert any("iterator" in line and "next_index" in line for line in lines)
+    assert any(line.startswith("iterator: 1 leaf") for line in lines)
+    assert any("(root)" in line and "next_index" in line for line in lines)
 
 
 def test_a_checkpoint_as_json(checkpoint):
@@ -98,9 +113,9 @@ def test_one_leaf_summary(checkpoint):
     assert result.returncode == 0, result.stderr
     fields = dict(line.split(": ", 1) for line in result.stdout.splitlines())
     assert fields["shape"] == "(2, 2)"
-    assert fields["dtype"] == "float32"
-    assert (fields["min"], fields["max"], fields["nan_count"]) == ("1.0", "4.0", "1")
-    assert float(fields["mean"]) == pytest.approx(7 / 3)
+    assert fields["dtype"] == "float32" and fields["elements"] == "4"
+    assert (fields["min"], fields["max"], fields["nan_count"]) == ("1", "4", "1")
+    assert fields["mean"] == "2.333"
 
 
 def test_one_leaf_as_json(checkpoint):
@@ -126,3 +141,226 @@ def test_errors_go_to_stderr_with_status_1(tmp_path, checkpoint):
     result = explore(checkpoint.parent / "broken")
     assert result.returncode == 1 and "not valid JSON" in result.stderr
     assert explore().returncode == 2
+
+
+# -- every view at a terminal's width -------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+# What a person should never have to read: pandas' and numpy's raw spellings.
+RAW = {
+    "a missing time": re.compile(r"\bNaT\b"),
+    "a missing value": re.compile(r"<NA>|\bNone\b"),
+    "a raw timestamp": re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d"),
+    "a raw duration": re.compile(r"\bdays\b"),
+    "a float at full precision": re.compile(r"[1-9]\d*\.\d{5,}|0\.0*[1-9]\d{6,}"),
+    "a byte count without a unit": re.compile(r"(?<![\w.(\[-])\d{5,}(?![\w.,)\]-])"),
+}
+
+
+def in_process(*args: str | Path, columns: int, monkeypatch) -> subprocess.CompletedProcess[str]:
+    """``main`` run here (no new interpreter), at a terminal ``columns`` wide."""
+    from tinax.explore._cli import main
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    out, err = io.StringIO(), io.StringIO()
+    status = main([str(a) for a in args], out, err)
+    return subprocess.CompletedProcess(list(args), status, out.getvalue(), err.getvalue())
+
+
+def assert_fits(result: subprocess.CompletedProcess[str], columns: int) -> None:
+    assert result.returncode in (0, 1), result.stderr
+    assert result.stdout.strip()
+    for line in result.stdout.splitlines():
+        assert len(line) <= columns, f"{len(line)} > {columns}: {line!r}"
+        for what, pattern in RAW.items():
+            assert not pattern.search(line), f"{what} in {line!r}"
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("cli") / "demo_run"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "demo" / "make_run.py"), str(run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def linen_optax(tmp_path_factory) -> Path:
+    """A Linen model with long keys and its optax state, saved by tinax."""
+    import flax.linen as linen
+    import jax
+    import optax
+
+    from tinax.checkpointing import save_checkpointables
+
+    class Block(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            x = linen.Dense(8, name="attention_query_projection_with_a_long_name")(x)
+            return linen.LayerNorm(name="post_attention_layer_norm")(x)
+
+    class Model(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            for i in range(3):
+                x = Block(name=f"transformer_encoder_block_{i}")(x)
+            return x
+
+    params = Model().init(jax.random.key(0), jnp.ones((1, 4)))["params"]
+    opt = optax.adamw(1e-3).init(params)
+    path = tmp_path_factory.mktemp("linen") / "step_7"
+    save_checkpointables(path, {"params": params, "opt_state": opt}).result()
+    return path
+
+
+@pytest.mark.parametrize("columns", [80, 132])
+def test_every_view_fits_the_terminal_in_human_units(
+    demo_run, linen_optax, tmp_path, columns, monkeypatch
+):
+    a, b = demo_run / "step_000200", demo_run / "step_000250"
+    views = [
+        (demo_run,),
+        (b,),
+        (b, "--leaf", "model", "['dense1']['kernel']['value']"),
+        (b, "--leaf", "auxiliary", "['state']['loss']"),
+        ("diff", a, b),
+        ("diff", a, b, "--changed", "--stored-order"),
+        ("verify", b, "--data"),
+        ("verify", demo_run / "step_000300.orbax-checkpoint-tmp"),
+        (linen_optax.parent,),
+        (linen_optax,),
+        ("diff", linen_optax, b),
+        ("export", b, tmp_path / f"out{columns}", "--max-file-size", "20KiB"),
+    ]
+    for view in views:
+        assert_fits(in_process(*view, columns=columns, monkeypatch=monkeypatch), columns)
+    # Long keys are cut in their middle, keeping both ends.
+    shown = in_process(linen_optax, columns=columns, monkeypatch=monkeypatch).stdout
+    key = "['transformer_encoder_block_0']['attention_query_projection_with_a_long_name']['kernel']"
+    long_keys = [line for line in shown.splitlines() if "…" in line]
+    assert (key in shown) or long_keys
+    if columns == 80:
+        assert long_keys and all(line.startswith("[") for line in long_keys)
+
+
+def test_without_columns_a_pipe_gets_80(demo_run):
+    result = explore(demo_run / "step_000250")
+    assert_fits(result, 80)
+    assert max(len(line) for line in result.stdout.splitlines()) > 60
+    wide = explore(demo_run / "step_000250", columns=200)
+    assert max(len(line) for line in wide.stdout.splitlines()) > 80
+
+
+def _table_cells(table: pd.DataFrame) -> list[dict[str, object]]:
+    from tinax.explore._cli import _records
+
+    return _records(table)
+
+
+def test_json_round_trips_the_tables(demo_run, linen_optax):
+    import tinax.explore as ex
+
+    for path in (demo_run / "step_000250", linen_optax):
+        table = ex.checkpoint_table(path)
+        records = json.loads(explore(path, "--json").stdout)
+        assert records == _table_cells(table)
+        assert list(pd.DataFrame(records).columns) == list(table.columns)
+    listing = ex.list_checkpoints(demo_run)
+    records = json.loads(explore(demo_run, "--json").stdout)
+    assert [r["name"] for r in records] == list(listing["name"])
+    assert [r["nbytes"] for r in records] == list(listing["nbytes"])
+
+
+def test_csv_parses_with_the_tables_columns(demo_run):
+    import tinax.explore as ex
+
+    path = demo_run / "step_000250"
+    table = ex.checkpoint_table(path)
+    parsed = pd.read_csv(io.StringIO(explore(path, "--csv").stdout), keep_default_na=False)
+    assert list(parsed.columns) == list(table.columns)
+    assert list(parsed["key"]) == list(table["key"])
+    assert [str(n) for n in parsed["nbytes"]] == [
+        "" if pd.isna(n) else str(n) for n in table["nbytes"]
+    ]
+    assert [json.loads(s) if s else None for s in parsed["shape"]] == [
+        list(t) if isinstance(t, tuple) else None for t in table["shape"]
+    ]
+    listing = pd.read_csv(io.StringIO(explore(demo_run, "--csv").stdout))
+    assert list(listing.columns) == [*ex.list_checkpoints(demo_run).columns, "error"]
+    diff = pd.read_csv(io.StringIO(explore("diff", path, path, "--csv").stdout))
+    assert set(diff["status"]) == {"same"} and len(diff) == len(table)
+    findings = explore("verify", demo_run / "step_000300.orbax-checkpoint-tmp", "--csv")
+    parsed = pd.read_csv(io.StringIO(findings.stdout))
+    assert findings.returncode == 1 and list(parsed.columns)[:2] == ["part", "severity"]
+
+
+def test_export_writes_safetensors_quietly_into_a_pipe(demo_run, tmp_path):
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "weights"
+    result = explore(
+        "export",
+        demo_run / "step_000250",
+        out,
+        "--keys",
+        "dense1",
+        "norm",
+        "--max-file-size",
+        "5KB",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    files = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors.index.json" in files and len(files) > 2
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert sorted(index["weight_map"]) == [
+        "dense1.bias",
+        "dense1.kernel",
+        "norm.bias",
+        "norm.mean",
+        "norm.scale",
+        "norm.var",
+    ]
+    assert load_file(out / index["weight_map"]["dense1.kernel"])["dense1.kernel"].shape == (16, 256)
+    assert all(name in result.stdout for name in files)
+    bad = explore("export", demo_run / "step_000250", tmp_path / "x", "--max-file-size", "lots")
+    assert bad.returncode == 2 and "is not a size" in bad.stderr
+    taken = explore("export", demo_run / "step_000250", out)
+    assert taken.returncode == 1 and "not empty" in taken.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_human_units_and_middle_cuts():
+    from tinax.explore import _terminal as term
+
+    assert [term.human_bytes(n) for n in (0, 1023, 89531, 3 << 30, None)] == [
+        "0 B",
+        "1023 B",
+        "87.4 KiB",
+        "3.0 GiB",
+        "",
+    ]
+    now = pd.Timestamp("2026-12-03 12:00:00", tz="UTC")
+    ages = [now - pd.Timedelta(seconds=s) for s in (5, 190, 7300, 3 * 86400)]
+    assert [term.human_age(t, now) for t in ages] == [
+        "5 s ago",
+        "3 min ago",
+        "2 h ago",
+        "2026-11-30 12:00",
+    ]
+    assert term.human_age(pd.NaT, now) == "" and term.number(pd.NA) == ""
+    assert term.number(-0.6278967261314392) == "-0.6279" and term.number(np.int64(89531)) == "89531"
+    cut = term.shorten_middle("['opt_state']['0']['mu']['dense1']['kernel']['value']", 30)
+    assert len(cut) == 30 and cut.startswith("['opt_state']") and cut.endswith("['value']")
+
+
+def test_help_fits_80_columns():
+    for args in (("--help",), ("export", "--help"), ("diff", "--help", "x")):
+        result = explore(*args, columns=80)
+        assert result.returncode == 0 and "usage:" in result.stdout
+        assert max(len(line) for line in result.stdout.splitlines()) <= 80, args

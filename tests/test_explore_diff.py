@@ -193,7 +193,7 @@ def test_the_cli_diff(demo_run):
     text = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    assert lines[0].split()[:4] == ["checkpointable", "key", "status", "shape_a"]
+    assert lines[0].split()[:4] == ["checkpointable", "key", "status", "rel_change"]
     assert "changed" in lines[-1] and "same" in lines[-1]
     records = json.loads(
         subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=120).stdout

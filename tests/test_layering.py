@@ -219,12 +219,13 @@ def test_importing_the_format_module_loads_no_jax_orbax_pandas_or_ipywidgets() -
     assert not {"jax", "orbax", "pandas", "ipywidgets", "grain"} & loaded
 
 
-def test_the_widgets_package_re_exports_the_four_widgets_only() -> None:
+def test_the_widgets_package_re_exports_the_widgets_only() -> None:
     import tinax.widgets as widgets
 
     assert sorted(widgets.__all__) == [
         "AsyncProgress",
         "CheckpointExplorer",
+        "ExportPanel",
         "RestoreTargetBuilder",
         "SavePanel",
     ]

@@ -203,6 +203,24 @@ def test_explore_reads_the_two_process_checkpoint_in_one_process(two):
     np.testing.assert_array_equal(table, worker.expected("model/embed/table", (1024, 6144), 0))
 
 
+def test_export_writes_the_two_process_checkpoint_whole(two, tmp_path):
+    from safetensors.numpy import load_file
+
+    ck = two["directory"] / "ck"
+    files = ex.export_safetensors(ck, tmp_path / "out", verify=True)
+    tensors = load_file(files[0])
+    # Sharded over both processes' devices: each array whole, every process's shards.
+    np.testing.assert_array_equal(
+        tensors["dense1.kernel"], worker.expected("model/dense1/kernel", (16, 32), 0)
+    )
+    table = tensors["embed.table"]
+    assert table.shape == (1024, 6144)
+    assert table.tobytes() == worker.expected("model/embed/table", (1024, 6144), 0).tobytes()
+    stored = ex.checkpoint_table(ck)
+    model = stored[stored["checkpointable"] == "model"]
+    assert len(tensors) == len(model)
+
+
 def test_a_process_that_never_saves_does_not_hang_the_others(tmp_path):
     outcome = cluster.launch(WORKER, "absent", tmp_path, processes=2, barrier=5)
     assert outcome.ok, outcome

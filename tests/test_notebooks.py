@@ -26,6 +26,7 @@ EXPECTED = (
     "02_explore_a_run.ipynb",
     "03_restore_targets.ipynb",
     "04_legacy_v0.ipynb",
+    "05_safetensors.ipynb",
 )
 CELL_TIMEOUT_S = 120
 

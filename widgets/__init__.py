@@ -5,6 +5,7 @@
   checkpoint, and a Load button.
 - ``SavePanel``: save named checkpointables as a new checkpoint, with progress.
 - ``AsyncProgress``: a progress bar bound to an Orbax ``AsyncResponse``.
+- ``ExportPanel``: export a checkpoint's arrays to safetensors files, with progress.
 
 Each is an ipywidgets container; errors from its buttons are shown in the widget.
 This package lives in the repository's top-level ``widgets/`` folder and is
@@ -22,8 +23,15 @@ except ImportError as e:
     ) from e
 
 from ._explorer import CheckpointExplorer
+from ._export import ExportPanel
 from ._progress import AsyncProgress
 from ._restore import RestoreTargetBuilder
 from ._save import SavePanel
 
-__all__ = ["AsyncProgress", "CheckpointExplorer", "RestoreTargetBuilder", "SavePanel"]
+__all__ = [
+    "AsyncProgress",
+    "CheckpointExplorer",
+    "ExportPanel",
+    "RestoreTargetBuilder",
+    "SavePanel",
+]

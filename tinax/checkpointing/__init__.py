@@ -12,6 +12,7 @@ from tinax.checkpointing._destination import remove_interrupted_save
 from tinax.checkpointing._names import validate_checkpointable_name
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._run import TrainingRun
+from tinax.checkpointing._safetensors import load_safetensors
 from tinax.checkpointing._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing._training import (
     TrainingCheckpoint,
@@ -33,6 +34,7 @@ __all__ = [
     "allow_lossy_casts",
     "compression",
     "load_checkpointables",
+    "load_safetensors",
     "load_training_checkpoint",
     "remove_interrupted_save",
     "save_checkpointables",

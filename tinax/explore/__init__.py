@@ -10,6 +10,7 @@ key paths, so tables of a checkpoint and of live state join on
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
 from tinax.explore._diff import diff_table
+from tinax.explore._export import export_safetensors
 from tinax.explore._listing import ListingCache, list_checkpoints
 from tinax.explore._live import leaf_key, state_table
 from tinax.explore._ranking import sort_by_change
@@ -62,6 +63,7 @@ __all__ = [
     "compare_table",
     "diff_table",
     "existing_directory",
+    "export_safetensors",
     "human_bytes",
     "human_duration",
     "is_numeric",

@@ -1,0 +1,203 @@
+"""A panel that exports a checkpoint's arrays to safetensors files, with progress."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as w
+import ml_dtypes
+import numpy as np
+import traitlets
+
+from tinax.explore import checkpoint_table, export_safetensors
+
+from ._guard import shown_in_widget
+from ._progress import RUNNING, AsyncProgress
+from ._task import Task
+from ._text import error_html, format_bytes, format_seconds, note_html
+
+AS_STORED = "as stored"
+DTYPES = (AS_STORED, "bfloat16", "float16", "float32")
+_ARRAY_KINDS = ("jax.Array", "np.ndarray", "scalar")
+
+
+def _itemsize(name: str) -> int | None:
+    try:
+        return np.dtype(name).itemsize
+    except TypeError:
+        found = getattr(ml_dtypes, name, None)
+        return None if found is None else np.dtype(found).itemsize
+
+
+def _is_float(name: str) -> bool:
+    try:
+        dtype = np.dtype(getattr(ml_dtypes, name, None) or name)
+    except TypeError:
+        return False
+    return dtype.kind == "f" or name in ("bfloat16",) or name.startswith("float8")
+
+
+class ExportPanel(w.VBox):
+    """Export a checkpointable of one checkpoint as ``.safetensors`` files.
+
+    A checkpointable dropdown (those holding arrays), a dtype for the floating-point
+    arrays, a destination directory and an Export button; the export streams the
+    arrays from the checkpoint (``tinax.explore.export_safetensors``) in a background
+    thread behind an ``AsyncProgress``. A failure (a destination that exists, a
+    corrupt array) is shown in the panel.
+
+    Attributes:
+      error: The last export's failure, or ``""``.
+      exporting: Whether an export started here is still running.
+      files: The files the last export wrote.
+      progress: The ``AsyncProgress`` of the last export, or ``None``.
+    """
+
+    error = traitlets.Unicode("")
+    exporting = traitlets.Bool(False)
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Reads the checkpoint's metadata and builds the panel.
+
+        Args:
+          path: A checkpoint directory, local or ``gs://``.
+
+        Raises:
+          TypeError: If ``path`` is not a path.
+          FileNotFoundError: If it does not exist.
+          ValueError: If it is not a readable checkpoint, or holds no arrays.
+        """
+        table = checkpoint_table(path)
+        self.path = str(os.fspath(path))
+        arrays = table[table["kind"].isin(_ARRAY_KINDS) & table["dtype"].notna()]
+        names = list(dict.fromkeys(arrays["checkpointable"]))
+        if not names:
+            raise ValueError(f"checkpoint {self.path!r} holds no arrays to export")
+        self._arrays = arrays
+        self.files: list[str] = []
+        self.progress: AsyncProgress | None = None
+        self._done = 0
+        self._lock = threading.Lock()
+
+        self.checkpointable = w.Dropdown(
+            options=names,
+            value="model" if "model" in names else names[0],
+            description="Export",
+            layout=w.Layout(width="18em"),
+        )
+        self.dtype = w.Dropdown(
+            options=DTYPES, value=AS_STORED, description="floats", layout=w.Layout(width="14em")
+        )
+        self.key_filter = w.Text(
+            value="",
+            description="keys",
+            placeholder="all (or a part of a key)",
+            layout=w.Layout(width="18em"),
+        )
+        name = self.path.rstrip("/").rsplit("/", 1)[-1]
+        self.destination = w.Text(
+            value=str(Path.cwd() / f"{name}_safetensors"),
+            description="to",
+            layout=w.Layout(width="100%"),
+        )
+        self.export_button = w.Button(description="Export", icon="download", button_style="primary")
+        self.message = w.HTML("")
+        self.progress_box = w.VBox([])
+        super().__init__(
+            children=[
+                w.HTML(note_html(f"safetensors from {self.path}")),
+                w.HBox(
+                    [self.checkpointable, self.dtype, self.key_filter],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
+                w.HBox([self.destination, self.export_button]),
+                self.message,
+                self.progress_box,
+            ]
+        )
+        self.add_class("tinax-export-panel")
+        self.export_button.on_click(shown_in_widget(self._show_error)(self._on_export))
+
+    def _show_error(self, error: BaseException) -> None:
+        self.error = f"{type(error).__name__}: {error}"
+        self.message.value = error_html(error, title="Export failed:")
+        self.exporting = False
+        self.export_button.disabled = False
+
+    def total_bytes(self) -> int:
+        """Bytes the export writes with the current choices (before a key filter)."""
+        rows = self._arrays[self._arrays["checkpointable"] == self.checkpointable.value]
+        cast = None if self.dtype.value == AS_STORED else _itemsize(self.dtype.value)
+        total = 0
+        for dtype, size, nbytes in zip(rows["dtype"], rows["size"], rows["nbytes"], strict=True):
+            if cast is not None and _is_float(str(dtype)) and size is not None:
+                total += int(size) * cast
+            elif nbytes is not None and nbytes == nbytes:
+                total += int(nbytes)
+        return total
+
+    def _count(self) -> int:
+        with self._lock:
+            return self._done
+
+    def _moved(self, done: int, total: int) -> None:
+        with self._lock:
+            self._done = done
+
+    def _on_export(self, _button: Any = None) -> None:
+        if self.exporting:
+            return
+        self.error = ""
+        self.files = []
+        destination = self.destination.value.strip()
+        if not destination:
+            raise ValueError("choose a destination directory")
+        checkpointable = self.checkpointable.value
+        dtype = None if self.dtype.value == AS_STORED else self.dtype.value
+        keys = self.key_filter.value.strip() or None
+        self._done = 0
+        self.exporting = True
+        self.export_button.disabled = True
+        self.message.value = note_html(f"exporting {checkpointable}…")
+        task: Task[list[Path]] = Task("export")
+        progress = AsyncProgress(
+            task,
+            total_bytes=None if keys else self.total_bytes(),
+            count_bytes=self._count,
+            description=f"exporting {checkpointable}",
+        )
+        self.progress = progress
+        self.progress_box.children = (progress,)
+        progress.observe(self._on_status, names="status")
+        task.start(
+            lambda: export_safetensors(
+                self.path,
+                destination,
+                checkpointable=checkpointable,
+                keys=keys,
+                dtype=dtype,
+                progress=self._moved,
+            ),
+            in_thread=True,
+        )
+
+    def _on_status(self, _change: Any) -> None:
+        progress = self.progress
+        if progress is None or progress.status == RUNNING or not self.exporting:
+            return
+        self.exporting = False
+        self.export_button.disabled = False
+        if progress.status == "done":
+            self.files = [str(p) for p in progress.value]
+            size = sum(Path(p).stat().st_size for p in self.files)
+            self.message.value = note_html(
+                f"wrote {len(self.files)} file(s), {format_bytes(size)}, to "
+                f"{Path(self.files[0]).parent} in {format_seconds(progress.elapsed)}",
+                color="#1b5e20",
+            )
+        else:
+            self.error = progress.error
+            self.message.value = error_html(progress.error, title="Export failed:")
