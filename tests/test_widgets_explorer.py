@@ -509,3 +509,32 @@ def test_a_training_run_shows_its_policy_and_why_each_checkpoint_is_kept(tmp_pat
     plain = CheckpointExplorer(tmp_path / "step_000040", poll_interval=0)
     assert set(plain.checkpoints["kept"]) <= {""}
     assert "keeps" not in plain.summary.value
+
+
+def test_export_opens_the_open_checkpoint_s_panel_and_writes_safetensors(
+    run: Path, tmp_path: Path
+) -> None:
+    from safetensors.numpy import load_file
+
+    explorer = CheckpointExplorer(run, poll_interval=0)
+    assert explorer.export_box.children == ()
+    explorer.export_button.click()  # nothing open: nothing to export
+    assert explorer.export_box.children == ()
+    explorer.checkpoint_view.click(_label(explorer, "step-2"))
+    explorer.export_button.click()
+    (panel,) = explorer.export_box.children
+    assert panel.path == f"{run}/step-2"
+    panel.destination.value = str(tmp_path / "out")
+    panel.export_button.click()
+    deadline = time.monotonic() + 60
+    while panel.exporting and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert panel.error == "" and not panel.exporting
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    np.testing.assert_array_equal(tensors["dense.w"], WEIGHTS * 2)
+    # Another checkpoint opened closes the panel; the button toggles it.
+    explorer.checkpoint_view.click(_label(explorer, "step-1"))
+    assert explorer.export_box.children == ()
+    explorer.export_button.click()
+    explorer.export_button.click()
+    assert explorer.export_box.children == ()

@@ -15,6 +15,7 @@ from tinax.vocabulary import COMPLETE
 
 from ._data_check import DataCheck
 from ._diff import DiffView
+from ._export import ExportPanel
 from ._guard import shown_in_widget
 from ._soundness import verdict_html
 from ._table import Column, PagedTable, format_cell
@@ -81,10 +82,16 @@ class CheckpointPane:
         self.size_bar = w.HTML("")
         self.verdict = w.HTML("")
         self.data_check = DataCheck(page_size=page_size)
-        # What can be done with the open checkpoint, one button each. Another action
-        # (an export, say) adds its button here and its panel below ``data_check``.
+        # What can be done with the open checkpoint, one button each, each action's
+        # panel below the verdict.
+        self.export_button = w.Button(
+            description="export…", icon="download", tooltip="write its arrays as safetensors"
+        )
+        self.export_button.on_click(shown_in_widget(self._show_error)(self._on_export))
+        self.export_box = w.VBox([])
         self.actions = w.HBox(
-            [self.data_check.button], layout=w.Layout(flex_flow="row wrap", align_items="center")
+            [self.data_check.button, self.export_button],
+            layout=w.Layout(flex_flow="row wrap", align_items="center"),
         )
         self.diff_view = DiffView(page_size=page_size, on_error=self._show_error)
         self.leaf_section = w.VBox(
@@ -96,6 +103,7 @@ class CheckpointPane:
                     layout=w.Layout(flex_flow="row wrap", align_items="center"),
                 ),
                 self.data_check,
+                self.export_box,
                 self.diff_view,
                 w.HBox(
                     [self.checkpointable_filter, self.key_filter],
@@ -214,8 +222,16 @@ class CheckpointPane:
         )
         self.verdict.value = note_html("checking the checkpoint…")
         self.data_check.set_path(path)
+        self.export_box.children = ()
         self.diff_view.set_base(path, self._comparable())
         self.leaf_section.layout.display = ""
+
+    def _on_export(self, _button: Any = None) -> None:
+        """Opens the export panel of the open checkpoint below the actions, or closes it."""
+        if self.export_box.children:
+            self.export_box.children = ()
+        elif self.checkpoint is not None:
+            self.export_box.children = (ExportPanel(self.checkpoint),)
 
     def _show_title(self, name: str) -> None:
         leaves = self.leaves
@@ -274,6 +290,7 @@ class CheckpointPane:
         self.leaf_section.layout.display = "none"
         self.verdict.value = ""
         self.data_check.set_path(None)
+        self.export_box.children = ()
         self.diff_view.set_base(None, [])
         self._clear_leaf()
         if self.checkpoint_view.selected is not None:
