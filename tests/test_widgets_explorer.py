@@ -192,6 +192,9 @@ def test_refresh_and_polling_find_new_checkpoints(run: Path) -> None:
 
 def test_errors_are_shown_in_the_widget(run: Path) -> None:
     explorer = CheckpointExplorer(run)
+    # The run's check in the background ends first: it would see the damage below and
+    # close the checkpoint as invalid before its leaf is read.
+    assert explorer.wait(60)
     explorer.open_checkpoint("step-1")
     # Damage the checkpoint after it was listed: reading a leaf now fails.
     for path in (run / "step-1" / "model").rglob("*"):
