@@ -1,7 +1,7 @@
 """Layers import only downwards, and the on-disk format has one home.
 
     tinax.widgets  →  tinax.explore  →  tinax.checkpointing  →  tinax._format, tinax._paths,
-                                                                  tinax._claims
+                                                                  tinax._claims, tinax._targets
 
 Checked twice: statically, over every import statement of every module (including
 imports inside functions), and at run time, over what importing a layer loads.
@@ -24,6 +24,8 @@ PACKAGES = {
     "tinax.explore": REPO / "tinax" / "explore",
     "tinax.widgets": REPO / "widgets",
 }
+# The layers that are one module each, directly under tinax/.
+SINGLE_MODULES = ("tinax._paths", "tinax._claims", "tinax._targets")
 # What each layer may not import, at any depth of its modules.
 FORBIDDEN = {
     "tinax._format": (
@@ -60,6 +62,18 @@ FORBIDDEN = {
         "tinax.explore",
         "tinax.widgets",
     ),
+    # Restore targets, leaf by leaf: JAX walks the pytree; no Orbax, no Grain.
+    "tinax._targets": (
+        "orbax",
+        "grain",
+        "pandas",
+        "ipywidgets",
+        "tinax._paths",
+        "tinax._claims",
+        "tinax.checkpointing",
+        "tinax.explore",
+        "tinax.widgets",
+    ),
     "tinax.checkpointing": ("pandas", "ipywidgets", "tinax.explore", "tinax.widgets"),
     "tinax.explore": ("ipywidgets", "orbax", "matplotlib", "tinax.widgets"),
     "tinax.widgets": ("orbax", "tensorstore"),
@@ -67,7 +81,7 @@ FORBIDDEN = {
 
 
 def _modules(package: str) -> dict[str, Path]:
-    if package in ("tinax._paths", "tinax._claims"):
+    if package in SINGLE_MODULES:
         return {package: REPO / "tinax" / f"{package.rsplit('.', 1)[1]}.py"}
     root = PACKAGES[package]
     found = {}
@@ -300,7 +314,7 @@ def test_the_vocabulary_is_inert_and_complete() -> None:
 
 def _all_modules() -> dict[str, Path]:
     found = {}
-    for layer in (*PACKAGES, "tinax._paths", "tinax._claims"):
+    for layer in (*PACKAGES, *SINGLE_MODULES):
         found.update(_modules(layer))
     found["tinax"] = REPO / "tinax" / "__init__.py"
     return found
@@ -372,4 +386,23 @@ def test_importing_explore_loads_no_jax_orbax_or_grain() -> None:
     loaded = _loaded_after("import tinax.explore")
     assert "pandas" in loaded and "tinax.explore" in loaded
     heavy = {m for m in loaded for top in ("jax", "jaxlib", "orbax", "grain") if _under(m, top)}
+    assert not heavy, sorted(heavy)[:20]
+
+
+def test_comparing_live_state_with_a_checkpoint_loads_no_orbax_or_grain(tmp_path: Path) -> None:
+    # compare_table and state_table need JAX to walk the live pytree, and nothing more.
+    import numpy as np
+
+    from tinax.checkpointing import save_checkpointables
+
+    path = tmp_path / "ckpt"
+    save_checkpointables(path, {"model": {"w": np.ones((2, 3), np.float32)}}).result()
+    loaded = _loaded_after(
+        "import jax.numpy as jnp, tinax.explore as ex; "
+        f"t = ex.compare_table({str(path)!r}, {{'model': {{'w': jnp.zeros((2, 3))}}}}); "
+        "assert list(t['status']) == ['ok'], t; "
+        "ex.state_table({'model': {'w': jnp.zeros((2, 3))}})"
+    )
+    assert "jax" in loaded and "tinax._targets" in loaded
+    heavy = {m for m in loaded for top in ("orbax", "grain") if _under(m, top)}
     assert not heavy, sorted(heavy)[:20]

@@ -5,6 +5,7 @@ them into explicit abstract targets, and resume bit-exactly. Legacy Orbax V0
 support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
+from tinax._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing._checkpointables import load_checkpointables, save_checkpointables
 from tinax.checkpointing._checksums import CorruptDataError
 from tinax.checkpointing._context import compression
@@ -13,7 +14,6 @@ from tinax.checkpointing._names import validate_checkpointable_name
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._run import TrainingRun
 from tinax.checkpointing._safetensors import load_safetensors
-from tinax.checkpointing._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing._training import (
     TrainingCheckpoint,
     TrainingCheckpointNames,

@@ -15,12 +15,12 @@ from tinax._format import arrays, files, jsonitems, layout, names
 from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import load_source
+from tinax._targets import NumpyTarget
 from tinax.checkpointing import _context, _destination, _failures, _processes
 from tinax.checkpointing._checksums import CorruptDataError
 from tinax.checkpointing._leaves import check_storable, is_stateful
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._response import SaveResponse
-from tinax.checkpointing._targets import NumpyTarget
 from tinax.checkpointing._verdict import check_targets
 
 

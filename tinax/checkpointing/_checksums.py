@@ -22,8 +22,8 @@ from tinax._format import checksums, files, names
 from tinax._format.checksums import Bounds, CorruptDataError, LeafRecord, Piece
 from tinax._format.keys import format_key, key_parts
 from tinax._paths import location
+from tinax._targets import is_key_dtype
 from tinax.checkpointing._orbax import StatefulCheckpointableHandler
-from tinax.checkpointing._targets import is_key_dtype
 
 
 def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> Bounds:

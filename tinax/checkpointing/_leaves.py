@@ -9,8 +9,8 @@ import numpy as np
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
 from tinax._format.keys import format_key, key_parts
+from tinax._targets import NumpyTarget, is_leafless
 from tinax.checkpointing._orbax import has_standard_leaf_handler
-from tinax.checkpointing._targets import NumpyTarget, is_leafless
 
 
 def is_stateful(value: Any) -> bool:

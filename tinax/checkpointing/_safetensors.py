@@ -17,7 +17,7 @@ from tinax._format import safetensors as st
 from tinax._format.fit import PLACEHOLDER as PLACEHOLDER_KIND
 from tinax._format.fit import Spec
 from tinax._format.keys import KeyPath, key_parts
-from tinax.checkpointing._targets import (
+from tinax._targets import (
     NumpyTarget,
     _is_whole_leaf,
     is_key_dtype,

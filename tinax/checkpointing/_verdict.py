@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tinax._format import fit, layout
-from tinax.checkpointing._targets import target_leaves, target_spec
+from tinax._targets import target_leaves, target_spec
 
 _ALLOW_LOSSY = contextvars.ContextVar("tinax_allow_lossy_casts", default=False)
 

@@ -76,7 +76,7 @@ def compare_table(path: str | os.PathLike[str], targets: Mapping[str, Any]) -> p
     targets = _live.check_mapping(targets)
     checkpoint = _checkpoint.open_checkpoint(path)
     stored = fit.stored_specs(checkpoint)
-    from tinax.checkpointing._targets import target_leaves, target_spec
+    from tinax._targets import target_leaves, target_spec
 
     wanted: dict[str, list[tuple[Any, fit.Spec]]] = {}
     shown = {}

@@ -1,6 +1,6 @@
 """Live state in the notebook (concrete or abstract) as the same leaf rows as a checkpoint.
 
-JAX and tinax.checkpointing are imported on first use: whoever passes live state has
+JAX (and tinax._targets) are imported on first use: whoever passes live state has
 them loaded already, and reading a checkpoint from a terminal needs neither.
 """
 
@@ -85,7 +85,7 @@ def _sharding(sharding: Any) -> str | None:
 
 
 def _array_leaf(name: str, key: str, kind: str, leaf: Any, sharding: str | None) -> Leaf:
-    from tinax.checkpointing._targets import storage_spec
+    from tinax._targets import storage_spec
 
     shape = tuple(int(d) for d in leaf.shape)
     stored_shape, stored_dtype = storage_spec(shape, leaf.dtype)
@@ -103,7 +103,7 @@ def _array_leaf(name: str, key: str, kind: str, leaf: Any, sharding: str | None)
 
 def live_leaf(name: str, key: str, leaf: Any) -> Leaf:
     """The row of one live leaf: its kind as a restore would see it, its shape and dtype as live."""
-    from tinax.checkpointing._targets import target_spec
+    from tinax._targets import target_spec
 
     kind = target_spec(leaf).kind
     if kind in words.ARRAY_KINDS:
@@ -139,7 +139,7 @@ def check_mapping(checkpointables: object) -> Mapping[str, Any]:
 
 def live_leaves(checkpointables: object) -> list[tuple[Leaf, Any]]:
     """Every live leaf's row, with the leaf itself."""
-    from tinax.checkpointing._targets import target_leaves
+    from tinax._targets import target_leaves
 
     return [
         (live_leaf(name, format_key(path), leaf), leaf)

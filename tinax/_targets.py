@@ -1,4 +1,11 @@
-"""Abstract restore targets built from live state."""
+"""Restore targets leaf by leaf: what a live pytree asks a restore for. Imports JAX, never
+Orbax or Grain.
+
+Loads (``tinax.checkpointing``) judge their targets with these functions before
+reading, and ``tinax.explore.compare_table`` and ``state_table`` show the same
+judgement, so they live below both layers: comparing live state with a checkpoint
+needs JAX to walk the pytree but none of Orbax's machinery.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +48,11 @@ class NumpyTarget:
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
+
+
+# Public as tinax.checkpointing.NumpyTarget (set after the class is made: a dataclass
+# looks its module up while it is being made).
+NumpyTarget.__module__ = "tinax.checkpointing"
 
 
 def _abstract_leaf(leaf: Any) -> Any:
