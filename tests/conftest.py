@@ -122,6 +122,12 @@ SLOW_FILES = frozenset(
 )
 SLOW_TESTS = frozenset(
     {
+        # Training scripts started, killed and resumed in fresh interpreters.
+        "test_a_fresh_process_resumes_bit_exactly_and_the_iterator_continues",
+        "test_two_processes_save_retain_and_stop_at_the_same_step_after_a_sigterm",
+        "test_a_kill_during_removal_never_lists_a_half_removed_checkpoint_as_complete",
+        "test_sigterm_mid_loop_saves_at_that_step_and_chains_the_previous_handler",
+        "test_a_script_ending_with_a_save_in_flight_commits_it_and_exits_cleanly",
         "test_a_full_disk_is_enospc_naming_the_destination_with_one_log_line",
         "test_exact_resume",
         "test_filters_and_pages_at_ten_thousand_leaves",
