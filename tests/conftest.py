@@ -130,6 +130,7 @@ SLOW_TESTS = frozenset(
         "test_a_script_ending_with_a_save_in_flight_commits_it_and_exits_cleanly",
         "test_a_full_disk_is_enospc_naming_the_destination_with_one_log_line",
         "test_exact_resume",
+        "test_google_cloud_storage_is_imported_only_for_a_gs_path",
         "test_filters_and_pages_at_ten_thousand_leaves",
         "test_the_cli_exit_status",
         "test_the_wheel_installs_tinax_widgets_and_no_top_level_widgets",
