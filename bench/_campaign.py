@@ -216,3 +216,83 @@ def quiet_logs() -> None:
 
     logging.getLogger("absl").setLevel(logging.ERROR)
     logging.getLogger("tinax").setLevel(logging.ERROR)
+
+
+def run_kill_campaign(
+    *,
+    description: str,
+    default_mib: float,
+    scratch_prefix: str,
+    campaign: Any,
+    child: Any,
+    title: Any,
+    rows: tuple[tuple[str, str], ...],
+    goals: Any,
+    notes: tuple[str, ...] = ("refusals",),
+) -> int:
+    """The command line both kill campaigns share: run each side, print a table, judge tinax.
+
+    Args:
+      description: The script's one-line description, for ``--help``.
+      default_mib: The default size of a checkpoint.
+      scratch_prefix: Prefix of the scratch directory made under ``--dir``.
+      campaign: ``campaign(side, root, kills, mib, rng) -> counts`` (a dataclass).
+      child: ``child(*args)``: what a writer process started with ``--child`` runs.
+      title: ``title(kills, mib, seconds) -> str``: the first line printed.
+      rows: ``(label, field)`` of the table, one row per field of the counts.
+      goals: ``goals(counts) -> [(goal, how many times it was missed)]`` for tinax.
+      notes: Fields of the counts holding lists of lines; the first three of each are shown.
+
+    Returns:
+      The exit status: 1 when a goal is missed.
+    """
+    import argparse
+    import dataclasses
+    import random
+    import shutil
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--kills", type=int, default=30)
+    parser.add_argument("--mib", type=float, default=default_mib, help="size of a checkpoint")
+    parser.add_argument("--sides", default="tinax,orbax")
+    parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
+        return 0
+    quiet_logs()
+    sides = [s for s in args.sides.split(",") if s]
+    assert set(sides) <= set(SIDES), sides
+    scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix, dir=args.dir))
+    results: dict[str, Any] = {}
+    started = time.monotonic()
+    try:
+        for side in sides:
+            results[side] = campaign(
+                side, scratch / side, args.kills, args.mib, random.Random(args.seed)
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(title(args.kills, args.mib, time.monotonic() - started))
+    width = max(len(label) for label, _ in rows) + 2
+    print(f"{'':{width}}" + "".join(f"{side:>10}" for side in sides))
+    for label, field in rows:
+        cells = [getattr(results[s], field) for s in sides]
+        print(
+            f"{label:{width}}"
+            + "".join(f"{c:>10.2f}" if isinstance(c, float) else f"{c:>10}" for c in cells)
+        )
+    for side in sides:
+        for field in notes:
+            for line in getattr(results[side], field)[:3]:
+                print(f"{side} {'refused: ' if field == 'refusals' else ''}{line}")
+    print("RESULT " + json.dumps({s: dataclasses.asdict(c) for s, c in results.items()}))
+    tinax = results.get("tinax")
+    if tinax is None:
+        return 0
+    missed = [goal for goal, bad in goals(tinax) if bad]
+    print("goals: " + ("all met" if not missed else "MISSED: " + "; ".join(missed)))
+    return 1 if missed else 0

@@ -22,14 +22,11 @@ complete loads bit-exactly, nothing partial listed complete.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -196,60 +193,24 @@ ROWS = (
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=30)
-    parser.add_argument("--mib", type=float, default=256.0, help="size of a checkpoint")
-    parser.add_argument("--sides", default="tinax,orbax")
-    parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        _child(*args.child)
-        return 0
-    _campaign.quiet_logs()
-    sides = [s for s in args.sides.split(",") if s]
-    assert set(sides) <= set(_campaign.SIDES), sides
-    scratch = Path(tempfile.mkdtemp(prefix="tinax-preemption-", dir=args.dir))
-    results: dict[str, Counts] = {}
-    started = time.monotonic()
-    try:
-        for side in sides:
-            results[side] = campaign(
-                side, scratch / side, args.kills, args.mib, random.Random(args.seed)
-            )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    print(
-        f"preemption campaign: {args.kills} SIGKILLs per side at random moments of a "
-        f"{args.mib:g} MiB training save, then a resume ({time.monotonic() - started:.0f} s)"
-    )
-    print(f"{'':44}" + "".join(f"{side:>10}" for side in sides))
-    for label, field in ROWS:
-        cells = [getattr(results[s], field) for s in sides]
-        print(
-            f"{label:44}"
-            + "".join(f"{c:>10.2f}" if isinstance(c, float) else f"{c:>10}" for c in cells)
-        )
-    for side in sides:
-        for refusal in results[side].refusals[:3]:
-            print(f"{side} refused: {refusal}")
-    print("RESULT " + json.dumps({s: dataclasses.asdict(c) for s, c in results.items()}))
-    tinax = results.get("tinax")
-    if tinax is None:
-        return 0
-    missed = [
-        goal
-        for goal, bad in (
+    return _campaign.run_kill_campaign(
+        description=__doc__.splitlines()[0],
+        default_mib=256.0,
+        scratch_prefix="tinax-preemption-",
+        campaign=campaign,
+        child=_child,
+        title=lambda kills, mib, seconds: (
+            f"preemption campaign: {kills} SIGKILLs per side at random moments of a "
+            f"{mib:g} MiB training save, then a resume ({seconds:.0f} s)"
+        ),
+        rows=ROWS,
+        goals=lambda tinax: (
             ("0 resumes refused", tinax.refused),
             ("every checkpoint listed complete loads bit-exactly", tinax.not_exact),
             ("no partial checkpoint listed complete", tinax.partial_listed_complete),
             ("every killed save listed interrupted", tinax.interrupted_not_listed),
-        )
-        if bad
-    ]
-    print("goals: " + ("all met" if not missed else "MISSED: " + "; ".join(missed)))
-    return 1 if missed else 0
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -23,16 +23,12 @@ half-pruned listed complete, every resume from the newest sound step.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
-import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -247,62 +243,25 @@ ROWS = (
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=30)
-    parser.add_argument("--mib", type=float, default=32.0, help="size of a checkpoint")
-    parser.add_argument("--sides", default="tinax,orbax")
-    parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        _child(*args.child)
-        return 0
-    _campaign.quiet_logs()
-    sides = [s for s in args.sides.split(",") if s]
-    assert set(sides) <= set(_campaign.SIDES), sides
-    scratch = Path(tempfile.mkdtemp(prefix="tinax-run-campaign-", dir=args.dir))
-    results: dict[str, Counts] = {}
-    started = time.monotonic()
-    try:
-        for side in sides:
-            results[side] = campaign(
-                side, scratch / side, args.kills, args.mib, random.Random(args.seed)
-            )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    print(
-        f"training-run campaign: {args.kills} SIGKILLs per side at random moments of a loop "
-        f"saving {args.mib:g} MiB every step and keeping the newest {KEEP} plus the best "
-        f"{KEEP_BEST}, each followed by a resume ({time.monotonic() - started:.0f} s)"
-    )
-    print(f"{'':46}" + "".join(f"{side:>10}" for side in sides))
-    for label, field in ROWS:
-        cells = [getattr(results[s], field) for s in sides]
-        print(
-            f"{label:46}"
-            + "".join(f"{c:>10.2f}" if isinstance(c, float) else f"{c:>10}" for c in cells)
-        )
-    for side in sides:
-        for line in results[side].refusals[:3]:
-            print(f"{side} refused: {line}")
-        for line in results[side].misses[:3]:
-            print(f"{side}: {line}")
-    print("RESULT " + json.dumps({s: dataclasses.asdict(c) for s, c in results.items()}))
-    tinax = results.get("tinax")
-    if tinax is None:
-        return 0
-    missed = [
-        goal
-        for goal, bad in (
+    return _campaign.run_kill_campaign(
+        description=__doc__.splitlines()[0],
+        default_mib=32.0,
+        scratch_prefix="tinax-run-campaign-",
+        campaign=campaign,
+        child=_child,
+        title=lambda kills, mib, seconds: (
+            f"training-run campaign: {kills} SIGKILLs per side at random moments of a loop "
+            f"saving {mib:g} MiB every step and keeping the newest {KEEP} plus the best "
+            f"{KEEP_BEST}, each followed by a resume ({seconds:.0f} s)"
+        ),
+        rows=ROWS,
+        goals=lambda tinax: (
             ("0 resumes refused", tinax.refused),
             ("nothing partial or half-pruned listed complete", tinax.partial_listed_complete),
             ("every resume from the newest sound step", tinax.not_from_newest),
-        )
-        if bad
-    ]
-    print("goals: " + ("all met" if not missed else "MISSED: " + "; ".join(missed)))
-    return 1 if missed else 0
+        ),
+        notes=("refusals", "misses"),
+    )
 
 
 if __name__ == "__main__":
