@@ -62,3 +62,15 @@ def test_every_package_has_a_bullet() -> None:
         REPO / "tinax" / "checkpointing" / "legacy"
     }
     assert packages | {REPO / "widgets", REPO / "tests", REPO / "bench"} <= folders
+
+
+LONG = 500
+
+
+def test_every_long_module_says_at_its_top_why_it_is_long() -> None:
+    unexplained = []
+    for source in sorted([*(REPO / "tinax").rglob("*.py"), *(REPO / "widgets").rglob("*.py")]):
+        text = source.read_text(encoding="utf-8")
+        if text.count("\n") > LONG and "(Over 500 lines:" not in text[:1500]:
+            unexplained.append(str(source.relative_to(REPO)))
+    assert unexplained == []

@@ -1,5 +1,9 @@
 """A checkpointable streamed into ``.safetensors`` files, region by region.
 
+(Over 500 lines: the plan of the files, the streaming writer and the read-back share
+one description of every tensor, its pieces and its place in a file, and are kept
+together so that it is defined once.)
+
 Each array is read from the store a region at a time (a few regions in flight), its
 recorded checksums digested as the regions go by, and the bytes written straight to
 their place in the output file, so that memory holds a fixed budget of regions
