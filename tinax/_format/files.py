@@ -91,9 +91,18 @@ class Scan:
     files: int
     found: tuple[tuple[Location, Entry], ...] = ()
     directories: tuple[tuple[Location, Entry], ...] = ()
+    # ``listing()``, as the walk made it (not compared: it follows from the rest).
+    listed: dict[str, dict[str, Entry]] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
 
     def listing(self) -> dict[str, dict[str, Entry]]:
-        """The entries of every directory the scan walked (its own too), by path."""
+        """The entries of every directory the scan walked (its own too), by path.
+
+        Do not modify the result: it is the scan's own.
+        """
+        if self.listed is not None:
+            return self.listed
         listed: dict[str, dict[str, Entry]] = {}
         for where, entry in (*self.directories, *self.found):
             parent, name = where.storage.split(where.path)
@@ -127,6 +136,7 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
     total = 0
     found_files: list[tuple[Location, Entry]] = []
     found_directories: list[tuple[Location, Entry]] = []
+    listed_by_path: dict[str, dict[str, Entry]] = {}
     stack = [directory]
     while stack:
         current = stack.pop()
@@ -139,6 +149,10 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
             found = sorted(listed, key=lambda e: e.name)
         except OSError as e:
             raise ValueError(f"cannot list {str(current)!r}: {e.strerror or e}") from None
+        if found:
+            # Keyed as ``Scan.listing`` keys it: the parent of its entries' paths.
+            parent = current.storage.split(current.storage.join(current.path, found[0].name))[0]
+            listed_by_path[parent] = {entry.name: entry for entry in found}
         for entry in found:
             where = current / entry.name
             if not is_utf8(entry.name):
@@ -174,6 +188,7 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
         files=len(found_files),
         found=tuple(found_files),
         directories=tuple(found_directories),
+        listed=listed_by_path,
     )
 
 

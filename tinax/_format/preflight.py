@@ -149,8 +149,13 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
                 f"{name}; refusing to read more than {cap}"
             )
     checksums.check_promise(checkpoint)
+    listed = checkpoint.scan.listing()
     for item in checkpoint.checkpointables:
-        tree = pytree.read_layout(item.directory) if item.layout == layout.PYTREE else None
+        tree = (
+            pytree.read_layout(item.directory, listed.get(item.directory.path, {}))
+            if item.layout == layout.PYTREE
+            else None
+        )
         if item.layout in (layout.PYTREE, layout.ITERATOR):
             records = checksums.read_checksums(item.directory)
             if tree is not None and records is not None and checkpoint.checksummed:

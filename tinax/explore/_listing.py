@@ -190,12 +190,13 @@ def _metadata_problem(checkpoint: layout.Checkpoint) -> tuple[str | None, list[_
     store's record of every stored array), never a value.
     """
     trees: list[_Tree] = []
+    listed = checkpoint.scan.listing()
     try:
         for item in checkpoint.checkpointables:
             if item.layout != layout.PYTREE:
                 _checkpoint.checkpointable_leaves(item, None, values=False)
                 continue
-            tree = pytree.read_layout(item.directory)
+            tree = pytree.read_layout(item.directory, listed.get(item.directory.path, {}))
             strings = [leaf.param for leaf in tree.leaves if leaf.kind == words.STRING]
             if strings:
                 pytree.read_strings(tree, strings)
