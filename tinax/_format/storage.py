@@ -203,26 +203,36 @@ class LocalStorage:
 
     @staticmethod
     def _open_regular(path: str) -> int:
+        return LocalStorage._open_regular_sized(path)[0]
+
+    @staticmethod
+    def _open_regular_sized(path: str) -> tuple[int, int]:
+        """An open descriptor of the regular file ``path``, and its size as opened."""
         # O_NONBLOCK: a FIFO swapped in after the caller looked must not block the open.
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(path, flags)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             raise OSError(f"{path!r} is not a regular file")
-        return fd
+        return fd, info.st_size
 
     def read(self, path: str, max_bytes: int) -> bytes:
-        fd = self._open_regular(path)
+        fd, size = self._open_regular_sized(path)
         try:
-            chunks = []
+            chunks: list[bytes] = []
             remaining = max_bytes + 1
+            # The whole file in one read where it is no larger than it was when opened
+            # (megabytes of metadata are not copied again to join chunks), then reads
+            # of a mebibyte until its end, however much it has grown meanwhile.
+            first = min(remaining, size + 1)
             while remaining > 0:
-                chunk = os.read(fd, min(remaining, 1 << 20))
+                chunk = os.read(fd, first if not chunks else min(remaining, 1 << 20))
                 if not chunk:
                     break
                 chunks.append(chunk)
                 remaining -= len(chunk)
-            return b"".join(chunks)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         finally:
             os.close(fd)
 
