@@ -480,13 +480,14 @@ def _judged(row: _Row, problem: str | None, state: _Listing) -> _Row:
 
 
 class _ArrayReader:
-    """Reads the array metadata of pending checkpoints while the listing goes on.
+    """Reads the array metadata of pending checkpoints, in batches.
 
-    Checkpoints are handed over as their rows are made and read in batches on
-    threads of their own (tensorstore does the reading outside the interpreter
-    lock), so that the array store of the first checkpoints is read while the
-    files of the later ones are still being walked and parsed. Each batch's
-    stores are walked together (``arrays.read_values_of_stores``).
+    Checkpoints are handed over as their rows are made. With ``workers``, each
+    batch is read on a thread of its own (tensorstore does the reading outside
+    the interpreter lock), so that the array stores of the first checkpoints are
+    read while the files of the later ones are still being read; with none, each
+    batch is read in the calling thread. Each batch's stores are read together
+    (``arrays.read_values_of_stores``).
     """
 
     def __init__(self, workers: int, batch: int) -> None:
@@ -520,6 +521,11 @@ class _ArrayReader:
         batch, self._batch = self._batch, []
         if not batch:
             return
+        if not self._workers:
+            done: concurrent.futures.Future[list[_Stored | None]] = concurrent.futures.Future()
+            done.set_result(self._read(batch))
+            self._batches.append((batch, done))
+            return
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self._workers, thread_name_prefix="tinax-listing"
@@ -530,20 +536,21 @@ class _ArrayReader:
         """Every pending checkpoint's row, by the ``id`` of its ``_Pending``."""
         self._submit()
         rows: dict[int, _Row] = {}
-        try:
-            for batch, future in self._batches:
-                stored = iter(future.result())
-                for item in batch:
-                    problem = _array_problem(item.trees, [next(stored) for _ in item.trees])
-                    if state.cache is not None:
-                        state.cache.store(
-                            str(item.checkpoint.path), item.checkpoint.scan.fingerprint, problem
-                        )
-                    rows[id(item)] = _judged(item.row, problem, state)
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
+        for batch, future in self._batches:
+            stored = iter(future.result())
+            for item in batch:
+                problem = _array_problem(item.trees, [next(stored) for _ in item.trees])
+                if state.cache is not None:
+                    state.cache.store(
+                        str(item.checkpoint.path), item.checkpoint.scan.fingerprint, problem
+                    )
+                rows[id(item)] = _judged(item.row, problem, state)
         return rows
+
+    def close(self) -> None:
+        """Ends the threads, once the batches started are read (the rest are dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _remember_refusal(
@@ -564,8 +571,10 @@ def _rows(
     state = _Listing(cache, deep)
     candidates = _candidates(directory)
     parallel = directory.storage.parallel_reads
-    # Object stores: every batch's walk is a few round trips, made side by side.
-    reader = _ArrayReader(_READERS if parallel else 1, _BATCH)
+    # Object stores: every batch is a few round trips, made side by side and while the
+    # checkpoints are read. On a local disk, where tensorstore's reads are no waits, all
+    # at the end in this thread: a thread of their own only contends for the interpreter.
+    reader = _ArrayReader(_READERS, _BATCH) if parallel else _ArrayReader(0, len(candidates) + 1)
     found: list[_Row | _Pending | None] = []
     try:
         if not parallel:
@@ -580,8 +589,9 @@ def _rows(
                     found.append(row)
                     if isinstance(row, _Pending):
                         reader.add(row)
-    finally:
         finished = reader.finish(state)
+    finally:
+        reader.close()
     rows = [
         finished[id(row)] if isinstance(row, _Pending) else row for row in found if row is not None
     ]
