@@ -513,3 +513,15 @@ def test_the_sharding_file_is_parsed_once_for_the_check_and_the_table(
     with pytest.raises(ValueError, match="holds a JSON list, not an object"):
         pytree.read_shardings(tree, ["w"])
     assert parsed.count(names.SHARDINGS) == 2
+
+
+def test_a_checkpoint_being_removed_is_refused_whether_or_not_its_walk_is_given(tmp_path):
+    from tinax._format import preflight
+
+    ocp.save_checkpointables(tmp_path / "ckpt", {"model": {"w": np.zeros(3)}})
+    where = local(tmp_path / "ckpt")
+    assert preflight.check(where, files.scan(where)).path == where
+    (tmp_path / "ckpt" / names.DELETION_MARKER).write_bytes(b"")
+    for scan in (None, files.scan(where)):
+        with pytest.raises(ValueError, match="being removed"):
+            preflight.check(where, scan)

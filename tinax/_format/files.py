@@ -132,7 +132,8 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
         directory (a FIFO, socket or device), or has a name that is not UTF-8,
         or a directory cannot be listed; the message names the entry.
     """
-    digest = hashlib.blake2b(digest_size=16)
+    # What the fingerprint digests, one line per entry, digested at once at the end.
+    stamps: list[str] = []
     total = 0
     found_files: list[tuple[Location, Entry]] = []
     found_directories: list[tuple[Location, Entry]] = []
@@ -159,7 +160,7 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
                 raise ValueError(
                     f"{str(where)!r} has a name that is not UTF-8; a checkpoint holds none"
                 )
-            digest.update(f"{where.path}\0{entry.stamp}\n".encode())
+            stamps.append(f"{where.path}\0{entry.stamp}\n")
             if entry.kind == LINK:
                 target = entry.link_target or ""
                 place = (
@@ -182,6 +183,7 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
                     f"{str(where)!r} is not a regular file or directory (a FIFO, socket "
                     "or device); a checkpoint holds nothing else"
                 )
+    digest = hashlib.blake2b("".join(stamps).encode(), digest_size=16)
     return Scan(
         nbytes=total,
         fingerprint=digest.hexdigest(),

@@ -157,7 +157,12 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
             else None
         )
         if item.layout in (layout.PYTREE, layout.ITERATOR):
-            records = checksums.read_checksums(item.directory)
+            # The walk tells whether there is a record to read.
+            records = (
+                checksums.read_checksums(item.directory)
+                if names.CHECKSUMS_DIR in listed.get(item.directory.path, {})
+                else None
+            )
             if tree is not None and records is not None and checkpoint.checksummed:
                 _check_coverage(checkpoint, item.name, tree, records)
     return checkpoint

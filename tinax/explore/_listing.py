@@ -205,9 +205,10 @@ def _metadata_problem(checkpoint: layout.Checkpoint) -> tuple[str | None, list[_
                 for leaf in tree.leaves
                 if leaf.stored and leaf.kind in words.STORED_ARRAY_KINDS
             ]
-            pytree.read_shardings(
-                tree, [leaf.param for leaf in in_store if leaf.kind == words.JAX_ARRAY]
-            )
+            if names.SHARDINGS in listed.get(item.directory.path, {}):
+                pytree.read_shardings(
+                    tree, [leaf.param for leaf in in_store if leaf.kind == words.JAX_ARRAY]
+                )
             if in_store:
                 trees.append((tree, in_store))
     except Exception as e:
