@@ -177,13 +177,14 @@ else:
     explorer.open_checkpoint(sys.argv[3])
     rows = len(explorer.leaves)
 seconds = time.perf_counter() - start
+if what != "listing":
+    explorer.wait(300)  # its background check ended: the walk does not run beside it
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[4])))
 from explorer_scale import _scandir_walk
 start = time.perf_counter()
 _scandir_walk(run)
 walk = time.perf_counter() - start
 if what != "listing":
-    explorer.wait(300)
     explorer.close()
 print(json.dumps({"imports": imported, "seconds": seconds, "walk": walk, "rows": rows}))
 """
