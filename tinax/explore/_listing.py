@@ -39,7 +39,8 @@ _TIME_COLUMNS = 2
 _T = TypeVar("_T")
 # Checkpoints read at once by a listing of an object store, where each read is a round trip.
 _READERS = 16
-# Checkpoints whose array stores are walked together, while the listing goes on.
+# Checkpoints whose array stores a listing of an object store reads together, on a
+# thread of their own while it reads the next checkpoints.
 _BATCH = 128
 
 
