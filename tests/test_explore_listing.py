@@ -329,3 +329,42 @@ def test_a_listing_of_unchanged_checkpoints_reads_no_file_again(tmp_path, monkey
     assert list(changed["status"]) == ["complete", "invalid", "complete"]
     # Only the changed checkpoint is read again.
     assert reads and all(str(path).startswith(str(tmp_path / "step_1")) for path in reads)
+
+
+def _damage_store(checkpoint, how):
+    """Damages the array store of ``checkpoint``'s checkpointable ``m``."""
+    store = checkpoint / "m"
+    data = sorted(p for p in store.rglob("*") if p.is_file() and p.parent.name == "d")
+    manifests = sorted(store.rglob("manifest.ocdbt"))
+    if how == "data files gone":
+        for path in data:
+            path.unlink()
+    elif how == "data garbled":
+        for path in data:
+            path.write_bytes(b"\x00" * path.stat().st_size)
+    elif how == "manifests garbled":
+        for path in manifests:
+            path.write_bytes(b"not a manifest")
+
+
+@pytest.mark.parametrize("how", ["data files gone", "data garbled", "manifests garbled"])
+def test_a_listing_calls_complete_what_a_table_reads_whatever_the_store_holds(tmp_path, how):
+    # One leaf (its store looked up) and many (walked), each healthy beside a damaged copy.
+    few = {"w": np.arange(3.0)}
+    many = {f"w{i}": np.full(2, i) for i in range(12)}
+    for name, tree in (("few", few), ("many", many)):
+        save_v1(tmp_path / f"{name}_1", {"m": tree})
+        shutil.copytree(tmp_path / f"{name}_1", tmp_path / f"{name}_2")
+        _damage_store(tmp_path / f"{name}_2", how)
+    listing = ex.list_checkpoints(tmp_path, cache=None)
+    readable = {}
+    for path in listing["path"]:
+        try:
+            ex.checkpoint_table(path)
+            readable[str(path)] = True
+        except ValueError:
+            readable[str(path)] = False
+    statuses = dict(zip(listing["path"], listing["status"], strict=True))
+    assert {p: s == "complete" for p, s in statuses.items()} == readable
+    assert statuses[str(tmp_path / "few_1")] == statuses[str(tmp_path / "many_1")] == "complete"
+    assert statuses[str(tmp_path / "few_2")] == statuses[str(tmp_path / "many_2")] == "invalid"

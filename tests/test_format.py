@@ -8,6 +8,7 @@ metadata reader. A new Orbax that changes its layout fails them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -126,6 +127,13 @@ def test_bounded_reads_refuse_links_fifos_and_oversized_files(tmp_path: Path) ->
     (tmp_path / "deep.json").write_text("[" * 200 + "]" * 200)
     with pytest.raises(ValueError, match="levels deep"):
         files.read_json(where / "deep.json", what="a test")
+    # Larger than one read's chunk: read whole, or to one byte past the cap.
+    data = bytes(range(256)) * (3 * 2**12 + 7)
+    (tmp_path / "large").write_bytes(data)
+    assert files.read_bytes(where / "large", what="a test", max_bytes=len(data)) == data
+    assert where.storage.read((where / "large").path, 2**20) == data[: 2**20 + 1]
+    (tmp_path / "empty").write_bytes(b"")
+    assert files.read_bytes(where / "empty", what="a test", max_bytes=100) == b""
 
 
 def test_scan_refuses_every_link_fifo_and_non_utf8_name(tmp_path: Path) -> None:
@@ -134,6 +142,10 @@ def test_scan_refuses_every_link_fifo_and_non_utf8_name(tmp_path: Path) -> None:
     found = files.scan(local(tmp_path / "c"))
     assert (found.nbytes, found.files) == (3, 1)
     assert [where.name for where, _ in found.found] == ["f"]
+    # The listing the walk keeps is the one its entries make.
+    rebuilt = dataclasses.replace(found, listed=None).listing()
+    assert found.listing() == rebuilt
+    assert set(rebuilt) == {str(tmp_path / "c"), str(tmp_path / "c" / "sub")}
     # A link inside the checkpoint could pass one checkpointable off as another.
     os.symlink(tmp_path / "c" / "sub" / "f", tmp_path / "c" / "inside")
     with pytest.raises(ValueError, match=r"symbolic link .*\(inside\)"):
@@ -306,13 +318,15 @@ def test_a_parsed_layout_is_reused_until_its_metadata_changes(tmp_path: Path) ->
     model = local(tmp_path / "ckpt" / "model")
     first = pytree.read_layout(model)
     assert pytree.read_layout(model) is first  # parsed once
+    assert pytree.read_layout(model, model.entries()) is first  # told by a fresh listing
     meta = tmp_path / "ckpt" / "model" / names.PYTREE_METADATA
     document = json.loads(meta.read_text())
     entry = document["tree_metadata"].pop(next(iter(document["tree_metadata"])))
     document["tree_metadata"]["('x',)"] = {**entry, "key_metadata": [{"key": "x", "key_type": 2}]}
     meta.write_text(json.dumps(document))
-    second = pytree.read_layout(model)
+    second = pytree.read_layout(model, model.entries())
     assert second is not first and "['x']" in [leaf.key for leaf in second.leaves]
+    assert pytree.read_layout(model) is second
     meta.write_text('{"tree_metadata": [')
     with pytest.raises(ValueError, match="_METADATA"):
         pytree.read_layout(model)
@@ -499,3 +513,15 @@ def test_the_sharding_file_is_parsed_once_for_the_check_and_the_table(
     with pytest.raises(ValueError, match="holds a JSON list, not an object"):
         pytree.read_shardings(tree, ["w"])
     assert parsed.count(names.SHARDINGS) == 2
+
+
+def test_a_checkpoint_being_removed_is_refused_whether_or_not_its_walk_is_given(tmp_path):
+    from tinax._format import preflight
+
+    ocp.save_checkpointables(tmp_path / "ckpt", {"model": {"w": np.zeros(3)}})
+    where = local(tmp_path / "ckpt")
+    assert preflight.check(where, files.scan(where)).path == where
+    (tmp_path / "ckpt" / names.DELETION_MARKER).write_bytes(b"")
+    for scan in (None, files.scan(where)):
+        with pytest.raises(ValueError, match="being removed"):
+            preflight.check(where, scan)

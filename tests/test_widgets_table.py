@@ -208,3 +208,15 @@ def test_a_table_starts_sorted_and_jumps_to_a_page() -> None:
     assert (table.page, table.page_count) == (0, 2)
     with pytest.raises(TypeError):
         table.jump("2")  # type: ignore[arg-type]
+
+
+def test_a_frame_s_attrs_stay_with_the_caller_not_with_the_table() -> None:
+    frame = _frame(45)
+    frame.attrs["unchecked"] = [f"/run/{i}" for i in range(1_000)]
+    table = PagedTable(COLUMNS, page_size=20)
+    table.show(frame)
+    assert table.frame.attrs == {} and table.source.attrs == {}
+    assert len(frame.attrs["unchecked"]) == 1_000  # the caller's frame is untouched
+    assert _names(table)[:2] == ["row-0", "row-1"] and len(table.frame) == 45
+    table.sort_by("size", ascending=False)
+    assert _names(table)[0] == "row-44"

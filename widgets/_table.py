@@ -262,6 +262,11 @@ class PagedTable(anywidget.AnyWidget):
 
         The selection is kept when its row is still in ``frame``.
         """
+        if frame.attrs:
+            # pandas copies a frame's attrs deeply into every row and slice taken from
+            # it (a run's listing names a thousand unchecked paths): the table needs none.
+            frame = frame.copy(deep=False)
+            frame.attrs = {}
         self.source = frame
         # A sort by a column still being read would be a wrong order: the rows keep
         # their own until it is read (``hold``), and the table says so.

@@ -428,6 +428,47 @@ def _walk_level(
     return below
 
 
+# Stores of at most this many wanted keys are read by looking each key up: opening the
+# store and one lookup cost less than a walk of its B+tree (a run of one-leaf checkpoints).
+_LOOKUP_KEYS = 8
+
+
+def _look_up(
+    requests: list[tuple[Location, Collection[str]]], ocdbt: list[bool], ctx: ts.Context
+) -> dict[int, dict[str, bytes] | ValueError]:
+    """``read_values`` of the OCDBT stores of few keys among ``requests``, by index: every
+    store opened at once, then every key of every store looked up at once."""
+    few = [
+        i
+        for i, ((_, keys), in_ocdbt) in enumerate(zip(requests, ocdbt, strict=True))
+        if in_ocdbt and 0 < len(keys) <= _LOOKUP_KEYS
+    ]
+    opening = {
+        i: ts.KvStore.open(kvstore_spec(requests[i][0], ocdbt=True), context=ctx) for i in few
+    }
+    reading: dict[int, list[tuple[str, Any]]] = {}
+    for i, future in opening.items():
+        with contextlib.suppress(*_WALK_ERRORS):
+            store = future.result()
+            reading[i] = [(key, store.read(key)) for key in dict.fromkeys(requests[i][1])]
+    out: dict[int, dict[str, bytes] | ValueError] = {}
+    for i in few:
+        try:
+            values = {}
+            for key, read in reading[i]:
+                result = read.result()
+                if result.state == "value":
+                    values[key] = result.value
+            out[i] = values
+        except _WALK_ERRORS:
+            # Not opened or not read: read alone, in its own words.
+            try:
+                out[i] = read_values(requests[i][0], requests[i][1], ocdbt=True, ctx=ctx)
+            except ValueError as e:
+                out[i] = e
+    return out
+
+
 def read_values_of_stores(
     requests: list[tuple[Location, Collection[str]]], *, ocdbt: list[bool], ctx: ts.Context
 ) -> list[dict[str, bytes] | ValueError]:
@@ -438,12 +479,15 @@ def read_values_of_stores(
     checkpoints is read in a few rounds of concurrent reads instead of a thousand
     rounds of sequential ones. A store the walk cannot make sense of, or in which
     it misses a key, is read by ``read_values`` alone, which reports damage properly.
+    Stores of a few keys are not walked: every one is opened at once and its keys
+    looked up (``_look_up``), as ``read_values`` would look them up.
     """
     wanted = [{key.encode("utf-8"): key for key in keys} for _, keys in requests]
+    looked_up = _look_up(requests, ocdbt, ctx)
     opening = {
         i: ts.KvStore.open(directory.kvstore(), context=ctx)
         for i, ((directory, _), in_ocdbt) in enumerate(zip(requests, ocdbt, strict=True))
-        if in_ocdbt and wanted[i]
+        if in_ocdbt and wanted[i] and i not in looked_up
     }
     bases: dict[int, Any] = {}
     for i, future in opening.items():
@@ -474,6 +518,9 @@ def read_values_of_stores(
                 level[i] = below
     out: list[dict[str, bytes] | ValueError] = []
     for i, ((directory, keys), in_ocdbt) in enumerate(zip(requests, ocdbt, strict=True)):
+        if i in looked_up:
+            out.append(looked_up[i])
+            continue
         values = found.get(i)
         try:
             if values is not None and len(values) == len(wanted[i]):

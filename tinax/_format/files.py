@@ -91,9 +91,18 @@ class Scan:
     files: int
     found: tuple[tuple[Location, Entry], ...] = ()
     directories: tuple[tuple[Location, Entry], ...] = ()
+    # ``listing()``, as the walk made it (not compared: it follows from the rest).
+    listed: dict[str, dict[str, Entry]] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
 
     def listing(self) -> dict[str, dict[str, Entry]]:
-        """The entries of every directory the scan walked (its own too), by path."""
+        """The entries of every directory the scan walked (its own too), by path.
+
+        Do not modify the result: it is the scan's own.
+        """
+        if self.listed is not None:
+            return self.listed
         listed: dict[str, dict[str, Entry]] = {}
         for where, entry in (*self.directories, *self.found):
             parent, name = where.storage.split(where.path)
@@ -123,10 +132,12 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
         directory (a FIFO, socket or device), or has a name that is not UTF-8,
         or a directory cannot be listed; the message names the entry.
     """
-    digest = hashlib.blake2b(digest_size=16)
+    # What the fingerprint digests, one line per entry, digested at once at the end.
+    stamps: list[str] = []
     total = 0
     found_files: list[tuple[Location, Entry]] = []
     found_directories: list[tuple[Location, Entry]] = []
+    listed_by_path: dict[str, dict[str, Entry]] = {}
     stack = [directory]
     while stack:
         current = stack.pop()
@@ -139,13 +150,17 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
             found = sorted(listed, key=lambda e: e.name)
         except OSError as e:
             raise ValueError(f"cannot list {str(current)!r}: {e.strerror or e}") from None
+        if found:
+            # Keyed as ``Scan.listing`` keys it: the parent of its entries' paths.
+            parent = current.storage.split(current.storage.join(current.path, found[0].name))[0]
+            listed_by_path[parent] = {entry.name: entry for entry in found}
         for entry in found:
             where = current / entry.name
             if not is_utf8(entry.name):
                 raise ValueError(
                     f"{str(where)!r} has a name that is not UTF-8; a checkpoint holds none"
                 )
-            digest.update(f"{where.path}\0{entry.stamp}\n".encode())
+            stamps.append(f"{where.path}\0{entry.stamp}\n")
             if entry.kind == LINK:
                 target = entry.link_target or ""
                 place = (
@@ -168,12 +183,14 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
                     f"{str(where)!r} is not a regular file or directory (a FIFO, socket "
                     "or device); a checkpoint holds nothing else"
                 )
+    digest = hashlib.blake2b("".join(stamps).encode(), digest_size=16)
     return Scan(
         nbytes=total,
         fingerprint=digest.hexdigest(),
         files=len(found_files),
         found=tuple(found_files),
         directories=tuple(found_directories),
+        listed=listed_by_path,
     )
 
 

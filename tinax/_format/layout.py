@@ -227,7 +227,12 @@ def open_checkpoint(path: Location, scan: files.Scan | None = None) -> Checkpoin
             f"{str(path)!r} is an Orbax temporary directory: a save in progress or one "
             "that failed, not a checkpoint"
         )
-    if (path / names.DELETION_MARKER).exists():
+    marked = (
+        (path / names.DELETION_MARKER).exists()
+        if scan is None
+        else names.DELETION_MARKER in scan.listing().get(path.path, {})
+    )
+    if marked:
         raise ValueError(
             f"{str(path)!r} is being removed (it holds {names.DELETION_MARKER}): "
             "not a checkpoint any more"

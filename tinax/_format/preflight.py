@@ -54,14 +54,14 @@ _CAPPED_FILES = {
 }
 
 
-def _json_kind(where: Location) -> str | None:
-    """What a file holds if it is one of the JSON files readers parse, else ``None``."""
-    name = where.name
+def _json_kind(name: str, parent: str) -> str | None:
+    """What a file called ``name`` in a directory called ``parent`` holds if it is one
+    of the JSON files readers parse, else ``None``."""
     if name in _JSON_FILES:
         return _JSON_FILES[name]
     if names.ITERATOR_FILE.match(name):
         return "Grain iterator state"
-    return _JSON_DIRECTORIES.get(where.parent.name)
+    return _JSON_DIRECTORIES.get(parent)
 
 
 def _check_array_metadatas(where: Location, document: Any) -> None:
@@ -120,35 +120,49 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
     checkpoint = layout.open_checkpoint(path.snapshot(), scan)
     # Read and checked as JSON by open_checkpoint already.
     record = (checkpoint.path / names.CHECKPOINT_METADATA).path
+    split = checkpoint.path.storage.split
     for where, entry in checkpoint.scan.found:
-        if where.name in _OWN_READERS or where.path == record:
+        # The walk's names: a run of a thousand checkpoints has ten thousand files.
+        name = entry.name
+        if name in _OWN_READERS or where.path == record:
             continue
-        if where.name == names.SHARDINGS:
+        if name == names.SHARDINGS:
             pytree.sharding_file(where)  # parsed once for the check and the tables
             continue
-        what = _json_kind(where)
+        parent = split(split(where.path)[0])[1]
+        what = _json_kind(name, parent)
         if what is not None:
-            flat = where.name in _FLAT_JSON or where.parent.name == names.ARRAY_METADATAS
+            flat = name in _FLAT_JSON or parent == names.ARRAY_METADATAS
             document = files.read_json(
                 where,
                 what=what,
                 max_bytes=files.MAX_METADATA_BYTES,
                 max_depth=None if flat else files.MAX_JSON_DEPTH,
             )
-            if where.parent.name == names.ARRAY_METADATAS:
+            if parent == names.ARRAY_METADATAS:
                 _check_array_metadatas(where, document)
             continue
-        cap = _CAPPED_FILES.get(where.name) or _CAPPED_DIRECTORIES.get(where.parent.name)
+        cap = _CAPPED_FILES.get(name) or _CAPPED_DIRECTORIES.get(parent)
         if cap is not None and entry.size > cap:
             raise ValueError(
                 f"{str(where)!r} is {entry.size} bytes, implausibly large for "
-                f"{where.name}; refusing to read more than {cap}"
+                f"{name}; refusing to read more than {cap}"
             )
     checksums.check_promise(checkpoint)
+    listed = checkpoint.scan.listing()
     for item in checkpoint.checkpointables:
-        tree = pytree.read_layout(item.directory) if item.layout == layout.PYTREE else None
+        tree = (
+            pytree.read_layout(item.directory, listed.get(item.directory.path, {}))
+            if item.layout == layout.PYTREE
+            else None
+        )
         if item.layout in (layout.PYTREE, layout.ITERATOR):
-            records = checksums.read_checksums(item.directory)
+            # The walk tells whether there is a record to read.
+            records = (
+                checksums.read_checksums(item.directory)
+                if names.CHECKSUMS_DIR in listed.get(item.directory.path, {})
+                else None
+            )
             if tree is not None and records is not None and checkpoint.checksummed:
                 _check_coverage(checkpoint, item.name, tree, records)
     return checkpoint

@@ -30,7 +30,7 @@ from tinax._format.arrays import (  # re-exported: zarr parsing lives with the a
     parse_array_metadata,
 )
 from tinax._format.keys import KeyPart, KeyPath
-from tinax._format.storage import FILE, Location
+from tinax._format.storage import FILE, Entry, Location
 
 # Orbax's key types in ``key_metadata``.
 _SEQUENCE_KEY = 1
@@ -332,19 +332,25 @@ def _keep(store: collections.OrderedDict[Any, Any], key: Any, value: Any) -> Non
             store.popitem(last=False)
 
 
-def read_layout(directory: Location) -> PyTreeLayout:
+def read_layout(directory: Location, entries: dict[str, Entry] | None = None) -> PyTreeLayout:
     """Parses a pytree checkpointable's ``_METADATA``.
 
     A layout parsed before is reused while ``_METADATA`` and ``manifest.ocdbt`` are
-    unchanged (same size, identity and modification time).
+    unchanged (same size, identity and modification time). ``entries`` are the
+    entries of ``directory``, if the caller has just listed them (a check's walk):
+    then neither file is looked at again to tell.
 
     Raises:
       ValueError: If ``_METADATA`` is missing, not JSON, or not Orbax's pytree
         metadata; the message names the file and what is wrong.
     """
     meta_file = directory / names.PYTREE_METADATA
-    meta_entry = meta_file.entry()
-    manifest_entry = (directory / names.OCDBT_MANIFEST).entry()
+    if entries is None:
+        meta_entry = meta_file.entry()
+        manifest_entry = (directory / names.OCDBT_MANIFEST).entry()
+    else:
+        meta_entry = entries.get(names.PYTREE_METADATA)
+        manifest_entry = entries.get(names.OCDBT_MANIFEST)
     key = None
     if meta_entry is not None and meta_entry.stamp:
         manifest_stamp = (

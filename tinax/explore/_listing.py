@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import pandas as pd
+import tensorstore as ts
 
 from tinax import _claims, _paths
 from tinax._format import arrays, files, layout, names, preflight, pytree, words
@@ -38,6 +39,9 @@ _TIME_COLUMNS = 2
 _T = TypeVar("_T")
 # Checkpoints read at once by a listing of an object store, where each read is a round trip.
 _READERS = 16
+# Checkpoints whose array stores a listing of an object store reads together, on a
+# thread of their own while it reads the next checkpoints.
+_BATCH = 128
 
 
 class ListingCache:
@@ -174,6 +178,8 @@ def _problem(checkpoint: layout.Checkpoint) -> str | None:
 # A pytree checkpointable whose array metadata is still to be read, and its leaves
 # in the array store.
 _Tree = tuple[pytree.PyTreeLayout, list[pytree.StoredLeaf]]
+# What was read of one tree's array metadata: its values, or the store's refusal.
+_Stored = dict[str, bytes] | ValueError
 
 
 def _metadata_problem(checkpoint: layout.Checkpoint) -> tuple[str | None, list[_Tree]]:
@@ -185,12 +191,13 @@ def _metadata_problem(checkpoint: layout.Checkpoint) -> tuple[str | None, list[_
     store's record of every stored array), never a value.
     """
     trees: list[_Tree] = []
+    listed = checkpoint.scan.listing()
     try:
         for item in checkpoint.checkpointables:
             if item.layout != layout.PYTREE:
                 _checkpoint.checkpointable_leaves(item, None, values=False)
                 continue
-            tree = pytree.read_layout(item.directory)
+            tree = pytree.read_layout(item.directory, listed.get(item.directory.path, {}))
             strings = [leaf.param for leaf in tree.leaves if leaf.kind == words.STRING]
             if strings:
                 pytree.read_strings(tree, strings)
@@ -199,9 +206,10 @@ def _metadata_problem(checkpoint: layout.Checkpoint) -> tuple[str | None, list[_
                 for leaf in tree.leaves
                 if leaf.stored and leaf.kind in words.STORED_ARRAY_KINDS
             ]
-            pytree.read_shardings(
-                tree, [leaf.param for leaf in in_store if leaf.kind == words.JAX_ARRAY]
-            )
+            if names.SHARDINGS in listed.get(item.directory.path, {}):
+                pytree.read_shardings(
+                    tree, [leaf.param for leaf in in_store if leaf.kind == words.JAX_ARRAY]
+                )
             if in_store:
                 trees.append((tree, in_store))
     except Exception as e:
@@ -217,9 +225,12 @@ def _message(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _read_array_metadata(trees: list[_Tree]) -> list[dict[str, bytes] | ValueError | None]:
+def _read_array_metadata(
+    trees: list[_Tree], ctx: ts.Context | None = None
+) -> list[dict[str, bytes] | ValueError | None]:
     """The stored array metadata of every tree, read at once (see
-    ``arrays.read_values_of_stores``); ``None`` for all if that fails as a whole."""
+    ``arrays.read_values_of_stores``, in ``ctx``, else a fresh context); ``None``
+    for all if that fails as a whole."""
     try:
         return list(
             arrays.read_values_of_stores(
@@ -228,7 +239,7 @@ def _read_array_metadata(trees: list[_Tree]) -> list[dict[str, bytes] | ValueErr
                     for tree, leaves in trees
                 ],
                 ocdbt=[tree.ocdbt for tree, _ in trees],
-                ctx=arrays.context(),
+                ctx=arrays.context() if ctx is None else ctx,
             )
         )
     except Exception:
@@ -470,17 +481,78 @@ def _judged(row: _Row, problem: str | None, state: _Listing) -> _Row:
     return (*row[:3], words.INVALID, *row[4:])
 
 
-def _finish(pending: list[_Pending], state: _Listing) -> list[_Row]:
-    """The rows of ``pending`` checkpoints, their array metadata read all at once."""
-    trees = [tree for item in pending for tree in item.trees]
-    stored = iter(_read_array_metadata(trees))
-    rows = []
-    for item in pending:
-        problem = _array_problem(item.trees, [next(stored) for _ in item.trees])
-        if state.cache is not None:
-            state.cache.store(str(item.checkpoint.path), item.checkpoint.scan.fingerprint, problem)
-        rows.append(_judged(item.row, problem, state))
-    return rows
+class _ArrayReader:
+    """Reads the array metadata of pending checkpoints, in batches.
+
+    Checkpoints are handed over as their rows are made. With ``workers``, each
+    batch is read on a thread of its own (tensorstore does the reading outside
+    the interpreter lock), so that the array stores of the first checkpoints are
+    read while the files of the later ones are still being read; with none, each
+    batch is read in the calling thread. Each batch's stores are read together
+    (``arrays.read_values_of_stores``).
+    """
+
+    def __init__(self, workers: int, batch: int) -> None:
+        self._workers = workers
+        self._batch_size = batch
+        self._batch: list[_Pending] = []
+        self._batches: list[
+            tuple[list[_Pending], concurrent.futures.Future[list[_Stored | None]]]
+        ] = []
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._ctx: ts.Context | None = None
+        self._ctx_lock = threading.Lock()
+
+    def add(self, item: _Pending) -> None:
+        self._batch.append(item)
+        if len(self._batch) >= self._batch_size:
+            self._submit()
+
+    def _context(self) -> ts.Context:
+        with self._ctx_lock:
+            if self._ctx is None:
+                self._ctx = arrays.context()
+            return self._ctx
+
+    def _read(self, batch: list[_Pending]) -> list[_Stored | None]:
+        return _read_array_metadata(
+            [tree for item in batch for tree in item.trees], self._context()
+        )
+
+    def _submit(self) -> None:
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        if not self._workers:
+            done: concurrent.futures.Future[list[_Stored | None]] = concurrent.futures.Future()
+            done.set_result(self._read(batch))
+            self._batches.append((batch, done))
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._workers, thread_name_prefix="tinax-listing"
+            )
+        self._batches.append((batch, self._pool.submit(self._read, batch)))
+
+    def finish(self, state: _Listing) -> dict[int, _Row]:
+        """Every pending checkpoint's row, by the ``id`` of its ``_Pending``."""
+        self._submit()
+        rows: dict[int, _Row] = {}
+        for batch, future in self._batches:
+            stored = iter(future.result())
+            for item in batch:
+                problem = _array_problem(item.trees, [next(stored) for _ in item.trees])
+                if state.cache is not None:
+                    state.cache.store(
+                        str(item.checkpoint.path), item.checkpoint.scan.fingerprint, problem
+                    )
+                rows[id(item)] = _judged(item.row, problem, state)
+        return rows
+
+    def close(self) -> None:
+        """Ends the threads, once the batches started are read (the rest are dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _remember_refusal(
@@ -492,6 +564,40 @@ def _remember_refusal(
     except ValueError:
         return  # Refused by the walk itself: a quick listing walks it too, and says so.
     cache.store(str(path), fingerprint, problem, refused=True)
+
+
+def _rows(
+    directory: Location, cache: ListingCache | None, deep: bool
+) -> tuple[list[_Row], _Listing]:
+    """The listing rows of the checkpoints under ``directory``, in no particular order."""
+    state = _Listing(cache, deep)
+    candidates = _candidates(directory)
+    parallel = directory.storage.parallel_reads
+    # Object stores: every batch is a few round trips, made side by side and while the
+    # checkpoints are read. On a local disk, where tensorstore's reads are no waits, all
+    # at the end in this thread: a thread of their own only contends for the interpreter.
+    reader = _ArrayReader(_READERS, _BATCH) if parallel else _ArrayReader(0, len(candidates) + 1)
+    found: list[_Row | _Pending | None] = []
+    try:
+        if not parallel:
+            for path, top in candidates:
+                found.append(_row(path, state, top))
+                if isinstance(found[-1], _Pending):
+                    reader.add(found[-1])
+        else:
+            # Checkpoints are read side by side: each read is a round trip.
+            with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
+                for row in pool.map(lambda item: _row(item[0], state, item[1]), candidates):
+                    found.append(row)
+                    if isinstance(row, _Pending):
+                        reader.add(row)
+        finished = reader.finish(state)
+    finally:
+        reader.close()
+    rows = [
+        finished[id(row)] if isinstance(row, _Pending) else row for row in found if row is not None
+    ]
+    return rows, state
 
 
 def list_checkpoints(
@@ -548,19 +654,9 @@ def list_checkpoints(
         raise TypeError(f"deep must be a bool, got {type(deep).__name__}")
     # One listing of the whole run (on an object store, a request per thousand objects).
     directory = _paths.existing_directory(root).snapshot()
-    state = _Listing(cache, deep)
-    candidates = _candidates(directory)
-    if not directory.storage.parallel_reads:
-        found = [_row(path, state, top) for path, top in candidates]
-    else:
-        # Checkpoints are read side by side: each read is a round trip.
-        with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
-            found = list(pool.map(lambda item: _row(item[0], state, item[1]), candidates))
-    pending = [row for row in found if isinstance(row, _Pending)]
-    finished = iter(_finish(pending, state)) if pending else iter(())
-    rows = [
-        next(finished) if isinstance(row, _Pending) else row for row in found if row is not None
-    ]
+    # The listing makes objects by the hundred thousand, none in a cycle.
+    with files.paused_gc():
+        rows, state = _rows(directory, cache, deep)
     table = frame(LISTING_COLUMNS[:-_TIME_COLUMNS], (row[:-_TIME_COLUMNS] for row in rows))
     table["committed"] = pd.to_datetime(
         pd.Series([row[-2] for row in rows], dtype="Int64"), unit="ns", utc=True
