@@ -5,6 +5,10 @@ Orbax writes a pytree checkpointable's arrays as zarr arrays in an OCDBT key-val
 store (or, in older checkpoints, as plain zarr directories). Each array's zarr
 metadata sits under ``<param>/`` in that store; ``parse_array_metadata`` reads what
 it claims (shape, dtype, chunking, codecs) without trusting it.
+
+(Over 500 lines: the bulk reads of many stores, the single-store fallback that words
+their damage, and the zarr parsing they feed share one record of an array and one set
+of messages; split, each half would import the other.)
 """
 
 from __future__ import annotations
