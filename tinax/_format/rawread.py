@@ -1,0 +1,399 @@
+"""Reading uncompressed zarr3 chunks straight from an OCDBT store's data files.
+
+Orbax stores an array uncompressed by default: each zarr3 chunk (a shard holding
+inner chunks, or a plain chunk) is the C-order bytes of its values, kept as one
+byte range of a data file. Decoding such a chunk through tensorstore costs several
+times what the bytes alone cost to read (buffers allocated and copied per read);
+here the bytes are read with ``preadv`` straight into the region's array, on a few
+threads, so that reading runs at the speed of the page cache.
+
+Only what is known to be byte for byte is read this way: a local store, zarr3
+metadata whose codecs are exactly ``bytes`` (little-endian) or a sharding codec over
+it with tensorstore's index layout, every chunk stored out of line, each of the
+size its shape says. Anything else, and any inconsistency met while reading (a
+missing chunk, an index entry out of range, a short read), is ``Unsupported``: the
+caller reads that array through tensorstore instead. The bytes read are trusted no
+more than tensorstore's: callers use this path only for arrays whose checksums were
+recorded at save time, check them as the regions stream by, and read the array
+again through tensorstore when they do not match, so that what is reported about a
+damaged array is what tensorstore finds.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import math
+import os
+import stat
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from tinax._format.arrays import ValueRef
+from tinax._format.storage import Location
+
+Box = tuple[slice, ...]
+
+# Chunks smaller than this are read through tensorstore: per read, the Python work
+# here would cost more than tensorstore's decoding saves.
+MIN_CHUNK_BYTES = 256 << 10
+# Threads reading chunks: the copy from the page cache is the kernel's work, and
+# runs beside the caller's hashing and statistics.
+_THREADS = 2
+_MISSING = (1 << 64) - 1
+
+
+class Unsupported(Exception):
+    """This array (or one of its chunks) cannot be read here; read it through tensorstore."""
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="tinax-read")
+        return _pool
+
+
+@dataclasses.dataclass(frozen=True)
+class RawArray:
+    """An uncompressed zarr3 array whose chunks can be read as raw bytes.
+
+    Attributes:
+      directory: The OCDBT store's directory (local).
+      shape: The array's shape.
+      dtype: Its dtype (little-endian, or of single bytes).
+      grid_shape: The shape of the unit stored under one key (shard or chunk).
+      chunk_shape: The shape of the unit stored as one byte range (inner chunk).
+      sharded: Whether each key holds a shard (inner chunks and an index).
+      values: Grid index → where that key's bytes are.
+    """
+
+    directory: Location
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    grid_shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    sharded: bool
+    values: Mapping[tuple[int, ...], ValueRef]
+
+    @property
+    def _inner(self) -> tuple[int, ...]:
+        return tuple(g // c for g, c in zip(self.grid_shape, self.chunk_shape, strict=True))
+
+    def __getitem__(self, box: Box) -> _RawRead:
+        return _RawRead(self, box)
+
+    def read_into(self, box: Box, out: np.ndarray) -> None:
+        """Reads the chunks ``box`` spans (whole chunks, clipped at the array's end) into ``out``.
+
+        Raises:
+          Unsupported: If a chunk is missing or inconsistent, or a read comes short.
+        """
+        chunk = self.chunk_shape
+        rank = len(self.shape)
+        if out.shape != tuple(s.stop - s.start for s in box) or not out.flags.c_contiguous:
+            raise Unsupported("the region's buffer does not fit it")
+        if any(s.start % c for s, c in zip(box, chunk, strict=True)):
+            raise Unsupported("the region does not start at a chunk")
+        ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(box, chunk, strict=True)]
+        nbytes = math.prod(chunk) * self.dtype.itemsize
+        scratch: np.ndarray | None = None
+        fds: dict[str, int] = {}
+        try:
+            for index in _indices(ranges):
+                offset, length = self._chunk_range(index, nbytes, fds)
+                if length != nbytes:
+                    raise Unsupported("a chunk is not of the size its shape says")
+                lo = [i * c for i, c in zip(index, chunk, strict=True)]
+                hi = [min(a + c, s.stop) for a, c, s in zip(lo, chunk, box, strict=True)]
+                local = tuple(
+                    slice(a - s.start, b - s.start) for a, b, s in zip(lo, hi, box, strict=True)
+                )
+                fd = self._fd(self.values[self._grid(index)].file, fds)
+                # The chunk's rows land contiguously in ``out`` when it spans the
+                # region's trailing extent and is cut, if at all, along the first axis.
+                trailing = all(hi[d] - lo[d] == chunk[d] == out.shape[d] for d in range(1, rank))
+                if rank == 0 or trailing:
+                    target = out[local] if rank else out
+                    _pread(fd, target.reshape(-1).view(np.uint8), offset)
+                else:
+                    if scratch is None:
+                        scratch = np.empty(chunk, self.dtype)
+                    _pread(fd, scratch.reshape(-1).view(np.uint8), offset)
+                    out[local] = scratch[
+                        tuple(slice(0, b - a) for a, b in zip(lo, hi, strict=True))
+                    ]
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def _grid(self, index: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(i // n for i, n in zip(index, self._inner, strict=True))
+
+    def _fd(self, file: str, fds: dict[str, int]) -> int:
+        fd = fds.get(file)
+        if fd is None:
+            where = self.directory
+            for part in filter(None, file.split("/")):
+                where = where / part
+            try:
+                fd = fds[file] = _open_regular(where.path)
+            except OSError as e:
+                raise Unsupported(str(e)) from None
+        return fd
+
+    def _chunk_range(
+        self, index: tuple[int, ...], nbytes: int, fds: dict[str, int]
+    ) -> tuple[int, int]:
+        """Where inner chunk ``index``'s bytes are: file offset and length."""
+        value = self.values.get(self._grid(index))
+        if value is None:
+            raise Unsupported("a chunk is not stored")
+        if not self.sharded:
+            return value.offset, value.length
+        inner = self._inner
+        count = math.prod(inner)
+        index_bytes = 16 * count + 4
+        if value.length < index_bytes:
+            raise Unsupported("a shard is shorter than its index")
+        fd = self._fd(value.file, fds)
+        table = np.empty(index_bytes, np.uint8)
+        _pread(fd, table, value.offset + value.length - index_bytes)
+        entries = table[: 16 * count].view("<u8").reshape(count, 2)
+        position = 0
+        for i, n in zip(index, inner, strict=True):
+            position = position * n + i % n
+        start, length = (int(v) for v in entries[position])
+        if start == _MISSING or start + length > value.length - index_bytes:
+            raise Unsupported("a shard's index entry is out of range")
+        return value.offset + start, length
+
+
+class _RawRead:
+    """One region's pending read, as ``chunks.read_arrays`` takes it."""
+
+    def __init__(self, array: RawArray, box: Box) -> None:
+        self.array = array
+        self.box = box
+
+    def read(self) -> concurrent.futures.Future[np.ndarray]:
+        return _executor().submit(self._run)
+
+    def _run(self) -> np.ndarray:
+        out = np.empty([s.stop - s.start for s in self.box], self.array.dtype)
+        self.array.read_into(self.box, out)
+        return out
+
+
+def read_regions_into(
+    array: RawArray, boxes: Sequence[Box], out: np.ndarray
+) -> list[concurrent.futures.Future[None]]:
+    """Starts reading every box of ``array`` into its place in ``out`` (the whole array)."""
+    if not out.flags.c_contiguous:
+        raise Unsupported("the array's buffer is not contiguous")
+    return [_executor().submit(array.read_into, box, out[box]) for box in boxes]
+
+
+def _indices(ranges: list[range]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for r in ranges:
+        out = [(*head, i) for head in out for i in r]
+    return out
+
+
+def _open_regular(path: str) -> int:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path!r} is not a regular file")
+    return fd
+
+
+def _pread(fd: int, into: np.ndarray, offset: int) -> None:
+    """Fills the bytes of ``into`` from ``fd`` at ``offset``."""
+    view = memoryview(into.data).cast("B")
+    done = 0
+    while done < len(view):
+        try:
+            n = os.preadv(fd, [view[done:]], offset + done)
+        except OSError as e:
+            raise Unsupported(str(e)) from None
+        if n <= 0:
+            raise Unsupported("a data file is shorter than a chunk in it")
+        done += n
+
+
+# -- which arrays qualify -----------------------------------------------------------------------
+
+
+def _little(dtype: np.dtype) -> bool:
+    if dtype.itemsize == 1 or dtype.byteorder == "|":
+        return True
+    if dtype.byteorder == "<":
+        return True
+    return dtype.byteorder == "=" and sys.byteorder == "little"
+
+
+def _bytes_codec(codec: object, dtype: np.dtype) -> bool:
+    if not isinstance(codec, dict) or codec.get("name") != "bytes":
+        return False
+    config = codec.get("configuration") or {}
+    if not isinstance(config, dict) or set(config) - {"endian"}:
+        return False
+    endian = config.get("endian")
+    return endian == "little" or (endian is None and dtype.itemsize == 1)
+
+
+def _index_codecs(codecs: object) -> bool:
+    if not isinstance(codecs, list) or len(codecs) != 2:
+        return False
+    first, second = codecs
+    return (
+        isinstance(first, dict)
+        and first.get("name") == "bytes"
+        and (first.get("configuration") or {}) == {"endian": "little"}
+        and isinstance(second, dict)
+        and second.get("name") == "crc32c"
+        and not second.get("configuration")
+    )
+
+
+def _ints(value: object, rank: int) -> tuple[int, ...] | None:
+    if (
+        isinstance(value, list)
+        and len(value) == rank
+        and all(type(v) is int and v > 0 for v in value)
+    ):
+        return tuple(value)
+    return None
+
+
+def _grid_index(name: bytes, rank: int, separator: str) -> tuple[int, ...] | None:
+    text = name.decode("ascii", "replace")
+    if rank == 0:
+        return () if text == "c" else None
+    parts = text.split(separator)
+    if len(parts) != rank + 1 or parts[0] != "c" or not all(p.isdigit() for p in parts[1:]):
+        return None
+    return tuple(int(p) for p in parts[1:])
+
+
+def raw_array(
+    directory: Location,
+    metadata: bytes,
+    stored: Mapping[bytes, bytes | ValueRef],
+    prefix: bytes,
+    dtype: np.dtype,
+) -> RawArray | None:
+    """The array as raw chunks, if its zarr3 metadata and chunks allow it; else ``None``.
+
+    Args:
+      directory: The OCDBT store's directory.
+      metadata: The array's ``zarr.json``.
+      stored: The array's chunk keys (with ``prefix``) and where their values are.
+      prefix: The array's storage path within the store, as bytes.
+      dtype: The dtype the array is read as (from the same metadata).
+    """
+    if not directory.is_local or not _little(dtype):
+        return None
+    try:
+        meta = json.loads(metadata)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
+        return None
+    shape = meta.get("shape")
+    if not isinstance(shape, list) or not all(type(s) is int and s > 0 for s in shape):
+        return None
+    rank = len(shape)
+    grid = meta.get("chunk_grid")
+    if not (
+        isinstance(grid, dict)
+        and grid.get("name") == "regular"
+        and isinstance(grid.get("configuration"), dict)
+    ):
+        return None
+    grid_shape = _ints(grid["configuration"].get("chunk_shape"), rank)
+    encoding = meta.get("chunk_key_encoding")
+    if not isinstance(encoding, dict) or encoding.get("name") != "default":
+        return None
+    separator = (encoding.get("configuration") or {}).get("separator", "/")
+    codecs = meta.get("codecs")
+    if grid_shape is None or separator not in ("/", ".") or not isinstance(codecs, list):
+        return None
+    if len(codecs) != 1 or not isinstance(codecs[0], dict):
+        return None
+    codec = codecs[0]
+    if _bytes_codec(codec, dtype):
+        sharded, chunk_shape = False, grid_shape
+    elif codec.get("name") == "sharding_indexed":
+        config = codec.get("configuration")
+        if not isinstance(config, dict) or set(config) - {
+            "chunk_shape",
+            "codecs",
+            "index_codecs",
+            "index_location",
+        }:
+            return None
+        inner = config.get("codecs")
+        chunk_shape = _ints(config.get("chunk_shape"), rank)  # type: ignore[assignment]
+        if (
+            chunk_shape is None
+            or not isinstance(inner, list)
+            or len(inner) != 1
+            or not _bytes_codec(inner[0], dtype)
+            or not _index_codecs(config.get("index_codecs"))
+            or config.get("index_location", "end") != "end"
+            or any(g % c for g, c in zip(grid_shape, chunk_shape, strict=True))
+        ):
+            return None
+        sharded = True
+    else:
+        return None
+    if math.prod(chunk_shape) * dtype.itemsize < MIN_CHUNK_BYTES and math.prod(
+        chunk_shape
+    ) < math.prod(shape):
+        return None
+    values: dict[tuple[int, ...], ValueRef] = {}
+    for key, value in stored.items():
+        if not key.startswith(prefix) or not isinstance(value, ValueRef):
+            return None
+        index = _grid_index(key[len(prefix) :], rank, separator)
+        if index is None:
+            return None
+        values[index] = value
+    expected = math.prod(-(-s // g) for s, g in zip(shape, grid_shape, strict=True))
+    if len(values) != expected:
+        return None
+    return RawArray(
+        directory=directory,
+        shape=tuple(shape),
+        dtype=dtype,
+        grid_shape=grid_shape,
+        chunk_shape=chunk_shape,
+        sharded=sharded,
+        values=values,
+    )
+
+
+def plan(
+    directory: Location,
+    metadata: bytes | None,
+    stored: Mapping[bytes, bytes | ValueRef] | None,
+    path: str,
+    dtype: np.dtype,
+) -> RawArray | None:
+    """``raw_array`` for an array at storage path ``path``, when its metadata is at hand."""
+    if metadata is None or stored is None:
+        return None
+    return raw_array(directory, metadata, stored, path.encode("utf-8"), dtype)
