@@ -89,9 +89,6 @@ class RawArray:
     def _inner(self) -> tuple[int, ...]:
         return tuple(g // c for g, c in zip(self.grid_shape, self.chunk_shape, strict=True))
 
-    def __getitem__(self, box: Box) -> _RawRead:
-        return _RawRead(self, box)
-
     def read_into(self, box: Box, out: np.ndarray) -> None:
         """Reads the chunks ``box`` spans (whole chunks, clipped at the array's end) into ``out``.
 
@@ -178,19 +175,73 @@ class RawArray:
         return value.offset + start, length
 
 
-class _RawRead:
-    """One region's pending read, as ``chunks.read_arrays`` takes it."""
+class BufferPool:
+    """Region buffers handed from one region of a scan to the next.
 
-    def __init__(self, array: RawArray, box: Box) -> None:
+    A scan reads region after region of the same few sizes; a fresh buffer for each
+    would be fresh memory, faulted in page by page, each time. At most ``keep``
+    idle buffers are kept, so the pool holds no more than the regions in flight.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if nbytes <= buf.nbytes <= 2 * nbytes:
+                    return self._free.pop(i)
+        return np.empty(nbytes, np.uint8)
+
+    def give(self, values: np.ndarray) -> None:
+        """Takes back the buffer under ``values`` (a region this pool's reads gave)."""
+        root = values
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(root)
+
+
+class PooledArray:
+    """A raw array whose region reads come in a pool's buffers, as ``chunks.read_arrays``
+    takes it: each region's values are valid until the next region is asked for."""
+
+    def __init__(self, array: RawArray, pool: BufferPool) -> None:
+        self.array = array
+        self.pool = pool
+
+    def __getitem__(self, box: Box) -> _RawRead:
+        return _RawRead(self.array, box, self.pool)
+
+    def release(self, values: object) -> None:
+        if isinstance(values, np.ndarray):
+            self.pool.give(values)
+
+
+class _RawRead:
+    """One region's pending read."""
+
+    def __init__(self, array: RawArray, box: Box, pool: BufferPool) -> None:
         self.array = array
         self.box = box
+        self.pool = pool
 
     def read(self) -> concurrent.futures.Future[np.ndarray]:
         return _executor().submit(self._run)
 
     def _run(self) -> np.ndarray:
-        out = np.empty([s.stop - s.start for s in self.box], self.array.dtype)
-        self.array.read_into(self.box, out)
+        shape = [s.stop - s.start for s in self.box]
+        nbytes = math.prod(shape) * self.array.dtype.itemsize
+        buf = self.pool.take(nbytes)
+        out = buf[:nbytes].view(self.array.dtype).reshape(shape)
+        try:
+            self.array.read_into(self.box, out)
+        except BaseException:
+            self.pool.give(buf)
+            raise
         return out
 
 
