@@ -97,7 +97,7 @@ class RawArray:
         """
         chunk = self.chunk_shape
         rank = len(self.shape)
-        if out.shape != tuple(s.stop - s.start for s in box) or not out.flags.c_contiguous:
+        if out.shape != tuple(s.stop - s.start for s in box):
             raise Unsupported("the region's buffer does not fit it")
         if any(s.start % c for s, c in zip(box, chunk, strict=True)):
             raise Unsupported("the region does not start at a chunk")
@@ -119,8 +119,8 @@ class RawArray:
                 # The chunk's rows land contiguously in ``out`` when it spans the
                 # region's trailing extent and is cut, if at all, along the first axis.
                 trailing = all(hi[d] - lo[d] == chunk[d] == out.shape[d] for d in range(1, rank))
-                if rank == 0 or trailing:
-                    target = out[local] if rank else out
+                target = out[local] if rank else out
+                if (rank == 0 or trailing) and target.flags.c_contiguous:
                     _pread(fd, target.reshape(-1).view(np.uint8), offset)
                 else:
                     if scratch is None:
@@ -249,8 +249,6 @@ def read_regions_into(
     array: RawArray, boxes: Sequence[Box], out: np.ndarray
 ) -> list[concurrent.futures.Future[None]]:
     """Starts reading every box of ``array`` into its place in ``out`` (the whole array)."""
-    if not out.flags.c_contiguous:
-        raise Unsupported("the array's buffer is not contiguous")
     return [_executor().submit(array.read_into, box, out[box]) for box in boxes]
 
 
