@@ -65,8 +65,9 @@ def test_uncompressed_arrays_read_raw_as_saved(tmp_path: Path) -> None:
     assert result.ok and result.leaves["read"].all(), result.findings
 
 
+@pytest.mark.parametrize("columns", [34, 67])
 @pytest.mark.parametrize("sharded", [True, False])
-def test_chunks_cut_at_the_array_end_read_raw(tmp_path: Path, sharded: bool) -> None:
+def test_chunks_cut_at_the_array_end_read_raw(tmp_path: Path, sharded: bool, columns: int) -> None:
     value = np.random.default_rng(3).standard_normal((301, 67, 50)).astype(np.float32)
     plain = [{"name": "bytes", "configuration": {"endian": "little"}}]
     codecs = (
@@ -74,7 +75,7 @@ def test_chunks_cut_at_the_array_end_read_raw(tmp_path: Path, sharded: bool) -> 
             {
                 "name": "sharding_indexed",
                 "configuration": {
-                    "chunk_shape": [50, 34, 50],
+                    "chunk_shape": [50, columns, 50],
                     "codecs": plain,
                     "index_codecs": [*plain, {"name": "crc32c"}],
                 },
@@ -83,7 +84,7 @@ def test_chunks_cut_at_the_array_end_read_raw(tmp_path: Path, sharded: bool) -> 
         if sharded
         else plain
     )
-    grid = [100, 68, 50] if sharded else [50, 34, 50]
+    grid = [100, 2 * columns, 50] if sharded else [50, columns, 50]
     store = {"driver": "ocdbt", "base": f"file://{tmp_path}/", "path": "w/"}
     spec = {
         "driver": "zarr3",
@@ -107,6 +108,13 @@ def test_chunks_cut_at_the_array_end_read_raw(tmp_path: Path, sharded: bool) -> 
         out = np.zeros(raw.shape, raw.dtype)
         for box in chunks.regions(raw.shape, raw.chunk_shape, 4, region_bytes):
             raw.read_into(box, out[box])
+        np.testing.assert_array_equal(out, value)
+    # Chunks of whole rows are read a row range at a time, across chunks.
+    assert raw.unit == ((1, 67, 50) if columns == 67 else raw.chunk_shape)
+    if columns == 67:
+        out = np.zeros(raw.shape, raw.dtype)
+        for start, stop in ((0, 37), (37, 163), (163, 300), (300, 301)):
+            raw.read_into((slice(start, stop), slice(0, 67), slice(0, 50)), out[start:stop])
         np.testing.assert_array_equal(out, value)
 
 

@@ -41,6 +41,10 @@ Box = tuple[slice, ...]
 # Chunks smaller than this are read through tensorstore: per read, the Python work
 # here would cost more than tensorstore's decoding saves.
 MIN_CHUNK_BYTES = 256 << 10
+# Regions read raw, and the bytes of them read ahead: small enough that the regions
+# in flight stay in the processor's cache until the caller digests them.
+REGION_BYTES = 2 << 20
+IN_FLIGHT_BYTES = 8 << 20
 # Threads reading chunks: the copy from the page cache is the kernel's work, and
 # runs beside the caller's hashing and statistics.
 _THREADS = 2
@@ -89,8 +93,17 @@ class RawArray:
     def _inner(self) -> tuple[int, ...]:
         return tuple(g // c for g, c in zip(self.grid_shape, self.chunk_shape, strict=True))
 
+    @property
+    def unit(self) -> tuple[int, ...]:
+        """The smallest box ``read_into`` reads: a row when chunks hold whole rows (their
+        bytes are then contiguous rows of the array), else a chunk."""
+        if self.shape and self.chunk_shape[1:] == self.shape[1:]:
+            return (1, *self.shape[1:])
+        return self.chunk_shape
+
     def read_into(self, box: Box, out: np.ndarray) -> None:
-        """Reads the chunks ``box`` spans (whole chunks, clipped at the array's end) into ``out``.
+        """Reads ``box`` into ``out``: whole chunks (clipped at the array's end), or any
+        rows where chunks hold whole rows (see ``unit``).
 
         Raises:
           Unsupported: If a chunk is missing or inconsistent, or a read comes short.
@@ -99,6 +112,14 @@ class RawArray:
         rank = len(self.shape)
         if out.shape != tuple(s.stop - s.start for s in box):
             raise Unsupported("the region's buffer does not fit it")
+        if (
+            rank
+            and self.unit[0] == 1
+            and out.flags.c_contiguous
+            and all(s == slice(0, n) for s, n in zip(box[1:], self.shape[1:], strict=True))
+        ):
+            self._read_rows(box[0].start, box[0].stop, out)
+            return
         if any(s.start % c for s, c in zip(box, chunk, strict=True)):
             raise Unsupported("the region does not start at a chunk")
         ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(box, chunk, strict=True)]
@@ -129,6 +150,30 @@ class RawArray:
                     out[local] = scratch[
                         tuple(slice(0, b - a) for a, b in zip(lo, hi, strict=True))
                     ]
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def _read_rows(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Reads rows ``start:stop`` into ``out``, chunks holding whole rows."""
+        rows = self.chunk_shape[0]
+        row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        nbytes = rows * row_bytes
+        flat = out.reshape(-1).view(np.uint8)
+        fds: dict[str, int] = {}
+        try:
+            for i in range(start // rows, -(-stop // rows)):
+                index = (i,) + (0,) * (len(self.shape) - 1)
+                offset, length = self._chunk_range(index, nbytes, fds)
+                if length != nbytes:
+                    raise Unsupported("a chunk is not of the size its shape says")
+                first, last = max(i * rows, start), min((i + 1) * rows, stop)
+                fd = self._fd(self.values[self._grid(index)].file, fds)
+                _pread(
+                    fd,
+                    flat[(first - start) * row_bytes : (last - start) * row_bytes],
+                    offset + (first - i * rows) * row_bytes,
+                )
         finally:
             for fd in fds.values():
                 os.close(fd)

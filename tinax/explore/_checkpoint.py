@@ -412,7 +412,7 @@ def _read_raw(raw: rawread.RawArray, record: checksums.LeafRecord) -> np.ndarray
     """The array read from its raw chunks and checked against ``record``; ``None`` if it
     cannot be read so or does not match."""
     out = np.empty(raw.shape, raw.dtype)
-    boxes = chunks.regions(raw.shape, raw.chunk_shape, raw.dtype.itemsize, chunks.REGION_BYTES)
+    boxes = chunks.regions(raw.shape, raw.unit, raw.dtype.itemsize, rawread.REGION_BYTES)
     check = PiecesCheck(record, raw.dtype)
     pending = rawread.read_regions_into(raw, boxes, out)
     try:

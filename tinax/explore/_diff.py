@@ -455,9 +455,15 @@ def _decode_pairs(
             entry = (ea, eb)[which]
             assert entry.array is not None and ea.array is not None and eb.array is not None
             shape = row.a.shape if row.a is not None and row.a.shape is not None else ()
-            grid = _lcm_chunks(shape, ea.array.chunk_shape, eb.array.chunk_shape)
             itemsize = np.dtype(_numpy_dtype(row)).itemsize
-            boxes = chunks.regions(shape, grid, itemsize, chunks.REGION_BYTES)
+            left, right = raw.get((index, 0)), raw.get((index, 1))
+            if direct and left is not None and right is not None:
+                # Both sides raw: regions of rows where their chunks allow.
+                grid = _lcm_chunks(shape, left.unit, right.unit)
+                boxes = chunks.regions(shape, grid, itemsize, rawread.REGION_BYTES)
+            else:
+                grid = _lcm_chunks(shape, ea.array.chunk_shape, eb.array.chunk_shape)
+                boxes = chunks.regions(shape, grid, itemsize, chunks.REGION_BYTES)
             found = raw.get((index, which)) if direct else None
             opened = entry.array.open() if found is None else rawread.PooledArray(found, pool)
             yield chunks.ArrayRead(index, opened, boxes, itemsize)
@@ -467,9 +473,12 @@ def _decode_pairs(
 
     def run(indices: list[int], direct: bool) -> None:
         nonlocal done
+        # Raw reads need little read-ahead; tensorstore's decoding more.
+        every = direct and all((i, w) in raw for i in indices for w in (0, 1))
+        ahead = rawread.IN_FLIGHT_BYTES if every else chunks.IN_FLIGHT_BYTES
         for (index, box, left), (_, _, right) in zip(
-            chunks.read_arrays(reads(0, indices, direct)),
-            chunks.read_arrays(reads(1, indices, direct)),
+            chunks.read_arrays(reads(0, indices, direct), in_flight_bytes=ahead),
+            chunks.read_arrays(reads(1, indices, direct), in_flight_bytes=ahead),
             strict=True,
         ):
             if index in again:

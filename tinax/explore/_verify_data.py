@@ -90,7 +90,7 @@ def read_data(
             itemsize = array.info.itemsize or 1
             if direct and index in raw:
                 boxes = chunks.regions(
-                    array.info.shape, raw[index].chunk_shape, itemsize, chunks.REGION_BYTES
+                    array.info.shape, raw[index].unit, itemsize, rawread.REGION_BYTES
                 )
                 yield chunks.ArrayRead(
                     index, rawread.PooledArray(raw[index], pool), boxes, itemsize
@@ -109,9 +109,9 @@ def read_data(
     scans: dict[int, list[LeafScan]] = {}
     failed: dict[int, str] = {}
 
-    def run(regions: Iterable[chunks.ArrayRead], counted: bool) -> None:
+    def run(regions: Iterable[chunks.ArrayRead], counted: bool, ahead: int) -> None:
         nonlocal done
-        for index, box, values in chunks.read_arrays(regions):
+        for index, box, values in chunks.read_arrays(regions, in_flight_bytes=ahead):
             if index not in scans:
                 array = work[index][0]
                 scans[index] = [s for c in active if (s := c.leaf(target, array)) is not None]
@@ -125,13 +125,15 @@ def read_data(
                 if progress is not None:
                     progress(done, total)
 
-    run(reads(range(len(work)), direct=True), counted=True)
+    # Raw reads need little read-ahead; tensorstore's decoding more.
+    ahead = rawread.IN_FLIGHT_BYTES if len(raw) == len(work) else chunks.IN_FLIGHT_BYTES
+    run(reads(range(len(work)), direct=True), counted=True, ahead=ahead)
     again = [index for index in raw if index in failed or not _matched(scans.get(index, []))]
     for index in again:
         scans.pop(index, None)
         failed.pop(index, None)
     if again:
-        run(reads(again, direct=False), counted=False)
+        run(reads(again, direct=False), counted=False, ahead=chunks.IN_FLIGHT_BYTES)
     for index, (array, _) in enumerate(work):
         counts = _nonfinite(active, array)
         if index in failed:
