@@ -56,14 +56,17 @@ class Unsupported(Exception):
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_pid = 0
 _pool_lock = threading.Lock()
 
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
+    global _pool, _pool_pid
     with _pool_lock:
-        if _pool is None:
+        # A forked child has the pool but not its threads: it starts its own.
+        if _pool is None or _pool_pid != os.getpid():
             _pool = concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="tinax-read")
+            _pool_pid = os.getpid()
         return _pool
 
 
