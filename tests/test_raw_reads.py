@@ -179,3 +179,19 @@ def test_raw_plans_refuse_what_is_not_byte_for_byte(tmp_path: Path) -> None:
     assert rawread.plan(directory, meta % b"little", {}, "x/", f4) is None
     zstd = meta.replace(b"}}]}", b'}},{"name":"zstd"}]}')
     assert rawread.plan(directory, zstd % b"little", {b"x/c/0": ref}, "x/", f4) is None
+
+
+def test_a_digest_sees_every_region_in_order_on_the_reading_threads(tmp_path: Path) -> None:
+    state = _state(0)
+    save_checkpointables(tmp_path / "a", {"model": state}).result()
+    raw = _raw(tmp_path / "a", "['w']")
+    assert raw is not None and raw.unit == (1, 512)
+    seen: list[tuple[int, bytes]] = []
+    digest = rawread.Digest(lambda box, values: seen.append((box[0].start, values.tobytes())))
+    boxes = chunks.regions(raw.shape, raw.unit, 4, 64 << 10)  # 32 rows each
+    opened = rawread.PooledArray(raw, rawread.BufferPool(), digest)
+    read = chunks.read_arrays([chunks.ArrayRead(0, opened, boxes, 4)], in_flight_bytes=1 << 20)
+    starts = [box[0].start for _, box, _ in read]
+    assert starts == [box[0].start for box in boxes] and len(starts) == 32
+    assert [start for start, _ in seen] == starts and not digest.failed
+    assert b"".join(data for _, data in seen) == state["w"].tobytes()

@@ -29,7 +29,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -253,16 +253,38 @@ class BufferPool:
                 self._free.append(root)
 
 
+class Digest:
+    """A hook run on each region of one array on the reading thread, in the regions'
+    order (a checksum is a stream), so that digesting overlaps the caller's work.
+
+    Each region's read waits for the one before it to be digested before digesting
+    its own; a region that fails marks the digest ``failed`` and the rest are skipped.
+    """
+
+    def __init__(self, update: Callable[[Box, np.ndarray], None]) -> None:
+        self.update = update
+        self.failed = False
+        self._tail = threading.Event()
+        self._tail.set()
+
+    def _next(self) -> tuple[threading.Event, threading.Event]:
+        before, mine = self._tail, threading.Event()
+        self._tail = mine
+        return before, mine
+
+
 class PooledArray:
     """A raw array whose region reads come in a pool's buffers, as ``chunks.read_arrays``
-    takes it: each region's values are valid until the next region is asked for."""
+    takes it: each region's values are valid until the next region is asked for. With
+    a ``digest``, each region is handed to it on the reading thread first."""
 
-    def __init__(self, array: RawArray, pool: BufferPool) -> None:
+    def __init__(self, array: RawArray, pool: BufferPool, digest: Digest | None = None) -> None:
         self.array = array
         self.pool = pool
+        self.digest = digest
 
     def __getitem__(self, box: Box) -> _RawRead:
-        return _RawRead(self.array, box, self.pool)
+        return _RawRead(self.array, box, self.pool, self.digest)
 
     def release(self, values: object) -> None:
         if isinstance(values, np.ndarray):
@@ -272,25 +294,45 @@ class PooledArray:
 class _RawRead:
     """One region's pending read."""
 
-    def __init__(self, array: RawArray, box: Box, pool: BufferPool) -> None:
+    def __init__(self, array: RawArray, box: Box, pool: BufferPool, digest: Digest | None) -> None:
         self.array = array
         self.box = box
         self.pool = pool
+        self.digest = digest
 
     def read(self) -> concurrent.futures.Future[np.ndarray]:
-        return _executor().submit(self._run)
+        # Regions are asked for in order: the digest's chain follows that order.
+        order = None if self.digest is None else self.digest._next()
+        return _executor().submit(self._run, order)
 
-    def _run(self) -> np.ndarray:
-        shape = [s.stop - s.start for s in self.box]
-        nbytes = math.prod(shape) * self.array.dtype.itemsize
-        buf = self.pool.take(nbytes)
-        out = buf[:nbytes].view(self.array.dtype).reshape(shape)
+    def _run(self, order: tuple[threading.Event, threading.Event] | None) -> np.ndarray:
         try:
-            self.array.read_into(self.box, out)
-        except BaseException:
-            self.pool.give(buf)
-            raise
-        return out
+            shape = [s.stop - s.start for s in self.box]
+            nbytes = math.prod(shape) * self.array.dtype.itemsize
+            buf = self.pool.take(nbytes)
+            out = buf[:nbytes].view(self.array.dtype).reshape(shape)
+            try:
+                self.array.read_into(self.box, out)
+            except BaseException:
+                self.pool.give(buf)
+                if self.digest is not None:
+                    self.digest.failed = True
+                raise
+            if order is not None and self.digest is not None:
+                # Never ahead of the region before: the pool's threads take regions
+                # in the order they were asked for, so that one is running or done.
+                order[0].wait()
+                if not self.digest.failed:
+                    try:
+                        self.digest.update(self.box, out)
+                    except BaseException:
+                        self.digest.failed = True
+                        raise
+            return out
+        finally:
+            if order is not None:
+                order[0].wait()
+                order[1].set()
 
 
 def read_regions_into(

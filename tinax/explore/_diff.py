@@ -465,11 +465,17 @@ def _decode_pairs(
                 grid = _lcm_chunks(shape, ea.array.chunk_shape, eb.array.chunk_shape)
                 boxes = chunks.regions(shape, grid, itemsize, chunks.REGION_BYTES)
             found = raw.get((index, which)) if direct else None
-            opened = entry.array.open() if found is None else rawread.PooledArray(found, pool)
+            if found is None:
+                opened = entry.array.open()
+            else:
+                # Its checksums are digested on the reading threads, in order.
+                digest = digests[(index, which)] = rawread.Digest(checks[(index, which)].update)
+                opened = rawread.PooledArray(found, pool, digest)
             yield chunks.ArrayRead(index, opened, boxes, itemsize)
 
     stats: dict[int, PairStats] = {}
     again: set[int] = set()
+    digests: dict[tuple[int, int], rawread.Digest] = {}
 
     def run(indices: list[int], direct: bool) -> None:
         nonlocal done
@@ -495,11 +501,13 @@ def _decode_pairs(
                 continue
             pair = stats.get(index)
             if pair is None:
+                for earlier in stats.values():
+                    earlier.done()  # regions come array after array
                 pair = stats[index] = PairStats(np.asarray(left).dtype)
             left, right = np.asarray(left), np.asarray(right)
             for which, values in enumerate((left, right)):
                 check = checks.get((index, which))
-                if check is not None:
+                if check is not None and not (direct and (index, which) in digests):
                     check.update(box, values)
             pair.update(left, right)
             done += 2 * chunks.box_size(box) * pair.dtype.itemsize
@@ -509,7 +517,8 @@ def _decode_pairs(
     run(list(range(len(pairs))), direct=True)
     for index, which in raw:
         bad, unchecked = checks[(index, which)].results()
-        if bad or unchecked:
+        digest = digests.get((index, which))
+        if bad or unchecked or digest is None or digest.failed:
             again.add(index)
     if again:
         redo = sorted(again)

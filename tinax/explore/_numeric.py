@@ -173,6 +173,10 @@ class PairStats:
             elif self.equal and not _bitwise_equal(raw_a, raw_b):
                 self.equal = False
 
+    def done(self) -> None:
+        """Drops the working buffer once every region is in (the sums stay)."""
+        self._scratch = None
+
     def _add(self, raw_a: np.ndarray, raw_b: np.ndarray) -> None:
         x, y = _computable(raw_a), _computable(raw_b)
         d = _difference(x, y)

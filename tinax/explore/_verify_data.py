@@ -92,9 +92,14 @@ def read_data(
                 boxes = chunks.regions(
                     array.info.shape, raw[index].unit, itemsize, rawread.REGION_BYTES
                 )
-                yield chunks.ArrayRead(
-                    index, rawread.PooledArray(raw[index], pool), boxes, itemsize
-                )
+                # Its checksums are digested on the reading threads, in order.
+                scans[index] = [s for c in active if (s := c.leaf(target, array)) is not None]
+                checksum = next((s for s in scans[index] if isinstance(s, _ChecksumScan)), None)
+                if checksum is None:  # pragma: no cover - _raw_array asked for a record
+                    raise AssertionError(f"no checksum scan for {array.part}")
+                digests[index] = rawread.Digest(checksum.update)
+                opened = rawread.PooledArray(raw[index], pool, digests[index])
+                yield chunks.ArrayRead(index, opened, boxes, itemsize)
                 continue
             assert state.tree is not None
             leaf = state.tree.find(array.key, name=array.checkpointable)
@@ -108,6 +113,7 @@ def read_data(
 
     scans: dict[int, list[LeafScan]] = {}
     failed: dict[int, str] = {}
+    digests: dict[int, rawread.Digest] = {}
 
     def run(regions: Iterable[chunks.ArrayRead], counted: bool, ahead: int) -> None:
         nonlocal done
@@ -119,6 +125,8 @@ def read_data(
                 failed.setdefault(index, values.message)
             elif index not in failed:
                 for leaf_scan in scans[index]:
+                    if index in digests and isinstance(leaf_scan, _ChecksumScan):
+                        continue  # digested as it was read
                     leaf_scan.update(box, values)
             if counted:
                 done += chunks.box_size(box) * (work[index][0].info.itemsize or 0)
@@ -128,10 +136,18 @@ def read_data(
     # Raw reads need little read-ahead; tensorstore's decoding more.
     ahead = rawread.IN_FLIGHT_BYTES if len(raw) == len(work) else chunks.IN_FLIGHT_BYTES
     run(reads(range(len(work)), direct=True), counted=True, ahead=ahead)
-    again = [index for index in raw if index in failed or not _matched(scans.get(index, []))]
+    again = [
+        index
+        for index in raw
+        if index in failed
+        or index not in digests
+        or digests[index].failed
+        or not _matched(scans.get(index, []))
+    ]
     for index in again:
         scans.pop(index, None)
         failed.pop(index, None)
+        digests.pop(index, None)
     if again:
         run(reads(again, direct=False), counted=False, ahead=chunks.IN_FLIGHT_BYTES)
     for index, (array, _) in enumerate(work):
