@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -83,3 +85,20 @@ def test_value_counts():
     ints = ValueCounts(np.dtype(np.int32))
     ints.update(np.arange(5, dtype=np.int32))
     assert (ints.nan, ints.inf) == (0, 0)
+
+
+def test_float32_sums_are_double_precision_across_blocks_and_a_tail() -> None:
+    # More than one block of the statistics, and a length no BLAS row divides.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(300_001).astype(np.float32)
+    y = (x + rng.standard_normal(x.size).astype(np.float32) * np.float32(1e-3)).astype(np.float32)
+    stats = PairStats(np.dtype(np.float32))
+    stats.update(x, y)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    d64 = (y - x).astype(np.float64)
+    assert stats.norm_a == pytest.approx(math.sqrt(math.fsum(x64 * x64)), rel=1e-13)
+    assert stats.norm_b == pytest.approx(math.sqrt(math.fsum(y64 * y64)), rel=1e-13)
+    assert stats.norm_diff == pytest.approx(math.sqrt(math.fsum(d64 * d64)), rel=1e-13)
+    assert stats.sum_diff == pytest.approx(math.fsum(d64), rel=1e-9)
+    cosine = math.fsum(x64 * y64) / math.sqrt(math.fsum(x64 * x64) * math.fsum(y64 * y64))
+    assert stats.cosine == pytest.approx(cosine, abs=1e-12)

@@ -147,7 +147,7 @@ def read_arrays(
     Yields:
       ``(tag, box, values)``, ``values`` a ``np.ndarray`` or a ``ReadFailure``.
     """
-    pending: collections.deque[tuple[Any, Box, Any, int]] = collections.deque()
+    pending: collections.deque[tuple[Any, Box, Any, int, Any]] = collections.deque()
     queued = 0
     regions = ((read, box) for read in reads for box in read.boxes)
     current: ArrayRead | None = None
@@ -171,11 +171,11 @@ def read_arrays(
                 future: Any = array[box].read()
             except Exception as e:
                 future = _Broken(arrays.message(e))
-            pending.append((read.tag, box, future, nbytes))
+            pending.append((read.tag, box, future, nbytes, array))
             queued += nbytes
         if not pending:
             return
-        tag, box, future, nbytes = pending.popleft()
+        tag, box, future, nbytes, source = pending.popleft()
         queued -= nbytes
         if isinstance(future, _Broken):
             yield tag, box, ReadFailure(future.message)
@@ -186,6 +186,9 @@ def read_arrays(
             yield tag, box, ReadFailure(arrays.message(e))
             continue
         yield tag, box, values
+        release = getattr(source, "release", None)
+        if release is not None:
+            release(values)
 
 
 class _Broken:

@@ -19,13 +19,16 @@ from tinax._format import (
     files,
     jsonitems,
     layout,
+    names,
     preflight,
     pytree,
+    rawread,
     words,
 )
 from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax._format.storage import tree_bytes
+from tinax.explore._integrity import PiecesCheck
 from tinax.explore._leaves import (
     LEAF_COLUMNS,
     Leaf,
@@ -336,19 +339,35 @@ def checksum_presence(checkpoint: Checkpoint) -> dict[str, bool]:
     }
 
 
-def _read_array(tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any) -> np.ndarray:
+def _read_array(
+    tree: pytree.PyTreeLayout,
+    leaf: pytree.StoredLeaf,
+    ctx: Any,
+    record: checksums.LeafRecord | None = None,
+) -> tuple[np.ndarray, bool]:
     """One stored array, read region by region into its own buffer.
 
-    Its claimed shape and chunking are checked first (``pytree.array_infos``); then
-    several chunk-aligned regions are read at once (``chunks.read_arrays``), so
-    that tensorstore decodes them in parallel while they are copied into place,
-    with no more than ``chunks.IN_FLIGHT_BYTES`` beyond the array itself.
+    Its claimed shape and chunking are checked first (``pytree.array_infos``). An
+    uncompressed array with a checksum ``record`` is read straight from its data
+    files (``rawread``) and checked against the record as its regions arrive; any
+    other (or one that does not match its record: then tensorstore says what is
+    wrong) through tensorstore, several chunk-aligned regions at once
+    (``chunks.read_arrays``), with no more than ``chunks.IN_FLIGHT_BYTES`` beyond
+    the array itself.
+
+    Returns:
+      The array, and whether it was checked against ``record`` already.
 
     Raises:
       ValueError: If the metadata claims the impossible or a region cannot be read.
     """
     info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
     dtype = arrays.numpy_dtype(info.dtype)
+    if record is not None and (record.dtype, record.shape) == (str(dtype), info.shape):
+        raw = _raw_array(tree, leaf, dtype, ctx)
+        value = None if raw is None or raw.shape != info.shape else _read_raw(raw, record)
+        if value is not None:
+            return value, True
     out = np.empty(info.shape, dtype)
     boxes = chunks.regions(info.shape, info.chunk_shape, dtype.itemsize, chunks.REGION_BYTES)
     opened = ts.open(tree.array_spec(leaf), context=ctx, read=True)
@@ -358,7 +377,56 @@ def _read_array(tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any) ->
         if isinstance(values, chunks.ReadFailure):
             raise ValueError(values.message)
         out[box] = values
-    return out
+    return out, False
+
+
+def _array_record(directory: Any, key: str) -> checksums.LeafRecord | None:
+    """The checksums saved for array leaf ``key``; ``None`` if none (or unreadable:
+    the check after the read says so)."""
+    try:
+        records = checksums.read_checksums(directory)
+    except ValueError:
+        return None
+    record = None if records is None else records.get(key)
+    return record if record is not None and record.kind == checksums.ARRAY else None
+
+
+def _raw_array(
+    tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, dtype: np.dtype, ctx: Any
+) -> rawread.RawArray | None:
+    """``leaf``'s array as raw chunks in its data files, if it is stored so."""
+    if not (tree.ocdbt and tree.zarr3 and tree.directory.is_local):
+        return None
+    path = pytree.storage_path(leaf.param)
+    try:
+        contents = chunks.store_contents(tree.directory, [path], zarr3=True, ctx=ctx)
+        metadata = contents.other.get((path + names.ZARR3_METADATA).encode("utf-8"))
+        if not isinstance(metadata, bytes):
+            return None
+    except (ValueError, OSError):
+        return None
+    return rawread.plan(tree.directory, metadata, contents.chunks.get(path), path, dtype)
+
+
+def _read_raw(raw: rawread.RawArray, record: checksums.LeafRecord) -> np.ndarray | None:
+    """The array read from its raw chunks and checked against ``record``; ``None`` if it
+    cannot be read so or does not match."""
+    out = np.empty(raw.shape, raw.dtype)
+    boxes = chunks.regions(raw.shape, raw.unit, raw.dtype.itemsize, rawread.REGION_BYTES)
+    check = PiecesCheck(record, raw.dtype)
+    pending = rawread.read_regions_into(raw, boxes, out)
+    try:
+        for box, future in zip(boxes, pending, strict=True):
+            future.result()
+            check.update(box, out[box])
+    except rawread.Unsupported:
+        return None
+    finally:
+        for future in pending:
+            future.cancel()
+        concurrent.futures.wait(pending)
+    bad, unchecked = check.results()
+    return None if bad or unchecked else out
 
 
 def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> Any:
@@ -390,8 +458,11 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
         tree = pytree.read_layout(item.directory)
         leaf = tree.find(key, name=item.name)
         try:
+            checked = False
             if leaf.kind in words.ARRAY_KINDS and leaf.stored:
-                value = _read_array(tree, leaf, arrays.context())
+                value, checked = _read_array(
+                    tree, leaf, arrays.context(), _array_record(item.directory, key)
+                )
             else:
                 value = pytree.read_value(tree, leaf, arrays.context())
         except ValueError as e:
@@ -399,7 +470,7 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
                 f"checkpoint {str(checkpoint.path)!r}: cannot read leaf {key} of "
                 f"{checkpointable!r}: {arrays.message(e)}"
             ) from None
-        problem = checksums.check_read_value(item.directory, key, value)
+        problem = None if checked else checksums.check_read_value(item.directory, key, value)
         if problem is not None:
             raise ValueError(
                 f"checkpoint {str(checkpoint.path)!r}: checkpointable {checkpointable!r}: {problem}"

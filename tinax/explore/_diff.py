@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import tensorstore as ts
 
-from tinax._format import arrays, checksums, chunks, layout, names, pytree, words
+from tinax._format import arrays, checksums, chunks, layout, names, pytree, rawread, words
 from tinax.explore import _checkpoint, _live
 from tinax.explore._integrity import PiecesCheck
 from tinax.explore._leaves import Leaf, frame
@@ -118,6 +118,18 @@ class _StoredArray:
         records = self.owner.records
         record = None if records is None else records.get(self.leaf.key)
         return record if record is not None and record.kind == checksums.ARRAY else None
+
+    def raw(self, dtype: np.dtype, shape: tuple[int, ...]) -> rawread.RawArray | None:
+        """The array as raw chunks in its data files, if it is stored so (``rawread``)."""
+        tree = self.owner.tree
+        if not (tree.ocdbt and tree.zarr3 and tree.directory.is_local):
+            return None
+        stored = self.stored()
+        if stored is None or not isinstance(stored[0], bytes):
+            return None
+        path = pytree.storage_path(self.leaf.param)
+        found = rawread.plan(tree.directory, stored[0], stored[1], path, dtype)
+        return found if found is not None and found.shape == shape else None
 
     def stored(self) -> tuple[chunks.StoredValue, dict[bytes, chunks.StoredValue]] | None:
         """The array's zarr metadata and chunks as stored, if the store can tell."""
@@ -405,46 +417,118 @@ def _decode_pairs(
     done: int,
     total: int,
 ) -> None:
-    """Reads every pair region by region, both sides in step, and fills in their stats."""
+    """Reads every pair region by region, both sides in step, and fills in their stats.
 
-    def reads(which: int) -> Iterator[chunks.ArrayRead]:
-        for index, (row, ea, eb) in enumerate(pairs):
-            entry = (ea, eb)[which]
-            assert entry.array is not None and ea.array is not None and eb.array is not None
-            shape = row.a.shape if row.a is not None and row.a.shape is not None else ()
-            grid = _lcm_chunks(shape, ea.array.chunk_shape, eb.array.chunk_shape)
-            itemsize = np.dtype(_numpy_dtype(row)).itemsize
-            boxes = chunks.regions(shape, grid, itemsize, chunks.REGION_BYTES)
-            yield chunks.ArrayRead(index, entry.array.open(), boxes, itemsize)
-
-    stats: dict[int, PairStats] = {}
-    # The saved checksums of each stored side, digested in the same pass.
+    A stored side that is uncompressed and has saved checksums is read straight
+    from its data files (``rawread``); a pair with such a side that cannot be read
+    so, or does not match its checksums, is compared again through tensorstore,
+    which then says what is wrong.
+    """
+    pool = rawread.BufferPool(keep=8)
+    raw: dict[tuple[int, int], rawread.RawArray] = {}
     checks: dict[tuple[int, int], PiecesCheck] = {}
-    for index, (row, ea, eb) in enumerate(pairs):
+
+    def add_checks(index: int) -> None:
+        # The saved checksums of each stored side, digested in the same pass.
+        row, ea, eb = pairs[index]
         for which, entry in enumerate((ea, eb)):
             if isinstance(entry.array, _StoredArray):
                 record = entry.array.record()
                 if record is not None and record.shape == (row.a.shape if row.a else None):
                     checks[(index, which)] = PiecesCheck(record, _numpy_dtype(row))
-    for (index, box, left), (_, _, right) in zip(
-        chunks.read_arrays(reads(0)), chunks.read_arrays(reads(1)), strict=True
-    ):
-        row = pairs[index][0]
-        for side, values in zip(sides, (left, right), strict=True):
-            if isinstance(values, chunks.ReadFailure):
-                raise ValueError(f"cannot read {_location(side, row)}: {values.message}")
-        pair = stats.get(index)
-        if pair is None:
-            pair = stats[index] = PairStats(np.asarray(left).dtype)
-        left, right = np.asarray(left), np.asarray(right)
-        for which, values in enumerate((left, right)):
+
+    for index, (row, ea, eb) in enumerate(pairs):
+        add_checks(index)
+        dtype = _numpy_dtype(row)
+        for which, entry in enumerate((ea, eb)):
             check = checks.get((index, which))
-            if check is not None:
-                check.update(box, values)
-        pair.update(left, right)
-        done += 2 * chunks.box_size(box) * pair.dtype.itemsize
-        if progress is not None:
-            progress(done, total)
+            if check is None or check.record.dtype != str(dtype) or row.a is None:
+                continue
+            assert isinstance(entry.array, _StoredArray) and row.a.shape is not None
+            found = entry.array.raw(dtype, row.a.shape)
+            if found is not None:
+                raw[(index, which)] = found
+
+    def reads(which: int, indices: list[int], direct: bool) -> Iterator[chunks.ArrayRead]:
+        for index in indices:
+            row, ea, eb = pairs[index]
+            entry = (ea, eb)[which]
+            assert entry.array is not None and ea.array is not None and eb.array is not None
+            shape = row.a.shape if row.a is not None and row.a.shape is not None else ()
+            itemsize = np.dtype(_numpy_dtype(row)).itemsize
+            left, right = raw.get((index, 0)), raw.get((index, 1))
+            if direct and left is not None and right is not None:
+                # Both sides raw: regions of rows where their chunks allow.
+                grid = _lcm_chunks(shape, left.unit, right.unit)
+                boxes = chunks.regions(shape, grid, itemsize, rawread.REGION_BYTES)
+            else:
+                grid = _lcm_chunks(shape, ea.array.chunk_shape, eb.array.chunk_shape)
+                boxes = chunks.regions(shape, grid, itemsize, chunks.REGION_BYTES)
+            found = raw.get((index, which)) if direct else None
+            if found is None:
+                opened = entry.array.open()
+            else:
+                # Its checksums are digested on the reading threads, in order.
+                digest = digests[(index, which)] = rawread.Digest(checks[(index, which)].update)
+                opened = rawread.PooledArray(found, pool, digest)
+            yield chunks.ArrayRead(index, opened, boxes, itemsize)
+
+    stats: dict[int, PairStats] = {}
+    again: set[int] = set()
+    digests: dict[tuple[int, int], rawread.Digest] = {}
+
+    def run(indices: list[int], direct: bool) -> None:
+        nonlocal done
+        # Raw reads need little read-ahead; tensorstore's decoding more.
+        every = direct and all((i, w) in raw for i in indices for w in (0, 1))
+        ahead = rawread.IN_FLIGHT_BYTES if every else chunks.IN_FLIGHT_BYTES
+        for (index, box, left), (_, _, right) in zip(
+            chunks.read_arrays(reads(0, indices, direct), in_flight_bytes=ahead),
+            chunks.read_arrays(reads(1, indices, direct), in_flight_bytes=ahead),
+            strict=True,
+        ):
+            if index in again:
+                continue
+            row = pairs[index][0]
+            for which, (side, values) in enumerate(zip(sides, (left, right), strict=True)):
+                if not isinstance(values, chunks.ReadFailure):
+                    continue
+                if direct and (index, which) in raw:
+                    again.add(index)
+                else:
+                    raise ValueError(f"cannot read {_location(side, row)}: {values.message}")
+            if index in again:
+                continue
+            pair = stats.get(index)
+            if pair is None:
+                for earlier in stats.values():
+                    earlier.done()  # regions come array after array
+                pair = stats[index] = PairStats(np.asarray(left).dtype)
+            left, right = np.asarray(left), np.asarray(right)
+            for which, values in enumerate((left, right)):
+                check = checks.get((index, which))
+                if check is not None and not (direct and (index, which) in digests):
+                    check.update(box, values)
+            pair.update(left, right)
+            done += 2 * chunks.box_size(box) * pair.dtype.itemsize
+            if progress is not None:
+                progress(min(done, total), total)
+
+    run(list(range(len(pairs))), direct=True)
+    for index, which in raw:
+        bad, unchecked = checks[(index, which)].results()
+        digest = digests.get((index, which))
+        if bad or unchecked or digest is None or digest.failed:
+            again.add(index)
+    if again:
+        redo = sorted(again)
+        for index in redo:
+            stats.pop(index, None)
+            checks.pop((index, 0), None)
+            checks.pop((index, 1), None)
+            add_checks(index)
+        again.clear()
+        run(redo, direct=False)
     for index, (row, _, _) in enumerate(pairs):
         pair = stats.get(index)
         row.decided_by = BY_DATA

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays, chunks, words
+from tinax._format import arrays, checksums, chunks, names, pytree, rawread, words
 from tinax.explore._checks import Check, Finding, LeafScan, PyTreeState, StoredArray, VerifyTarget
+from tinax.explore._integrity import ChecksumCheck, _ChecksumScan
 from tinax.explore._numeric import ValueCounts
 
 Progress = Callable[[int, int], None]
@@ -73,12 +74,36 @@ def read_data(
     if progress is not None:
         progress(0, total)
 
-    def reads() -> Iterable[chunks.ArrayRead]:
-        for index, (array, state) in enumerate(work):
+    # Uncompressed arrays with saved checksums are read straight from their data
+    # files; one that cannot be, or does not match its checksums, is read again
+    # through tensorstore, which then says what is wrong with it.
+    pool = rawread.BufferPool()
+    raw: dict[int, rawread.RawArray] = {}
+    for index, (array, state) in enumerate(work):
+        planned = _raw_array(target, active, array, state)
+        if planned is not None:
+            raw[index] = planned
+
+    def reads(indices: Iterable[int], direct: bool) -> Iterable[chunks.ArrayRead]:
+        for index in indices:
+            array, state = work[index]
+            itemsize = array.info.itemsize or 1
+            if direct and index in raw:
+                boxes = chunks.regions(
+                    array.info.shape, raw[index].unit, itemsize, rawread.REGION_BYTES
+                )
+                # Its checksums are digested on the reading threads, in order.
+                scans[index] = [s for c in active if (s := c.leaf(target, array)) is not None]
+                checksum = next((s for s in scans[index] if isinstance(s, _ChecksumScan)), None)
+                if checksum is None:  # pragma: no cover - _raw_array asked for a record
+                    raise AssertionError(f"no checksum scan for {array.part}")
+                digests[index] = rawread.Digest(checksum.update)
+                opened = rawread.PooledArray(raw[index], pool, digests[index])
+                yield chunks.ArrayRead(index, opened, boxes, itemsize)
+                continue
             assert state.tree is not None
             leaf = state.tree.find(array.key, name=array.checkpointable)
             spec = state.tree.array_spec(leaf)
-            itemsize = array.info.itemsize or 1
             boxes = chunks.regions(
                 array.info.shape, array.info.chunk_shape, itemsize, chunks.REGION_BYTES
             )
@@ -88,18 +113,43 @@ def read_data(
 
     scans: dict[int, list[LeafScan]] = {}
     failed: dict[int, str] = {}
-    for index, box, values in chunks.read_arrays(reads()):
-        if index not in scans:
-            array = work[index][0]
-            scans[index] = [s for c in active if (s := c.leaf(target, array)) is not None]
-        if isinstance(values, chunks.ReadFailure):
-            failed.setdefault(index, values.message)
-        elif index not in failed:
-            for scan in scans[index]:
-                scan.update(box, values)
-        done += chunks.box_size(box) * (work[index][0].info.itemsize or 0)
-        if progress is not None:
-            progress(done, total)
+    digests: dict[int, rawread.Digest] = {}
+
+    def run(regions: Iterable[chunks.ArrayRead], counted: bool, ahead: int) -> None:
+        nonlocal done
+        for index, box, values in chunks.read_arrays(regions, in_flight_bytes=ahead):
+            if index not in scans:
+                array = work[index][0]
+                scans[index] = [s for c in active if (s := c.leaf(target, array)) is not None]
+            if isinstance(values, chunks.ReadFailure):
+                failed.setdefault(index, values.message)
+            elif index not in failed:
+                for leaf_scan in scans[index]:
+                    if index in digests and isinstance(leaf_scan, _ChecksumScan):
+                        continue  # digested as it was read
+                    leaf_scan.update(box, values)
+            if counted:
+                done += chunks.box_size(box) * (work[index][0].info.itemsize or 0)
+                if progress is not None:
+                    progress(done, total)
+
+    # Raw reads need little read-ahead; tensorstore's decoding more.
+    ahead = rawread.IN_FLIGHT_BYTES if len(raw) == len(work) else chunks.IN_FLIGHT_BYTES
+    run(reads(range(len(work)), direct=True), counted=True, ahead=ahead)
+    again = [
+        index
+        for index in raw
+        if index in failed
+        or index not in digests
+        or digests[index].failed
+        or not _matched(scans.get(index, []))
+    ]
+    for index in again:
+        scans.pop(index, None)
+        failed.pop(index, None)
+        digests.pop(index, None)
+    if again:
+        run(reads(again, direct=False), counted=False, ahead=chunks.IN_FLIGHT_BYTES)
     for index, (array, _) in enumerate(work):
         counts = _nonfinite(active, array)
         if index in failed:
@@ -121,6 +171,41 @@ def read_data(
             )
         )
     return found
+
+
+def _raw_array(
+    target: VerifyTarget, active: list[Check], array: StoredArray, state: PyTreeState
+) -> rawread.RawArray | None:
+    """``array`` as raw chunks, if it is stored so and has saved checksums to check it by."""
+    checksum = next((c for c in active if isinstance(c, ChecksumCheck)), None)
+    tree, contents = state.tree, state.contents
+    if checksum is None or tree is None or contents is None or not (tree.ocdbt and tree.zarr3):
+        return None
+    records = checksum.records.get(array.checkpointable)
+    record = None if records is None else records.get(array.key)
+    if record is None or record.kind != checksums.ARRAY or record.shape != array.info.shape:
+        return None
+    try:
+        dtype = arrays.numpy_dtype(array.info.dtype)
+    except TypeError:
+        return None
+    if record.dtype != str(dtype):
+        return None
+    path = pytree.storage_path(array.param)
+    metadata = contents.other.get((path + names.ZARR3_METADATA).encode("utf-8"))
+    if not isinstance(metadata, bytes):
+        return None
+    found = rawread.plan(tree.directory, metadata, contents.chunks.get(path), path, dtype)
+    return found if found is not None and found.shape == array.info.shape else None
+
+
+def _matched(scans: list[LeafScan]) -> bool:
+    """Whether an array's checksum scan found every recorded piece as saved."""
+    for leaf_scan in scans:
+        if isinstance(leaf_scan, _ChecksumScan):
+            bad, unchecked = leaf_scan.check.results()
+            return not bad and not unchecked
+    return False
 
 
 def _nonfinite(active: list[Check], array: StoredArray) -> ValueCounts | None:

@@ -1,0 +1,197 @@
+"""Arrays read straight from their data files (``rawread``) read as tensorstore reads them,
+and damage to them is reported as tensorstore reports it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+import tinax.explore as ex
+from tinax._format import arrays, chunks, names, pytree, rawread
+from tinax._format.storage import local
+from tinax.checkpointing import save_checkpointables
+from tinax.explore._checkpoint import open_checkpoint
+
+
+def _state(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "w": rng.standard_normal((1024, 512), dtype=np.float32),
+        "v": rng.integers(0, 1000, size=(100, 33, 40), dtype=np.int64),
+        "b": np.arange(3, dtype=np.float32),
+    }
+
+
+def _raw(path: Path, key: str) -> rawread.RawArray | None:
+    item = open_checkpoint(path).get("model")
+    tree = pytree.read_layout(item.directory)
+    leaf = tree.find(key, name="model")
+    where = pytree.storage_path(leaf.param)
+    contents = chunks.store_contents(tree.directory, [where], zarr3=True, ctx=arrays.context())
+    metadata = contents.other[(where + names.ZARR3_METADATA).encode()]
+    assert isinstance(metadata, bytes)
+    info = pytree.array_infos(tree, [leaf], arrays.context())[leaf.param]
+    dtype = arrays.numpy_dtype(info.dtype)
+    return rawread.plan(tree.directory, metadata, contents.chunks.get(where), where, dtype)
+
+
+def _flip_in_chunk(path: Path, key: str) -> None:
+    raw = _raw(path, key)
+    assert raw is not None
+    ref = next(iter(raw.values.values()))
+    with open(Path(str(raw.directory)) / ref.file, "r+b") as f:
+        f.seek(ref.offset + 64)
+        byte = f.read(1)
+        f.seek(ref.offset + 64)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+def test_uncompressed_arrays_read_raw_as_saved(tmp_path: Path) -> None:
+    state = _state(0)
+    save_checkpointables(tmp_path / "a", {"model": state}).result()
+    assert _raw(tmp_path / "a", "['b']") is None  # kept inline in the B+tree
+    for key, name in (("['w']", "w"), ("['v']", "v")):
+        raw = _raw(tmp_path / "a", key)
+        assert raw is not None, key
+        out = np.empty(raw.shape, raw.dtype)
+        for box in chunks.regions(raw.shape, raw.chunk_shape, raw.dtype.itemsize, 1 << 20):
+            raw.read_into(box, out[box])
+        np.testing.assert_array_equal(out, state[name])
+        np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", key), state[name])
+    result = ex.verify(tmp_path / "a", data=True)
+    assert result.ok and result.leaves["read"].all(), result.findings
+
+
+@pytest.mark.parametrize("columns", [34, 67])
+@pytest.mark.parametrize("sharded", [True, False])
+def test_chunks_cut_at_the_array_end_read_raw(tmp_path: Path, sharded: bool, columns: int) -> None:
+    value = np.random.default_rng(3).standard_normal((301, 67, 50)).astype(np.float32)
+    plain = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    codecs = (
+        [
+            {
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": [50, columns, 50],
+                    "codecs": plain,
+                    "index_codecs": [*plain, {"name": "crc32c"}],
+                },
+            }
+        ]
+        if sharded
+        else plain
+    )
+    grid = [100, 2 * columns, 50] if sharded else [50, columns, 50]
+    store = {"driver": "ocdbt", "base": f"file://{tmp_path}/", "path": "w/"}
+    spec = {
+        "driver": "zarr3",
+        "kvstore": store,
+        "metadata": {
+            "shape": list(value.shape),
+            "data_type": "float32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
+            "codecs": codecs,
+        },
+        "create": True,
+    }
+    ts.open(spec).result().write(value).result()
+    contents = chunks.store_contents(local(tmp_path), ["w/"], zarr3=True, ctx=arrays.context())
+    metadata = chunks._value_bytes(local(tmp_path), contents.other[b"w/zarr.json"])
+    raw = rawread.plan(local(tmp_path), metadata, contents.chunks["w/"], "w/", value.dtype)
+    assert raw is not None and raw.sharded == sharded
+    # One chunk per region (the edge ones cut on two axes, through a scratch
+    # buffer), then many per region.
+    for region_bytes in (40_000, 4 << 20):
+        out = np.zeros(raw.shape, raw.dtype)
+        for box in chunks.regions(raw.shape, raw.chunk_shape, 4, region_bytes):
+            raw.read_into(box, out[box])
+        np.testing.assert_array_equal(out, value)
+    # Chunks of whole rows are read a row range at a time, across chunks.
+    assert raw.unit == ((1, 67, 50) if columns == 67 else raw.chunk_shape)
+    if columns == 67:
+        out = np.zeros(raw.shape, raw.dtype)
+        for start, stop in ((0, 37), (37, 163), (163, 300), (300, 301)):
+            raw.read_into((slice(start, stop), slice(0, 67), slice(0, 50)), out[start:stop])
+        np.testing.assert_array_equal(out, value)
+
+
+def test_a_raw_read_diff_matches_the_values(tmp_path: Path) -> None:
+    before, after = _state(0), _state(0)
+    after["w"] = after["w"] + np.float32(0.5)
+    save_checkpointables(tmp_path / "a", {"model": before}).result()
+    save_checkpointables(tmp_path / "b", {"model": after}).result()
+    table = ex.diff_table(tmp_path / "a", tmp_path / "b").set_index("key")
+    row = table.loc["['w']"]
+    assert row["status"] == "changed" and row["decided_by"] == "data"
+    diff = after["w"] - before["w"]
+    assert row["max_abs_diff"] == pytest.approx(float(np.abs(diff).max()))
+    assert row["norm_a"] == pytest.approx(float(np.linalg.norm(before["w"].astype(np.float64))))
+    assert table.loc["['v']", "status"] == "same"
+
+
+def test_a_flipped_byte_in_a_raw_chunk_is_reported_by_every_reader(tmp_path: Path) -> None:
+    save_checkpointables(tmp_path / "a", {"model": _state(0)}).result()
+    save_checkpointables(tmp_path / "b", {"model": _state(1)}).result()
+    _flip_in_chunk(tmp_path / "a", "['w']")
+    with pytest.raises(ValueError, match=r"leaf \['w'\].*corrupt"):
+        ex.read_leaf(tmp_path / "a", "model", "['w']")
+    result = ex.verify(tmp_path / "a", data=True)
+    assert not result.ok
+    errors = result.findings[result.findings["severity"] == "error"]
+    assert errors["message"].str.contains("does not match the checksum").any(), errors
+    table = ex.diff_table(tmp_path / "a", tmp_path / "b").set_index("key")
+    assert table.loc["['w']", "status"] == "corrupt"
+    assert table.loc["['v']", "status"] == "changed"
+
+
+def test_a_damaged_shard_index_falls_back_to_tensorstore(tmp_path: Path) -> None:
+    state = _state(0)
+    save_checkpointables(tmp_path / "a", {"model": state}).result()
+    raw = _raw(tmp_path / "a", "['w']")
+    assert raw is not None and raw.sharded
+    ref = next(iter(raw.values.values()))
+    with open(Path(str(raw.directory)) / ref.file, "r+b") as f:
+        f.seek(ref.offset + ref.length - 20)  # the index's first entry: the chunk's offset
+        f.write((1 << 40).to_bytes(8, "little"))
+    with pytest.raises(ValueError, match=r"cannot read leaf \['w'\]"):
+        ex.read_leaf(tmp_path / "a", "model", "['w']")
+    result = ex.verify(tmp_path / "a", data=True)
+    assert not result.ok
+    assert result.findings["message"].str.contains("cannot be read").any(), result.findings
+
+
+def test_raw_plans_refuse_what_is_not_byte_for_byte(tmp_path: Path) -> None:
+    directory = local(tmp_path)
+    ref = arrays.ValueRef("d/x", 0, 16, "")
+    meta = (
+        b'{"zarr_format":3,"node_type":"array","shape":[4],"data_type":"float32",'
+        b'"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[4]}},'
+        b'"chunk_key_encoding":{"name":"default"},"fill_value":0,'
+        b'"codecs":[{"name":"bytes","configuration":{"endian":"%s"}}]}'
+    )
+    f4 = np.dtype(np.float32)
+    assert rawread.plan(directory, meta % b"little", {b"x/c/0": ref}, "x/", f4) is not None
+    assert rawread.plan(directory, meta % b"big", {b"x/c/0": ref}, "x/", f4) is None
+    assert rawread.plan(directory, meta % b"little", {b"x/c/0": b"inline"}, "x/", f4) is None
+    assert rawread.plan(directory, meta % b"little", {}, "x/", f4) is None
+    zstd = meta.replace(b"}}]}", b'}},{"name":"zstd"}]}')
+    assert rawread.plan(directory, zstd % b"little", {b"x/c/0": ref}, "x/", f4) is None
+
+
+def test_a_digest_sees_every_region_in_order_on_the_reading_threads(tmp_path: Path) -> None:
+    state = _state(0)
+    save_checkpointables(tmp_path / "a", {"model": state}).result()
+    raw = _raw(tmp_path / "a", "['w']")
+    assert raw is not None and raw.unit == (1, 512)
+    seen: list[tuple[int, bytes]] = []
+    digest = rawread.Digest(lambda box, values: seen.append((box[0].start, values.tobytes())))
+    boxes = chunks.regions(raw.shape, raw.unit, 4, 64 << 10)  # 32 rows each
+    opened = rawread.PooledArray(raw, rawread.BufferPool(), digest)
+    read = chunks.read_arrays([chunks.ArrayRead(0, opened, boxes, 4)], in_flight_bytes=1 << 20)
+    starts = [box[0].start for _, box, _ in read]
+    assert starts == [box[0].start for box in boxes] and len(starts) == 32
+    assert [start for start, _ in seen] == starts and not digest.failed
+    assert b"".join(data for _, data in seen) == state["w"].tobytes()
