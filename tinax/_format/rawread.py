@@ -17,6 +17,10 @@ more than tensorstore's: callers use this path only for arrays whose checksums w
 recorded at save time, check them as the regions stream by, and read the array
 again through tensorstore when they do not match, so that what is reported about a
 damaged array is what tensorstore finds.
+
+(Over 500 lines: the metadata it accepts, the shard index it decodes and the threads
+that read regions into place are one contract of what is byte for byte; each part
+relies on what the others checked.)
 """
 
 from __future__ import annotations
@@ -427,6 +431,13 @@ def _grid_index(name: bytes, rank: int, separator: str) -> tuple[int, ...] | Non
     return tuple(int(p) for p in parts[1:])
 
 
+def may_read(directory: Location) -> bool:
+    """Whether arrays under ``directory`` can be read here at all: its files must be
+    on a local disk, where they can be read by offset. A caller asks this before it
+    looks an array's chunks up."""
+    return directory.is_local
+
+
 def raw_array(
     directory: Location,
     metadata: bytes,
@@ -443,7 +454,7 @@ def raw_array(
       prefix: The array's storage path within the store, as bytes.
       dtype: The dtype the array is read as (from the same metadata).
     """
-    if not directory.is_local or not _little(dtype):
+    if not may_read(directory) or not _little(dtype):
         return None
     try:
         meta = json.loads(metadata)

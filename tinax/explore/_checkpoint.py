@@ -395,7 +395,7 @@ def _raw_array(
     tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, dtype: np.dtype, ctx: Any
 ) -> rawread.RawArray | None:
     """``leaf``'s array as raw chunks in its data files, if it is stored so."""
-    if not (tree.ocdbt and tree.zarr3 and tree.directory.is_local):
+    if not (tree.ocdbt and tree.zarr3 and rawread.may_read(tree.directory)):
         return None
     path = pytree.storage_path(leaf.param)
     try:

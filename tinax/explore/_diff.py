@@ -122,7 +122,7 @@ class _StoredArray:
     def raw(self, dtype: np.dtype, shape: tuple[int, ...]) -> rawread.RawArray | None:
         """The array as raw chunks in its data files, if it is stored so (``rawread``)."""
         tree = self.owner.tree
-        if not (tree.ocdbt and tree.zarr3 and tree.directory.is_local):
+        if not (tree.ocdbt and tree.zarr3 and rawread.may_read(tree.directory)):
             return None
         stored = self.stored()
         if stored is None or not isinstance(stored[0], bytes):
