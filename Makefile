@@ -60,9 +60,10 @@ lint: install
 # for. Every test makes its own directories and servers; the demo run is shared
 # (tests/conftest.py). Each test file runs in one process (loadscope), so a file's
 # module fixtures (a two-process JAX job, a saved run) are made once, not per process.
-# `make test WORKERS=auto` uses every core.
+# Files are handed out in collection order (no reordering by test count), which
+# tests/conftest.py starts with the longest files. `make test WORKERS=auto` uses every core.
 WORKERS ?= 2
-PYTEST := $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) --dist loadscope
+PYTEST := $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The quick loop (under 2 minutes): lint, types, and the tests marked neither slow nor
 # browser (tests/conftest.py says which those are).

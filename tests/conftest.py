@@ -145,7 +145,31 @@ def _uses_gcs(item: pytest.Item) -> bool:
     return any(isinstance(value, str) and value == "gs" for value in params)
 
 
+# The files that take longest on two workers (``--durations`` of a fresh-clone run),
+# longest first. They are handed out first, so that the short files fill the gaps
+# instead of one long file running alone at the end.
+LONGEST_FILES = (
+    "test_multiprocess.py",
+    "test_binder.py",
+    "test_browser.py",
+    "test_campaigns.py",
+    "test_notebooks.py",
+    "test_training_run.py",
+    "test_gcs.py",
+    "test_explore_cli.py",
+    "test_readme.py",
+    "test_mutants.py",
+    "test_browser_gcs.py",
+)
+
+
+def _start_order(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_start_order)  # stable: each file keeps its own order
     for item in items:
         name = item.path.name
         if name.startswith("test_browser"):
