@@ -95,10 +95,19 @@ def test_float32_sums_are_double_precision_across_blocks_and_a_tail() -> None:
     stats = PairStats(np.dtype(np.float32))
     stats.update(x, y)
     x64, y64 = x.astype(np.float64), y.astype(np.float64)
-    d64 = (y - x).astype(np.float64)
+    d64 = y64 - x64  # exact: the differences are taken in double precision
     assert stats.norm_a == pytest.approx(math.sqrt(math.fsum(x64 * x64)), rel=1e-13)
     assert stats.norm_b == pytest.approx(math.sqrt(math.fsum(y64 * y64)), rel=1e-13)
     assert stats.norm_diff == pytest.approx(math.sqrt(math.fsum(d64 * d64)), rel=1e-13)
-    assert stats.sum_diff == pytest.approx(math.fsum(d64), rel=1e-9)
+    assert stats.max_abs_diff == float(np.abs(d64).max())
     cosine = math.fsum(x64 * y64) / math.sqrt(math.fsum(x64 * x64) * math.fsum(y64 * y64))
     assert stats.cosine == pytest.approx(cosine, abs=1e-12)
+
+
+def test_a_counters_change_is_summed_exactly() -> None:
+    before = np.array([1_000_000_007, 5, -3], dtype=np.int64)
+    after = np.array([1_000_000_157, 5, -3], dtype=np.int64)
+    stats = _stats(before, after, pieces=2)
+    assert stats.sum_diff == 150.0
+    assert stats.max_abs_diff == 150.0
+    assert not stats.equal

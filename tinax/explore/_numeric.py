@@ -78,41 +78,48 @@ def _dot(x: np.ndarray, y: np.ndarray) -> Any:
 _ROW = 4096
 
 
-def _square_sum(v: np.ndarray, scratch: np.ndarray) -> tuple[float, float]:
-    """``Σ v²`` and ``Σ v`` of real floats in double precision, ``scratch`` a float64
-    buffer at least as long.
-
-    The values are copied into ``scratch`` as float64 (exact, as is the square of a
-    float32 there), then summed by BLAS dot products of ``_ROW`` elements each:
-    about three times as fast as ``_dot``'s einsum.
-    """
-    n = v.size
-    work = scratch[:n]
-    np.copyto(work, v)
-    whole = n - n % _ROW
+def _square_sum(work: np.ndarray) -> float:
+    """``Σ v²`` of a float64 buffer, by BLAS dot products of ``_ROW`` elements each:
+    about three times as fast as ``_dot``'s einsum."""
+    whole = work.size - work.size % _ROW
     rows = work[:whole].reshape(-1, _ROW)
     tail = work[whole:]
-    squares = float(np.vecdot(rows, rows).sum()) + float(np.dot(tail, tail))
-    return squares, float(np.add.reduce(work))
+    return float(np.vecdot(rows, rows).sum()) + float(np.dot(tail, tail))
 
 
-def _sums(
-    x: np.ndarray, y: np.ndarray, d: np.ndarray, scratch: np.ndarray | None = None
-) -> tuple[float, float, Any, float, float | None]:
-    """``Σ|x|²``, ``Σ|y|²``, ``Σ conj(x)·y`` and ``Σ|d|²`` for ``d = y - x``; and
-    ``Σ d`` when it came with them (real floats with a ``scratch`` buffer)."""
-    real = x.dtype.kind == "f" and d.dtype.kind == "f"
-    sum_d = None
-    if real and scratch is not None and scratch.size >= x.size:
-        aa, bb = _square_sum(x, scratch)[0], _square_sum(y, scratch)[0]
-        dd, sum_d = _square_sum(d, scratch)
-    else:
-        aa, bb, dd = float(_dot(x, x).real), float(_dot(y, y).real), float(_dot(d, d).real)
+def _real_sums(
+    x: np.ndarray, y: np.ndarray, scratch: np.ndarray
+) -> tuple[float, float, float, float]:
+    """``Σx²``, ``Σy²``, ``Σd²`` and ``max |d|`` for ``d = y - x`` of real floats,
+    in double precision; ``scratch`` a float64 buffer of at least twice their length.
+
+    Both are copied into ``scratch`` as float64, where the square of a float32 is
+    exact, and so is the difference of two unless they are 2**29 apart in
+    magnitude: eight passes over a block that stays in cache.
+    """
+    n = x.size
+    xs, ys = scratch[:n], scratch[n : 2 * n]
+    np.copyto(xs, x)
+    np.copyto(ys, y)
+    aa, bb = _square_sum(xs), _square_sum(ys)
+    d = np.subtract(ys, xs, out=xs)
+    dd = _square_sum(d)
+    largest = max(float(d.max()), -float(d.min())) if n and dd != 0.0 else 0.0
+    return aa, bb, dd, largest
+
+
+def _sums(x: np.ndarray, y: np.ndarray, d: np.ndarray) -> tuple[float, float, Any, float]:
+    """``Σ|x|²``, ``Σ|y|²``, ``Σ conj(x)·y`` and ``Σ|d|²`` for ``d = y - x``."""
+    aa, bb, dd = float(_dot(x, x).real), float(_dot(y, y).real), float(_dot(d, d).real)
     if x.dtype.kind == "c":
-        return aa, bb, complex(_dot(x, y)), dd, sum_d
+        return aa, bb, complex(_dot(x, y)), dd
+    return aa, bb, _inner(aa, bb, dd), dd
+
+
+def _inner(aa: float, bb: float, dd: float) -> float:
     # Re⟨x, y⟩ from the three norms: the cancellation this risks is an absolute error
     # of a few ulps of ‖x‖‖y‖ in the cosine, far below anything it is read for.
-    return aa, bb, (aa + bb - dd) / 2, dd, sum_d
+    return (aa + bb - dd) / 2
 
 
 class ValueCounts:
@@ -179,10 +186,18 @@ class PairStats:
 
     def _add(self, raw_a: np.ndarray, raw_b: np.ndarray) -> None:
         x, y = _computable(raw_a), _computable(raw_b)
+        if x.dtype.kind == "f":
+            if self._scratch is None:
+                self._scratch = np.empty(2 * _BLOCK, np.float64)
+            aa, bb, dd, largest = _real_sums(x, y, self._scratch)
+            if math.isfinite(aa) and math.isfinite(bb) and math.isfinite(dd):
+                if self.equal and (dd != 0.0 or not _bitwise_equal(raw_a, raw_b)):
+                    # Equal values can still differ in their bits (0.0 and -0.0).
+                    self.equal = False
+                self._take(aa, bb, _inner(aa, bb, dd), dd, largest)
+                return
         d = _difference(x, y)
-        if self._scratch is None and x.dtype.kind == "f":
-            self._scratch = np.empty(_BLOCK, np.float64)
-        aa, bb, ab, dd, sum_d = _sums(x, y, d, self._scratch)
+        aa, bb, ab, dd = _sums(x, y, d)
         if not (math.isfinite(aa) and math.isfinite(bb) and math.isfinite(dd)):
             # Rare: NaNs or infinities (or squares too large for float64). Count
             # them, and compare the rest.
@@ -193,21 +208,22 @@ class PairStats:
             both = np.isfinite(x) & np.isfinite(y)
             x, y = x[both], y[both]
             d = _difference(x, y)
-            aa, bb, ab, dd, sum_d = _sums(x, y, d, self._scratch)
+            aa, bb, ab, dd = _sums(x, y, d)
         elif self.equal and (dd != 0.0 or not _bitwise_equal(raw_a, raw_b)):
-            # Equal values can still differ in their bits (0.0 and -0.0).
             self.equal = False
+        largest = 0.0
         if d.size and dd != 0.0:
-            largest = np.abs(d).max() if d.dtype.kind == "c" else max(d.max(), -d.min())
-            self._max = max(self._max, float(largest))
+            largest = float(np.abs(d).max() if d.dtype.kind == "c" else max(d.max(), -d.min()))
+        if d.dtype.kind != "c" and d.size:
+            self._sum_d += float(d.sum(dtype=np.float64))
+        self._take(aa, bb, ab, dd, largest)
+
+    def _take(self, aa: float, bb: float, ab: complex | float, dd: float, largest: float) -> None:
+        self._max = max(self._max, largest)
         self._aa += aa
         self._bb += bb
         self._ab += ab
         self._dd += dd
-        if sum_d is not None:
-            self._sum_d += sum_d
-        elif d.dtype.kind != "c" and d.size:
-            self._sum_d += float(d.sum(dtype=np.float64))
 
     @property
     def max_abs_diff(self) -> float:
@@ -216,8 +232,9 @@ class PairStats:
 
     @property
     def sum_diff(self) -> float:
-        """``Σ (b - a)`` over elements finite on both sides (real values only): the
-        change of a counter (``+150``)."""
+        """``Σ (b - a)`` over elements finite on both sides, for integer and boolean
+        values (the change of a counter: ``+150``); 0.0 for floats, where it is not
+        read and would cost a pass over every block."""
         return self._sum_d
 
     @property
