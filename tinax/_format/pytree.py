@@ -18,7 +18,7 @@ import dataclasses
 import json
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import msgspec
@@ -406,18 +406,22 @@ def array_infos(
     leaves: Iterable[StoredLeaf],
     ctx: ts.Context | None,
     stored: dict[str, bytes] | ValueError | None = None,
+    stored_sizes: Mapping[str, int] | None = None,
 ) -> dict[str, ArrayInfo]:
     """Each leaf's array metadata by ``param``, read in bulk (in ``ctx``, else a
     fresh context).
 
     ``stored`` is what ``arrays.read_values`` gave for ``array_metadata_keys``, if
-    the caller has read them already (with other stores: a listing).
+    the caller has read them already (with other stores: a listing), and
+    ``stored_sizes`` what it gave as ``sizes``, if the caller walked the store.
 
     Raises:
       ValueError: If a leaf's metadata is missing or garbled, naming it.
     """
     keys = array_metadata_keys(layout, leaves)
     sizes: dict[str, int] = {}
+    if stored is not None and stored_sizes is not None:
+        sizes.update(stored_sizes)
     try:
         if stored is None:
             ctx = arrays.context() if ctx is None else ctx

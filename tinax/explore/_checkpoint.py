@@ -361,10 +361,17 @@ def _read_array(
     Raises:
       ValueError: If the metadata claims the impossible or a region cannot be read.
     """
-    info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
+    contents = None if record is None else _store_contents(tree, leaf, ctx)
+    if contents is None:
+        info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
+    else:
+        # One walk of the store gives both the metadata and where the chunks are.
+        metadata, sizes, _ = contents
+        info = pytree.array_infos(tree, [leaf], ctx, metadata, sizes)[leaf.param]
     dtype = arrays.numpy_dtype(info.dtype)
-    if record is not None and (record.dtype, record.shape) == (str(dtype), info.shape):
-        raw = _raw_array(tree, leaf, dtype, ctx)
+    matches = record is not None and (record.dtype, record.shape) == (str(dtype), info.shape)
+    if contents is not None and record is not None and matches:
+        raw = _raw_array(tree, leaf, dtype, contents[2])
         value = None if raw is None or raw.shape != info.shape else _read_raw(raw, record)
         if value is not None:
             return value, True
@@ -391,20 +398,41 @@ def _array_record(directory: Any, key: str) -> checksums.LeafRecord | None:
     return record if record is not None and record.kind == checksums.ARRAY else None
 
 
-def _raw_array(
-    tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, dtype: np.dtype, ctx: Any
-) -> rawread.RawArray | None:
-    """``leaf``'s array as raw chunks in its data files, if it is stored so."""
+def _store_contents(
+    tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any
+) -> tuple[dict[str, bytes], dict[str, int], chunks.StoreContents] | None:
+    """For a leaf whose array may be read raw (``rawread``): its metadata as
+    ``arrays.read_values`` gives it, the stored bytes under its directory as that
+    gives ``sizes``, and the store's contents; ``None`` if it may not be read raw or
+    the walk fails (the ordinary read then says what is wrong)."""
     if not (tree.ocdbt and tree.zarr3 and rawread.may_read(tree.directory)):
         return None
     path = pytree.storage_path(leaf.param)
+    key = path + names.ZARR3_METADATA
     try:
         contents = chunks.store_contents(tree.directory, [path], zarr3=True, ctx=ctx)
-        metadata = contents.other.get((path + names.ZARR3_METADATA).encode("utf-8"))
-        if not isinstance(metadata, bytes):
-            return None
     except (ValueError, OSError):
         return None
+    metadata = contents.other.get(key.encode("utf-8"))
+    if not isinstance(metadata, bytes):
+        return None
+    stored = sum(
+        len(value) if isinstance(value, bytes) else value.length
+        for value in contents.chunks.get(path, {}).values()
+    )
+    return {key: metadata}, {path: stored}, contents
+
+
+def _raw_array(
+    tree: pytree.PyTreeLayout,
+    leaf: pytree.StoredLeaf,
+    dtype: np.dtype,
+    contents: chunks.StoreContents,
+) -> rawread.RawArray | None:
+    """``leaf``'s array as raw chunks in its data files, if it is stored so."""
+    path = pytree.storage_path(leaf.param)
+    metadata = contents.other.get((path + names.ZARR3_METADATA).encode("utf-8"))
+    assert isinstance(metadata, bytes)
     return rawread.plan(tree.directory, metadata, contents.chunks.get(path), path, dtype)
 
 
