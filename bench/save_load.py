@@ -35,6 +35,10 @@ Goals, checked at the end (exit status 1 if one is missed):
 Usage: python bench/save_load.py [--gib 1.0] [--rounds 5] [--small-rounds 2]
        [--small-arrays 10000] [--dir DIR] [--demo-run DIR] [--skip-small]
        [--many-arrays 100000] [--many-mib 50] [--many-rounds 1] [--skip-many]
+       [--only-many]
+
+Workload (c) costs several minutes a round on each side; its figure of record is
+``--only-many --many-rounds 5`` (about 45 minutes on a 2-core machine), run alone.
 
 On a shared virtual disk single rounds vary by tens of percent; use more rounds
 (e.g. --rounds 9) for a tighter figure.
@@ -453,6 +457,7 @@ def main() -> int:
     parser.add_argument("--many-mib", type=float, default=50.0, help="size of (c) in MiB")
     parser.add_argument("--many-rounds", type=int, default=1, help="rounds of workload (c)")
     parser.add_argument("--skip-many", action="store_true", help="skip workload (c)")
+    parser.add_argument("--only-many", action="store_true", help="run workload (c) alone")
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument(
         "--demo-run",
@@ -461,6 +466,8 @@ def main() -> int:
     )
     args = parser.parse_args()
 
+    if args.only_many:
+        return many_only(args)
     nbytes = int(args.gib * GIB)
     scratch = tempfile.mkdtemp(prefix="tinax-bench-", dir=args.dir)
     sides = [
@@ -484,20 +491,7 @@ def main() -> int:
             del small
         c = None
         if not args.skip_many:
-            # Tinax beside raw Orbax alone: each save or load of (c) takes a minute or
-            # more, so there is no warm-up ((b) warmed both up) and no other side.
-            many = make_state(int(args.many_mib * MIB), args.many_arrays)
-            c = measure_workload(
-                [tinax_side(), orbax_side()],
-                many,
-                args.many_rounds,
-                scratch,
-                "c",
-                args.many_rounds,
-                warm_up=False,
-                extras=False,
-            )
-            del many
+            c = measure_many(args, scratch)
         overhead = call_overhead(scratch)
         trained = trained_weights_sizes(Path(args.demo_run), scratch)
     finally:
@@ -515,12 +509,7 @@ def main() -> int:
         print_workload(f"(b) {args.small_arrays} arrays", b, sides)
         print_checksum_work(b)
     if c is not None:
-        for op, table in (("save", c.saves), ("load", c.loads)):
-            print(
-                f"(c) {args.many_arrays:,} arrays, {op} seconds (median of {len(table['tinax'])}): "
-                f"tinax {statistics.median(table['tinax']):.1f}, orbax "
-                f"{statistics.median(table['orbax']):.1f}"
-            )
+        print_many(c, args.many_arrays)
     med = statistics.median
     print(
         f"\nsave_training_checkpoint with (a) as the model: returns after {med(returned) * 1e3:.0f} ms "
@@ -561,12 +550,59 @@ def main() -> int:
         goals.append(Goal("(b) preflight / load (%)", share * 100, 2.0, at_most=True))
     if c is not None:
         goals += workload_goals("(c)", c, 0.95)
+    return print_goals(goals)
+
+
+def print_goals(goals: list[Goal]) -> int:
     print("\ngoals (medians):")
     for goal in goals:
         mark = "ok" if goal.met else "MISSED"
         sign = "<=" if goal.at_most else ">="
         print(f"  {goal.label:28} {goal.value:6.2f}  ({sign} {goal.bound})  {mark}")
     return 0 if all(goal.met for goal in goals) else 1
+
+
+def measure_many(args: argparse.Namespace, scratch: str) -> Measured:
+    """Workload (c): tinax beside raw Orbax alone. Each save or load takes a minute
+    or more, so there is no warm-up ((b) warmed both up, or one tiny save does) and
+    no other side."""
+    many = make_state(int(args.many_mib * MIB), args.many_arrays)
+    return measure_workload(
+        [tinax_side(), orbax_side()],
+        many,
+        args.many_rounds,
+        scratch,
+        "c",
+        args.many_rounds,
+        warm_up=False,
+        extras=False,
+    )
+
+
+def print_many(c: Measured, n_arrays: int) -> None:
+    for op, table in (("save", c.saves), ("load", c.loads)):
+        rounds = ", ".join(
+            f"{t:.1f}/{o:.1f}" for t, o in zip(table["tinax"], table["orbax"], strict=True)
+        )
+        print(
+            f"(c) {n_arrays:,} arrays, {op} seconds (median of {len(table['tinax'])}): "
+            f"tinax {statistics.median(table['tinax']):.1f}, orbax "
+            f"{statistics.median(table['orbax']):.1f}  (rounds, tinax/orbax: {rounds})"
+        )
+
+
+def many_only(args: argparse.Namespace) -> int:
+    """``--only-many``: workload (c) alone, after one tiny warm-up save and load."""
+    scratch = tempfile.mkdtemp(prefix="tinax-bench-", dir=args.dir)
+    try:
+        tiny = make_state(1 << 20, 16)
+        measure_workload([tinax_side(), orbax_side()], tiny, 1, scratch, "w", 1, extras=False)
+        c = measure_many(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"tinax defaults against raw Orbax V1 defaults, {args.many_rounds} rounds")
+    print_many(c, args.many_arrays)
+    return print_goals(workload_goals("(c)", c, 0.95))
 
 
 if __name__ == "__main__":
