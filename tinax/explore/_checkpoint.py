@@ -7,7 +7,6 @@ import math
 import os
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import tensorstore as ts
 
@@ -15,20 +14,17 @@ from tinax import _paths
 from tinax._format import (
     arrays,
     checksums,
-    chunks,
     files,
     jsonitems,
     layout,
-    names,
     preflight,
     pytree,
-    rawread,
     words,
 )
 from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax._format.storage import tree_bytes
-from tinax.explore._integrity import PiecesCheck
+from tinax.explore._array_read import array_record, read_array
 from tinax.explore._leaves import (
     LEAF_COLUMNS,
     Leaf,
@@ -339,124 +335,6 @@ def checksum_presence(checkpoint: Checkpoint) -> dict[str, bool]:
     }
 
 
-def _read_array(
-    tree: pytree.PyTreeLayout,
-    leaf: pytree.StoredLeaf,
-    ctx: Any,
-    record: checksums.LeafRecord | None = None,
-) -> tuple[np.ndarray, bool]:
-    """One stored array, read region by region into its own buffer.
-
-    Its claimed shape and chunking are checked first (``pytree.array_infos``). An
-    uncompressed array with a checksum ``record`` is read straight from its data
-    files (``rawread``) and checked against the record as its regions arrive; any
-    other (or one that does not match its record: then tensorstore says what is
-    wrong) through tensorstore, several chunk-aligned regions at once
-    (``chunks.read_arrays``), with no more than ``chunks.IN_FLIGHT_BYTES`` beyond
-    the array itself.
-
-    Returns:
-      The array, and whether it was checked against ``record`` already.
-
-    Raises:
-      ValueError: If the metadata claims the impossible or a region cannot be read.
-    """
-    contents = None if record is None else _store_contents(tree, leaf, ctx)
-    if contents is None:
-        info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
-    else:
-        # One walk of the store gives both the metadata and where the chunks are.
-        metadata, sizes, _ = contents
-        info = pytree.array_infos(tree, [leaf], ctx, metadata, sizes)[leaf.param]
-    dtype = arrays.numpy_dtype(info.dtype)
-    matches = record is not None and (record.dtype, record.shape) == (str(dtype), info.shape)
-    if contents is not None and record is not None and matches:
-        raw = _raw_array(tree, leaf, dtype, contents[2])
-        value = None if raw is None or raw.shape != info.shape else _read_raw(raw, record)
-        if value is not None:
-            return value, True
-    out = np.empty(info.shape, dtype)
-    boxes = chunks.regions(info.shape, info.chunk_shape, dtype.itemsize, chunks.REGION_BYTES)
-    opened = ts.open(tree.array_spec(leaf), context=ctx, read=True)
-    for _, box, values in chunks.read_arrays(
-        [chunks.ArrayRead(None, opened, boxes, dtype.itemsize)]
-    ):
-        if isinstance(values, chunks.ReadFailure):
-            raise ValueError(values.message)
-        out[box] = values
-    return out, False
-
-
-def _array_record(directory: Any, key: str) -> checksums.LeafRecord | None:
-    """The checksums saved for array leaf ``key``; ``None`` if none (or unreadable:
-    the check after the read says so)."""
-    try:
-        records = checksums.read_checksums(directory)
-    except ValueError:
-        return None
-    record = None if records is None else records.get(key)
-    return record if record is not None and record.kind == checksums.ARRAY else None
-
-
-def _store_contents(
-    tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any
-) -> tuple[dict[str, bytes], dict[str, int], chunks.StoreContents] | None:
-    """For a leaf whose array may be read raw (``rawread``): its metadata as
-    ``arrays.read_values`` gives it, the stored bytes under its directory as that
-    gives ``sizes``, and the store's contents; ``None`` if it may not be read raw or
-    the walk fails (the ordinary read then says what is wrong)."""
-    if not (tree.ocdbt and tree.zarr3 and rawread.may_read(tree.directory)):
-        return None
-    path = pytree.storage_path(leaf.param)
-    key = path + names.ZARR3_METADATA
-    try:
-        contents = chunks.store_contents(tree.directory, [path], zarr3=True, ctx=ctx)
-    except (ValueError, OSError):
-        return None
-    metadata = contents.other.get(key.encode("utf-8"))
-    if not isinstance(metadata, bytes):
-        return None
-    stored = sum(
-        len(value) if isinstance(value, bytes) else value.length
-        for value in contents.chunks.get(path, {}).values()
-    )
-    return {key: metadata}, {path: stored}, contents
-
-
-def _raw_array(
-    tree: pytree.PyTreeLayout,
-    leaf: pytree.StoredLeaf,
-    dtype: np.dtype,
-    contents: chunks.StoreContents,
-) -> rawread.RawArray | None:
-    """``leaf``'s array as raw chunks in its data files, if it is stored so."""
-    path = pytree.storage_path(leaf.param)
-    metadata = contents.other.get((path + names.ZARR3_METADATA).encode("utf-8"))
-    assert isinstance(metadata, bytes)
-    return rawread.plan(tree.directory, metadata, contents.chunks.get(path), path, dtype)
-
-
-def _read_raw(raw: rawread.RawArray, record: checksums.LeafRecord) -> np.ndarray | None:
-    """The array read from its raw chunks and checked against ``record``; ``None`` if it
-    cannot be read so or does not match."""
-    out = np.empty(raw.shape, raw.dtype)
-    boxes = chunks.regions(raw.shape, raw.unit, raw.dtype.itemsize, rawread.REGION_BYTES)
-    check = PiecesCheck(record, raw.dtype)
-    pending = rawread.read_regions_into(raw, boxes, out)
-    try:
-        for box, future in zip(boxes, pending, strict=True):
-            future.result()
-            check.update(box, out[box])
-    except rawread.Unsupported:
-        return None
-    finally:
-        for future in pending:
-            future.cancel()
-        concurrent.futures.wait(pending)
-    bad, unchecked = check.results()
-    return None if bad or unchecked else out
-
-
 def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> Any:
     """The value of one stored leaf, reading only that leaf's bytes.
 
@@ -488,8 +366,8 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
         try:
             checked = False
             if leaf.kind in words.ARRAY_KINDS and leaf.stored:
-                value, checked = _read_array(
-                    tree, leaf, arrays.context(), _array_record(item.directory, key)
+                value, checked = read_array(
+                    tree, leaf, arrays.context(), array_record(item.directory, key)
                 )
             else:
                 value = pytree.read_value(tree, leaf, arrays.context())
