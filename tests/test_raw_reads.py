@@ -195,3 +195,26 @@ def test_a_digest_sees_every_region_in_order_on_the_reading_threads(tmp_path: Pa
     assert starts == [box[0].start for box in boxes] and len(starts) == 32
     assert [start for start, _ in seen] == starts and not digest.failed
     assert b"".join(data for _, data in seen) == state["w"].tobytes()
+
+
+def test_one_arrays_contents_leave_the_other_arrays_locations_unparsed(tmp_path: Path) -> None:
+    save_checkpointables(tmp_path / "ckpt", {"model": _state(0)}).result()
+    item = open_checkpoint(tmp_path / "ckpt").get("model")
+    tree = pytree.read_layout(item.directory)
+    leaf = tree.find("['w']", name="model")
+    where = pytree.storage_path(leaf.param)
+    ctx = arrays.context()
+    everything = chunks.store_contents(tree.directory, [where], zarr3=True, ctx=ctx)
+    narrow = chunks.store_contents(
+        tree.directory, [where], zarr3=True, ctx=ctx, others_inline_only=True
+    )
+    # The array asked for: the same chunks, parsed alike, and its metadata.
+    assert narrow.chunks == everything.chunks and narrow.chunks[where]
+    assert all(isinstance(v, arrays.ValueRef) for v in narrow.chunks[where].values())
+    metadata = (where + names.ZARR3_METADATA).encode()
+    assert narrow.other[metadata] == everything.other[metadata]
+    # The others: inline values kept, out-of-line ones (the big arrays' chunks) dropped.
+    dropped = {k for k, v in everything.other.items() if isinstance(v, arrays.ValueRef)}
+    assert dropped, "the other arrays' chunks are stored out of line"
+    assert set(narrow.other) == set(everything.other) - dropped
+    assert ex.read_leaf(tmp_path / "ckpt", "model", "['w']").tobytes() == (_state(0)["w"].tobytes())

@@ -237,7 +237,12 @@ def _array_of(key: bytes, paths: Mapping[bytes, str], chunk: re.Pattern[bytes]) 
 
 
 def store_contents(
-    directory: Location, storage_paths: Iterable[str], *, zarr3: bool, ctx: ts.Context
+    directory: Location,
+    storage_paths: Iterable[str],
+    *,
+    zarr3: bool,
+    ctx: ts.Context,
+    others_inline_only: bool = False,
 ) -> StoreContents:
     """The chunks of each array stored in the OCDBT store at ``directory``.
 
@@ -246,6 +251,9 @@ def store_contents(
       storage_paths: The arrays' storage paths (``pytree.storage_path``).
       zarr3: Whether the arrays are zarr3 (else zarr2) arrays.
       ctx: The tensorstore context.
+      others_inline_only: Keep only the inline values among the keys of no array
+        asked for (array metadata is inline), leaving the locations of the rest
+        unparsed: for a caller that reads one array of a wide store.
 
     Raises:
       ValueError: If the manifest or a B+tree node cannot be read, or a value's
@@ -256,13 +264,20 @@ def store_contents(
     chunks: dict[str, dict[bytes, StoredValue]] = {p: {} for p in paths.values()}
     other: dict[bytes, StoredValue] = {}
     nodes: list[str] = []
+    # One array not at the root: most keys are told apart by their first bytes.
+    only = next(iter(paths)) if len(paths) == 1 and b"" not in paths else None
     for key, value in arrays.walk_ocdbt(directory, ctx, nodes=nodes):
-        stored = value if isinstance(value, bytes) else arrays.parse_location(value)
-        owner = _array_of(key, paths, pattern)
-        if owner is None:
-            other[key] = stored
+        if only is not None and not key.startswith(only):
+            owner = None
         else:
-            chunks[owner][key] = stored
+            owner = _array_of(key, paths, pattern)
+        if owner is None:
+            if isinstance(value, bytes):
+                other[key] = value
+            elif not others_inline_only:
+                other[key] = arrays.parse_location(value)
+        else:
+            chunks[owner][key] = value if isinstance(value, bytes) else arrays.parse_location(value)
     return StoreContents(chunks=chunks, nodes=tuple(nodes), other=other)
 
 

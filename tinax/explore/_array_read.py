@@ -85,7 +85,9 @@ def _store_contents(
     path = pytree.storage_path(leaf.param)
     key = path + names.ZARR3_METADATA
     try:
-        contents = chunks.store_contents(tree.directory, [path], zarr3=True, ctx=ctx)
+        contents = chunks.store_contents(
+            tree.directory, [path], zarr3=True, ctx=ctx, others_inline_only=True
+        )
     except (ValueError, OSError):
         return None
     metadata = contents.other.get(key.encode("utf-8"))
