@@ -3,6 +3,7 @@ and damage to them is reported as tensorstore reports it."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -197,24 +198,30 @@ def test_a_digest_sees_every_region_in_order_on_the_reading_threads(tmp_path: Pa
     assert b"".join(data for _, data in seen) == state["w"].tobytes()
 
 
-def test_one_arrays_contents_leave_the_other_arrays_locations_unparsed(tmp_path: Path) -> None:
-    save_checkpointables(tmp_path / "ckpt", {"model": _state(0)}).result()
-    item = open_checkpoint(tmp_path / "ckpt").get("model")
-    tree = pytree.read_layout(item.directory)
-    leaf = tree.find("['w']", name="model")
-    where = pytree.storage_path(leaf.param)
-    ctx = arrays.context()
-    everything = chunks.store_contents(tree.directory, [where], zarr3=True, ctx=ctx)
-    narrow = chunks.store_contents(
-        tree.directory, [where], zarr3=True, ctx=ctx, others_inline_only=True
-    )
-    # The array asked for: the same chunks, parsed alike, and its metadata.
-    assert narrow.chunks == everything.chunks and narrow.chunks[where]
-    assert all(isinstance(v, arrays.ValueRef) for v in narrow.chunks[where].values())
-    metadata = (where + names.ZARR3_METADATA).encode()
-    assert narrow.other[metadata] == everything.other[metadata]
-    # The others: inline values kept, out-of-line ones (the big arrays' chunks) dropped.
-    dropped = {k for k, v in everything.other.items() if isinstance(v, arrays.ValueRef)}
-    assert dropped, "the other arrays' chunks are stored out of line"
-    assert set(narrow.other) == set(everything.other) - dropped
-    assert ex.read_leaf(tmp_path / "ckpt", "model", "['w']").tobytes() == (_state(0)["w"].tobytes())
+def test_leaf_after_leaf_of_one_checkpoint_walks_its_store_once(tmp_path, monkeypatch) -> None:
+    from tinax.explore import _array_read
+
+    walks = []
+    walk = chunks.store_contents
+    monkeypatch.setattr(chunks, "store_contents", lambda *a, **k: walks.append(a) or walk(*a, **k))
+    monkeypatch.setattr(_array_read, "_WALKS", type(_array_read._WALKS)())
+    state = _state(0)
+    save_checkpointables(tmp_path / "a", {"model": state}).result()
+    for name in ("w", "v", "b", "w"):
+        value = ex.read_leaf(tmp_path / "a", "model", f"['{name}']")
+        np.testing.assert_array_equal(value, state[name])
+    assert len(walks) == 1
+    # The same path written again (a new manifest): walked again, its new values read.
+    shutil.rmtree(tmp_path / "a")
+    again = _state(1)
+    save_checkpointables(tmp_path / "a", {"model": again}).result()
+    for name in ("w", "v"):
+        np.testing.assert_array_equal(
+            ex.read_leaf(tmp_path / "a", "model", f"['{name}']"), again[name]
+        )
+    assert len(walks) == 2
+    # Only the last few stores are kept.
+    for i in range(3):
+        save_checkpointables(tmp_path / f"c{i}", {"model": state}).result()
+        ex.read_leaf(tmp_path / f"c{i}", "model", "['b']")
+    assert len(_array_read._WALKS) == _array_read._WALKS_KEPT

@@ -242,7 +242,6 @@ def store_contents(
     *,
     zarr3: bool,
     ctx: ts.Context,
-    others_inline_only: bool = False,
 ) -> StoreContents:
     """The chunks of each array stored in the OCDBT store at ``directory``.
 
@@ -251,9 +250,6 @@ def store_contents(
       storage_paths: The arrays' storage paths (``pytree.storage_path``).
       zarr3: Whether the arrays are zarr3 (else zarr2) arrays.
       ctx: The tensorstore context.
-      others_inline_only: Keep only the inline values among the keys of no array
-        asked for (array metadata is inline), leaving the locations of the rest
-        unparsed: for a caller that reads one array of a wide store.
 
     Raises:
       ValueError: If the manifest or a B+tree node cannot be read, or a value's
@@ -271,13 +267,11 @@ def store_contents(
             owner = None
         else:
             owner = _array_of(key, paths, pattern)
+        stored = value if isinstance(value, bytes) else arrays.parse_location(value)
         if owner is None:
-            if isinstance(value, bytes):
-                other[key] = value
-            elif not others_inline_only:
-                other[key] = arrays.parse_location(value)
+            other[key] = stored
         else:
-            chunks[owner][key] = value if isinstance(value, bytes) else arrays.parse_location(value)
+            chunks[owner][key] = stored
     return StoreContents(chunks=chunks, nodes=tuple(nodes), other=other)
 
 

@@ -4,13 +4,16 @@ tensorstore."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import os
+import threading
 from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays, checksums, chunks, names, pytree, rawread
+from tinax._format import arrays, checksums, chunks, names, pytree, rawread, words
 from tinax.explore._integrity import PiecesCheck
 
 
@@ -22,7 +25,8 @@ def read_array(
 ) -> tuple[np.ndarray, bool]:
     """One stored array, read region by region into its own buffer.
 
-    Its claimed shape and chunking are checked first (``pytree.array_infos``). An
+    Its claimed shape and chunking are checked first (``pytree.array_infos``, from
+    the kept walk of a local store, else from a walk of its own). An
     uncompressed array with a checksum ``record`` is read straight from its data
     files (``rawread``) and checked against the record as its regions arrive; any
     other (or one that does not match its record: then tensorstore says what is
@@ -36,7 +40,7 @@ def read_array(
     Raises:
       ValueError: If the metadata claims the impossible or a region cannot be read.
     """
-    contents = None if record is None else _store_contents(tree, leaf, ctx)
+    contents = _store_contents(tree, leaf, ctx)
     if contents is None:
         info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
     else:
@@ -73,11 +77,78 @@ def array_record(directory: Any, key: str) -> checksums.LeafRecord | None:
     return record if record is not None and record.kind == checksums.ARRAY else None
 
 
+# The walks of the last few stores read, by their manifest's identity: reading leaf
+# after leaf of one checkpoint walks its store once (a wide store's walk is most of
+# the cost of reading one small leaf). A kept walk is trusted no more than a fresh
+# one: what is read through it is checked against the saved checksums, and read
+# again through tensorstore when it does not match.
+_WalkKey = tuple[str, tuple[str, ...], tuple[int, ...], bytes]
+_WALKS: collections.OrderedDict[_WalkKey, chunks.StoreContents] = collections.OrderedDict()
+_WALKS_KEPT = 2
+_walks_lock = threading.Lock()
+# A manifest names the B+tree's root and its files: a few hundred bytes.
+_MANIFEST_MAX_BYTES = 1 << 16
+
+
+def _manifest_identity(directory: Any) -> tuple[tuple[int, ...], bytes] | None:
+    """The OCDBT manifest at ``directory``: its file's identity and its bytes (a
+    rewritten store has a new manifest naming new files); ``None`` if unreadable."""
+    path = os.path.join(directory.path, names.OCDBT_MANIFEST)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        found = os.fstat(fd)
+        data = os.read(fd, _MANIFEST_MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > _MANIFEST_MAX_BYTES or len(data) != found.st_size:
+        return None
+    stat = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+    return stat, data
+
+
+def _walk(tree: pytree.PyTreeLayout, ctx: Any) -> chunks.StoreContents:
+    """Every array's chunks and the other keys of ``tree``'s store, walked once per
+    version of its manifest.
+
+    Raises:
+      ValueError, OSError: If the store cannot be walked.
+    """
+    paths = tuple(
+        sorted(
+            {
+                pytree.storage_path(leaf.param)
+                for leaf in tree.leaves
+                if leaf.kind in words.ARRAY_KINDS and leaf.stored
+            }
+        )
+    )
+    before = _manifest_identity(tree.directory)
+    key = None if before is None else (tree.directory.path, paths, *before)
+    if key is not None:
+        with _walks_lock:
+            kept = _WALKS.get(key)
+            if kept is not None:
+                _WALKS.move_to_end(key)
+                return kept
+    contents = chunks.store_contents(tree.directory, paths, zarr3=True, ctx=ctx)
+    if key is not None and before == _manifest_identity(tree.directory):
+        with _walks_lock:
+            _WALKS[key] = contents
+            while len(_WALKS) > _WALKS_KEPT:
+                _WALKS.popitem(last=False)
+    return contents
+
+
 def _store_contents(
     tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any
 ) -> tuple[dict[str, bytes], dict[str, int], chunks.StoreContents] | None:
-    """For a leaf whose array may be read raw (``rawread``): its metadata as
-    ``arrays.read_values`` gives it, the stored bytes under its directory as that
+    """For a leaf of a local zarr3 OCDBT store (whose arrays may be read raw,
+    ``rawread``): its metadata as ``arrays.read_values`` gives it, the stored bytes under its directory as that
     gives ``sizes``, and the store's contents; ``None`` if it may not be read raw or
     the walk fails (the ordinary read then says what is wrong)."""
     if not (tree.ocdbt and tree.zarr3 and rawread.may_read(tree.directory)):
@@ -85,9 +156,7 @@ def _store_contents(
     path = pytree.storage_path(leaf.param)
     key = path + names.ZARR3_METADATA
     try:
-        contents = chunks.store_contents(
-            tree.directory, [path], zarr3=True, ctx=ctx, others_inline_only=True
-        )
+        contents = _walk(tree, ctx)
     except (ValueError, OSError):
         return None
     metadata = contents.other.get(key.encode("utf-8"))
