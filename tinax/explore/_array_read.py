@@ -82,8 +82,12 @@ def array_record(directory: Any, key: str) -> checksums.LeafRecord | None:
 # the cost of reading one small leaf). A kept walk is trusted no more than a fresh
 # one: what is read through it is checked against the saved checksums, and read
 # again through tensorstore when it does not match.
-_WalkKey = tuple[str, tuple[str, ...], tuple[int, ...], bytes]
-_WALKS: collections.OrderedDict[_WalkKey, chunks.StoreContents] = collections.OrderedDict()
+_WalkKey = tuple[str, tuple[int, ...], bytes]
+# Each kept walk with the leaves it was walked for (``read_layout`` hands the same
+# tuple back while the checkpoint's metadata is unchanged) and their storage paths.
+_WALKS: collections.OrderedDict[
+    _WalkKey, tuple[tuple[pytree.StoredLeaf, ...], tuple[str, ...], chunks.StoreContents]
+] = collections.OrderedDict()
 _WALKS_KEPT = 2
 _walks_lock = threading.Lock()
 # A manifest names the B+tree's root and its files: a few hundred bytes.
@@ -118,30 +122,37 @@ def _walk(tree: pytree.PyTreeLayout, ctx: Any) -> chunks.StoreContents:
     Raises:
       ValueError, OSError: If the store cannot be walked.
     """
-    paths = tuple(
-        sorted(
-            {
-                pytree.storage_path(leaf.param)
-                for leaf in tree.leaves
-                if leaf.kind in words.ARRAY_KINDS and leaf.stored
-            }
-        )
-    )
     before = _manifest_identity(tree.directory)
-    key = None if before is None else (tree.directory.path, paths, *before)
+    key = None if before is None else (tree.directory.path, *before)
+    paths: tuple[str, ...] | None = None
     if key is not None:
         with _walks_lock:
             kept = _WALKS.get(key)
-            if kept is not None:
-                _WALKS.move_to_end(key)
-                return kept
+        if kept is not None:
+            leaves, kept_paths, contents = kept
+            if leaves is tree.leaves or kept_paths == (paths := _array_paths(tree)):
+                with _walks_lock:
+                    if key in _WALKS:
+                        _WALKS.move_to_end(key)
+                return contents
+    paths = _array_paths(tree) if paths is None else paths
     contents = chunks.store_contents(tree.directory, paths, zarr3=True, ctx=ctx)
     if key is not None and before == _manifest_identity(tree.directory):
         with _walks_lock:
-            _WALKS[key] = contents
+            _WALKS[key] = (tree.leaves, paths, contents)
             while len(_WALKS) > _WALKS_KEPT:
                 _WALKS.popitem(last=False)
     return contents
+
+
+def _array_paths(tree: pytree.PyTreeLayout) -> tuple[str, ...]:
+    """The storage paths of ``tree``'s stored arrays."""
+    found = {
+        pytree.storage_path(leaf.param)
+        for leaf in tree.leaves
+        if leaf.kind in words.ARRAY_KINDS and leaf.stored
+    }
+    return tuple(sorted(found))
 
 
 def _store_contents(
