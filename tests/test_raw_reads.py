@@ -225,3 +225,9 @@ def test_leaf_after_leaf_of_one_checkpoint_walks_its_store_once(tmp_path, monkey
         save_checkpointables(tmp_path / f"c{i}", {"model": state}).result()
         ex.read_leaf(tmp_path / f"c{i}", "model", "['b']")
     assert len(_array_read._WALKS) == _array_read._WALKS_KEPT
+    # Nor is a walk that would hold much memory.
+    monkeypatch.setattr(_array_read, "_WALK_MAX_BYTES", 1000)
+    kept = list(_array_read._WALKS)
+    np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['w']"), again["w"])
+    np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['v']"), again["v"])
+    assert list(_array_read._WALKS) == kept and len(walks) == 7

@@ -89,6 +89,8 @@ _WALKS: collections.OrderedDict[
     _WalkKey, tuple[tuple[pytree.StoredLeaf, ...], tuple[str, ...], chunks.StoreContents]
 ] = collections.OrderedDict()
 _WALKS_KEPT = 2
+# A walk larger than this (inline values, and about 200 bytes a key) is not kept.
+_WALK_MAX_BYTES = 64 << 20
 _walks_lock = threading.Lock()
 # A manifest names the B+tree's root and its files: a few hundred bytes.
 _MANIFEST_MAX_BYTES = 1 << 16
@@ -137,12 +139,22 @@ def _walk(tree: pytree.PyTreeLayout, ctx: Any) -> chunks.StoreContents:
                 return contents
     paths = _array_paths(tree) if paths is None else paths
     contents = chunks.store_contents(tree.directory, paths, zarr3=True, ctx=ctx)
-    if key is not None and before == _manifest_identity(tree.directory):
+    small = _held_bytes(contents) <= _WALK_MAX_BYTES
+    if key is not None and small and before == _manifest_identity(tree.directory):
         with _walks_lock:
             _WALKS[key] = (tree.leaves, paths, contents)
             while len(_WALKS) > _WALKS_KEPT:
                 _WALKS.popitem(last=False)
     return contents
+
+
+def _held_bytes(contents: chunks.StoreContents) -> int:
+    """About how much memory a walk holds."""
+    total = 0
+    for values in (contents.other, *contents.chunks.values()):
+        total += 200 * len(values)
+        total += sum(len(v) for v in values.values() if isinstance(v, bytes))
+    return total
 
 
 def _array_paths(tree: pytree.PyTreeLayout) -> tuple[str, ...]:
