@@ -237,11 +237,7 @@ def _array_of(key: bytes, paths: Mapping[bytes, str], chunk: re.Pattern[bytes]) 
 
 
 def store_contents(
-    directory: Location,
-    storage_paths: Iterable[str],
-    *,
-    zarr3: bool,
-    ctx: ts.Context,
+    directory: Location, storage_paths: Iterable[str], *, zarr3: bool, ctx: ts.Context
 ) -> StoreContents:
     """The chunks of each array stored in the OCDBT store at ``directory``.
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import os
 import threading
 from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays, checksums, chunks, names, pytree, rawread, words
+from tinax._format import arrays, checksums, chunks, files, names, pytree, rawread, words
 from tinax.explore._integrity import PiecesCheck
 
 
@@ -40,17 +39,21 @@ def read_array(
     Raises:
       ValueError: If the metadata claims the impossible or a region cannot be read.
     """
-    contents = _store_contents(tree, leaf, ctx)
-    if contents is None:
+    walked = _walked_array(tree, leaf, ctx)
+    if walked is None:
         info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
     else:
         # One walk of the store gives both the metadata and where the chunks are.
-        metadata, sizes, _ = contents
-        info = pytree.array_infos(tree, [leaf], ctx, metadata, sizes)[leaf.param]
+        key, metadata, stored, contents = walked
+        path = pytree.storage_path(leaf.param)
+        info = pytree.array_infos(tree, [leaf], ctx, {key: metadata}, {path: stored})[leaf.param]
     dtype = arrays.numpy_dtype(info.dtype)
-    matches = record is not None and (record.dtype, record.shape) == (str(dtype), info.shape)
-    if contents is not None and record is not None and matches:
-        raw = _raw_array(tree, leaf, dtype, contents[2])
+    if (
+        walked is not None
+        and record is not None
+        and (record.dtype, record.shape) == (str(dtype), info.shape)
+    ):
+        raw = rawread.plan(tree.directory, metadata, contents.chunks.get(path), path, dtype)
         value = None if raw is None or raw.shape != info.shape else _read_raw(raw, record)
         if value is not None:
             return value, True
@@ -77,12 +80,14 @@ def array_record(directory: Any, key: str) -> checksums.LeafRecord | None:
     return record if record is not None and record.kind == checksums.ARRAY else None
 
 
-# The walks of the last few stores read, by their manifest's identity: reading leaf
-# after leaf of one checkpoint walks its store once (a wide store's walk is most of
-# the cost of reading one small leaf). A kept walk is trusted no more than a fresh
-# one: what is read through it is checked against the saved checksums, and read
-# again through tensorstore when it does not match.
-_WalkKey = tuple[str, tuple[int, ...], bytes]
+# The walks of the last few stores read, by their manifest: reading leaf after leaf
+# of one checkpoint walks its store once (a wide store's walk is most of the cost of
+# reading one small leaf). A manifest names the files of the B+tree's root, which a
+# new write of the store names afresh, so its bytes tell one version from another.
+# A kept walk is trusted no more than a fresh one: what is read through it is
+# checked against the saved checksums, and read again through tensorstore when it
+# does not match.
+_WalkKey = tuple[str, bytes]
 # Each kept walk with the leaves it was walked for (``read_layout`` hands the same
 # tuple back while the checkpoint's metadata is unchanged) and their storage paths.
 _WALKS: collections.OrderedDict[
@@ -96,25 +101,16 @@ _walks_lock = threading.Lock()
 _MANIFEST_MAX_BYTES = 1 << 16
 
 
-def _manifest_identity(directory: Any) -> tuple[tuple[int, ...], bytes] | None:
-    """The OCDBT manifest at ``directory``: its file's identity and its bytes (a
-    rewritten store has a new manifest naming new files); ``None`` if unreadable."""
-    path = os.path.join(directory.path, names.OCDBT_MANIFEST)
+def _manifest(directory: Any) -> bytes | None:
+    """The bytes of the OCDBT manifest at ``directory``; ``None`` if unreadable."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+        return files.read_bytes(
+            directory / names.OCDBT_MANIFEST,
+            what="an OCDBT manifest",
+            max_bytes=_MANIFEST_MAX_BYTES,
+        )
+    except ValueError:
         return None
-    try:
-        found = os.fstat(fd)
-        data = os.read(fd, _MANIFEST_MAX_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > _MANIFEST_MAX_BYTES or len(data) != found.st_size:
-        return None
-    stat = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
-    return stat, data
 
 
 def _walk(tree: pytree.PyTreeLayout, ctx: Any) -> chunks.StoreContents:
@@ -124,8 +120,8 @@ def _walk(tree: pytree.PyTreeLayout, ctx: Any) -> chunks.StoreContents:
     Raises:
       ValueError, OSError: If the store cannot be walked.
     """
-    before = _manifest_identity(tree.directory)
-    key = None if before is None else (tree.directory.path, *before)
+    before = _manifest(tree.directory)
+    key = None if before is None else (tree.directory.path, before)
     paths: tuple[str, ...] | None = None
     if key is not None:
         with _walks_lock:
@@ -140,7 +136,7 @@ def _walk(tree: pytree.PyTreeLayout, ctx: Any) -> chunks.StoreContents:
     paths = _array_paths(tree) if paths is None else paths
     contents = chunks.store_contents(tree.directory, paths, zarr3=True, ctx=ctx)
     small = _held_bytes(contents) <= _WALK_MAX_BYTES
-    if key is not None and small and before == _manifest_identity(tree.directory):
+    if key is not None and small and before == _manifest(tree.directory):
         with _walks_lock:
             _WALKS[key] = (tree.leaves, paths, contents)
             while len(_WALKS) > _WALKS_KEPT:
@@ -167,13 +163,14 @@ def _array_paths(tree: pytree.PyTreeLayout) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _store_contents(
+def _walked_array(
     tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any
-) -> tuple[dict[str, bytes], dict[str, int], chunks.StoreContents] | None:
+) -> tuple[str, bytes, int, chunks.StoreContents] | None:
     """For a leaf of a local zarr3 OCDBT store (whose arrays may be read raw,
-    ``rawread``): its metadata as ``arrays.read_values`` gives it, the stored bytes under its directory as that
-    gives ``sizes``, and the store's contents; ``None`` if it may not be read raw or
-    the walk fails (the ordinary read then says what is wrong)."""
+    ``rawread``), from the store's walk: its metadata's key and bytes (as
+    ``arrays.read_values`` gives them), the bytes stored in its chunks (as that gives
+    ``sizes``) and the store's contents; ``None`` if the store is not such, or the
+    walk fails (the ordinary read then says what is wrong)."""
     if not (tree.ocdbt and tree.zarr3 and rawread.may_read(tree.directory)):
         return None
     path = pytree.storage_path(leaf.param)
@@ -189,20 +186,7 @@ def _store_contents(
         len(value) if isinstance(value, bytes) else value.length
         for value in contents.chunks.get(path, {}).values()
     )
-    return {key: metadata}, {path: stored}, contents
-
-
-def _raw_array(
-    tree: pytree.PyTreeLayout,
-    leaf: pytree.StoredLeaf,
-    dtype: np.dtype,
-    contents: chunks.StoreContents,
-) -> rawread.RawArray | None:
-    """``leaf``'s array as raw chunks in its data files, if it is stored so."""
-    path = pytree.storage_path(leaf.param)
-    metadata = contents.other.get((path + names.ZARR3_METADATA).encode("utf-8"))
-    assert isinstance(metadata, bytes)
-    return rawread.plan(tree.directory, metadata, contents.chunks.get(path), path, dtype)
+    return key, metadata, stored, contents
 
 
 def _read_raw(raw: rawread.RawArray, record: checksums.LeafRecord) -> np.ndarray | None:

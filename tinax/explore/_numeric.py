@@ -214,7 +214,7 @@ class PairStats:
         largest = 0.0
         if d.size and dd != 0.0:
             largest = float(np.abs(d).max() if d.dtype.kind == "c" else max(d.max(), -d.min()))
-        if d.dtype.kind != "c" and d.size:
+        if x.dtype.kind in "iub" and d.size:
             self._sum_d += float(d.sum(dtype=np.float64))
         self._take(aa, bb, ab, dd, largest)
 
