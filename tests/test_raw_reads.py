@@ -175,6 +175,8 @@ def test_raw_plans_refuse_what_is_not_byte_for_byte(tmp_path: Path) -> None:
     )
     f4 = np.dtype(np.float32)
     assert rawread.plan(directory, meta % b"little", {b"x/c/0": ref}, "x/", f4) is not None
+    assert rawread.plan(directory, meta % b"little", {b"x/c/0": ref}, "x/", f4, (4,)) is not None
+    assert rawread.plan(directory, meta % b"little", {b"x/c/0": ref}, "x/", f4, (2, 2)) is None
     assert rawread.plan(directory, meta % b"big", {b"x/c/0": ref}, "x/", f4) is None
     assert rawread.plan(directory, meta % b"little", {b"x/c/0": b"inline"}, "x/", f4) is None
     assert rawread.plan(directory, meta % b"little", {}, "x/", f4) is None

@@ -542,8 +542,11 @@ def plan(
     stored: Mapping[bytes, bytes | ValueRef] | None,
     path: str,
     dtype: np.dtype,
+    shape: tuple[int, ...] | None = None,
 ) -> RawArray | None:
-    """``raw_array`` for an array at storage path ``path``, when its metadata is at hand."""
+    """``raw_array`` for an array at storage path ``path``, when its metadata is at hand;
+    ``None`` too when ``shape`` is given and the metadata claims another."""
     if metadata is None or stored is None:
         return None
-    return raw_array(directory, metadata, stored, path.encode("utf-8"), dtype)
+    found = raw_array(directory, metadata, stored, path.encode("utf-8"), dtype)
+    return None if found is None or (shape is not None and found.shape != shape) else found

@@ -53,8 +53,9 @@ def read_array(
         and record is not None
         and (record.dtype, record.shape) == (str(dtype), info.shape)
     ):
-        raw = rawread.plan(tree.directory, metadata, contents.chunks.get(path), path, dtype)
-        value = None if raw is None or raw.shape != info.shape else _read_raw(raw, record)
+        chunk_values = contents.chunks.get(path)
+        raw = rawread.plan(tree.directory, metadata, chunk_values, path, dtype, info.shape)
+        value = None if raw is None else _read_raw(raw, record)
         if value is not None:
             return value, True
     out = np.empty(info.shape, dtype)

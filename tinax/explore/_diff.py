@@ -128,8 +128,7 @@ class _StoredArray:
         if stored is None or not isinstance(stored[0], bytes):
             return None
         path = pytree.storage_path(self.leaf.param)
-        found = rawread.plan(tree.directory, stored[0], stored[1], path, dtype)
-        return found if found is not None and found.shape == shape else None
+        return rawread.plan(tree.directory, stored[0], stored[1], path, dtype, shape)
 
     def stored(self) -> tuple[chunks.StoredValue, dict[bytes, chunks.StoredValue]] | None:
         """The array's zarr metadata and chunks as stored, if the store can tell."""

@@ -195,8 +195,8 @@ def _raw_array(
     metadata = contents.other.get((path + names.ZARR3_METADATA).encode("utf-8"))
     if not isinstance(metadata, bytes):
         return None
-    found = rawread.plan(tree.directory, metadata, contents.chunks.get(path), path, dtype)
-    return found if found is not None and found.shape == array.info.shape else None
+    stored = contents.chunks.get(path)
+    return rawread.plan(tree.directory, metadata, stored, path, dtype, array.info.shape)
 
 
 def _matched(scans: list[LeafScan]) -> bool:
