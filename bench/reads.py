@@ -12,6 +12,10 @@ each of ``--rounds`` rounds (median shown) times, side by side:
   ``cat`` of the bytes it had to read (the changed arrays of both sides);
 - ``read_leaf`` of every array in turn, against ``cat`` of the same 1 GiB.
 
+It also times ``read_leaf`` of one small leaf after another of a checkpoint of
+``--wide`` arrays (10,000 by default), side by side: with the store's walk kept from
+one call to the next (as ``read_leaf`` does), and with it dropped before each call.
+
 For information it also times writing 16 fresh arrays of 64 MiB (kept alive, as the
 results of ``read_leaf`` are): memory the process has not touched recently can
 cost more than reading the bytes (in a VM that hands freed memory back to its
@@ -105,10 +109,36 @@ def _changed_files(a: Path, b: Path) -> list[str]:
     return out
 
 
+def _wide(workdir: Path, n: int, reads: int = 30) -> tuple[list[float], list[float]]:
+    """Seconds per ``read_leaf`` of small leaves of an ``n``-array checkpoint, with the
+    walk kept and with it dropped before each call, alternating."""
+    import tinax.explore as ex
+    from tinax.checkpointing import save_checkpointables
+    from tinax.explore import _array_read
+
+    path = workdir / f"wide-{n}"
+    if not path.exists():
+        state = {f"w{i:06d}": np.full((64,), i, np.float32) for i in range(n)}
+        save_checkpointables(path, {"model": state}).result()
+    keys = [f"['w{(i * 7919) % n:06d}']" for i in range(reads)]
+    ex.read_leaf(path, "model", keys[0])
+    kept: list[float] = []
+    walked: list[float] = []
+    for key in keys:
+        for times in (kept, walked):
+            if times is walked:
+                _array_read._WALKS.clear()
+            start = time.perf_counter()
+            ex.read_leaf(path, "model", key)
+            times.append(time.perf_counter() - start)
+    return kept, walked
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--wide", type=int, default=10_000, help="arrays of the wide checkpoint")
     args = parser.parse_args()
     import tinax.explore as ex
 
@@ -178,6 +208,13 @@ def main() -> int:
         )
         by = table["decided_by"].value_counts().to_dict()
         print(f"  diff_table decided_by: {by}")
+        kept, walked = _wide(workdir, args.wide)
+        print(
+            f"  read_leaf of one leaf after another of {args.wide:,} arrays (medians of "
+            f"{len(kept)}): {statistics.median(kept) * 1e3:.1f} ms with the walk kept, "
+            f"{statistics.median(walked) * 1e3:.1f} ms walking the store each call "
+            f"({statistics.median(walked) / statistics.median(kept):.0f}x)"
+        )
         return 1 if missed else 0
     finally:
         if args.workdir is None:
