@@ -113,10 +113,10 @@ def test_subtree_changes_are_norms_of_their_changed_leaves() -> None:
     ]
 
 
-def _training(step: int, weights: np.ndarray) -> dict[str, Any]:
+def _training(step: int, weights: np.ndarray, mu: np.ndarray) -> dict[str, Any]:
     return {
         "model": {"dense": {"kernel": weights, "bias": np.zeros(4, np.float32)}},
-        "optimizer": {"count": np.asarray(step, np.int32), "mu": weights * 0.1},
+        "optimizer": {"count": np.asarray(step, np.int32), "mu": mu},
         "rng": np.asarray([0, step], np.uint32),  # a PRNG key as Orbax stores it
         "auxiliary": {"dropout_count": np.asarray(step * 2, np.int64)},
     }
@@ -126,8 +126,10 @@ def test_the_diff_ranks_weights_by_relative_change_and_tells_counters_and_keys_a
     tmp_path: Path,
 ) -> None:
     weights = np.linspace(1.0, 2.0, 16, dtype=np.float32).reshape(4, 4)
-    save_checkpointables(tmp_path / "step-100", _training(100, weights)).result()
-    save_checkpointables(tmp_path / "step-250", _training(250, weights * 1.5)).result()
+    mu = weights * np.float32(0.1)
+    save_checkpointables(tmp_path / "step-100", _training(100, weights, mu)).result()
+    later = _training(250, weights * np.float32(1.5), mu * np.float32(1.2))
+    save_checkpointables(tmp_path / "step-250", later).result()
     explorer = CheckpointExplorer(tmp_path)
     explorer.open_checkpoint("step-100")
     explorer.diff_view.compare(str(tmp_path / "step-250"))

@@ -1,8 +1,8 @@
 """Running sums over array values that arrive a region at a time: NaN/Inf counts, and
 how far one array is from another.
 
-Both work through each region in blocks small enough that their float64 working
-copies stay in cache, so the memory they add is a few MiB whatever the array size.
+Both work through each region in blocks small enough that their working copies
+stay in cache, so the memory they add is a few MiB whatever the array size.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-# Elements per block: 256 Ki float64s are 2 MiB, a working set that stays in cache.
+# Elements per block: 256 Ki of them, 1 or 2 MiB of differences, stay in cache.
 _BLOCK = 1 << 18
 
 
@@ -58,68 +58,73 @@ def _computable(block: np.ndarray) -> np.ndarray:
 
 
 def _difference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    # Integers are subtracted as float64, where they cannot wrap around.
-    return np.subtract(y, x, dtype=np.float64) if x.dtype.kind in "iub" else y - x
+    # Integers and single floats are subtracted as float64, where they can neither
+    # wrap around nor overflow.
+    if x.dtype.kind == "c" or x.dtype == np.float64:
+        return y - x
+    return np.subtract(y, x, dtype=np.float64)
 
 
 def _dot(x: np.ndarray, y: np.ndarray) -> Any:
-    """``Σ conj(x)·y``, accumulated in double precision without a float64 copy.
-
-    einsum converts as it goes; BLAS would need float64 copies, and its threads
-    contend with the readers' for the cores.
-    """
+    """``Σ conj(x)·y``, accumulated in double precision without a float64 copy."""
     if x.dtype.kind == "c":
         return np.vdot(x.astype(np.complex128), y.astype(np.complex128))
     return np.einsum("i,i->", x, y, dtype=np.float64)
 
 
-# Elements per BLAS dot in ``_square_sum``: below OpenBLAS's threshold for threading
-# a dot product (10 000), whose threads would contend with the readers' for the cores.
+def _sums(x: np.ndarray, y: np.ndarray, d: np.ndarray) -> tuple[float, float, Any, float]:
+    """``Σ|x|²``, ``Σ|y|²``, ``Σ conj(x)·y`` (for real values ``Σd·(x+y)``, as
+    ``_real_sums``) and ``Σ|d|²`` for ``d = y - x``, in double precision."""
+    aa, bb, dd = float(_dot(x, x).real), float(_dot(y, y).real), float(_dot(d, d).real)
+    if x.dtype.kind == "c":
+        return aa, bb, complex(_dot(x, y)), dd
+    return aa, bb, bb - aa, dd
+
+
+# Elements per BLAS dot of float64 rows in ``_row_dot``: below OpenBLAS's threshold
+# for threading a dot product (10 000), whose threads would contend with the readers'.
 _ROW = 4096
 
 
-def _square_sum(work: np.ndarray) -> float:
-    """``Σ v²`` of a float64 buffer, by BLAS dot products of ``_ROW`` elements each:
-    about three times as fast as ``_dot``'s einsum."""
-    whole = work.size - work.size % _ROW
-    rows = work[:whole].reshape(-1, _ROW)
-    tail = work[whole:]
-    return float(np.vecdot(rows, rows).sum()) + float(np.dot(tail, tail))
+def _row_dot(x: np.ndarray, y: np.ndarray) -> float:
+    """``Σ x·y`` of two float64 vectors, by BLAS dot products of ``_ROW`` elements."""
+    whole = x.size - x.size % _ROW
+    rows = np.vecdot(x[:whole].reshape(-1, _ROW), y[:whole].reshape(-1, _ROW))
+    return float(rows.sum()) + float(np.dot(x[whole:], y[whole:]))
+
+
+# Below this a float32 sum of squares may have lost terms to underflow (the square
+# of a value under 2**-63 is subnormal or zero): the block is summed in float64.
+_TINY = 2.0**-80
 
 
 def _real_sums(
     x: np.ndarray, y: np.ndarray, scratch: np.ndarray
-) -> tuple[float, float, float, float]:
-    """``Σx²``, ``Σy²``, ``Σd²`` and ``max |d|`` for ``d = y - x`` of real floats,
-    in double precision; ``scratch`` a float64 buffer of at least twice their length.
+) -> tuple[float, float, float, float, float] | None:
+    """``Σx²``, ``Σy²``, ``Σd²``, ``Σd·(x+y)`` and ``max |d|`` for ``d = y - x`` of one
+    block of float32 or float64 values; ``scratch`` holds bytes enough for ``d``.
 
-    Both are copied into ``scratch`` as float64, where the square of a float32 is
-    exact, and so is the difference of two unless they are 2**29 apart in
-    magnitude: eight passes over a block that stays in cache.
+    Float32 is summed by BLAS ``sdot`` (float32 accumulators, a relative error near
+    1e-7 for a block; blocks are added in float64): five passes over a block that
+    stays in cache, each releasing the GIL, so that threads comparing different
+    regions run side by side. ``Σd·(x+y)`` is ``Σy² - Σx²`` without the cancellation,
+    which keeps ``1 - cosine`` accurate when the two are nearly equal. ``None`` when
+    float32 could have lost a sum (squares under- or overflowing): the caller then
+    sums the block in float64.
     """
-    n = x.size
-    xs, ys = scratch[:n], scratch[n : 2 * n]
-    np.copyto(xs, x)
-    np.copyto(ys, y)
-    aa, bb = _square_sum(xs), _square_sum(ys)
-    d = np.subtract(ys, xs, out=xs)
-    dd = _square_sum(d)
-    largest = max(float(d.max()), -float(d.min())) if n and dd != 0.0 else 0.0
-    return aa, bb, dd, largest
-
-
-def _sums(x: np.ndarray, y: np.ndarray, d: np.ndarray) -> tuple[float, float, Any, float]:
-    """``Σ|x|²``, ``Σ|y|²``, ``Σ conj(x)·y`` and ``Σ|d|²`` for ``d = y - x``."""
-    aa, bb, dd = float(_dot(x, x).real), float(_dot(y, y).real), float(_dot(d, d).real)
-    if x.dtype.kind == "c":
-        return aa, bb, complex(_dot(x, y)), dd
-    return aa, bb, _inner(aa, bb, dd), dd
-
-
-def _inner(aa: float, bb: float, dd: float) -> float:
-    # Re⟨x, y⟩ from the three norms: the cancellation this risks is an absolute error
-    # of a few ulps of ‖x‖‖y‖ in the cosine, far below anything it is read for.
-    return (aa + bb - dd) / 2
+    d = np.subtract(y, x, out=scratch.view(x.dtype)[: x.size])
+    dot: Any = _row_dot if x.dtype == np.float64 else np.dot
+    with np.errstate(over="ignore", invalid="ignore"):  # told apart just below
+        aa, bb, dd = float(dot(x, x)), float(dot(y, y)), float(dot(d, d))
+        ds = float(dot(d, x)) + float(dot(d, y))
+    if not all(map(math.isfinite, (aa, bb, dd, ds))):
+        return None
+    if x.dtype != np.float64:
+        for total, values in ((aa, x), (bb, y), (dd, d)):
+            if total < _TINY and (total != 0.0 or values.any()):
+                return None
+    largest = max(float(d.max()), -float(d.min())) if d.size and dd != 0.0 else 0.0
+    return aa, bb, dd, ds, largest
 
 
 class ValueCounts:
@@ -163,6 +168,7 @@ class PairStats:
         self.counts_a = ValueCounts(self.dtype)
         self.counts_b = ValueCounts(self.dtype)
         self._aa = self._bb = self._dd = 0.0
+        # Σ conj(a)·b for complex values; for real ones Σ(b-a)·(a+b) (see cosine).
         self._ab: complex | float = 0.0
         self._max = 0.0
         self._sum_d = 0.0
@@ -186,15 +192,16 @@ class PairStats:
 
     def _add(self, raw_a: np.ndarray, raw_b: np.ndarray) -> None:
         x, y = _computable(raw_a), _computable(raw_b)
-        if x.dtype.kind == "f":
+        if x.dtype in (np.float32, np.float64):
             if self._scratch is None:
-                self._scratch = np.empty(2 * _BLOCK, np.float64)
-            aa, bb, dd, largest = _real_sums(x, y, self._scratch)
-            if math.isfinite(aa) and math.isfinite(bb) and math.isfinite(dd):
+                self._scratch = np.empty(_BLOCK * 8, np.uint8)
+            sums = _real_sums(x, y, self._scratch)
+            if sums is not None:
+                aa, bb, dd, ds, largest = sums
                 if self.equal and (dd != 0.0 or not _bitwise_equal(raw_a, raw_b)):
                     # Equal values can still differ in their bits (0.0 and -0.0).
                     self.equal = False
-                self._take(aa, bb, _inner(aa, bb, dd), dd, largest)
+                self._take(aa, bb, ds, dd, largest)
                 return
         d = _difference(x, y)
         aa, bb, ab, dd = _sums(x, y, d)
@@ -224,6 +231,15 @@ class PairStats:
         self._bb += bb
         self._ab += ab
         self._dd += dd
+
+    def merge(self, other: PairStats) -> None:
+        """Adds the sums of ``other``: the same array's other regions."""
+        self.equal = self.equal and other.equal
+        for mine, theirs in ((self.counts_a, other.counts_a), (self.counts_b, other.counts_b)):
+            mine.nan += theirs.nan
+            mine.inf += theirs.inf
+        self._take(other._aa, other._bb, other._ab, other._dd, other._max)
+        self._sum_d += other._sum_d
 
     @property
     def max_abs_diff(self) -> float:
@@ -264,5 +280,10 @@ class PairStats:
         """``Re⟨a, b⟩ / (‖a‖ ‖b‖)``; NaN when either side is zero."""
         if self._aa == 0.0 or self._bb == 0.0:
             return math.nan
-        ab = self._ab.real if isinstance(self._ab, complex) else self._ab
-        return max(-1.0, min(1.0, ab / math.sqrt(self._aa * self._bb)))
+        na, nb = math.sqrt(self._aa), math.sqrt(self._bb)
+        if isinstance(self._ab, complex):
+            return max(-1.0, min(1.0, self._ab.real / (na * nb)))
+        # 1 - cos = (‖d‖² - (‖b‖ - ‖a‖)²) / 2‖a‖‖b‖, with ‖b‖ - ‖a‖ from Σd·(a+b):
+        # accurate to the sums' own precision however close a and b are.
+        gap = self._ab / (na + nb)
+        return max(-1.0, min(1.0, 1.0 - (self._dd - gap * gap) / (2.0 * na * nb)))
