@@ -4,6 +4,8 @@ and damage to them is reported as tensorstore reports it."""
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +235,84 @@ def test_leaf_after_leaf_of_one_checkpoint_walks_its_store_once(tmp_path, monkey
     np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['w']"), again["w"])
     np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['v']"), again["v"])
     assert list(_array_read._WALKS) == kept and len(walks) == 7
+
+
+def _scan_of_w(tmp_path: Path, digest_left, digest_right, region: int = 64 << 10):
+    from tinax.explore import _raw_pairs
+
+    a, b = _state(0), _state(0)
+    b["w"] = b["w"] * np.float32(1.5)
+    save_checkpointables(tmp_path / "a", {"model": a}).result()
+    save_checkpointables(tmp_path / "b", {"model": b}).result()
+    left, right = _raw(tmp_path / "a", "['w']"), _raw(tmp_path / "b", "['w']")
+    assert left is not None and right is not None
+    boxes = chunks.regions(left.shape, left.unit, 4, region)
+    return a["w"], b["w"], _raw_pairs.PairScan(left, right, boxes, digest_left, digest_right)
+
+
+def test_pairs_read_raw_are_compared_on_every_worker_and_digested_in_order(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from tinax.explore import _raw_pairs
+    from tinax.explore._numeric import PairStats
+
+    seen: dict[str, list[tuple[int, bytes]]] = {"left": [], "right": []}
+
+    def digest(side: str):
+        return lambda box, values: seen[side].append((box[0].start, values.tobytes()))
+
+    a, b, pair = _scan_of_w(tmp_path, digest("left"), digest("right"))
+    assert len(pair.boxes) == 32
+    # Reads slow enough that every worker gets regions while the first is busy.
+    threads: set[str] = set()
+    read_into = rawread.RawArray.read_into
+
+    def slow(self, box, out):
+        threads.add(threading.current_thread().name)
+        time.sleep(0.002)
+        read_into(self, box, out)
+
+    monkeypatch.setattr(rawread.RawArray, "read_into", slow)
+    done: list[int] = []
+    _raw_pairs.scan([pair], done.append)
+    assert len(threads) == _raw_pairs.workers() >= 1
+    starts = [box[0].start for box in pair.boxes]
+    for side, values in (("left", a), ("right", b)):
+        assert [start for start, _ in seen[side]] == starts
+        assert b"".join(data for _, data in seen[side]) == values.tobytes()
+    assert not pair.failed and done == sorted(done) and done[-1] == 2 * a.nbytes
+    whole = PairStats(a.dtype)
+    whole.update(a, b)
+    assert pair.stats is not None and not pair.stats.equal
+    assert pair.stats.norm_diff == pytest.approx(whole.norm_diff, rel=1e-6)
+    assert pair.stats.max_abs_diff == whole.max_abs_diff
+    assert pair.stats.rel_change == pytest.approx(0.5, rel=1e-6)
+
+
+def test_a_pair_cut_short_mid_scan_fails_and_a_workers_error_stops_the_scan(
+    tmp_path: Path,
+) -> None:
+    from tinax.explore import _raw_pairs
+
+    _, _, pair = _scan_of_w(tmp_path, lambda *_: None, lambda *_: None)
+    ref = max(pair.right.values.values(), key=lambda r: r.offset)
+    with open(Path(str(pair.right.directory)) / ref.file, "r+b") as f:
+        f.truncate(ref.offset + ref.length // 2)
+    _raw_pairs.scan([pair])
+    assert pair.failed  # the caller then reads the pair through tensorstore
+    # diff_table then says what tensorstore finds, and names the leaf.
+    with pytest.raises(ValueError, match=r"cannot read leaf \['w'\]"):
+        ex.diff_table(tmp_path / "a", tmp_path / "b")
+
+    calls = []
+
+    def broken(box, values):
+        calls.append(box)
+        if len(calls) == 3:
+            raise RuntimeError("digest broke")
+
+    (tmp_path / "again").mkdir()
+    _, _, again = _scan_of_w(tmp_path / "again", broken, lambda *_: None)
+    with pytest.raises(RuntimeError, match="digest broke"):
+        _raw_pairs.scan([again])
+    assert len(calls) == 3  # no region digested after the error

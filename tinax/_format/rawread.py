@@ -50,8 +50,9 @@ MIN_CHUNK_BYTES = 256 << 10
 REGION_BYTES = 2 << 20
 IN_FLIGHT_BYTES = 8 << 20
 # Threads reading chunks: the copy from the page cache is the kernel's work, and
-# runs beside the caller's hashing and statistics.
-_THREADS = 2
+# runs beside the caller's hashing and statistics (or, for pairs compared raw, they
+# each do all of a region's work beside the caller's thread doing the same).
+THREADS = 2
 _MISSING = (1 << 64) - 1
 
 
@@ -64,12 +65,13 @@ _pool_pid = 0
 _pool_lock = threading.Lock()
 
 
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
+def executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The ``THREADS`` reading threads, started on first use."""
     global _pool, _pool_pid
     with _pool_lock:
         # A forked child has the pool but not its threads: it starts its own.
         if _pool is None or _pool_pid != os.getpid():
-            _pool = concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="tinax-read")
+            _pool = concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="tinax-read")
             _pool_pid = os.getpid()
         return _pool
 
@@ -307,7 +309,7 @@ class _RawRead:
     def read(self) -> concurrent.futures.Future[np.ndarray]:
         # Regions are asked for in order: the digest's chain follows that order.
         order = None if self.digest is None else self.digest._next()
-        return _executor().submit(self._run, order)
+        return executor().submit(self._run, order)
 
     def _run(self, order: tuple[threading.Event, threading.Event] | None) -> np.ndarray:
         try:
@@ -343,7 +345,7 @@ def read_regions_into(
     array: RawArray, boxes: Sequence[Box], out: np.ndarray
 ) -> list[concurrent.futures.Future[None]]:
     """Starts reading every box of ``array`` into its place in ``out`` (the whole array)."""
-    return [_executor().submit(array.read_into, box, out[box]) for box in boxes]
+    return [executor().submit(array.read_into, box, out[box]) for box in boxes]
 
 
 def _indices(ranges: list[range]) -> list[tuple[int, ...]]:

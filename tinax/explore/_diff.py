@@ -23,7 +23,7 @@ import pandas as pd
 import tensorstore as ts
 
 from tinax._format import arrays, checksums, chunks, layout, names, pytree, rawread, words
-from tinax.explore import _checkpoint, _live
+from tinax.explore import _checkpoint, _live, _raw_pairs
 from tinax.explore._integrity import PiecesCheck
 from tinax.explore._leaves import Leaf, frame
 from tinax.explore._numeric import PairStats
@@ -516,11 +516,38 @@ def _decode_pairs(
             if progress is not None:
                 progress(min(done, total), total)
 
-    run(list(range(len(pairs))), direct=True)
+    # Pairs raw on both sides: every region's work on the thread that read it.
+    scans: dict[int, _raw_pairs.PairScan] = {}
+    for index, (row, _, _) in enumerate(pairs):
+        left, right = raw.get((index, 0)), raw.get((index, 1))
+        if left is None or right is None:
+            continue
+        shape = row.a.shape if row.a is not None and row.a.shape is not None else ()
+        grid = _lcm_chunks(shape, left.unit, right.unit)
+        boxes = chunks.regions(shape, grid, left.dtype.itemsize, rawread.REGION_BYTES)
+        digest_left, digest_right = checks[(index, 0)].update, checks[(index, 1)].update
+        scans[index] = _raw_pairs.PairScan(left, right, boxes, digest_left, digest_right)
+    if scans:
+        start = done
+
+        def scanned(nbytes: int) -> None:
+            if progress is not None:
+                progress(min(start + nbytes, total), total)
+
+        _raw_pairs.scan(list(scans.values()), scanned)
+        done += sum(2 * _nbytes(pairs[index][0]) for index in scans)
+        for index, scan in scans.items():
+            if scan.stats is not None:
+                stats[index] = scan.stats
+    run([i for i in range(len(pairs)) if i not in scans], direct=True)
     for index, which in raw:
         bad, unchecked = checks[(index, which)].results()
-        digest = digests.get((index, which))
-        if bad or unchecked or digest is None or digest.failed:
+        if index in scans:
+            failed = scans[index].failed
+        else:
+            digest = digests.get((index, which))
+            failed = digest is None or digest.failed
+        if bad or unchecked or failed:
             again.add(index)
     if again:
         redo = sorted(again)

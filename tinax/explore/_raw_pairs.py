@@ -1,0 +1,185 @@
+"""Pairs of arrays read raw (``rawread``) and compared on every core in one pass.
+
+When both sides of a changed array can be read raw, a worker takes one region at a
+time and does all of its work: it reads the region of both sides into its own
+buffers, adds them to its own statistics of that array, and hands them to the two
+sides' checksums in the regions' order (a checksum is a stream, so a region whose
+predecessor is not digested yet waits for it). Workers take regions one after
+another from one list, so every core stays busy whatever the arrays' sizes, and no
+region's bytes change threads: they are compared while still in the core's cache.
+The calling thread is one of the workers; the others run on ``rawread``'s threads.
+
+Memory: two region buffers and one block of working space per worker, whatever
+the arrays' sizes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tinax._format import chunks, rawread
+from tinax.explore._numeric import PairStats
+
+Box = chunks.Box
+Digest = Callable[[Box, np.ndarray], None]
+
+
+@dataclasses.dataclass(eq=False)
+class PairScan:
+    """One array read raw on both sides, region by region.
+
+    Attributes:
+      left, right: The two sides (same shape and dtype).
+      boxes: The regions, tiling the array in C order (``chunks.regions``).
+      digest_left, digest_right: Each side's checksum, fed every region in order.
+      failed: Set when a region could not be read raw (``rawread.Unsupported``): the
+        caller reads the array another way. Its statistics and digests are then
+        incomplete.
+      stats: The statistics of every region, once the scan is done (``None`` for an
+        array without elements).
+    """
+
+    left: rawread.RawArray
+    right: rawread.RawArray
+    boxes: Sequence[Box]
+    digest_left: Digest
+    digest_right: Digest
+    failed: bool = False
+    stats: PairStats | None = None
+    _digested: int = 0  # regions digested so far, in order
+
+    def nbytes(self, box: Box) -> int:
+        return chunks.box_size(box) * self.left.dtype.itemsize
+
+
+def workers() -> int:
+    """Threads that scan at once: one a core this process may run on, at most the
+    calling thread and ``rawread``'s."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, rawread.THREADS + 1))
+
+
+class _Scan:
+    """The state the workers share; ``cond`` guards all of it."""
+
+    def __init__(self, pairs: Sequence[PairScan]) -> None:
+        self.pairs = pairs
+        self.items = [(pair, i) for pair in pairs for i in range(len(pair.boxes))]
+        self.largest = max((pair.nbytes(box) for pair, box in self._boxes()), default=0)
+        self.next = 0
+        self.done = 0
+        self.stop = False
+        self.cond = threading.Condition()
+        self.parts: list[tuple[PairScan, PairStats]] = []
+
+    def _boxes(self) -> list[tuple[PairScan, Box]]:
+        return [(pair, pair.boxes[i]) for pair, i in self.items]
+
+    def take(self) -> tuple[PairScan, int] | None:
+        with self.cond:
+            if self.stop or self.next >= len(self.items):
+                return None
+            self.next += 1
+            return self.items[self.next - 1]
+
+    def fail(self, pair: PairScan) -> None:
+        with self.cond:
+            pair.failed = True
+            self.cond.notify_all()
+
+    def wait_turn(self, pair: PairScan, index: int) -> bool:
+        """Waits until region ``index`` of ``pair`` is next to be digested; ``False``
+        when it never will be (the pair failed, or the scan stopped)."""
+        with self.cond:
+            while pair._digested != index and not pair.failed and not self.stop:
+                self.cond.wait()
+            return not (pair.failed or self.stop)
+
+    def digested(self, pair: PairScan, nbytes: int) -> int:
+        with self.cond:
+            pair._digested += 1
+            self.done += nbytes
+            self.cond.notify_all()
+            return self.done
+
+
+def _work(scan: _Scan, progress: Callable[[int], None] | None) -> None:
+    buffers = (np.empty(scan.largest, np.uint8), np.empty(scan.largest, np.uint8))
+    mine: dict[int, PairStats] = {}
+    current: PairStats | None = None
+    try:
+        while (item := scan.take()) is not None:
+            pair, index = item
+            if pair.failed:
+                continue
+            box = pair.boxes[index]
+            nbytes = pair.nbytes(box)
+            shape = tuple(s.stop - s.start for s in box)
+            left, right = (buf[:nbytes].view(pair.left.dtype).reshape(shape) for buf in buffers)
+            try:
+                pair.left.read_into(box, left)
+                pair.right.read_into(box, right)
+            except rawread.Unsupported:
+                scan.fail(pair)
+                continue
+            stats = mine.get(id(pair))
+            if stats is None:
+                if current is not None:
+                    current.done()  # regions come array after array
+                stats = current = mine[id(pair)] = PairStats(pair.left.dtype)
+                with scan.cond:
+                    scan.parts.append((pair, stats))
+            stats.update(left, right)
+            if not scan.wait_turn(pair, index):
+                continue
+            pair.digest_left(box, left)
+            pair.digest_right(box, right)
+            done = scan.digested(pair, 2 * nbytes)
+            if progress is not None:
+                progress(done)
+    except BaseException:
+        with scan.cond:
+            scan.stop = True
+            scan.cond.notify_all()
+        raise
+    finally:
+        if current is not None:
+            current.done()
+
+
+def scan(pairs: Sequence[PairScan], progress: Callable[[int], None] | None = None) -> None:
+    """Reads and compares every pair, setting each one's ``stats`` (or ``failed``).
+
+    ``progress`` is called on the calling thread with the bytes (both sides) done so
+    far. An error on any worker stops them all and is raised here.
+    """
+    state = _Scan(pairs)
+    helpers = min(workers(), len(state.items)) - 1
+    pending = [rawread.executor().submit(_work, state, None) for _ in range(helpers)]
+    try:
+        _work(state, progress)
+    finally:
+        if state.stop:
+            for future in pending:
+                future.cancel()
+        concurrent.futures.wait(pending)
+    for future in pending:
+        if not future.cancelled():
+            future.result()  # a helper's error
+    if progress is not None:
+        progress(state.done)  # the helpers' last regions too
+    # Each worker's statistics of a pair cover the regions it took: add them up.
+    for pair, stats in state.parts:
+        if pair.stats is None:
+            pair.stats = stats
+        else:
+            pair.stats.merge(stats)
