@@ -238,7 +238,7 @@ def test_leaf_after_leaf_of_one_checkpoint_walks_its_store_once(tmp_path, monkey
 
 
 def _scan_of_w(tmp_path: Path, digest_left, digest_right, region: int = 64 << 10):
-    from tinax.explore import _raw_pairs
+    from tinax.explore import _raw_scan
 
     a, b = _state(0), _state(0)
     b["w"] = b["w"] * np.float32(1.5)
@@ -247,13 +247,13 @@ def _scan_of_w(tmp_path: Path, digest_left, digest_right, region: int = 64 << 10
     left, right = _raw(tmp_path / "a", "['w']"), _raw(tmp_path / "b", "['w']")
     assert left is not None and right is not None
     boxes = chunks.regions(left.shape, left.unit, 4, region)
-    return a["w"], b["w"], _raw_pairs.PairScan(left, right, boxes, digest_left, digest_right)
+    return a["w"], b["w"], _raw_scan.RawScan(left, boxes, digest_left, right, digest_right)
 
 
 def test_pairs_read_raw_are_compared_on_every_worker_and_digested_in_order(
     tmp_path: Path, monkeypatch
 ) -> None:
-    from tinax.explore import _raw_pairs
+    from tinax.explore import _raw_scan
     from tinax.explore._numeric import PairStats
 
     seen: dict[str, list[tuple[int, bytes]]] = {"left": [], "right": []}
@@ -274,8 +274,8 @@ def test_pairs_read_raw_are_compared_on_every_worker_and_digested_in_order(
 
     monkeypatch.setattr(rawread.RawArray, "read_into", slow)
     done: list[int] = []
-    _raw_pairs.scan([pair], done.append)
-    assert len(threads) == _raw_pairs.workers() >= 1
+    _raw_scan.scan([pair], done.append)
+    assert len(threads) == _raw_scan.workers() >= 1
     starts = [box[0].start for box in pair.boxes]
     for side, values in (("left", a), ("right", b)):
         assert [start for start, _ in seen[side]] == starts
@@ -292,13 +292,13 @@ def test_pairs_read_raw_are_compared_on_every_worker_and_digested_in_order(
 def test_a_pair_cut_short_mid_scan_fails_and_a_workers_error_stops_the_scan(
     tmp_path: Path,
 ) -> None:
-    from tinax.explore import _raw_pairs
+    from tinax.explore import _raw_scan
 
     _, _, pair = _scan_of_w(tmp_path, lambda *_: None, lambda *_: None)
     ref = max(pair.right.values.values(), key=lambda r: r.offset)
     with open(Path(str(pair.right.directory)) / ref.file, "r+b") as f:
         f.truncate(ref.offset + ref.length // 2)
-    _raw_pairs.scan([pair])
+    _raw_scan.scan([pair])
     assert pair.failed  # the caller then reads the pair through tensorstore
     # diff_table then says what tensorstore finds, and names the leaf.
     with pytest.raises(ValueError, match=r"cannot read leaf \['w'\]"):
@@ -314,5 +314,5 @@ def test_a_pair_cut_short_mid_scan_fails_and_a_workers_error_stops_the_scan(
     (tmp_path / "again").mkdir()
     _, _, again = _scan_of_w(tmp_path / "again", broken, lambda *_: None)
     with pytest.raises(RuntimeError, match="digest broke"):
-        _raw_pairs.scan([again])
+        _raw_scan.scan([again])
     assert len(calls) == 3  # no region digested after the error

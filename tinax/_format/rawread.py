@@ -33,7 +33,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -339,13 +339,6 @@ class _RawRead:
             if order is not None:
                 order[0].wait()
                 order[1].set()
-
-
-def read_regions_into(
-    array: RawArray, boxes: Sequence[Box], out: np.ndarray
-) -> list[concurrent.futures.Future[None]]:
-    """Starts reading every box of ``array`` into its place in ``out`` (the whole array)."""
-    return [executor().submit(array.read_into, box, out[box]) for box in boxes]
 
 
 def _indices(ranges: list[range]) -> list[tuple[int, ...]]:

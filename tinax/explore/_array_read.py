@@ -5,7 +5,6 @@ tensorstore."""
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import threading
 from typing import Any
 
@@ -13,6 +12,7 @@ import numpy as np
 import tensorstore as ts
 
 from tinax._format import arrays, checksums, chunks, files, names, pytree, rawread, words
+from tinax.explore import _raw_scan
 from tinax.explore._integrity import PiecesCheck
 
 
@@ -196,16 +196,7 @@ def _read_raw(raw: rawread.RawArray, record: checksums.LeafRecord) -> np.ndarray
     out = np.empty(raw.shape, raw.dtype)
     boxes = chunks.regions(raw.shape, raw.unit, raw.dtype.itemsize, rawread.REGION_BYTES)
     check = PiecesCheck(record, raw.dtype)
-    pending = rawread.read_regions_into(raw, boxes, out)
-    try:
-        for box, future in zip(boxes, pending, strict=True):
-            future.result()
-            check.update(box, out[box])
-    except rawread.Unsupported:
-        return None
-    finally:
-        for future in pending:
-            future.cancel()
-        concurrent.futures.wait(pending)
+    scan = _raw_scan.RawScan(raw, boxes, check.update, into=out)
+    _raw_scan.scan([scan])
     bad, unchecked = check.results()
-    return None if bad or unchecked else out
+    return None if scan.failed or bad or unchecked else out

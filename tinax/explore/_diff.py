@@ -23,7 +23,7 @@ import pandas as pd
 import tensorstore as ts
 
 from tinax._format import arrays, checksums, chunks, layout, names, pytree, rawread, words
-from tinax.explore import _checkpoint, _live, _raw_pairs
+from tinax.explore import _checkpoint, _live, _raw_scan
 from tinax.explore._integrity import PiecesCheck
 from tinax.explore._leaves import Leaf, frame
 from tinax.explore._numeric import PairStats
@@ -517,7 +517,7 @@ def _decode_pairs(
                 progress(min(done, total), total)
 
     # Pairs raw on both sides: every region's work on the thread that read it.
-    scans: dict[int, _raw_pairs.PairScan] = {}
+    scans: dict[int, _raw_scan.RawScan] = {}
     for index, (row, _, _) in enumerate(pairs):
         left, right = raw.get((index, 0)), raw.get((index, 1))
         if left is None or right is None:
@@ -526,7 +526,7 @@ def _decode_pairs(
         grid = _lcm_chunks(shape, left.unit, right.unit)
         boxes = chunks.regions(shape, grid, left.dtype.itemsize, rawread.REGION_BYTES)
         digest_left, digest_right = checks[(index, 0)].update, checks[(index, 1)].update
-        scans[index] = _raw_pairs.PairScan(left, right, boxes, digest_left, digest_right)
+        scans[index] = _raw_scan.RawScan(left, boxes, digest_left, right, digest_right)
     if scans:
         start = done
 
@@ -534,7 +534,7 @@ def _decode_pairs(
             if progress is not None:
                 progress(min(start + nbytes, total), total)
 
-        _raw_pairs.scan(list(scans.values()), scanned)
+        _raw_scan.scan(list(scans.values()), scanned)
         done += sum(2 * _nbytes(pairs[index][0]) for index in scans)
         for index, scan in scans.items():
             if scan.stats is not None:

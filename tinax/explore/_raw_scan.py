@@ -1,16 +1,17 @@
-"""Pairs of arrays read raw (``rawread``) and compared on every core in one pass.
+"""Arrays read raw (``rawread``) on every core in one pass: read whole, or compared.
 
-When both sides of a changed array can be read raw, a worker takes one region at a
-time and does all of its work: it reads the region of both sides into its own
-buffers, adds them to its own statistics of that array, and hands them to the two
-sides' checksums in the regions' order (a checksum is a stream, so a region whose
-predecessor is not digested yet waits for it). Workers take regions one after
+A worker takes one region at a time and does all of its work: it reads the region
+(into its place in the array being read, or, for a pair being compared, both sides
+into its own buffers, which it then adds to its own statistics of that pair), and
+hands it to the checksum in the regions' order (a checksum is a stream, so a region
+whose predecessor is not digested yet waits for it). Workers take regions one after
 another from one list, so every core stays busy whatever the arrays' sizes, and no
-region's bytes change threads: they are compared while still in the core's cache.
-The calling thread is one of the workers; the others run on ``rawread``'s threads.
+region's bytes change threads: they are digested and compared while still in the
+core's cache. The calling thread is one of the workers; the others run on
+``rawread``'s threads.
 
-Memory: two region buffers and one block of working space per worker, whatever
-the arrays' sizes.
+Memory beyond the arrays read: for pairs, two region buffers and one block of
+working space per worker, whatever the arrays' sizes.
 """
 
 from __future__ import annotations
@@ -31,25 +32,29 @@ Digest = Callable[[Box, np.ndarray], None]
 
 
 @dataclasses.dataclass(eq=False)
-class PairScan:
-    """One array read raw on both sides, region by region.
+class RawScan:
+    """One array read raw region by region: into ``into``, or compared with ``right``.
 
     Attributes:
-      left, right: The two sides (same shape and dtype).
+      left: The array (of a pair, the first side).
       boxes: The regions, tiling the array in C order (``chunks.regions``).
-      digest_left, digest_right: Each side's checksum, fed every region in order.
+      digest_left: Its checksum, fed every region in order.
+      right, digest_right: The second side of a pair (same shape and dtype) and its
+        checksum.
+      into: For an array read whole, the array its regions are read into.
       failed: Set when a region could not be read raw (``rawread.Unsupported``): the
         caller reads the array another way. Its statistics and digests are then
         incomplete.
-      stats: The statistics of every region, once the scan is done (``None`` for an
-        array without elements).
+      stats: A pair's statistics of every region, once the scan is done (``None``
+        for an array without elements).
     """
 
     left: rawread.RawArray
-    right: rawread.RawArray
     boxes: Sequence[Box]
     digest_left: Digest
-    digest_right: Digest
+    right: rawread.RawArray | None = None
+    digest_right: Digest | None = None
+    into: np.ndarray | None = None
     failed: bool = False
     stats: PairStats | None = None
     _digested: int = 0  # regions digested so far, in order
@@ -71,32 +76,35 @@ def workers() -> int:
 class _Scan:
     """The state the workers share; ``cond`` guards all of it."""
 
-    def __init__(self, pairs: Sequence[PairScan]) -> None:
+    def __init__(self, pairs: Sequence[RawScan]) -> None:
         self.pairs = pairs
         self.items = [(pair, i) for pair in pairs for i in range(len(pair.boxes))]
-        self.largest = max((pair.nbytes(box) for pair, box in self._boxes()), default=0)
+        self.largest = max(
+            (pair.nbytes(box) for pair, box in self._boxes() if pair.right is not None),
+            default=0,
+        )
         self.next = 0
         self.done = 0
         self.stop = False
         self.cond = threading.Condition()
-        self.parts: list[tuple[PairScan, PairStats]] = []
+        self.parts: list[tuple[RawScan, PairStats]] = []
 
-    def _boxes(self) -> list[tuple[PairScan, Box]]:
+    def _boxes(self) -> list[tuple[RawScan, Box]]:
         return [(pair, pair.boxes[i]) for pair, i in self.items]
 
-    def take(self) -> tuple[PairScan, int] | None:
+    def take(self) -> tuple[RawScan, int] | None:
         with self.cond:
             if self.stop or self.next >= len(self.items):
                 return None
             self.next += 1
             return self.items[self.next - 1]
 
-    def fail(self, pair: PairScan) -> None:
+    def fail(self, pair: RawScan) -> None:
         with self.cond:
             pair.failed = True
             self.cond.notify_all()
 
-    def wait_turn(self, pair: PairScan, index: int) -> bool:
+    def wait_turn(self, pair: RawScan, index: int) -> bool:
         """Waits until region ``index`` of ``pair`` is next to be digested; ``False``
         when it never will be (the pair failed, or the scan stopped)."""
         with self.cond:
@@ -104,7 +112,7 @@ class _Scan:
                 self.cond.wait()
             return not (pair.failed or self.stop)
 
-    def digested(self, pair: PairScan, nbytes: int) -> int:
+    def digested(self, pair: RawScan, nbytes: int) -> int:
         with self.cond:
             pair._digested += 1
             self.done += nbytes
@@ -124,12 +132,24 @@ def _work(scan: _Scan, progress: Callable[[int], None] | None) -> None:
             box = pair.boxes[index]
             nbytes = pair.nbytes(box)
             shape = tuple(s.stop - s.start for s in box)
-            left, right = (buf[:nbytes].view(pair.left.dtype).reshape(shape) for buf in buffers)
+            if pair.into is not None:
+                left, right = pair.into[box], None
+            else:
+                left, right = (buf[:nbytes].view(pair.left.dtype).reshape(shape) for buf in buffers)
             try:
                 pair.left.read_into(box, left)
-                pair.right.read_into(box, right)
+                if right is not None:
+                    assert pair.right is not None
+                    pair.right.read_into(box, right)
             except rawread.Unsupported:
                 scan.fail(pair)
+                continue
+            if right is None:
+                if scan.wait_turn(pair, index):
+                    pair.digest_left(box, left)
+                    done = scan.digested(pair, nbytes)
+                    if progress is not None:
+                        progress(done)
                 continue
             stats = mine.get(id(pair))
             if stats is None:
@@ -142,6 +162,7 @@ def _work(scan: _Scan, progress: Callable[[int], None] | None) -> None:
             if not scan.wait_turn(pair, index):
                 continue
             pair.digest_left(box, left)
+            assert pair.digest_right is not None
             pair.digest_right(box, right)
             done = scan.digested(pair, 2 * nbytes)
             if progress is not None:
@@ -156,11 +177,12 @@ def _work(scan: _Scan, progress: Callable[[int], None] | None) -> None:
             current.done()
 
 
-def scan(pairs: Sequence[PairScan], progress: Callable[[int], None] | None = None) -> None:
-    """Reads and compares every pair, setting each one's ``stats`` (or ``failed``).
+def scan(pairs: Sequence[RawScan], progress: Callable[[int], None] | None = None) -> None:
+    """Reads every array, and compares every pair, setting each one's ``stats``; or
+    marks it ``failed``.
 
-    ``progress`` is called on the calling thread with the bytes (both sides) done so
-    far. An error on any worker stops them all and is raised here.
+    ``progress`` is called on the calling thread with the bytes (of a pair, both
+    sides') done so far. An error on any worker stops them all and is raised here.
     """
     state = _Scan(pairs)
     helpers = min(workers(), len(state.items)) - 1
