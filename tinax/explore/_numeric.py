@@ -104,10 +104,10 @@ def _real_sums(
     """``Σx²``, ``Σy²``, ``Σd²``, ``Σd·(x+y)`` and ``max |d|`` for ``d = y - x`` of one
     block of float32 or float64 values; ``scratch`` holds bytes enough for ``d``.
 
-    Float32 is summed by BLAS ``sdot`` (float32 accumulators, a relative error near
-    1e-7 for a block; blocks are added in float64): five passes over a block that
-    stays in cache, each releasing the GIL, so that threads comparing different
-    regions run side by side. ``Σd·(x+y)`` is ``Σy² - Σx²`` without the cancellation,
+    Float32 is summed by BLAS ``sdot`` (float32 accumulators: a relative error from
+    1e-7 to a few 1e-6 for a block; blocks are added in float64): five passes over
+    a block that stays in cache, each releasing the GIL, so that threads comparing
+    different regions run side by side. ``Σd·(x+y)`` is ``Σy² - Σx²`` without the cancellation,
     which keeps ``1 - cosine`` accurate when the two are nearly equal. ``None`` when
     float32 could have lost a sum (squares under- or overflowing): the caller then
     sums the block in float64.
