@@ -32,16 +32,22 @@ def status(field):
     raise RuntimeError(field)
 
 what, a, b = sys.argv[1:4]
-ex.checkpoint_table(a)  # imports and first-use set-up are not the reads' memory
+def run():
+    if what == "diff":
+        table = ex.diff_table(a, b)
+        assert (table["status"] == "changed").all(), table
+    else:
+        result = ex.verify(a, data=True)
+        assert result.ok and result.leaves["read"].all(), result.findings
+
+# Imports and first-use set-up (threads and their allocator arenas, caches of
+# metadata: 50-60 MiB kept for the life of the process) are not the reads' memory:
+# the second call is measured.
+run()
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM := VmRSS
 before = status("VmRSS")
-if what == "diff":
-    table = ex.diff_table(a, b)
-    assert (table["status"] == "changed").all(), table
-else:
-    result = ex.verify(a, data=True)
-    assert result.ok and result.leaves["read"].all(), result.findings
+run()
 print(json.dumps({"growth": status("VmHWM") - before}))
 """
 
@@ -80,11 +86,13 @@ def _growth(what: str, a: Path, b: Path) -> int:
 @pytest.mark.timeout(600)
 def test_diff_memory_is_bounded(checkpoints):
     growth = _growth("diff", *checkpoints)
-    # 512 MiB of arrays decoded and compared; the documented bound is far below.
-    assert growth < 192 * MIB, f"{growth / MIB:.0f} MiB"
+    # 512 MiB of arrays decoded and compared (measured: 24-32 MiB); one leaf held
+    # whole would be 128 MiB.
+    assert growth < 64 * MIB, f"{growth / MIB:.0f} MiB"
 
 
 @pytest.mark.timeout(600)
 def test_verify_data_memory_is_bounded(checkpoints):
     growth = _growth("verify", *checkpoints)
-    assert growth < 128 * MIB, f"{growth / MIB:.0f} MiB"
+    # 256 MiB read (measured: 10-39 MiB); one leaf held whole would be 128 MiB.
+    assert growth < 64 * MIB, f"{growth / MIB:.0f} MiB"
