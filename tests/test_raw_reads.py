@@ -316,3 +316,26 @@ def test_a_pair_cut_short_mid_scan_fails_and_a_workers_error_stops_the_scan(
     with pytest.raises(RuntimeError, match="digest broke"):
         _raw_scan.scan([again])
     assert len(calls) == 3  # no region digested after the error
+
+
+def test_verify_counts_nan_and_inf_of_arrays_read_raw_on_every_worker(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from tinax.explore import _raw_scan
+
+    state = _state(0)
+    state["w"][7, :5] = np.nan
+    state["w"][900, 3] = -np.inf
+    save_checkpointables(tmp_path / "a", {"model": state}).result()
+    scanned: list[str] = []
+    scan = _raw_scan.scan
+    monkeypatch.setattr(
+        _raw_scan, "scan", lambda arrays, *a: scanned.extend(map(str, arrays)) or scan(arrays, *a)
+    )
+    result = ex.verify(tmp_path / "a", data=True)
+    assert scanned  # read raw, on every worker
+    assert result.ok, result.findings
+    leaves = result.leaves.set_index("key")
+    assert (leaves.loc["['w']", "nan_count"], leaves.loc["['w']", "inf_count"]) == (5, 1)
+    warnings = result.findings[result.findings["severity"] == "warning"]
+    assert warnings["message"].str.contains("5 NaN and 1 Inf").any(), result.findings

@@ -1,8 +1,9 @@
-"""Arrays read raw (``rawread``) on every core in one pass: read whole, or compared.
+"""Arrays read raw (``rawread``) on every core in one pass: read whole, checked, or
+compared.
 
 A worker takes one region at a time and does all of its work: it reads the region
-(into its place in the array being read, or, for a pair being compared, both sides
-into its own buffers, which it then adds to its own statistics of that pair), and
+(into its place in the array being read, or into its own buffers: for a pair being
+compared, both sides, which it then adds to its own statistics of that pair), and
 hands it to the checksum in the regions' order (a checksum is a stream, so a region
 whose predecessor is not digested yet waits for it). Workers take regions one after
 another from one list, so every core stays busy whatever the arrays' sizes, and no
@@ -33,12 +34,14 @@ Digest = Callable[[Box, np.ndarray], None]
 
 @dataclasses.dataclass(eq=False)
 class RawScan:
-    """One array read raw region by region: into ``into``, or compared with ``right``.
+    """One array read raw region by region: into ``into``, or compared with ``right``,
+    or (neither given) only digested.
 
     Attributes:
       left: The array (of a pair, the first side).
       boxes: The regions, tiling the array in C order (``chunks.regions``).
-      digest_left: Its checksum, fed every region in order.
+      digest_left: Its checksum (or whatever else must see every region of it in
+        order), fed every region in order.
       right, digest_right: The second side of a pair (same shape and dtype) and its
         checksum.
       into: For an array read whole, the array its regions are read into.
@@ -80,7 +83,7 @@ class _Scan:
         self.pairs = pairs
         self.items = [(pair, i) for pair in pairs for i in range(len(pair.boxes))]
         self.largest = max(
-            (pair.nbytes(box) for pair, box in self._boxes() if pair.right is not None),
+            (pair.nbytes(box) for pair, box in self._boxes() if pair.into is None),
             default=0,
         )
         self.next = 0
@@ -132,10 +135,12 @@ def _work(scan: _Scan, progress: Callable[[int], None] | None) -> None:
             box = pair.boxes[index]
             nbytes = pair.nbytes(box)
             shape = tuple(s.stop - s.start for s in box)
+            dtype = pair.left.dtype
             if pair.into is not None:
-                left, right = pair.into[box], None
+                left = pair.into[box]
             else:
-                left, right = (buf[:nbytes].view(pair.left.dtype).reshape(shape) for buf in buffers)
+                left = buffers[0][:nbytes].view(dtype).reshape(shape)
+            right = None if pair.right is None else buffers[1][:nbytes].view(dtype).reshape(shape)
             try:
                 pair.left.read_into(box, left)
                 if right is not None:

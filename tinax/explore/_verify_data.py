@@ -11,6 +11,7 @@ import numpy as np
 import tensorstore as ts
 
 from tinax._format import arrays, checksums, chunks, names, pytree, rawread, words
+from tinax.explore import _raw_scan
 from tinax.explore._checks import Check, Finding, LeafScan, PyTreeState, StoredArray, VerifyTarget
 from tinax.explore._integrity import ChecksumCheck, _ChecksumScan
 from tinax.explore._numeric import ValueCounts
@@ -77,30 +78,16 @@ def read_data(
     # Uncompressed arrays with saved checksums are read straight from their data
     # files; one that cannot be, or does not match its checksums, is read again
     # through tensorstore, which then says what is wrong with it.
-    pool = rawread.BufferPool()
     raw: dict[int, rawread.RawArray] = {}
     for index, (array, state) in enumerate(work):
         planned = _raw_array(target, active, array, state)
         if planned is not None:
             raw[index] = planned
 
-    def reads(indices: Iterable[int], direct: bool) -> Iterable[chunks.ArrayRead]:
+    def reads(indices: Iterable[int]) -> Iterable[chunks.ArrayRead]:
         for index in indices:
             array, state = work[index]
             itemsize = array.info.itemsize or 1
-            if direct and index in raw:
-                boxes = chunks.regions(
-                    array.info.shape, raw[index].unit, itemsize, rawread.REGION_BYTES
-                )
-                # Its checksums are digested on the reading threads, in order.
-                scans[index] = [s for c in active if (s := c.leaf(target, array)) is not None]
-                checksum = next((s for s in scans[index] if isinstance(s, _ChecksumScan)), None)
-                if checksum is None:  # pragma: no cover - _raw_array asked for a record
-                    raise AssertionError(f"no checksum scan for {array.part}")
-                digests[index] = rawread.Digest(checksum.update)
-                opened = rawread.PooledArray(raw[index], pool, digests[index])
-                yield chunks.ArrayRead(index, opened, boxes, itemsize)
-                continue
             assert state.tree is not None
             leaf = state.tree.find(array.key, name=array.checkpointable)
             spec = state.tree.array_spec(leaf)
@@ -113,7 +100,6 @@ def read_data(
 
     scans: dict[int, list[LeafScan]] = {}
     failed: dict[int, str] = {}
-    digests: dict[int, rawread.Digest] = {}
 
     def run(regions: Iterable[chunks.ArrayRead], counted: bool, ahead: int) -> None:
         nonlocal done
@@ -125,31 +111,45 @@ def read_data(
                 failed.setdefault(index, values.message)
             elif index not in failed:
                 for leaf_scan in scans[index]:
-                    if index in digests and isinstance(leaf_scan, _ChecksumScan):
-                        continue  # digested as it was read
                     leaf_scan.update(box, values)
             if counted:
                 done += chunks.box_size(box) * (work[index][0].info.itemsize or 0)
                 if progress is not None:
                     progress(done, total)
 
-    # Raw reads need little read-ahead; tensorstore's decoding more.
-    ahead = rawread.IN_FLIGHT_BYTES if len(raw) == len(work) else chunks.IN_FLIGHT_BYTES
-    run(reads(range(len(work)), direct=True), counted=True, ahead=ahead)
+    # Raw arrays: each region read, checksummed and scanned on one of every core's
+    # threads, in the regions' order (``_raw_scan``).
+    raw_scans: dict[int, _raw_scan.RawScan] = {}
+    for index, found_raw in raw.items():
+        array = work[index][0]
+        scans[index] = leaf_scans = [s for c in active if (s := c.leaf(target, array)) is not None]
+        boxes = chunks.regions(
+            array.info.shape, found_raw.unit, array.info.itemsize or 1, rawread.REGION_BYTES
+        )
+        raw_scans[index] = _raw_scan.RawScan(found_raw, boxes, _feed(leaf_scans))
+    if raw_scans:
+
+        def scanned(nbytes: int) -> None:
+            if progress is not None:
+                progress(min(nbytes, total), total)
+
+        _raw_scan.scan(list(raw_scans.values()), scanned)
+        done = sum(sizes[index] for index in raw_scans)
+    run(
+        reads(i for i in range(len(work)) if i not in raw_scans),
+        counted=True,
+        ahead=chunks.IN_FLIGHT_BYTES,
+    )
     again = [
         index
-        for index in raw
-        if index in failed
-        or index not in digests
-        or digests[index].failed
-        or not _matched(scans.get(index, []))
+        for index, found_raw in raw_scans.items()
+        if found_raw.failed or not _matched(scans.get(index, []))
     ]
     for index in again:
         scans.pop(index, None)
         failed.pop(index, None)
-        digests.pop(index, None)
     if again:
-        run(reads(again, direct=False), counted=False, ahead=chunks.IN_FLIGHT_BYTES)
+        run(reads(again), counted=False, ahead=chunks.IN_FLIGHT_BYTES)
     for index, (array, _) in enumerate(work):
         counts = _nonfinite(active, array)
         if index in failed:
@@ -171,6 +171,14 @@ def read_data(
             )
         )
     return found
+
+
+def _feed(leaf_scans: list[LeafScan]) -> Callable[[chunks.Box, np.ndarray], None]:
+    def feed(box: chunks.Box, values: np.ndarray) -> None:
+        for leaf_scan in leaf_scans:
+            leaf_scan.update(box, values)
+
+    return feed
 
 
 def _raw_array(
