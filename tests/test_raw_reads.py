@@ -339,3 +339,42 @@ def test_verify_counts_nan_and_inf_of_arrays_read_raw_on_every_worker(
     assert (leaves.loc["['w']", "nan_count"], leaves.loc["['w']", "inf_count"]) == (5, 1)
     warnings = result.findings[result.findings["severity"] == "warning"]
     assert warnings["message"].str.contains("5 NaN and 1 Inf").any(), result.findings
+
+
+def test_a_checkpoint_against_live_values_is_compared_raw_either_way_round(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import jax.numpy as jnp
+
+    from tinax.explore import _raw_scan
+
+    stored = _state(0)
+    save_checkpointables(tmp_path / "a", {"model": stored}).result()
+    live = _state(0)
+    live["w"] = jnp.asarray(live["w"] * np.float32(2.0))  # JAX, on the CPU
+    live["v"] = live["v"] + 1  # NumPy
+    scanned: list[object] = []
+    scan = _raw_scan.scan
+    monkeypatch.setattr(
+        _raw_scan, "scan", lambda arrays, *a: scanned.extend(arrays) or scan(arrays, *a)
+    )
+    forward = ex.diff_table(tmp_path / "a", {"model": live}).set_index("key")
+    assert sorted(s.swapped for s in scanned) == [False, False]  # w and v, read raw
+    scanned.clear()
+    backward = ex.diff_table({"model": live}, tmp_path / "a").set_index("key")
+    assert sorted(s.swapped for s in scanned) == [True, True]
+    w = stored["w"].astype(np.float64)
+    for table, (a, b) in ((forward, (w, 2 * w)), (backward, (2 * w, w))):
+        row = table.loc["['w']"]
+        assert row["status"] == "changed" and row["decided_by"] == "data"
+        assert row["norm_a"] == pytest.approx(np.linalg.norm(a), rel=1e-6)
+        assert row["norm_b"] == pytest.approx(np.linalg.norm(b), rel=1e-6)
+        assert row["rel_change"] == pytest.approx(
+            np.linalg.norm(b - a) / np.linalg.norm(a), rel=1e-6
+        )
+        assert table.loc["['v']", "max_abs_diff"] == 1.0
+        assert table.loc["['b']", "status"] == "same"
+    # A stored side that does not match its checksums is read again and called corrupt.
+    _flip_in_chunk(tmp_path / "a", "['w']")
+    damaged = ex.diff_table(tmp_path / "a", {"model": live}).set_index("key")
+    assert damaged.loc["['w']", "status"] == "corrupt"

@@ -405,6 +405,20 @@ def _lcm_chunks(
     return tuple(out)
 
 
+def _host_values(array: _StoredArray | _LiveArray | None) -> np.ndarray | None:
+    """A live array's values as NumPy without a copy: a NumPy array, or a JAX array on
+    one CPU device (whose buffer NumPy can view); ``None`` for anything else."""
+    if not isinstance(array, _LiveArray):
+        return None
+    value = array.value
+    if isinstance(value, np.ndarray):
+        return value
+    devices = getattr(getattr(value, "sharding", None), "device_set", None)
+    if devices is None or len(devices) != 1 or next(iter(devices)).platform != "cpu":
+        return None
+    return np.asarray(value)
+
+
 def _location(side: _Side, row: _Row) -> str:
     return f"leaf {row.key} of {row.name!r} in {side.label}"
 
@@ -517,16 +531,29 @@ def _decode_pairs(
                 progress(min(done, total), total)
 
     # Pairs raw on both sides: every region's work on the thread that read it.
+    # So are pairs of a raw side and live values in host memory.
     scans: dict[int, _raw_scan.RawScan] = {}
-    for index, (row, _, _) in enumerate(pairs):
+    for index, (row, ea, eb) in enumerate(pairs):
         left, right = raw.get((index, 0)), raw.get((index, 1))
-        if left is None or right is None:
-            continue
         shape = row.a.shape if row.a is not None and row.a.shape is not None else ()
-        grid = _lcm_chunks(shape, left.unit, right.unit)
-        boxes = chunks.regions(shape, grid, left.dtype.itemsize, rawread.REGION_BYTES)
-        digest_left, digest_right = checks[(index, 0)].update, checks[(index, 1)].update
-        scans[index] = _raw_scan.RawScan(left, boxes, digest_left, right, digest_right)
+        if left is not None and right is not None:
+            grid = _lcm_chunks(shape, left.unit, right.unit)
+            boxes = chunks.regions(shape, grid, left.dtype.itemsize, rawread.REGION_BYTES)
+            digest_left, digest_right = checks[(index, 0)].update, checks[(index, 1)].update
+            scans[index] = _raw_scan.RawScan(left, boxes, digest_left, right, digest_right)
+            continue
+        for which, found, other in ((0, left, eb), (1, right, ea)):
+            values = _host_values(other.array)
+            if found is None or values is None:
+                continue
+            if values.dtype != found.dtype or values.shape != found.shape:
+                continue
+            grid = _lcm_chunks(shape, found.unit, None)
+            boxes = chunks.regions(shape, grid, found.dtype.itemsize, rawread.REGION_BYTES)
+            stored_check = checks[(index, which)].update
+            scans[index] = _raw_scan.RawScan(
+                found, boxes, stored_check, values=values, swapped=which == 1
+            )
     if scans:
         start = done
 

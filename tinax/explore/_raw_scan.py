@@ -3,7 +3,8 @@ compared.
 
 A worker takes one region at a time and does all of its work: it reads the region
 (into its place in the array being read, or into its own buffers: for a pair being
-compared, both sides, which it then adds to its own statistics of that pair), and
+compared, both sides, or the stored one beside live values in memory, which it then
+adds to its own statistics of that pair), and
 hands it to the checksum in the regions' order (a checksum is a stream, so a region
 whose predecessor is not digested yet waits for it). Workers take regions one after
 another from one list, so every core stays busy whatever the arrays' sizes, and no
@@ -45,6 +46,10 @@ class RawScan:
       right, digest_right: The second side of a pair (same shape and dtype) and its
         checksum.
       into: For an array read whole, the array its regions are read into.
+      values: The second side of a pair held in memory (live state), instead of
+        ``right``.
+      swapped: Whether ``values`` is the first side of the pair (the statistics are
+        of ``b - a``).
       failed: Set when a region could not be read raw (``rawread.Unsupported``): the
         caller reads the array another way. Its statistics and digests are then
         incomplete.
@@ -58,6 +63,8 @@ class RawScan:
     right: rawread.RawArray | None = None
     digest_right: Digest | None = None
     into: np.ndarray | None = None
+    values: np.ndarray | None = None
+    swapped: bool = False
     failed: bool = False
     stats: PairStats | None = None
     _digested: int = 0  # regions digested so far, in order
@@ -140,16 +147,19 @@ def _work(scan: _Scan, progress: Callable[[int], None] | None) -> None:
                 left = pair.into[box]
             else:
                 left = buffers[0][:nbytes].view(dtype).reshape(shape)
-            right = None if pair.right is None else buffers[1][:nbytes].view(dtype).reshape(shape)
+            right: np.ndarray | None = None
+            if pair.values is not None:
+                right = pair.values[box]
+            elif pair.right is not None:
+                right = buffers[1][:nbytes].view(dtype).reshape(shape)
             try:
                 pair.left.read_into(box, left)
-                if right is not None:
-                    assert pair.right is not None
+                if pair.right is not None and right is not None:
                     pair.right.read_into(box, right)
             except rawread.Unsupported:
                 scan.fail(pair)
                 continue
-            if right is None:
+            if right is None:  # read whole, or only digested
                 if scan.wait_turn(pair, index):
                     pair.digest_left(box, left)
                     done = scan.digested(pair, nbytes)
@@ -163,12 +173,15 @@ def _work(scan: _Scan, progress: Callable[[int], None] | None) -> None:
                 stats = current = mine[id(pair)] = PairStats(pair.left.dtype)
                 with scan.cond:
                     scan.parts.append((pair, stats))
-            stats.update(left, right)
+            if pair.swapped:
+                stats.update(right, left)
+            else:
+                stats.update(left, right)
             if not scan.wait_turn(pair, index):
                 continue
             pair.digest_left(box, left)
-            assert pair.digest_right is not None
-            pair.digest_right(box, right)
+            if pair.digest_right is not None:
+                pair.digest_right(box, right)
             done = scan.digested(pair, 2 * nbytes)
             if progress is not None:
                 progress(done)
