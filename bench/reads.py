@@ -10,7 +10,9 @@ each of ``--rounds`` rounds (median shown) times, side by side:
 - ``diff_table(a, b)`` of the two: the unchanged half decided by their saved
   checksums without reading them, the changed half decoded and compared, against
   ``cat`` of the bytes it had to read (the changed arrays of both sides);
-- ``read_leaf`` of every array in turn, against ``cat`` of the same 1 GiB.
+- ``read_leaf`` of every array in turn, against ``cat`` of the same 1 GiB;
+- ``diff_table`` of the checkpoint against live state (the changed copy's arrays,
+  held in memory as NumPy arrays): every array decoded, for information.
 
 It also times ``read_leaf`` of one small leaf after another of a checkpoint of
 ``--wide`` arrays (10,000 by default), side by side: with the store's walk kept from
@@ -163,8 +165,9 @@ def main() -> int:
         diff_bytes = 2 * int(decoded["key"].map(lambda _: ARRAY_MIB * MIB).sum())
         _cat(files_a + _files(b))  # warm the page cache
         rows: dict[str, list[float]] = {
-            k: [] for k in ("cat", "verify", "diff", "read_leaf", "memory")
+            k: [] for k in ("cat", "verify", "diff", "read_leaf", "memory", "live")
         }
+        live = {"model": {key[2:-2]: ex.read_leaf(b, "model", key) for key in keys}}
         for _ in range(args.rounds):
             rows["cat"].append(_cat(files_a))
             result = None
@@ -181,6 +184,7 @@ def main() -> int:
                 _timed(lambda: [ex.read_leaf(a, "model", key) for key in keys])
             )
             rows["memory"].append(_timed(_fresh_memory))
+            rows["live"].append(_timed(lambda: ex.diff_table(a, live)))
         cat = statistics.median(rows["cat"])
         cat_rate = nbytes / cat
         print(
@@ -207,6 +211,11 @@ def main() -> int:
         print(
             f"  (diff_table against cat of both whole checkpoints: "
             f"{(2 * nbytes / whole) / cat_rate:.2f} of cat, for information)"
+        )
+        print(
+            f"  (diff_table against live state, all {ARRAYS} arrays decoded: "
+            f"{statistics.median(rows['live']):.3f} s, {cat / statistics.median(rows['live']):.2f} "
+            f"of cat of the checkpoint; for information)"
         )
         memory = statistics.median(rows["memory"])
         print(
