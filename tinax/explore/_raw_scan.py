@@ -4,13 +4,12 @@ compared.
 A worker takes one region at a time and does all of its work: it reads the region
 (into its place in the array being read, or into its own buffers: for a pair being
 compared, both sides, or the stored one beside live values in memory, which it then
-adds to its own statistics of that pair), and
-hands it to the checksum in the regions' order (a checksum is a stream, so a region
-whose predecessor is not digested yet waits for it). Workers take regions one after
-another from one list, so every core stays busy whatever the arrays' sizes, and no
-region's bytes change threads: they are digested and compared while still in the
-core's cache. The calling thread is one of the workers; the others run on
-``rawread``'s threads.
+adds to its own statistics of that pair), and hands it to the checksum in the
+regions' order (a checksum is a stream, so a region whose predecessor is not digested
+yet waits for it). Workers take regions one after another from one list, so every
+core stays busy whatever the arrays' sizes, and no region's bytes change threads:
+they are digested and compared while still in the core's cache. The calling thread
+is one of the workers; the others run on ``rawread``'s threads.
 
 Memory beyond the arrays read: for pairs, two region buffers and one block of
 working space per worker, whatever the arrays' sizes.
