@@ -45,13 +45,12 @@ Box = tuple[slice, ...]
 # Chunks smaller than this are read through tensorstore: per read, the Python work
 # here would cost more than tensorstore's decoding saves.
 MIN_CHUNK_BYTES = 256 << 10
-# Regions read raw, and the bytes of them read ahead: small enough that the regions
-# in flight stay in the processor's cache until the caller digests them.
+# Regions read raw: small enough that a region stays in the processor's cache while
+# it is digested and compared.
 REGION_BYTES = 2 << 20
-IN_FLIGHT_BYTES = 8 << 20
 # Threads reading chunks: the copy from the page cache is the kernel's work, and
-# runs beside the caller's hashing and statistics (or, for pairs compared raw, they
-# each do all of a region's work beside the caller's thread doing the same).
+# runs beside the caller's hashing and statistics (or, in ``explore._raw_scan``,
+# each does all of a region's work beside the caller's thread doing the same).
 THREADS = 2
 _MISSING = (1 << 64) - 1
 

@@ -433,9 +433,10 @@ def _decode_pairs(
     """Reads every pair region by region, both sides in step, and fills in their stats.
 
     A stored side that is uncompressed and has saved checksums is read straight
-    from its data files (``rawread``); a pair with such a side that cannot be read
-    so, or does not match its checksums, is compared again through tensorstore,
-    which then says what is wrong.
+    from its data files (``rawread``): when the other side is too, or is live values
+    in host memory, on every core (``_raw_scan``). A pair with such a side that
+    cannot be read so, or does not match its checksums, is compared again through
+    tensorstore, which then says what is wrong.
     """
     pool = rawread.BufferPool(keep=8)
     raw: dict[tuple[int, int], rawread.RawArray] = {}
@@ -469,14 +470,8 @@ def _decode_pairs(
             assert entry.array is not None and ea.array is not None and eb.array is not None
             shape = row.a.shape if row.a is not None and row.a.shape is not None else ()
             itemsize = np.dtype(_numpy_dtype(row)).itemsize
-            left, right = raw.get((index, 0)), raw.get((index, 1))
-            if direct and left is not None and right is not None:
-                # Both sides raw: regions of rows where their chunks allow.
-                grid = _lcm_chunks(shape, left.unit, right.unit)
-                boxes = chunks.regions(shape, grid, itemsize, rawread.REGION_BYTES)
-            else:
-                grid = _lcm_chunks(shape, ea.array.chunk_shape, eb.array.chunk_shape)
-                boxes = chunks.regions(shape, grid, itemsize, chunks.REGION_BYTES)
+            grid = _lcm_chunks(shape, ea.array.chunk_shape, eb.array.chunk_shape)
+            boxes = chunks.regions(shape, grid, itemsize, chunks.REGION_BYTES)
             found = raw.get((index, which)) if direct else None
             if found is None:
                 opened = entry.array.open()
@@ -492,12 +487,10 @@ def _decode_pairs(
 
     def run(indices: list[int], direct: bool) -> None:
         nonlocal done
-        # Raw reads need little read-ahead; tensorstore's decoding more. Two sides
-        # are read at once, so each takes half of one read's budget: the whole
-        # budget each measured 170-195 MiB of growth against 105-125 MiB, for a
-        # few percent of speed.
-        every = direct and all((i, w) in raw for i in indices for w in (0, 1))
-        ahead = rawread.IN_FLIGHT_BYTES if every else chunks.IN_FLIGHT_BYTES // 2
+        # Two sides are read at once, so each takes half of one read's budget: the
+        # whole budget each measured 170-195 MiB of growth against 105-125 MiB, for
+        # a few percent of speed.
+        ahead = chunks.IN_FLIGHT_BYTES // 2
         for (index, box, left), (_, _, right) in zip(
             chunks.read_arrays(reads(0, indices, direct), in_flight_bytes=ahead),
             chunks.read_arrays(reads(1, indices, direct), in_flight_bytes=ahead),

@@ -107,8 +107,8 @@ def _real_sums(
     Float32 is summed by BLAS ``sdot`` (float32 accumulators: a relative error from
     1e-7 to a few 1e-6 for a block; blocks are added in float64): five passes over
     a block that stays in cache, each releasing the GIL, so that threads comparing
-    different regions run side by side. ``Σd·(x+y)`` is ``Σy² - Σx²`` without the cancellation,
-    which keeps ``1 - cosine`` accurate when the two are nearly equal. ``None`` when
+    different regions run side by side. ``Σd·(x+y)`` is ``Σy² - Σx²`` without the
+    cancellation, which keeps ``1 - cosine`` accurate when the two are nearly equal. ``None`` when
     float32 could have lost a sum (squares under- or overflowing): the caller then
     sums the block in float64.
     """

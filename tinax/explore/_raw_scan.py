@@ -86,7 +86,6 @@ class _Scan:
     """The state the workers share; ``cond`` guards all of it."""
 
     def __init__(self, pairs: Sequence[RawScan]) -> None:
-        self.pairs = pairs
         self.items = [(pair, i) for pair in pairs for i in range(len(pair.boxes))]
         self.largest = max(
             (pair.nbytes(box) for pair, box in self._boxes() if pair.into is None),
