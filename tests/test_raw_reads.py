@@ -378,3 +378,33 @@ def test_a_checkpoint_against_live_values_is_compared_raw_either_way_round(
     _flip_in_chunk(tmp_path / "a", "['w']")
     damaged = ex.diff_table(tmp_path / "a", {"model": live}).set_index("key")
     assert damaged.loc["['w']", "status"] == "corrupt"
+
+
+def test_a_raw_side_against_a_compressed_one_is_read_raw_and_checked(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from tinax.checkpointing import compression
+
+    before, after = _state(0), _state(0)
+    after["w"] = after["w"] * np.float32(3.0)
+    save_checkpointables(tmp_path / "raw", {"model": before}).result()
+    with compression():
+        save_checkpointables(tmp_path / "zstd", {"model": after}).result()
+    assert _raw(tmp_path / "raw", "['w']") is not None
+    assert _raw(tmp_path / "zstd", "['w']") is None
+    pooled: list[object] = []
+    init = rawread.PooledArray.__init__
+    monkeypatch.setattr(
+        rawread.PooledArray, "__init__", lambda self, *a: pooled.append(a) or init(self, *a)
+    )
+    table = ex.diff_table(tmp_path / "raw", tmp_path / "zstd").set_index("key")
+    assert pooled  # the uncompressed side read raw, beside tensorstore's decoding
+    row = table.loc["['w']"]
+    w = before["w"].astype(np.float64)
+    assert row["status"] == "changed" and row["rel_change"] == pytest.approx(2.0, rel=1e-6)
+    assert row["norm_a"] == pytest.approx(np.linalg.norm(w), rel=1e-6)
+    assert table.loc["['v']", "status"] == "same"
+    # Damage on the raw side: read again through tensorstore, and called corrupt.
+    _flip_in_chunk(tmp_path / "raw", "['w']")
+    damaged = ex.diff_table(tmp_path / "raw", tmp_path / "zstd").set_index("key")
+    assert damaged.loc["['w']", "status"] == "corrupt"
