@@ -18,8 +18,8 @@ import dataclasses
 import itertools
 import math
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -317,9 +317,11 @@ def export_safetensors(
     export. Scalars are 0-d tensors; strings and empty leaves have no tensor form
     and are left out.
 
-    The files are ``model.safetensors``, or, over ``max_file_bytes``,
-    ``model-00001-of-0000N.safetensors`` … with ``model.safetensors.index.json``
-    in the Hugging Face hub's layout. Each header's ``__metadata__`` records the
+    The files are named after the checkpointable: ``model.safetensors``, or,
+    over ``max_file_bytes``, ``model-00001-of-0000N.safetensors`` … with
+    ``model.safetensors.index.json`` in the Hugging Face hub's layout
+    (``optimizer.safetensors`` … for ``checkpointable="optimizer"``). The
+    directory is made with the process's umask, like ``mkdir``. Each header's ``__metadata__`` records the
     source checkpoint (``tinax.source``), its step (``tinax.step``), the
     checkpointable and, for a cast, the dtype. The directory ``out`` appears only
     when complete.
@@ -372,12 +374,9 @@ def export_safetensors(
         metadata["tinax.step"] = str(step)
     if cast is not None:
         metadata["tinax.dtype"] = f"floating-point arrays cast to {cast.name}"
-    file_names = (
-        [st.SINGLE_FILE]
-        if len(groups) == 1
-        else [st.split_file_name(i + 1, len(groups)) for i in range(len(groups))]
-    )
-    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    file_names = _file_names(checkpointable, len(groups))
+    index_file = _index_file(checkpointable)
+    work = _work_directory(dest)
     try:
         fds: list[int] = []
         try:
@@ -403,7 +402,7 @@ def export_safetensors(
         if len(groups) > 1:
             weight_map = {t.name: file_names[t.file] for t in tensors}
             total = sum(t.nbytes for t in tensors)
-            (work / st.INDEX_FILE).write_bytes(st.encode_index(weight_map, total, metadata))
+            (work / index_file).write_bytes(st.encode_index(weight_map, total, metadata))
         if written is not None:
             _verify_written(work, file_names, tensors, written)
         _install(work, dest)
@@ -412,8 +411,46 @@ def export_safetensors(
         raise
     result = [dest / file for file in file_names]
     if len(groups) > 1:
-        result.append(dest / st.INDEX_FILE)
+        result.append(dest / index_file)
     return result
+
+
+def _stem(checkpointable: str) -> str:
+    # A flat V0 checkpoint's single item has no name: its weights are the model's.
+    return checkpointable or "model"
+
+
+def _file_names(checkpointable: str, count: int) -> list[str]:
+    """``optimizer.safetensors``, or ``optimizer-00001-of-00002.safetensors`` …
+
+    Named after the checkpointable (``model.safetensors`` for the model, the Hugging
+    Face hub's name), so that exports of two checkpointables never read alike.
+    """
+    stem = _stem(checkpointable)
+    if count == 1:
+        return [f"{stem}{st.SUFFIX}"]
+    return [f"{stem}-{i:05d}-of-{count:05d}{st.SUFFIX}" for i in range(1, count + 1)]
+
+
+def _index_file(checkpointable: str) -> str:
+    """``model.safetensors.index.json`` (the hub's), ``optimizer.safetensors.index.json``."""
+    return f"{_stem(checkpointable)}{st.SUFFIX}.index.json"
+
+
+def _work_directory(dest: Path) -> Path:
+    """A new hidden directory beside ``dest``, made with the process's umask.
+
+    ``tempfile.mkdtemp`` makes it ``drwx------``, which the finished export would
+    keep once renamed: a directory shared with a group must stay readable by it.
+    """
+    for _ in range(100):
+        work = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.partial"
+        try:
+            os.mkdir(work, 0o777)
+        except FileExistsError:
+            continue
+        return work
+    raise FileExistsError(f"cannot make a work directory beside {str(dest)!r}")
 
 
 def _install(work: Path, dest: Path) -> None:
