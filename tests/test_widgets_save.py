@@ -18,7 +18,10 @@ from tinax.explore import list_checkpoints
 
 
 def test_default_name_is_the_next_free_step(tmp_path: Path) -> None:
-    assert SavePanel(tmp_path, {"a": {"x": np.zeros(2)}}).name_field.value == "step-0"
+    # An empty directory starts in TrainingRun's pattern; a stray folder keeps its name.
+    (tmp_path / "step_000000").mkdir()
+    assert SavePanel(tmp_path, {"a": {"x": np.zeros(2)}}).name_field.value == "step_000001"
+    (tmp_path / "step_000000").rmdir()
     save_checkpointables(tmp_path / "step-3", {"a": {"x": np.zeros(2)}}).result()
     # A save in progress holds its name too.
     (tmp_path / "step-5.orbax-checkpoint-tmp-1234").mkdir()
@@ -140,21 +143,21 @@ def test_save_evaluates_the_callable_at_click_time(root: str) -> None:
     panel.save_button.click()
     assert isinstance(panel.progress, AsyncProgress)
     assert panel.progress.wait(60) == "done", panel.progress.error
-    assert panel.path == f"{root}/step-0"
+    assert panel.path == f"{root}/step_000000"
     assert panel.progress.total_bytes == 4 * 8 + 4
     restored = load_checkpointables(
-        f"{root}/step-0", {"model": abstract_restore_target(state["model"])}
+        f"{root}/step_000000", {"model": abstract_restore_target(state["model"])}
     )
     np.testing.assert_array_equal(restored["model"]["w"], np.arange(4.0) * 10)
     assert not panel.saving
-    assert panel.name_field.value == "step-1"
+    assert panel.name_field.value == "step_000001"
     assert not panel.save_button.disabled
-    assert "saved step-0" in panel.message.value
+    assert "saved step_000000" in panel.message.value
     # A second save goes to the next name.
     panel.save_button.click()
     assert panel.progress.wait(60) == "done"
-    assert list(list_checkpoints(root)["name"]) == ["step-0", "step-1"]
-    assert panel.name_field.value == "step-2"
+    assert list(list_checkpoints(root)["name"]) == ["step_000000", "step_000001"]
+    assert panel.name_field.value == "step_000002"
 
 
 def test_a_mapping_is_saved_as_given(tmp_path: Path) -> None:
@@ -191,15 +194,17 @@ def test_errors_at_click_are_shown_not_raised(tmp_path: Path, source: Any, shown
 
 
 def test_constructor_checks_its_arguments(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        SavePanel(tmp_path / "missing", {"a": {}})
     with pytest.raises(TypeError):
         SavePanel(3, {"a": {}})  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         SavePanel(tmp_path, [("a", 1)])  # type: ignore[arg-type]
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a directory"):
         SavePanel(tmp_path / "file", {"a": {}})
+    # A missing directory is made by the first save, unless a file stands in its way.
+    with pytest.raises(ValueError, match="cannot make directory .* is not a directory"):
+        SavePanel(tmp_path / "file" / "saves", {"a": {}})
+    assert (tmp_path / "file").read_text() == "x"
 
 
 def test_a_relative_directory_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,4 +213,64 @@ def test_a_relative_directory_works(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     panel = SavePanel("run", {"model": {"w": np.arange(3.0)}})
     panel.save_button.click()
     assert panel.progress is not None and panel.progress.wait(60) == "done", panel.progress.error
-    assert (tmp_path / "run" / "step-0" / "_CHECKPOINT_METADATA").is_file()
+    assert (tmp_path / "run" / "step_000000" / "_CHECKPOINT_METADATA").is_file()
+
+
+def test_a_missing_directory_is_made_by_the_first_save(tmp_path: Path) -> None:
+    where = tmp_path / "saves" / "model"
+    panel = SavePanel(where, {"model": {"w": np.arange(3.0)}})
+    assert not where.exists()  # nothing is written before a click
+    assert "made at the first save" in panel.where_html.value
+    assert panel.name_field.value == "step_000000" and not panel.save_button.disabled
+    panel.save_button.click()
+    assert panel.progress is not None and panel.progress.wait(60) == "done", panel.progress.error
+    assert panel.error == ""
+    assert list_checkpoints(where)["name"].tolist() == ["step_000000"]
+    assert "made at the first save" not in panel.where_html.value
+    assert panel.name_field.value == "step_000001"
+
+
+def _training_run(directory: Path) -> None:
+    """A TrainingRun with checkpoints of steps 50 and 100, as a training script leaves it."""
+    import grain
+
+    from tinax.checkpointing import TrainingRun
+
+    iterator = iter(grain.MapDataset.range(8).to_iter_dataset())
+    with TrainingRun(directory, save_every=50, handle_sigterm=False) as run:
+        for step in (50, 100):
+            next(iterator)
+            run.save(
+                step, {"w": np.full(3, step, np.float32)}, {"mu": np.zeros(3)}, 0, {}, iterator
+            )
+
+
+def test_a_training_runs_directory_is_refused_with_the_reason(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _training_run(run)
+    before = sorted(p.name for p in run.iterdir())
+    panel = SavePanel(run, lambda: {"model": {"w": np.ones(3, np.float32)}})
+    assert "TrainingRun" in panel.refused and "tinax_run.json" in panel.refused
+    assert f"{str(run) + '-saves'!r}" in panel.refused  # where to save instead
+    assert panel.save_button.disabled
+    assert "Cannot save here" in panel.message.value
+    panel.save_button.click()  # disabled in the browser; a direct click is refused too
+    assert panel.progress is None and panel.error == ""
+    panel.name_field.value = "snapshot"  # no name makes it acceptable
+    assert panel.save_button.disabled
+    assert sorted(p.name for p in run.iterdir()) == before
+    # The newest complete checkpoint is still the run's own.
+    listing = list_checkpoints(run)
+    assert listing["name"].tolist() == ["step_000050", "step_000100"]
+
+
+def test_a_run_started_after_the_panel_was_made_is_refused_at_the_click(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    panel = SavePanel(run, lambda: {"model": {"w": np.ones(3, np.float32)}})
+    assert panel.refused == "" and not panel.save_button.disabled
+    _training_run(run)
+    panel.name_field.value = "step_000150"
+    panel.save_button.click()
+    assert "TrainingRun" in panel.refused and "(model)" in panel.refused
+    assert panel.progress is None and panel.save_button.disabled
+    assert list_checkpoints(run)["name"].tolist() == ["step_000050", "step_000100"]

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as w
-import jax
 import traitlets
 
 from tinax import explore
-from tinax.checkpointing import save_checkpointables
 
 from ._guard import shown_in_widget
 from ._progress import RUNNING, AsyncProgress
 from ._task import PendingResponse
 from ._text import error_html, format_seconds, note_html
+
+# The first checkpoint of an empty directory is named as TrainingRun names its
+# checkpoints (``step_000050``), so that the next names follow the same pattern.
+_FIRST_NAME = "step_000000"
+# What next_checkpoint_name proposes for a directory without checkpoints.
+_EMPTY_RUN_NAME = "step-0"
 
 
 def _leaf_nbytes(leaf: Any) -> int:
@@ -28,19 +33,69 @@ def _leaf_nbytes(leaf: Any) -> int:
 
 def array_bytes(checkpointables: Mapping[str, Any]) -> int:
     """Bytes of array data in ``checkpointables``: what a save mostly writes."""
+    import jax  # the caller's state is JAX's, so JAX is loaded already
+
     return sum(_leaf_nbytes(leaf) for leaf in jax.tree_util.tree_leaves(dict(checkpointables)))
+
+
+def _save_directory(directory: str | os.PathLike[str]) -> tuple[str, bool]:
+    """``directory`` resolved, and whether it exists yet.
+
+    A missing local directory is accepted (the first save makes it) when the
+    nearest existing folder above it is a directory.
+    """
+    try:
+        return explore.save_directory(directory, what="directory"), True
+    except FileNotFoundError:
+        where = explore.resolve_path(directory, what="directory")
+        if where.startswith("gs://"):
+            raise  # the bucket is missing: nothing here can make one
+    above = Path(where).parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ValueError(f"cannot make directory {where!r}: {str(above)!r} is not a directory")
+    return where, False
+
+
+def training_run_refusal(directory: str, names: list[str] | None = None) -> str:
+    """Why the panel does not save into ``directory``: ``""`` unless it is a ``TrainingRun``'s.
+
+    A training run resumes from its newest complete checkpoint and prunes by its own
+    policy; a checkpoint of some of the state saved beside its own would list as
+    the newest and be resumed from, without the optimizer, RNG or data position the
+    run needs. So the panel refuses, and says where to save instead.
+    """
+    if not explore.path_exists(directory) or explore.run_policy(directory) is None:
+        return ""
+    what = f" ({', '.join(names)})" if names else ""
+    return (
+        f"{directory!r} is the directory of a TrainingRun (it holds the run's record, "
+        f"tinax_run.json). A checkpoint saved here from the panel{what} would list as the "
+        "run's newest and the run would resume from it, without the complete training state. "
+        f"Save into another directory (for example {directory.rstrip('/') + '-saves'!r}; "
+        "the panel makes it), or save the full training state with TrainingRun.save(step, "
+        "model, optimizer, rng, auxiliary, iterator, force=True)."
+    )
 
 
 class SavePanel(w.VBox):
     """A name field, a Save button and an ``AsyncProgress`` for the save.
 
     The name defaults to the run's next checkpoint name in the run's own pattern
-    (``step_000400`` after ``step_000050 … step_000350``; ``step-0`` in an empty run). A name that
-    is not a portable directory name, or that is already taken, is refused in the
-    panel with the reason and the Save button stays disabled; nothing is written.
+    (``step_000400`` after ``step_000050 … step_000350``), and to ``step_000000``,
+    ``TrainingRun``'s pattern, in a directory without checkpoints. A name that is
+    not a portable directory name, or that is already taken, is refused in the panel
+    with the reason and the Save button stays disabled; nothing is written.
+
+    A missing directory is made by the first save. The directory of a
+    ``TrainingRun`` (one holding the run's record) is refused, with the reason:
+    a checkpoint saved there would list as the run's newest complete checkpoint
+    and be resumed from without the rest of the training state.
 
     Attributes:
       name_error: Why the current name is refused, or ``""``.
+      refused: Why the directory takes no save from the panel, or ``""``.
       error: The last save's failure to start (shown in the panel), or ``""``.
       saving: Whether a save started here is still running.
       progress: The ``AsyncProgress`` of the last save, or ``None``.
@@ -49,6 +104,7 @@ class SavePanel(w.VBox):
     """
 
     name_error = traitlets.Unicode("")
+    refused = traitlets.Unicode("")
     error = traitlets.Unicode("")
     saving = traitlets.Bool(False)
 
@@ -60,18 +116,21 @@ class SavePanel(w.VBox):
         """Builds the panel.
 
         Args:
-          directory: Existing run directory the checkpoints are saved in (on
-            ``gs://``, any prefix in an existing bucket).
+          directory: The directory the checkpoints are saved in: an existing one, or
+            a new local one the first save makes (on ``gs://``, any prefix in an
+            existing bucket).
           checkpointables: A mapping of checkpointable name to value, or a
             zero-argument callable returning one, evaluated at each click.
 
         Raises:
           TypeError: If ``directory`` is not a path or ``checkpointables`` is
             neither a mapping nor callable.
-          FileNotFoundError: If ``directory`` does not exist.
-          ValueError: If ``directory`` is not a directory.
+          FileNotFoundError: If ``directory`` is on ``gs://`` and its bucket does
+            not exist.
+          ValueError: If ``directory`` is not a directory, or cannot be made one
+            (a file stands in its way).
         """
-        self.directory = explore.save_directory(directory, what="directory")
+        self.directory, exists = _save_directory(directory)
         if not isinstance(checkpointables, Mapping) and not callable(checkpointables):
             raise TypeError(
                 "checkpointables must be a mapping of name to value or a zero-argument "
@@ -84,7 +143,7 @@ class SavePanel(w.VBox):
         self._saved_name = ""
 
         self.name_field = w.Text(
-            value=explore.next_checkpoint_name(self.directory),
+            value=self._next_name(),
             description="Name",
             continuous_update=True,
             layout=w.Layout(width="22em"),
@@ -92,22 +151,43 @@ class SavePanel(w.VBox):
         self.save_button = w.Button(description="Save", icon="save", button_style="primary")
         self.message = w.HTML("")
         self.progress_box = w.VBox([])
+        where = f"Saves to {self.directory}" + ("" if exists else " (made at the first save)")
+        self.where_html = w.HTML(note_html(where))
         super().__init__(
             children=[
-                w.HTML(note_html(f"Saves to {self.directory}")),
-                w.HBox([self.name_field, self.save_button]),
+                self.where_html,
+                w.HBox(
+                    [self.name_field, self.save_button],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
+                ),
                 self.message,
                 self.progress_box,
             ]
         )
         self.add_class("tinax-save-panel")
+        self.refused = training_run_refusal(self.directory)
         self.name_field.observe(self._on_name, names="value")
         self.save_button.on_click(shown_in_widget(self._show_error)(self._on_save))
         self._check_name()
 
     # -- name ----------------------------------------------------------------------------
 
+    def _next_name(self) -> str:
+        name = explore.next_checkpoint_name(self.directory)
+        if name != _EMPTY_RUN_NAME:
+            return name
+        step, name = 0, _FIRST_NAME
+        while explore.path_exists(self.directory.rstrip("/") + "/" + name):
+            step += 1
+            name = f"step_{step:06d}"
+        return name
+
     def _check_name(self) -> bool:
+        if self.refused:
+            self.name_error = ""
+            self.message.value = error_html(self.refused, title="Cannot save here:")
+            self.save_button.disabled = True
+            return False
         try:
             explore.check_new_checkpoint_name(self.directory, self.name_field.value)
         except (TypeError, ValueError) as e:
@@ -144,11 +224,18 @@ class SavePanel(w.VBox):
         if self.saving:
             return
         self.error = ""
+        mapping = self._evaluate()
+        # A run may have started in the directory since the panel was made.
+        self.refused = training_run_refusal(self.directory, [str(name) for name in mapping])
         if not self._check_name():
             return
+        from tinax.checkpointing import save_checkpointables  # Orbax, only for a save
+
         name = self.name_field.value
-        mapping = self._evaluate()
         destination = self.directory.rstrip("/") + "/" + name
+        if not self.directory.startswith("gs://"):
+            Path(self.directory).mkdir(parents=True, exist_ok=True)
+            self.where_html.value = note_html(f"Saves to {self.directory}")
         self.saving = True
         self.save_button.disabled = True
         self.message.value = note_html(f"saving {name}…")
@@ -183,7 +270,7 @@ class SavePanel(w.VBox):
         progress.label.value = f"saved {saved}" if progress.status == "done" else f"{saved}: failed"
         if self.name_field.value == saved:
             # Offer the next free name; this also re-checks and re-enables Save.
-            self.name_field.value = explore.next_checkpoint_name(self.directory)
+            self.name_field.value = self._next_name()
         self._check_name()
         if progress.status != RUNNING:
             self.message.value = (
