@@ -7,7 +7,9 @@ fresh process or a real signal is the point; the rest runs here.
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -186,18 +188,97 @@ def test_a_flipped_data_byte_in_the_newest_falls_back_to_the_previous_with_a_war
     _loop(run, range(1, 101), iter(_dataset()))
     run.close()
     _flip_data_byte(tmp_path / "r" / "step_000100")
+    # Asked for by step, the damaged one raises instead (and stays where it is).
+    with pytest.raises(ValueError, match="step_000100"):
+        run.restore(*_targets(), iter(_dataset()), step=100)
+    assert (tmp_path / "r" / "step_000100").is_dir()
     iterator = iter(_dataset())
     with pytest.warns(RuntimeWarning, match=r"step_000100.*CorruptDataError") as caught:
         restored = run.restore(*_targets(), iterator)
-    # One warning of the run's (Orbax's failed load may add "never awaited" ones).
     assert len([w for w in caught if str(w.message).startswith("skipping checkpoint")]) == 1
     assert restored is not None and restored.step == 50
     np.testing.assert_array_equal(np.asarray(restored.model["w"]), np.full((16, 16), 50.0))
     # The iterator moved once, to step 50's position: the failed attempt left it alone.
     assert next(iterator).tolist() == [200, 201, 202, 203]
-    # Asked for by step, the damaged one raises instead.
-    with pytest.raises(ValueError, match="step_000100"):
-        run.restore(*_targets(), iter(_dataset()), step=100)
+
+
+def test_a_run_that_skipped_a_corrupt_checkpoint_sets_it_aside_and_goes_on(tmp_path):
+    root = tmp_path / "r"
+    run = TrainingRun(root, save_every=50, keep=3, handle_sigterm=False)
+    _loop(run, range(1, 101), iter(_dataset()))
+    run.close()
+    _flip_data_byte(root / "step_000100")
+    iterator = iter(_dataset())
+    resumed = TrainingRun(root, save_every=50, keep=3, handle_sigterm=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored = resumed.restore(*_targets(), iterator)
+        gc.collect()
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "never awaited" in m], messages
+    assert len([m for m in messages if m.startswith("skipping checkpoint")]) == 1
+    assert restored is not None and restored.step == 50
+    # Moved aside, kept for inspection, and no longer its step's checkpoint.
+    aside = root / ("step_000100" + names.CORRUPT_SUFFIX)
+    assert aside.is_dir() and not (root / "step_000100").exists()
+    record = json.loads((aside / names.CORRUPT_RECORD).read_text())
+    assert "CorruptDataError" in record["reason"] and record["name"] == "step_000100"
+    table = ex.list_checkpoints(root, cache=None)
+    row = table.set_index("name").loc[aside.name]
+    assert row["status"] == words.FOUND_CORRUPT and row["step"] == 100
+    assert "CorruptDataError" in table.attrs["errors"][str(aside)]
+    assert _complete(root) == ["step_000050"]
+    report = ex.verify(aside)
+    assert not report.ok
+    assert names.CORRUPT_RECORD in set(report.errors["part"])
+    with pytest.raises(ValueError, match="found corrupt by a training run's restore"):
+        load_training_checkpoint(aside, *_targets(), iter(_dataset()))
+    # The resumed job saves step 100 again, and a later resume takes it.
+    _loop(resumed, range(51, 151), iterator)
+    resumed.close()
+    assert resumed.steps == [50, 100, 150]
+    again = TrainingRun(root, handle_sigterm=False).restore(*_targets(), iter(_dataset()), step=100)
+    assert again is not None and again.step == 100
+    # Corrupt again and found again: set aside beside the first one.
+    _flip_data_byte(root / "step_000150")
+    _flip_data_byte(root / "step_000100")
+    with pytest.warns(RuntimeWarning, match="skipping checkpoint"):
+        third = TrainingRun(root, handle_sigterm=False).restore(*_targets(), iter(_dataset()))
+    assert third is not None and third.step == 50
+    assert {p.name for p in root.iterdir() if p.is_dir()} == {
+        "step_000050",
+        aside.name,
+        names.corrupt_name("step_000100", 2),
+        names.corrupt_name("step_000150"),
+    }
+
+
+def test_must_exist_refuses_a_missing_or_empty_run_and_a_fresh_start_is_logged(tmp_path, caplog):
+    with pytest.raises(FileNotFoundError, match="rnu"):
+        TrainingRun(tmp_path / "rnu", must_exist=True)
+    assert not (tmp_path / "rnu").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        TrainingRun(tmp_path / "empty", must_exist=True)
+    with pytest.raises(TypeError, match="must_exist"):
+        TrainingRun(tmp_path / "empty", must_exist=1)
+    with pytest.raises(ValueError, match="on_preemption"):
+        TrainingRun(tmp_path / "empty", on_preemption="stop")
+    with caplog.at_level(logging.WARNING, logger="tinax.checkpointing"):
+        assert (
+            TrainingRun(tmp_path / "new", handle_sigterm=False).restore(
+                *_targets(), iter(_dataset())
+            )
+            is None
+        )
+    assert any(
+        "fresh start" in r.getMessage() and str(tmp_path / "new") in r.getMessage()
+        for r in caplog.records
+    )
+    run = TrainingRun(tmp_path / "new", save_every=1, handle_sigterm=False)
+    _loop(run, range(1, 2), iter(_dataset()))
+    run.close()
+    assert TrainingRun(tmp_path / "new", must_exist=True, handle_sigterm=False).steps == [1]
 
 
 def test_a_target_mismatch_is_raised_not_skipped(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from tinax._format import layout, locate, names, preflight
+from tinax._format import layout, locate, names, preflight, runrecord
 from tinax._format.storage import DIRECTORY, LINK, Location
 
 
@@ -162,5 +162,11 @@ def load_source(path: object) -> Location:
         raise FileNotFoundError(f"checkpoint {str(src)!r} does not exist")
     if kind != DIRECTORY:
         raise ValueError(f"checkpoint {str(src)!r} is not a directory")
+    reason = runrecord.found_corrupt(src)
+    if reason is not None:
+        raise ValueError(
+            f"checkpoint {str(src)!r} was found corrupt by a training run's restore and set "
+            f"aside ({reason}); it is kept for inspection with tinax.explore, not for loading"
+        )
     preflight.check(src)
     return src

@@ -21,6 +21,8 @@ ROOT_METADATA = "_ROOT_METADATA"
 # Written first when a checkpoint is removed, and removed last: a directory that holds
 # it is being removed (or its removal was interrupted) and is never a checkpoint.
 DELETION_MARKER = "_CHECKPOINT_DELETION"
+# Written into a checkpoint a run's restore found corrupt (see CORRUPT_SUFFIX below).
+CORRUPT_RECORD = "_TINAX_FOUND_CORRUPT"
 METRICS = "metrics"
 
 # Names Orbax writes or reserves at a checkpoint's root; no checkpointable may take one.
@@ -31,6 +33,7 @@ RESERVED_ROOT_NAMES = frozenset(
         COMMIT_SUCCESS,
         METRICS,
         DELETION_MARKER,
+        CORRUPT_RECORD,
         "_METADATA",
         ROOT_METADATA,
     }
@@ -133,6 +136,28 @@ def run_checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
+# -- checkpoints a run found corrupt ---------------------------------------------------------
+
+# A checkpoint that a run's restore could not load (and skipped for an older one) is moved
+# aside to ``<name>.tinax-corrupt`` (``.tinax-corrupt-2``, … when taken), kept for
+# inspection: the resumed job saves its step again under the old name. Before the move it
+# gets this record at its root (JSON: why the load refused it, and when), which listings
+# and ``verify`` read, and which makes loads refuse it wherever it is.
+CORRUPT_SUFFIX = ".tinax-corrupt"
+CORRUPT_PATTERN = re.compile(re.escape(CORRUPT_SUFFIX) + r"(-\d+)?$")
+CORRUPT_RECORD_FORMAT = "tinax.found_corrupt/1"
+
+
+def is_corrupt_name(name: str) -> bool:
+    """Whether a path component names a checkpoint moved aside as corrupt."""
+    return bool(CORRUPT_PATTERN.search(name))
+
+
+def corrupt_name(name: str, attempt: int = 1) -> str:
+    """The name a checkpoint ``name`` is moved aside to (``attempt`` > 1 when taken)."""
+    return name + CORRUPT_SUFFIX + ("" if attempt == 1 else f"-{attempt}")
+
+
 # -- steps ------------------------------------------------------------------------------
 
 # Step directories: `<step>` or `<prefix>_<step>` as Orbax names them (zero padding
@@ -142,7 +167,7 @@ _STEP = re.compile(r"^(?:.*[_-])?(\d+)$")
 
 def step_from_name(name: str) -> int | None:
     """The step a checkpoint directory's name carries, if any (also for temporaries)."""
-    match = _STEP.match(final_name(name))
+    match = _STEP.match(CORRUPT_PATTERN.sub("", final_name(name)))
     # A step must fit a table's Int64 column; longer digit runs are not steps.
     if not match or len(match.group(1).lstrip("0")) > 18:
         return None

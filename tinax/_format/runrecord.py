@@ -27,3 +27,25 @@ def read_run_record(root: Location) -> dict[str, Any] | None:
     if not isinstance(record, dict) or record.get("format") != names.RUN_RECORD_FORMAT:
         return None
     return record
+
+
+# The record of a checkpoint found corrupt holds one reason and a time.
+MAX_CORRUPT_RECORD_BYTES = 1 << 20
+
+
+def found_corrupt(checkpoint: Location) -> str | None:
+    """Why a run's restore refused ``checkpoint`` (``names.CORRUPT_RECORD``), or ``None``.
+
+    A record that cannot be read still marks the checkpoint: its reason is then that.
+    """
+    where = checkpoint / names.CORRUPT_RECORD
+    if not where.exists():
+        return None
+    try:
+        record = files.read_json(
+            where, what="tinax found-corrupt record", max_bytes=MAX_CORRUPT_RECORD_BYTES
+        )
+    except (ValueError, OSError) as e:
+        return f"(its record is unreadable: {e})"
+    reason = record.get("reason") if isinstance(record, dict) else None
+    return reason if isinstance(reason, str) else "(its record gives no reason)"

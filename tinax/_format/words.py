@@ -34,6 +34,9 @@ INVALID = "invalid"
 # A checkpoint whose removal has begun (it holds ``names.DELETION_MARKER``): never
 # loadable; the run that removes it, or the next one, finishes the removal.
 BEING_REMOVED = "being removed"
+# A checkpoint a run's restore could not load and moved aside (``names.CORRUPT_SUFFIX``),
+# kept for inspection; never loadable, never counted as its step's checkpoint.
+FOUND_CORRUPT = "corrupt (found by restore)"
 
 # -- why a run keeps a checkpoint (``retention_table``'s ``kept``) -------------------------
 

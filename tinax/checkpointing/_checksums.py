@@ -260,14 +260,28 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
         return _complete()
 
     async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Awaitable[Any]:
-        inner = await super().load(directory, abstract_checkpointable)
+        # Orbax awaits each checkpointable's load in turn and drops the rest when one
+        # fails: nothing is made until the load is awaited, so a dropped one leaves no
+        # coroutine that was never awaited behind.
+        self.validate_abstract_leaves_handleable(abstract_checkpointable)
+        start = super().load
 
         async def _checked() -> Any:
-            loaded = await inner
+            loaded = await (await start(directory, abstract_checkpointable))
             await asyncio.to_thread(verify_loaded, str(directory), loaded)
             return loaded
 
-        return _checked()
+        return _Deferred(_checked)
+
+
+class _Deferred:
+    """An awaitable whose coroutine is made when (and only if) it is awaited."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+
+    def __await__(self) -> Any:
+        return self._make().__await__()
 
 
 # The checkpoint is Orbax's pytree format plus one directory Orbax ignores. Recording

@@ -15,6 +15,14 @@ the marker last. From the marker's first byte on, listings show it as
 complete checkpoint or one marked as being removed, never a half-removed one that
 looks complete. The next run finishes what a killed one left.
 
+A checkpoint that ``restore`` skips because its data does not load is set aside once
+an older one has loaded: the record ``names.CORRUPT_RECORD`` (why, and when) is written
+into it, then it is renamed ``<name>.tinax-corrupt`` (``names.corrupt_name``), kept for
+inspection. The steps after the one restored belong to the resumed job, which saves them
+again under their own names. (On object stores, which cannot rename, it stays marked in
+place, and the save of its step removes it first.) Listings call it ``corrupt (found by
+restore)`` and loads refuse it.
+
 On several processes the primary process (process 0) alone writes the record and
 removes checkpoints; every process saves, restores and decides to save alike.
 """
@@ -27,6 +35,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import types
@@ -54,6 +63,10 @@ from tinax.checkpointing._verdict import TargetMismatchError
 _log = logging.getLogger("tinax.checkpointing")
 
 _MODES = ("min", "max")
+# What a run does when the loop goes on after its preemption save has committed.
+EXIT = "exit"
+CONTINUE = "continue"
+_PREEMPTION_CHOICES = (EXIT, CONTINUE)
 
 
 def _check_count(value: object, *, what: str, minimum: int, allow_none: bool) -> int | None:
@@ -86,8 +99,12 @@ class TrainingRun:
     one save in flight; after each commit the run keeps the ``keep`` newest complete
     checkpoints plus the ``keep_best`` best by ``best_by`` and removes the others
     (crash-safe, see the module docstring). ``restore`` loads the newest checkpoint
-    that loads, skipping damaged ones with a warning. A SIGTERM makes the next
-    ``save`` save and wait for its commit, so the loop can end cleanly.
+    that loads, skipping damaged ones with a warning and setting them aside once an
+    older one has loaded. A SIGTERM makes the next ``save`` save and wait for its
+    commit, so the loop can ``break``; a loop that goes on instead is ended at its
+    next ``save`` (or ``should_save``) as SIGTERM would have ended it
+    (``on_preemption="exit"``), or goes on saving by its interval
+    (``on_preemption="continue"``).
 
     Example::
 
@@ -113,12 +130,23 @@ class TrainingRun:
       names: The five checkpointable names (``TrainingCheckpointNames``).
       handle_sigterm: Whether to install a SIGTERM handler (main thread only; the
         previous handler is chained, and put back by ``close``).
+      on_preemption: What happens when the loop calls ``save`` or ``should_save``
+        for a later step after the preemption save has committed (it did not
+        ``break``). ``"exit"`` (the default): the run is closed and the process
+        ends as SIGTERM would have ended it: with the default SIGTERM action it is
+        killed by SIGTERM; where a Python handler was chained (or SIGTERM was
+        ignored), ``SystemExit(143)`` is raised from that call. ``"continue"``:
+        the loop goes on and saves by its interval again.
+      must_exist: Refuse a directory that does not exist or holds no complete
+        checkpoint (a job that must resume, not start afresh from a mistyped path).
 
     Raises:
       TypeError: If an argument is of the wrong kind.
       ValueError: If a count is out of range, ``best_mode`` is not ``"min"`` or
-        ``"max"``, or ``keep_best`` > 0 without ``best_by``.
-      FileNotFoundError: If ``directory`` cannot be created (its parent is missing).
+        ``"max"``, ``on_preemption`` not ``"exit"`` or ``"continue"``, or
+        ``keep_best`` > 0 without ``best_by``.
+      FileNotFoundError: If ``directory`` cannot be created (its parent is
+        missing), or with ``must_exist`` if it is missing or has no checkpoint.
     """
 
     def __init__(
@@ -132,6 +160,8 @@ class TrainingRun:
         best_mode: str = "min",
         names: TrainingCheckpointNames | None = None,
         handle_sigterm: bool = True,
+        on_preemption: str = EXIT,
+        must_exist: bool = False,
     ) -> None:
         self._save_every = _check_count(save_every, what="save_every", minimum=1, allow_none=True)
         self._keep = _check_count(keep, what="keep", minimum=1, allow_none=True)
@@ -153,14 +183,31 @@ class TrainingRun:
             )
         if not isinstance(handle_sigterm, bool):
             raise TypeError(f"handle_sigterm must be a bool, got {type(handle_sigterm).__name__}")
+        if not isinstance(on_preemption, str):
+            raise TypeError(f"on_preemption must be a string, got {type(on_preemption).__name__}")
+        if on_preemption not in _PREEMPTION_CHOICES:
+            raise ValueError(f"on_preemption must be 'exit' or 'continue', got {on_preemption!r}")
+        if not isinstance(must_exist, bool):
+            raise TypeError(f"must_exist must be a bool, got {type(must_exist).__name__}")
         self._best_by = best_by
         self._best_mode = best_mode
+        self._on_preemption = on_preemption
         self._names = names or TrainingCheckpointNames()
-        self._root = _run_directory(directory)
+        if must_exist:
+            self._root = _paths.save_directory(directory, what="run directory")
+        else:
+            self._root = _run_directory(directory)
         self._primary = _processes.process_index() == 0
+        if must_exist and not self._complete():
+            raise FileNotFoundError(
+                f"run directory {str(self._root)!r} holds no complete checkpoint to resume "
+                "(must_exist=True); check the path"
+            )
         self._lock = threading.RLock()
         self._pending: SaveResponse[None] | None = None
         self._preempted = False
+        # The step whose save the preemption made, once that save has committed.
+        self._preemption_saved: int | None = None
         self._decided: tuple[int, bool] | None = None
         self._sync = _processes.preemption_sync()
         self._previous_handler: Any = None
@@ -208,7 +255,11 @@ class TrainingRun:
                 continue
             where = root / name
             inside = where.entries()
-            if names.DELETION_MARKER in inside or names.CHECKPOINT_METADATA not in inside:
+            if (
+                names.DELETION_MARKER in inside
+                or names.CORRUPT_RECORD in inside
+                or names.CHECKPOINT_METADATA not in inside
+            ):
                 continue
             found[int(match.group(1))] = self._root / name
         return found
@@ -218,16 +269,25 @@ class TrainingRun:
     def should_save(self, step: int) -> bool:
         """Whether ``save(step, ...)`` would save: the interval says so, or the job is
         preempted. In a multi-process job every process answers alike at every step
-        (JAX's preemption sync point), so call it (or ``save``) at every step."""
+        (JAX's preemption sync point), so call it (or ``save``) at every step.
+
+        After the preemption save has committed, a later step ends the process with
+        ``on_preemption="exit"`` (see the class), and is judged by the interval alone
+        with ``"continue"``.
+        """
         step = check_step(step)
         if self._decided is not None and self._decided[0] == step:
             return self._decided[1]
         if self._sync is not None and not self._preempted and self._sync.reached_sync_point(step):
             self._preempted = True
             _log.warning("preempted: every process saves at step %d", step)
-        decision = self._preempted or (
-            self._save_every is not None and step % self._save_every == 0
-        )
+        interval = self._save_every is not None and step % self._save_every == 0
+        if self._preemption_saved is not None and step != self._preemption_saved:
+            if self._on_preemption == EXIT:
+                self._end_after_preemption(step)
+            decision = interval
+        else:
+            decision = self._preempted or interval
         self._decided = (step, decision)
         return decision
 
@@ -276,6 +336,8 @@ class TrainingRun:
         metric = self._metric(auxiliary)
         self.wait()
         if self._primary:
+            self._clear_marked(step)
+        if self._primary:
             with self._lock:
                 if metric is not None:
                     self._record["metrics"][str(step)] = metric
@@ -292,9 +354,17 @@ class TrainingRun:
             after_commit=self._retain if self._primary else None,
         )
         self._pending = response
-        if self._preempted:
+        if self._preempted and self._preemption_saved is None:
             _log.warning("preempted: waiting for the save of step %d to commit", step)
             self.wait()
+            self._preemption_saved = step
+            _log.warning(
+                "preempted: the save of step %d has committed; the loop can end (%s)",
+                step,
+                "a later save ends the process"
+                if self._on_preemption == EXIT
+                else "the run saves by its interval again",
+            )
         return response
 
     def _metric(self, auxiliary: Any) -> float | None:
@@ -379,6 +449,28 @@ class TrainingRun:
         if callable(previous):
             previous(signum, frame)
 
+    def _end_after_preemption(self, step: int) -> None:
+        """Ends the process as SIGTERM would have: the loop went on after its
+        preemption save had committed."""
+        previous = self._previous_handler if self._handler_installed else None
+        _log.warning(
+            "preempted: the save of step %d has committed and the loop went on to step %d; "
+            "ending the process as SIGTERM would (TrainingRun(on_preemption='continue') "
+            "lets a loop go on; `if run.preempted: break` ends it by itself)",
+            self._preemption_saved,
+            step,
+        )
+        self.close()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        if previous == signal.SIG_DFL:
+            # The default action: the process is killed by the signal, as if this run
+            # had never caught it.
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the signal is delivered while this sleeps
+        raise SystemExit(128 + signal.SIGTERM)
+
     # -- resuming ----------------------------------------------------------------------
 
     def restore(
@@ -396,7 +488,11 @@ class TrainingRun:
         Checkpoints are tried newest first. One whose data does not load (corrupt,
         unreadable, parts missing) is skipped with a warning naming it and why,
         and the next older one is tried; ``iterator`` moves only with the one that
-        loads. The targets are as for ``load_training_checkpoint``.
+        loads. Once one has loaded, the ones skipped are set aside (renamed
+        ``<name>.tinax-corrupt``, kept for inspection; see the module docstring),
+        so that the resumed job can save their steps again. The targets are as for
+        ``load_training_checkpoint``. A fresh start (no checkpoint) is logged,
+        naming the directory.
 
         Args:
           model_target, optimizer_target, rng_target, auxiliary_target: Restore targets.
@@ -429,29 +525,92 @@ class TrainingRun:
                 auxiliary_target,
                 iterator,
             )
-        failures: list[str] = []
+        failures: list[tuple[Location, str]] = []
         for candidate in sorted(complete, reverse=True):
             where = complete[candidate]
             try:
-                return self._load(
+                restored = self._load(
                     where, model_target, optimizer_target, rng_target, auxiliary_target, iterator
                 )
             except TargetMismatchError:
                 raise
             except (ValueError, OSError) as e:
                 reason = f"{type(e).__name__}: {e}"
-                failures.append(f"{where.name}: {reason}")
+                failures.append((where, reason))
                 warnings.warn(
                     f"skipping checkpoint {str(where)!r}, which does not load ({reason}); "
                     "trying the next older one",
                     RuntimeWarning,
                     stacklevel=2,
                 )
+                continue
+            if self._primary:
+                for skipped, reason in failures:
+                    self._set_aside(skipped, reason)
+            return restored
         if failures:
             raise ValueError(
-                f"no checkpoint of run {self.directory!r} loads: " + "; ".join(failures)
+                f"no checkpoint of run {self.directory!r} loads: "
+                + "; ".join(f"{where.name}: {reason}" for where, reason in failures)
             )
+        _log.warning(
+            "no checkpoint to resume in the run directory %r: a fresh start "
+            "(TrainingRun(..., must_exist=True) refuses one)",
+            self.directory,
+        )
         return None
+
+    def _set_aside(self, where: Location, reason: str) -> None:
+        """Marks a checkpoint the restore refused, then moves it out of its step's way."""
+        try:
+            held = _claims.claim(where)
+        except FileExistsError as e:
+            _log.warning("not setting %s aside: %s", where, e)
+            return
+        try:
+            record = {
+                "format": names.CORRUPT_RECORD_FORMAT,
+                "name": where.name,
+                "reason": reason,
+                "found_ns": time.time_ns(),
+            }
+            removal.replace_file(
+                where / names.CORRUPT_RECORD, json.dumps(record, indent=1).encode("utf-8")
+            )
+            if not where.storage.commits_by_rename:
+                _log.warning(
+                    "checkpoint %s does not load (%s): marked corrupt in place; the save "
+                    "of its step removes it",
+                    where,
+                    reason,
+                )
+                return
+            for attempt in range(1, 1000):
+                aside = where.parent / names.corrupt_name(where.name, attempt)
+                if aside.exists():
+                    continue
+                os.rename(where.path, aside.path)
+                _log.warning(
+                    "checkpoint %s does not load (%s): moved aside to %s, kept for "
+                    "inspection; the resumed job saves its step again",
+                    where,
+                    reason,
+                    aside.name,
+                )
+                return
+        except OSError as e:
+            _log.warning("could not set %s aside: %s", where, e)
+        finally:
+            if held is not None:
+                held.release()
+
+    def _clear_marked(self, step: int) -> None:
+        """Removes a checkpoint of ``step`` marked corrupt in place (object stores)."""
+        where = self._root / names.run_checkpoint_name(step)
+        if not (where / names.CORRUPT_RECORD).exists():
+            return
+        _log.warning("removing %s, marked corrupt by a restore, to save its step again", where)
+        self._remove(where)
 
     def _load(
         self,

@@ -19,7 +19,7 @@ import pandas as pd
 import tensorstore as ts
 
 from tinax import _claims, _paths
-from tinax._format import arrays, files, layout, names, preflight, pytree, words
+from tinax._format import arrays, files, layout, names, preflight, pytree, runrecord, words
 from tinax._format.storage import DIRECTORY, Entry, Location
 from tinax.explore import _checkpoint
 from tinax.explore._leaves import frame
@@ -356,9 +356,29 @@ def _read_row(
         return (name, str(path), step, words.INVALID, (), None, None, None)
     # On object stores a save writes in place: one that never committed is judged
     # like a temporary directory.
-    if names.DELETION_MARKER in (path.entries() if top is None else top):
+    inside = path.entries() if top is None else top
+    if names.DELETION_MARKER in inside:
         # Its removal began (and may have been cut short): it is no checkpoint any more.
         return (name, str(path), step, words.BEING_REMOVED, _subdirectories(path), None, None, None)
+    if names.CORRUPT_RECORD in inside:
+        # A run's restore could not load it and set it aside: kept to be looked at.
+        errors[str(path)] = (
+            f"found corrupt by a training run's restore: {runrecord.found_corrupt(path)}"
+        )
+        try:
+            found_bytes: int | None = files.scan(path).nbytes
+        except (ValueError, OSError):
+            found_bytes = None
+        return (
+            name,
+            str(path),
+            step,
+            words.FOUND_CORRUPT,
+            _subdirectories(path),
+            found_bytes,
+            None,
+            None,
+        )
     unfinished = (
         None if names.is_temporary_name(name) else _claims.uncommitted_status(path, now_ns=now_ns)
     )
@@ -639,8 +659,11 @@ def list_checkpoints(
       checkpoint removes; or ``invalid`` for a directory that cannot be read. On
       ``gs://``, where a save writes in place, a checkpoint directory with neither
       ``commit_success.txt`` nor ``_CHECKPOINT_METADATA`` is ``in progress`` or
-      ``interrupted`` in the same way. Why each invalid checkpoint cannot be read
-      is in ``DataFrame.attrs["errors"]``, a dict of path to message.
+      ``interrupted`` in the same way. ``corrupt (found by restore)`` is a
+      checkpoint a ``TrainingRun``'s restore could not load and set aside (renamed
+      ``<name>.tinax-corrupt``), kept for inspection and never loaded. Why each
+      invalid or corrupt checkpoint cannot be read is in
+      ``DataFrame.attrs["errors"]``, a dict of path to message.
 
     Raises:
       TypeError: If ``root`` is not a path, ``cache`` not a ``ListingCache`` or

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tinax._format import files, jsonitems, layout, names, preflight, words
+from tinax._format import files, jsonitems, layout, names, preflight, runrecord, words
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax._format.storage import DIRECTORY, FILE, LINK, Location
 from tinax.explore._checks import Check, Finding, PyTreeState, VerifyTarget
@@ -25,6 +25,14 @@ class CommitCheck(Check):
             )
         if (path / names.DELETION_MARKER).exists():
             yield Finding(names.DELETION_MARKER, words.ERROR, "the checkpoint is being deleted")
+        found = runrecord.found_corrupt(path)
+        if found is not None:
+            yield Finding(
+                names.CORRUPT_RECORD,
+                words.ERROR,
+                f"{words.FOUND_CORRUPT}: a training run's restore could not load it ({found}) "
+                "and set it aside; loads refuse it",
+            )
         if not (path / names.CHECKPOINT_METADATA).exists():
             inside = _checkpoints_inside(path)
             if inside:
