@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import html
-import math
 from typing import Any
 
 import pandas as pd
 
-_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+from tinax.explore.display import human_bytes
 
 
 def format_bytes(n: object) -> str:
     """``1536`` → ``'1.5 KiB'``; anything that is not a number (``None``, NaN, NA) → ``'—'``."""
     try:
-        value = float(n)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        return human_bytes(n, missing="—")
+    except TypeError:
         return "—"
-    if math.isnan(value):
-        return "—"
-    for unit in _BYTE_UNITS:
-        if abs(value) < 1024 or unit == _BYTE_UNITS[-1]:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_seconds(seconds: float) -> str:

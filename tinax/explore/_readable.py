@@ -14,23 +14,12 @@ from typing import Any
 
 import pandas as pd
 
-_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+from tinax.explore.display import human_bytes
+
 # Columns that hold bytes, by the names the explore tables use.
 _BYTE_COLUMNS = frozenset({"nbytes", "nbytes_a", "nbytes_b", "bytes"})
 # A cell longer than this is shortened in the middle.
 MAX_CHARS = 48
-
-
-def human_bytes(n: Any) -> str:
-    """``1536`` → ``'1.5 KiB'``; ``''`` for a missing value."""
-    if _missing(n):
-        return ""
-    value = float(n)
-    for unit in _BYTE_UNITS:
-        if abs(value) < 1024 or unit == _BYTE_UNITS[-1]:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def human_duration(value: Any) -> str:
