@@ -476,3 +476,147 @@ def test_a_subtree_can_be_left_out_at_any_depth(tmp_path: Path) -> None:
             assert leaf is live[path]
     builder.tick("model", "", True)  # the whole model again
     assert builder.ticked("model") is True
+
+
+def _nnx_model_and_optimizer() -> tuple[Any, Any]:
+    """A model with every kind of NNX variable: parameters, BatchNorm statistics, and a
+    dropout RNG stream; its AdamW optimizer."""
+    import optax
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.dense = nnx.Linear(4, 8, rngs=rngs)
+            self.norm = nnx.BatchNorm(8, rngs=rngs)
+            self.layer_norm = nnx.LayerNorm(8, rngs=rngs)
+            self.dropout = nnx.Dropout(0.1, rngs=rngs)
+            self.head = nnx.Linear(8, 1, rngs=rngs)
+
+    model = Net(nnx.Rngs(params=0, dropout=1))
+    return model, nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+
+
+def _training_state(model: Any, optimizer: Any) -> dict[str, Any]:
+    from flax import nnx
+
+    return {
+        "model": nnx.state(model),
+        "optimizer": nnx.state(optimizer),
+        "rng": jax.random.key(0),
+        "auxiliary": {"loss": 0.5},
+    }
+
+
+def _model_keys(builder: RestoreTargetBuilder) -> list[str]:
+    table = builder.table
+    return table.loc[table["checkpointable"] == "model", "key"].tolist()
+
+
+def test_presets_tick_the_common_partial_restores() -> None:
+    builder = RestoreTargetBuilder(_training_state(*_nnx_model_and_optimizer()))
+    everything = _model_keys(builder)
+    statistics = ["['norm']['mean']['value']", "['norm']['var']['value']"]
+    rng_stream = [k for k in everything if k.startswith("['dropout']")]
+    assert set(statistics) <= set(everything) and len(rng_stream) == 2
+
+    builder.apply_preset("model only")
+    assert builder.preset == "model only"
+    assert set(builder.target) == {"model"} and _model_keys(builder) == everything
+    assert builder.preset_buttons["model only"].button_style == "info"
+
+    builder.apply_preset("without normalisation statistics")
+    assert set(builder.target) == {"model"}
+    assert _model_keys(builder) == [k for k in everything if k not in statistics]
+    # LayerNorm's scale and bias are parameters: kept.
+    assert "['layer_norm']['scale']['value']" in _model_keys(builder)
+    assert builder.ticked("model", "['norm']") is None  # scale and bias still restored
+
+    builder.apply_preset("params only")
+    assert _model_keys(builder) == [
+        k for k in everything if k not in statistics and k not in rng_stream
+    ]
+
+    builder.apply_preset("everything")
+    assert set(builder.target) == {"model", "optimizer", "rng", "auxiliary"}
+    assert _model_keys(builder) == everything
+    # A tick by hand leaves the preset.
+    builder.tick("optimizer", "", False)
+    assert builder.preset == ""
+    assert all(b.button_style == "" for b in builder.preset_buttons.values())
+
+    with pytest.raises(ValueError, match="unknown preset 'weights'"):
+        builder.apply_preset("weights")
+
+
+def test_presets_that_do_not_apply_are_disabled_and_refused() -> None:
+    builder = RestoreTargetBuilder({"params": {"w": np.zeros(3)}, "opt": {"mu": np.zeros(3)}})
+    for label in ("model only", "params only", "without normalisation statistics"):
+        assert builder.preset_buttons[label].disabled
+    assert not builder.preset_buttons["everything"].disabled
+    with pytest.raises(ValueError, match="no checkpointable is named|there is none"):
+        builder.apply_preset("model only")
+    # A single checkpointable is the model; a plain dict has no statistics.
+    single = RestoreTargetBuilder({"params": {"w": np.zeros(3)}})
+    assert not single.preset_buttons["model only"].disabled
+    assert single.preset_buttons["without normalisation statistics"].disabled
+
+
+def test_linen_variables_are_classed_by_their_collections() -> None:
+    import flax.linen as nn
+
+    net = nn.Sequential([nn.Dense(4), nn.BatchNorm(use_running_average=True)])
+    variables = net.init(jax.random.key(0), jnp.zeros((1, 3)))
+    builder = RestoreTargetBuilder({"model": variables})
+    builder.apply_preset("without normalisation statistics")
+    assert _model_keys(builder) and all(k.startswith("['params']") for k in _model_keys(builder))
+    builder.apply_preset("model only")
+    assert any(k.startswith("['batch_stats']") for k in _model_keys(builder))
+
+
+def test_a_preset_load_says_where_the_values_are_and_apply_updates_the_model(
+    tmp_path: Path,
+) -> None:
+    from flax import nnx
+
+    saved_model, saved_optimizer = _nnx_model_and_optimizer()
+    # Give the statistics values a fresh model does not have.
+    saved_model.norm.mean[...] = jnp.full(8, 3.0)
+    saved_model.dense.kernel[...] = jnp.full((4, 8), 2.0)
+    save_checkpointables(
+        tmp_path / "step_000100", _training_state(saved_model, saved_optimizer)
+    ).result()
+
+    model, optimizer = _nnx_model_and_optimizer()
+    live_mean = np.asarray(model.norm.mean[...]).copy()
+    builder = RestoreTargetBuilder(
+        _training_state(model, optimizer), tmp_path / "step_000100", load_in_thread=False
+    )
+    builder.preset_buttons["without normalisation statistics"].click()
+    assert builder.preset == "without normalisation statistics" and builder.reason == ""
+    assert builder.apply_button.layout.display == "none"
+    builder.load_button.click()
+    assert builder.status == "loaded", builder.error
+    assert set(builder.result or {}) == {"model"}
+    assert "not loaded: optimizer, rng, auxiliary" in builder.summary
+    assert "builder.result" in builder.summary_html.value
+    assert "nnx.update(model, builder.result[&quot;model&quot;])" in builder.summary_html.value
+    assert builder.apply_button.layout.display == ""
+    # Nothing in the notebook's model has changed yet.
+    assert not np.array_equal(np.asarray(model.dense.kernel[...]), np.full((4, 8), 2.0))
+
+    builder.apply_button.click()
+    assert builder.applied == ["model"], builder.error
+    assert "applied model" in builder.summary_html.value
+    np.testing.assert_array_equal(np.asarray(model.dense.kernel[...]), np.full((4, 8), 2.0))
+    # The statistics were left out: the live model keeps its own.
+    np.testing.assert_array_equal(np.asarray(model.norm.mean[...]), live_mean)
+    assert isinstance(builder.result["model"], nnx.State)
+
+
+def test_apply_before_a_load_is_shown_not_raised(tmp_path: Path) -> None:
+    model, optimizer = _nnx_model_and_optimizer()
+    builder = RestoreTargetBuilder(_training_state(model, optimizer))
+    with pytest.raises(RuntimeError, match="nothing loaded yet"):
+        builder.apply()
+    builder.apply_button.click()  # hidden until a load; a direct click is shown
+    assert "nothing loaded yet" in builder.error

@@ -1,33 +1,39 @@
 """RestoreTargetBuilder: choose restore targets, see them against a checkpoint, load them.
 
-It composes the three parts that do the work: ``TargetChoice`` (what to restore),
-``judge`` and ``ComparisonView`` (whether it fits the checkpoint), and ``Load``
-(the load with its progress bar).
+It composes the parts that do the work: ``TargetChoice`` (what to restore), the
+presets (``_presets``: common choices in one click), ``judge`` and ``ComparisonView``
+(whether it fits the checkpoint), and ``Load`` (the load with its progress bar).
+
+The builder is the one widget that needs JAX and Orbax, and only once it is made
+from live state (which JAX made): they are imported then, not with ``tinax.widgets``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import html
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
-import jax
 import pandas as pd
 import traitlets
 
 from tinax import explore
-from tinax.checkpointing import abstract_restore_target, validate_checkpointable_name
 
-from ._choice import LEFT_OUT, TargetChoice, keep_live
-from ._comparison import ComparisonView, judge
+from . import _presets
 from ._guard import shown_in_widget
-from ._loading import Load
 from ._progress import FAILED, RUNNING
 from ._table import Column, PagedTable, format_cell
 from ._text import error_html, format_bytes, format_seconds, note_html
+
+if TYPE_CHECKING:
+    from ._choice import TargetChoice
+    from ._comparison import ComparisonView
 
 STATE_COLUMNS = (
     Column("key", "key", lambda key: format_cell(key) or "(whole)", key=True),
@@ -46,9 +52,27 @@ def _check_state(state: object) -> Mapping[str, Any]:
         )
     if not state:
         raise ValueError("state must not be empty")
+    from tinax.checkpointing import validate_checkpointable_name
+
     for name in state:
         validate_checkpointable_name(name)
     return state
+
+
+def _is_nnx_state(value: object) -> bool:
+    nnx = sys.modules.get("flax.nnx")  # loaded by whoever made NNX state
+    return nnx is not None and isinstance(value, nnx.State)
+
+
+def _apply_hint(names: list[str]) -> str:
+    """How to put restored values into the notebook's objects, as code to copy."""
+    lines = []
+    for name in names:
+        if name in ("model", "optimizer"):
+            lines.append(f'nnx.update({name}, builder.result["{name}"])')
+        else:
+            lines.append(f'{name} = builder.result["{name}"]')
+    return "; ".join(lines)
 
 
 class RestoreTargetBuilder(w.VBox):
@@ -62,6 +86,15 @@ class RestoreTargetBuilder(w.VBox):
     copies): each restored checkpointable has the structure of its live state and
     no placeholder, ready to replace it whole. A checkpointable that is unticked
     altogether is absent from ``result``.
+
+    Presets tick the common choices in one click (``apply_preset``): ``model
+    only``, ``params only`` (the model's ``nnx.Param`` leaves), ``without
+    normalisation statistics`` (the model without BatchNorm's running mean and
+    var) and ``everything``. After a load the summary says where the values are
+    and how to put them into the notebook's objects (``nnx.update(model,
+    builder.result["model"])``); for flax NNX state, *Apply* (``apply()``) does it:
+    the state passed in shares its variables with the model it came from
+    (``nnx.state(model)``), so the model itself takes the restored values.
 
     With a checkpoint ``path`` the widget shows ``compare_table``: by default only
     the leaves that differ (refusals, casts, leaves missing on one side), with a
@@ -83,6 +116,8 @@ class RestoreTargetBuilder(w.VBox):
       summary: The one-line summary of the last load, or ``""``.
       progress: The ``AsyncProgress`` of the last load, or ``None``.
       comparison: The last comparison with the checkpoint, or ``None``.
+      preset: The preset the ticks follow, or ``""`` once they are changed by hand.
+      applied: Names of the checkpointables the last ``apply()`` put into live state.
     """
 
     path = traitlets.Unicode(None, allow_none=True)
@@ -90,6 +125,7 @@ class RestoreTargetBuilder(w.VBox):
     status = traitlets.Unicode("")
     error = traitlets.Unicode("")
     summary = traitlets.Unicode("")
+    preset = traitlets.Unicode("")
 
     def __init__(
         self,
@@ -119,6 +155,11 @@ class RestoreTargetBuilder(w.VBox):
         state = _check_state(state)
         if load_in_thread is not None and not isinstance(load_in_thread, bool):
             raise TypeError("load_in_thread must be a bool or None")
+        from tinax.checkpointing import abstract_restore_target
+
+        from ._choice import TargetChoice
+        from ._comparison import ComparisonView
+
         self._load_in_thread = load_in_thread
         self._live = dict(state)
         self._load_started = 0.0
@@ -135,12 +176,28 @@ class RestoreTargetBuilder(w.VBox):
         self.result: dict[str, Any] | None = None
         self.progress: Any = None
         self.comparison: pd.DataFrame | None = None
+        self.applied: list[str] = []
         self._table = pd.DataFrame()
+        self._applying_preset = False
         guard = shown_in_widget(self._show_error)
 
-        self.choice = TargetChoice(
+        self.choice: TargetChoice = TargetChoice(
             {name: abstract_restore_target(tree) for name, tree in state.items()},
-            guard(lambda _change: self._rebuild()),
+            guard(self._on_choice),
+        )
+        self.preset_buttons: dict[str, w.Button] = {}
+        for label in _presets.PRESETS:
+            button = w.Button(
+                description=label,
+                tooltip=_presets.DESCRIPTIONS[label],
+                layout=w.Layout(width="auto", flex="0 0 auto"),
+            )
+            button.on_click(guard(lambda _button, label=label: self.apply_preset(label)))
+            self.preset_buttons[label] = button
+        self._disable_presets_that_do_not_apply()
+        self.presets_box = w.HBox(
+            [w.HTML("presets:"), *self.preset_buttons.values()],
+            layout=w.Layout(flex_flow="row wrap", align_items="center"),
         )
         self.checkboxes = self.choice.checkboxes
         self.subtree_checkboxes = self.choice.subtree_checkboxes
@@ -148,7 +205,7 @@ class RestoreTargetBuilder(w.VBox):
         self.state_view = PagedTable(
             STATE_COLUMNS, page_size=page_size, empty_text="nothing chosen"
         )
-        self.comparison_view = ComparisonView(page_size=page_size)
+        self.comparison_view: ComparisonView = ComparisonView(page_size=page_size)
         self.compare_box = self.comparison_view.box
         self.load_button = w.Button(
             description="Load",
@@ -169,6 +226,14 @@ class RestoreTargetBuilder(w.VBox):
         self.lossy_box.observe(guard(lambda _change: self._rebuild()), names="value")
         self.progress_box = w.VBox([])
         self.summary_html = w.HTML("")
+        self.apply_button = w.Button(
+            description="Apply",
+            icon="check",
+            tooltip="put the restored values into the live state passed in (nnx.update), "
+            "and so into the model or optimizer it came from",
+            layout=w.Layout(flex="0 0 auto", display="none"),
+        )
+        self.apply_button.on_click(guard(lambda _button: self.apply()))
         self.compare_section = w.VBox(
             [
                 self.comparison_view,
@@ -177,13 +242,17 @@ class RestoreTargetBuilder(w.VBox):
                     layout=w.Layout(flex_flow="row wrap", align_items="center"),
                 ),
                 self.progress_box,
-                self.summary_html,
+                w.HBox(
+                    [self.summary_html, self.apply_button],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
+                ),
             ],
             layout=w.Layout(display="none"),
         )
         super().__init__(
             children=[
-                w.HTML("<b>Restore targets</b> (untick what to leave out)"),
+                w.HTML("<b>Restore targets</b> (untick what to leave out, or pick a preset)"),
+                self.presets_box,
                 self.choice,
                 self.state_view,
                 self.message,
@@ -222,6 +291,63 @@ class RestoreTargetBuilder(w.VBox):
         """``state_table`` rows of the leaves that ``target`` restores."""
         return self._table.copy()
 
+    def apply_preset(self, preset: str) -> None:
+        """Ticks what ``preset`` restores and unticks the rest, as its button does.
+
+        Args:
+          preset: One of ``"model only"``, ``"params only"``, ``"without
+            normalisation statistics"`` and ``"everything"``.
+
+        Raises:
+          ValueError: If there is no such preset, or it needs a checkpointable named
+            ``model`` and there is none (nor only one checkpointable).
+        """
+        plan = _presets.plan(preset, self._live)
+        with self._preset_ticks():
+            for name in self._live:
+                chosen = name in plan.checkpointables
+                self.choice.tick(name, "", chosen)
+                if chosen and self.choice.ticked(name) is not True:
+                    # Ticking a checkpointable gives back its old ticks; a preset wants all.
+                    self.choice.tick(name, "", True)
+            for name, keys in plan.left_out.items():
+                for key in keys:
+                    self.choice.tick(name, key, False)
+        self.preset = preset
+        self._rebuild()
+
+    def apply(self) -> list[str]:
+        """Puts the last load's values into the live state passed in, with ``nnx.update``.
+
+        Only flax NNX state can take values in place: ``nnx.state(model)`` shares its
+        variables with ``model``, so the model itself then holds the restored values
+        (left-out leaves keep theirs). Other checkpointables (a PRNG key, a dict of
+        arrays) are immutable values; take them from ``result``.
+
+        Returns:
+          The names of the checkpointables applied.
+
+        Raises:
+          RuntimeError: If nothing has been loaded yet.
+        """
+        if self.result is None:
+            raise RuntimeError("nothing loaded yet: click Load first")
+        from flax import nnx  # the state is NNX's, so flax is loaded already
+
+        applied = [name for name in self.result if _is_nnx_state(self._live[name])]
+        for name in applied:
+            nnx.update(self._live[name], self.result[name])
+        self.applied = applied
+        if applied:
+            note = (
+                f"applied {', '.join(applied)}: the live "
+                f"{'state holds' if len(applied) == 1 else 'states hold'} the restored values"
+            )
+        else:
+            note = "nothing to apply in place: take the values from builder.result"
+        self.summary_html.value = self._summary_html(extra=note)
+        return applied
+
     def on_loaded(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Calls ``callback(result)`` after each successful load.
 
@@ -259,6 +385,41 @@ class RestoreTargetBuilder(w.VBox):
         self.progress_box.children = ()
         self._rebuild()
 
+    def _disable_presets_that_do_not_apply(self) -> None:
+        model = _presets.model_name(list(self._live))
+        classes = {} if model is None else _presets.variable_classes(self._live[model])
+        for label, button in self.preset_buttons.items():
+            if label == _presets.EVERYTHING:
+                continue
+            if model is None:
+                button.disabled = True
+                button.tooltip = "no checkpointable is named 'model'"
+            elif (
+                label == _presets.WITHOUT_STATISTICS and _presets.STATISTIC not in classes.values()
+            ):
+                button.disabled = True
+                button.tooltip = "the model holds no normalisation statistics"
+
+    @contextlib.contextmanager
+    def _preset_ticks(self) -> Iterator[None]:
+        # A preset ticks many boxes; the comparison runs once, after the last.
+        self._applying_preset = True
+        try:
+            yield
+        finally:
+            self._applying_preset = False
+
+    def _on_choice(self, _change: Any) -> None:
+        if self._applying_preset:
+            return
+        self.preset = ""
+        self._rebuild()
+
+    @traitlets.observe("preset")
+    def _show_preset(self, change: Any) -> None:
+        for label, button in getattr(self, "preset_buttons", {}).items():
+            button.button_style = "info" if label == change["new"] else ""
+
     def _rebuild(self) -> None:
         with self._lock:
             self.error = ""
@@ -279,6 +440,8 @@ class RestoreTargetBuilder(w.VBox):
         if not chosen:
             self._block("nothing is chosen to load")
             return
+        from ._comparison import judge
+
         try:
             verdict = judge(
                 self.path,
@@ -316,6 +479,11 @@ class RestoreTargetBuilder(w.VBox):
     def _on_load(self, _button: Any = None) -> None:
         if self.status == "loading" or self.path is None:
             return
+        import jax
+
+        from ._choice import LEFT_OUT
+        from ._loading import Load
+
         self._rebuild()
         if self.reason:
             return
@@ -334,6 +502,8 @@ class RestoreTargetBuilder(w.VBox):
         self.result = None
         self.summary = ""
         self.summary_html.value = ""
+        self.apply_button.layout.display = "none"
+        self.applied = []
         placeholders = sum(leaf is LEFT_OUT for leaf in jax.tree_util.tree_leaves(target))
         self._loading = (self._table.copy(), self.choice.chosen(), self._left_out(), placeholders)
         self._load_started = time.monotonic()
@@ -355,6 +525,8 @@ class RestoreTargetBuilder(w.VBox):
         return {name: self.choice.left_out(name) for name in self.choice.chosen()}
 
     def _loaded(self, result: dict[str, Any]) -> None:
+        from ._choice import keep_live
+
         seconds = time.monotonic() - self._load_started
         table, chosen, left_out, kept = self._loading
         result = {
@@ -372,11 +544,29 @@ class RestoreTargetBuilder(w.VBox):
         if unticked:
             parts.append("not loaded: " + ", ".join(unticked))
         self.summary = "; ".join(parts)
-        self.summary_html.value = note_html(self.summary, color="#1b5e20")
         self.result = result
+        self.summary_html.value = self._summary_html()
+        self.apply_button.layout.display = (
+            "" if any(_is_nnx_state(self._live[name]) for name in result) else "none"
+        )
         self.status = "loaded"
         for callback in list(self._callbacks):
             shown_in_widget(self._show_error)(callback)(result)
+
+    def _summary_html(self, extra: str = "") -> str:
+        """The summary of the last load, where its values are and how to apply them."""
+        names = list(self.result or {})
+        where = (
+            "The values are in builder.result (this widget's .result): "
+            + html.escape(_apply_hint(names))
+            if names
+            else ""
+        )
+        return (
+            note_html(self.summary, color="#1b5e20")
+            + (f"<br><code style='font-size:90%'>{where}</code>" if where else "")
+            + (f"<br>{note_html(extra, color='#1b5e20')}" if extra else "")
+        )
 
     def _on_progress_status(self, change: Any) -> None:
         if change["new"] == RUNNING:
