@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def _modules_after(statement: str) -> set[str]:
     code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
@@ -105,3 +107,87 @@ def test_google_cloud_storage_is_imported_only_for_a_gs_path(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     loaded = set(out.stdout.split())
     assert "tinax._format.gcs" in loaded and "gcsfs" not in loaded and "jax" not in loaded
+
+
+def _small_run(root) -> None:
+    import numpy as np
+
+    from tinax.checkpointing import save_checkpointables
+
+    for step in (1, 2):
+        state = {
+            "model": {
+                f"layer_{i}": {"w": np.full((8, 8), step + i, np.float32)} for i in range(12)
+            },
+            "step": np.asarray(step, np.int32),
+        }
+        save_checkpointables(root / f"step_{step}", state).result()
+
+
+_EXPLORER_SCRIPT = """
+import sys
+from tinax.widgets import CheckpointExplorer
+
+explorer = CheckpointExplorer(sys.argv[1])
+explorer.open_checkpoint("step_2")
+{then}
+"""
+
+
+def test_widgets_and_an_open_checkpoint_import_no_jax_orbax_grain_or_flax(tmp_path):
+    _small_run(tmp_path)
+    then = (
+        "explorer.open_leaf('model', \"['layer_3']['w']\")\n"
+        "explorer.wait()\n"
+        "assert explorer.statistics is not None and explorer.statistics.mean == 5.0\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    script = tmp_path / "open.py"
+    script.write_text(_EXPLORER_SCRIPT.format(then=then))
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], check=True, capture_output=True, text=True
+    )
+    loaded = set(out.stdout.split())
+    assert "tinax.widgets" in loaded and "tinax.explore" in loaded
+    heavy = {"jax", "orbax", "orbax.checkpoint", "grain", "flax", "optax", "tinax.checkpointing"}
+    assert not heavy & loaded, heavy & loaded
+    # Plots are drawn by matplotlib, which is imported for the first plot only.
+    assert "matplotlib" in loaded
+    assert "matplotlib" not in _modules_after("import tinax.widgets")
+
+
+def test_naming_the_builder_imports_what_it_needs():
+    loaded = _modules_after("import tinax.widgets")
+    assert not {"jax", "orbax", "grain", "flax", "tinax.checkpointing"} & loaded
+    loaded = _modules_after("from tinax.widgets import RestoreTargetBuilder, SavePanel")
+    assert {"jax", "tinax.widgets._restore", "tinax.widgets._save"} <= loaded
+    import tinax.widgets
+
+    assert {"RestoreTargetBuilder", "SavePanel"} <= set(dir(tinax.widgets))
+    try:
+        tinax.widgets.NoSuchWidget  # noqa: B018
+    except AttributeError as e:
+        assert "NoSuchWidget" in str(e)
+    else:
+        raise AssertionError("a misspelt widget name must raise AttributeError")
+
+
+@pytest.mark.slow  # ten fresh interpreters
+def test_a_script_that_opens_a_checkpoint_in_the_explorer_always_exits_cleanly(tmp_path):
+    # Its background threads (the verdict's reads) are still running when the script
+    # ends: the exit must wait for them, or the process aborts in tensorstore.
+    _small_run(tmp_path)
+    script = tmp_path / "open_and_exit.py"
+    script.write_text(_EXPLORER_SCRIPT.format(then="explorer.data_check.start()"))
+    runs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(10)
+    ]
+    ends = [(p.wait(timeout=300), p.communicate()[1]) for p in runs]
+    failed = [(code, err[-300:]) for code, err in ends if code != 0 or "terminate" in err]
+    assert not failed, f"{len(failed)} of 10 exits failed: {failed[:2]}"

@@ -10,12 +10,25 @@
 Each is an ipywidgets container; errors from its buttons are shown in the widget.
 This package lives in the repository's top-level ``widgets/`` folder and is
 installed as ``tinax.widgets``.
+
+Importing it, and browsing a run with ``CheckpointExplorer``, loads neither JAX nor
+Orbax: ``RestoreTargetBuilder`` and ``SavePanel`` work on live state, and their
+modules are imported when they are first named.
 """
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
 
 try:
     import ipywidgets as _ipywidgets  # noqa: F401
-    import matplotlib as _matplotlib  # noqa: F401
     import pandas as _pandas  # noqa: F401
+
+    # Looked up, not imported: matplotlib is imported when a first plot is drawn.
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ImportError("No module named 'matplotlib'", name="matplotlib")
 except ImportError as e:
     raise ImportError(
         f"tinax.widgets needs ipywidgets, matplotlib and pandas ({e.name} is missing): "
@@ -25,8 +38,27 @@ except ImportError as e:
 from ._explorer import CheckpointExplorer
 from ._export import ExportPanel
 from ._progress import AsyncProgress
-from ._restore import RestoreTargetBuilder
-from ._save import SavePanel
+
+if TYPE_CHECKING:
+    from ._restore import RestoreTargetBuilder
+    from ._save import SavePanel
+
+# Widgets over live state, whose modules import JAX: loaded when first named.
+_ON_DEMAND = {"RestoreTargetBuilder": "._restore", "SavePanel": "._save"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _ON_DEMAND.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ON_DEMAND})
+
 
 __all__ = [
     "AsyncProgress",

@@ -16,6 +16,7 @@ from tinax.vocabulary import INFO
 
 from ._guard import shown_in_widget
 from ._table import Column, PagedTable, RowLook
+from ._task import start_thread
 from ._text import error_html, format_bytes, format_rate, format_seconds, note_html
 
 
@@ -172,8 +173,7 @@ class DataCheck(w.VBox):
             self._finish(path, result=result, started=started, cancelled=stop.is_set())
 
         if in_thread:
-            self._thread = threading.Thread(target=work, name="tinax-data-check", daemon=True)
-            self._thread.start()
+            self._thread = start_thread(work, name="tinax-data-check", stop=stop.set)
         else:
             work()
 

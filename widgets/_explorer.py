@@ -20,6 +20,7 @@ from ._guard import shown_in_widget
 from ._history import HISTORY_COLUMNS
 from ._leaf_pane import LeafPane
 from ._run_list import RunList
+from ._task import start_thread
 from ._text import error_html
 
 
@@ -172,10 +173,8 @@ class CheckpointExplorer(RunList, CheckpointPane, LeafPane, w.VBox):
 
     def _in_background(self, work: Any, name: str) -> None:
         guarded = shown_in_widget(self._show_error)(work)
-        thread = threading.Thread(target=guarded, name=name, daemon=True)
         with self._lock:
-            self._background.append(thread)
-        thread.start()
+            self._background.append(start_thread(guarded, name=name, stop=self._history_stop.set))
 
     def _show_error(self, error: BaseException) -> None:
         self.error = f"{type(error).__name__}: {error}"

@@ -8,7 +8,6 @@ from collections.abc import Callable
 import ipywidgets as w
 import pandas as pd
 
-from tinax.checkpointing import remove_interrupted_save
 from tinax.vocabulary import INTERRUPTED
 
 from ._guard import shown_in_widget
@@ -97,6 +96,10 @@ class InterruptedSaves(w.VBox):
         if path not in self._rows:
             return
         name = str(self._rows[path]["name"])
+        # Imported here: tinax.checkpointing brings JAX and Orbax, which browsing a
+        # run never needs.
+        from tinax.checkpointing import remove_interrupted_save
+
         try:
             remove_interrupted_save(path)
             self.message.value = note_html(f"removed {name}")

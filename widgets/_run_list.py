@@ -15,6 +15,7 @@ from tinax.vocabulary import COMPLETE, IN_PROGRESS, INTERRUPTED
 from ._guard import shown_in_widget
 from ._interrupted import InterruptedSaves
 from ._table import Column, PagedTable, RowLook, format_cell
+from ._task import start_thread
 from ._text import format_age, format_bytes, note_html
 
 DEFAULT_POLL_SECONDS = 2.0
@@ -319,10 +320,9 @@ class RunList:
         self._stop_polling = threading.Event()
         if interval > 0:
             stop = self._stop_polling
-            self._poller = threading.Thread(
-                target=self._poll, args=(interval, stop), name="tinax-explorer-poll", daemon=True
+            self._poller = start_thread(
+                lambda: self._poll(interval, stop), name="tinax-explorer-poll", stop=stop.set
             )
-            self._poller.start()
 
     def _poll(self, interval: float, stop: threading.Event) -> None:
         guarded_refresh = shown_in_widget(self._show_error)(self.refresh)

@@ -1,14 +1,83 @@
-"""Work presented as an Orbax ``AsyncResponse``, so that a progress bar can follow it."""
+"""The widgets' background threads, and work presented as an Orbax ``AsyncResponse``
+so that a progress bar can follow it."""
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+# How long the interpreter's exit waits, in all, for the widgets' threads to end.
+EXIT_WAIT_SECONDS = 60.0
+
+_threads_lock = threading.Lock()
+# Each thread still running → what asks it to stop (or None: it is waited for as is).
+_threads: dict[threading.Thread, Callable[[], None] | None] = {}
+
+
+def start_thread(
+    target: Callable[[], Any], *, name: str, stop: Callable[[], None] | None = None
+) -> threading.Thread:
+    """Runs ``target`` in a new daemon thread that the interpreter's exit waits for.
+
+    A daemon thread never holds a notebook's kernel open, but one still inside a
+    tensorstore read while the interpreter shuts down makes the process abort
+    ("terminate called without an active exception"). So at exit every thread
+    started here is first asked to stop (``stop``, e.g. an ``Event.set``), then
+    joined, up to ``EXIT_WAIT_SECONDS`` in all.
+
+    Args:
+      target: The work.
+      name: The thread's name.
+      stop: Asks the work to end early; ``None`` when it is short and is waited for.
+
+    Returns:
+      The started thread.
+    """
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            with _threads_lock:
+                _threads.pop(thread, None)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    with _threads_lock:
+        _threads[thread] = stop
+    try:
+        thread.start()
+    except BaseException:
+        with _threads_lock:
+            _threads.pop(thread, None)
+        raise
+    return thread
+
+
+def running_threads() -> list[threading.Thread]:
+    """The threads ``start_thread`` started that have not ended."""
+    with _threads_lock:
+        return [t for t in _threads if t.is_alive()]
+
+
+@atexit.register
+def _wait_for_threads_at_exit() -> None:
+    with _threads_lock:
+        threads = dict(_threads)
+    for stop in threads.values():
+        if stop is not None:
+            # The exit goes on whatever a stop does.
+            with contextlib.suppress(Exception):
+                stop()
+    deadline = time.monotonic() + EXIT_WAIT_SECONDS
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Task(Generic[T]):
@@ -33,9 +102,7 @@ class Task(Generic[T]):
             raise RuntimeError(f"task {self._name!r} was already started")
         self._started = True
         if in_thread:
-            threading.Thread(
-                target=self._run, args=(call,), name=f"tinax-{self._name}", daemon=True
-            ).start()
+            start_thread(lambda: self._run(call), name=f"tinax-{self._name}")
         else:
             self._run(call)
 
