@@ -9,7 +9,10 @@ the state at each save, each step's loss. Options:
 
 - ``steps``, ``save_every``, ``keep``, ``keep_best``: the loop and the run's policy
   (the metric ``loss`` is ``|step - best_at|``, so the best step is known);
-- ``ready_at``: at this step, print ``ready`` and wait (polling) for a SIGTERM;
+- ``ready_at``: at this step, print ``ready`` and wait (polling) for a SIGTERM; a
+  handler of the script's own is chained unless ``default_handler``;
+- ``no_break``: the loop does not ``break`` when ``run.preempted``;
+- ``on_preemption``: passed to ``TrainingRun``;
 - ``kill_at_delete``: SIGKILL this process at the n-th deletion of a removal;
 - ``no_wait``: end the script without waiting for the last save.
 """
@@ -111,7 +114,7 @@ def train(directory: str, options: dict) -> None:
 
         removal.delete = delete_or_die  # type: ignore[assignment]
     chained = {"called": False}
-    if options.get("ready_at") is not None:
+    if options.get("ready_at") is not None and not options.get("default_handler"):
         signal.signal(signal.SIGTERM, lambda *_: chained.update(called=True))
 
     run = TrainingRun(
@@ -120,6 +123,7 @@ def train(directory: str, options: dict) -> None:
         keep=options.get("keep"),
         keep_best=options.get("keep_best", 0),
         best_by="loss" if options.get("keep_best") else None,
+        on_preemption=options.get("on_preemption", "exit"),
     )
     model, optimizer, rng, iterator = fresh()
     restored = run.restore(
@@ -159,7 +163,8 @@ def train(directory: str, options: dict) -> None:
         )
         if run.preempted:
             emit("preempted", step=step, committed=response is not None and response.done())
-            break
+            if not options.get("no_break"):
+                break
     if options.get("no_wait"):
         emit("end")
         return

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -370,6 +371,70 @@ def test_sigterm_mid_loop_saves_at_that_step_and_chains_the_previous_handler(tmp
     assert {"event": "preempted", "step": 73, "committed": True} in events
     assert events[-1] == {"event": "end", "chained": True, "steps": [50, 73]}
     assert _complete(tmp_path / "r") == ["step_000050", "step_000073"]
+
+
+def _preempt(tmp_path: Path, options: dict) -> tuple[subprocess.Popen, str, float]:
+    """Runs the worker to ``ready_at``, sends SIGTERM, and times how long it takes to end."""
+    child = subprocess.Popen(
+        [sys.executable, str(WORKER), "train", str(tmp_path / "r"), json.dumps(options)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    try:
+        assert child.stdout is not None
+        out = ""
+        for line in child.stdout:
+            out += line
+            if line.startswith(run_worker.PREFIX) and '"ready"' in line:
+                sent = time.monotonic()
+                child.send_signal(signal.SIGTERM)
+                break
+        rest, err = child.communicate(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        child.kill()
+    return child, out + rest, took
+
+
+def test_a_loop_that_does_not_break_ends_as_sigterm_would_after_the_save(tmp_path):
+    options = {"steps": 1000, "save_every": 50, "ready_at": 73, "no_break": True}
+    child, out, took = _preempt(tmp_path, {**options, "default_handler": True})
+    # Killed by the signal itself, as without a run, at the step after the save.
+    assert child.returncode == -signal.SIGTERM, child.stderr
+    events = _events(out)
+    assert {"event": "preempted", "step": 73, "committed": True} in events
+    assert [e["step"] for e in events if e["event"] == "save"] == [50, 73]
+    assert max(e["step"] for e in events if e["event"] == "loss") == 74
+    assert took < 30
+    assert _complete(tmp_path / "r") == ["step_000050", "step_000073"]
+
+
+def test_a_loop_that_does_not_break_with_a_handler_chained_exits_143(tmp_path):
+    options = {"steps": 1000, "save_every": 50, "ready_at": 73, "no_break": True}
+    child, out, _ = _preempt(tmp_path, options)
+    assert child.returncode == 128 + signal.SIGTERM
+    events = _events(out)
+    assert [e["step"] for e in events if e["event"] == "save"] == [50, 73]
+    assert not [e for e in events if e["event"] == "end"]
+    assert _complete(tmp_path / "r") == ["step_000050", "step_000073"]
+
+
+def test_on_preemption_continue_goes_on_saving_by_the_interval(tmp_path):
+    options = {
+        "steps": 160,
+        "save_every": 50,
+        "ready_at": 73,
+        "no_break": True,
+        "on_preemption": "continue",
+    }
+    child, out, _ = _preempt(tmp_path, options)
+    assert child.returncode == 0
+    events = _events(out)
+    # One save for the preemption, then the interval's: not one at every step.
+    assert [e["step"] for e in events if e["event"] == "save"] == [50, 73, 100, 150]
+    assert events[-1] == {"event": "end", "chained": True, "steps": [50, 73, 100, 150]}
 
 
 def test_the_sigterm_handler_is_put_back_on_close(tmp_path):
