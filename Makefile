@@ -5,13 +5,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1sum | cut -c1-12)
 DEMO_RUN ?= demo_run
+DEMO_BIG_RUN ?= demo_big_run
 PORT ?= 8888
 UV_VERSION := 0.13.8
 LOCK_DATE := 2026-12-02
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 
-.PHONY: install lock chromium lint check test bench mutants campaigns preemption-campaign race-campaign run-campaign demo demo-data screenshot clean
+.PHONY: install lock chromium lint check test bench mutants campaigns preemption-campaign race-campaign run-campaign demo demo-data big-run screenshot clean
 
 # uv installs the lock (hashes checked) in seconds where pip takes over a minute; the
 # venv itself is a plain one, with pip, for whoever works in it.
@@ -101,8 +102,12 @@ run-campaign: install
 mutants: install
 	$(PY) tests/mutants.py
 
-demo-data: install
+demo-data: install big-run
 	$(PY) demo/make_run.py $(DEMO_RUN)
+
+# The many-leaf run with a planted jump and NaN (notebook 06, the run timeline).
+big-run: install
+	$(PY) demo/make_big_run.py $(DEMO_BIG_RUN)
 
 # The README's picture: the explorer on the demo run, in JupyterLab in Chromium. Commit
 # docs/explorer.png when it changes; the tests never write it.
