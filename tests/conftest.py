@@ -97,6 +97,29 @@ def demo_run_output(demo_run: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return (_shared_temp(tmp_path_factory) / "demo-make_run-output.txt").read_text()
 
 
+@pytest.fixture(scope="session")
+def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The many-leaf run ``demo/make_big_run.py`` writes (a layer jump and a NaN planted
+    at the steps it names), made once per session for every worker; tests read it."""
+    shared = _shared_temp(tmp_path_factory)
+    run = shared / "big" / "demo_big_run"
+    with open(shared / "big.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker makes it, the others wait
+        if not run.is_dir():
+            if run.parent.exists():
+                shutil.rmtree(run.parent)  # an earlier attempt failed halfway
+            run.parent.mkdir()
+            done = subprocess.run(
+                [sys.executable, str(REPO / "demo" / "make_big_run.py"), str(run)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr[-4000:]
+    return run
+
+
 # What `make check` leaves to `make test` (markers registered in pyproject.toml):
 # ``browser``, every test of tests/test_browser*.py (Chromium driving JupyterLab);
 # ``slow``, tests that start an outside world or take tens of seconds: the files and
@@ -136,7 +159,7 @@ SLOW_TESTS = frozenset(
         "test_the_wheel_installs_tinax_widgets_and_no_top_level_widgets",
     }
 )
-SLOW_FIXTURES = frozenset({"gcs", "demo_run", "demo_run_output"})
+SLOW_FIXTURES = frozenset({"gcs", "demo_run", "demo_run_output", "big_run"})
 
 
 def _uses_gcs(item: pytest.Item) -> bool:
