@@ -23,6 +23,10 @@ ROOT_METADATA = "_ROOT_METADATA"
 DELETION_MARKER = "_CHECKPOINT_DELETION"
 # Written into a checkpoint a run's restore found corrupt (see CORRUPT_SUFFIX below).
 CORRUPT_RECORD = "_TINAX_FOUND_CORRUPT"
+# Written into a checkpoint tinax saved, just after it committed (JSON: how long the save
+# blocked its caller and took in all). No load reads it; ``run_table`` does.
+SAVE_TIMES = "_TINAX_SAVE_TIMES"
+SAVE_TIMES_FORMAT = "tinax.save_times/1"
 METRICS = "metrics"
 
 # Names Orbax writes or reserves at a checkpoint's root; no checkpointable may take one.
@@ -34,6 +38,7 @@ RESERVED_ROOT_NAMES = frozenset(
         METRICS,
         DELETION_MARKER,
         CORRUPT_RECORD,
+        SAVE_TIMES,
         "_METADATA",
         ROOT_METADATA,
     }

@@ -21,6 +21,7 @@ from tinax.checkpointing._checksums import CorruptDataError
 from tinax.checkpointing._leaves import check_storable, is_stateful
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._response import SaveResponse
+from tinax.checkpointing._save_times import SaveClock
 from tinax.checkpointing._verdict import check_targets
 
 
@@ -94,6 +95,7 @@ def start_save(
     # 10,000 arrays. Paused for the synchronous part of the save only: the caller's
     # training loop goes on while the rest is written, and its cyclic garbage must
     # still be collected (README, "Storage settings"; bench/rss.py).
+    clock = SaveClock()
     files.pause_gc()
     try:
         ctx = _context.context()
@@ -127,7 +129,11 @@ def start_save(
             raise
         raise failure from e
     files.resume_gc()
-    return SaveResponse(inner, dest, on_end=_nothing, after_commit=after_commit)
+    response: SaveResponse[None] = SaveResponse(
+        inner, dest, on_end=_nothing, after_commit=clock.after_commit(dest.location, after_commit)
+    )
+    clock.returned()
+    return response
 
 
 def _nothing() -> None:
