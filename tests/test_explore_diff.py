@@ -72,10 +72,14 @@ def test_two_steps_of_the_demo_run(demo_run):
     step = rows[("auxiliary", "['step']")]
     assert step.status == words.CHANGED and step.max_abs_diff == 50
     assert rows[("iterator", "")].status == words.CHANGED
-    # Sorted by relative change, largest first, then the rest.
-    changed = table[table["status"] == words.CHANGED]["rel_change"].dropna()
-    assert list(changed) == sorted(changed, reverse=True)
-    assert table["status"].iloc[-1] == words.SAME
+    # The model before the optimizer's state; in each, sorted by relative change,
+    # largest first, then the rest.
+    optimizer = table["checkpointable"] == "optimizer"
+    assert optimizer.any() and not optimizer[: (~optimizer).sum()].any()
+    for part in (table[~optimizer], table[optimizer]):
+        changed = part[part["status"] == words.CHANGED]["rel_change"].dropna()
+        assert list(changed) == sorted(changed, reverse=True)
+    assert table[~optimizer]["status"].iloc[-1] == words.SAME
 
 
 def test_a_checkpoint_against_itself_is_recognised_on_disk(demo_run):

@@ -24,9 +24,15 @@ import anywidget
 import pandas as pd
 import traitlets
 
+from tinax.explore import display
+
 from ._guard import shown_in_widget
 
 DEFAULT_PAGE_SIZE = 20
+# The widths (characters) at which a key column's labels are offered, longest first:
+# the browser shows the longest set whose every label fits, so that the rows in view
+# never read alike however narrow the column (``display.display_keys``).
+KEY_WIDTHS = (0, 96, 80, 68, 58, 50, 44, 38, 33, 29, 25, 22, 19, 16)
 _HERE = pathlib.Path(__file__).parent
 
 
@@ -63,6 +69,17 @@ class Column:
       priority: Among secondary columns, which go first (higher goes first).
       align: ``"left"`` or ``"right"`` (numbers).
       descending_first: A first click on its header sorts largest first (sizes).
+      keystr: Its values are leaf keys in ``keystr`` format: shown as people read
+        them (``display.display_keys`` over the rows in view: dotted, what they all
+        share left out and named in the header, shortened without two rows alike),
+        the exact key on hover and copy, sorted in natural order. ``None``: when it
+        is the key column and its field is ``"key"``.
+      group: For a ``keystr`` column, the field naming each row's checkpointable:
+        when the rows in view belong to several, it leads their labels.
+      exact: For a key column that is not ``keystr`` (a tree's names), the field
+        whose text hovering and copying give (the subtree's exact key).
+      sort_by: The field whose values order the rows when its header is clicked
+        (a change told as text, sorted by its size); ``None``: its own.
     """
 
     field: str
@@ -73,6 +90,15 @@ class Column:
     priority: int = 0
     align: str = "left"
     descending_first: bool = False
+    keystr: bool | None = None
+    group: str | None = "checkpointable"
+    exact: str | None = None
+    sort_by: str | None = None
+
+    @property
+    def is_keystr(self) -> bool:
+        """Whether its values are leaf keys shown as ``display`` shows them."""
+        return self.keystr if self.keystr is not None else (self.key and self.field == "key")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,16 +139,28 @@ def _sort_key(series: pd.Series) -> pd.Series:
     return series.map(lambda v: None if format_cell(v) == "" else _sort_value(v))
 
 
-def sorted_frame(frame: pd.DataFrame, field: str | None, *, ascending: bool = True) -> pd.DataFrame:
+def _natural_rank(series: pd.Series) -> pd.Series:
+    """Each key's place in natural order (``display.natural_key``): block 2 before 10."""
+    text = series.map(lambda v: "" if format_cell(v) == "" else str(v))
+    order = sorted(range(len(text)), key=lambda i: display.natural_key(text.iloc[i]))
+    rank = pd.Series(0, index=series.index, dtype="int64")
+    rank.iloc[order] = range(len(order))
+    return rank.where(text != "", other=None) if (text == "").any() else rank
+
+
+def sorted_frame(
+    frame: pd.DataFrame, field: str | None, *, ascending: bool = True, natural: bool = False
+) -> pd.DataFrame:
     """``frame`` sorted by its column ``field`` (stable, missing values last).
 
     Numbers, times and strings sort by value; shapes by their number of elements;
-    anything else by its text. ``None`` (or a field ``frame`` lacks) keeps ``frame``'s
-    own order.
+    anything else by its text; with ``natural``, text with its integer parts as
+    numbers (leaf keys). ``None`` (or a field ``frame`` lacks) keeps ``frame``'s own
+    order.
     """
     if field is None or field not in frame.columns or len(frame) < 2:
         return frame
-    key = _sort_key(frame[field])
+    key = _natural_rank(frame[field]) if natural else _sort_key(frame[field])
     try:
         order = key.sort_values(ascending=ascending, kind="stable", na_position="last").index
     except TypeError:
@@ -172,6 +210,16 @@ class PagedTable(anywidget.AnyWidget):
     ascending = traitlets.Bool(True).tag(sync=True)
     sortable = traitlets.Bool(True).tag(sync=True)
     empty_text = traitlets.Unicode("nothing to show").tag(sync=True)
+    # Per column: whether it says nothing about the rows in view (every cell blank,
+    # one value in all, the same cells as a column before it): such columns give
+    # their width first.
+    quiet: traitlets.List[Any] = traitlets.List().tag(sync=True)
+    # What the key column's labels leave out because every row in view shares it.
+    key_prefix = traitlets.Unicode("").tag(sync=True)
+    # Rows shown before the table scrolls within itself; 0: as many as the page has.
+    scroll_rows = traitlets.Int(0).tag(sync=True)
+    # ``[slot, n]``: the row the browser scrolls into view (``n`` counts the asks).
+    reveal: traitlets.List[Any] = traitlets.List([-1, 0]).tag(sync=True)
     selected = traitlets.Any(None, allow_none=True)
 
     def __init__(
@@ -186,6 +234,7 @@ class PagedTable(anywidget.AnyWidget):
         ascending: bool = True,
         sortable: bool = True,
         on_check: Callable[[Any, bool], None] | None = None,
+        scroll_rows: int = 0,
     ) -> None:
         """Builds an empty table.
 
@@ -203,6 +252,8 @@ class PagedTable(anywidget.AnyWidget):
             of their own).
           on_check: Called with a row's index label and its new tick when its box
             is clicked.
+          scroll_rows: With a page larger than this, the table shows this many
+            rows and scrolls within itself (a tree's one long page); 0: no limit.
 
         Raises:
           ValueError: If ``columns`` is empty or has two key columns, ``sort_field``
@@ -214,6 +265,8 @@ class PagedTable(anywidget.AnyWidget):
             raise ValueError("a table has at most one key column")
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+        if isinstance(scroll_rows, bool) or not isinstance(scroll_rows, int) or scroll_rows < 0:
+            raise ValueError(f"scroll_rows must be an int of at least 0, got {scroll_rows!r}")
         fields = [c.field for c in columns]
         if sort_field is not None and sort_field not in fields:
             raise ValueError(f"sort column {sort_field!r} is not one of the columns")
@@ -242,6 +295,7 @@ class PagedTable(anywidget.AnyWidget):
             empty_text=empty_text,
             sort_field=sort_field,
             ascending=ascending,
+            scroll_rows=scroll_rows,
         )
         self.add_class("tinax-table")
         guard = shown_in_widget(self._show_error)
@@ -271,7 +325,11 @@ class PagedTable(anywidget.AnyWidget):
         # A sort by a column still being read would be a wrong order: the rows keep
         # their own until it is read (``hold``), and the table says so.
         field = None if self.sort_field in self.held else self.sort_field
-        self.frame = sorted_frame(frame, field, ascending=self.ascending)
+        column = next((c for c in self.columns if c.field == field), None)
+        by = column.sort_by if column is not None and column.sort_by else field
+        self.frame = sorted_frame(
+            frame, by, ascending=self.ascending, natural=self._is_keystr(field)
+        )
         if self.selected is not None and self.selected not in frame.index:
             self.selected = None
         page = min(self.page, self.pages - 1) if keep_page else 0
@@ -355,16 +413,32 @@ class PagedTable(anywidget.AnyWidget):
         if not isinstance(position, int):
             raise ValueError(f"index label {label!r} is not unique in the table")
         self.page = position // self.page_size
+        self.reveal = [position % self.page_size, self.reveal[1] + 1]
 
     def visible_labels(self) -> list[Any]:
         """Index labels of the rows on the current page."""
         start = self.page * self.page_size
         return list(self.frame.index[start : start + self.page_size])
 
-    def visible_text(self, field: str) -> list[str]:
-        """The text of column ``field`` in the rows of the current page, as shown."""
+    def visible_text(self, field: str, *, width: int | None = None) -> list[str]:
+        """The text of column ``field`` in the rows of the current page, as shown.
+
+        For a key column, ``width`` picks the labels offered for that many
+        characters (the longest set the browser would show in that room).
+        """
         index = [c.field for c in self.columns].index(field)
-        return [row["cells"][index] for row in self.rows]
+        if width is None or not self.columns[index].key:
+            return [row["cells"][index] for row in self.rows]
+        level = next((i for i, w in enumerate(KEY_WIDTHS) if 0 < w <= width), len(KEY_WIDTHS) - 1)
+        return [row["labels"][level] for row in self.rows]
+
+    def exact_keys(self) -> list[str]:
+        """What hovering and copying the key of each row in view give: the exact key."""
+        return [row["exact"] for row in self.rows]
+
+    def quiet_columns(self) -> list[str]:
+        """The columns that say nothing about the rows in view (they give way first)."""
+        return [c.field for c, q in zip(self.columns, self.quiet, strict=True) if q]
 
     # -- rendering ------------------------------------------------------------------
 
@@ -397,8 +471,80 @@ class PagedTable(anywidget.AnyWidget):
     def _on_sort(self, _change: Any) -> None:
         self.show(self.source)
 
+    def _is_keystr(self, field: str | None) -> bool:
+        return any(c.field == field and c.is_keystr for c in self.columns)
+
+    def _key_labels(
+        self, page: pd.DataFrame, column: Column
+    ) -> tuple[list[list[str]], list[str], str]:
+        """Each row's labels at every ``KEY_WIDTHS`` width, its exact text, the shared prefix."""
+        texts = [_cell_text(column, page.iloc[slot]) for slot in range(len(page))]
+        if not column.is_keystr or column.field not in page.columns:
+            exact = texts
+            if column.exact is not None and column.exact in page.columns:
+                exact = [str(v) or t for v, t in zip(page[column.exact], texts, strict=True)]
+            return [[t] * len(KEY_WIDTHS) for t in texts], exact, ""
+        keys = ["" if t == "" else str(v) for t, v in zip(texts, page[column.field], strict=True)]
+        groups = None
+        if column.group is not None and column.group in page.columns:
+            names = [str(v) for v in page[column.group]]
+            if len(set(names)) > 1:
+                groups = names
+        try:
+            sets = [
+                display.display_keys(keys, width=w or None, checkpointables=groups)
+                for w in KEY_WIDTHS
+            ]
+            prefix = display.shared_prefix(keys, checkpointables=groups)
+        except ValueError:
+            return [[t] * len(KEY_WIDTHS) for t in texts], texts, ""
+        labels = []
+        for slot, text in enumerate(texts):
+            # The root key reads as the column formats it ("(whole)").
+            if keys[slot] == "" and groups is None:
+                labels.append([text] * len(KEY_WIDTHS))
+            else:
+                labels.append([labels_at[slot] for labels_at in sets])
+        exact = [k or texts[slot] for slot, k in enumerate(keys)]
+        return labels, exact, prefix
+
+    def _quiet(self, cells: list[list[str]], keyed_groups: bool) -> list[bool]:
+        quiet = []
+        for i, column in enumerate(self.columns):
+            if column.key:
+                quiet.append(False)
+                continue
+            values = [row[i] for row in cells]
+            blank = all(v == "" for v in values)
+            same = len(values) > 1 and len(set(values)) == 1
+            # A column with the same cells as one before it (a change told twice).
+            twin = len(values) > 0 and any(
+                [row[j] for row in cells] == values for j in range(i) if not self.columns[j].key
+            )
+            told = keyed_groups and any(
+                c.is_keystr and c.group == column.field for c in self.columns
+            )
+            quiet.append(bool(blank or same or twin or told))
+        return quiet
+
     def _render(self) -> None:
         page = self.frame.iloc[self.page * self.page_size : (self.page + 1) * self.page_size]
+        cells = [
+            [_cell_text(c, page.iloc[slot]) for c in self.columns] for slot in range(len(page))
+        ]
+        key_index = next((i for i, c in enumerate(self.columns) if c.key), None)
+        labels: list[list[str]] = []
+        exact: list[str] = []
+        prefix = ""
+        keyed_groups = False
+        if key_index is not None:
+            labels, exact, prefix = self._key_labels(page, self.columns[key_index])
+            keyed_groups = any(
+                c.is_keystr and c.group in page.columns and page[c.group].nunique() > 1
+                for c in self.columns
+            )
+            for slot, row_labels in enumerate(labels):
+                cells[slot][key_index] = row_labels[0]
         rows = []
         for slot in range(len(page)):
             label = page.index[slot]
@@ -406,7 +552,9 @@ class PagedTable(anywidget.AnyWidget):
             look = self._row_look(row)
             rows.append(
                 {
-                    "cells": [_cell_text(c, row) for c in self.columns],
+                    "cells": cells[slot],
+                    "labels": labels[slot] if labels else [],
+                    "exact": exact[slot] if exact else "",
                     "selected": bool(label == self.selected)
                     if self.selected is not None
                     else False,
@@ -433,5 +581,7 @@ class PagedTable(anywidget.AnyWidget):
             position += f" · sorted by {title} once it is read"
         with self.hold_trait_notifications():
             self.page_count = self.pages
+            self.quiet = self._quiet(cells, keyed_groups)
+            self.key_prefix = prefix
             self.rows = rows
             self.position = position

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import traitlets
 
+from tinax.explore import display
 from tinax.vocabulary import split_key
 
 from ._guard import shown_in_widget
@@ -47,11 +48,25 @@ def key_parts(key: str) -> tuple[str, ...]:
         return (key,)
 
 
-def _natural(part: str) -> tuple[int, int, str]:
-    # Indices in numeric order, before names.
-    if part.startswith("[") and part[1:-1].isdigit():
-        return (0, int(part[1:-1]), "")
-    return (1, 0, part)
+def _natural(part: str) -> tuple[tuple[int, int, str], ...]:
+    # Indices and digit names (NNX's ['blocks']['10']) in numeric order, before names.
+    return display.natural_key(part)
+
+
+# NNX keeps each variable's array under this last part; the tree shows the variable.
+_NNX_VALUE = "['value']"
+# A tree this long is one page that scrolls within itself; longer ones are paged.
+TREE_PAGE = 5000
+# A key filter finding at most this many leaves opens the tree down to them.
+MAX_OPENED = 60
+
+
+def part_label(part: str) -> str:
+    """A key part as the tree shows it: ``['blocks']`` → ``blocks``, ``[0]`` → ``0``."""
+    try:
+        return display.readable_key(part)
+    except ValueError:
+        return part
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +97,11 @@ class Node:
         if self.path:
             return self.path[-1]
         return self.checkpointable or "(unnamed)"
+
+    @property
+    def label(self) -> str:
+        """The name as people read it: ``blocks``, ``0``; a checkpointable's name."""
+        return part_label(self.path[-1]) if self.path else self.name
 
     @property
     def key(self) -> str:
@@ -125,8 +145,13 @@ class LeafTree:
 
     def _node(self, checkpointable: str, path: tuple[str, ...], rows: np.ndarray) -> Node:
         leaf = None
-        if len(rows) == 1 and len(self._parts_of(int(rows[0]))) == len(path):
-            leaf = self._labels[int(rows[0])]
+        if len(rows) == 1:
+            parts = self._parts_of(int(rows[0]))
+            # An NNX variable (``…['kernel']['value']``) is a leaf under its own name.
+            if len(parts) == len(path) or (
+                len(parts) == len(path) + 1 and path and parts[-1] == _NNX_VALUE
+            ):
+                leaf = self._labels[int(rows[0])]
         return Node(
             checkpointable=checkpointable,
             path=path,
@@ -171,7 +196,7 @@ class LeafTree:
         node = next((n for n in self.roots if n.checkpointable == checkpointable), None)
         parts = key_parts(key)
         for depth in range(len(parts)):
-            if node is None:
+            if node is None or node.leaf is not None:
                 break
             node = next(
                 (c for c in self.children(node) if c.path[depth] == parts[depth]),
@@ -247,7 +272,7 @@ def _format_share(value: Any) -> str:
 
 
 TREE_COLUMNS = (
-    Column("label", "subtree", key=True),
+    Column("label", "subtree", key=True, exact="exact"),
     Column("leaves", "leaves", _format_count, align="right"),
     Column("nbytes", "size", _format_size, align="right"),
     Column("share", "share", _format_share, align="right", essential=False),
@@ -262,7 +287,12 @@ def _tree_look(row: pd.Series) -> RowLook:
 class TreeView(w.VBox):
     """The leaves of a checkpoint as a tree: click a subtree to open or close it,
     a leaf to pick it. Subtrees show their leaf count, bytes and share of the
-    checkpoint, sorted by name or largest first; long levels are paged.
+    checkpoint, sorted by name (indices as numbers) or largest first. The tree is
+    one list that scrolls within itself past ``page_size`` rows, so that opening a
+    subtree never pushes its neighbours to another page. Names read as people
+    read them (``blocks``, ``7``, an NNX variable as a leaf); hovering or copying
+    gives the exact key. ``narrow`` shows only the subtrees holding given leaves
+    (a key filter's).
 
     While the leaves' sizes are being read (``show(..., sized=False)``), sizes and
     shares read "…" and subtrees are in name order, "by size" waiting for them.
@@ -290,9 +320,12 @@ class TreeView(w.VBox):
         self.order.observe(guard(lambda _: self._redraw(keep_page=False)), names="value")
         self.collapse_button = w.Button(description="close all", icon="compress")
         self.collapse_button.on_click(guard(lambda _: self.collapse()))
+        self._all = self.tree.leaves
+        self._only: pd.Index | None = None
         self.table = PagedTable(
             TREE_COLUMNS,
-            page_size=page_size,
+            page_size=TREE_PAGE,
+            scroll_rows=page_size,
             look=_tree_look,
             empty_text="no leaves",
             sortable=False,
@@ -309,6 +342,7 @@ class TreeView(w.VBox):
           sized: Whether its ``nbytes`` are read; ``False`` shows sizes as being
             read until ``fill`` brings them.
         """
+        self._all, self._only = leaves, None
         self.tree = LeafTree(leaves)
         self._set_sized(sized)
         self._open = set()
@@ -318,9 +352,31 @@ class TreeView(w.VBox):
 
     def fill(self, leaves: pd.DataFrame) -> None:
         """Shows the same leaves with their sizes read: open subtrees stay open."""
-        self.tree = LeafTree(leaves)
+        self._all = leaves
+        self.tree = LeafTree(leaves if self._only is None else leaves.loc[self._kept(leaves)])
         self._set_sized(True)
         self._redraw(keep_page=True)
+
+    def narrow(self, labels: pd.Index | None) -> None:
+        """Shows only the leaves with these index labels and the subtrees above them
+        (``None``: every leaf). A few leaves found are shown opened to."""
+        self._only = None if labels is None else pd.Index(labels)
+        leaves = self._all if self._only is None else self._all.loc[self._kept(self._all)]
+        self.tree = LeafTree(leaves)
+        if self._only is not None and 0 < len(leaves) <= MAX_OPENED:
+            for root in self.tree.roots:
+                self._open_all(root)
+        self._redraw(keep_page=False)
+
+    def _kept(self, leaves: pd.DataFrame) -> pd.Index:
+        assert self._only is not None
+        return leaves.index.intersection(self._only, sort=False)
+
+    def _open_all(self, node: Node) -> None:
+        if node.leaf is None:
+            self._open.add(node.id)
+            for child in self.tree.children(node):
+                self._open_all(child)
 
     def _set_sized(self, sized: bool) -> None:
         self.sized = sized
@@ -376,7 +432,8 @@ class TreeView(w.VBox):
         total = self.tree.nbytes or 1
         frame = pd.DataFrame(
             {
-                "label": [node.name for node in self.nodes],
+                "label": [node.label for node in self.nodes],
+                "exact": [self._exact(node) for node in self.nodes],
                 "depth": [depth for _, depth in visible],
                 "mark": [
                     " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")
@@ -392,6 +449,11 @@ class TreeView(w.VBox):
             index = next((i for i, n in enumerate(self.nodes) if n.id == reveal.id), None)
             if index is not None and index not in self.table.visible_labels():
                 self.table.show_row(index)
+
+    def _exact(self, node: Node) -> str:
+        if node.leaf is not None:
+            return str(self.tree.leaves.loc[node.leaf, "key"]) or node.checkpointable
+        return node.key or node.checkpointable
 
     def _on_pick(self, change: Any) -> None:
         index = change["new"]

@@ -1,8 +1,11 @@
 // The browser half of tinax's table (widgets/_table.py): one page of rows as a plain
 // HTML table that fits the width it is given. Python sends the page's rows as text;
-// this draws them, fits the columns to the output's width (hiding the secondary ones
-// into a detail line when they do not fit, shortening long keys in the middle), and
-// sends back clicks: a row picked, a header clicked, a page asked for, a box ticked.
+// this draws them, fits the columns to the output's width (hiding first the columns
+// that say nothing about the rows in view, then the secondary ones, into a detail
+// line), picks for a key column the longest of the label sets Python offers whose
+// every label fits (each set keeps the rows in view distinct), and sends back clicks:
+// a row picked, a header clicked, a page asked for, a box ticked. Hover and copy give
+// a key's exact text.
 //
 // Widths are measured, not guessed: the page is first laid out at its natural width
 // (one column as wide as its widest text), then fitted.
@@ -10,6 +13,29 @@
 const KEY_MIN = 150; // px below which a key column does not shrink
 const KEY_SHARE = 0.45; // of the width, that a key may claim before secondary columns
 const INDENT = 14; // px per depth of a tree row
+const SVG = "http://www.w3.org/2000/svg";
+
+// Two overlapping sheets, drawn rather than a glyph that not every font has.
+function copyIcon() {
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("viewBox", "0 0 16 16");
+  svg.setAttribute("width", "12");
+  svg.setAttribute("height", "12");
+  svg.setAttribute("aria-hidden", "true");
+  for (const [x, y] of [[5, 1], [1, 5]]) {
+    const r = document.createElementNS(SVG, "rect");
+    r.setAttribute("x", String(x));
+    r.setAttribute("y", String(y));
+    r.setAttribute("width", "10");
+    r.setAttribute("height", "10");
+    r.setAttribute("rx", "1.5");
+    r.setAttribute("fill", x === 1 ? "var(--jp-layout-color0, #fff)" : "none");
+    r.setAttribute("stroke", "currentColor");
+    r.setAttribute("stroke-width", "1.5");
+    svg.append(r);
+  }
+  return svg;
+}
 
 // ``text`` shortened in the middle to at most ``width`` px: "['a']['b']…['z']".
 function shorten(text, width, measure) {
@@ -62,13 +88,16 @@ function render({ model, el }) {
   const send = (msg) => model.send(msg);
   prev.addEventListener("click", () => send({ kind: "page", page: model.get("page") - 1 }));
   next.addEventListener("click", () => send({ kind: "page", page: model.get("page") + 1 }));
-  pageBox.addEventListener("change", () => {
+  const goTo = () => {
     const n = parseInt(pageBox.value, 10);
-    if (!Number.isNaN(n)) send({ kind: "page", page: n - 1 });
-  });
+    if (!Number.isNaN(n) && n - 1 !== model.get("page")) send({ kind: "page", page: n - 1 });
+  };
+  pageBox.addEventListener("change", goTo);
+  pageBox.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); goTo(); } });
 
   const canvas = document.createElement("canvas").getContext("2d");
   let focusSlot = null;
+  let revealed = 0;
 
   function header(columns, shown) {
     const sortField = model.get("sort_field");
@@ -81,6 +110,15 @@ function render({ model, el }) {
       if (c.align === "right") th.className = "tinax-right";
       const sorted = sortField === c.field;
       const arrow = sorted ? (ascending ? " ▲" : " ▼") : "";
+      const prefix = c.key ? model.get("key_prefix") : "";
+      const withPrefix = (node) => {
+        if (!prefix) return;
+        const p = document.createElement("span");
+        p.className = "tinax-key-prefix";
+        p.textContent = ` in ${prefix}`;
+        p.title = `every key shown is in ${prefix}`;
+        node.append(p);
+      };
       if (model.get("sortable")) {
         const b = document.createElement("button");
         b.className = "tinax-grid-sort";
@@ -90,9 +128,11 @@ function render({ model, el }) {
           : `sort by ${c.title}`;
         b.addEventListener("click", () => send({ kind: "sort", field: c.field }));
         th.append(b);
+        withPrefix(th);
         th.setAttribute("aria-sort", sorted ? (ascending ? "ascending" : "descending") : "none");
       } else {
         th.textContent = c.title;
+        withPrefix(th);
       }
       tr.append(th);
     });
@@ -100,6 +140,7 @@ function render({ model, el }) {
   }
 
   function keyCell(td, r, text, slot) {
+    const exact = r.exact || text;
     td.classList.add("tinax-key");
     const wrap = document.createElement("span");
     wrap.className = "tinax-key-wrap";
@@ -124,21 +165,22 @@ function render({ model, el }) {
     const label = document.createElement("span");
     label.className = "tinax-key-text";
     label.textContent = text;
-    label.title = text;
+    label.title = exact;
+    label.dataset.exact = exact;
     wrap.append(label);
     td.append(wrap);
-    if (text) {
+    if (exact) {
       const copy = document.createElement("button");
       copy.className = "tinax-copy";
-      copy.textContent = "⧉";
-      copy.title = `copy ${text}`;
-      copy.setAttribute("aria-label", `copy ${text}`);
+      copy.append(copyIcon());
+      copy.title = `copy ${exact}`;
+      copy.setAttribute("aria-label", `copy ${exact}`);
       copy.tabIndex = -1;
       copy.addEventListener("click", (e) => {
         e.stopPropagation();
-        if (navigator.clipboard) navigator.clipboard.writeText(text).catch(() => {});
-        copy.textContent = "✓";
-        setTimeout(() => { copy.textContent = "⧉"; }, 900);
+        if (navigator.clipboard) navigator.clipboard.writeText(exact).catch(() => {});
+        copy.replaceChildren("✓");
+        setTimeout(() => { copy.replaceChildren(copyIcon()); }, 900);
       });
       td.append(copy);
     }
@@ -199,7 +241,9 @@ function render({ model, el }) {
     const natural = ths.map((th) => Math.ceil(th.getBoundingClientRect().width) + 1);
     table.style.position = "";
     table.style.visibility = "";
-    const avail = Math.floor(root.clientWidth || el.clientWidth || 0);
+    // A table that scrolls within itself keeps room for its scroll bar.
+    scroller.classList.toggle("tinax-grid-scrollable", model.get("scroll_rows") > 0);
+    const avail = Math.floor(scroller.clientWidth || root.clientWidth || el.clientWidth || 0);
     if (!avail) return; // not on the page yet: drawn again when it gets a width
     const keyIndex = columns.findIndex((c) => c.key);
     // A key keeps its whole text before secondary columns keep theirs, up to a share
@@ -211,8 +255,14 @@ function render({ model, el }) {
     const shown = columns.map(() => true);
     const need = () => natural.reduce((s, w, i) => s + (shown[i] ? (i === keyIndex ? keyNeed : w) : 0), 0);
     let keyNeed = wantKey;
-    const order = columns.map((c, i) => i).filter((i) => !columns[i].essential)
-      .sort((a, b) => columns[b].priority - columns[a].priority || b - a);
+    // Columns that say nothing about the rows in view go first, then the secondary
+    // ones, highest priority number first.
+    const quiet = model.get("quiet") || [];
+    const byPriority = (a, b) => columns[b].priority - columns[a].priority || b - a;
+    const order = [
+      ...columns.map((c, i) => i).filter((i) => quiet[i] && !columns[i].key).sort(byPriority),
+      ...columns.map((c, i) => i).filter((i) => !quiet[i] && !columns[i].essential).sort(byPriority),
+    ];
     for (const i of order) {
       if (need() <= avail) break;
       shown[i] = false;
@@ -238,25 +288,60 @@ function render({ model, el }) {
     thead.replaceChildren(header(columns, shown));
     const trs = body(columns, rows, shown);
     tbody.replaceChildren(...trs);
-    if (keyIndex >= 0 && keyFont) {
-      canvas.font = keyFont;
-      for (const td of tbody.querySelectorAll("td.tinax-key")) {
-        let over = td.scrollWidth - td.clientWidth;
-        if (over <= 0) continue;
-        const label = td.querySelector(".tinax-key-text");
-        const text = label.title;
-        // The canvas measures in the label's font; its scale is checked against the
-        // width the label really has, whatever the font stack resolved to.
-        const actual = label.getBoundingClientRect().width;
-        const scale = actual / Math.max(1, canvas.measureText(text).width);
-        const measure = (t) => canvas.measureText(t).width * scale;
-        let room = actual - over - 1;
-        for (let tries = 0; over > 0 && tries < 8; tries++) {
-          label.textContent = shorten(text, Math.max(16, room), measure);
-          label.classList.add("tinax-shortened");
-          over = td.scrollWidth - td.clientWidth;
-          room -= Math.max(3, over);
+    if (keyIndex >= 0) {
+      const tds = [...tbody.querySelectorAll("td.tinax-key")];
+      const over = () => tds.some((td) => td.scrollWidth > td.clientWidth);
+      const levels = Math.max(0, ...rows.map((r) => (r.labels || []).length));
+      // The longest set of labels whose every label fits: one set for all rows, so
+      // that the rows in view never read alike.
+      for (let level = 1; level < levels && over(); level++) {
+        tds.forEach((td, slot) => {
+          const label = td.querySelector(".tinax-key-text");
+          const text = (rows[slot].labels || [])[level];
+          if (text !== undefined && label.textContent !== text) {
+            label.textContent = text;
+            label.classList.add("tinax-shortened");
+          }
+        });
+      }
+      if (keyFont && over()) {
+        // Narrower than the shortest set: cut in the middle, as a last resort.
+        canvas.font = keyFont;
+        for (const td of tds) {
+          let overBy = td.scrollWidth - td.clientWidth;
+          if (overBy <= 0) continue;
+          const label = td.querySelector(".tinax-key-text");
+          const text = label.textContent;
+          const actual = label.getBoundingClientRect().width;
+          const scale = actual / Math.max(1, canvas.measureText(text).width);
+          const measure = (t) => canvas.measureText(t).width * scale;
+          let room = actual - overBy - 1;
+          for (let tries = 0; overBy > 0 && tries < 8; tries++) {
+            label.textContent = shorten(text, Math.max(16, room), measure);
+            label.classList.add("tinax-shortened");
+            overBy = td.scrollWidth - td.clientWidth;
+            room -= Math.max(3, overBy);
+          }
         }
+      }
+    }
+    const limit = model.get("scroll_rows");
+    if (limit > 0 && trs.length > limit) {
+      const rowHeight = trs[0].getBoundingClientRect().height || 22;
+      const headHeight = thead.getBoundingClientRect().height || rowHeight;
+      scroller.style.maxHeight = `${Math.ceil(headHeight + rowHeight * limit)}px`;
+      scroller.classList.add("tinax-grid-scrolling");
+    } else {
+      scroller.style.maxHeight = "";
+      scroller.classList.remove("tinax-grid-scrolling");
+    }
+    const [revealSlot, asked] = model.get("reveal") || [-1, 0];
+    if (asked !== revealed && trs[revealSlot]) {
+      revealed = asked;
+      const row = trs[revealSlot];
+      const top = row.offsetTop - thead.getBoundingClientRect().height;
+      if (top < scroller.scrollTop || row.offsetTop + row.offsetHeight > scroller.scrollTop + scroller.clientHeight) {
+        scroller.scrollTop = Math.max(0, top);
       }
     }
     if (focusSlot !== null && trs[focusSlot]) trs[focusSlot].focus();
@@ -289,7 +374,7 @@ function render({ model, el }) {
     if (Math.abs(w - width) > 1) { width = w; draw(); }
   });
   observer.observe(root);
-  for (const name of ["rows", "spec", "position", "sort_field", "ascending", "page_count"]) {
+  for (const name of ["rows", "spec", "position", "sort_field", "ascending", "page_count", "quiet", "key_prefix", "scroll_rows", "reveal"]) {
     model.on(`change:${name}`, draw);
   }
   // Fonts that arrive late change every width.

@@ -2,7 +2,8 @@
 
 Floating-point arrays by relative change ("1.2 %"), integer counters by how far
 they moved ("+150"), PRNG keys as changed or the same (their bits are not
-quantities); changed weights first, then counters, then keys.
+quantities); the model before the optimizer's state, and within each changed
+weights first, then counters, then keys.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tinax._format import words
+from tinax.explore import display
 from tinax.explore._numeric import PairStats
 
 # What a leaf's values are, for how its change is told and ranked: floating-point
@@ -61,6 +63,23 @@ def value_kind(checkpointable: str, key: str, dtype: Any, shape: Any) -> str:
     if np_dtype.kind in "fc" or "float" in text:
         return FLOAT
     return OTHER
+
+
+# Names under which optimizer state is saved: a checkpointable of its own
+# (``optimizer``) or the top key of a train state (``['opt_state']``).
+OPTIMIZER_NAMES = frozenset({"optimizer", "opt_state", "opt", "optim", "optimizer_state"})
+
+
+def is_optimizer_state(checkpointable: str, key: str) -> bool:
+    """Whether a leaf belongs to an optimizer's state (moments, counts) rather than
+    the model: its checkpointable or its first key part is named like one."""
+    if str(checkpointable).lower() in OPTIMIZER_NAMES:
+        return True
+    text = str(key)
+    if not text.startswith("['"):
+        return False
+    first = text[2 : text.find("'", 2)] if text.find("'", 2) > 0 else ""
+    return first.lower() in OPTIMIZER_NAMES
 
 
 def _signed(value: float) -> str:
@@ -129,17 +148,35 @@ def told_change(
 def sort_by_change(table: pd.DataFrame) -> pd.DataFrame:
     """``diff_table`` rows with what matters most first.
 
-    Changed leaves come first: floating-point arrays by ``rel_change`` (largest
-    first), then integer counters by how far they moved, then PRNG keys and the
-    rest; then the other differences; then leaves that are the same. Stored
-    order breaks ties.
+    The model's leaves come before the optimizer's state (``is_optimizer_state``),
+    and within each, changed leaves come first: floating-point arrays by
+    ``rel_change`` (largest first), then integer counters by how far they moved,
+    then PRNG keys and the rest; then the other differences; then leaves that are
+    the same. Ties go in natural key order (block 2 before block 10).
     """
+    if table.empty:
+        return table.reset_index(drop=True)
+    part = [
+        int(is_optimizer_state(c, k))
+        for c, k in zip(table["checkpointable"], table["key"], strict=True)
+    ]
+    places = sorted(
+        range(len(table)),
+        key=lambda i: (
+            str(table["checkpointable"].iloc[i]),
+            display.natural_key(str(table["key"].iloc[i])),
+        ),
+    )
+    natural = np.empty(len(table), np.int64)
+    natural[places] = np.arange(len(table))
     order = table["status"].map(lambda s: _STATUS_ORDER.get(s, len(_STATUS_ORDER)))
     kinds = table["value_kind"].map(lambda k: _KIND_ORDER.get(k, len(_KIND_ORDER)))
     kinds = kinds.where(table["status"] == words.CHANGED, 0)
     change = pd.to_numeric(table["rel_change"], errors="coerce")
     moved = pd.to_numeric(table["delta"], errors="coerce").abs()
     size = change.fillna(moved).fillna(-1.0)
-    keyed = table.assign(_order=order, _kind=kinds, _change=-size)
-    keyed = keyed.sort_values(["_order", "_kind", "_change"], kind="stable")
-    return keyed.drop(columns=["_order", "_kind", "_change"]).reset_index(drop=True)
+    keyed = table.assign(_part=part, _order=order, _kind=kinds, _change=-size, _natural=natural)
+    keyed = keyed.sort_values(["_part", "_order", "_kind", "_change", "_natural"], kind="stable")
+    return keyed.drop(columns=["_part", "_order", "_kind", "_change", "_natural"]).reset_index(
+        drop=True
+    )

@@ -11,6 +11,7 @@ in their ``key`` column; this module only makes display text from it:
   (``shared_prefix`` says what that was), and with a ``width`` the labels are shortened
   without ever making two distinct keys read alike: layer indices and short names such
   as ``mu``/``nu`` stay, common middle parts give way to ``…`` first.
+- ``key_matches``: what a key filter finds, typed dotted or as a keystr.
 - ``human_bytes``: the one byte formatter of the project.
 
 It imports neither JAX nor pandas.
@@ -32,6 +33,7 @@ __all__ = [
     "ROOT_LABEL",
     "display_keys",
     "human_bytes",
+    "key_matches",
     "natural_key",
     "readable_key",
     "shared_prefix",
@@ -48,9 +50,27 @@ _SHORT = 2
 _DIGITS = re.compile(r"(\d+)")
 
 
+# A part without escapes, read without ``ast`` (the common case, many times faster).
+_SIMPLE_PART = re.compile(r"\[(?:(\d+)|'([^'\\]*)'|\"([^\"\\]*)\")\]")
+
+
 def _parts(key: str) -> tuple[str | int, ...]:
     if not isinstance(key, str):
         raise TypeError(f"a key is a str in keystr format, got {type(key).__name__}")
+    if "\\" not in key:
+        found = _SIMPLE_PART.findall(key)
+        parts: list[str | int] = []
+        length = 0
+        for index, single, double in found:
+            if index:
+                parts.append(int(index))
+                length += len(index) + 2
+            else:
+                name = single if single or not double else double
+                parts.append(name)
+                length += len(name) + 4
+        if length == len(key):
+            return tuple(parts)
     try:
         return _keys.parse_key(key)
     except ValueError:
@@ -82,7 +102,7 @@ def natural_key(key: str) -> tuple[tuple[int, int, str], ...]:
     if not isinstance(key, str):
         raise TypeError(f"a key is a str, got {type(key).__name__}")
     try:
-        parts: Sequence[str | int] = _keys.parse_key(key)
+        parts: Sequence[str | int] = _parts(key)
     except ValueError:
         parts = [p for p in _DIGITS.split(key) if p]
     # Numbers before names at the same place; each element a comparable triple.
@@ -106,6 +126,36 @@ def readable_key(key: str) -> str:
     """
     parts = _parts(key)
     return tensor_name(parts) if parts else ROOT_LABEL
+
+
+def key_matches(keys: Iterable[str], text: str) -> list[bool]:
+    """Which ``keys`` a filter's ``text`` finds: in the exact key or in its readable
+    name, case ignored (``blocks.7`` and ``['blocks']['7']`` find the same leaves).
+
+    Args:
+      keys: Keys in keystr format (text that is not one is searched as it is).
+      text: What a person typed; blank finds every key.
+
+    Raises:
+      TypeError: If ``text`` is not a string.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"a filter is a str, got {type(text).__name__}")
+    needle = text.strip().lower()
+    found = []
+    for key in keys:
+        if not needle:
+            found.append(True)
+            continue
+        key = str(key)
+        if needle in key.lower():
+            found.append(True)
+            continue
+        try:
+            found.append(needle in readable_key(key).lower())
+        except ValueError:
+            found.append(False)
+    return found
 
 
 def _trimmed(parts: tuple[str | int, ...]) -> tuple[str, ...]:
