@@ -30,7 +30,8 @@ known answer to find:
 
 The auxiliary state of each checkpoint is ``{"loss": …, "learning_rate": …}``.
 
-The run is deterministic (fixed seeds, a fixed data order), written to
+Seeds and the data order are fixed (losses may differ in their last digits from one
+machine or thread count to another; the planted events do not). The run is written to
 a staging directory next to ``RUN_DIR`` and renamed into place only when complete,
 so ``RUN_DIR`` holds a whole run or nothing; a second invocation finds
 ``big_run.json`` and reuses the run.

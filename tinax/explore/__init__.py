@@ -25,6 +25,7 @@ from tinax.explore._run_dir import (
     resolve_path,
     save_directory,
 )
+from tinax.explore._run_table import run_table
 from tinax.explore._staged import StagedLeaves, collector_paused, open_leaves
 from tinax.explore._summary import (
     HISTOGRAM_BINS,
@@ -79,6 +80,7 @@ __all__ = [
     "resolve_path",
     "retention_table",
     "run_policy",
+    "run_table",
     "save_directory",
     "sort_by_change",
     "state_table",
