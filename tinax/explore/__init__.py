@@ -10,6 +10,7 @@ key paths, so tables of a checkpoint and of live state join on
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
 from tinax.explore._diff import diff_table
+from tinax.explore._drift import drift_table
 from tinax.explore._export import export_safetensors
 from tinax.explore._listing import ListingCache, list_checkpoints
 from tinax.explore._live import leaf_key, state_table
@@ -63,6 +64,7 @@ __all__ = [
     "collector_paused",
     "compare_table",
     "diff_table",
+    "drift_table",
     "existing_directory",
     "export_safetensors",
     "human_bytes",

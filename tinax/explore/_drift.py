@@ -1,0 +1,345 @@
+"""How far each layer moved between consecutive checkpoints of a run.
+
+Each pair of consecutive complete checkpoints is compared leaf by leaf by
+``diff_table`` (raw, checksummed reads in bounded memory) and the leaves' sums are
+added up per subtree. The sums of a pair are kept in memory, keyed by both
+checkpoints' paths, commit times and sizes, so a second call reads no array again
+(at any depth).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import math
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tinax import _paths
+from tinax._format import keys, words
+from tinax.explore._diff import diff_table
+from tinax.explore._listing import list_checkpoints
+
+DRIFT_COLUMNS = (
+    "step",
+    "previous_step",
+    "subtree",
+    "key",
+    "rel_update",
+    "cosine",
+    "max_abs_diff",
+    "norm",
+    "norm_update",
+    "nan",
+    "inf",
+    "leaves",
+)
+# Which checkpointable holds the model, by the names training code gives it.
+MODEL_NAMES = ("model", "params", "pytree", "state", "default")
+# Pairs whose sums are kept; about 100 bytes a leaf each.
+_KEEP_PAIRS = 4096
+
+Progress = Callable[[int, int], None]
+Cancel = Callable[[], bool] | threading.Event
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafDrift:
+    """The sums of one floating-point leaf between two checkpoints.
+
+    ``aa``, ``bb`` and ``dd`` are ``‖a‖²``, ``‖b‖²`` and ``‖b − a‖²`` over the elements
+    finite on both sides (``aa`` NaN for a leaf found ``same`` from its checksums
+    without being read: it adds nothing to ``dd``).
+    """
+
+    checkpointable: str
+    key: str
+    aa: float
+    bb: float
+    dd: float
+    max_abs: float
+    nan: int
+    inf: int
+
+
+_pairs: collections.OrderedDict[tuple[Any, ...], list[LeafDrift]] = collections.OrderedDict()
+_pairs_lock = threading.Lock()
+
+
+def _identity(row: Any) -> tuple[Any, ...]:
+    return (str(row["path"]), str(row["committed"]), int(row["nbytes"]))
+
+
+def _count(value: Any) -> int:
+    return 0 if value is None or pd.isna(value) else int(value)
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None or pd.isna(value) else float(value)
+
+
+def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDrift]:
+    """The sums of every floating-point leaf of two checkpoints (``diff_table``'s), or of
+    one checkpointable of each."""
+    if checkpointable is not None:
+        a, b = f"{a.rstrip('/')}/{checkpointable}", f"{b.rstrip('/')}/{checkpointable}"
+    diff = diff_table(a, b, sort=False)
+    floats = diff[
+        (diff["value_kind"] == "float") & diff["status"].isin([words.SAME, words.CHANGED])
+    ]
+    out = []
+    for row in floats.itertuples(index=False):
+        same = row.status == words.SAME
+        norm_a, norm_b = _number(row.norm_a), _number(row.norm_b)
+        nan = _count(row.nan_a) + _count(row.nan_b)
+        inf = _count(row.inf_a) + _count(row.inf_b)
+        out.append(
+            LeafDrift(
+                checkpointable=checkpointable or str(row.checkpointable),
+                key=str(row.key),
+                aa=norm_a**2 if not same or not math.isnan(norm_a) else math.nan,
+                bb=norm_b**2 if not same or not math.isnan(norm_b) else math.nan,
+                dd=0.0 if same else _number(row.norm_diff) ** 2,
+                max_abs=0.0 if same else _number(row.max_abs_diff),
+                nan=nan,
+                inf=inf,
+            )
+        )
+    return out
+
+
+def _cached_pair(first: Any, second: Any, checkpointable: str | None) -> list[LeafDrift]:
+    identity = (_identity(first), _identity(second), checkpointable)
+    with _pairs_lock:
+        found = _pairs.get(identity)
+        if found is not None:
+            _pairs.move_to_end(identity)
+            return found
+    found = pair_drift(str(first["path"]), str(second["path"]), checkpointable)
+    with _pairs_lock:
+        _pairs[identity] = found
+        while len(_pairs) > _KEEP_PAIRS:
+            _pairs.popitem(last=False)
+    return found
+
+
+def cached_pairs() -> int:
+    """How many pairs' sums this process keeps."""
+    with _pairs_lock:
+        return len(_pairs)
+
+
+def _parts(key: str) -> keys.KeyPath:
+    try:
+        return keys.parse_key(key)
+    except ValueError:
+        return (key,)
+
+
+def _integer_like(part: Any) -> bool:
+    return isinstance(part, int) or (isinstance(part, str) and part.isdigit())
+
+
+def layer_depth(paths: Sequence[keys.KeyPath]) -> int:
+    """Where a model's structure says its layers are: one past the first level whose
+    keys include indices (``blocks.0``, ``blocks.1``…: depth 2); else 1 (its top-level
+    modules)."""
+    deepest = max((len(p) for p in paths), default=0)
+    for level in range(deepest):
+        if any(len(p) > level + 1 and _integer_like(p[level]) for p in paths):
+            return level + 1
+    return 1
+
+
+def layer_of(path: keys.KeyPath, depth: int) -> keys.KeyPath:
+    """The layer a leaf belongs to when layers are ``depth`` deep: its first ``depth``
+    parts where they end in an index (``blocks.7``); else its top-level module
+    (``embed``, ``head``), which is not a sequence of layers."""
+    if len(path) > depth and _integer_like(path[depth - 1]):
+        return path[:depth]
+    return path[:1]
+
+
+def _label(path: keys.KeyPath) -> str:
+    return ".".join(str(part) for part in path) if path else "(root)"
+
+
+def _cancelled(cancel: Cancel | None) -> bool:
+    if cancel is None:
+        return False
+    return cancel.is_set() if isinstance(cancel, threading.Event) else bool(cancel())
+
+
+def drift_table(
+    root: str | os.PathLike[str],
+    *,
+    depth: int | None = None,
+    checkpointable: str | None = None,
+    progress: Progress | None = None,
+    cancel: Cancel | None = None,
+) -> pd.DataFrame:
+    """How far each subtree (layer) moved between consecutive checkpoints of a run.
+
+    For each pair of consecutive complete checkpoints (by step) and each subtree at
+    ``depth``: the relative update ``‖b − a‖ / ‖a‖``, the cosine of ``a`` and ``b``
+    and the largest absolute difference, over the subtree's floating-point leaves
+    (counters, integer leaves and PRNG keys are left out, as ``diff_table`` tells
+    them). Arrays are read raw and checked against their checksums, in bounded
+    memory, by ``diff_table``; each pair's sums are kept in memory, so a second call
+    (at any depth) reads no array again.
+
+    Args:
+      root: A run directory (local or ``gs://``).
+      depth: How many key parts make a subtree: ``2`` makes ``blocks.7`` of
+        ``['blocks']['7']['attn']['q']['kernel']``. ``None``: the model's layers,
+        where its structure says they are: the items of its first level with
+        indices (``blocks.N``), and each other top-level module whole (``embed``,
+        ``head``).
+      checkpointable: Which checkpointable to compare; ``None``: the model (the
+        first of ``model``, ``params``, ``pytree``, ``state``, ``default`` present,
+        else every one).
+      progress: Called as ``progress(pairs_done, pairs_total)`` after each pair.
+      cancel: A ``threading.Event`` or a callable; once set (or returning true),
+        no further pair is compared and the table holds the pairs done, with
+        ``attrs["cancelled"]`` true.
+
+    Returns:
+      A DataFrame with one row per pair and subtree, ordered by step then subtree
+      (indices as numbers): ``step`` (the later checkpoint's), ``previous_step``,
+      ``subtree`` (dotted: ``blocks.7``; with every checkpointable compared,
+      prefixed by its name), ``key`` (the subtree's key path, as ``keystr``),
+      ``rel_update``, ``cosine``, ``max_abs_diff``, ``norm`` (‖a‖), ``norm_update``
+      (‖b − a‖), ``nan`` and ``inf`` (non-finite values of the subtree, both sides),
+      ``leaves``. The statistics are over the elements finite on both sides; a
+      subtree holding NaN or Inf on either side has NaN statistics.
+      ``attrs``: ``depth``, ``checkpointable``, ``cancelled``.
+
+    Raises:
+      TypeError: If ``depth`` is not an integer or ``checkpointable`` not a string.
+      ValueError: If ``depth`` < 1, or a checkpoint cannot be read.
+      FileNotFoundError: If ``root`` does not exist.
+    """
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)):
+        raise TypeError(f"depth must be an integer or None, got {type(depth).__name__}")
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth must be at least 1, got {depth}")
+    if checkpointable is not None and not isinstance(checkpointable, str):
+        raise TypeError(
+            f"checkpointable must be a name or None, got {type(checkpointable).__name__}"
+        )
+    _paths.existing_directory(root)
+    listing = list_checkpoints(root, deep=False)
+    complete = listing[(listing["status"] == words.COMPLETE) & listing["step"].notna()]
+    complete = complete.sort_values("step", kind="stable")
+    rows = [row for _, row in complete.iterrows()]
+    pairs = list(itertools.pairwise(rows))
+    stored = set(rows[-1]["checkpointables"] or ()) if rows else set()
+    if checkpointable is None:
+        chosen = next((name for name in MODEL_NAMES if name in stored), None)
+    else:
+        chosen = checkpointable
+        if rows and chosen not in stored:
+            raise ValueError(
+                f"{str(root)!r}: its checkpoints have no checkpointable {chosen!r} "
+                f"(they have {sorted(stored)})"
+            )
+    done: list[tuple[int, int, list[LeafDrift]]] = []
+    cancelled = False
+    for index, (first, second) in enumerate(pairs):
+        if _cancelled(cancel):
+            cancelled = True
+            break
+        found = _cached_pair(first, second, chosen)
+        done.append((int(first["step"]), int(second["step"]), found))
+        if progress is not None:
+            progress(index + 1, len(pairs))
+    paths = {
+        (leaf.checkpointable, leaf.key): _parts(leaf.key)
+        for _, _, leaves in done
+        for leaf in leaves
+        if chosen is None or leaf.checkpointable == chosen
+    }
+    if depth is None:
+        by_name: dict[str, list[keys.KeyPath]] = collections.defaultdict(list)
+        for (name, _), path in paths.items():
+            by_name[name].append(path)
+        depths = {name: layer_depth(found) for name, found in by_name.items()}
+    out = []
+    for previous, step, leaves in done:
+        sums: dict[tuple[str, keys.KeyPath], list[Any]] = {}
+        for leaf in leaves:
+            if chosen is not None and leaf.checkpointable != chosen:
+                continue
+            path = paths[(leaf.checkpointable, leaf.key)]
+            subtree = layer_of(path, depths[leaf.checkpointable]) if depth is None else path[:depth]
+            group = sums.setdefault((leaf.checkpointable, subtree), [0.0] * 4 + [0] * 4)
+            group[0] += leaf.aa if not math.isnan(leaf.aa) else 0.0
+            group[1] += leaf.bb if not math.isnan(leaf.bb) else 0.0
+            group[2] += leaf.dd if not math.isnan(leaf.dd) else 0.0
+            group[3] = max(group[3], leaf.max_abs) if not math.isnan(leaf.max_abs) else group[3]
+            group[4] += leaf.nan
+            group[5] += leaf.inf
+            group[6] += 1
+            # A leaf ``same`` by checksum was not read: its norm is unknown.
+            group[7] += int(math.isnan(leaf.aa) and leaf.dd == 0.0)
+        for (name, path), (aa, bb, dd, max_abs, nan, inf, count, unread) in sums.items():
+            norm, update = math.sqrt(aa), math.sqrt(dd)
+            if nan or inf:
+                rel = cosine = max_diff = math.nan
+            elif dd == 0.0:
+                rel, cosine, max_diff = 0.0, 1.0, 0.0
+            elif unread:
+                # Part of the subtree was not read (unchanged): its norm is not known.
+                rel, cosine, max_diff = math.nan, math.nan, max_abs
+            else:
+                rel = update / norm if norm > 0 else math.inf
+                ab = (aa + bb - dd) / 2
+                cosine = ab / math.sqrt(aa * bb) if aa > 0 and bb > 0 else math.nan
+                cosine = min(1.0, max(-1.0, cosine)) if not math.isnan(cosine) else cosine
+                max_diff = max_abs
+            label = _label(path) if chosen is not None else _label((name, *path))
+            out.append(
+                (
+                    step,
+                    previous,
+                    label,
+                    keys.format_key(path),
+                    rel,
+                    cosine,
+                    max_diff,
+                    norm,
+                    update,
+                    nan,
+                    inf,
+                    count,
+                    tuple((0, p, "") if isinstance(p, int) else _sortable(p) for p in path),
+                )
+            )
+    out.sort(key=lambda r: (r[0], r[-1]))
+    columns: dict[str, Any] = {}
+    for i, column in enumerate(DRIFT_COLUMNS):
+        values = [r[i] for r in out]
+        if column in ("step", "previous_step", "nan", "inf", "leaves"):
+            columns[column] = pd.array(values, dtype="Int64")
+        elif column in ("subtree", "key"):
+            columns[column] = pd.array(values, dtype="string")
+        else:
+            columns[column] = np.array(values, dtype=float)
+    table = pd.DataFrame(columns)
+    table.attrs = {
+        "depth": depth,
+        "checkpointable": chosen,
+        "cancelled": cancelled,
+        "pairs": len(done),
+    }
+    return table
+
+
+def _sortable(part: str) -> tuple[int, int, str]:
+    return (0, int(part), "") if part.isdigit() else (1, 0, part)
