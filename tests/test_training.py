@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tinax.checkpointing import (
+    TargetMismatchError,
     TrainingCheckpoint,
     TrainingCheckpointNames,
     abstract_restore_target,
@@ -296,3 +297,125 @@ def test_training_checkpoint_dataclass_validates():
         TrainingCheckpoint(
             step=1, model={}, optimizer=(), rng=None, auxiliary={}, iterator=iter([])
         )  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [jnp.asarray(4), np.asarray(4, np.uint16), jnp.asarray(4, jnp.int8), np.int32(4)],
+    ids=["jax", "numpy-0d", "jax-int8", "numpy-scalar"],
+)
+def test_zero_d_integer_arrays_are_steps(tmp_path, step):
+    save_training_checkpoint(
+        tmp_path / "c", step, {"a": 1}, (), {"c": 1}, {}, iter(_dataset())
+    ).result()
+    out = load_training_checkpoint(tmp_path / "c", {"a": 0}, (), {"c": 0}, {}, iter(_dataset()))
+    assert out.step == 4 and type(out.step) is int
+
+
+@pytest.mark.parametrize(
+    "step",
+    [jnp.asarray(True), np.asarray([4]), jnp.asarray(4.0), np.asarray(-1)],
+    ids=["bool", "1-d", "float", "negative"],
+)
+def test_other_arrays_are_not_steps(tmp_path, step):
+    with pytest.raises((TypeError, ValueError), match="step"):
+        save_training_checkpoint(tmp_path / "c", step, {"a": 1}, (), {}, {}, iter(_dataset()))
+    assert os.listdir(tmp_path) == []
+
+
+def test_numpy_scalars_are_saved_as_zero_d_arrays(tmp_path):
+    aux = {"loss": np.float32(0.25), "seen": np.int64(7), "flag": np.bool_(True)}
+    save_training_checkpoint(
+        tmp_path / "c", 1, {"a": 1}, (), {"c": 1}, aux, iter(_dataset())
+    ).result()
+    target = {"loss": np.float32(0), "seen": np.int64(0), "flag": np.bool_(False)}
+    out = load_training_checkpoint(tmp_path / "c", {"a": 0}, (), {"c": 0}, target, iter(_dataset()))
+    for key, value in aux.items():
+        got = out.auxiliary[key]
+        assert isinstance(got, np.ndarray) and got.shape == () and got.dtype == value.dtype
+        assert got == value
+
+
+# --- flax NNX as users write it ----------------------------------------------------------
+
+
+def _nnx_state():
+    import optax
+    from flax import nnx
+
+    model = nnx.Linear(8, 4, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+    return nnx, model, optimizer
+
+
+def test_an_nnx_module_or_optimizer_is_refused_at_save_naming_nnx_state(tmp_path):
+    nnx, model, optimizer = _nnx_state()
+    rng = jax.random.key(0)
+    for args in ((model, nnx.state(optimizer)), (nnx.state(model), optimizer)):
+        with pytest.raises(TypeError, match=r"not its state: pass nnx\.state\(model\)"):
+            save_training_checkpoint(tmp_path / "c", 1, *args, rng, {}, iter(_dataset()))
+    with pytest.raises(TypeError, match=r"GraphDef.*nnx\.state\(model\)"):
+        save_training_checkpoint(
+            tmp_path / "c", 1, nnx.split(model), nnx.state(optimizer), rng, {}, iter(_dataset())
+        )
+    with pytest.raises(TypeError, match=r"checkpointable 'm'\['inner'\].*Linear"):
+        save_checkpointables(tmp_path / "c", {"m": {"inner": model}})
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_nnx_module_as_target_is_a_type_error_without_orbax_traceback(tmp_path):
+    nnx, model, optimizer = _nnx_state()
+    rng = jax.random.key(0)
+    save_training_checkpoint(
+        tmp_path / "c", 1, nnx.state(model), nnx.state(optimizer), rng, {}, iter(_dataset())
+    ).result()
+    targets = [abstract_restore_target(x) for x in (nnx.state(model), nnx.state(optimizer), rng)]
+    iterator = iter(_dataset())
+    for index, wrong in ((0, model), (1, optimizer), (0, nnx.split(model))):
+        given = list(targets)
+        given[index] = wrong
+        with pytest.raises(TypeError, match=r"nnx\.state\(model\)") as caught:
+            load_training_checkpoint(tmp_path / "c", *given, {}, iterator)
+        assert caught.value.__cause__ is None and caught.value.__context__ is None
+    assert next(iterator)["x"].shape == (16, 8)  # untouched: the first batch
+    restored = load_training_checkpoint(tmp_path / "c", *targets, {}, iter(_dataset()))
+    nnx.update(model, restored.model)
+
+
+def test_an_eval_shape_target_restores_without_orbax_warnings(tmp_path, recwarn):
+    nnx, model, optimizer = _nnx_state()
+    rng = jax.random.key(0)
+    save_training_checkpoint(
+        tmp_path / "c", 1, nnx.state(model), nnx.state(optimizer), rng, {}, iter(_dataset())
+    ).result()
+    import optax
+
+    abstract = nnx.eval_shape(lambda: nnx.Linear(8, 4, rngs=nnx.Rngs(1)))
+    abstract_opt = nnx.eval_shape(
+        lambda: nnx.Optimizer(nnx.Linear(8, 4, rngs=nnx.Rngs(1)), optax.adamw(1e-3), wrt=nnx.Param)
+    )
+    recwarn.clear()
+    restored = load_training_checkpoint(
+        tmp_path / "c",
+        nnx.state(abstract),
+        nnx.state(abstract_opt),
+        abstract_restore_target(rng),
+        {},
+        iter(_dataset()),
+    )
+    assert not [str(w.message) for w in recwarn if "Sharding" in str(w.message)]
+    np.testing.assert_array_equal(
+        np.asarray(restored.model["kernel"].value), np.asarray(model.kernel.value)
+    )
+
+
+def test_a_typed_key_saved_and_key_data_as_target_is_refused_before_the_iterator_moves(tmp_path):
+    save_training_checkpoint(
+        tmp_path / "c", 1, {"a": 1}, (), jax.random.key(0), {}, iter(_dataset())
+    ).result()
+    iterator = iter(_dataset())
+    raw = abstract_restore_target(jax.random.key_data(jax.random.key(0)))
+    with pytest.raises(TargetMismatchError, match="typed key against raw key data"):
+        load_training_checkpoint(tmp_path / "c", {"a": 0}, (), raw, {}, iterator)
+    first = next(iter(_dataset()))["x"]
+    np.testing.assert_array_equal(next(iterator)["x"], first)

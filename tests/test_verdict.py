@@ -61,6 +61,7 @@ def test_a_mismatch_is_refused_with_one_line_per_leaf(checkpoint: Path) -> None:
     message = str(caught.value)
     assert message.splitlines() == [
         f"checkpoint {str(checkpoint)!r} does not fit the restore targets (2 leaves):",
+        "  model: 1 stored only, 1 shape differs",
         "  model['dense1']['bias']: stored (256,) float32, not in the target",
         "  model['dense1']['kernel']: stored (16, 256) float32, target (16, 512) float32",
     ]
@@ -83,9 +84,52 @@ def test_long_refusals_are_cut_at_ten_lines(tmp_path: Path) -> None:
     with pytest.raises(TargetMismatchError) as caught:
         load_checkpointables(tmp_path / "c", target)
     lines = str(caught.value).splitlines()
-    assert len(lines) == 1 + MAX_LINES + 1
+    assert len(lines) == 1 + 1 + MAX_LINES + 1
+    assert lines[1] == "  m: 25 shape differs"
     assert lines[-1] == f"  … and {25 - MAX_LINES} more"
     assert "(25 leaves)" in lines[0]
+
+
+def test_a_refusal_sums_up_each_checkpointable_and_shows_every_kind_of_mismatch(
+    tmp_path: Path,
+) -> None:
+    # A target from another optimizer: twelve leaves stored only, nine only in the target.
+    stored = {"m": {"w": np.zeros(2)}, "opt": {f"mu{i:02d}": np.zeros(2) for i in range(12)}}
+    save_checkpointables(tmp_path / "c", stored).result()
+    target = {
+        "m": {"w": NumpyTarget((3,), np.float64)},
+        "opt": {f"trace{i}": NumpyTarget((2,), np.float64) for i in range(9)},
+    }
+    with pytest.raises(TargetMismatchError) as caught:
+        load_checkpointables(tmp_path / "c", target)
+    lines = str(caught.value).splitlines()
+    assert lines[1] == "  m: 1 shape differs"
+    assert lines[2].startswith("  opt: 12 stored only, 9 target only (the target's structure")
+    shown = lines[3 : 3 + MAX_LINES]
+    # The ten lines show each kind: the target's own leaves are not all hidden.
+    assert any("m['w']" in line for line in shown)
+    assert any("not in the target" in line for line in shown)
+    assert any("not stored, target" in line for line in shown)
+    assert lines[-1] == f"  … and {22 - MAX_LINES} more"
+
+
+def test_a_typed_key_against_raw_key_data_is_refused_before_any_read(tmp_path: Path) -> None:
+    key = jax.random.key(3)
+    save_checkpointables(
+        tmp_path / "c", {"rng": {"typed": key, "raw": jax.random.key_data(key)}}
+    ).result()
+    typed, raw = abstract_restore_target(key), abstract_restore_target(jax.random.key_data(key))
+    for target in ({"typed": raw, "raw": raw}, {"typed": typed, "raw": typed}):
+        with pytest.raises(TargetMismatchError, match="a typed key against raw key data"):
+            load_checkpointables(tmp_path / "c", {"rng": target})
+    restored = load_checkpointables(tmp_path / "c", {"rng": {"typed": typed, "raw": raw}})
+    assert jnp.array_equal(jax.random.key_data(restored["rng"]["typed"]), restored["rng"]["raw"])
+
+
+def test_a_lossy_cast_names_allow_lossy_casts(checkpoint: Path) -> None:
+    with pytest.raises(TargetMismatchError) as caught:
+        load_checkpointables(checkpoint, {"model": _model(counts=NumpyTarget((2,), np.float32))})
+    assert "with tinax.checkpointing.allow_lossy_casts():" in str(caught.value).splitlines()[-1]
 
 
 def test_a_lossy_cast_is_refused_unless_allowed(checkpoint: Path) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from tinax._format import words
 from tinax._format.fit import PLACEHOLDER as PLACEHOLDER_KIND
 from tinax._format.fit import Spec
-from tinax._format.keys import ROOT, KeyPath, key_parts
+from tinax._format.keys import ROOT, KeyPath, format_key, key_parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,9 @@ def _abstract_leaf(leaf: Any) -> Any:
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
     if isinstance(leaf, np.ndarray):
         return NumpyTarget(leaf.shape, leaf.dtype)
+    if isinstance(leaf, np.generic) and not isinstance(leaf, np.str_ | np.bytes_):
+        # Saved as a 0-d array (see tinax.checkpointing's save), restored as one.
+        return NumpyTarget((), leaf.dtype)
     return leaf
 
 
@@ -68,6 +71,8 @@ def abstract_restore_target(state: Any) -> Any:
 
     JAX sharding and static leaves are preserved, so Python ``int``, ``float``,
     ``bool``, ``str`` and ``None`` come back from a restore with their own type.
+    A NumPy scalar (``np.float32(1.5)``) becomes a 0-d NumPy target: tinax saves
+    it as a 0-d array, and it comes back as one.
 
     Args:
       state: Arbitrary pytree of restore targets. JAX arrays become
@@ -161,6 +166,12 @@ def _dtype_name(dtype: Any) -> str | None:
 _cached_dtype_name = functools.cache(_dtype_name)
 
 
+def _key_impl(dtype: Any) -> str:
+    """The PRNG implementation of a typed key's dtype (``threefry2x32``, …)."""
+    impl = getattr(dtype, "_impl", None)
+    return str(getattr(impl, "name", None) or "typed")
+
+
 def target_spec(leaf: Any) -> Spec:
     """What restoring into ``leaf`` asks for, at the level Orbax stores it."""
     if leaf is PLACEHOLDER:
@@ -168,13 +179,72 @@ def target_spec(leaf: Any) -> Spec:
     if is_empty(leaf) or is_leafless(leaf):
         return Spec(words.EMPTY)
     if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
-        return Spec(words.JAX_ARRAY, *storage_spec(leaf.shape, leaf.dtype))
+        shape, dtype = storage_spec(leaf.shape, leaf.dtype)
+        key = _key_impl(leaf.dtype) if is_key_dtype(leaf.dtype) else ""
+        return Spec(words.JAX_ARRAY, shape, dtype, key)
     if isinstance(leaf, np.ndarray | NumpyTarget):
-        return Spec(words.NUMPY_ARRAY, tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name)
-    if isinstance(leaf, bool | int | float | complex | np.number | np.bool_):
+        return Spec(
+            words.NUMPY_ARRAY, tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name, ""
+        )
+    if isinstance(leaf, np.generic) and not isinstance(leaf, np.str_ | np.bytes_):
+        return Spec(words.NUMPY_ARRAY, (), leaf.dtype.name, "")
+    if isinstance(leaf, bool | int | float | complex):
         return Spec(words.SCALAR, (), np.asarray(leaf).dtype.name)
     if isinstance(leaf, str):
         return Spec(words.STRING)
     if is_iterator(leaf):
         return Spec(words.ITERATOR)
     return Spec(f"{type(leaf).__module__}.{type(leaf).__qualname__}")
+
+
+# -- flax NNX objects, which are not state --------------------------------------------------
+
+
+@functools.cache
+def _flax_object_kind(kind: type) -> str | None:
+    """``"object"`` for a flax NNX object type (``nnx.Module``, ``nnx.Optimizer``,
+    ``nnx.Rngs``…), ``"graphdef"`` for ``nnx.GraphDef``, else ``None`` (flax not imported)."""
+    for base in kind.__mro__:
+        module = getattr(base, "__module__", "") or ""
+        if not module.startswith("flax.nnx"):
+            continue
+        if base.__name__ == "GraphDef":
+            return "graphdef"
+        if base.__name__ in ("Pytree", "Object", "Module"):
+            return "object"
+    return None
+
+
+def flax_object_kind(value: object) -> str | None:
+    """Whether ``value`` is a flax NNX object (``"object"``) or ``GraphDef`` (``"graphdef"``)."""
+    return _flax_object_kind(type(value))
+
+
+def refuse_flax_objects(tree: Any, *, what: str) -> None:
+    """Refuses a flax NNX object or ``GraphDef`` anywhere in ``tree``: only its state
+    (``nnx.state(model)``) is saved and restored.
+
+    Raises:
+      TypeError: Naming where in ``tree`` it is, and ``nnx.state``.
+    """
+    flat = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda node: flax_object_kind(node) is not None
+    )[0]
+    for path, leaf in flat:
+        found = flax_object_kind(leaf)
+        if found is None:
+            continue
+        where = format_key(key_parts(path))
+        at = f"{what}{where}" if where else what
+        name = type(leaf).__qualname__
+        if found == "graphdef":
+            raise TypeError(
+                f"{at} is a flax NNX GraphDef (the static half of nnx.split(model)), which "
+                "holds no values: pass the state alone, nnx.state(model) (the second part "
+                "of nnx.split), and keep the GraphDef in your code"
+            )
+        raise TypeError(
+            f"{at} is a flax NNX {name} object, not its state: pass nnx.state(model) "
+            "(for an optimizer, nnx.state(optimizer)); after a restore, "
+            "nnx.update(model, restored) puts the values back into the object"
+        )

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
-from tinax._format import arrays, jsonitems, layout, pytree, words
+from tinax._format import arrays, files, jsonitems, layout, names, pytree, words
 from tinax._format.keys import ROOT, KeyPath, format_key
 
 # A target leaf that asks for nothing to be restored (Orbax's placeholder ``...``).
@@ -33,18 +33,23 @@ class Spec:
         that is not to be restored.
       shape: The stored shape, for arrays and scalars.
       dtype: The stored dtype's name, for arrays and scalars.
+      key: For an array: the PRNG implementation of a typed key (stored as its key
+        data, so ``shape`` and ``dtype`` are the key data's), ``""`` for any other
+        array, ``None`` where unknown.
     """
 
     kind: str
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
+    key: str | None = None
 
     def describe(self) -> str:
         """``(16, 256) float32`` for an array; the kind for anything else."""
         if self.shape is None or self.dtype is None:
             return self.kind
         dims = ", ".join(str(d) for d in self.shape) + ("," if len(self.shape) == 1 else "")
-        return f"({dims}) {self.dtype}"
+        typed = f" (a typed PRNG key, {self.key})" if self.key else ""
+        return f"({dims}) {self.dtype}{typed}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +90,16 @@ class LeafVerdict:
             text += " (a lossy cast)"
         elif self.status == words.KIND_DIFFERS:
             text += f" ({self.stored.kind} and {self.target.kind})"
+        elif _typed_and_raw(self.stored, self.target):
+            text += (
+                " (a typed key against raw key data: build the target from "
+                + (
+                    "jax.random.key(…), or load key data and wrap it with jax.random.wrap_key_data"
+                    if self.stored.key
+                    else "jax.random.key_data(key)"
+                )
+                + ")"
+            )
         return text
 
 
@@ -166,6 +181,13 @@ def _family(kind: str) -> str:
     return "array" if kind in words.ARRAY_KINDS else kind
 
 
+def _typed_and_raw(stored: Spec, target: Spec) -> bool:
+    """Whether one of the two is a typed PRNG key and the other raw key data."""
+    if stored.key is None or target.key is None:
+        return False
+    return bool(stored.key) != bool(target.key)
+
+
 def judge_leaf(stored: Spec, target: Spec) -> tuple[str, bool | None]:
     """The status of one stored leaf against its target, and for a cast whether it is lossy."""
     if target.kind == PLACEHOLDER:
@@ -174,6 +196,8 @@ def judge_leaf(stored: Spec, target: Spec) -> tuple[str, bool | None]:
         return words.KIND_DIFFERS, None
     if stored.shape is not None and target.shape is not None and stored.shape != target.shape:
         return words.SHAPE_DIFFERS, None
+    if _typed_and_raw(stored, target):
+        return words.DTYPE_DIFFERS, None
     if stored.dtype is not None and target.dtype is not None and stored.dtype != target.dtype:
         lossless = cast_is_lossless(stored.dtype, target.dtype)
         if lossless is None:
@@ -217,11 +241,63 @@ def refusals(verdicts: Iterable[LeafVerdict], *, allow_lossy: bool) -> list[Leaf
     ]
 
 
+# How a checkpointable's summary line counts each refused status.
+_SUMMARY = (
+    (words.NOT_IN_TARGET, "stored only"),
+    (words.MISSING_FROM_CHECKPOINT, "target only"),
+    (words.SHAPE_DIFFERS, "shape differs"),
+    (words.DTYPE_DIFFERS, "dtype differs"),
+    (words.DTYPE_CAST, "lossy cast"),
+    (words.KIND_DIFFERS, "kind differs"),
+)
+
+
+def _summary(name: str, refused: Sequence[LeafVerdict]) -> str:
+    counts = {status: 0 for status, _ in _SUMMARY}
+    for v in refused:
+        counts[v.status] = counts.get(v.status, 0) + 1
+    parts = [f"{counts[status]} {label}" for status, label in _SUMMARY if counts[status]]
+    text = f"{name}: " + ", ".join(parts)
+    if counts[words.NOT_IN_TARGET] and counts[words.MISSING_FROM_CHECKPOINT]:
+        text += (
+            " (the target's structure is not the stored one: a target from another model "
+            "or optimizer, or another version of it?)"
+        )
+    return text
+
+
+def _shown(refused: Sequence[LeafVerdict]) -> list[LeafVerdict]:
+    """At most ``MAX_LINES`` refused leaves, taken in turn from each checkpointable and
+    status, so that a long run of one kind (leaves stored only) hides none of the others."""
+    groups: dict[tuple[str, str], list[LeafVerdict]] = {}
+    for v in refused:
+        groups.setdefault((v.checkpointable, v.status), []).append(v)
+    chosen: set[int] = set()
+    queues = [iter(group) for group in groups.values()]
+    while len(chosen) < min(MAX_LINES, len(refused)):
+        for queue in queues:
+            v = next(queue, None)
+            if v is not None and len(chosen) < MAX_LINES:
+                chosen.add(id(v))
+    return [v for v in refused if id(v) in chosen]
+
+
 def refusal_message(path: str, refused: Sequence[LeafVerdict]) -> str:
-    """The checkpoint, then one line per refused leaf (at most ``MAX_LINES``)."""
-    lines = [v.line() for v in refused[:MAX_LINES]]
+    """The checkpoint; one summary line per checkpointable (counts by status); then one
+    line per refused leaf (at most ``MAX_LINES``, from every checkpointable and status);
+    and, for a lossy cast, how to allow it."""
+    by_name: dict[str, list[LeafVerdict]] = {}
+    for v in refused:
+        by_name.setdefault(v.checkpointable, []).append(v)
+    lines = [_summary(name, group) for name, group in by_name.items()]
+    lines += [v.line() for v in _shown(refused)]
     if len(refused) > MAX_LINES:
         lines.append(f"… and {len(refused) - MAX_LINES} more")
+    if any(v.status == words.DTYPE_CAST for v in refused):
+        lines.append(
+            "a lossy cast loses stored values; to load anyway, run the load inside "
+            "`with tinax.checkpointing.allow_lossy_casts():`"
+        )
     count = f"{len(refused)} lea{'f' if len(refused) == 1 else 'ves'}"
     return f"checkpoint {path!r} does not fit the restore targets ({count}):\n  " + "\n  ".join(
         lines
@@ -231,18 +307,54 @@ def refusal_message(path: str, refused: Sequence[LeafVerdict]) -> str:
 # -- what is stored -------------------------------------------------------------------------
 
 
+# Orbax stores a typed PRNG key as its key data, of one of these dtypes.
+_KEY_DATA_DTYPES = frozenset({"uint32", "uint8", "uint16", "uint64"})
+
+
+def _key_impls(item: layout.StoredCheckpointable) -> dict[str, str] | None:
+    """Orbax V1's record of which arrays are typed PRNG keys: param name to the key's
+    implementation (``""`` for an array that is not a key); ``None`` if not recorded."""
+    folder = item.directory / names.ARRAY_METADATAS
+    if not folder.exists():
+        return None
+    out: dict[str, str] = {}
+    for name in sorted(folder.entries()):
+        record = files.read_json_object(
+            folder / name,
+            what="Orbax's record of the arrays a process wrote",
+            max_bytes=files.MAX_METADATA_BYTES,
+            max_depth=None,
+        )
+        entries = record.get("array_metadatas")
+        for entry in entries if isinstance(entries, list) else ():
+            meta = entry.get("array_metadata") if isinstance(entry, dict) else None
+            if not isinstance(meta, dict) or not isinstance(meta.get("param_name"), str):
+                continue
+            ext = meta.get("ext_metadata")
+            impl = ext.get("random_key_impl") if isinstance(ext, dict) else None
+            out[meta["param_name"]] = impl if isinstance(impl, str) and impl else ""
+    return out
+
+
 def _pytree_specs(item: layout.StoredCheckpointable) -> list[tuple[KeyPath, Spec]]:
     tree = pytree.read_layout(item.directory)
     infos = pytree.leaf_infos(tree, arrays.context())
-    return [
-        (
-            leaf.path,
-            Spec(leaf.kind)
-            if info is None
-            else Spec(leaf.kind, shape=info.shape, dtype=info.dtype),
-        )
-        for leaf, info in infos
-    ]
+    # Only arrays of key data's dtypes can be keys: most checkpoints need no more reading.
+    impls = (
+        _key_impls(item)
+        if any(info is not None and info.dtype in _KEY_DATA_DTYPES for _, info in infos)
+        else None
+    )
+    out = []
+    for leaf, info in infos:
+        if info is None:
+            out.append((leaf.path, Spec(leaf.kind)))
+            continue
+        key = None
+        if impls is not None and leaf.kind in words.ARRAY_KINDS:
+            key = impls.get(leaf.param) if info.dtype in _KEY_DATA_DTYPES else ""
+        out.append((leaf.path, Spec(leaf.kind, shape=info.shape, dtype=info.dtype, key=key)))
+    return out
 
 
 def stored_specs(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,14 +16,14 @@ from tinax._format import arrays, files, jsonitems, layout, names
 from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import load_source
-from tinax._targets import NumpyTarget
+from tinax._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing import _context, _destination, _failures, _processes
 from tinax.checkpointing._checksums import CorruptDataError
-from tinax.checkpointing._leaves import check_storable, is_stateful
+from tinax.checkpointing._leaves import check_storable, is_stateful, numpy_scalars_as_arrays
 from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._save_times import SaveClock
-from tinax.checkpointing._verdict import check_targets
+from tinax.checkpointing._verdict import TargetMismatchError, check_targets
 
 
 def _check_mapping(value: object, *, what: str) -> Mapping[Any, Any]:
@@ -84,6 +85,12 @@ def start_save(
 ) -> SaveResponse[None]:
     """``save_checkpointables``, with ``after_commit`` run once the save has committed
     and before its response gives the result out (see ``SaveResponse``)."""
+
+    if isinstance(checkpointables, Mapping):
+        # Every process stores what it was given the same way (the checks run on one).
+        checkpointables = {
+            name: numpy_scalars_as_arrays(value) for name, value in checkpointables.items()
+        }
 
     def check_values() -> None:
         _check_mapping(checkpointables, what="checkpointables")
@@ -168,14 +175,14 @@ def _check_restored(path: Location, name: str, target: Any, restored: Any) -> No
     target_leaves, target_def = jax.tree_util.tree_flatten_with_path(target)
     restored_leaves, restored_def = jax.tree_util.tree_flatten_with_path(restored)
     if str(target_def) != str(restored_def):
-        raise ValueError(
+        raise TargetMismatchError(
             f"checkpoint {str(path)!r}: checkpointable {name!r}: stored structure does not match the restore target "
             f"(target {target_def}, stored {restored_def})"
         )
     for (key_path, want), (_, got) in zip(target_leaves, restored_leaves, strict=True):
         want_spec, got_spec = _leaf_spec(want), _leaf_spec(got)
         if want_spec is not None and got_spec != want_spec:
-            raise ValueError(
+            raise TargetMismatchError(
                 f"checkpoint {str(path)!r}: checkpointable {name!r} leaf "
                 f"{format_key(key_parts(key_path))}: target "
                 f"{want_spec[0]} {want_spec[1]} but checkpoint restored "
@@ -286,9 +293,10 @@ def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) 
             f"checkpoint {str(src)!r}: the stored data of {sorted(targets)} cannot be read; "
             f"it is damaged or unreadable{what}: {arrays.message(root)}"
         )
-    return ValueError(
-        f"checkpoint {str(src)!r}: Orbax could not restore {sorted(targets)} although "
-        f"their metadata fits the targets: {_orbax_reason(error)}"
+    # Nothing was damaged or unreadable: what Orbax refused is the targets.
+    return TargetMismatchError(
+        f"checkpoint {str(src)!r}: Orbax could not restore {sorted(targets)} into these "
+        f"targets although their metadata fits: {_orbax_reason(error)}"
     )
 
 
@@ -307,11 +315,22 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
     for name, target in targets.items():
         if is_stateful(target):
             check_iterator_states(src, name)
+    # Live arrays are taken as their shape, dtype and sharding; a NumPy scalar as a
+    # 0-d array (how it was saved).
+    abstract = {
+        name: target if is_stateful(target) else abstract_restore_target(target)
+        for name, target in targets.items()
+    }
     try:
-        with _context.context():
-            restored = ocp.load_checkpointables(orbax_path(src), dict(targets))
+        with _context.context(), warnings.catch_warnings():
+            # A target without a sharding (nnx.eval_shape's) is loaded with the one the
+            # checkpoint records, as Orbax does; its warning says only that.
+            warnings.filterwarnings("ignore", message="Sharding info not provided when restoring")
+            restored = ocp.load_checkpointables(orbax_path(src), abstract)
     except (TypeError, ValueError, KeyError, LookupError, OSError) as e:
-        raise load_error(src, targets, e) from e
+        failure = load_error(src, targets, e)
+        # A target problem is the caller's: Orbax's traceback would only hide it.
+        raise failure from (None if isinstance(failure, TargetMismatchError) else e)
     # Orbax restores a NumPy leaf with its stored shape whatever the target says;
     # a restore that does not match its target is an error, not a surprise later.
     for name, target in targets.items():

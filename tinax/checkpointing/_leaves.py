@@ -9,7 +9,7 @@ import numpy as np
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
 from tinax._format.keys import format_key, key_parts
-from tinax._targets import NumpyTarget, is_leafless
+from tinax._targets import NumpyTarget, flax_object_kind, is_leafless, refuse_flax_objects
 from tinax.checkpointing._orbax import has_standard_leaf_handler
 
 
@@ -19,9 +19,6 @@ def is_stateful(value: Any) -> bool:
 
 
 def _hint(leaf: Any) -> str:
-    module = type(leaf).__module__
-    if module == "numpy":
-        return " (a NumPy scalar: store it as np.asarray(x) or a Python number)"
     if callable(leaf):
         return " (a callable: only data can be checkpointed)"
     return ""
@@ -40,16 +37,25 @@ def check_storable(name: str, value: Any) -> None:
     Raises:
       ValueError: If ``value`` is ``None``.
       TypeError: If a leaf has a type no Orbax leaf handler stores, naming the
-        checkpointable and the leaf's key path.
+        checkpointable and the leaf's key path, or ``value`` holds a flax NNX
+        object (``nnx.Module``, ``nnx.Optimizer``) or ``GraphDef`` rather than
+        its state (``nnx.state(model)``).
     """
     if value is None:
         raise ValueError(f"checkpointable {name!r} is None; there is nothing to save")
-    if is_stateful(value) or is_leafless(value):
+    if is_stateful(value):
         return
-    flat = jax.tree_util.tree_flatten_with_path(value)[0]
+    if flax_object_kind(value) is not None:
+        refuse_flax_objects(value, what=f"checkpointable {name!r}")
+    if is_leafless(value):
+        return
+    # One walk finds flax NNX objects (kept whole) and every leaf.
+    flat = jax.tree_util.tree_flatten_with_path(value, is_leaf=_is_flax_object)[0]
     check_keys(name, [key_path for key_path, _ in flat])
     for key_path, leaf in flat:
         where = format_key(key_parts(key_path)) or "<root>"
+        if flax_object_kind(leaf) is not None:
+            refuse_flax_objects(value, what=f"checkpointable {name!r}")
         if isinstance(leaf, NumpyTarget):
             raise TypeError(
                 f"checkpointable {name!r} leaf {where} is an abstract restore target, not a value"
@@ -65,6 +71,31 @@ def check_storable(name: str, value: Any) -> None:
                 f"{type(leaf).__module__}.{type(leaf).__qualname__}, which Orbax cannot "
                 f"store{_hint(leaf)}"
             )
+
+
+def _is_flax_object(node: Any) -> bool:
+    return flax_object_kind(node) is not None
+
+
+def _is_numpy_scalar(leaf: Any) -> bool:
+    return isinstance(leaf, np.generic) and not isinstance(leaf, np.str_ | np.bytes_)
+
+
+def numpy_scalars_as_arrays(value: Any) -> Any:
+    """``value`` with each NumPy scalar (``np.float32(1.5)``) made a 0-d NumPy array.
+
+    Orbax stores no NumPy scalar; a 0-d array holds the same value and dtype, and a
+    restore gives it back as a 0-d array. ``value`` itself is returned when it holds
+    none (the common case), and a stateful checkpointable is never rebuilt.
+    """
+    if is_stateful(value):
+        return value
+    if _is_numpy_scalar(value):
+        return np.asarray(value)
+    leaves = jax.tree_util.tree_leaves(value)
+    if not any(_is_numpy_scalar(leaf) for leaf in leaves):
+        return value
+    return jax.tree.map(lambda leaf: np.asarray(leaf) if _is_numpy_scalar(leaf) else leaf, value)
 
 
 def _stored_name(entry: Any) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 from tinax._format import files, layout, pytree
 from tinax._format.storage import Location
 from tinax._paths import load_source
+from tinax._targets import refuse_flax_objects
 from tinax.checkpointing._checkpointables import (
     check_iterator_states,
     check_targets_given,
@@ -29,11 +30,33 @@ STATE_KEY = "state"
 _MAX_STEP = 2**63 - 1
 
 
+def _array_step(step: object) -> object:
+    """A 0-d integer array (``jnp.asarray(4)``, ``np.asarray(4)``) as the integer it holds."""
+    if isinstance(step, np.ndarray) or type(step).__module__.startswith("jax"):
+        shape, dtype = getattr(step, "shape", None), getattr(step, "dtype", None)
+        if shape == () and dtype is not None:
+            try:
+                kind = np.dtype(dtype).kind
+            except TypeError:
+                return step  # a typed PRNG key, say: refused below
+            if kind in "iu":
+                try:
+                    return int(step)  # type: ignore[call-overload]
+                except Exception:  # a traced value has no integer yet
+                    raise TypeError(
+                        "step must be a concrete integer; got a traced array (inside jit?)"
+                    ) from None
+    return step
+
+
 def check_step(step: object) -> int:
-    """Checks a training step: a non-negative ``int`` that is not a ``bool``."""
+    """Checks a training step: a non-negative ``int``, NumPy integer or 0-d integer
+    array (``jnp.asarray(4)``), not a ``bool`` (nor a boolean array)."""
+    step = _array_step(step)
     if isinstance(step, bool) or not isinstance(step, int | np.integer):
         raise TypeError(
-            f"step must be an integer (booleans are not), got {type(step).__name__}: {step!r}"
+            f"step must be an integer or a 0-d integer array (booleans are not), "
+            f"got {type(step).__name__}: {step!r}"
         )
     if step < 0:
         raise ValueError(f"step must be non-negative, got {step}")
@@ -272,6 +295,8 @@ def load_training_checkpoint(
     # Before anything is restored: a job of another process count cannot resume it.
     check_iterator_states(src, names.iterator)
 
+    for name, target in ((names.model, model_target), (names.optimizer, optimizer_target)):
+        refuse_flax_objects(target, what=f"{name} target")
     value_targets = {
         names.model: model_target,
         names.optimizer: optimizer_target,

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tinax._format import fit, layout
-from tinax._targets import target_leaves, target_spec
+from tinax._targets import refuse_flax_objects, target_leaves, target_spec
 
 _ALLOW_LOSSY = contextvars.ContextVar("tinax_allow_lossy_casts", default=False)
 
@@ -78,11 +78,15 @@ def check_targets(checkpoint: layout.Checkpoint, targets: Mapping[str, Any]) -> 
     """Refuses ``targets`` that do not fit ``checkpoint``, reading metadata only.
 
     Raises:
+      TypeError: If a target holds a flax NNX object (``nnx.Module``,
+        ``nnx.Optimizer``) or ``GraphDef`` rather than its state.
       TargetMismatchError: If a checkpointable is missing, or a leaf's kind, shape
-        or dtype does not fit (a lossy cast counts unless ``allow_lossy_casts``),
-        naming each such leaf.
+        or dtype does not fit (a lossy cast counts unless ``allow_lossy_casts``;
+        a typed PRNG key against raw key data never fits), naming each such leaf.
       ValueError: If the checkpoint's metadata cannot be read.
     """
+    for name, tree in targets.items():
+        refuse_flax_objects(tree, what=f"restore target {name!r}")
     missing_checkpointables(checkpoint, list(targets))
     stored = fit.stored_specs(checkpoint, targets)
     wanted = {
