@@ -27,6 +27,7 @@ from tinax.explore._run_dir import (
     save_directory,
 )
 from tinax.explore._run_table import run_table
+from tinax.explore._scan_run import scan_run
 from tinax.explore._staged import StagedLeaves, collector_paused, open_leaves
 from tinax.explore._summary import (
     HISTOGRAM_BINS,
@@ -84,6 +85,7 @@ __all__ = [
     "run_policy",
     "run_table",
     "save_directory",
+    "scan_run",
     "sort_by_change",
     "state_table",
     "verify",

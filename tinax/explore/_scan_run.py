@@ -1,0 +1,206 @@
+"""Every checkpoint of a run read whole: where NaN or Inf appeared first, and where to
+roll back to.
+
+Each complete checkpoint is checked by ``verify(data=True)`` (every array read raw and
+checked against its checksums, NaN and Inf counted), once: what a scan found is kept
+in memory, keyed by the checkpoint's path, commit time and size, so a checkpoint
+already scanned is not read again.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from tinax import _paths
+from tinax._format import words
+from tinax.explore._listing import list_checkpoints
+from tinax.explore._verify import verify
+
+SCAN_COLUMNS = ("name", "path", "step", "status", "nan", "inf", "nonfinite_leaves", "verdict")
+# A checkpoint's verdict.
+FINITE = "finite"
+NONFINITE = "non-finite"
+NOT_SOUND = "not sound"
+NOT_COMPLETE = "not complete"
+NOT_SCANNED = "not scanned"
+_KEEP = 4096
+
+Progress = Callable[[int, int], None]
+Cancel = Callable[[], bool] | threading.Event
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scanned:
+    nan: int
+    inf: int
+    sound: bool
+    verdict: str  # verify's line
+    leaves: tuple[tuple[str, str, int, int], ...]  # (checkpointable, key, nan, inf) non-finite
+
+
+_scanned: collections.OrderedDict[tuple[str, str, int], _Scanned] = collections.OrderedDict()
+_lock = threading.Lock()
+
+
+def _scan(path: str) -> _Scanned:
+    found = verify(path, data=True)
+    table = found.leaves
+    nan = inf = 0
+    leaves = []
+    if len(table):
+        for row in table.itertuples(index=False):
+            n = 0 if pd.isna(row.nan_count) else int(row.nan_count)
+            i = 0 if pd.isna(row.inf_count) else int(row.inf_count)
+            nan, inf = nan + n, inf + i
+            if n or i:
+                leaves.append((str(row.checkpointable), str(row.key), n, i))
+    return _Scanned(nan, inf, bool(found.ok), found.verdict, tuple(leaves))
+
+
+def _cached_scan(row: Any) -> _Scanned:
+    identity = (str(row["path"]), str(row["committed"]), int(row["nbytes"]))
+    with _lock:
+        found = _scanned.get(identity)
+        if found is not None:
+            _scanned.move_to_end(identity)
+            return found
+    found = _scan(str(row["path"]))
+    with _lock:
+        _scanned[identity] = found
+        while len(_scanned) > _KEEP:
+            _scanned.popitem(last=False)
+    return found
+
+
+def scanned_checkpoints() -> int:
+    """How many checkpoints' scans this process keeps."""
+    with _lock:
+        return len(_scanned)
+
+
+def _cancelled(cancel: Cancel | None) -> bool:
+    if cancel is None:
+        return False
+    return cancel.is_set() if isinstance(cancel, threading.Event) else bool(cancel())
+
+
+def scan_run(
+    root: str | os.PathLike[str],
+    *,
+    leaves: bool = False,
+    progress: Progress | None = None,
+    cancel: Cancel | None = None,
+) -> pd.DataFrame:
+    """NaN and Inf in every checkpoint of a run; the first non-finite step and the
+    step to roll back to.
+
+    Every complete checkpoint is verified with its data (``verify(path,
+    data=True)``: every array read, checked against its checksums, NaN and Inf
+    counted). Checkpoints already scanned by this process, unchanged since, are not
+    read again.
+
+    Args:
+      root: A run directory (local or ``gs://``), or one checkpoint.
+      leaves: Also give, in ``attrs["leaves"]``, one row per leaf holding NaN or Inf:
+        ``name``, ``step``, ``checkpointable``, ``key``, ``nan``, ``inf``.
+      progress: Called as ``progress(checkpoints_done, checkpoints_total)``.
+      cancel: A ``threading.Event`` or a callable; once set (or returning true), no
+        further checkpoint is read: the rest are ``not scanned`` and
+        ``attrs["cancelled"]`` is true.
+
+    Returns:
+      A DataFrame in ``list_checkpoints`` order: ``name``, ``path``, ``step``,
+      ``status``, ``nan`` and ``inf`` (counts over every array; ``<NA>`` where not
+      read), ``nonfinite_leaves`` and ``verdict``: ``finite``; ``non-finite``
+      (sound, but holding NaN or Inf); ``not sound`` (``verify`` found an error:
+      its line is in ``attrs["problems"]``, by path); ``not complete`` (in
+      progress, interrupted, invalid: never loadable); ``not scanned``.
+      ``attrs["first_nonfinite_step"]``: the step of the first checkpoint holding
+      NaN or Inf (``None`` if none does); ``attrs["rollback_step"]``: the newest
+      complete, sound and finite checkpoint before it (``None`` if there is no
+      non-finite checkpoint, or no good one before it).
+
+    Raises:
+      TypeError: If ``leaves`` is not a bool.
+      FileNotFoundError: If ``root`` does not exist.
+      ValueError: If ``root`` is not a directory.
+    """
+    if not isinstance(leaves, bool):
+        raise TypeError(f"leaves must be a bool, got {type(leaves).__name__}")
+    _paths.existing_directory(root)
+    listing = list_checkpoints(root, deep=False)
+    rows = [row for _, row in listing.iterrows()]
+    todo = [i for i, row in enumerate(rows) if row["status"] == words.COMPLETE]
+    results: dict[int, _Scanned] = {}
+    cancelled = False
+    for done, index in enumerate(todo):
+        if _cancelled(cancel):
+            cancelled = True
+            break
+        results[index] = _cached_scan(rows[index])
+        if progress is not None:
+            progress(done + 1, len(todo))
+    verdicts, problems = [], {}
+    for i, row in enumerate(rows):
+        found = results.get(i)
+        if row["status"] != words.COMPLETE:
+            verdicts.append(NOT_COMPLETE)
+        elif found is None:
+            verdicts.append(NOT_SCANNED)
+        elif not found.sound:
+            verdicts.append(NOT_SOUND)
+            problems[str(row["path"])] = found.verdict
+        else:
+            verdicts.append(NONFINITE if found.nan or found.inf else FINITE)
+    table = listing[["name", "path", "step", "status"]].copy()
+    for column, pick in (
+        ("nan", lambda s: s.nan),
+        ("inf", lambda s: s.inf),
+        ("nonfinite_leaves", lambda s: len(s.leaves)),
+    ):
+        table[column] = pd.array(
+            [pick(results[i]) if i in results else None for i in range(len(rows))],
+            dtype="Int64",
+        )
+    table["verdict"] = pd.array(verdicts, dtype="string")
+    first = None
+    for i, row in enumerate(rows):
+        found = results.get(i)
+        if found is not None and (found.nan or found.inf) and not pd.isna(row["step"]):
+            step = int(row["step"])
+            first = step if first is None else min(first, step)
+    rollback = None
+    if first is not None:
+        good = [
+            int(row["step"])
+            for i, row in enumerate(rows)
+            if verdicts[i] == FINITE and not pd.isna(row["step"]) and int(row["step"]) < first
+        ]
+        rollback = max(good, default=None)
+    attrs: dict[str, Any] = {
+        "first_nonfinite_step": first,
+        "rollback_step": rollback,
+        "problems": problems,
+        "cancelled": cancelled,
+    }
+    if leaves:
+        detail = [
+            (str(rows[i]["name"]), rows[i]["step"], name, key, nan, inf)
+            for i, found in sorted(results.items())
+            for name, key, nan, inf in found.leaves
+        ]
+        columns = ("name", "step", "checkpointable", "key", "nan", "inf")
+        dtypes = ("string", "Int64", "string", "string", "Int64", "Int64")
+        cells = list(zip(*detail, strict=True)) if detail else [() for _ in columns]
+        attrs["leaves"] = pd.DataFrame(
+            {c: pd.array(list(cells[k]), dtype=dtypes[k]) for k, c in enumerate(columns)}
+        )
+    table.attrs = attrs
+    return table
