@@ -22,7 +22,7 @@ def test_check_data_counts_nan_and_inf_per_leaf(tmp_path: Path) -> None:
     explorer = CheckpointExplorer(tmp_path)
     check = explorer.data_check
     assert check.button.disabled  # nothing open yet
-    assert check.button in explorer.actions.children
+    assert check.button in explorer.contents.actions.children
     explorer.open_checkpoint("step-1")
     assert not check.button.disabled
     check.start(in_thread=False)
@@ -31,6 +31,13 @@ def test_check_data_counts_nan_and_inf_per_leaf(tmp_path: Path) -> None:
     first = check.table.frame.iloc[0]  # the leaf with NaNs first
     assert (first["key"], first["nan_count"], first["inf_count"]) == ("['w']", 2, 1)
     assert check.table.rows[0]["background"] == "#fde7e9"
+    # Only the leaf to look at is listed; the clean ones are counted in the line.
+    assert check.table.frame["key"].tolist() == ["['w']"]
+    assert "3 arrays" in check.label.value and "1 with NaN, Inf" in check.label.value
+    # The check shows in its own section, opened where its button is: under the actions.
+    body = list(explorer.contents.section.body.children)
+    assert explorer.contents.data_section.shown
+    assert body.index(explorer.contents.data_section) == body.index(explorer.contents.actions) + 2
     # Another checkpoint opened: the result goes with the old one.
     _save(tmp_path / "step-2", np.ones((8, 8), np.float32))
     explorer.refresh()
@@ -69,3 +76,17 @@ def test_a_cancelled_check_shows_nothing_of_it(tmp_path: Path) -> None:
     assert check.table.layout.display == "none" and not check.button.disabled
     check.start(in_thread=False)  # and it can run again
     assert check.status == "done" and check.result.ok
+
+
+def test_a_clean_check_is_one_line(tmp_path: Path) -> None:
+    _save(tmp_path / "step-1", np.ones((8, 8), np.float32))
+    explorer = CheckpointExplorer(tmp_path)
+    explorer.open_checkpoint("step-1")
+    assert not explorer.contents.data_section.shown  # nothing to show before a check
+    check = explorer.data_check
+    check.start(in_thread=False)
+    assert check.status == "done" and check.result.ok
+    assert explorer.contents.data_section.shown
+    assert 'data-ok="true"' in check.label.value and "3 arrays" in check.label.value
+    assert check.findings.value == ""
+    assert check.table.layout.display == "none" and check.table.frame.empty

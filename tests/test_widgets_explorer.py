@@ -67,14 +67,14 @@ def test_pick_a_checkpoint_and_a_leaf_by_clicking(any_run: str) -> None:
     explorer = CheckpointExplorer(run)
     assert explorer.checkpoints["name"].tolist() == ["step-1", "step-2"]
     assert explorer.wait(60)
-    assert explorer.summary.value == "2 checkpoints"
-    assert explorer.leaf_section.layout.display == "none"
+    assert explorer.summary == "2 checkpoints"
+    assert not explorer.contents.section.shown
 
     explorer.checkpoint_view.click(_label(explorer, "step-2"))
     assert explorer.checkpoint == f"{run}/step-2"
-    assert explorer.leaf_section.layout.display == ""
+    assert explorer.contents.section.shown
     assert set(explorer.leaves["key"]) >= {"['dense']['w']", "['dense']['b']", "['mu']"}
-    assert "step-2" in explorer.leaf_title.value
+    assert "step-2" in explorer.contents.section.heading.value
 
     explorer.leaf_view.click(_leaf_label(explorer, "model", "['dense']['w']"))
     assert explorer.leaf == ("model", "['dense']['w']")
@@ -82,9 +82,9 @@ def test_pick_a_checkpoint_and_a_leaf_by_clicking(any_run: str) -> None:
     assert stats is not None
     assert stats.shape == (3, 4) and stats.dtype == "float32"
     assert (stats.minimum, stats.maximum, stats.mean) == (0.0, 22.0, 11.0)
-    assert 'data-stat="mean">11<' in explorer.stats_html.value
-    assert bytes(explorer.histogram.value).startswith(b"\x89PNG")
-    assert explorer.histogram.layout.display == ""
+    assert 'data-stat="mean">11<' in explorer.leaf_pane.stats_html.value
+    assert bytes(explorer.leaf_pane.histogram.value).startswith(b"\x89PNG")
+    assert explorer.leaf_pane.histogram.layout.display == ""
     np.testing.assert_array_equal(np.asarray(explorer.leaf_value), WEIGHTS * 2)
 
     explorer.open_leaf("model", "['dense']['b']")
@@ -92,7 +92,7 @@ def test_pick_a_checkpoint_and_a_leaf_by_clicking(any_run: str) -> None:
     assert stats is not None
     assert (stats.nan_count, stats.inf_count) == (1, 1)
     assert stats.mean == pytest.approx(1.5)
-    assert 'data-stat="NaN">1<' in explorer.stats_html.value
+    assert 'data-stat="NaN">1<' in explorer.leaf_pane.stats_html.value
 
 
 def test_picking_reads_only_that_leafs_bytes(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_in_progress_and_invalid_checkpoints_are_listed_but_never_opened(run: Pa
     assert statuses["step-1"] == statuses["step-2"] == "complete"
     assert statuses[_name_like(statuses, "step-3")] == "in progress"
     assert statuses["step-4"] == "invalid"
-    assert "1 in progress" in explorer.summary.value and "1 invalid" in explorer.summary.value
+    assert "1 save in progress" in explorer.summary and "1 invalid" in explorer.summary
     for name in (_name_like(statuses, "step-3"), "step-4"):
         assert not explorer.checkpoint_view.pickable(_label(explorer, name))
         explorer.open_checkpoint(name)  # a programmatic pick is refused too
@@ -149,16 +149,16 @@ def test_filters_and_pages_at_ten_thousand_leaves(tmp_path: Path) -> None:
     explorer.leaf_view.page = 400
     assert explorer.leaf_view.position == "rows 10,001–10,001 of 10,001"
 
-    explorer.key_filter.value = "layer_0999"
+    explorer.contents.key_filter.value = "layer_0999"
     assert explorer.leaf_view.frame["key"].tolist() == [f"['layer_0999{i}']" for i in range(10)]
     assert explorer.leaf_view.page == 0
-    explorer.key_filter.value = ""
-    explorer.checkpointable_filter.value = "optimizer"
+    explorer.contents.key_filter.value = ""
+    explorer.contents.checkpointable_filter.value = "optimizer"
     assert explorer.leaf_view.frame["key"].tolist() == ["['count']"]
 
     explorer.open_leaf("model", "['layer_01234']")
     assert explorer.statistics is not None and explorer.statistics.mean == 1234.0
-    assert explorer.checkpointable_filter.value == ""  # the filter was cleared to show it
+    assert explorer.contents.checkpointable_filter.value == ""  # the filter was cleared to show it
 
 
 def test_checkpoints_are_in_step_order(tmp_path: Path) -> None:
@@ -174,18 +174,18 @@ def test_refresh_and_polling_find_new_checkpoints(run: Path) -> None:
     explorer.open_checkpoint("step-2")
     _save(run / "step-3", _state(3))
     assert "step-3" not in explorer.checkpoints["name"].tolist()
-    explorer.refresh_button.click()
+    explorer.runs.refresh_button.click()
     assert explorer.checkpoints["name"].tolist() == ["step-1", "step-2", "step-3"]
     assert explorer.checkpoint == str(run / "step-2"), "refresh keeps the open checkpoint"
 
     explorer.poll_interval = 0.05
-    assert explorer.watch_box.value
+    assert explorer.runs.watch_box.value
     _save(run / "step-4", _state(4))
     deadline = time.monotonic() + 30
     while "step-4" not in explorer.checkpoints["name"].tolist():
         assert time.monotonic() < deadline, "polling did not find step-4"
         time.sleep(0.05)
-    explorer.watch_box.value = False
+    explorer.runs.watch_box.value = False
     assert explorer.poll_interval == 0
     explorer.close()
 
@@ -246,7 +246,7 @@ def test_constructor_checks_its_arguments(tmp_path: Path) -> None:
 def test_a_relative_run_directory_works(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(run.parent)
     explorer = CheckpointExplorer("run")
-    assert "<code>run</code>" in explorer.children[0].value
+    assert "<code>run</code>" in explorer.heading.value
     explorer.open_checkpoint("step-1")
     explorer.open_leaf("model", "['dense']['w']")
     assert explorer.statistics is not None and explorer.statistics.mean == 5.5
@@ -261,11 +261,15 @@ def test_an_iterator_leaf_shows_its_stored_state(tmp_path: Path) -> None:
     label = _leaf_label(explorer, "iterator", "")
     explorer.leaf_view.show_row(label)
     slot = explorer.leaf_view.visible_labels().index(label)
-    assert explorer.leaf_view.visible_text("key")[slot] == "(whole)"
+    # A checkpointable stored whole has the empty key, shown as a word, never blank.
+    assert explorer.leaf_view.visible_text("key")[slot] in {"(root)", "(whole)", "iterator"}
     explorer.leaf_view.click(label)
     assert explorer.leaf == ("iterator", "")
     assert explorer.statistics is None
-    assert "next_index" in explorer.stats_html.value and "nothing read" in explorer.stats_html.value
+    assert (
+        "next_index" in explorer.leaf_pane.stats_html.value
+        and "nothing read" in explorer.leaf_pane.stats_html.value
+    )
 
 
 def test_an_interrupted_save_is_removed_after_a_confirmation(run: Path) -> None:
@@ -286,9 +290,9 @@ def test_an_interrupted_save_is_removed_after_a_confirmation(run: Path) -> None:
             zip(explorer.checkpoints["name"], explorer.checkpoints["status"], strict=True)
         )
         assert statuses[dead.name] == "interrupted" and statuses[live.name] == "in progress"
-        assert "1 interrupted" in explorer.summary.value
+        assert "1 interrupted save" in explorer.summary
         assert not explorer.checkpoint_view.pickable(_label(explorer, dead.name))
-        panel = explorer.interrupted
+        panel = explorer.runs.interrupted
         assert panel.layout.display == ""
         # Only the interrupted one is offered, with its size and age.
         assert [value for _, value in panel.choice.options] == [str(dead)]
@@ -318,7 +322,7 @@ def test_a_save_that_claims_meanwhile_is_not_removed(run: Path) -> None:
     first = Holder(run / "step-3")
     first.kill()
     explorer = CheckpointExplorer(run)
-    panel = explorer.interrupted
+    panel = explorer.runs.interrupted
     panel.remove_button.click()
     # A new save to step-3 starts while the question is open.
     second = Holder(run / "step-3")
@@ -354,7 +358,7 @@ def test_a_run_is_listed_newest_first_narrowed_by_step_and_jumped_through(long_r
     explorer = CheckpointExplorer(long_run, page_size=10)
     assert _names_shown(explorer)[:3] == ["step_000240", "step_000230", "step_000220"]
     assert explorer.checkpoint_view.position == "rows 1–10 of 25"
-    slider = explorer.step_range
+    slider = explorer.runs.step_range
     assert (slider.min, slider.max, slider.value) == (0, 240, (0, 240))
 
     slider.value = (50, 100)
@@ -363,8 +367,8 @@ def test_a_run_is_listed_newest_first_narrowed_by_step_and_jumped_through(long_r
     assert _names_shown(explorer)[0] == "step_000050"
 
     # Jumping to a step opens it, widening the range when it lies outside.
-    explorer.step_box.value = 200
-    explorer.go_button.click()
+    explorer.runs.step_box.value = 200
+    explorer.runs.go_button.click()
     assert explorer.checkpoint == str(long_run / "step_000200")
     assert slider.value == (0, 240)
     assert "step_000200" in _names_shown(explorer)
@@ -389,14 +393,14 @@ def test_the_run_is_shown_before_it_is_checked_and_marked_when_checked(tmp_path:
     assert explorer.wait(60)
     statuses = dict(zip(explorer.checkpoints["name"], explorer.checkpoints["status"], strict=True))
     assert statuses == {"step_1": "complete", "step_2": "invalid", "step_3": "complete"}
-    assert explorer.summary.value == "3 checkpoints · 1 invalid"
+    assert explorer.summary == "2 checkpoints, 1 invalid"
     assert not explorer.checkpoint_view.pickable(_label(explorer, "step_2"))
     # Now remembered: the next explorer's first listing already knows.
     again = CheckpointExplorer(tmp_path)
     assert dict(zip(again.checkpoints["name"], again.checkpoints["status"], strict=True)) == (
         statuses
     )
-    assert again.wait(0.001) and "checking" not in again.summary.value
+    assert again.wait(0.001) and "checking" not in again.summary
     with pytest.raises(ValueError, match="no complete checkpoint with a step"):
         CheckpointExplorer(tmp_path / "step_2" / "state").go_to_step(1)
 
@@ -418,7 +422,7 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
     full = ex.checkpoint_table(run / "step-2").reset_index(drop=True)
     # Holding the explorer's lock keeps the fill from being applied: what is shown
     # meanwhile can be looked at.
-    with explorer._lock:
+    with explorer.services.lock:
         explorer.open_checkpoint("step-2")
         assert explorer.filling
         shown = explorer.leaves
@@ -430,8 +434,8 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
             .all()
             .all()
         )
-        assert "reading shapes and sizes…" in explorer.leaf_title.value
-        assert "reading shapes and sizes…" in explorer.size_bar.value
+        assert "reading shapes and sizes…" in explorer.contents.section.heading.value
+        assert "reading shapes and sizes…" in explorer.contents.size_bar.value
         tree = explorer.tree_view
         assert tree.order.disabled and set(tree.table.frame["nbytes"]) == {"…"}
         # Not sorted by sizes it does not have: stored order, and it says so.
@@ -448,17 +452,25 @@ def test_a_large_checkpoint_shows_its_keys_first_and_its_sizes_when_read(
     assert nbytes.tolist() == sorted(nbytes.tolist(), reverse=True)
     assert "once it is read" not in explorer.leaf_view.position
     total = int(pd.to_numeric(full["nbytes"]).fillna(0).sum())
-    assert f", {format_bytes(total)} in arrays and state (" in explorer.leaf_title.value
-    assert "reading" not in explorer.size_bar.value and "model" in explorer.size_bar.value
+    assert (
+        f", {format_bytes(total)} in arrays and state (" in explorer.contents.section.heading.value
+    )
+    assert (
+        "reading" not in explorer.contents.size_bar.value
+        and "model" in explorer.contents.size_bar.value
+    )
     assert not explorer.tree_view.order.disabled
     tree = explorer.tree_view
     assert sum(root.nbytes for root in tree.tree.roots) == total
-    shown_sizes = dict(zip(tree.table.frame["label"], tree.table.frame["nbytes"], strict=True))
-    assert shown_sizes["optimizer"] == 24 and shown_sizes["['count']"] == 8
+    shown_sizes = {
+        (node.checkpointable, node.key): size
+        for node, size in zip(tree.nodes, tree.table.frame["nbytes"], strict=True)
+    }
+    assert shown_sizes[("optimizer", "")] == 24 and shown_sizes[("optimizer", "['count']")] == 8
     assert explorer.leaf == ("optimizer", "['count']")  # the pick is kept
 
     # A fill that arrives after another checkpoint was opened is dropped.
-    with explorer._lock:
+    with explorer.services.lock:
         explorer.open_checkpoint("step-2")
         explorer.open_checkpoint("step-1")
     assert explorer.wait(60)
@@ -486,7 +498,7 @@ def test_shapes_that_cannot_be_read_are_said_so_and_the_fill_ends(
     assert "['dense']['w']" in set(explorer.leaves["key"])
     assert explorer.wait(60)
     assert not explorer.filling
-    assert "Cannot read shapes and sizes" in explorer.size_bar.value
+    assert "Cannot read shapes and sizes" in explorer.contents.size_bar.value
     assert "cannot read the array metadata" in explorer.error
 
 
@@ -507,11 +519,11 @@ def test_a_training_run_shows_its_policy_and_why_each_checkpoint_is_kept(tmp_pat
     explorer = CheckpointExplorer(tmp_path, poll_interval=0)
     kept = dict(zip(explorer.checkpoints["name"], explorer.checkpoints["kept"], strict=True))
     assert kept == {"step_000020": "best loss", "step_000040": "newest 1"}
-    assert "every 10 steps · keeps newest 1 + best 1 by loss (min)" in explorer.summary.value
+    assert "every 10 steps · keeps newest 1 + best 1 by loss (min)" in explorer.summary
     # A run not written by TrainingRun has no reasons and no policy to show.
     plain = CheckpointExplorer(tmp_path / "step_000040", poll_interval=0)
     assert set(plain.checkpoints["kept"]) <= {""}
-    assert "keeps" not in plain.summary.value
+    assert "keeps" not in plain.summary
 
 
 def test_export_opens_the_open_checkpoint_s_panel_and_writes_safetensors(
@@ -520,12 +532,16 @@ def test_export_opens_the_open_checkpoint_s_panel_and_writes_safetensors(
     from safetensors.numpy import load_file
 
     explorer = CheckpointExplorer(run, poll_interval=0)
-    assert explorer.export_box.children == ()
-    explorer.export_button.click()  # nothing open: nothing to export
-    assert explorer.export_box.children == ()
+    assert explorer.contents.export_box.children == ()
+    explorer.contents.export_button.click()  # nothing open: nothing to export
+    assert explorer.contents.export_box.children == ()
     explorer.checkpoint_view.click(_label(explorer, "step-2"))
-    explorer.export_button.click()
-    (panel,) = explorer.export_box.children
+    explorer.contents.export_button.click()
+    (panel,) = explorer.contents.export_box.children
+    # The panel opens where its button is: right under the row of actions.
+    body = list(explorer.contents.section.body.children)
+    assert explorer.contents.export_button in explorer.contents.actions.children
+    assert body.index(explorer.contents.export_box) == body.index(explorer.contents.actions) + 1
     assert panel.path == f"{run}/step-2"
     panel.destination.value = str(tmp_path / "out")
     panel.export_button.click()
@@ -537,7 +553,7 @@ def test_export_opens_the_open_checkpoint_s_panel_and_writes_safetensors(
     np.testing.assert_array_equal(tensors["dense.w"], WEIGHTS * 2)
     # Another checkpoint opened closes the panel; the button toggles it.
     explorer.checkpoint_view.click(_label(explorer, "step-1"))
-    assert explorer.export_box.children == ()
-    explorer.export_button.click()
-    explorer.export_button.click()
-    assert explorer.export_box.children == ()
+    assert explorer.contents.export_box.children == ()
+    explorer.contents.export_button.click()
+    explorer.contents.export_button.click()
+    assert explorer.contents.export_box.children == ()

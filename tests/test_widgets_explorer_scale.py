@@ -116,7 +116,7 @@ def test_the_size_bar_splits_the_checkpoint_by_its_parts(run: dict[str, Any]) ->
     leaves = explorer.leaves
     nbytes = pd.to_numeric(leaves["nbytes"]).fillna(0)
     by_part = nbytes.groupby(leaves["checkpointable"]).sum()
-    bar = explorer.size_bar.value
+    bar = explorer.contents.size_bar.value
     for part in ("model", "optimizer"):
         share = by_part[part] / by_part.sum()
         assert f'data-part="{part}"' in bar and f"width:{share * 100:.2f}%" in bar
@@ -202,32 +202,32 @@ def test_small_arrays_show_their_values_and_the_histogram_has_a_log_scale(
     explorer.open_checkpoint("step_000010")
     explorer.open_leaf("rng", "")
     key_data = np.asarray(jax.random.key_data(jax.random.key(7)))
-    assert explorer.values.value.count(", ") == 1
+    assert explorer.leaf_pane.values.value.count(", ") == 1
     for number in key_data:
-        assert str(int(number)) in explorer.values.value
-    assert explorer.statistics is None and explorer.histogram.layout.display == "none"
-    assert "mean" not in explorer.stats_html.value
+        assert str(int(number)) in explorer.leaf_pane.values.value
+    assert explorer.statistics is None and explorer.leaf_pane.histogram.layout.display == "none"
+    assert "mean" not in explorer.leaf_pane.stats_html.value
     explorer.open_leaf("optimizer", "[0]['count']")
-    assert ">3</pre>" in explorer.values.value  # three updates so far
+    assert ">3</pre>" in explorer.leaf_pane.values.value  # three updates so far
 
     explorer.open_leaf("model", "['dense2']['bias']['value']")  # 2 floats: values and statistics
-    assert "tinax-leaf-values" in explorer.values.value
-    assert explorer.statistics is not None and explorer.log_box.layout.display == ""
+    assert "tinax-leaf-values" in explorer.leaf_pane.values.value
+    assert explorer.statistics is not None and explorer.leaf_pane.log_box.layout.display == ""
     explorer.open_leaf("model", KERNEL)  # 64 elements: still shown
-    assert explorer.values.value.count("11.") == 64
-    linear = bytes(explorer.histogram.value)
-    explorer.log_box.value = True
-    logarithmic = bytes(explorer.histogram.value)
+    assert explorer.leaf_pane.values.value.count("11.") == 64
+    linear = bytes(explorer.leaf_pane.histogram.value)
+    explorer.leaf_pane.log_box.value = True
+    logarithmic = bytes(explorer.leaf_pane.histogram.value)
     assert logarithmic.startswith(b"\x89PNG") and logarithmic != linear
-    explorer.log_box.value = False
-    assert bytes(explorer.histogram.value) == linear
+    explorer.leaf_pane.log_box.value = False
+    assert bytes(explorer.leaf_pane.histogram.value) == linear
 
 
 def test_a_leaf_across_the_run(run: dict[str, Any]) -> None:
     explorer = CheckpointExplorer(run["root"])
     explorer.open_checkpoint("step_000010")
     explorer.open_leaf("model", KERNEL)
-    explorer.history_button.click()
+    explorer.leaf_pane.history_button.click()
     assert explorer.wait(120)
     history = explorer.history
     assert history["step"].tolist() == list(STEPS)
@@ -242,9 +242,9 @@ def test_a_leaf_across_the_run(run: dict[str, Any]) -> None:
     # The values' distribution at each step, for the bands over steps: sorted percentiles.
     for quantiles in history["quantiles"]:
         assert len(quantiles) == 9 and list(quantiles) == sorted(quantiles)
-    assert bytes(explorer.history_image.value).startswith(b"\x89PNG")
-    assert explorer.history_box.children == (explorer.history_image,)
-    assert explorer.history_status.value == "3 checkpoints read"
+    assert bytes(explorer.leaf_pane.history_image.value).startswith(b"\x89PNG")
+    assert explorer.leaf_pane.history_box.children == (explorer.leaf_pane.history_image,)
+    assert explorer.leaf_pane.history_status.value == "3 checkpoints read"
 
     # A leaf that is not everywhere: the others say why.
     extra = run["root"] / "step_000020"
@@ -259,10 +259,10 @@ def test_a_leaf_across_the_run(run: dict[str, Any]) -> None:
         assert explorer.wait(120)
         assert explorer.history["step"].tolist() == [*STEPS, 20]
         assert "no leaf" in explorer.history["error"].iloc[-1]
-        assert "1 without this leaf or unreadable" in explorer.history_status.value
+        assert "1 without this leaf or unreadable" in explorer.leaf_pane.history_status.value
         # Picking another leaf forgets the history.
         explorer.open_leaf("model", "['dense2']['bias']['value']")
-        assert explorer.history.empty and explorer.history_box.children == ()
+        assert explorer.history.empty and explorer.leaf_pane.history_box.children == ()
     finally:
         import shutil
 
@@ -300,6 +300,6 @@ def test_the_leaf_table_sorts_and_jumps(run: dict[str, Any]) -> None:
     view.jump(view.page_count)
     assert view.page == view.page_count - 1
     # Filtering keeps the sort.
-    explorer.key_filter.value = "kernel"
+    explorer.contents.key_filter.value = "kernel"
     shown = [explorer.leaves.loc[label, "nbytes"] for label in view.visible_labels()]
     assert shown == sorted(shown, reverse=True) and view.page == 0

@@ -1,22 +1,25 @@
-"""The explorer's checkpoint pane: one checkpoint's leaves as a tree and a table,
+"""The explorer's checkpoint pane: one checkpoint's leaves as a tree or a table,
 its size by part, its soundness, what can be done with it, and its diff."""
 
 from __future__ import annotations
 
 import contextlib
 import html
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as w
 import pandas as pd
 
-from tinax import explore
-from tinax.vocabulary import COMPLETE
+from tinax.explore.toolkit import StagedLeaves, collector_paused, open_leaves
 
 from ._data_check import DataCheck
 from ._diff import DiffView
 from ._export import ExportPanel
 from ._guard import shown_in_widget
+from ._run_list import RunList
+from ._section import Section
+from ._services import Services
 from ._soundness import verdict_html
 from ._table import Column, PagedTable, format_cell
 from ._text import error_html, format_bytes, note_html
@@ -51,108 +54,150 @@ LEAF_COLUMNS = (
 )
 
 
+TREE, TABLE = "tree", "table"
+
+
 class CheckpointPane:
-    """The checkpoint pane of ``CheckpointExplorer``: opening a checkpoint and showing its leaves."""
+    """One checkpoint: the explorer's second pane.
 
-    if TYPE_CHECKING:
-        # The explorer's state and the other panes' widgets, shared through ``self``.
-        checkpoint: str | None
-        _opens: int
+    Its heading names the checkpoint, counts its leaves and bytes; below it a bar
+    of its bytes by part, the verdict of ``verify`` and the actions ("check data",
+    "export…"), each action's panel right under the actions, the diff against
+    another checkpoint, and the leaves: as a tree with byte subtotals or as a flat
+    table sortable by any column, narrowed by the "show" and "key" filters.
+    Picking a leaf calls ``on_pick_leaf``.
 
-        def __getattr__(self, name: str) -> Any: ...
+    Attributes:
+      section: The pane, folding away under its heading.
+      checkpoint: Path of the open checkpoint, or ``None``.
+      leaves: Its ``checkpoint_table`` (all rows); while ``filling``, keys and kinds only.
+      filling: Whether its shapes and sizes are being read in the background.
+      data_check, diff_view, export_button, export_box: The actions and their panels.
+      data_section, diff_section: The sections of the data check and of the diff.
+      checkpointable_filter, key_filter: The filters of the leaves (and of the diff).
+      leaves_as: Shows the leaves as a ``"tree"`` or as a ``"table"``.
+    """
 
-    def _build_checkpoint_pane(self, page_size: int) -> None:
-        """Makes the checkpoint pane's widgets."""
-        guard = shown_in_widget(self._show_error)
-        self.leaf_title = w.HTML("")
+    def __init__(
+        self,
+        services: Services,
+        runs: RunList,
+        *,
+        page_size: int,
+        on_open: Callable[[str | None], None],
+        on_pick_leaf: Callable[[str, str], None],
+    ) -> None:
+        """Makes the pane's widgets (hidden until a checkpoint is opened).
+
+        Args:
+          services: The explorer's shared services.
+          runs: The run list, for the sizes on disk and the checkpoints to compare with.
+          page_size: Rows per page of the tables.
+          on_open: Called, under the lock, with the checkpoint opened (``None``: closed).
+          on_pick_leaf: Called, under the lock, with a leaf picked in the tree or table.
+        """
+        self._services = services
+        self._runs = runs
+        self._on_open = on_open
+        self._on_pick_leaf = on_pick_leaf
+        self._page_size = page_size
+        self.checkpoint: str | None = None
+        self.leaves = pd.DataFrame()
+        self.filling = False
+        # Counts opens, so that a late fill of a checkpoint closed since is dropped.
+        self._opens = 0
+        self._name = ""
+        guard = shown_in_widget(services.show_error)
         self.checkpointable_filter = w.Dropdown(
-            options=[("all checkpointables", "")], value="", description="show"
+            options=[("all checkpointables", "")],
+            value="",
+            description="show",
+            layout=w.Layout(width="auto", max_width="100%"),
         )
         self.key_filter = w.Text(
-            value="", placeholder="key contains…", description="key", continuous_update=True
+            value="",
+            placeholder="key contains…",
+            description="key",
+            continuous_update=True,
+            layout=w.Layout(width="auto", max_width="100%"),
         )
         for control in (self.checkpointable_filter, self.key_filter):
             control.observe(guard(self._on_filter), names="value")
-        self._page_size = page_size
+        self.leaves_as = w.ToggleButtons(
+            options=[("tree", TREE), ("table", TABLE)],
+            value=TREE,
+            tooltips=["subtrees with their sizes", "every leaf, sortable by any column"],
+            style={"button_width": "5em"},
+        )
+        self.leaves_as.observe(guard(lambda _: self._show_view()), names="value")
         self._leaf_view: PagedTable | None = None
         self._tree_view: TreeView | None = None
-        # The tree above the flat table, each as wide as the output; built with the
-        # explorer (below), so that opening a checkpoint only fills them.
+        # The tree or the flat table, as wide as the output; built with the
+        # explorer, so that opening a checkpoint only fills them.
         self.leaf_tables = w.VBox([])
         self.size_bar = w.HTML("")
         self.verdict = w.HTML("")
-        self.data_check = DataCheck(page_size=page_size)
-        # What can be done with the open checkpoint, one button each, each action's
-        # panel below the verdict.
+        self.data_check = DataCheck(page_size=page_size, on_start=self._on_data_check)
         self.export_button = w.Button(
             description="export…", icon="download", tooltip="write its arrays as safetensors"
         )
-        self.export_button.on_click(shown_in_widget(self._show_error)(self._on_export))
+        self.export_button.on_click(guard(self._on_export))
+        # Each action's panel opens right under the row of buttons.
         self.export_box = w.VBox([])
         self.actions = w.HBox(
-            [self.data_check.button, self.export_button],
+            [self.verdict, self.data_check.button, self.export_button],
             layout=w.Layout(flex_flow="row wrap", align_items="center"),
         )
-        self.diff_view = DiffView(page_size=page_size, on_error=self._show_error)
-        self.leaf_section = w.VBox(
+        self.data_section = Section("data check", "<b>Data check</b>", [self.data_check])
+        self.data_section.show(False)
+        self.diff_view = DiffView(page_size=page_size, on_error=services.show_error)
+        self.diff_view.observe(guard(self._on_diff_pick), names="picked")
+        self.diff_section = Section("diff", "<b>Compare</b>", [self.diff_view])
+        self.section = Section(
+            "checkpoint",
+            "",
             [
-                self.leaf_title,
                 self.size_bar,
-                w.HBox(
-                    [self.verdict, self.actions],
-                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
-                ),
-                self.data_check,
+                self.actions,
                 self.export_box,
-                self.diff_view,
+                self.data_section,
+                self.diff_section,
                 w.HBox(
-                    [self.checkpointable_filter, self.key_filter],
-                    layout=w.Layout(flex_flow="row wrap"),
+                    [self.leaves_as, self.checkpointable_filter, self.key_filter],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
                 ),
                 self.leaf_tables,
             ],
-            layout=w.Layout(display="none"),
         )
+        self.section.show(False)
+        self._build_leaf_tables()
+
+    # -- public ---------------------------------------------------------------------
 
     @property
     def leaf_view(self) -> PagedTable:
         """The open checkpoint's leaves as a flat table."""
-        if self._leaf_view is None:
-            self._build_leaf_tables()
         assert self._leaf_view is not None
         return self._leaf_view
 
     @property
     def tree_view(self) -> TreeView:
         """The open checkpoint's leaves as a tree."""
-        if self._tree_view is None:
-            self._build_leaf_tables()
         assert self._tree_view is not None
         return self._tree_view
 
-    def _build_leaf_tables(self) -> None:
-        guard = shown_in_widget(self._show_error)
-        leaf_view = PagedTable(
-            LEAF_COLUMNS, page_size=self._page_size, empty_text="no matching leaves"
-        )
-        leaf_view.observe(guard(self._on_pick_leaf), names="selected")
-        tree_view = TreeView(page_size=self._page_size, on_error=self._show_error)
-        tree_view.observe(guard(self._on_tree_pick), names="picked")
-        self._leaf_view, self._tree_view = leaf_view, tree_view
-        self.leaf_tables.children = (tree_view, leaf_view)
-
-    def _open(self, path: str, name: str) -> None:
-        self._close_checkpoint()
-        self.error = ""
-        self.message.value = ""
+    def open(self, path: str, name: str) -> None:
+        """Opens a checkpoint: its leaves at once, its verdict from the background."""
+        self._clear()
+        self._services.note("", "")
         with contextlib.ExitStack() as pause:
             # The cycle collector waits while the metadata is parsed and the tables
             # built: the millions of objects of a large checkpoint's metadata would set
             # it off again and again. A checkpoint filled in the background hands the
             # pause to the thread that fills it, so that the collection put off runs
             # there, not while the keys are being shown.
-            pause.enter_context(explore.collector_paused())
-            checkpoint = explore.open_leaves(path)
+            pause.enter_context(collector_paused())
+            checkpoint = open_leaves(path)
             keys = checkpoint.keys()
             if len(keys) >= FILL_LATER_LEAVES:
                 self._show_leaves(path, name, keys, filling=True)
@@ -162,16 +207,79 @@ class CheckpointPane:
         # verify reads every metadata file again and walks the array stores: the
         # leaves are shown first, its verdict when it comes. Started last, because a
         # thread parsing metadata slows every widget update made beside it.
-        self._in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
+        self._services.in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
+
+    def close(self) -> None:
+        """Shows no checkpoint."""
+        self._clear()
+        self._on_open(None)
+
+    def _clear(self) -> None:
+        self.checkpoint = None
+        self.leaves = pd.DataFrame()
+        self.filling = False
+        self._opens += 1
+        self._name = ""
+        self.leaf_view.selected = None
+        self.leaf_view.show(pd.DataFrame(columns=[c.field for c in LEAF_COLUMNS]))
+        self.tree_view.show(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
+        self.size_bar.value = ""
+        self.section.show(False)
+        self.verdict.value = ""
+        self.data_check.set_path(None)
+        self.data_section.show(False)
+        self.export_box.children = ()
+        self.diff_view.set_base(None, [])
+
+    def set_comparable(self) -> None:
+        """Offers the run's complete checkpoints, as listed now, to compare with."""
+        self.diff_view.set_base(self.checkpoint, self._runs.comparable())
+
+    def find_leaf(self, checkpointable: str, key: str) -> Any:
+        """The leaf table's label of a leaf of the open checkpoint, shown in the table.
+
+        Raises:
+          ValueError: If no checkpoint is open or it has no such leaf.
+        """
+        if self.checkpoint is None:
+            raise ValueError("no checkpoint is open")
+        leaves = self.leaves
+        rows = leaves[(leaves["checkpointable"] == checkpointable) & (leaves["key"] == key)]
+        if rows.empty:
+            raise ValueError(f"the open checkpoint has no leaf {checkpointable!r} {key}")
+        label = rows.index[0]
+        if label not in self.leaf_view.frame.index:
+            self.checkpointable_filter.value = ""
+            self.key_filter.value = ""
+        self.leaf_view.show_row(label)
+        return label
+
+    # -- opening --------------------------------------------------------------------
+
+    def _build_leaf_tables(self) -> None:
+        guard = shown_in_widget(self._services.show_error)
+        leaf_view = PagedTable(
+            LEAF_COLUMNS, page_size=self._page_size, empty_text="no matching leaves"
+        )
+        leaf_view.observe(guard(self._on_table_pick), names="selected")
+        tree_view = TreeView(page_size=self._page_size, on_error=self._services.show_error)
+        tree_view.observe(guard(self._on_tree_pick), names="picked")
+        self._leaf_view, self._tree_view = leaf_view, tree_view
+        self._show_view()
+
+    def _show_view(self) -> None:
+        shown = self.tree_view if self.leaves_as.value == TREE else self.leaf_view
+        self.leaf_tables.children = (shown,)
 
     def _fill_in_background(
         self,
-        checkpoint: explore.StagedLeaves,
+        checkpoint: StagedLeaves,
         path: str,
         name: str,
         pause: contextlib.ExitStack,
     ) -> None:
         opened = self._opens
+        lock = self._services.lock
 
         def fill() -> None:
             failed = None
@@ -180,12 +288,12 @@ class CheckpointPane:
                     table = checkpoint.table()
             except Exception as e:
                 failed = e
-                with self._lock:
+                with lock:
                     if self._opens == opened:
                         self.filling = False
                         self.size_bar.value = error_html(e, title="Cannot read shapes and sizes:")
             else:
-                with self._lock:
+                with lock:
                     if self._opens == opened:
                         self._fill(name, table)
             # The verdict after the fill: both parse metadata, and side by side each
@@ -195,7 +303,7 @@ class CheckpointPane:
                 raise failed
 
         try:
-            self._in_background(fill, "tinax-explorer-fill")
+            self._services.in_background(fill, "tinax-explorer-fill")
         except BaseException:
             pause.close()
             raise
@@ -206,12 +314,13 @@ class CheckpointPane:
         self.leaves = leaves
         self.checkpoint = path
         self.filling = filling
+        self._name = name
         # unique(): in order of first appearance, without a Python loop over the rows.
         names = [str(n) for n in leaves["checkpointable"].unique()]
         self.checkpointable_filter.options = [("all checkpointables", ""), *[(n, n) for n in names]]
         self.checkpointable_filter.value = ""
         self.key_filter.value = ""
-        self._show_title(name)
+        self._show_title()
         self.leaf_view.hold(_FILLED_LATER if filling else ())
         self.leaf_view.show(leaves)
         self.tree_view.show(leaves, sized=not filling)
@@ -223,18 +332,12 @@ class CheckpointPane:
         self.verdict.value = note_html("checking the checkpoint…")
         self.data_check.set_path(path)
         self.export_box.children = ()
-        self.diff_view.set_base(path, self._comparable())
-        self.leaf_section.layout.display = ""
+        self.set_comparable()
+        self.section.show(True)
+        self._on_open(path)
 
-    def _on_export(self, _button: Any = None) -> None:
-        """Opens the export panel of the open checkpoint below the actions, or closes it."""
-        if self.export_box.children:
-            self.export_box.children = ()
-        elif self.checkpoint is not None:
-            self.export_box.children = (ExportPanel(self.checkpoint),)
-
-    def _show_title(self, name: str) -> None:
-        leaves = self.leaves
+    def _show_title(self) -> None:
+        leaves, name = self.leaves, self._name
         count = leaves["checkpointable"].nunique()
         if self.filling:
             size = "reading shapes and sizes…"
@@ -243,13 +346,13 @@ class CheckpointPane:
                 int(pd.to_numeric(leaves["nbytes"], errors="coerce").fillna(0).sum())
             )
             # The listing counts every file on disk; the leaves, the values they hold.
-            rows = self.checkpoints[self.checkpoints["name"].astype(str) == name]
-            if len(rows) and pd.notna(rows["nbytes"].iloc[0]):
-                on_disk = format_bytes(rows["nbytes"].iloc[0])
-                size += f" in arrays and state ({on_disk} on disk with metadata)"
-        self.leaf_title.value = (
-            f"<b>{html.escape(name)}</b>: {len(leaves):,} leaves in {count} "
-            f"checkpointable{'s' if count != 1 else ''}, {html.escape(size)}"
+            on_disk = self._runs.bytes_on_disk(name)
+            if on_disk is not None:
+                size += f" in arrays and state ({format_bytes(on_disk)} on disk with metadata)"
+        self.section.set_title(
+            f'<span class="tinax-checkpoint-title"><b>{html.escape(name)}</b>: '
+            f"{len(leaves):,} leaves in {count} "
+            f"checkpointable{'s' if count != 1 else ''}, {html.escape(size)}</span>"
         )
 
     def _fill(self, name: str, table: pd.DataFrame) -> None:
@@ -259,13 +362,12 @@ class CheckpointPane:
         ].equals(self.leaves["key"])
         if not same:
             # The checkpoint changed on disk since its keys were read: shown afresh.
-            self._clear_leaf()
             self.leaf_view.selected = None
             self._show_leaves(str(self.checkpoint), name, table)
             return
         self.leaves = table
         self.filling = False
-        self._show_title(name)
+        self._show_title()
         self._apply_filter(keep_page=True)
         self.leaf_view.hold(())
         self.tree_view.fill(table)
@@ -273,35 +375,27 @@ class CheckpointPane:
 
     def _show_verdict(self, path: str) -> None:
         text = verdict_html(path)
-        with self._lock:
+        with self._services.lock:
             if self.checkpoint == path:
                 self.verdict.value = text
 
-    def _close_checkpoint(self) -> None:
-        self.checkpoint = None
-        self.leaves = pd.DataFrame()
-        self.filling = False
-        self._opens += 1
-        if self._leaf_view is not None and self._tree_view is not None:
-            self._leaf_view.selected = None
-            self._leaf_view.show(pd.DataFrame(columns=[c.field for c in LEAF_COLUMNS]))
-            self._tree_view.show(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
-        self.size_bar.value = ""
-        self.leaf_section.layout.display = "none"
-        self.verdict.value = ""
-        self.data_check.set_path(None)
-        self.export_box.children = ()
-        self.diff_view.set_base(None, [])
-        self._clear_leaf()
-        if self.checkpoint_view.selected is not None:
-            label = self.checkpoint_view.selected
-            if label not in self.checkpoints.index or (
-                str(self.checkpoints.loc[label]["status"]) != COMPLETE
-            ):
-                self.checkpoint_view.selected = None
+    # -- actions --------------------------------------------------------------------
+
+    def _on_export(self, _button: Any = None) -> None:
+        """Opens the export panel of the open checkpoint under the actions, or closes it."""
+        if self.export_box.children:
+            self.export_box.children = ()
+        elif self.checkpoint is not None:
+            self.export_box.children = (ExportPanel(self.checkpoint),)
+
+    def _on_data_check(self) -> None:
+        self.data_section.show(True)
+        self.data_section.set_open(True)
+
+    # -- filters and picks ----------------------------------------------------------
 
     def _on_filter(self, _change: Any) -> None:
-        with self._lock:
+        with self._services.lock:
             self._apply_filter(keep_page=False)
 
     def _apply_filter(self, *, keep_page: bool) -> None:
@@ -315,11 +409,34 @@ class CheckpointPane:
         if text:
             mask &= leaves["key"].astype(str).str.contains(text, case=False, regex=False)
         self.leaf_view.show(leaves[mask], keep_page=keep_page)
+        if not keep_page:
+            # The tree narrows with the table (its subtotals are of what is shown).
+            self.tree_view.show(
+                leaves if bool(mask.all()) else leaves[mask], sized=not self.filling
+            )
+        narrow = getattr(self.diff_view, "narrow", None)
+        if callable(narrow):
+            narrow(self.checkpointable_filter.value, text)
+
+    def _on_table_pick(self, change: Any) -> None:
+        label = change["new"]
+        with self._services.lock:
+            if label is None or self.checkpoint is None:
+                return
+            row = self.leaves.loc[label]
+            self._on_pick_leaf(str(row["checkpointable"]), str(row["key"]))
+
+    def _on_diff_pick(self, change: Any) -> None:
+        if change["new"] is not None:
+            # A row of the diff opens its leaf, as a click in the table does.
+            self.leaf_view.selected = self.find_leaf(*change["new"])
 
     def _on_tree_pick(self, change: Any) -> None:
         label = change["new"]
         if label is None:
             return
-        with self._lock:
+        with self._services.lock:
             row = self.leaves.loc[label]
-            self.open_leaf(str(row["checkpointable"]), str(row["key"]))
+            checkpointable, key = str(row["checkpointable"]), str(row["key"])
+        # Through the table's pick, as a click there: one way to open a leaf.
+        self.leaf_view.selected = self.find_leaf(checkpointable, key)

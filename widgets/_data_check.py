@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as w
@@ -39,6 +40,14 @@ _LEAF_COLUMNS = (
 )
 
 
+def _flagged(row: pd.Series) -> bool:
+    """Whether a leaf of the check needs a look: NaN or Inf in it, or not all read."""
+    counts = (row.get(c) for c in ("nan_count", "inf_count"))
+    return any(c is not None and c is not pd.NA and bool(c) for c in counts) or (
+        row.get("read") is False
+    )
+
+
 def _look(row: pd.Series) -> RowLook:
     bad = any(
         row.get(c) is not None and row.get(c) is not pd.NA and row.get(c)
@@ -55,8 +64,9 @@ class DataCheck(w.VBox):
     """A "check data" button for one checkpoint: every chunk read, decoded and checked
     against its checksums, NaN and Inf counted per leaf (``tinax.explore.verify``
     with ``data=True``), in a background thread with a progress bar and a Cancel
-    button. The verdict, the findings and a table of the leaves (those with NaN or
-    Inf first) show when it ends; an error shows in the widget.
+    button. When it ends, a sound checkpoint is one line (the verdict, what was read
+    and how fast); otherwise the findings follow, and a table of the leaves with
+    NaN, Inf or regions not decoded. An error shows in the widget.
 
     The ``button`` is not among the widget's children: the host places it with its
     other actions.
@@ -68,7 +78,12 @@ class DataCheck(w.VBox):
       status: ``""``, ``"checking"``, ``"done"``, ``"cancelled"`` or ``"failed"``.
     """
 
-    def __init__(self, *, page_size: int = 10) -> None:
+    def __init__(self, *, page_size: int = 10, on_start: Callable[[], None] | None = None) -> None:
+        """Args:
+        page_size: Rows per page of the table of leaves.
+        on_start: Called when a check starts (the host shows the widget then).
+        """
+        self._on_start = on_start
         self.path: str | None = None
         self.result: Any = None
         self.status = ""
@@ -98,7 +113,7 @@ class DataCheck(w.VBox):
             page_size=page_size,
             look=_look,
             pick=False,
-            empty_text="no arrays",
+            empty_text="no leaf with NaN, Inf or regions not read",
             sort_field="nan_count",
             ascending=False,
         )
@@ -149,6 +164,8 @@ class DataCheck(w.VBox):
         self.bar.value = 0.0
         self.label.value = note_html("reading…")
         started = time.monotonic()
+        if self._on_start is not None:
+            self._on_start()
 
         def progress(done: int, total: int) -> None:
             if stop.is_set():
@@ -221,15 +238,21 @@ class DataCheck(w.VBox):
             self.result = result
             color = "#1b7f3b" if result.ok else "#b00020"
             mark = "✔" if result.ok else "✘"
+            leaves = result.leaves
+            flagged = leaves[leaves.apply(_flagged, axis=1)] if len(leaves) else leaves
+            read = format_bytes(pd.to_numeric(leaves.get("nbytes"), errors="coerce").sum())
+            summary = f"{len(leaves):,} arrays, {read} read in {seconds}"
+            if len(flagged):
+                summary += f"; {len(flagged):,} with NaN, Inf or regions not read"
             self.label.value = (
                 f'<span class="tinax-data-verdict" data-ok="{str(result.ok).lower()}" '
                 f'style="color:{color}">{mark} {html.escape(result.verdict)}</span> '
-                + note_html(f"in {seconds}")
+                + note_html(summary)
             )
             self.findings.value = _findings_html(result.findings)
-            leaves = result.leaves
-            self.table.show(leaves)
-            self.table.layout.display = "" if len(leaves) else "none"
+            # A clean check is that one line: the table lists only the leaves to look at.
+            self.table.show(flagged)
+            self.table.layout.display = "" if len(flagged) else "none"
 
     def _show_error(self, error: BaseException) -> None:
         self.findings.value = error_html(error)

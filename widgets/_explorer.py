@@ -12,60 +12,67 @@ import ipywidgets as w
 import pandas as pd
 import traitlets
 
-from tinax import explore
-from tinax.explore import LeafStatistics
+from tinax.explore.toolkit import LeafStatistics, existing_directory
+from tinax.vocabulary import COMPLETE
 
 from ._checkpoint_pane import CheckpointPane
+from ._data_check import DataCheck
+from ._diff import DiffView
 from ._guard import shown_in_widget
-from ._history import HISTORY_COLUMNS
 from ._leaf_pane import LeafPane
-from ._run_list import RunList
+from ._run_list import DEFAULT_POLL_SECONDS, RunList, run_heading
+from ._section import Section
+from ._services import Services
+from ._table import PagedTable
 from ._task import start_thread
-from ._text import error_html
+from ._text import error_html, note_html
+from ._tree import TreeView
+
+# How often the ages shown are brought up to date (only a changed text is sent).
+AGE_TICK_SECONDS = 1.0
 
 
-class CheckpointExplorer(RunList, CheckpointPane, LeafPane, w.VBox):
+class CheckpointExplorer(w.VBox):
     """Browse a run: its checkpoints, one checkpoint's leaves, one leaf's statistics.
 
-    Checkpoints are listed newest first; a step range narrows the list and "go to
-    step" opens the checkpoint of a step. The first listing walks the run without
-    parsing metadata, so that a long run shows at once; a background thread then
-    reads each checkpoint's metadata and marks those that cannot be read.
-    Checkpoints still being written, interrupted saves and directories that
-    cannot be read are listed with their status and age and cannot be opened; an
-    interrupted save can be removed, after a confirmation.
+    The page is three folding sections, each a pane object of its own:
 
-    An open checkpoint shows a bar of its bytes by part (model, optimizer state,
-    the rest), and its leaves both as a tree of subtrees with leaf counts and byte
-    subtotals (``tree_view``) and as a flat table sortable by any column, with a
-    page jump (``leaf_view``). Picking a leaf reads only that leaf's bytes: arrays
-    of up to 64 elements show their values, larger ones their statistics and a
-    histogram (on a log scale if asked); "across the run" reads that one leaf from
-    every complete checkpoint and plots its norm, mean and max against step.
-    Refresh re-lists the run; ``poll_interval`` (or the "watch" checkbox) re-lists
-    it periodically from a daemon thread. ``wait`` waits for background work.
+    - the run (``runs``, a ``RunList``): its checkpoints newest first, with a step
+      range and "go to step". The first listing walks the run without parsing
+      metadata, so that a long run shows at once; a background thread then reads
+      each checkpoint's metadata and marks those that cannot be read. Checkpoints
+      still being written, interrupted saves and directories that cannot be read
+      are listed with their status and age and cannot be opened; an interrupted
+      save can be removed, after a confirmation. Ages tick as time passes.
+    - the open checkpoint (``contents``, a ``CheckpointPane``): a bar of its bytes
+      by part (model, optimizer state, the rest), its verdict, "check data" and
+      "export…" (each opening its panel right under the buttons), the diff against
+      another checkpoint, and its leaves as a tree of subtrees with leaf counts and
+      byte subtotals (``tree_view``) or as a flat table sortable by any column
+      (``leaf_view``).
+    - the picked leaf (``leaf_pane``, a ``LeafPane``): only that leaf's bytes are
+      read; arrays of up to 64 elements show their values, larger ones their
+      statistics and a histogram; "across the run" reads that one leaf from every
+      complete checkpoint and plots its norm, mean and max against step.
 
     A checkpoint of many leaves (``FILL_LATER_LEAVES``) shows its leaves' keys and
     kinds as soon as its metadata is parsed, and says it is "reading shapes and
-    sizes…" while a background thread reads them from the array store; then the
-    tables, the tree's subtotals and the size bar are filled in place. Meanwhile
-    ``filling`` is true, sizes read "…", and a sort by a column not read yet
-    waits for it.
+    sizes…" while a background thread reads them; meanwhile ``filling`` is true.
+
+    Refresh re-lists the run; ``poll_interval`` (or the "watch" checkbox) re-lists
+    it periodically from a daemon thread. ``wait`` waits for background work. No
+    background thread outlives the interpreter: at exit each is stopped and joined.
+    Browsing imports neither JAX nor Orbax.
 
     Attributes:
       checkpoint: Path of the open checkpoint, or ``None``.
       leaf: ``(checkpointable, key)`` of the picked leaf, or ``None``.
       error: The last error shown in the widget, or ``""``.
       poll_interval: Seconds between automatic refreshes; ``0`` turns polling off.
-      checkpoints: The run's ``list_checkpoints`` table.
-      leaves: The open checkpoint's ``checkpoint_table`` (all rows, unfiltered);
-        while ``filling``, the same rows with keys and kinds only.
-      filling: Whether the open checkpoint's shapes and sizes are being read
-        (``wait`` waits for them).
-      statistics: The picked leaf's ``LeafStatistics``, or ``None``.
-      leaf_value: The picked leaf's value as read, or ``None``.
-      history: The picked leaf's norm, mean and max at every complete checkpoint
-        (``leaf_history``), once "across the run" has read them; else empty.
+      runs, contents, leaf_pane: The three panes.
+      run_section: The run's section (``contents.section`` and
+        ``leaf_pane.section`` are the other two).
+      message: A line for errors and notes.
     """
 
     checkpoint = traitlets.Unicode(None, allow_none=True)
@@ -93,54 +100,169 @@ class CheckpointExplorer(RunList, CheckpointPane, LeafPane, w.VBox):
           FileNotFoundError: If ``root`` does not exist.
           ValueError: If ``poll_interval`` is negative.
         """
-        self._root = explore.existing_directory(root, what="run directory")
-        # The header shows the path as given; everything else uses the checked one.
-        self.root = str(self._root)
+        checked = existing_directory(root, what="run directory")
+        self.root = str(checked)
+        # The heading shows the path as given; everything else uses the checked one.
+        self._shown_root = os.fspath(root)
         poll_interval = self._valid_poll_interval({"value": poll_interval})
         self._lock = threading.RLock()
-        self._stop_polling = threading.Event()
-        self._poller: threading.Thread | None = None
         self._background: list[threading.Thread] = []
-        # Listings finish out of order (a background check, a refresh): the last
-        # one started is the one shown.
-        self._listings_started = 0
-        self._listing_shown = 0
-        self.checkpoints = pd.DataFrame()
-        self.leaves = pd.DataFrame()
-        self.filling = False
-        # Counts opens, so that a late fill of a checkpoint closed since is dropped.
-        self._opens = 0
-        self.statistics: LeafStatistics | None = None
-        self.leaf_value: Any = None
-        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
-        self._history_stop = threading.Event()
-
-        guard = shown_in_widget(self._show_error)
-        self._build_run_list(poll_interval, page_size)
-        self._build_checkpoint_pane(page_size)
-        self._build_leaf_pane()
+        self._stop = threading.Event()
+        self.message = w.HTML("")
+        self.services = Services(
+            lock=self._lock,
+            show_error=self._show_error,
+            note=self._note,
+            in_background=self._in_background,
+        )
+        self.runs = RunList(
+            self.root,
+            self.services,
+            page_size=page_size,
+            poll_interval=poll_interval,
+            on_listing=self._on_listing,
+            on_pick=self._on_pick_checkpoint,
+            on_watch=self._on_watch,
+        )
+        self.contents = CheckpointPane(
+            self.services,
+            self.runs,
+            page_size=page_size,
+            on_open=self._on_open,
+            on_pick_leaf=self._on_pick_leaf,
+        )
+        self.leaf_pane = LeafPane(self.services)
+        self.heading = w.HTML(run_heading(self._shown_root, ""))
+        self.run_section = Section(
+            "run",
+            "<b>Checkpoints</b>",
+            [self.runs.controls, self.runs.view, self.runs.interrupted],
+        )
         super().__init__(
             children=[
-                w.HTML(f"<b>Run</b> <code>{html.escape(os.fspath(root))}</code>"),
                 w.HBox(
-                    [self.refresh_button, self.watch_box, self.summary],
-                    layout=w.Layout(flex_flow="row wrap"),
+                    [self.heading, self.runs.refresh_button, self.runs.watch_box],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
                 ),
                 self.message,
-                self.run_controls,
-                self.checkpoint_view,
-                self.interrupted,
-                self.leaf_section,
-                self.leaf_panel,
+                self.run_section,
+                self.contents.section,
+                self.leaf_pane.section,
             ]
         )
         self.add_class("tinax-checkpoint-explorer")
+        guard = shown_in_widget(self._show_error)
         self.observe(guard(self._on_poll_interval), names="poll_interval")
-        self.refresh(deep=False)
-        self._build_leaf_tables()
+        self.runs.refresh(deep=False)
         self.poll_interval = poll_interval
+        start_thread(self._tick_ages, name="tinax-explorer-ages", stop=self._stop.set)
 
     # -- public ---------------------------------------------------------------------
+
+    @property
+    def checkpoints(self) -> pd.DataFrame:
+        """The run's ``list_checkpoints`` table, indexed by path."""
+        return self.runs.checkpoints
+
+    @property
+    def summary(self) -> str:
+        """The run's checkpoints counted in words, with its policy."""
+        return self.runs.summary
+
+    @property
+    def leaves(self) -> pd.DataFrame:
+        """The open checkpoint's ``checkpoint_table`` (all rows, unfiltered); while
+        ``filling``, the same rows with keys and kinds only."""
+        return self.contents.leaves
+
+    @property
+    def filling(self) -> bool:
+        """Whether the open checkpoint's shapes and sizes are being read."""
+        return self.contents.filling
+
+    @property
+    def statistics(self) -> LeafStatistics | None:
+        """The picked leaf's statistics, or ``None``."""
+        return self.leaf_pane.statistics
+
+    @property
+    def leaf_value(self) -> Any:
+        """The picked leaf's value as read, or ``None``."""
+        return self.leaf_pane.value
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """The picked leaf's norm, mean and max at every complete checkpoint, once
+        "across the run" has read them; else empty."""
+        return self.leaf_pane.history
+
+    @property
+    def checkpoint_view(self) -> PagedTable:
+        """The table of the run's checkpoints."""
+        return self.runs.view
+
+    @property
+    def leaf_view(self) -> PagedTable:
+        """The open checkpoint's leaves as a flat table."""
+        return self.contents.leaf_view
+
+    @property
+    def tree_view(self) -> TreeView:
+        """The open checkpoint's leaves as a tree."""
+        return self.contents.tree_view
+
+    @property
+    def diff_view(self) -> DiffView:
+        """The diff of the open checkpoint against another."""
+        return self.contents.diff_view
+
+    @property
+    def data_check(self) -> DataCheck:
+        """The open checkpoint's "check data" action."""
+        return self.contents.data_check
+
+    def refresh(self, *, deep: bool = True) -> None:
+        """Re-lists the run's checkpoints, keeping the open checkpoint if it is still
+        there (see ``RunList.refresh``)."""
+        self.runs.refresh(deep=deep)
+
+    def go_to_step(self, step: int) -> None:
+        """Opens the complete checkpoint of ``step``, or the nearest one.
+
+        Raises:
+          TypeError: If ``step`` is not an int.
+          ValueError: If the run has no complete checkpoint with a step.
+        """
+        self.runs.go_to_step(step)
+
+    def open_checkpoint(self, name_or_path: str | os.PathLike[str]) -> None:
+        """Opens a listed checkpoint, as if its row had been clicked.
+
+        Raises:
+          ValueError: If no listed checkpoint has that name or path.
+        """
+        self.runs.open_checkpoint(name_or_path)
+
+    def open_leaf(self, checkpointable: str, key: str) -> None:
+        """Picks a leaf of the open checkpoint, as if its row had been clicked.
+
+        Raises:
+          ValueError: If no checkpoint is open or it has no such leaf.
+        """
+        label = self.contents.find_leaf(checkpointable, key)
+        view = self.contents.leaf_view
+        if view.selected == label and self.leaf != (checkpointable, key):
+            view.selected = None
+        view.selected = label
+
+    def show_history(self) -> None:
+        """Reads the picked leaf from every complete checkpoint of the run, in the
+        background, and plots its norm, mean and max against step (``wait`` waits).
+
+        Raises:
+          ValueError: If no leaf is picked.
+        """
+        self.leaf_pane.show_history_of(self.runs.checkpoints)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits for the work started in the background (the run's check, a leaf's
@@ -158,27 +280,91 @@ class CheckpointExplorer(RunList, CheckpointPane, LeafPane, w.VBox):
             running[0].join(left)
 
     def close(self) -> None:
-        """Stops polling and closes the widget."""
+        """Stops polling and background work and closes the widget."""
         # Also called from __del__, possibly on an instance whose __init__ failed.
-        data_check = getattr(self, "data_check", None)
-        if data_check is not None:
-            data_check.cancel()
-        for name in ("_stop_polling", "_history_stop"):
-            stop = getattr(self, name, None)
-            if stop is not None:
-                stop.set()
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+        for pane in ("runs", "leaf_pane"):
+            part = getattr(self, pane, None)
+            if part is not None:
+                part.stop()
+        contents = getattr(self, "contents", None)
+        if contents is not None:
+            contents.data_check.cancel()
         super().close()
 
-    # -- checkpoints ----------------------------------------------------------------
+    # -- wiring between the panes ---------------------------------------------------
+
+    def _on_listing(self, table: pd.DataFrame, changed: bool) -> None:
+        self.heading.value = run_heading(self._shown_root, self.runs.summary)
+        self.run_section.set_title(f"<b>Checkpoints</b> · {html.escape(self.runs.summary)}")
+        if changed:
+            self.contents.set_comparable()
+        if self.checkpoint is not None:
+            still = table[table["path"].astype(str) == self.checkpoint]
+            if still.empty or str(still.iloc[0]["status"]) != COMPLETE:
+                self.contents.close()
+                self._note("the open checkpoint is gone from the run", "#8a6d00")
+
+    def _on_pick_checkpoint(self, path: str, name: str) -> None:
+        self.error = ""
+        self.contents.open(path, name)
+
+    def _on_open(self, path: str | None) -> None:
+        self.leaf_pane.clear()
+        self.leaf = None
+        self.checkpoint = path
+        if path is None:
+            self.runs.unpick()
+
+    def _on_pick_leaf(self, checkpointable: str, key: str) -> None:
+        checkpoint = self.contents.checkpoint
+        if checkpoint is None:
+            return
+        leaves = self.contents.leaves
+        row = leaves[(leaves["checkpointable"] == checkpointable) & (leaves["key"] == key)].iloc[0]
+        self.leaf = None
+        # Wherever it was picked, the tree shows where the leaf sits.
+        self.contents.tree_view.expand(checkpointable, key)
+        try:
+            self.leaf_pane.show(
+                checkpoint, row, filling=self.contents.filling, listing=self.runs.checkpoints
+            )
+        finally:
+            self.leaf = self.leaf_pane.leaf
+
+    def _on_watch(self, on: bool) -> None:
+        if on and self.poll_interval <= 0:
+            self.poll_interval = DEFAULT_POLL_SECONDS
+        elif not on:
+            self.poll_interval = 0.0
+
+    def _on_poll_interval(self, change: Any) -> None:
+        self.runs.set_poll_interval(float(change["new"]))
+
+    def _tick_ages(self) -> None:
+        tick = shown_in_widget(self._show_error)(self.runs.tick_ages)
+        while not self._stop.wait(AGE_TICK_SECONDS):
+            tick()
+
+    # -- services -------------------------------------------------------------------
 
     def _in_background(self, work: Any, name: str) -> None:
         guarded = shown_in_widget(self._show_error)(work)
         with self._lock:
-            self._background.append(start_thread(guarded, name=name, stop=self._history_stop.set))
+            self._background.append(start_thread(guarded, name=name, stop=self._stop_work))
+
+    def _stop_work(self) -> None:
+        self.leaf_pane.stop()
+        self.contents.data_check.cancel()
 
     def _show_error(self, error: BaseException) -> None:
         self.error = f"{type(error).__name__}: {error}"
         self.message.value = error_html(error)
+
+    def _note(self, text: str, color: str) -> None:
+        self.message.value = note_html(text, color=color or "#555") if text else ""
 
     @traitlets.validate("poll_interval")
     def _valid_poll_interval(self, proposal: Any) -> float:

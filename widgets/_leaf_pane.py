@@ -5,20 +5,23 @@ from __future__ import annotations
 import html
 import math
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ipywidgets as w
 import numpy as np
 import pandas as pd
 
 from tinax import explore
-from tinax.explore import LeafStatistics, is_numeric, leaf_statistics
+from tinax.explore.display import readable_key
+from tinax.explore.toolkit import LeafStatistics, is_numeric, leaf_statistics
 from tinax.vocabulary import ARRAY_KINDS, SCALAR, STRING
 
 from ._checkpoint_pane import _format_value
 from ._guard import shown_in_widget
 from ._histogram import histogram_png
 from ._history import HISTORY_COLUMNS, history_png, leaf_history
+from ._section import Section
+from ._services import Services
 from ._table import format_cell
 from ._text import error_html, format_bytes, note_html
 
@@ -87,20 +90,31 @@ def values_html(value: Any) -> str:
 
 
 class LeafPane:
-    """The leaf pane of ``CheckpointExplorer``: picking a leaf and showing what it holds."""
+    """One leaf of the open checkpoint: the explorer's third pane.
 
-    if TYPE_CHECKING:
-        # The explorer's state and the other panes' widgets, shared through ``self``.
-        statistics: LeafStatistics | None
-        leaf: tuple[str, str] | None
-        _history_stop: threading.Event
+    Picking a leaf reads only that leaf's bytes: arrays of up to ``SMALL_ARRAY``
+    elements show their values, larger ones their statistics and a histogram (on
+    a log scale if asked); "across the run" reads that one leaf from every complete
+    checkpoint and plots its norm, mean and max against step.
 
-        def __getattr__(self, name: str) -> Any: ...
+    Attributes:
+      section: The pane, folding away under its heading.
+      leaf: ``(checkpointable, key)`` of the leaf shown, or ``None``.
+      statistics: Its ``LeafStatistics``, or ``None``.
+      value: Its value as read (or as stored, for a scalar), or ``None``.
+      history: Its norm, mean and max at every complete checkpoint, once "across
+        the run" has read them; else empty.
+    """
 
-    def _build_leaf_pane(self) -> None:
-        """Makes the leaf pane's widgets."""
-        guard = shown_in_widget(self._show_error)
-        self.leaf_heading = w.HTML("")
+    def __init__(self, services: Services) -> None:
+        """Makes the pane's widgets (hidden until a leaf is shown)."""
+        self._services = services
+        self.leaf: tuple[str, str] | None = None
+        self.statistics: LeafStatistics | None = None
+        self.value: Any = None
+        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
+        self._history_stop = threading.Event()
+        guard = shown_in_widget(services.show_error)
         self.values = w.HTML("")
         self.stats_html = w.HTML("")
         self.histogram = w.Image(format="png", layout=_image_layout(display="none"))
@@ -114,59 +128,130 @@ class LeafPane:
             icon="line-chart",
             tooltip="this leaf's norm, mean and max at every complete checkpoint",
         )
-        self.history_button.on_click(guard(lambda _: self.show_history()))
+        self.history_button.on_click(guard(lambda _: self.show_history_of(None)))
         self.history_status = w.Label("")
         self.history_image = w.Image(format="png", layout=_image_layout())
         # Holds the image only while there is a history to show: an empty image is
         # still an element of the page.
         self.history_box = w.Box([])
-        self.leaf_panel = w.VBox(
+        self._listing = pd.DataFrame()
+        self.section = Section(
+            "leaf",
+            "",
             [
-                self.leaf_heading,
                 self.values,
                 w.HBox(
                     [self.stats_html, w.VBox([self.histogram, self.log_box])],
                     layout=w.Layout(flex_flow="row wrap"),
                 ),
-                w.HBox([self.history_button, self.history_status]),
+                w.HBox(
+                    [self.history_button, self.history_status],
+                    layout=w.Layout(flex_flow="row wrap", align_items="center"),
+                ),
                 self.history_box,
             ],
-            layout=w.Layout(display="none"),
         )
+        self.section.show(False)
 
-    def open_leaf(self, checkpointable: str, key: str) -> None:
-        """Picks a leaf of the open checkpoint, as if its row had been clicked.
+    def stop(self) -> None:
+        """Stops reading a history."""
+        self._history_stop.set()
+
+    def clear(self) -> None:
+        """Shows no leaf."""
+        self.leaf = None
+        self.statistics = None
+        self.value = None
+        self.section.show(False)
+        self.histogram.layout.display = "none"
+        self.log_box.layout.display = "none"
+        self.stats_html.value = ""
+        self.values.value = ""
+        self._history_stop.set()
+        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
+        self.history_status.value = ""
+        self.history_box.children = ()
+
+    def show(
+        self,
+        checkpoint: str,
+        row: pd.Series,
+        *,
+        filling: bool,
+        listing: pd.DataFrame,
+    ) -> None:
+        """Shows one leaf of ``checkpoint``: reads its bytes (only its own).
+
+        Args:
+          checkpoint: The open checkpoint.
+          row: The leaf's row of its ``checkpoint_table``.
+          filling: Whether the table's values are still being read.
+          listing: The run's listing, for "across the run".
+        """
+        self.clear()
+        self._listing = listing
+        checkpointable, key = str(row["checkpointable"]), str(row["key"])
+        self.section.set_title(
+            f'<span class="tinax-leaf-title"><b>{html.escape(checkpointable)}</b> '
+            f"<code>{html.escape(readable_key(key))}</code></span>"
+        )
+        self.section.heading.tooltip = key
+        self.section.show(True)
+        self.section.set_open(True)
+        if str(row["kind"]) not in ARRAY_KINDS:
+            self.value = row.get("value")
+            if filling and str(row["kind"]) in (SCALAR, STRING):
+                # Not in the table yet: its few stored bytes are read now.
+                self.value = explore.read_leaf(checkpoint, checkpointable, key)
+            self.stats_html.value = (
+                f"<pre>{html.escape(format_cell(self.value))}</pre>"
+                f"{note_html(str(row['kind']) + ' leaf: stored value shown, nothing read')}"
+            )
+            self.leaf = (checkpointable, key)
+            return
+        self.stats_html.value = note_html("reading…")
+        try:
+            value = explore.read_leaf(checkpoint, checkpointable, key)
+        except Exception as e:
+            self.stats_html.value = error_html(e, title="Cannot read this leaf:")
+            raise
+        self.value = value
+        small = is_numeric(value) and int(np.size(value)) <= SMALL_ARRAY
+        if small:
+            self.values.value = values_html(value)
+        if is_numeric(value) and not (small and np.asarray(value).dtype.kind in "biu"):
+            stats = leaf_statistics(value)
+            self.statistics = stats
+            self.stats_html.value = statistics_html(stats)
+            self.leaf = (checkpointable, key)
+            self._draw_histogram()
+        elif small:
+            # Integers this few are identities (a PRNG key, a step count), not a
+            # distribution: their values are what there is to see.
+            array = np.asarray(value)
+            self.stats_html.value = note_html(
+                f"{format_cell(tuple(array.shape))} {array.dtype}: values shown"
+            )
+        else:
+            self.stats_html.value = f"<pre>{html.escape(_format_value(repr(value)))}</pre>"
+        self.leaf = (checkpointable, key)
+
+    def show_history_of(self, listing: pd.DataFrame | None) -> None:
+        """Reads the leaf shown from every complete checkpoint of ``listing`` (the
+        one it was shown with, if ``None``), in the background, and plots its norm,
+        mean and max against step.
 
         Raises:
-          ValueError: If no checkpoint is open or it has no such leaf.
+          ValueError: If no leaf is shown.
         """
-        if self.checkpoint is None:
-            raise ValueError("no checkpoint is open")
-        leaves = self.leaves
-        rows = leaves[(leaves["checkpointable"] == checkpointable) & (leaves["key"] == key)]
-        if rows.empty:
-            raise ValueError(f"the open checkpoint has no leaf {checkpointable!r} {key}")
-        label = rows.index[0]
-        if label not in self.leaf_view.frame.index:
-            self.checkpointable_filter.value = ""
-            self.key_filter.value = ""
-        self.leaf_view.show_row(label)
-        self.leaf_view.selected = label
-
-    def show_history(self) -> None:
-        """Reads the picked leaf from every complete checkpoint of the run, in the
-        background, and plots its norm, mean and max against step (``wait`` waits).
-
-        Raises:
-          ValueError: If no leaf is picked.
-        """
-        with self._lock:
-            if self.leaf is None or self.checkpoint is None:
+        lock = self._services.lock
+        with lock:
+            if self.leaf is None:
                 raise ValueError("pick a leaf first")
             checkpointable, key = self.leaf
             self._history_stop.set()
             stop = self._history_stop = threading.Event()
-            listing = self.checkpoints
+            listing = self._listing if listing is None else listing
             self.history_status.value = "reading…"
             self.history_box.children = ()
 
@@ -177,12 +262,12 @@ class LeafPane:
         def work() -> None:
             try:
                 table = leaf_history(listing, checkpointable, key, progress=progress, stop=stop)
-                png = history_png(table, title=f"{checkpointable} {key}")
+                png = history_png(table, title=f"{checkpointable} {readable_key(key)}")
             except Exception as e:
                 if not stop.is_set():
                     self.history_status.value = f"⚠ {type(e).__name__}: {e}"
                 raise
-            with self._lock:
+            with lock:
                 if stop.is_set():
                     return  # Another leaf was picked meanwhile.
                 self.history = table
@@ -195,25 +280,11 @@ class LeafPane:
                     self.history_image.value = png
                     self.history_box.children = (self.history_image,)
 
-        self._in_background(work, "tinax-explorer-history")
-
-    def _clear_leaf(self) -> None:
-        self.leaf = None
-        self.statistics = None
-        self.leaf_value = None
-        self.leaf_panel.layout.display = "none"
-        self.histogram.layout.display = "none"
-        self.log_box.layout.display = "none"
-        self.stats_html.value = ""
-        self.values.value = ""
-        self._history_stop.set()
-        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
-        self.history_status.value = ""
-        self.history_box.children = ()
+        self._services.in_background(work, "tinax-explorer-history")
 
     def _draw_histogram(self) -> None:
         stats = self.statistics
-        key = "" if self.leaf is None else self.leaf[1]
+        key = "" if self.leaf is None else readable_key(self.leaf[1])
         png = b""
         if stats is not None:
             png = histogram_png(stats, title=key, log=self.log_box.value)
@@ -221,55 +292,3 @@ class LeafPane:
             self.histogram.value = png
         self.histogram.layout.display = "" if png else "none"
         self.log_box.layout.display = "" if png else "none"
-
-    def _on_pick_leaf(self, change: Any) -> None:
-        label = change["new"]
-        with self._lock:
-            self._clear_leaf()
-            if label is None or self.checkpoint is None:
-                return
-            row = self.leaves.loc[label]
-            checkpointable, key = str(row["checkpointable"]), str(row["key"])
-            self.leaf_heading.value = (
-                f"<b>{html.escape(checkpointable)}</b> <code>{html.escape(key)}</code>"
-            )
-            self.leaf_panel.layout.display = ""
-            # Wherever it was picked, the tree shows where the leaf sits.
-            self.tree_view.expand(checkpointable, key)
-            if str(row["kind"]) not in ARRAY_KINDS:
-                self.leaf_value = row.get("value")
-                if self.filling and str(row["kind"]) in (SCALAR, STRING):
-                    # Not in the table yet: its few stored bytes are read now.
-                    self.leaf_value = explore.read_leaf(self.checkpoint, checkpointable, key)
-                self.stats_html.value = (
-                    f"<pre>{html.escape(format_cell(self.leaf_value))}</pre>"
-                    f"{note_html(str(row['kind']) + ' leaf: stored value shown, nothing read')}"
-                )
-                self.leaf = (checkpointable, key)
-                return
-            self.stats_html.value = note_html("reading…")
-            try:
-                value = explore.read_leaf(self.checkpoint, checkpointable, key)
-            except Exception as e:
-                self.stats_html.value = error_html(e, title="Cannot read this leaf:")
-                raise
-            self.leaf_value = value
-            small = is_numeric(value) and int(np.size(value)) <= SMALL_ARRAY
-            if small:
-                self.values.value = values_html(value)
-            if is_numeric(value) and not (small and np.asarray(value).dtype.kind in "biu"):
-                stats = leaf_statistics(value)
-                self.statistics = stats
-                self.stats_html.value = statistics_html(stats)
-                self.leaf = (checkpointable, key)
-                self._draw_histogram()
-            elif small:
-                # Integers this few are identities (a PRNG key, a step count), not a
-                # distribution: their values are what there is to see.
-                array = np.asarray(value)
-                self.stats_html.value = note_html(
-                    f"{format_cell(tuple(array.shape))} {array.dtype}: values shown"
-                )
-            else:
-                self.stats_html.value = f"<pre>{html.escape(_format_value(repr(value)))}</pre>"
-            self.leaf = (checkpointable, key)

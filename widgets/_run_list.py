@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import html
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as w
 import pandas as pd
@@ -14,9 +17,10 @@ from tinax.vocabulary import COMPLETE, IN_PROGRESS, INTERRUPTED
 
 from ._guard import shown_in_widget
 from ._interrupted import InterruptedSaves
+from ._services import Services
 from ._table import Column, PagedTable, RowLook, format_cell
 from ._task import start_thread
-from ._text import format_age, format_bytes, note_html
+from ._text import format_age, format_bytes
 
 DEFAULT_POLL_SECONDS = 2.0
 
@@ -97,34 +101,94 @@ def _with_retention(table: pd.DataFrame, root: str) -> pd.DataFrame:
     return table
 
 
+def listing_summary(table: pd.DataFrame) -> str:
+    """The run's checkpoints counted in words: "5 checkpoints, 1 interrupted save"."""
+    counts = table["status"].value_counts() if len(table) else pd.Series(dtype=int)
+
+    def plural(n: int, one: str, many: str) -> str:
+        return f"{n:,} {one if n == 1 else many}"
+
+    done = int(counts.get(COMPLETE, 0))
+    parts = [plural(done, "checkpoint", "checkpoints")]
+    for status, n in counts.items():
+        n = int(n)
+        if status == COMPLETE:
+            continue
+        if status == INTERRUPTED:
+            parts.append(plural(n, "interrupted save", "interrupted saves"))
+        elif status == IN_PROGRESS:
+            parts.append(plural(n, "save in progress", "saves in progress"))
+        else:
+            parts.append(f"{n:,} {status}")
+    return ", ".join(parts)
+
+
 class RunList:
-    """The run list of ``CheckpointExplorer``: listing, polling, picking a checkpoint."""
+    """The run's checkpoints, newest first, kept up to date: the explorer's first pane.
 
-    if TYPE_CHECKING:
-        # The explorer's state and the other panes' widgets, shared through ``self``.
-        _poller: threading.Thread | None
-        _listings_started: int
-        _listing_shown: int
-        checkpoints: pd.DataFrame
-        poll_interval: float
-        _stop_polling: threading.Event
+    It lists the run (a quick walk first, then each checkpoint checked in the
+    background), narrows the list to a step range, opens a checkpoint by step,
+    polls for new checkpoints, keeps the ages shown ticking, and offers the
+    removal of interrupted saves. Picking a complete checkpoint calls ``on_pick``.
 
-        def __getattr__(self, name: str) -> Any: ...
+    Attributes:
+      checkpoints: The run's ``list_checkpoints`` table (indexed by path), with a
+        ``kept`` column where the run recorded why each is kept.
+      summary: The checkpoints counted in words, with the run's policy.
+      view: The table of checkpoints.
+      controls: The step range, "go to step" and its button.
+      interrupted: The interrupted saves and their removal.
+      refresh_button, watch_box: Re-list now; re-list periodically.
+    """
 
-    def _build_run_list(self, poll_interval: float, page_size: int) -> None:
-        """Makes the run list's widgets."""
-        guard = shown_in_widget(self._show_error)
+    def __init__(
+        self,
+        root: str,
+        services: Services,
+        *,
+        page_size: int,
+        poll_interval: float,
+        on_listing: Callable[[pd.DataFrame, bool], None],
+        on_pick: Callable[[str, str], None],
+        on_watch: Callable[[bool], None],
+    ) -> None:
+        """Makes the pane's widgets; ``refresh`` lists the run.
+
+        Args:
+          root: The run directory (checked).
+          services: The explorer's shared services.
+          page_size: Rows per page of the table.
+          poll_interval: Seconds between automatic refreshes at first; ``0``: none.
+          on_listing: Called, under the lock, with each listing shown and whether
+            it differs from the one before.
+          on_pick: Called, under the lock, with the path and name of a complete
+            checkpoint picked.
+          on_watch: Called when the "watch" box is ticked (``True``) or unticked.
+        """
+        self.root = root
+        self._services = services
+        self._on_listing = on_listing
+        self._on_pick = on_pick
+        self._on_watch = on_watch
+        self.checkpoints = pd.DataFrame()
+        self.summary = ""
+        # Listings finish out of order (a background check, a refresh): the last
+        # one started is the one shown.
+        self._listings_started = 0
+        self._listing_shown = 0
+        self._listed_at = time.monotonic()
+        self._ages_shown: list[str] = []
+        self._stop_polling = threading.Event()
+        self._poller: threading.Thread | None = None
+        guard = shown_in_widget(services.show_error)
         self.refresh_button = w.Button(description="Refresh", icon="refresh")
         self.refresh_button.on_click(guard(lambda _: self.refresh()))
         self.watch_box = w.Checkbox(
             value=poll_interval > 0, description="watch for new checkpoints", indent=False
         )
-        self.watch_box.observe(guard(self._on_watch), names="value")
-        self.summary = w.Label("")
-        self.message = w.HTML("")
+        self.watch_box.observe(guard(lambda c: self._on_watch(bool(c["new"]))), names="value")
         self.interrupted = InterruptedSaves(on_removed=self.refresh)
-
-        self.checkpoint_view = PagedTable(
+        self.view = PagedTable(
             CHECKPOINT_COLUMNS,
             page_size=page_size,
             look=_checkpoint_look,
@@ -132,14 +196,14 @@ class RunList:
             sort_field="step",
             ascending=False,
         )
-        self.checkpoint_view.observe(guard(self._on_pick_checkpoint), names="selected")
+        self.view.observe(guard(self._on_pick_row), names="selected")
         self.step_range = w.IntRangeSlider(
             value=(0, 0),
             min=0,
             max=0,
             description="steps",
             continuous_update=False,
-            layout=w.Layout(width="32em", display="none"),
+            layout=w.Layout(width="32em", max_width="100%", display="none"),
         )
         self.step_range.observe(guard(self._on_step_range), names="value")
         self.step_box = w.IntText(value=0, description="go to step", layout=w.Layout(width="14em"))
@@ -147,7 +211,10 @@ class RunList:
         self.go_button = w.Button(description="Go", tooltip="open the checkpoint of this step")
         self.go_button.layout = w.Layout(width="5em")
         self.go_button.on_click(guard(lambda _: self.go_to_step(int(self.step_box.value))))
-        self.run_controls = w.HBox([self.step_range, self.step_box, self.go_button])
+        self.controls = w.HBox(
+            [self.step_range, self.step_box, self.go_button],
+            layout=w.Layout(flex_flow="row wrap"),
+        )
 
     def refresh(self, *, deep: bool = True) -> None:
         """Re-lists the run's checkpoints, keeping the open checkpoint if it is still there.
@@ -157,17 +224,19 @@ class RunList:
             tell whether they can be opened. ``False`` lists at the speed of a
             walk of the run and leaves that check to a background thread.
         """
-        with self._lock:
+        with self._services.lock:
             self._listings_started += 1
             number = self._listings_started
         table = _with_retention(explore.list_checkpoints(self.root, deep=deep), self.root)
-        with self._lock:
+        listed_at = time.monotonic()
+        with self._services.lock:
             if number < self._listing_shown:
                 return  # A listing started later is already shown.
             self._listing_shown = number
+            self._listed_at = listed_at
             self._show_listing(table)
         if table.attrs.get("unchecked"):
-            self._in_background(self._check_listing, "tinax-explorer-check")
+            self._services.in_background(self._check_listing, "tinax-explorer-check")
 
     def go_to_step(self, step: int) -> None:
         """Opens the complete checkpoint of ``step``, or the nearest one, and shows its row.
@@ -189,8 +258,9 @@ class RunList:
         found = int(steps.loc[label])
         self.open_checkpoint(label)
         if found != step:
-            self.message.value = note_html(
-                f"no complete checkpoint at step {step:,}; opened step {found:,}, the nearest"
+            self._services.note(
+                f"no complete checkpoint at step {step:,}; opened step {found:,}, the nearest",
+                "#555",
             )
 
     def open_checkpoint(self, name_or_path: str | os.PathLike[str]) -> None:
@@ -205,10 +275,69 @@ class RunList:
         if rows.empty:
             raise ValueError(f"no checkpoint {wanted!r} in {str(self.root)!r}")
         label = rows.index[0]
-        if label not in self.checkpoint_view.frame.index:
+        if label not in self.view.frame.index:
             self.step_range.value = (self.step_range.min, self.step_range.max)
-        self.checkpoint_view.show_row(label)
-        self.checkpoint_view.selected = label
+        self.view.show_row(label)
+        self.view.selected = label
+
+    def comparable(self) -> list[tuple[str, str]]:
+        """``(name, path)`` of every complete checkpoint, in listing order."""
+        table = self.checkpoints
+        if table.empty:
+            return []
+        done = table[table["status"] == COMPLETE]
+        return [(str(n), str(p)) for n, p in zip(done["name"], done["path"], strict=True)]
+
+    def bytes_on_disk(self, name: str) -> int | None:
+        """The listed size on disk of checkpoint ``name``, if known."""
+        table = self.checkpoints
+        if table.empty:
+            return None
+        rows = table[table["name"].astype(str) == name]
+        if len(rows) and pd.notna(rows["nbytes"].iloc[0]):
+            return int(rows["nbytes"].iloc[0])
+        return None
+
+    def unpick(self, path: str | None = None) -> None:
+        """Clears the picked row (only if it is ``path``'s, when given)."""
+        label = self.view.selected
+        if label is not None and (path is None or label == path):
+            self.view.selected = None
+
+    def tick_ages(self) -> bool:
+        """Advances the ages shown by the time since the listing; redraws the table
+        only when a shown age changes. Returns whether it did."""
+        with self._services.lock:
+            table = self.checkpoints
+            if table.empty or "age" not in table.columns:
+                return False
+            elapsed = pd.Timedelta(seconds=time.monotonic() - self._listed_at)
+            ages = pd.to_timedelta(table["age"], errors="coerce") + elapsed
+            shown = [format_age(a) for a in ages]
+            if shown == self._ages_shown:
+                return False
+            self._ages_shown = shown
+            self.view.show(self._in_step_range(table.assign(age=ages)), keep_page=True)
+            return True
+
+    def set_poll_interval(self, interval: float) -> None:
+        """Re-lists the run every ``interval`` seconds from a daemon thread; ``0``: never."""
+        self.watch_box.value = interval > 0
+        self._stop_polling.set()
+        self._stop_polling = stop = threading.Event()
+        if interval > 0:
+            self._poller = start_thread(
+                lambda: self._poll(interval, stop), name="tinax-explorer-poll", stop=stop.set
+            )
+
+    def stop(self) -> None:
+        """Stops polling."""
+        self._stop_polling.set()
+
+    def _poll(self, interval: float, stop: threading.Event) -> None:
+        guarded_refresh = shown_in_widget(self._services.show_error)(self.refresh)
+        while not stop.wait(interval):
+            guarded_refresh()
 
     def _check_listing(self) -> None:
         # Deep, so it remembers each verdict: later listings are quick and exact.
@@ -219,27 +348,19 @@ class RunList:
         table.index.name = None
         changed = not self._same_listing(self.checkpoints, table)
         self.checkpoints = table
-        counts = table["status"].value_counts() if len(table) else pd.Series(dtype=int)
-        parts = [f"{len(table)} checkpoint{'s' if len(table) != 1 else ''}"]
+        parts = [listing_summary(table)]
         if table.attrs.get("policy"):
             parts.append(table.attrs["policy"])
-        parts += [f"{n} {status}" for status, n in counts.items() if status != COMPLETE]
         unchecked = len(table.attrs.get("unchecked", ()))
         if unchecked:
             parts.append(f"checking {unchecked:,} that have not been read yet…")
-        self.summary.value = " · ".join(parts)
+        self.summary = " · ".join(parts)
         if changed:
             self._update_step_range(table)
-            self.checkpoint_view.show(self._in_step_range(table), keep_page=True)
-            self.diff_view.set_base(self.checkpoint, self._comparable())
+            self._ages_shown = [format_age(a) for a in table["age"]] if len(table) else []
+            self.view.show(self._in_step_range(table), keep_page=True)
         self.interrupted.update(table)
-        if self.checkpoint is not None:
-            still = table[table["path"].astype(str) == self.checkpoint]
-            if still.empty or str(still.iloc[0]["status"]) != COMPLETE:
-                self._close_checkpoint()
-                self.message.value = note_html(
-                    "the open checkpoint is gone from the run", color="#8a6d00"
-                )
+        self._on_listing(table, changed)
 
     def _update_step_range(self, table: pd.DataFrame) -> None:
         steps = table["step"].dropna() if len(table) else pd.Series(dtype="Int64")
@@ -254,7 +375,7 @@ class RunList:
         slider = self.step_range
         was_all = slider.layout.display == "none" or slider.value == (slider.min, slider.max)
         old_low, old_high = slider.value
-        with self.hold_trait_notifications(), slider.hold_trait_notifications():
+        with slider.hold_trait_notifications():
             # Widened first, so that neither bound is clamped against the other.
             slider.min, slider.max = min(slider.min, low), max(slider.max, high)
             value = (low, high) if was_all else (max(low, old_low), min(high, old_high))
@@ -271,16 +392,9 @@ class RunList:
         return table[steps.notna() & (steps >= low) & (steps <= high)].copy()
 
     def _on_step_range(self, _change: Any) -> None:
-        with self._lock:
+        with self._services.lock:
             if not self.checkpoints.empty:
-                self.checkpoint_view.show(self._in_step_range(self.checkpoints))
-
-    def _comparable(self) -> list[tuple[str, str]]:
-        table = self.checkpoints
-        if table.empty:
-            return []
-        done = table[table["status"] == COMPLETE]
-        return [(str(n), str(p)) for n, p in zip(done["name"], done["path"], strict=True)]
+                self.view.show(self._in_step_range(self.checkpoints))
 
     @staticmethod
     def _same_listing(old: pd.DataFrame, new: pd.DataFrame) -> bool:
@@ -292,39 +406,23 @@ class RunList:
             return False
         return bool(old[fields].astype(str).equals(new[fields].astype(str)))
 
-    def _on_pick_checkpoint(self, change: Any) -> None:
+    def _on_pick_row(self, change: Any) -> None:
         label = change["new"]
-        with self._lock:
+        with self._services.lock:
             if label is None:
                 return
             row = self.checkpoints.loc[label]
             if str(row["status"]) != COMPLETE:
                 # Buttons of such rows are disabled; this guards programmatic picks.
-                self.checkpoint_view.selected = None
-                self.message.value = note_html(
-                    f"{row['name']} is {row['status']}; it is not opened", color="#8a6d00"
+                self.view.selected = None
+                self._services.note(
+                    f"{row['name']} is {row['status']}; it is not opened", "#8a6d00"
                 )
                 return
-            self._open(str(row["path"]), str(row["name"]))
+            self._on_pick(str(row["path"]), str(row["name"]))
 
-    def _on_watch(self, change: Any) -> None:
-        if change["new"] and self.poll_interval <= 0:
-            self.poll_interval = DEFAULT_POLL_SECONDS
-        elif not change["new"]:
-            self.poll_interval = 0.0
 
-    def _on_poll_interval(self, change: Any) -> None:
-        interval = float(change["new"])
-        self.watch_box.value = interval > 0
-        self._stop_polling.set()
-        self._stop_polling = threading.Event()
-        if interval > 0:
-            stop = self._stop_polling
-            self._poller = start_thread(
-                lambda: self._poll(interval, stop), name="tinax-explorer-poll", stop=stop.set
-            )
-
-    def _poll(self, interval: float, stop: threading.Event) -> None:
-        guarded_refresh = shown_in_widget(self._show_error)(self.refresh)
-        while not stop.wait(interval):
-            guarded_refresh()
+def run_heading(root: str, summary: str) -> str:
+    """The explorer's first line: the run's path and its checkpoints counted."""
+    text = f"<b>Run</b> <code>{html.escape(root)}</code>"
+    return text + (f" · {html.escape(summary)}" if summary else "")

@@ -1,0 +1,72 @@
+"""Building blocks for tools made over ``tinax.explore``: the Jupyter widgets, a
+dashboard, a script that watches a run.
+
+``tinax.explore`` itself exports the tables (``list_checkpoints``,
+``checkpoint_table``, ``diff_table``, ``verify``, …). What such a tool needs beside
+them lives here: a checkpoint's leaves staged for a large checkpoint, one leaf's
+statistics, the verification's parts, a run directory's names and sizes, the
+listing's cache, and the human units. Like the rest of ``tinax.explore``, nothing
+here imports JAX, Orbax or ipywidgets.
+"""
+
+from tinax.explore._listing import ListingCache
+from tinax.explore._live import leaf_key
+from tinax.explore._ranking import sort_by_change
+from tinax.explore._readable import human_duration
+from tinax.explore._run_dir import (
+    bytes_written,
+    check_new_checkpoint_name,
+    existing_directory,
+    next_checkpoint_name,
+    path_exists,
+    resolve_path,
+    save_directory,
+)
+from tinax.explore._staged import StagedLeaves, collector_paused, open_leaves
+from tinax.explore._summary import (
+    HISTOGRAM_BINS,
+    LeafStatistics,
+    is_numeric,
+    leaf_statistics,
+    leaf_summary,
+)
+from tinax.explore._verify import (
+    DEFAULT_CHECKS,
+    Check,
+    Finding,
+    LeafScan,
+    StoredArray,
+    Verification,
+    VerifyTarget,
+)
+from tinax.explore.display import human_bytes
+
+__all__ = [
+    "DEFAULT_CHECKS",
+    "HISTOGRAM_BINS",
+    "Check",
+    "Finding",
+    "LeafScan",
+    "LeafStatistics",
+    "ListingCache",
+    "StagedLeaves",
+    "StoredArray",
+    "Verification",
+    "VerifyTarget",
+    "bytes_written",
+    "check_new_checkpoint_name",
+    "collector_paused",
+    "existing_directory",
+    "human_bytes",
+    "human_duration",
+    "is_numeric",
+    "leaf_key",
+    "leaf_statistics",
+    "leaf_summary",
+    "next_checkpoint_name",
+    "open_leaves",
+    "path_exists",
+    "resolve_path",
+    "save_directory",
+    "sort_by_change",
+]
