@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from tinax.widgets import CheckpointExplorer
-from tinax.widgets._diff import subtree_changes
+from tinax.widgets._diff import DiffView, forward, subtree_changes
 
 from tinax.checkpointing import save_checkpointables
 
@@ -72,11 +73,11 @@ def test_compare_with_another_checkpoint(run: Path) -> None:
     # One bar per top-level subtree that changed, the largest first, full length.
     bars = view.bars.children[1:]  # under a line that says what the bars measure
     assert "relative change" in view.bars.children[0].value
-    assert [row.children[0].value for row in bars] == ["model ['encoder']", "model ['decoder']"]
+    assert [row.children[0].value for row in bars] == ["model encoder", "model decoder"]
     assert bars[0].children[1].value == pytest.approx(1.0)
     assert 0 < bars[1].children[1].value < 0.01
     view.depth.value = 2
-    assert view.bars.children[1].children[0].value == "model ['encoder']['w']"
+    assert view.bars.children[1].children[0].value == "model encoder.w"
     # Back to the placeholder: the comparison goes away; so does closing the checkpoint.
     view.choice.value = ""
     assert view.result.layout.display == "none" and view.other is None
@@ -135,22 +136,30 @@ def test_the_diff_ranks_weights_by_relative_change_and_tells_counters_and_keys_a
     explorer.diff_view.compare(str(tmp_path / "step-250"))
     table = explorer.diff_view.diff
     changed = table[table["status"] == "changed"]
-    # Floating-point arrays first, by relative change; then the counters; then the key.
-    assert list(changed["value_kind"]) == ["float", "float", "integer", "integer", "PRNG key"]
-    assert list(changed["key"][:2]) == ["['dense']['kernel']", "['mu']"]
+    # The model (and the rest) before the optimizer's state; in each, floating-point
+    # arrays first, by relative change; then the counters; then the key.
+    assert list(changed["checkpointable"]) == [
+        "model",
+        "auxiliary",
+        "rng",
+        "optimizer",
+        "optimizer",
+    ]
+    assert list(changed["value_kind"]) == ["float", "integer", "PRNG key", "float", "integer"]
     assert changed["rel_change"].iloc[0] == pytest.approx(0.5)
-    counters = dict(zip(changed["key"][2:4], changed["change"][2:4], strict=True))
-    assert counters == {"['dropout_count']": "+300", "['count']": "+150"}
+    counters = dict(zip(changed["key"], changed["change"], strict=True))
+    assert counters["['dropout_count']"] == "+300" and counters["['count']"] == "+150"
     rng = changed[changed["checkpointable"] == "rng"].iloc[0]
     assert rng["change"] == "changed" and pd.isna(rng["rel_change"]) and pd.isna(rng["cosine"])
-    # The table shows the rng's leaf as the whole checkpointable, not a blank key.
+    # The rng's leaf is the whole checkpointable: its row reads as its name.
     view = explorer.diff_view.table
     slot = list(view.frame["checkpointable"]).index("rng")
-    assert view.visible_text("key")[slot] == "(whole)"
+    assert view.visible_text("key")[slot] == "rng"
+    assert view.exact_keys()[slot] == "rng"
     assert view.sort_field is None  # the rows are in the diff's own order, and say so
-    # The bars measure floating-point leaves only, in percent.
+    # The bars measure floating-point leaves only, in percent, the model's first.
     bars = explorer.diff_view.bars.children[1:]
-    assert [row.children[0].value for row in bars] == ["model ['dense']", "optimizer ['mu']"]
+    assert [row.children[0].value for row in bars] == ["model dense", "optimizer mu"]
     assert bars[0].children[2].value == "50 % (1 changed)"
 
 
@@ -161,7 +170,7 @@ def test_the_diff_tree_rolls_changes_up_by_subtree(run: Path) -> None:
     tree = explorer.diff_view.tree
     # Checkpointables open one level: model's encoder and decoder, optimizer's leaves.
     labels = tree.table.frame["label"].tolist()
-    assert labels[:3] == ["model", "['decoder']", "['encoder']"]
+    assert labels[:3] == ["model", "decoder", "encoder"]
     changed, rel = tree.rollup("model", "['encoder']")
     assert changed == 1 and rel == pytest.approx(1.0)  # w doubled, b the same
     changed, rel = tree.rollup("model")
@@ -169,6 +178,132 @@ def test_the_diff_tree_rolls_changes_up_by_subtree(run: Path) -> None:
     # Opening a subtree shows its leaves, indented one level deeper.
     tree.toggle("model", "['encoder']")
     frame = tree.table.frame
-    rows = frame[frame["label"].isin(["['b']", "['w']"])]
+    rows = frame[frame["label"].isin(["b", "w"])]
     assert len(rows) >= 2 and set(rows["depth"]) == {2}
-    assert tree.table.visible_text("rel_change")[labels.index("['encoder']")] == "100 %"
+    assert tree.table.visible_text("rel_change")[labels.index("encoder")] == "100 %"
+
+
+# --- the diff on its own: forward, model first, filtered, a row opens its leaf -----------
+
+
+def _diff_view() -> DiffView:
+    def fail(error: BaseException) -> None:
+        raise error
+
+    return DiffView(page_size=20, on_error=fail)
+
+
+def _nnx_like(step: int, scale: float) -> dict[str, Any]:
+    blocks = {
+        str(i): {
+            "q": {"kernel": {"value": BASE * scale * (1 + i)}},
+            "norm": {"scale": {"value": np.ones(8, np.float32)}},
+        }
+        for i in range(12)
+    }
+    moments = {"blocks": {str(i): {"q": {"kernel": {"value": BASE * scale}}} for i in range(12)}}
+    return {
+        "model": {"blocks": blocks},
+        "optimizer": {
+            "step": {"value": np.asarray(step, np.int32)},
+            "opt_state": {
+                "0": {"count": {"value": np.asarray(step, np.int32)}, "mu": moments, "nu": moments}
+            },
+        },
+    }
+
+
+@pytest.fixture
+def nnx_run(tmp_path: Path) -> Path:
+    root = tmp_path / "run"
+    root.mkdir()
+    save_checkpointables(root / "step_000200", _nnx_like(200, 1.0)).result()
+    save_checkpointables(root / "step_000250", _nnx_like(250, 1.5)).result()
+    return root
+
+
+def test_the_diff_reads_forward_from_the_older_checkpoint_whichever_is_open(nnx_run: Path) -> None:
+    older, newer = str(nnx_run / "step_000200"), str(nnx_run / "step_000250")
+    assert forward(newer, older) == (older, newer) == forward(older, newer)
+    assert forward("/r/step-10", "/r/step-9") == ("/r/step-9", "/r/step-10")
+    view = _diff_view()
+    view.set_base(newer, [("step_000200", older), ("step_000250", newer)])
+    assert [label for label, _ in view.choice.options] == [
+        "compare with…",
+        "compare with step_000200",
+    ]
+    view.choice.value = older
+    assert (view.base, view.other, view.older, view.newer) == (newer, older, older, newer)
+    assert "Changes from <code>step_000200</code> to <code>step_000250</code>" in view.title.value
+    counters = view.diff[view.diff["value_kind"] == "integer"]
+    assert set(counters["change"]) == {"+50"}
+
+
+def test_the_model_comes_before_the_optimizer_state_and_blocks_in_number_order(
+    nnx_run: Path,
+) -> None:
+    view = _diff_view()
+    view.set_base(str(nnx_run / "step_000200"), [])
+    view.compare(str(nnx_run / "step_000250"))
+    frame = view.table.frame
+    optimizer = (frame["checkpointable"] == "optimizer").to_numpy()
+    assert not optimizer[:24].any() and optimizer[24:].all()
+    # Equal changes keep natural order: block 2 before block 10.
+    same = frame[(frame["checkpointable"] == "model") & (frame["status"] == "same")]
+    assert [k.split("'")[3] for k in same["key"]] == [str(i) for i in range(12)]
+    # The first page: the model's leaves, distinct labels, the exact key kept for hover.
+    labels = view.table.visible_text("key")
+    assert len(set(labels)) == 20
+    assert all(re.fullmatch(r"\d+\.(q\.kernel|norm\.scale)", label) for label in labels)
+    assert view.table.key_prefix == "blocks"  # what every row in view shares, in the header
+    assert view.table.exact_keys()[0].startswith("['blocks']")
+    # No column tells a change twice; columns with one value in view give way first.
+    assert "rel_change" not in [c.field for c in view.table.columns]
+    assert {"checkpointable", "value_kind"} <= set(view.table.quiet_columns())
+    # The change sorts by its size, largest first.
+    view.table.click_header("change")
+    sizes = pd.to_numeric(view.table.frame["rel_change"], errors="coerce").dropna()
+    assert list(sizes) == sorted(sizes, reverse=True) and sizes.iloc[0] > 0
+    # The tree of the diff walks the blocks in number order too.
+    view.tree.toggle("model", "['blocks']")
+    labels = view.tree.table.frame["label"].tolist()
+    assert labels[2:14] == [str(i) for i in range(12)]
+
+
+def test_the_filters_narrow_the_diff_and_a_row_opens_its_leaf(nnx_run: Path) -> None:
+    view = _diff_view()
+    view.set_base(str(nnx_run / "step_000250"), [])
+    view.compare(str(nnx_run / "step_000200"))
+    view.narrow("", "blocks.7")
+    assert set(view.table.frame["key"].str.extract(r"\['blocks'\]\['(\d+)'\]")[0]) == {"7"}
+    assert len(view.table.frame) == 4  # q and norm of the model, q of mu and nu
+    view.narrow("optimizer", "['mu']")
+    assert set(view.table.frame["checkpointable"]) == {"optimizer"}
+    assert all("['mu']" in k for k in view.table.frame["key"])
+    assert all(b.children[0].value.startswith("optimizer") for b in view.bars.children[1:])
+    view.narrow()
+    assert len(view.table.frame) == len(view.diff)
+    # A click on a row (as the browser sends it) names the leaf to open.
+    view.table._handle_custom_msg({"kind": "pick", "slot": 3}, [])
+    row = view.table.frame.iloc[3]
+    assert view.picked == (row["checkpointable"], row["key"])
+    # So does a leaf clicked in the diff's tree.
+    view.tree.toggle("model", "['blocks']")
+    view.tree.toggle("model", "['blocks']['0']")
+    view.tree.toggle("model", "['blocks']['0']['q']")
+    slot = view.tree.table.frame["label"].tolist().index("kernel")
+    view.tree.table._handle_custom_msg({"kind": "pick", "slot": slot}, [])
+    assert view.picked == ("model", "['blocks']['0']['q']['kernel']['value']")
+
+
+def test_a_diff_row_picked_in_the_explorer_opens_that_leaf(nnx_run: Path) -> None:
+    explorer = CheckpointExplorer(nnx_run)
+    explorer.open_checkpoint("step_000250")
+    assert explorer.wait(60)
+    explorer.diff_view.compare(str(nnx_run / "step_000200"))
+    table = explorer.diff_view.table
+    table._handle_custom_msg({"kind": "pick", "slot": 0}, [])
+    row = table.frame.iloc[0]
+    assert explorer.wait(60)
+    picked = explorer.leaf_view.frame.loc[explorer.leaf_view.selected]
+    assert (picked["checkpointable"], picked["key"]) == (row["checkpointable"], row["key"])

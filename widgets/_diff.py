@@ -1,4 +1,9 @@
-"""Comparing the open checkpoint with another one of the run: what changed, and where most."""
+"""Comparing the open checkpoint with another one of the run: what changed, and where most.
+
+The diff reads forward, from the older checkpoint to the newer whichever is open,
+the model before the optimizer's state; the explorer's filters narrow it, and a
+row picked opens its leaf (``picked``).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,11 @@ from typing import Any
 
 import ipywidgets as w
 import pandas as pd
+import traitlets
 
 from tinax import explore
 from tinax import vocabulary as words
+from tinax.explore import display
 from tinax.vocabulary import format_key, parse_key
 
 from ._diff_tree import DiffTree
@@ -55,19 +62,10 @@ DIFF_COLUMNS = (
     Column("key", "key", _key, key=True),
     Column("status", "status"),
     # The change told for what the leaf is: a float array's relative change, a
-    # counter's "+150", a PRNG key's "changed".
-    Column("change", "change"),
+    # counter's "+150", a PRNG key's "changed"; sorted by its size.
+    Column("change", "change", descending_first=True, sort_by="change_size"),
     Column("checkpointable", "checkpointable", essential=False, priority=1),
     Column("value_kind", "values", essential=False, priority=2),
-    Column(
-        "rel_change",
-        "rel. change",
-        _percent,
-        align="right",
-        descending_first=True,
-        essential=False,
-        priority=3,
-    ),
     Column("max_abs_diff", "max |b−a|", _number, align="right", essential=False, priority=4),
     Column("cosine", "cosine", _number, align="right", essential=False, priority=5),
     Column("nan_b", "NaN (b)", _count, align="right", essential=False, priority=6),
@@ -128,24 +126,53 @@ def _name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] or path
 
 
-class DiffView(w.VBox):
-    """A "compare with…" choice, and the diff of the open checkpoint against the one chosen.
+def _readable(key: str) -> str:
+    try:
+        return display.readable_key(key)
+    except ValueError:
+        return key
 
-    Shows ``diff_table`` sorted by relative change, and a bar of relative change
-    for each subtree. Reading is region by region in bounded memory, with a
-    progress bar.
+
+def forward(first: str, second: str) -> tuple[str, str]:
+    """The two checkpoints as ``(older, newer)``: by the step in their names
+    (``step_000200`` before ``step_000250``, ``step-9`` before ``step-10``)."""
+    return (first, second) if _order(first) <= _order(second) else (second, first)
+
+
+def _order(path: str) -> tuple[tuple[int, int, str], ...]:
+    return display.natural_key(_name(path))
+
+
+class DiffView(w.VBox):
+    """A "compare with…" choice, and the diff of the open checkpoint and the one chosen.
+
+    The diff reads from the older of the two (``a``) to the newer (``b``), whichever
+    is open, so that counters move forward. Shows ``diff_table`` with the model's
+    leaves before the optimizer's state, each sorted by change, and a bar of
+    relative change for each subtree. Reading is region by region in bounded
+    memory, with a progress bar. ``narrow`` applies the explorer's filters;
+    clicking a leaf's row sets ``picked``.
 
     Attributes:
-      base: The checkpoint compared from, or ``None``.
-      other: The checkpoint compared to, or ``None``.
-      diff: The last ``diff_table``, or an empty frame.
+      base: The open checkpoint, or ``None``.
+      other: The checkpoint it is compared with, or ``None``.
+      older: The side ``a`` of the diff (the older of the two), or ``None``.
+      newer: The side ``b``, or ``None``.
+      diff: The last ``diff_table``, or an empty frame (every row, unfiltered).
+      picked: ``(checkpointable, key)`` of the last leaf clicked, or ``None``.
     """
+
+    picked = traitlets.Any(None, allow_none=True)
 
     def __init__(self, *, page_size: int, on_error: Callable[[BaseException], None]) -> None:
         self.base: str | None = None
         self.other: str | None = None
+        self.older: str | None = None
+        self.newer: str | None = None
         self.diff = pd.DataFrame()
+        self._filter = ("", "")
         guard = shown_in_widget(on_error)
+        self._guard = guard
         self.choice = w.Dropdown(options=[_PLACEHOLDER], value="", layout=w.Layout(width="22em"))
         self.choice.observe(guard(self._on_choice), names="value")
         self.depth = w.Dropdown(
@@ -163,6 +190,7 @@ class DiffView(w.VBox):
         self._table: PagedTable | None = None
         # The same changes by subtree, opened a level at a time, with their rollup.
         self.tree = DiffTree(page_size=page_size)
+        self.tree.observe(guard(self._on_tree_pick), names="picked")
         self.result = w.VBox(
             [self.title, self.depth, self.bars, self.tree], layout=w.Layout(display="none")
         )
@@ -175,8 +203,52 @@ class DiffView(w.VBox):
         compares nothing never builds it."""
         if self._table is None:
             self._table = PagedTable(DIFF_COLUMNS, page_size=self._page_size, look=_look)
+            self._table.observe(self._guard(self._on_pick), names="selected")
             self.result.children = (*self.result.children, self._table)
         return self._table
+
+    def narrow(self, checkpointable: str = "", text: str = "") -> None:
+        """Shows only the rows of ``checkpointable`` (``""``: all) whose key holds
+        ``text`` (a keystr or a dotted name, case ignored; ``""``: any)."""
+        self._filter = (str(checkpointable), str(text))
+        if not self.diff.empty:
+            self._show_rows()
+
+    def shown(self) -> pd.DataFrame:
+        """The diff's rows the filters let through, in the order shown."""
+        table = self.diff
+        if table.empty:
+            return table
+        checkpointable, text = self._filter
+        mask = pd.Series(True, index=table.index)
+        if checkpointable:
+            mask &= table["checkpointable"] == checkpointable
+        if text.strip():
+            mask &= pd.Series(
+                display.key_matches(table["key"].astype(str), text), index=table.index
+            )
+        return table[mask]
+
+    def _show_rows(self) -> None:
+        rows = self.shown()
+        size = pd.to_numeric(rows["rel_change"], errors="coerce")
+        moved = pd.to_numeric(rows["delta"], errors="coerce").abs() if "delta" in rows else size
+        self.tree.show(rows.reset_index(drop=True))
+        self.table.show(rows.assign(change_size=size.fillna(moved)))
+        self._show_bars()
+
+    def _on_pick(self, change: Any) -> None:
+        label = change["new"]
+        if label is None or self._table is None:
+            return
+        row = self._table.frame.loc[label]
+        self.picked = None
+        self.picked = (str(row["checkpointable"]), str(row["key"]))
+
+    def _on_tree_pick(self, change: Any) -> None:
+        if change["new"] is not None:
+            self.picked = None
+            self.picked = change["new"]
 
     def set_base(self, base: str | None, others: Sequence[tuple[str, str]]) -> None:
         """Compares from ``base``; ``others`` are the ``(name, path)`` choices offered."""
@@ -190,14 +262,15 @@ class DiffView(w.VBox):
 
     def clear(self) -> None:
         """Shows no comparison."""
-        self.other = None
+        self.other = self.older = self.newer = None
         self.diff = pd.DataFrame()
         self.result.layout.display = "none"
         self.title.value = ""
         self.bars.children = ()
 
     def compare(self, other: str) -> None:
-        """Compares the base checkpoint with ``other`` (a path) and shows the result.
+        """Compares the open checkpoint with ``other`` (a path) and shows the result,
+        from the older of the two to the newer.
 
         Raises:
           ValueError: If no base checkpoint is set, or a checkpoint cannot be read.
@@ -211,8 +284,9 @@ class DiffView(w.VBox):
         def progress(done: int, total: int) -> None:
             self.progress.value = done / total if total else 1.0
 
+        older, newer = forward(self.base, other)
         try:
-            table = explore.diff_table(self.base, other, progress=progress)
+            table = explore.diff_table(older, newer, progress=progress)
         except Exception as e:
             self.result.layout.display = ""
             self.title.value = error_html(e, title="Cannot compare:")
@@ -220,21 +294,22 @@ class DiffView(w.VBox):
         finally:
             self.progress.layout.display = "none"
         self.other = other
+        self.older, self.newer = older, newer
         self.diff = table
         counts = table["status"].value_counts()
         self.title.value = (
-            f"<b>Changes</b> from <code>{html.escape(_name(self.base))}</code> to "
-            f"<code>{html.escape(_name(other))}</code>: "
+            f"<b>Changes from <code>{html.escape(_name(older))}</code> to "
+            f"<code>{html.escape(_name(newer))}</code></b>: "
             + html.escape(", ".join(f"{n} {s}" for s, n in counts.items()))
             + "<br>"
             + note_html(
-                "leaves most changed first: floating-point arrays by relative change "
-                "‖b − a‖ / ‖a‖, then counters by how far they moved, then PRNG keys"
+                f"a is {_name(older)}, b is {_name(newer)}. The model first, then the "
+                "optimizer's state; in each, the leaves most changed first: floating-point "
+                "arrays by relative change ‖b − a‖ / ‖a‖, then counters by how far they "
+                "moved, then PRNG keys. Click a leaf to open it."
             )
         )
-        self._show_bars()
-        self.tree.show(table)
-        self.table.show(table)
+        self._show_rows()
         self.result.layout.display = ""
 
     def _on_choice(self, change: Any) -> None:
@@ -244,15 +319,28 @@ class DiffView(w.VBox):
             self.clear()
 
     def _show_bars(self) -> None:
-        if self.diff.empty:
+        rows = self.shown()
+        if rows.empty:
             self.bars.children = ()
             return
-        subtrees = subtree_changes(self.diff, int(self.depth.value)).head(MAX_BARS)
+        subtrees = subtree_changes(rows, int(self.depth.value))
+        # The model's subtrees before the optimizer's, as in the table.
+        optimizer = [
+            display.is_optimizer_state(c, k)
+            for c, k in zip(subtrees["checkpointable"], subtrees["subtree"], strict=True)
+        ]
+        subtrees = (
+            subtrees.assign(_part=optimizer)
+            .sort_values("_part", kind="stable")
+            .drop(columns="_part")
+            .head(MAX_BARS)
+        )
         finite = [r for r in subtrees["rel_change"] if math.isfinite(r)]
         top = max(finite, default=0.0) or 1.0
         rows = []
         for name, subtree, rel, leaves in subtrees.itertuples(index=False):
-            label = f"{name} {subtree}".strip()
+            exact = f"{name} {subtree}".strip()
+            label = f"{name} {_readable(subtree)}" if subtree else name
             bar = w.FloatProgress(
                 value=min(1.0, rel / top) if math.isfinite(rel) else 1.0,
                 min=0.0,
@@ -262,7 +350,7 @@ class DiffView(w.VBox):
             rows.append(
                 w.HBox(
                     [
-                        w.Label(label, layout=w.Layout(width="20em"), tooltip=label),
+                        w.Label(label, layout=w.Layout(width="20em"), tooltip=exact),
                         bar,
                         w.Label(
                             f"{_percent(rel)} ({leaves:,} changed)",

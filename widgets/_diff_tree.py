@@ -9,12 +9,13 @@ from typing import Any
 import ipywidgets as w
 import numpy as np
 import pandas as pd
+import traitlets
 
 from tinax.vocabulary import CHANGED, SAME
 
 from ._guard import shown_in_widget
 from ._table import Column, PagedTable, RowLook
-from ._tree import LeafTree, Node
+from ._tree import TREE_PAGE, LeafTree, Node
 
 
 def _percent(value: Any) -> str:
@@ -28,7 +29,7 @@ def _count(value: Any) -> str:
 
 
 _COLUMNS = (
-    Column("label", "subtree", key=True),
+    Column("label", "subtree", key=True, exact="exact"),
     Column("moved", "leaves changed", _count, align="right"),
     Column("leaves", "leaves", _count, align="right", essential=False),
     Column("rel_change", "rel. change", _percent, align="right"),
@@ -43,11 +44,15 @@ def _look(row: pd.Series) -> RowLook:
 class DiffTree(w.VBox):
     """A ``diff_table`` as a tree of subtrees: how many leaves changed under each, and
     its relative change ‖b − a‖ / ‖a‖ over its changed floating-point leaves (leaves
-    that are the same add nothing to ‖b − a‖). Click a subtree to open or close it.
+    that are the same add nothing to ‖b − a‖). Click a subtree to open or close it,
+    a leaf to pick it. One list that scrolls within itself past ``page_size`` rows.
 
     Attributes:
       nodes: The nodes shown, in order.
+      picked: ``(checkpointable, key)`` of the last leaf clicked, or ``None``.
     """
+
+    picked = traitlets.Any(None, allow_none=True)
 
     def __init__(self, *, page_size: int = 20) -> None:
         self.nodes: list[Node] = []
@@ -55,8 +60,14 @@ class DiffTree(w.VBox):
         self._tree = LeafTree(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
         self._aa = self._dd = np.zeros(0)
         self._changed = np.zeros(0, bool)
+        self._keys = pd.DataFrame(columns=["checkpointable", "key"])
         self.table = PagedTable(
-            _COLUMNS, page_size=page_size, look=_look, sortable=False, empty_text="no leaves"
+            _COLUMNS,
+            page_size=TREE_PAGE,
+            scroll_rows=page_size,
+            look=_look,
+            sortable=False,
+            empty_text="no leaves",
         )
         guard = shown_in_widget(self.table._show_error)
         self.table.observe(guard(self._on_pick), names="selected")
@@ -73,6 +84,7 @@ class DiffTree(w.VBox):
             }
         ).reset_index(drop=True)
         self._tree = LeafTree(frame)
+        self._keys = frame[["checkpointable", "key"]]
         status = diff["status"].astype(str).to_numpy()
         self._changed = status != SAME
         floating = (status == CHANGED) & diff["norm_a"].notna().to_numpy()
@@ -118,6 +130,10 @@ class DiffTree(w.VBox):
         node = self.nodes[index]
         if node.leaf is None:
             self.toggle(node.checkpointable, node.key)
+        else:
+            row = self._keys.loc[node.leaf]
+            self.picked = None
+            self.picked = (str(row["checkpointable"]), str(row["key"]))
 
     def _redraw(self, *, keep_page: bool) -> None:
         out: list[tuple[Node, int]] = []
@@ -131,7 +147,11 @@ class DiffTree(w.VBox):
         rollups = [self._rollup(n) for n in self.nodes]
         frame = pd.DataFrame(
             {
-                "label": [n.name if n.path else n.checkpointable for n in self.nodes],
+                "label": [n.label for n in self.nodes],
+                "exact": [
+                    str(self._keys.loc[n.leaf, "key"]) if n.leaf is not None else n.key
+                    for n in self.nodes
+                ],
                 "depth": [d for _, d in out],
                 "mark": [
                     " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")

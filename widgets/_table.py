@@ -485,7 +485,8 @@ class PagedTable(anywidget.AnyWidget):
                 exact = [str(v) or t for v, t in zip(page[column.exact], texts, strict=True)]
             return [[t] * len(KEY_WIDTHS) for t in texts], exact, ""
         keys = ["" if t == "" else str(v) for t, v in zip(texts, page[column.field], strict=True)]
-        groups = None
+        groups: list[str] | None = None
+        names: list[str] = []
         if column.group is not None and column.group in page.columns:
             names = [str(v) for v in page[column.group]]
             if len(set(names)) > 1:
@@ -505,7 +506,8 @@ class PagedTable(anywidget.AnyWidget):
                 labels.append([text] * len(KEY_WIDTHS))
             else:
                 labels.append([labels_at[slot] for labels_at in sets])
-        exact = [k or texts[slot] for slot, k in enumerate(keys)]
+        # A whole checkpointable (the empty key) is named by the checkpointable.
+        exact = [k or (names[slot] if names else "") or texts[slot] for slot, k in enumerate(keys)]
         return labels, exact, prefix
 
     def _quiet(self, cells: list[list[str]], keyed_groups: bool) -> list[bool]:

@@ -17,6 +17,7 @@ import pandas as pd
 from tinax._format import words
 from tinax.explore import display
 from tinax.explore._numeric import PairStats
+from tinax.explore.display import is_optimizer_state
 
 # What a leaf's values are, for how its change is told and ranked: floating-point
 # arrays by relative change, integer counters by how much they moved ("+150"), PRNG
@@ -63,23 +64,6 @@ def value_kind(checkpointable: str, key: str, dtype: Any, shape: Any) -> str:
     if np_dtype.kind in "fc" or "float" in text:
         return FLOAT
     return OTHER
-
-
-# Names under which optimizer state is saved: a checkpointable of its own
-# (``optimizer``) or the top key of a train state (``['opt_state']``).
-OPTIMIZER_NAMES = frozenset({"optimizer", "opt_state", "opt", "optim", "optimizer_state"})
-
-
-def is_optimizer_state(checkpointable: str, key: str) -> bool:
-    """Whether a leaf belongs to an optimizer's state (moments, counts) rather than
-    the model: its checkpointable or its first key part is named like one."""
-    if str(checkpointable).lower() in OPTIMIZER_NAMES:
-        return True
-    text = str(key)
-    if not text.startswith("['"):
-        return False
-    first = text[2 : text.find("'", 2)] if text.find("'", 2) > 0 else ""
-    return first.lower() in OPTIMIZER_NAMES
 
 
 def _signed(value: float) -> str:

@@ -11,6 +11,7 @@ in their ``key`` column; this module only makes display text from it:
   (``shared_prefix`` says what that was), and with a ``width`` the labels are shortened
   without ever making two distinct keys read alike: layer indices and short names such
   as ``mu``/``nu`` stay, common middle parts give way to ``…`` first.
+- ``is_optimizer_state``: which leaves are the optimizer's, shown after the model's.
 - ``key_matches``: what a key filter finds, typed dotted or as a keystr.
 - ``human_bytes``: the one byte formatter of the project.
 
@@ -33,6 +34,7 @@ __all__ = [
     "ROOT_LABEL",
     "display_keys",
     "human_bytes",
+    "is_optimizer_state",
     "key_matches",
     "natural_key",
     "readable_key",
@@ -126,6 +128,23 @@ def readable_key(key: str) -> str:
     """
     parts = _parts(key)
     return tensor_name(parts) if parts else ROOT_LABEL
+
+
+# Names under which optimizer state is saved: a checkpointable of its own
+# (``optimizer``) or the top key of a train state (``['opt_state']``).
+OPTIMIZER_NAMES = frozenset({"optimizer", "opt_state", "opt", "optim", "optimizer_state"})
+
+
+def is_optimizer_state(checkpointable: str, key: str) -> bool:
+    """Whether a leaf belongs to an optimizer's state (moments, counts) rather than
+    the model: its checkpointable or its first key part is named like one."""
+    if str(checkpointable).lower() in OPTIMIZER_NAMES:
+        return True
+    text = str(key)
+    if not text.startswith("['"):
+        return False
+    first = text[2 : text.find("'", 2)] if text.find("'", 2) > 0 else ""
+    return first.lower() in OPTIMIZER_NAMES
 
 
 def key_matches(keys: Iterable[str], text: str) -> list[bool]:
