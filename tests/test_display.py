@@ -308,7 +308,7 @@ def test_the_project_has_one_byte_formatter() -> None:
     from tinax.widgets import _text
 
     from tinax.explore import _readable, _terminal
-    from tinax.explore import human_bytes as exported
+    from tinax.explore.toolkit import human_bytes as exported
 
     assert exported is display.human_bytes
     assert _readable.human_bytes is display.human_bytes

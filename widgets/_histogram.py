@@ -6,7 +6,7 @@ import io
 
 import numpy as np
 
-from tinax.explore import LeafStatistics
+from tinax.explore.toolkit import LeafStatistics
 
 # What fits across the image at the title's size.
 _TITLE_CHARS = 48

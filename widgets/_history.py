@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from tinax import explore
-from tinax.explore import is_numeric, leaf_statistics
+from tinax.explore.toolkit import is_numeric, leaf_statistics
 from tinax.vocabulary import COMPLETE
 
 HISTORY_COLUMNS = ("step", "name", "path", "norm", "mean", "max", "quantiles", "error")
@@ -114,6 +114,7 @@ def history_png(history: pd.DataFrame, *, title: str = "") -> bytes:
         return b""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     # Sized to be shown at its natural size (about 460 px wide) with 10 pt labels.
     figure = Figure(figsize=(4.8, 6.0), dpi=96)
@@ -140,6 +141,8 @@ def history_png(history: pd.DataFrame, *, title: str = "") -> bytes:
         spread.plot(at, q[:, bands], color="#1f3b5c", linewidth=1.2)
     spread.set_ylabel("values", fontsize=10)
     spread.tick_params(labelsize=10)
+    # Steps are whole numbers: no tick at 1.25.
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1].set_xlabel("step (bands: 0–100, 7–93, 16–84, 31–69 %; line: median)", fontsize=10)
     if title:
         axes[0].set_title(title, fontsize=11)
