@@ -11,6 +11,7 @@ from typing import Any
 import ipywidgets as w
 import pandas as pd
 
+from tinax.explore.display import key_matches
 from tinax.explore.toolkit import StagedLeaves, collector_paused, open_leaves
 
 from ._data_check import DataCheck
@@ -407,7 +408,8 @@ class CheckpointPane:
             mask &= leaves["checkpointable"] == self.checkpointable_filter.value
         text = self.key_filter.value.strip()
         if text:
-            mask &= leaves["key"].astype(str).str.contains(text, case=False, regex=False)
+            # Found typed dotted (blocks.7, as keys are shown) or as a keystr.
+            mask &= pd.Series(key_matches(leaves["key"].astype(str), text), index=leaves.index)
         self.leaf_view.show(leaves[mask], keep_page=keep_page)
         if not keep_page:
             # The tree narrows with the table (its subtotals are of what is shown).
