@@ -214,7 +214,8 @@ def drift_table(
       (indices as numbers): ``step`` (the later checkpoint's), ``previous_step``,
       ``subtree`` (dotted: ``blocks.7``; with every checkpointable compared,
       prefixed by its name), ``key`` (the subtree's key path, as ``keystr``),
-      ``rel_update``, ``cosine``, ``max_abs_diff``, ``norm`` (‖a‖), ``norm_update``
+      ``rel_update``, ``cosine``, ``max_abs_diff``, ``norm`` (‖a‖; NaN where a leaf
+      was found unchanged by its checksums without being read), ``norm_update``
       (‖b − a‖), ``nan`` and ``inf`` (non-finite values of the subtree, both sides),
       ``leaves``. The statistics are over the elements finite on both sides; a
       subtree holding NaN or Inf on either side has NaN statistics.
@@ -286,10 +287,10 @@ def drift_table(
             group[4] += leaf.nan
             group[5] += leaf.inf
             group[6] += 1
-            # A leaf ``same`` by checksum was not read: its norm is unknown.
             group[7] += int(math.isnan(leaf.aa) and leaf.dd == 0.0)
         for (name, path), (aa, bb, dd, max_abs, nan, inf, count, unread) in sums.items():
-            norm, update = math.sqrt(aa), math.sqrt(dd)
+            # A leaf ``same`` by its checksums was not read: the subtree's norm is unknown.
+            norm, update = (math.nan if unread else math.sqrt(aa)), math.sqrt(dd)
             if nan or inf:
                 rel = cosine = max_diff = math.nan
             elif dd == 0.0:

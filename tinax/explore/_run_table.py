@@ -187,6 +187,18 @@ def _checkpoint_facts(
                     metrics[key] = number
     except (ValueError, OSError) as e:
         problem = str(e)
+    # Orbax's MetricsHandler (V1 ``training.Checkpointer``, V0 ``CheckpointManager``)
+    # writes them as a checkpointable of their own: ``metrics/metrics``.
+    metrics_file = path / names.METRICS / names.METRICS
+    if metrics_file.is_file():
+        try:
+            recorded = files.read_json_object(metrics_file, what="Orbax metrics")
+            for key, value in recorded.items():
+                number = _numeric(value)
+                if number is not None:
+                    metrics.setdefault(key, number)
+        except (ValueError, OSError) as e:
+            problem = str(e)
     aux = path / auxiliary
     try:
         if aux.is_dir() and layout.classify(aux) == layout.PYTREE:
