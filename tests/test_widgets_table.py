@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from tinax.widgets._table import Column, PagedTable, RowLook, format_cell
+from tinax.widgets._table import KEY_WIDTHS, Column, PagedTable, RowLook, format_cell
 
 COLUMNS = (
     Column("name", "name", key=True),
@@ -220,3 +220,138 @@ def test_a_frame_s_attrs_stay_with_the_caller_not_with_the_table() -> None:
     assert _names(table)[:2] == ["row-0", "row-1"] and len(table.frame) == 45
     table.sort_by("size", ascending=False)
     assert _names(table)[0] == "row-44"
+
+
+# --- keys as people read them --------------------------------------------------------
+
+
+def _adamw_keys() -> list[str]:
+    """The optimizer keys of a 24-block NNX model under adamw."""
+    layers = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "up", "down")
+    return [
+        f"['opt_state']['0']['{moment}']['blocks']['{block}']['{layer}']['{param}']['value']"
+        for moment in ("mu", "nu")
+        for block in range(24)
+        for layer in layers
+        for param in ("bias", "kernel")
+    ]
+
+
+KEY_COLUMNS = (
+    Column("key", "key", key=True),
+    Column("dtype", "dtype"),
+    Column("nbytes", "size", align="right"),
+    Column("kind", "kind", essential=False, priority=1),
+    Column("value", "value", essential=False, priority=2),
+    Column("bytes_again", "bytes", essential=False, priority=3),
+)
+
+
+def _leaves(keys: list[str]) -> pd.DataFrame:
+    n = len(keys)
+    return pd.DataFrame(
+        {
+            "checkpointable": ["optimizer"] * n,
+            "key": keys,
+            "dtype": ["float32" if i % 3 else "bfloat16" for i in range(n)],
+            "nbytes": [4 * (i + 1) for i in range(n)],
+            "kind": ["jax.Array"] * n,
+            "value": [None] * n,
+            "bytes_again": [4 * (i + 1) for i in range(n)],
+        }
+    )
+
+
+def test_key_labels_are_readable_and_distinct_at_every_width_on_every_page() -> None:
+    keys = _adamw_keys()
+    table = PagedTable(KEY_COLUMNS, page_size=20)
+    table.show(_leaves(keys))
+    # What every row of the page shares is said once, in the header.
+    assert table.visible_text("key")[:2] == ["0.attn_norm.bias", "0.attn_norm.kernel"]
+    assert table.key_prefix == "opt_state.0.mu.blocks"
+    # Hover and copy give the exact key.
+    assert table.exact_keys()[0] == keys[0]
+    for page in range(table.pages):
+        table.jump(page + 1)
+        for width in range(16, 60, 3):
+            labels = table.visible_text("key", width=width)
+            assert len(set(labels)) == len(labels), (page, width, labels)
+        # Every row offers one label per width, the longest first.
+        assert all(len(row["labels"]) == len(KEY_WIDTHS) for row in table.rows)
+    # A page across mu and nu keeps them apart however narrow.
+    table.show_row(keys.index(keys[383]))
+    narrow = table.visible_text("key", width=16)
+    assert any("mu" in label for label in narrow) and any("nu" in label for label in narrow)
+
+
+def test_columns_that_say_nothing_in_view_give_way_first() -> None:
+    table = PagedTable(KEY_COLUMNS, page_size=20)
+    table.show(_leaves(_adamw_keys()))
+    # One kind in every row, no values, bytes told twice: quiet; dtype varies.
+    assert table.quiet_columns() == ["kind", "value", "bytes_again"]
+    assert table.quiet == [False, False, False, True, True, True]
+    one = _leaves(_adamw_keys()[:1])
+    table.show(one)
+    assert table.quiet_columns() == ["value", "bytes_again"]  # one row: a kind says something
+
+
+def test_rows_of_several_checkpointables_lead_with_its_name() -> None:
+    frame = pd.DataFrame(
+        {
+            "checkpointable": ["model", "optimizer", "optimizer"],
+            "key": ["['step']", "['step']", ""],
+        }
+    )
+    table = PagedTable((Column("key", "key", key=True), Column("checkpointable", "where")))
+    table.show(frame)
+    assert table.visible_text("key") == ["model.step", "optimizer.step", "optimizer"]
+    assert table.exact_keys() == ["['step']", "['step']", "optimizer"]
+    assert table.quiet_columns() == ["checkpointable"]  # the labels already say it
+
+
+def test_the_key_column_sorts_in_natural_order() -> None:
+    keys = [f"['blocks']['{i}']['w']" for i in (10, 2, 1, 0, 11, 19, 20, 3)]
+    table = PagedTable((Column("key", "key", key=True),), page_size=5)
+    table.show(pd.DataFrame({"key": keys}))
+    table.click_header("key")
+    assert list(table.frame["key"]) == [
+        f"['blocks']['{i}']['w']" for i in (0, 1, 2, 3, 10, 11, 19, 20)
+    ]
+    assert table.visible_text("key") == ["0.w", "1.w", "2.w", "3.w", "10.w"]
+    assert table.key_prefix == "blocks"
+    table.click_header("key")
+    assert list(table.frame["key"])[:2] == ["['blocks']['20']['w']", "['blocks']['19']['w']"]
+
+
+def test_a_column_sorts_by_another_field_and_names_keep_their_exact_text() -> None:
+    frame = pd.DataFrame(
+        {
+            "name": ["a", "b", "c"],
+            "path": ["/r/a", "/r/b", ""],
+            "change": ["9 %", "10 %", "+3"],
+            "size": [0.09, 0.1, 3],
+        }
+    )
+    table = PagedTable(
+        (
+            Column("name", "name", key=True, exact="path"),
+            Column("change", "change", sort_by="size", descending_first=True),
+        )
+    )
+    table.show(frame)
+    assert table.exact_keys() == ["/r/a", "/r/b", "c"]
+    table.click_header("change")
+    assert list(table.frame["name"]) == ["c", "b", "a"]
+
+
+def test_a_long_page_scrolls_within_the_table_and_reveals_a_row() -> None:
+    with pytest.raises(ValueError, match="scroll_rows must be an int of at least 0, got -1"):
+        PagedTable(COLUMNS, scroll_rows=-1)
+    table = PagedTable(COLUMNS, page_size=500, scroll_rows=20)
+    table.show(_frame(300))
+    assert table.scroll_rows == 20 and table.pages == 1 and len(table.rows) == 300
+    table.show_row(250)
+    assert table.reveal[0] == 250
+    asked = table.reveal[1]
+    table.show_row(250)
+    assert table.reveal == [250, asked + 1]  # asked again, scrolled again
