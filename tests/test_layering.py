@@ -406,3 +406,29 @@ def test_comparing_live_state_with_a_checkpoint_loads_no_orbax_or_grain(tmp_path
     assert "jax" in loaded and "tinax._targets" in loaded
     heavy = {m for m in loaded for top in ("orbax", "grain") if _under(m, top)}
     assert not heavy, sorted(heavy)[:20]
+
+
+def test_explore_exports_its_tables_and_two_public_submodules() -> None:
+    import tinax.explore as explore
+
+    tables = {
+        "list_checkpoints",
+        "checkpoint_table",
+        "state_table",
+        "compare_table",
+        "read_leaf",
+        "diff_table",
+        "verify",
+        "export_safetensors",
+        "run_table",
+        "drift_table",
+        "scan_run",
+    }
+    documented = {"readable", "retention_table", "run_policy"}
+    assert set(explore.__all__) == tables | documented | {"display", "toolkit"}
+    # Nothing else public: the widgets' helpers live in tinax.explore.toolkit.
+    public = {name for name in vars(explore) if not name.startswith("_")}
+    assert public == set(explore.__all__), sorted(public - set(explore.__all__))
+    for name in explore.toolkit.__all__:
+        assert getattr(explore.toolkit, name) is not None
+        assert name not in explore.__all__

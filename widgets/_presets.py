@@ -15,7 +15,7 @@ import sys
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from tinax import explore
+from tinax.explore import toolkit
 
 MODEL_ONLY = "model only"
 PARAMS_ONLY = "params only"
@@ -92,7 +92,7 @@ def variable_classes(tree: Any) -> dict[str, str]:
                     kind = PARAM
                 else:
                     kind = OTHER
-                classes[explore.leaf_key(path)] = kind
+                classes[toolkit.leaf_key(path)] = kind
             return classes
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     names = [[_part_name(part) for part in path] for path, _ in flat]
@@ -106,7 +106,7 @@ def variable_classes(tree: Any) -> dict[str, str]:
             kind = OTHER
         else:
             kind = PARAM
-        classes[explore.leaf_key(path)] = kind
+        classes[toolkit.leaf_key(path)] = kind
     return classes
 
 

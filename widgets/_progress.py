@@ -11,7 +11,7 @@ from typing import Any
 import ipywidgets as w
 import traitlets
 
-from tinax import explore
+from tinax.explore import toolkit
 
 from ._text import error_html, format_bytes, format_rate, format_seconds
 
@@ -134,8 +134,8 @@ class AsyncProgress(w.VBox):
         self._interval = float(interval)
         self._count: Callable[[], int | None] | None = count_bytes
         if watch is not None:
-            watched = explore.resolve_path(watch, what="watch")
-            self._count = lambda: explore.bytes_written(watched)
+            watched = toolkit.resolve_path(watch, what="watch")
+            self._count = lambda: toolkit.bytes_written(watched)
         self._measured = self._count is not None and total is not None
         self.value: Any = None
 

@@ -23,7 +23,7 @@ import ipywidgets as w
 import pandas as pd
 import traitlets
 
-from tinax import explore
+from tinax.explore import toolkit
 
 from . import _presets
 from ._guard import shown_in_widget
@@ -367,8 +367,8 @@ class RestoreTargetBuilder(w.VBox):
     @staticmethod
     def _check_path(path: object) -> str:
         # Orbax reads only absolute paths; a notebook's paths are often relative.
-        where = explore.resolve_path(path)
-        if not explore.path_exists(where):
+        where = toolkit.resolve_path(path)
+        if not toolkit.path_exists(where):
             raise FileNotFoundError(f"checkpoint {where!r} does not exist")
         return where
 

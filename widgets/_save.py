@@ -11,6 +11,7 @@ import ipywidgets as w
 import traitlets
 
 from tinax import explore
+from tinax.explore import toolkit
 
 from ._guard import shown_in_widget
 from ._progress import RUNNING, AsyncProgress
@@ -45,9 +46,9 @@ def _save_directory(directory: str | os.PathLike[str]) -> tuple[str, bool]:
     nearest existing folder above it is a directory.
     """
     try:
-        return explore.save_directory(directory, what="directory"), True
+        return toolkit.save_directory(directory, what="directory"), True
     except FileNotFoundError:
-        where = explore.resolve_path(directory, what="directory")
+        where = toolkit.resolve_path(directory, what="directory")
         if where.startswith("gs://"):
             raise  # the bucket is missing: nothing here can make one
     above = Path(where).parent
@@ -66,7 +67,7 @@ def training_run_refusal(directory: str, names: list[str] | None = None) -> str:
     the newest and be resumed from, without the optimizer, RNG or data position the
     run needs. So the panel refuses, and says where to save instead.
     """
-    if not explore.path_exists(directory) or explore.run_policy(directory) is None:
+    if not toolkit.path_exists(directory) or explore.run_policy(directory) is None:
         return ""
     what = f" ({', '.join(names)})" if names else ""
     return (
@@ -173,11 +174,11 @@ class SavePanel(w.VBox):
     # -- name ----------------------------------------------------------------------------
 
     def _next_name(self) -> str:
-        name = explore.next_checkpoint_name(self.directory)
+        name = toolkit.next_checkpoint_name(self.directory)
         if name != _EMPTY_RUN_NAME:
             return name
         step, name = 0, _FIRST_NAME
-        while explore.path_exists(self.directory.rstrip("/") + "/" + name):
+        while toolkit.path_exists(self.directory.rstrip("/") + "/" + name):
             step += 1
             name = f"step_{step:06d}"
         return name
@@ -189,7 +190,7 @@ class SavePanel(w.VBox):
             self.save_button.disabled = True
             return False
         try:
-            explore.check_new_checkpoint_name(self.directory, self.name_field.value)
+            toolkit.check_new_checkpoint_name(self.directory, self.name_field.value)
         except (TypeError, ValueError) as e:
             self.name_error = str(e)
             self.message.value = error_html(str(e), title="Cannot save:")
