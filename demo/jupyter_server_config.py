@@ -7,10 +7,17 @@ next autosave would write it: one machine's details in a file kept in git. The
 hook below keeps only the language's name before each save, and drops saved
 widget state (stale, machine-specific output), so the notebooks' bytes stay as
 committed until their cells or outputs really change.
+
+JupyterLab's announcements are off: on a first start it asks, in a toast over the
+notebook, whether to fetch Jupyter's news feed, and it checks the network for newer
+versions; neither belongs over a demo (nor on a machine without a network). The toast
+is asked by a setting (``fetchNews``), so its default is overridden in
+``lab_settings/overrides.json`` beside this file (Binder's postBuild copies both).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
@@ -45,3 +52,12 @@ class StableNotebooksContentsManager(AsyncLargeFileManager):
 
 
 c.ServerApp.contents_manager_class = StableNotebooksContentsManager
+
+# ``None`` (not an empty URL): the server fetches no news and tells the page so.
+c.LabApp.news_url = None
+c.LabApp.check_for_updates_class = "jupyterlab.NeverCheckForUpdate"
+# JupyterLab's own settings directory for administrators' defaults (empty in a pip
+# install) is replaced by ours: the question is never asked; a user may still opt in.
+_LAB_SETTINGS = Path(__file__).resolve().with_name("lab_settings")
+if (_LAB_SETTINGS / "overrides.json").is_file():
+    c.LabApp.app_settings_dir = str(_LAB_SETTINGS)

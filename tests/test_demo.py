@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -205,3 +212,71 @@ def test_the_demo_run_stays_out_of_git() -> None:
         ["git", "ls-files", "demo_run"], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert tracked.stdout == ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_make_demos_jupyterlab_shows_no_news_toast(tmp_path: Path) -> None:
+    """The server `make demo` starts, with its settings: news is off, so no toast asks
+    whether to fetch it (seen in Chromium: the toast shows without these settings and not
+    with them), and no update check goes out."""
+    port = _free_port()
+    planned = subprocess.run(
+        ["make", "-n", "demo", f"PORT={port}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.replace("\\\n", " ")
+    lab = next(line for line in planned.splitlines() if "jupyter lab " in line)
+    env = dict(os.environ)
+    for sub in ("config", "data", "runtime"):
+        (tmp_path / sub).mkdir()
+    env.update(
+        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+        JUPYTER_DATA_DIR=str(tmp_path / "data"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        JUPYTER_PLATFORM_DIRS="1",
+    )
+    server = subprocess.Popen(
+        # The very command line (it asks the shell whether it runs as root).
+        ["bash", "-c", f"exec {lab} --LabApp.user_settings_dir={tmp_path / 'settings'}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/lab", timeout=5) as response:
+                    page = response.read().decode()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert server.poll() is None, "JupyterLab exited"
+                assert time.monotonic() < deadline, "JupyterLab did not start"
+                time.sleep(0.5)
+        data = re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S)
+        assert data is not None
+        config = json.loads(data.group(1))
+        assert config["news"] == {"disabled": True}
+        with urllib.request.urlopen(f"{base}/lab/api/update", timeout=10) as response:
+            assert json.loads(response.read())["notification"] is None
+        with urllib.request.urlopen(f"{base}/lab/api/news", timeout=10) as response:
+            assert json.loads(response.read())["news"] == []
+        # The toast is asked when the setting says "ask" ("none"): its default is "false".
+        notification = f"{base}/lab/api/settings/@jupyterlab/apputils-extension:notification"
+        with urllib.request.urlopen(notification, timeout=10) as response:
+            properties = json.loads(response.read())["schema"]["properties"]
+        assert properties["fetchNews"]["default"] == "false"
+        assert properties["checkForUpdates"]["default"] is False
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
