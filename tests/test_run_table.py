@@ -136,6 +136,7 @@ def test_the_big_demo_run(big_run):
     assert (table["save_blocked_s"] > 0).all()
 
 
+@pytest.mark.slow
 def test_three_hundred_checkpoints_in_a_fresh_process(tmp_path):
     write_small_run(str(tmp_path / "one"))
     run = tmp_path / "run"
