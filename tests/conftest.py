@@ -157,6 +157,14 @@ SLOW_TESTS = frozenset(
         "test_filters_and_pages_at_ten_thousand_leaves",
         "test_the_cli_exit_status",
         "test_the_wheel_installs_tinax_widgets_and_no_top_level_widgets",
+        # A preempted training script that goes on after its save, in a fresh interpreter.
+        "test_a_loop_that_does_not_break_ends_as_sigterm_would_after_the_save",
+        "test_a_loop_that_does_not_break_with_a_handler_chained_exits_143",
+        "test_on_preemption_continue_goes_on_saving_by_the_interval",
+        # Real flax NNX and optax states.
+        "test_an_nnx_module_or_optimizer_is_refused_at_save_naming_nnx_state",
+        "test_an_nnx_module_as_target_is_a_type_error_without_orbax_traceback",
+        "test_an_eval_shape_target_restores_without_orbax_warnings",
     }
 )
 SLOW_FIXTURES = frozenset({"gcs", "demo_run", "demo_run_output", "big_run"})

@@ -12,7 +12,9 @@ deeply nested JSON, non-UTF-8 file contents and names; and, by family: memory bo
 chunk or both, or far more than its bytes), stripped checksums (the record deleted,
 or one leaf's entry, then a data byte flipped), swaps (array bytes, ``_sharding``,
 the checksum record, ``_strings.json`` or an iterator state taken from another
-checkpoint of the same structure), hard links of the array data file (to the
+checkpoint of the same structure), rewrites of a Grain iterator's state that no
+iterator resumes from (``next_index`` negative, beyond 64 bits, a string, ``NaN``…)
+with its checksum rewritten to match, hard links of the array data file (to the
 healthy sibling's, to another checkpoint's), 50 GB sparse files (``manifest.ocdbt``,
 ``_METADATA``, array data) and 100,000 nested objects in metadata. Each mutant sits in
 a run next to a healthy checkpoint, and is read by the load
@@ -372,6 +374,41 @@ def _swap_file(relative: str, other: Path) -> Damage:
     return damage
 
 
+def _rewrite_iterator_state(text: bytes) -> Damage:
+    """Every Grain iterator state file rewritten to ``text``, and its checksum with it:
+    a rewrite the checksums cannot see, of a state no Grain iterator resumes from."""
+
+    def damage(root: Path) -> None:
+        from tinax._format import checksums
+
+        for state in (root / "iterator").glob("process_*-of-*.json"):
+            state.write_bytes(text)
+        for record in (root / "iterator" / "tinax_checksums").glob("*.json"):
+            document = json.loads(record.read_bytes())
+            for name, leaf in document["leaves"].items():
+                if names_iterator(name):
+                    leaf["pieces"] = [[[], checksums.digest(text)]]
+            record.write_text(json.dumps(document))
+
+    return damage
+
+
+# Iterator states a rewrite may leave, each self-consistent with its checksum.
+ITERATOR_REWRITES = {
+    "next_index -1": b'{"next_index": -1}',
+    "next_index 10^20": b'{"next_index": 100000000000000000000}',
+    "next_index 2^70": b'{"next_index": 1180591620717411303424}',
+    "next_index a string": b'{"next_index": "12"}',
+    "next_index NaN": b'{"next_index": NaN}',
+    "next_index Infinity": b'{"next_index": Infinity}',
+    "next_index 2.5": b'{"next_index": 2.5}',
+    "next_index true": b'{"next_index": true}',
+    "next_index null": b'{"next_index": null}',
+    "a list, not an object": b"[3]",
+    "a NaN beside next_index": b'{"next_index": 3, "extra": NaN}',
+}
+
+
 def _hard_link_data(other: Path | None) -> Damage:
     """The array data file replaced by a hard link to the sibling's (identical) file, or
     to the bytes of another checkpoint of the same structure."""
@@ -437,6 +474,12 @@ def families(base: Path, kind: str) -> Iterator[tuple[str, Damage]]:
         name = Path(relative).name
         if name == "_strings.json" or names_iterator(name):
             yield f"swap: {relative} from another checkpoint", _swap_file(relative, other)
+    if kind == "training":
+        for label, text in ITERATOR_REWRITES.items():
+            yield (
+                f"rewrite: iterator state {label}, its checksum to match",
+                _rewrite_iterator_state(text),
+            )
     yield "hard link: data file to the sibling's", _hard_link_data(None)
     yield "hard link: data file to another checkpoint's", _hard_link_data(other)
     yield "sparse: 50 GB manifest.ocdbt", _sparse("model/manifest.ocdbt", 50 << 30)

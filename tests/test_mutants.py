@@ -60,5 +60,26 @@ def test_the_campaign_has_over_400_mutants_of_every_kind(tmp_path) -> None:
         "hard link: data file to another checkpoint's",
         "sparse: 50 GB manifest.ocdbt",
         "deep nesting: 100k objects in _METADATA",
+        "rewrite: iterator state next_index NaN, its checksum to match",
     ):
         assert kind in described, kind
+
+
+@pytest.mark.timeout(600)
+def test_iterator_states_no_iterator_resumes_from_are_refused_by_load_verify_and_diff() -> None:
+    records = mutants.run_campaign(only=("rewrite",), timeout=60, progress=False)
+    mine = [r for r in records if r["call"] != mutants.MISUSE]
+    assert {r["mutant"] for r in mine} == {
+        f"rewrite: iterator state {label}, its checksum to match"
+        for label in mutants.ITERATOR_REWRITES
+    }
+    assert mutants.failures(records) == []
+    by_call = collections.defaultdict(collections.Counter)
+    for r in mine:
+        by_call[r["call"]][r["outcome"]] += 1
+    count = len(mutants.ITERATOR_REWRITES)
+    # The load and verify refuse each, naming the file; diff calls none of them changed.
+    assert by_call["load"] == {"clean error": count}
+    assert by_call["verify"] == {"clean error": count}
+    assert by_call["diff_table"] == {"ok": count}
+    assert all("process_0-of-1.json" in r["message"] for r in mine if r["call"] == "load")

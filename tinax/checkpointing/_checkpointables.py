@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax._format import arrays, files, jsonitems, layout, names
+from tinax._format import arrays, files, iterstate, jsonitems, layout, names
 from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import load_source
@@ -241,11 +241,15 @@ def check_iterator_states(src: Location, name: str) -> None:
 
     Raises:
       ValueError: Naming what was saved and how to get at it, if this process's
-        state file is missing but other processes' are there.
+        state file is missing but other processes' are there; naming the file, if
+        a state is not one Grain could resume from (``tinax._format.iterstate``).
     """
     saved = jsonitems.iterator_files(src / name)
     mine = names.iterator_file_name(_processes.process_index(), _processes.process_count())
     if not saved or any(file == mine for _, _, file in saved):
+        if saved:
+            # Before Grain reads it: a state it could not resume from is refused here.
+            iterstate.check_states(src / name)
         return
     counts = sorted({count for _, count, _ in saved})
     raise ValueError(
@@ -292,6 +296,13 @@ def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) 
         return ValueError(
             f"checkpoint {str(src)!r}: the stored data of {sorted(targets)} cannot be read; "
             f"it is damaged or unreadable{what}: {arrays.message(root)}"
+        )
+    if any(is_stateful(target) for target in targets.values()):
+        # An iterator refusing its saved state: a state damaged past the checks, or
+        # one from another pipeline; nothing tells which, so it is no target verdict.
+        return ValueError(
+            f"checkpoint {str(src)!r}: the saved state of {sorted(targets)} does not "
+            f"restore into the iterator given: {_orbax_reason(error)}"
         )
     # Nothing was damaged or unreadable: what Orbax refused is the targets.
     return TargetMismatchError(

@@ -22,7 +22,17 @@ import numpy as np
 import pandas as pd
 import tensorstore as ts
 
-from tinax._format import arrays, checksums, chunks, layout, names, pytree, rawread, words
+from tinax._format import (
+    arrays,
+    checksums,
+    chunks,
+    iterstate,
+    layout,
+    names,
+    pytree,
+    rawread,
+    words,
+)
 from tinax.explore import _checkpoint, _live, _raw_scan
 from tinax.explore._integrity import PiecesCheck
 from tinax.explore._leaves import Leaf, frame
@@ -219,6 +229,12 @@ def _damaged_files(item: layout.StoredCheckpointable) -> str | None:
         return None
     records = checksums.read_checksums(item.directory)
     problems = [] if records is None else checksums.check_files(item.directory, records)
+    if not problems:
+        # A state the load would refuse is no state to compare, whatever its checksum says.
+        try:
+            iterstate.check_states(item.directory)
+        except ValueError as e:
+            problems.append(str(e))
     return "; ".join(problems) or None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tinax._format import files, jsonitems, layout, names, preflight, runrecord, words
+from tinax._format import files, iterstate, jsonitems, layout, names, preflight, runrecord, words
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax._format.storage import DIRECTORY, FILE, LINK, Location
 from tinax.explore._checks import Check, Finding, PyTreeState, VerifyTarget
@@ -269,6 +269,15 @@ class IteratorCheck(Check):
                 )
         for _, _, name in found:
             try:
-                files.read_json(item.directory / name, what="Grain iterator state")
+                state = files.read_json(item.directory / name, what="Grain iterator state")
             except ValueError as e:
                 yield Finding(f"{where}/{name}".lstrip("/"), words.ERROR, str(e))
+                continue
+            # The rules the load checks before Grain reads the state.
+            problems = iterstate.state_problems(state)
+            if problems:
+                yield Finding(
+                    f"{where}/{name}".lstrip("/"),
+                    words.ERROR,
+                    "not a Grain iterator state a load can resume from: " + "; ".join(problems),
+                )
