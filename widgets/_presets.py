@@ -1,4 +1,5 @@
-"""The restore-target builder's presets: what to restore, chosen in one click.
+"""The restore-target builder's presets (what to restore, chosen in one click), and
+putting restored values into the live state.
 
 A preset names a common partial restore: the model alone, its trainable parameters
 alone, or the model without its normalisation statistics (BatchNorm's running mean
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
+
+import ipywidgets as w
 
 from tinax.explore import toolkit
 
@@ -135,3 +138,72 @@ def plan(preset: str, live: Mapping[str, Any]) -> Plan:
         frozenset({model}),
         {model: tuple(key for key, kind in classes.items() if kind in drop)},
     )
+
+
+class PresetButtons(w.HBox):
+    """One button per preset; a preset that cannot apply to the live state is disabled,
+    its tooltip saying why.
+
+    Attributes:
+      buttons: Preset → its button.
+    """
+
+    def __init__(self, live: Mapping[str, Any], pick: Callable[[str], None]) -> None:
+        self.buttons: dict[str, w.Button] = {}
+        for label in PRESETS:
+            button = w.Button(
+                description=label,
+                tooltip=DESCRIPTIONS[label],
+                layout=w.Layout(width="auto", flex="0 0 auto"),
+            )
+            button.on_click(lambda _button, label=label: pick(label))
+            self.buttons[label] = button
+        model = model_name(list(live))
+        classes = {} if model is None else variable_classes(live[model])
+        for label, button in self.buttons.items():
+            if label == EVERYTHING:
+                continue
+            if model is None:
+                button.disabled = True
+                button.tooltip = f"no checkpointable is named {MODEL!r}"
+            elif label == WITHOUT_STATISTICS and STATISTIC not in classes.values():
+                button.disabled = True
+                button.tooltip = "the model holds no normalisation statistics"
+        super().__init__(
+            [w.HTML("presets:"), *self.buttons.values()],
+            layout=w.Layout(flex_flow="row wrap", align_items="center"),
+        )
+
+    def show(self, preset: str) -> None:
+        """Marks the button of ``preset`` (``""``: none) as the one the ticks follow."""
+        for label, button in self.buttons.items():
+            button.button_style = "info" if label == preset else ""
+
+
+def is_nnx_state(value: object) -> bool:
+    """Whether ``value`` is flax NNX state (``nnx.state(model)``)."""
+    nnx = sys.modules.get("flax.nnx")  # loaded by whoever made NNX state
+    return nnx is not None and isinstance(value, nnx.State)
+
+
+def apply_to_live(live: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
+    """Puts each restored NNX state of ``result`` into the live state of the same name
+    with ``nnx.update``; returns the names it applied."""
+    applied = [name for name in result if is_nnx_state(live[name])]
+    if applied:
+        from flax import nnx  # loaded already: the live state is NNX's
+
+        for name in applied:
+            nnx.update(live[name], result[name])
+    return applied
+
+
+def apply_hint(names: Collection[str]) -> str:
+    """How to put restored values into the notebook's objects, as code to copy."""
+    lines = []
+    for name in names:
+        if name in ("model", "optimizer"):
+            lines.append(f'nnx.update({name}, builder.result["{name}"])')
+        else:
+            lines.append(f'{name} = builder.result["{name}"]')
+    return "; ".join(lines)

@@ -6,13 +6,15 @@ presets (``_presets``: common choices in one click), ``judge`` and ``ComparisonV
 
 The builder is the one widget that needs JAX and Orbax, and only once it is made
 from live state (which JAX made): they are imported then, not with ``tinax.widgets``.
+
+(Over 500 lines: one widget's flow from choice to comparison, load and apply, whose
+steps share the state of the load in flight; the parts that stand alone live apart.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import html
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -57,22 +59,6 @@ def _check_state(state: object) -> Mapping[str, Any]:
     for name in state:
         validate_checkpointable_name(name)
     return state
-
-
-def _is_nnx_state(value: object) -> bool:
-    nnx = sys.modules.get("flax.nnx")  # loaded by whoever made NNX state
-    return nnx is not None and isinstance(value, nnx.State)
-
-
-def _apply_hint(names: list[str]) -> str:
-    """How to put restored values into the notebook's objects, as code to copy."""
-    lines = []
-    for name in names:
-        if name in ("model", "optimizer"):
-            lines.append(f'nnx.update({name}, builder.result["{name}"])')
-        else:
-            lines.append(f'{name} = builder.result["{name}"]')
-    return "; ".join(lines)
 
 
 class RestoreTargetBuilder(w.VBox):
@@ -185,20 +171,8 @@ class RestoreTargetBuilder(w.VBox):
             {name: abstract_restore_target(tree) for name, tree in state.items()},
             guard(self._on_choice),
         )
-        self.preset_buttons: dict[str, w.Button] = {}
-        for label in _presets.PRESETS:
-            button = w.Button(
-                description=label,
-                tooltip=_presets.DESCRIPTIONS[label],
-                layout=w.Layout(width="auto", flex="0 0 auto"),
-            )
-            button.on_click(guard(lambda _button, label=label: self.apply_preset(label)))
-            self.preset_buttons[label] = button
-        self._disable_presets_that_do_not_apply()
-        self.presets_box = w.HBox(
-            [w.HTML("presets:"), *self.preset_buttons.values()],
-            layout=w.Layout(flex_flow="row wrap", align_items="center"),
-        )
+        self.presets_box = _presets.PresetButtons(self._live, guard(self.apply_preset))
+        self.preset_buttons = self.presets_box.buttons
         self.checkboxes = self.choice.checkboxes
         self.subtree_checkboxes = self.choice.subtree_checkboxes
         self.message = w.HTML("")
@@ -314,6 +288,7 @@ class RestoreTargetBuilder(w.VBox):
                 for key in keys:
                     self.choice.tick(name, key, False)
         self.preset = preset
+        self.presets_box.show(preset)
         self._rebuild()
 
     def apply(self) -> list[str]:
@@ -332,11 +307,7 @@ class RestoreTargetBuilder(w.VBox):
         """
         if self.result is None:
             raise RuntimeError("nothing loaded yet: click Load first")
-        from flax import nnx  # the state is NNX's, so flax is loaded already
-
-        applied = [name for name in self.result if _is_nnx_state(self._live[name])]
-        for name in applied:
-            nnx.update(self._live[name], self.result[name])
+        applied = _presets.apply_to_live(self._live, self.result)
         self.applied = applied
         if applied:
             note = (
@@ -385,21 +356,6 @@ class RestoreTargetBuilder(w.VBox):
         self.progress_box.children = ()
         self._rebuild()
 
-    def _disable_presets_that_do_not_apply(self) -> None:
-        model = _presets.model_name(list(self._live))
-        classes = {} if model is None else _presets.variable_classes(self._live[model])
-        for label, button in self.preset_buttons.items():
-            if label == _presets.EVERYTHING:
-                continue
-            if model is None:
-                button.disabled = True
-                button.tooltip = "no checkpointable is named 'model'"
-            elif (
-                label == _presets.WITHOUT_STATISTICS and _presets.STATISTIC not in classes.values()
-            ):
-                button.disabled = True
-                button.tooltip = "the model holds no normalisation statistics"
-
     @contextlib.contextmanager
     def _preset_ticks(self) -> Iterator[None]:
         # A preset ticks many boxes; the comparison runs once, after the last.
@@ -413,12 +369,8 @@ class RestoreTargetBuilder(w.VBox):
         if self._applying_preset:
             return
         self.preset = ""
+        self.presets_box.show("")
         self._rebuild()
-
-    @traitlets.observe("preset")
-    def _show_preset(self, change: Any) -> None:
-        for label, button in getattr(self, "preset_buttons", {}).items():
-            button.button_style = "info" if label == change["new"] else ""
 
     def _rebuild(self) -> None:
         with self._lock:
@@ -547,7 +499,7 @@ class RestoreTargetBuilder(w.VBox):
         self.result = result
         self.summary_html.value = self._summary_html()
         self.apply_button.layout.display = (
-            "" if any(_is_nnx_state(self._live[name]) for name in result) else "none"
+            "" if any(_presets.is_nnx_state(self._live[name]) for name in result) else "none"
         )
         self.status = "loaded"
         for callback in list(self._callbacks):
@@ -558,7 +510,7 @@ class RestoreTargetBuilder(w.VBox):
         names = list(self.result or {})
         where = (
             "The values are in builder.result (this widget's .result): "
-            + html.escape(_apply_hint(names))
+            + html.escape(_presets.apply_hint(names))
             if names
             else ""
         )
