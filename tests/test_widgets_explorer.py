@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -557,3 +559,37 @@ def test_export_opens_the_open_checkpoint_s_panel_and_writes_safetensors(
     explorer.contents.export_button.click()
     explorer.contents.export_button.click()
     assert explorer.contents.export_box.children == ()
+
+
+@pytest.mark.slow  # mypy over the widgets: tens of seconds
+def test_mypy_catches_a_misspelt_attribute_of_the_explorer_s_panes(tmp_path: Path) -> None:
+    snippet = tmp_path / "use_explorer.py"
+    snippet.write_text(
+        "from widgets import CheckpointExplorer\n\n"
+        "explorer = CheckpointExplorer('run')\n"
+        "explorer.contents.leaf_veiw.show_row(0)\n"
+        "explorer.runs.refersh()\n"
+        "explorer.leaf_pane.statistcs\n"
+        "explorer.contents.leaf_view.show_row(0)\n"
+        "explorer.runs.refresh(deep=False)\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(repo / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(snippet),
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    errors = [line for line in done.stdout.splitlines() if line.startswith(str(snippet))]
+    assert [e.split(":")[1] for e in errors] == ["4", "5", "6"], done.stdout[-2000:]
+    assert 'maybe "leaf_view"' in errors[0] and 'maybe "refresh"' in errors[1]
