@@ -416,9 +416,7 @@ class CheckpointPane:
             self.tree_view.show(
                 leaves if bool(mask.all()) else leaves[mask], sized=not self.filling
             )
-        narrow = getattr(self.diff_view, "narrow", None)
-        if callable(narrow):
-            narrow(self.checkpointable_filter.value, text)
+        self.diff_view.narrow(self.checkpointable_filter.value, text)
 
     def _on_table_pick(self, change: Any) -> None:
         label = change["new"]
