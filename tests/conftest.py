@@ -161,6 +161,7 @@ SLOW_TESTS = frozenset(
         "test_a_loop_that_does_not_break_ends_as_sigterm_would_after_the_save",
         "test_a_loop_that_does_not_break_with_a_handler_chained_exits_143",
         "test_on_preemption_continue_goes_on_saving_by_the_interval",
+        "test_the_readme_example_runs_twice_in_a_row_and_resumes",
         # Real flax NNX and optax states.
         "test_an_nnx_module_or_optimizer_is_refused_at_save_naming_nnx_state",
         "test_an_nnx_module_as_target_is_a_type_error_without_orbax_traceback",

@@ -578,3 +578,27 @@ def test_a_record_write_cut_short_by_a_kill_is_cleared_by_the_next_run(tmp_path)
     live.write_text("{")
     TrainingRun(directory, handle_sigterm=False).close()
     assert not stale.exists() and live.exists()
+
+
+def test_the_readme_example_runs_twice_in_a_row_and_resumes(tmp_path):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("```python\n") + len("```python\n")
+    script = readme[start : readme.index("```", start)]
+    assert "if run.preempted: break" in script
+    (tmp_path / "example.py").write_text(script)
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "example.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        outputs.append((done.stdout, done.stderr))
+    # The second run resumed at step 3, saved nothing and printed the same line.
+    assert outputs[0][0] == outputs[1][0] and outputs[0][0].startswith("[2, 3] 3 ")
+    assert "a fresh start" in outputs[0][1] and "a fresh start" not in outputs[1][1]
+    assert "Traceback" not in outputs[1][1]
