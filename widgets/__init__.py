@@ -6,6 +6,7 @@
 - ``SavePanel``: save named checkpointables as a new checkpoint, with progress.
 - ``AsyncProgress``: a progress bar bound to an Orbax ``AsyncResponse``.
 - ``ExportPanel``: export a checkpoint's arrays to safetensors files, with progress.
+- ``RunTimeline``: a run at a glance: metrics, save times, layer drift and NaN against step.
 
 Each is an ipywidgets container; errors from its buttons are shown in the widget.
 This package lives in the repository's top-level ``widgets/`` folder and is
@@ -38,6 +39,7 @@ except ImportError as e:
 from ._explorer import CheckpointExplorer
 from ._export import ExportPanel
 from ._progress import AsyncProgress
+from ._timeline import RunTimeline
 
 if TYPE_CHECKING:
     from ._restore import RestoreTargetBuilder
@@ -65,5 +67,6 @@ __all__ = [
     "CheckpointExplorer",
     "ExportPanel",
     "RestoreTargetBuilder",
+    "RunTimeline",
     "SavePanel",
 ]
