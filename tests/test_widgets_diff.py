@@ -45,8 +45,8 @@ def test_the_open_checkpoint_shows_its_verdict(run: Path) -> None:
     assert explorer.wait(60), "the background check of the run did not finish"
     explorer.open_checkpoint("step-1")
     assert explorer.wait(60), "the verdict did not come"
-    assert 'data-ok="true"' in explorer.verdict.value
-    assert "sound (metadata checked)" in explorer.verdict.value
+    assert 'data-ok="true"' in explorer.contents.verdict.value
+    assert "sound (metadata checked)" in explorer.contents.verdict.value
     # A checkpoint the listing calls invalid is not opened; verify names its broken part.
     assert all("step-3" not in path for _, path in explorer.diff_view.choice.options)
     from tinax.widgets._soundness import verdict_html
@@ -235,6 +235,10 @@ def test_the_diff_reads_forward_from_the_older_checkpoint_whichever_is_open(nnx_
     view.choice.value = older
     assert (view.base, view.other, view.older, view.newer) == (newer, older, older, newer)
     assert "Changes from <code>step_000200</code> to <code>step_000250</code>" in view.title.value
+    # The leaves or the subtrees, one at a time.
+    assert view.table.layout.display == "" and view.tree.layout.display == "none"
+    view.view_as.value = "subtrees"
+    assert view.table.layout.display == "none" and view.tree.layout.display == ""
     counters = view.diff[view.diff["value_kind"] == "integer"]
     assert set(counters["change"]) == {"+50"}
 

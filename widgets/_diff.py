@@ -27,7 +27,10 @@ from ._table import Column, PagedTable, RowLook
 from ._text import error_html, note_html
 
 # Subtrees shown with a bar, largest relative change first.
-MAX_BARS = 12
+MAX_BARS = 8
+# What the diff is shown as: its leaves (a table) or its subtrees (a tree).
+LEAVES = "leaves"
+SUBTREES = "subtrees"
 _PLACEHOLDER = ("compare with…", "")
 
 
@@ -191,8 +194,19 @@ class DiffView(w.VBox):
         # The same changes by subtree, opened a level at a time, with their rollup.
         self.tree = DiffTree(page_size=page_size)
         self.tree.observe(guard(self._on_tree_pick), names="picked")
+        # The leaves or the same changes by subtree: one at a time, so that the page
+        # stays short.
+        self.view_as = w.ToggleButtons(
+            options=[("leaves", LEAVES), ("subtrees", SUBTREES)],
+            value=LEAVES,
+            tooltips=["every leaf, most changed first", "changes rolled up by subtree"],
+            style={"button_width": "6em"},
+        )
+        self.view_as.observe(guard(lambda _: self._show_view()), names="value")
+        self.tree.layout.display = "none"
         self.result = w.VBox(
-            [self.title, self.depth, self.bars, self.tree], layout=w.Layout(display="none")
+            [self.title, self.depth, self.bars, self.view_as, self.tree],
+            layout=w.Layout(display="none"),
         )
         super().__init__([w.HBox([self.choice, self.progress]), self.result])
         self.add_class("tinax-diff-view")
@@ -205,7 +219,14 @@ class DiffView(w.VBox):
             self._table = PagedTable(DIFF_COLUMNS, page_size=self._page_size, look=_look)
             self._table.observe(self._guard(self._on_pick), names="selected")
             self.result.children = (*self.result.children, self._table)
+            self._show_view()
         return self._table
+
+    def _show_view(self) -> None:
+        as_tree = self.view_as.value == SUBTREES
+        self.tree.layout.display = "" if as_tree else "none"
+        if self._table is not None:
+            self._table.layout.display = "none" if as_tree else ""
 
     def narrow(self, checkpointable: str = "", text: str = "") -> None:
         """Shows only the rows of ``checkpointable`` (``""``: all) whose key holds

@@ -429,6 +429,8 @@ class PagedTable(anywidget.AnyWidget):
         index = [c.field for c in self.columns].index(field)
         if width is None or not self.columns[index].key:
             return [row["cells"][index] for row in self.rows]
+        if not any(row["labels"] for row in self.rows):
+            return [row["cells"][index] for row in self.rows]
         level = next((i for i, w in enumerate(KEY_WIDTHS) if 0 < w <= width), len(KEY_WIDTHS) - 1)
         return [row["labels"][level] for row in self.rows]
 
@@ -483,7 +485,8 @@ class PagedTable(anywidget.AnyWidget):
             exact = texts
             if column.exact is not None and column.exact in page.columns:
                 exact = [str(v) or t for v, t in zip(page[column.exact], texts, strict=True)]
-            return [[t] * len(KEY_WIDTHS) for t in texts], exact, ""
+            # Names (a tree's) offer no shorter labels: the browser cuts them if it must.
+            return [[] for _ in texts], exact, ""
         keys = ["" if t == "" else str(v) for t, v in zip(texts, page[column.field], strict=True)]
         groups: list[str] | None = None
         names: list[str] = []
@@ -498,7 +501,7 @@ class PagedTable(anywidget.AnyWidget):
             ]
             prefix = display.shared_prefix(keys, checkpointables=groups)
         except ValueError:
-            return [[t] * len(KEY_WIDTHS) for t in texts], texts, ""
+            return [[] for _ in texts], texts, ""
         labels = []
         for slot, text in enumerate(texts):
             # The root key reads as the column formats it ("(whole)").
@@ -546,7 +549,8 @@ class PagedTable(anywidget.AnyWidget):
                 for c in self.columns
             )
             for slot, row_labels in enumerate(labels):
-                cells[slot][key_index] = row_labels[0]
+                if row_labels:
+                    cells[slot][key_index] = row_labels[0]
         rows = []
         for slot in range(len(page)):
             label = page.index[slot]
