@@ -26,6 +26,7 @@ from ._services import Services
 from ._table import PagedTable
 from ._task import start_thread
 from ._text import error_html, note_html
+from ._timeline import RunTimeline
 from ._tree import TreeView
 
 # How often the ages shown are brought up to date (only a changed text is sent).
@@ -132,6 +133,12 @@ class CheckpointExplorer(w.VBox):
             on_pick_leaf=self._on_pick_leaf,
         )
         self.leaf_pane = LeafPane(self.services)
+        # The run at a glance (RunTimeline), read when its section is first opened.
+        self.timeline = RunTimeline(self.root, explorer=self, load=False)
+        self.timeline_section = Section(
+            "timeline", "<b>Run timeline</b>", [self.timeline], is_open=False
+        )
+        self.timeline_section.toggle.on_click(lambda _: self.timeline.load())
         self.heading = w.HTML(run_heading(self._shown_root, ""))
         self.run_section = Section(
             "run",
@@ -146,6 +153,7 @@ class CheckpointExplorer(w.VBox):
                 ),
                 self.message,
                 self.run_section,
+                self.timeline_section,
                 self.contents.section,
                 self.leaf_pane.section,
             ]

@@ -93,6 +93,7 @@ class RunTimeline(w.VBox):
         drift: bool = False,
         scan: bool = False,
         on_pick: Callable[[str, Any], None] | None = None,
+        load: bool = True,
     ) -> None:
         """Reads the run's metadata (``run_table``) and draws what it says.
 
@@ -103,6 +104,8 @@ class RunTimeline(w.VBox):
           scan: Scan for NaN/Inf at once (in the background).
           on_pick: Called as ``on_pick("step", step)`` or ``on_pick("cell", (key,
             step))`` after each click.
+          load: Read the run now; ``False`` waits for ``load`` (the explorer's
+            folded timeline reads the run when it is first opened).
 
         Raises:
           TypeError: If ``root`` is not a path.
@@ -168,7 +171,9 @@ class RunTimeline(w.VBox):
             ]
         )
         self.add_class("tinax-run-timeline")
-        self.refresh()
+        self.loaded = False
+        if load or drift or scan:
+            self.refresh()
         if drift:
             self.compute_drift()
         if scan:
@@ -176,11 +181,17 @@ class RunTimeline(w.VBox):
 
     # -- public ---------------------------------------------------------------------
 
+    def load(self) -> None:
+        """Reads the run, unless it has been read already."""
+        if not self.loaded:
+            self.refresh()
+
     def refresh(self) -> None:
         """Reads the run's metadata again (``run_table``) and redraws; what drift and
         scan found stays, for the checkpoints still there."""
         table = explore.run_table(self.root)
         with self._lock:
+            self.loaded = True
             self.table = table
             metrics = list(table.attrs.get("metrics", []))
             chosen = self.metric_choice.value
