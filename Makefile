@@ -12,7 +12,7 @@ LOCK_DATE := 2026-12-02
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 
-.PHONY: install lock chromium lint check test bench mutants campaigns preemption-campaign race-campaign run-campaign demo demo-data big-run screenshot clean
+.PHONY: install lock chromium lint check test bench wheels mutants campaigns preemption-campaign race-campaign run-campaign demo demo-data big-run screenshot clean
 
 # uv installs the lock (hashes checked) in seconds where pip takes over a minute; the
 # venv itself is a plain one, with pip, for whoever works in it.
@@ -81,6 +81,24 @@ bench: install
 	$(PY) bench/explorer_scale.py
 	$(PY) bench/export.py
 	$(PY) bench/reads.py
+
+# The wheels bench/accelerator.py needs on a machine with no package registry (a TPU
+# VM): tinax's runtime, explore extra, flax and optax, pinned to the lock, for CPython
+# 3.11 on manylinux x86-64, into the git-ignored .whl-tpu/. JAX, jaxlib, libtpu, NumPy
+# and SciPy are left out: the machine's own stay first (README, "On an accelerator").
+WHEELS_DIR := .whl-tpu
+WHEELS_SKIP := jax|jaxlib|libtpu|numpy|scipy
+wheels: install
+	rm -rf $(WHEELS_DIR) && mkdir -p $(WHEELS_DIR)
+	printf 'flax\noptax\n' > $(WHEELS_DIR)/extra.in
+	$(UV) pip compile pyproject.toml $(WHEELS_DIR)/extra.in --extra explore --constraint requirements.lock \
+		--python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-header --no-annotate --quiet \
+		| grep -Ev '^($(WHEELS_SKIP))==' > $(WHEELS_DIR)/requirements.txt
+	$(PY) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--python-version 3.11 --implementation cp --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any \
+		-d $(WHEELS_DIR) -r $(WHEELS_DIR)/requirements.txt
+	@du -sh $(WHEELS_DIR)
 
 # Saves against the real world, tinax beside Orbax alone (a few minutes each; `make test`
 # runs a small sample): jobs SIGKILLed mid-save then resumed, and two writers racing

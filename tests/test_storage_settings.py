@@ -196,20 +196,21 @@ def _chunk_shapes(checkpointable: Path, param: str) -> tuple[list[int], list[int
 
 
 def test_big_arrays_are_stored_in_chunks_of_at_most_chunk_bytes(tmp_path: Path) -> None:
-    # 12 MiB: more than one chunk; the small arrays stay one chunk each.
-    big = jnp.arange(1024 * 3072, dtype=jnp.float32).reshape(1024, 3072)
+    # 12 MiB: more than one chunk (slabs of whole rows); the small arrays stay one
+    # chunk each.
+    big = jnp.arange(3072 * 1024, dtype=jnp.float32).reshape(3072, 1024)
     state = {**_state(), "big": big}
     save_checkpointables(tmp_path / "c", {"p": state}).result()
     outer, inner = _chunk_shapes(tmp_path / "c" / "p", "big")
     assert outer == inner
     assert int(np.prod(inner)) * 4 <= CHUNK_BYTES
-    assert int(np.prod(inner)) < big.size
+    assert int(np.prod(inner)) < big.size and inner[1:] == [1024]
     assert _chunk_shapes(tmp_path / "c" / "p", "w")[1] == [256, 256]
     restored = load_checkpointables(tmp_path / "c", {"p": abstract_restore_target(state)})
     np.testing.assert_array_equal(np.asarray(restored["p"]["big"]), np.asarray(big))
     np.testing.assert_array_equal(
-        ex.read_leaf(tmp_path / "c", "p", "['big']")[1000:1010, 3000:],
-        np.asarray(big)[1000:1010, 3000:],
+        ex.read_leaf(tmp_path / "c", "p", "['big']")[3000:3010, 1000:],
+        np.asarray(big)[3000:3010, 1000:],
     )
 
 

@@ -1,28 +1,41 @@
 """Pytree checkpointables saved with checksums of their values, and checked when loaded.
 
 ``ChecksummedPyTreeHandler`` is Orbax's ``PyTreeHandler`` plus tinax's integrity
-record (``tinax._format.checksums``): a save digests every value it writes, while
-Orbax writes it, and puts the record in the checkpointable's directory before the
-checkpoint commits; a load digests what Orbax read and refuses a value whose bytes
-differ, naming the checkpoint, the checkpointable and the leaf.
+record (``tinax._format.checksums``): a save digests every value it writes and
+puts the record in the checkpointable's directory before the checkpoint commits;
+a load digests what Orbax read and refuses a value whose bytes differ, naming the
+checkpoint, the checkpointable and the leaf.
+
+Neither costs a transfer of its own. A save digests a JAX array from the host copy
+Orbax makes to write it (``_orbax.observe_host_copies``), on tinax's digest
+threads while Orbax writes, so the caller waits no longer than for Orbax alone and
+no second host copy is made. A load checks each part of an array in host memory,
+right after Orbax read it and before Orbax puts it on a device
+(``_orbax.check_host_reads``); device arrays are never read back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+import os
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
-from tinax._format import checksums, files, names
+from tinax._format import checksums, files, names, pytree
 from tinax._format.checksums import Bounds, CorruptDataError, LeafRecord, Piece
 from tinax._format.keys import format_key, key_parts
+from tinax._format.storage import Location
 from tinax._paths import location
 from tinax._targets import is_key_dtype
+from tinax.checkpointing import _orbax
 from tinax.checkpointing._orbax import StatefulCheckpointableHandler
 
 
@@ -46,17 +59,15 @@ def _array_data(value: jax.Array) -> jax.Array:
 def _host_parts(value: jax.Array, *, written_only: bool) -> list[tuple[Bounds, np.ndarray]]:
     """This process's parts of ``value`` as host arrays, one per distinct index.
 
-    ``written_only`` keeps the replicas Orbax writes (replica 0). On CPU the host
-    arrays are views of the device buffers, and JAX does not reuse a buffer a view
-    holds, so digesting them later is safe even if the caller donates the array.
-    Each is read through a new array, so a host copy (off CPU) is not cached on the
-    caller's.
+    Only for what Orbax's host copies do not cover: typed PRNG keys (Orbax copies
+    their key data, a new array, so the copy cannot be matched to the leaf; keys
+    are a few bytes), and a loaded array whose reads tinax did not see. On an
+    accelerator this is a device-to-host transfer. ``written_only`` keeps the
+    replicas Orbax writes (replica 0).
     """
     if isinstance(value.sharding, jax.sharding.SingleDeviceSharding) and (
         value.is_fully_addressable
     ):
-        # One device holds all of it: the common case, and three times cheaper to
-        # ask for than its shards (a save or load of 10,000 leaves asks 10,000 times).
         return [(checksums.full_bounds(value.shape), np.asarray(value.addressable_data(0)))]
     parts: dict[Bounds, np.ndarray] = {}
     for shard in value.addressable_shards:
@@ -72,12 +83,115 @@ def _is_scalar(leaf: Any) -> bool:
     return isinstance(leaf, int | float | complex | np.generic) and not isinstance(leaf, str)
 
 
+# Digests of saved arrays run on these threads, beside Orbax's writes. xxhash
+# releases the GIL while it hashes, so they do not hold up the caller's thread.
+DIGEST_THREADS = 2
+_digest_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_digest_pid = 0
+_registry_lock = threading.Lock()
+
+
+def _digester() -> concurrent.futures.ThreadPoolExecutor:
+    global _digest_pool, _digest_pid
+    with _registry_lock:
+        # A forked child has the pool but not its threads: it starts its own.
+        if _digest_pool is None or _digest_pid != os.getpid():
+            _digest_pool = concurrent.futures.ThreadPoolExecutor(
+                DIGEST_THREADS, thread_name_prefix="tinax-digest"
+            )
+            _digest_pid = os.getpid()
+        return _digest_pool
+
+
+class _SaveDigests:
+    """The digests of one save's JAX arrays, made from the host copies Orbax writes.
+
+    Each array is expected (by identity) before Orbax copies it; the copy's parts
+    are digested on the digest threads as soon as Orbax hands them over.
+    """
+
+    def __init__(self) -> None:
+        self.leaves: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.parts: dict[str, list[tuple[Bounds, concurrent.futures.Future[str]]]] = {}
+        self.arrays: list[jax.Array] = []
+
+    def expect(self, key: str, array: jax.Array) -> None:
+        self.leaves[key] = (_dtype_name(array.dtype), tuple(array.shape))
+        self.arrays.append(array)
+        with _registry_lock:
+            _expected.setdefault(id(array), []).append((array, self, key))
+
+    def copied(self, key: str, shape: tuple[int, ...], parts: Sequence[_orbax.HostPart]) -> None:
+        pool = _digester()
+        seen = self.parts.setdefault(key, [])
+        known = {bounds for bounds, _ in seen}
+        for index, values in parts:
+            bounds = _bounds(index, shape)
+            if bounds not in known:
+                known.add(bounds)
+                seen.append((bounds, pool.submit(checksums.digest, values)))
+
+    def forget(self) -> None:
+        """Stops expecting this save's arrays (they were copied, or the save failed)."""
+        with _registry_lock:
+            for array in self.arrays:
+                waiting = _expected.get(id(array))
+                if waiting is None:
+                    continue
+                waiting[:] = [entry for entry in waiting if entry[1] is not self]
+                if not waiting:
+                    del _expected[id(array)]
+        self.arrays = []
+
+    def finish(self) -> dict[str, LeafRecord]:
+        """Waits for the digests; the record of every array, by leaf key.
+
+        Raises:
+          RuntimeError: If Orbax wrote an array without the host copy tinax digests
+            (an Orbax that works differently from the one tinax was written for).
+        """
+        self.forget()
+        missing = sorted(set(self.leaves) - set(self.parts))
+        if missing:
+            raise RuntimeError(
+                f"tinax could not checksum {len(missing)} array(s) ({', '.join(missing[:5])}): "
+                "Orbax wrote them without the host copy tinax digests"
+            )
+        return {
+            key: LeafRecord(
+                checksums.ARRAY,
+                dtype,
+                shape,
+                tuple(Piece(bounds, digest.result()) for bounds, digest in self.parts[key]),
+            )
+            for key, (dtype, shape) in self.leaves.items()
+        }
+
+
+# Arrays a save expects Orbax to copy to the host, by identity.
+_expected: dict[int, list[tuple[jax.Array, _SaveDigests, str]]] = {}
+
+
+def _on_host_copy(arrays: Sequence[Any], parts: Sequence[Sequence[_orbax.HostPart]]) -> None:
+    """Orbax copied ``arrays`` to the host: hands each expected one's parts to its save."""
+    for array, array_parts in zip(arrays, parts, strict=True):
+        with _registry_lock:
+            waiting = _expected.get(id(array))
+            if not waiting or waiting[0][0] is not array:
+                continue
+            _, save, key = waiting.pop(0)
+            if not waiting:
+                del _expected[id(array)]
+        save.copied(key, tuple(array.shape), array_parts)
+
+
 def record_save(checkpointable: Any, *, primary: bool) -> Callable[[], dict[str, LeafRecord]]:
     """Starts recording the checksums of a pytree being saved.
 
     Mutable values (NumPy arrays) and small ones are digested now, before the
-    caller gets control back; JAX arrays, which cannot change, are taken as host
-    views now and digested by the returned function, while Orbax writes.
+    caller gets control back. JAX arrays are digested from the host copies Orbax
+    makes to write them, on tinax's digest threads; call this before Orbax's save
+    starts copying, and the returned function once Orbax has written the arrays.
 
     Args:
       checkpointable: The pytree being saved.
@@ -85,34 +199,46 @@ def record_save(checkpointable: Any, *, primary: bool) -> Callable[[], dict[str,
         arrays, scalars, strings): Orbax's primary host.
 
     Returns:
-      A function that finishes the digests and returns the record by leaf key.
+      A function that finishes the digests and returns the record by leaf key;
+      it must be called once, also when the save fails (it then raises).
     """
+    _orbax.observe_host_copies(_on_host_copy)
     done: dict[str, LeafRecord] = {}
-    later: list[tuple[str, str, tuple[int, ...], list[tuple[Bounds, np.ndarray]]]] = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(checkpointable)[0]:
-        key = format_key(key_parts(path))
-        if isinstance(leaf, jax.Array):
-            data = _array_data(leaf)
-            parts = _host_parts(data, written_only=True)
-            later.append((key, _dtype_name(data.dtype), tuple(data.shape), parts))
-        elif not primary:
-            continue
-        elif isinstance(leaf, np.ndarray):
-            piece = Piece(checksums.full_bounds(leaf.shape), checksums.digest(leaf))
-            done[key] = LeafRecord(checksums.ARRAY, str(leaf.dtype), leaf.shape, (piece,))
-        elif isinstance(leaf, str):
-            piece = Piece((), checksums.string_digest(leaf))
-            done[key] = LeafRecord(checksums.STRING, "", (), (piece,))
-        elif _is_scalar(leaf):
-            # Orbax stores a scalar as np.asarray of it.
-            stored = np.asarray(leaf)
-            piece = Piece((), checksums.digest(stored))
-            done[key] = LeafRecord(checksums.ARRAY, str(stored.dtype), (), (piece,))
+    arrays = _SaveDigests()
+    try:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(checkpointable)[0]:
+            key = format_key(key_parts(path))
+            if isinstance(leaf, jax.Array):
+                if is_key_dtype(leaf.dtype):
+                    data = _array_data(leaf)
+                    pieces = tuple(
+                        Piece(b, checksums.digest(v))
+                        for b, v in _host_parts(data, written_only=True)
+                    )
+                    done[key] = LeafRecord(
+                        checksums.ARRAY, _dtype_name(data.dtype), tuple(data.shape), pieces
+                    )
+                else:
+                    arrays.expect(key, leaf)
+            elif not primary:
+                continue
+            elif isinstance(leaf, np.ndarray):
+                piece = Piece(checksums.full_bounds(leaf.shape), checksums.digest(leaf))
+                done[key] = LeafRecord(checksums.ARRAY, str(leaf.dtype), leaf.shape, (piece,))
+            elif isinstance(leaf, str):
+                piece = Piece((), checksums.string_digest(leaf))
+                done[key] = LeafRecord(checksums.STRING, "", (), (piece,))
+            elif _is_scalar(leaf):
+                # Orbax stores a scalar as np.asarray of it.
+                stored = np.asarray(leaf)
+                piece = Piece((), checksums.digest(stored))
+                done[key] = LeafRecord(checksums.ARRAY, str(stored.dtype), (), (piece,))
+    except BaseException:
+        arrays.forget()
+        raise
 
     def finish() -> dict[str, LeafRecord]:
-        for key, dtype, shape, parts in later:
-            pieces = tuple(Piece(b, checksums.digest(values)) for b, values in parts)
-            done[key] = LeafRecord(checksums.ARRAY, dtype, shape, pieces)
+        done.update(arrays.finish())
         return done
 
     return finish
@@ -156,8 +282,18 @@ def _check_leaf(key: str, record: LeafRecord, value: Any) -> str | None:
     return checksums.mismatch_message(key, record, bad) if bad else None
 
 
-def verify_loaded(directory: str, loaded: Any) -> None:
+def _corrupt(where: Location, problems: Sequence[str]) -> CorruptDataError:
+    return CorruptDataError(
+        f"checkpoint {str(where.parent)!r}: checkpointable {where.name!r}: " + "; ".join(problems)
+    )
+
+
+def verify_loaded(directory: str, loaded: Any, checked: frozenset[str] = frozenset()) -> None:
     """Checks a loaded pytree against the checksums saved with it (if it has any).
+
+    JAX arrays whose keys are in ``checked`` were checked on the host while Orbax
+    read them (``_LoadCheck``) and are not looked at again; any other array is
+    read back from its devices and checked here.
 
     Raises:
       CorruptDataError: If a value's bytes differ from what was saved, naming the
@@ -172,16 +308,134 @@ def verify_loaded(directory: str, loaded: Any) -> None:
     for path, value in jax.tree_util.tree_flatten_with_path(loaded)[0]:
         key = format_key(key_parts(path))
         record = records.get(key)
-        if record is None:
+        if record is None or (key in checked and isinstance(value, jax.Array)):
             continue
         problem = _check_leaf(key, record, value)
         if problem is not None:
             problems.append(problem)
     if problems:
-        raise CorruptDataError(
-            f"checkpoint {str(where.parent)!r}: checkpointable {where.name!r}: "
-            + "; ".join(problems)
-        )
+        raise _corrupt(where, problems)
+
+
+def _inside(outer: Bounds, inner: Bounds) -> bool:
+    return all(o0 <= i0 and i1 <= o1 for (o0, o1), (i0, i1) in zip(outer, inner, strict=True))
+
+
+def _overlap(a: Bounds, b: Bounds) -> Bounds | None:
+    both = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b, strict=True))
+    return both if all(lo < hi for lo, hi in both) else None
+
+
+def _window(bounds: Bounds, within: Bounds) -> tuple[slice, ...]:
+    return tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(bounds, within, strict=True))
+
+
+class _LoadCheck:
+    """Checks the arrays of one checkpointable's load part by part, as Orbax reads them.
+
+    A saved piece that lies within a part read is digested there. A piece that
+    the load's parts cut across (a checkpoint saved on one mesh and loaded onto
+    another) is put together from the parts that cover it, in a buffer of the
+    piece's size, and digested when it is whole. A piece that does not match
+    fails the load before the part that completes it reaches a device.
+    """
+
+    def __init__(self, where: Location, records: dict[str, LeafRecord]) -> None:
+        self.where = where
+        self.arrays: dict[str, tuple[str, LeafRecord]] = {}
+        base = str(where).rstrip("/")
+        for leaf in pytree.read_layout(where).leaves:
+            record = records.get(leaf.key)
+            if record is not None and record.kind == checksums.ARRAY and record.pieces:
+                path = f"{base}/{pytree.storage_path(leaf.param)}".rstrip("/")
+                self.arrays[path] = (leaf.key, record)
+        self.checked: set[str] = set()
+        self._lock = threading.Lock()
+        # Pieces being put together: (key, bounds) -> (buffer, elements still missing).
+        self._partial: dict[tuple[str, Bounds], tuple[np.ndarray, int]] = {}
+
+    def check(self, path: str, shape: tuple[int, ...], bounds: Bounds, values: np.ndarray) -> None:
+        """Checks one part read (``bounds`` of the stored array at ``path``)."""
+        found = self.arrays.get(path.rstrip("/"))
+        if found is None:
+            return
+        key, record = found
+        if record.shape != shape or _dtype_name(values.dtype) != record.dtype:
+            return
+        bad: list[checksums.Mismatch] = []
+        for piece in record.pieces:
+            if _inside(bounds, piece.bounds):
+                digest = checksums.digest(values[_window(piece.bounds, bounds)])
+                if digest != piece.digest:
+                    bad.append(checksums.Mismatch(piece.bounds, piece.digest, digest))
+                continue
+            common = _overlap(bounds, piece.bounds)
+            if common is None:
+                continue
+            whole = self._fill(key, piece, common, values[_window(common, bounds)])
+            if whole is not None:
+                digest = checksums.digest(whole)
+                if digest != piece.digest:
+                    bad.append(checksums.Mismatch(piece.bounds, piece.digest, digest))
+        with self._lock:
+            self.checked.add(key)
+        if bad:
+            raise _corrupt(self.where, [checksums.mismatch_message(key, record, bad)])
+
+    def _fill(
+        self, key: str, piece: Piece, common: Bounds, values: np.ndarray
+    ) -> np.ndarray | None:
+        """Copies ``values`` into the piece's buffer; the buffer once the piece is whole."""
+        with self._lock:
+            buffer, missing = self._partial.get((key, piece.bounds), (None, 0))
+            if buffer is None:
+                buffer = np.empty([b - a for a, b in piece.bounds], values.dtype)
+                missing = buffer.size
+            self._partial[(key, piece.bounds)] = (buffer, missing - values.size)
+        # Parts of one array do not overlap: each writes its own region.
+        buffer[_window(common, piece.bounds)] = values
+        with self._lock:
+            held, left = self._partial[(key, piece.bounds)]
+            if left != 0 or held is not buffer:
+                return None
+            del self._partial[(key, piece.bounds)]
+            return buffer
+
+
+# The loads in progress, by the path of each array they check.
+_loads: dict[str, _LoadCheck] = {}
+
+
+async def _on_host_read(
+    path: str, shape: tuple[int, ...], bounds: Bounds, values: np.ndarray
+) -> None:
+    with _registry_lock:
+        load = _loads.get(path.rstrip("/"))
+    if load is not None:
+        await asyncio.to_thread(load.check, path, shape, bounds, values)
+
+
+def _start_load_check(directory: str) -> _LoadCheck | None:
+    """Starts checking the arrays Orbax reads from a checkpointable (if it has checksums)."""
+    where = location(directory)
+    records = checksums.read_checksums(where)
+    if records is None:
+        return None
+    _orbax.check_host_reads(_on_host_read)
+    load = _LoadCheck(where, records)
+    with _registry_lock:
+        for path in load.arrays:
+            _loads[path] = load
+    return load
+
+
+def _end_load_check(load: _LoadCheck | None) -> None:
+    if load is None:
+        return
+    with _registry_lock:
+        for path in load.arrays:
+            if _loads.get(path) is load:
+                del _loads[path]
 
 
 def record_files(directory: str) -> dict[str, LeafRecord]:
@@ -248,40 +502,43 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
             checkpointable,
             primary=jax.process_index() == (self._multiprocessing_options.primary_host or 0),
         )
-        inner = await super().save(directory, checkpointable)
+        try:
+            inner = await super().save(directory, checkpointable)
+        except BaseException:
+            with contextlib.suppress(RuntimeError):
+                finish()
+            raise
 
         async def _complete() -> None:
-            record = await asyncio.to_thread(finish)
+            try:
+                await inner
+            finally:
+                # Orbax has written every array (or failed): the digests end either way.
+                record = await asyncio.to_thread(finish)
             path = await directory.await_creation()
-            # Written before Orbax's final barrier and commit: as atomic as the rest.
+            # Written before the checkpoint commits: as atomic as the rest.
             await asyncio.to_thread(write_record, str(path), record, jax.process_index())
-            await inner
 
         return _complete()
 
     async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Awaitable[Any]:
-        # Orbax awaits each checkpointable's load in turn and drops the rest when one
-        # fails: nothing is made until the load is awaited, so a dropped one leaves no
-        # coroutine that was never awaited behind.
-        self.validate_abstract_leaves_handleable(abstract_checkpointable)
-        start = super().load
+        check = await asyncio.to_thread(_start_load_check, str(directory))
+        try:
+            inner = await super().load(directory, abstract_checkpointable)
+        except BaseException:
+            _end_load_check(check)
+            raise
 
         async def _checked() -> Any:
-            loaded = await (await start(directory, abstract_checkpointable))
-            await asyncio.to_thread(verify_loaded, str(directory), loaded)
+            try:
+                loaded = await inner
+            finally:
+                _end_load_check(check)
+            checked = frozenset(check.checked) if check is not None else frozenset()
+            await asyncio.to_thread(verify_loaded, str(directory), loaded, checked)
             return loaded
 
-        return _Deferred(_checked)
-
-
-class _Deferred:
-    """An awaitable whose coroutine is made when (and only if) it is awaited."""
-
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self._make = make
-
-    def __await__(self) -> Any:
-        return self._make().__await__()
+        return _checked()
 
 
 # The checkpoint is Orbax's pytree format plus one directory Orbax ignores. Recording

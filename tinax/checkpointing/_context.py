@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 from orbax.checkpoint import v1 as ocp
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
 from tinax.checkpointing._checksums import ChecksummedPyTreeHandler, ChecksummedStatefulHandler
 from tinax.checkpointing._empty import EmptyPyTreeHandler
-from tinax.checkpointing._orbax import active_context
+from tinax.checkpointing._orbax import active_context, chunk_shape
 
 # Off by default: zstd buys a few percent of disk on float weights and costs half or
 # more of the save and load throughput (README, "Storage settings").
@@ -123,7 +123,33 @@ def context() -> ocp.Context:
     ctx.checkpointables.registry = registry
     ctx.array.saving.use_compression = compressing()
     storage = ctx.array.saving.storage_options
-    if storage.chunk_byte_size is None:
+    if storage.chunk_byte_size is None and ctx.array.saving.scoped_storage_options_creator is None:
         # A chunk size the caller set stays in force.
-        ctx.array.saving.storage_options = dataclasses.replace(storage, chunk_byte_size=CHUNK_BYTES)
+        ctx.array.saving.scoped_storage_options_creator = _slab_chunks
     return ctx
+
+
+def _slab_chunks(keypath: Any, value: Any) -> Any:
+    """``CHUNK_BYTES`` chunks for a leaf whose chunks are slabs of whole rows, else none.
+
+    Orbax splits the largest dimension first. Chunks that split only the first
+    dimension are contiguous runs of the host copy Orbax writes from, which
+    tensorstore writes as they are; chunks that split another dimension make
+    tensorstore copy the whole array into chunk buffers first, held until the save's
+    transaction commits (host memory twice the state's on an accelerator, and the
+    training loop's steps stalled by the page faults). Such a leaf is stored as one
+    chunk per shard, as Orbax stores it by default.
+    """
+    del keypath
+    shape = tuple(getattr(value, "shape", ()))
+    if not shape or not hasattr(value, "dtype"):
+        return None
+    sharding = getattr(value, "sharding", None)
+    write = tuple(sharding.shard_shape(shape)) if sharding is not None else shape
+    try:
+        chunks = chunk_shape(shape, write, value.dtype, CHUNK_BYTES)
+    except (TypeError, ValueError):
+        return None  # typed PRNG keys: Orbax's default
+    if chunks[1:] != tuple(max(1, n) for n in write[1:]):
+        return None
+    return ocp.options.ArrayOptions.Saving.StorageOptions(chunk_byte_size=CHUNK_BYTES)

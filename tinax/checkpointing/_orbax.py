@@ -10,9 +10,13 @@ Orbax to the minor release they were written against.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import numpy as np
 from orbax.checkpoint import v1 as ocp
 from orbax.checkpoint.experimental.v1._src.handlers.stateful_checkpointable_handler import (
     StatefulCheckpointableHandler,
@@ -21,8 +25,10 @@ from orbax.checkpoint.experimental.v1._src.handlers.stateful_checkpointable_hand
 __all__ = [
     "StatefulCheckpointableHandler",
     "active_context",
+    "check_host_reads",
     "coordination_timeout",
     "has_standard_leaf_handler",
+    "observe_host_copies",
 ]
 
 
@@ -54,3 +60,97 @@ def coordination_timeout() -> float:
     from orbax.checkpoint.experimental.v1._src.synchronization import multihost
 
     return float(multihost.coordination_timeout())
+
+
+# A saved array's part on the host: its index in the global array and its values.
+HostPart = tuple[tuple[slice, ...], np.ndarray]
+_hooks_lock = threading.Lock()
+
+
+def observe_host_copies(
+    observer: Callable[[Sequence[Any], Sequence[Sequence[HostPart]]], None],
+) -> None:
+    """Hands ``observer`` every host copy Orbax makes of the arrays it saves.
+
+    Orbax copies each array it saves from its devices to the host once
+    (``replica_slices.transfer_arrays_to_host``), and writes from those copies;
+    ``observer(arrays, parts)`` is called right after each such copy, with the
+    arrays copied and, for each, the parts this process writes (each part's index
+    in the global array and its host values). Installed once per process; a second
+    call with the same observer does nothing.
+    """
+    from orbax.checkpoint._src.serialization import replica_slices
+
+    with _hooks_lock:
+        current = replica_slices.transfer_arrays_to_host
+        if getattr(current, "tinax_observer", None) is observer:
+            return
+        original = getattr(current, "__wrapped__", current)
+
+        @functools.wraps(original)
+        def transfer(arrays: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+            on_host = original(arrays, *args, **kwargs)
+            observer(
+                arrays,
+                [
+                    [(tuple(part.index), part.unsliced_data) for part in slices.replica_slices]
+                    for slices in on_host
+                ],
+            )
+            return on_host
+
+        transfer.tinax_observer = observer  # type: ignore[attr-defined]
+        replica_slices.transfer_arrays_to_host = transfer
+
+
+# ``check(array_path, stored_shape, bounds, values)``: the stored array's path (its
+# directory, or the OCDBT store's directory plus its name in the store), its shape,
+# and the part just read, in the stored dtype.
+HostReadCheck = Callable[
+    [str, tuple[int, ...], tuple[tuple[int, int], ...], np.ndarray], Awaitable[None]
+]
+
+
+def check_host_reads(check: HostReadCheck) -> None:
+    """Has ``check`` see every part of an array Orbax reads, on the host, before
+    Orbax puts it on a device.
+
+    Orbax reads each part of an array a device needs into host memory
+    (``serialization._read_shard``), then copies it to the device; ``check`` runs
+    in between, on the bytes as stored (before a cast the restore target asked
+    for), and what it raises fails the load. Installed once per process.
+    """
+    from orbax.checkpoint._src.serialization import serialization
+
+    with _hooks_lock:
+        current = serialization._read_shard
+        if getattr(current, "tinax_check", None) is check:
+            return
+        original = getattr(current, "__wrapped__", current)
+
+        @functools.wraps(original)
+        async def read_shard(t: Any, *, dtype: Any, **kwargs: Any) -> np.ndarray:
+            values = await original(t, dtype=None, **kwargs)
+            requested, restricted = kwargs["requested_domain"], kwargs["restricted_domain"]
+            if requested == restricted:
+                kvstore = t.kvstore
+                path = kvstore.path if kvstore.base is None else kvstore.base.path + kvstore.path
+                bounds = tuple(zip(requested.inclusive_min, requested.exclusive_max, strict=True))
+                await check(path, tuple(t.shape), bounds, values)
+            if dtype is not None and values.dtype != dtype:
+                values = await asyncio.to_thread(values.astype, dtype, copy=False)
+            return values
+
+        read_shard.tinax_check = check  # type: ignore[attr-defined]
+        serialization._read_shard = read_shard
+
+
+def chunk_shape(
+    global_shape: tuple[int, ...], write_shape: tuple[int, ...], dtype: Any, target_bytes: int
+) -> tuple[int, ...]:
+    """The chunk shape Orbax chooses for a shard of ``write_shape`` and a chunk size."""
+    from orbax.checkpoint._src.arrays import subchunking
+
+    return tuple(
+        subchunking.choose_chunk_shape(global_shape, write_shape, np.dtype(dtype), target_bytes)
+    )

@@ -1,0 +1,40 @@
+"""bench/accelerator.py's smoke run: the same workload as on an accelerator, at its
+smallest size on this machine's CPU, with Orbax beside tinax."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "accelerator.py"
+
+
+def test_the_smoke_run_restores_bit_identical_refuses_a_flipped_byte_and_prints_both(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--dir", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "flipped byte refused" in out and "all goals met" in out
+    rows = {row.split()[0]: row.split()[1:] for row in out.splitlines() if row.strip()}
+    for figure in ("blocking_s", "slowest_step_s", "save_mb_s", "load_mb_s"):
+        orbax, tinax = (float(v) for v in rows[figure][:2])
+        assert orbax > 0 and tinax > 0, figure
+    assert "rss_peak_mb" in rows
+    assert "floors: device_get_mb_s" in out
+    # Nothing is left behind where it wrote.
+    assert list(tmp_path.iterdir()) == []
