@@ -145,6 +145,24 @@ def test_save_is_skipped_off_the_interval_and_forced_saves_and_one_in_flight(tmp
         run.save(10, model, optimizer, rng, {}, iterator)
 
 
+def test_a_step_the_run_has_is_refused_before_anything_is_written(tmp_path, caplog):
+    run = TrainingRun(tmp_path / "r", save_every=1, keep=2, handle_sigterm=False)
+    _loop(run, range(1, 4), iter(_dataset()))
+    run.wait()
+    record = (tmp_path / "r" / names.RUN_RECORD).read_bytes()
+    with caplog.at_level(logging.WARNING, logger="tinax.checkpointing"):
+        # Step 1 was pruned: saving it again is allowed, and said to be odd.
+        _loop(run, range(1, 2), iter(_dataset()))
+        run.wait()
+    assert any("did this job resume" in r.getMessage() for r in caplog.records)
+    record = (tmp_path / "r" / names.RUN_RECORD).read_bytes()
+    with pytest.raises(FileExistsError, match=r"step 3 already.*run\.restore"):
+        _loop(run, range(3, 4), iter(_dataset()))
+    assert (tmp_path / "r" / names.RUN_RECORD).read_bytes() == record
+    run.close()
+    assert run.steps == [2, 3]
+
+
 def test_bad_arguments_are_refused_with_clear_errors(tmp_path):
     with pytest.raises(TypeError, match="save_every"):
         TrainingRun(tmp_path, save_every=True)

@@ -337,6 +337,7 @@ class TrainingRun:
         self.wait()
         if self._primary:
             self._clear_marked(step)
+            self._check_new_step(step)
         if self._primary:
             with self._lock:
                 if metric is not None:
@@ -366,6 +367,27 @@ class TrainingRun:
                 else "the run saves by its interval again",
             )
         return response
+
+    def _check_new_step(self, step: int) -> None:
+        """Refuses a step the run has a checkpoint of, before anything is written, and
+        says when a save goes back behind the run's newest checkpoint."""
+        where = self._root / names.run_checkpoint_name(step)
+        if (where / names.CHECKPOINT_METADATA).exists() or (where / names.COMMIT_SUCCESS).exists():
+            raise FileExistsError(
+                f"run {self.directory!r} has a checkpoint of step {step} already "
+                f"({where.name}; saves never overwrite): resume with run.restore(...) and "
+                "go on from the restored step + 1"
+            )
+        # The record's kept steps, as of the last retention: no listing on each save.
+        newest = max((int(k) for k in self._record["kept"] if str(k).isdigit()), default=None)
+        if newest is not None and step < newest:
+            _log.warning(
+                "saving step %d of run %r, whose newest checkpoint is step %d: did this job "
+                "resume with run.restore(...) first?",
+                step,
+                self.directory,
+                newest,
+            )
 
     def _metric(self, auxiliary: Any) -> float | None:
         if self._best_by is None:
