@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from tinax.widgets._table import KEY_WIDTHS, Column, PagedTable, RowLook, format_cell
+from tinax.widgets._table import (
+    KEY_WIDTHS,
+    SILENT,
+    UNIFORM,
+    Column,
+    PagedTable,
+    RowLook,
+    format_cell,
+)
 
 COLUMNS = (
     Column("name", "name", key=True),
@@ -289,7 +297,7 @@ def test_columns_that_say_nothing_in_view_give_way_first() -> None:
     table.show(_leaves(_adamw_keys()))
     # One kind in every row, no values, bytes told twice: quiet; dtype varies.
     assert table.quiet_columns() == ["kind", "value", "bytes_again"]
-    assert table.quiet == [False, False, False, True, True, True]
+    assert table.quiet == [0, 0, 0, UNIFORM, SILENT, SILENT]  # only the kind is ever shown
     one = _leaves(_adamw_keys()[:1])
     table.show(one)
     assert table.quiet_columns() == ["value", "bytes_again"]  # one row: a kind says something

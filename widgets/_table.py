@@ -32,6 +32,10 @@ DEFAULT_PAGE_SIZE = 20
 # The widths (characters) at which a key column's labels are offered, longest first:
 # the browser shows the longest set whose every label fits, so that the rows in view
 # never read alike however narrow the column (``display.display_keys``).
+# How little a column says about the rows in view (``PagedTable.quiet``): nothing at
+# all (hidden), or one value in every row (the first to give way).
+SILENT = 2
+UNIFORM = 1
 KEY_WIDTHS = (0, 96, 80, 68, 58, 50, 44, 38, 33, 29, 25, 22, 19, 16)
 _HERE = pathlib.Path(__file__).parent
 
@@ -210,9 +214,9 @@ class PagedTable(anywidget.AnyWidget):
     ascending = traitlets.Bool(True).tag(sync=True)
     sortable = traitlets.Bool(True).tag(sync=True)
     empty_text = traitlets.Unicode("nothing to show").tag(sync=True)
-    # Per column: whether it says nothing about the rows in view (every cell blank,
-    # one value in all, the same cells as a column before it): such columns give
-    # their width first.
+    # Per column: ``SILENT`` if it says nothing about the rows in view (every cell
+    # blank, the same cells as a column before it, what the keys say): not shown;
+    # ``UNIFORM`` if one value fills it: the first to give its width.
     quiet: traitlets.List[Any] = traitlets.List().tag(sync=True)
     # What the key column's labels leave out because every row in view shares it.
     key_prefix = traitlets.Unicode("").tag(sync=True)
@@ -513,23 +517,29 @@ class PagedTable(anywidget.AnyWidget):
         exact = [k or (names[slot] if names else "") or texts[slot] for slot, k in enumerate(keys)]
         return labels, exact, prefix
 
-    def _quiet(self, cells: list[list[str]], keyed_groups: bool) -> list[bool]:
+    def _quiet(self, cells: list[list[str]], keyed_groups: bool) -> list[int]:
+        """Per column: ``SILENT`` if it says nothing about the rows in view (every cell
+        blank, the same cells as a column before it, what the key labels already
+        say), ``UNIFORM`` if one value fills it, else 0."""
         quiet = []
         for i, column in enumerate(self.columns):
             if column.key:
-                quiet.append(False)
+                quiet.append(0)
                 continue
             values = [row[i] for row in cells]
             blank = all(v == "" for v in values)
-            same = len(values) > 1 and len(set(values)) == 1
-            # A column with the same cells as one before it (a change told twice).
             twin = len(values) > 0 and any(
                 [row[j] for row in cells] == values for j in range(i) if not self.columns[j].key
             )
             told = keyed_groups and any(
                 c.is_keystr and c.group == column.field for c in self.columns
             )
-            quiet.append(bool(blank or same or twin or told))
+            if blank or twin or told:
+                quiet.append(SILENT)
+            elif len(values) > 1 and len(set(values)) == 1:
+                quiet.append(UNIFORM)
+            else:
+                quiet.append(0)
         return quiet
 
     def _render(self) -> None:

@@ -14,6 +14,8 @@ const KEY_MIN = 150; // px below which a key column does not shrink
 const KEY_SHARE = 0.45; // of the width, that a key may claim before secondary columns
 const INDENT = 14; // px per depth of a tree row
 const SVG = "http://www.w3.org/2000/svg";
+const SILENT = 2; // a column that says nothing about the rows in view (widgets/_table.py)
+const UNIFORM = 1; // one value in every row in view
 
 // Two overlapping sheets, drawn rather than a glyph that not every font has.
 function copyIcon() {
@@ -98,6 +100,8 @@ function render({ model, el }) {
   const canvas = document.createElement("canvas").getContext("2d");
   let focusSlot = null;
   let revealed = 0;
+  // A column that says nothing is not offered on hover or in the detail line either.
+  const silent = (i) => (model.get("quiet") || [])[i] === SILENT;
 
   function header(columns, shown) {
     const sortField = model.get("sort_field");
@@ -187,7 +191,7 @@ function render({ model, el }) {
   }
 
   function body(columns, rows, shown) {
-    const hidden = columns.map((c, i) => i).filter((i) => !shown[i]);
+    const hidden = columns.map((c, i) => i).filter((i) => !shown[i] && !silent(i));
     return rows.map((r, slot) => {
       const tr = document.createElement("tr");
       tr.dataset.slot = String(slot);
@@ -255,12 +259,14 @@ function render({ model, el }) {
     const shown = columns.map(() => true);
     const need = () => natural.reduce((s, w, i) => s + (shown[i] ? (i === keyIndex ? keyNeed : w) : 0), 0);
     let keyNeed = wantKey;
-    // Columns that say nothing about the rows in view go first, then the secondary
-    // ones, highest priority number first.
+    // Columns that say nothing about the rows in view (2) are not shown; those with
+    // one value in every row (1) give way first, then the secondary ones, highest
+    // priority number first.
     const quiet = model.get("quiet") || [];
+    columns.forEach((c, i) => { if (quiet[i] === SILENT && !c.key) shown[i] = false; });
     const byPriority = (a, b) => columns[b].priority - columns[a].priority || b - a;
     const order = [
-      ...columns.map((c, i) => i).filter((i) => quiet[i] && !columns[i].key).sort(byPriority),
+      ...columns.map((c, i) => i).filter((i) => quiet[i] === UNIFORM && !columns[i].key).sort(byPriority),
       ...columns.map((c, i) => i).filter((i) => !quiet[i] && !columns[i].essential).sort(byPriority),
     ];
     for (const i of order) {
@@ -347,7 +353,7 @@ function render({ model, el }) {
     if (focusSlot !== null && trs[focusSlot]) trs[focusSlot].focus();
     focusSlot = null;
     // The columns that did not fit, for the row picked: on a line of their own.
-    const hidden = columns.map((c, i) => i).filter((i) => !shown[i]);
+    const hidden = columns.map((c, i) => i).filter((i) => !shown[i] && !silent(i));
     const picked = rows.find((r) => r.selected);
     if (hidden.length && picked) {
       detail.textContent = hidden.map((i) => `${columns[i].title}: ${picked.cells[i] || "—"}`).join(" · ");
