@@ -115,7 +115,6 @@ class RunTimeline(w.VBox):
         self._explorer = explorer
         self._on_pick = on_pick
         self._lock = threading.RLock()
-        self._stop = threading.Event()
         self._cancel = threading.Event()
         self._threads: list[threading.Thread] = []
         self.table = pd.DataFrame()
@@ -266,8 +265,10 @@ class RunTimeline(w.VBox):
         return not any(t.is_alive() for t in self._threads)
 
     def close(self) -> None:
-        self._stop.set()
-        self._cancel.set()
+        """Cancels the work in the background and closes the widget."""
+        cancel = getattr(self, "_cancel", None)  # absent when __init__ failed early
+        if cancel is not None:
+            cancel.set()
         super().close()
 
     # -- background work ------------------------------------------------------------
