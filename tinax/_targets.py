@@ -217,7 +217,8 @@ def _flax_object_kind(kind: type) -> str | None:
 
 def flax_object_kind(value: object) -> str | None:
     """Whether ``value`` is a flax NNX object (``"object"``) or ``GraphDef`` (``"graphdef"``)."""
-    return _flax_object_kind(type(value))
+    kind: Any = type(value)
+    return _flax_object_kind(kind)
 
 
 def refuse_flax_objects(tree: Any, *, what: str) -> None:

@@ -276,9 +276,9 @@ def _shown(refused: Sequence[LeafVerdict]) -> list[LeafVerdict]:
     queues = [iter(group) for group in groups.values()]
     while len(chosen) < min(MAX_LINES, len(refused)):
         for queue in queues:
-            v = next(queue, None)
-            if v is not None and len(chosen) < MAX_LINES:
-                chosen.add(id(v))
+            taken = next(queue, None)
+            if taken is not None and len(chosen) < MAX_LINES:
+                chosen.add(id(taken))
     return [v for v in refused if id(v) in chosen]
 
 
