@@ -174,10 +174,15 @@ def save_training_checkpoint(
     Returns:
       An Orbax ``AsyncResponse``; call ``.result()`` to await completion.
 
+    A step may be an ``int``, a NumPy integer or a 0-d integer array
+    (``jnp.asarray(4)``). NumPy scalars in the state are saved as 0-d NumPy arrays
+    and come back as such.
+
     Raises:
       TypeError: If ``step`` is not an integer (booleans rejected), ``iterator``
-        is not a ``grain.DatasetIterator``, or ``names`` is not a
-        ``TrainingCheckpointNames``.
+        is not a ``grain.DatasetIterator``, ``names`` is not a
+        ``TrainingCheckpointNames``, or ``model`` or ``optimizer`` is a flax NNX
+        object rather than its state (``nnx.state(model)``).
       ValueError: If ``step`` is negative.
     """
     return start_training_save(path, step, model, optimizer, rng, auxiliary, iterator, names=names)
@@ -267,10 +272,15 @@ def load_training_checkpoint(
       A ``TrainingCheckpoint`` with the restored step, model, optimizer, rng,
       auxiliary state, and iterator.
 
+    Targets may be abstract (``abstract_restore_target``, ``nnx.eval_shape``) or
+    the live state itself: its arrays are taken as their shape, dtype and sharding.
+
     Raises:
       TypeError: If ``iterator`` is not a ``grain.DatasetIterator``, ``names`` is
-        not a ``TrainingCheckpointNames``, or the auxiliary checkpointable does
-        not restore as a mapping.
+        not a ``TrainingCheckpointNames``, the auxiliary checkpointable does
+        not restore as a mapping, or a target is a flax NNX object
+        (``nnx.Module``, ``nnx.Optimizer``) or ``GraphDef`` rather than its
+        state (``nnx.state(model)``).
       ValueError: If the auxiliary checkpointable is missing ``step`` or
         ``state``, the restored step is negative, a target does not match the
         checkpoint, the iterator was saved by a different number of processes,
