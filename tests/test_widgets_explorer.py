@@ -77,6 +77,11 @@ def test_pick_a_checkpoint_and_a_leaf_by_clicking(any_run: str) -> None:
     assert explorer.contents.section.shown
     assert set(explorer.leaves["key"]) >= {"['dense']['w']", "['dense']['b']", "['mu']"}
     assert "step-2" in explorer.contents.section.heading.value
+    # The run list folds to one line that names the open checkpoint; it unfolds.
+    assert not explorer.run_section.is_open and explorer.run_section.shown
+    assert "<code>step-2</code> open" in explorer.run_section.heading.value
+    explorer.run_section.toggle.click()
+    assert explorer.run_section.is_open
 
     explorer.leaf_view.click(_leaf_label(explorer, "model", "['dense']['w']"))
     assert explorer.leaf == ("model", "['dense']['w']")
@@ -359,7 +364,7 @@ def _names_shown(explorer: CheckpointExplorer) -> list[str]:
 def test_a_run_is_listed_newest_first_narrowed_by_step_and_jumped_through(long_run: Path) -> None:
     explorer = CheckpointExplorer(long_run, page_size=10)
     assert _names_shown(explorer)[:3] == ["step_000240", "step_000230", "step_000220"]
-    assert explorer.checkpoint_view.position == "rows 1–10 of 25"
+    assert explorer.checkpoint_view.position == "rows 1–8 of 25"  # RUN_ROWS a page
     slider = explorer.runs.step_range
     assert (slider.min, slider.max, slider.value) == (0, 240, (0, 240))
 
@@ -593,3 +598,18 @@ def test_mypy_catches_a_misspelt_attribute_of_the_explorer_s_panes(tmp_path: Pat
     errors = [line for line in done.stdout.splitlines() if line.startswith(str(snippet))]
     assert [e.split(":")[1] for e in errors] == ["4", "5", "6"], done.stdout[-2000:]
     assert 'maybe "leaf_view"' in errors[0] and 'maybe "refresh"' in errors[1]
+
+
+def test_ages_tick_without_a_refresh(tmp_path: Path) -> None:
+    _save(tmp_path / "step-1", {"model": {"w": np.ones(2, np.float32)}})
+    explorer = CheckpointExplorer(tmp_path)
+    try:
+        view = explorer.checkpoint_view
+        assert view.visible_text("age")[0].endswith(" s")
+        assert not explorer.runs.tick_ages()  # nothing shown has changed yet
+        explorer.runs._listed_at -= 125  # two minutes on
+        assert explorer.runs.tick_ages()
+        assert view.visible_text("age") == ["2 min"]
+        assert not explorer.runs.tick_ages()
+    finally:
+        explorer.close()

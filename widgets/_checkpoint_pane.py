@@ -85,6 +85,7 @@ class CheckpointPane:
         runs: RunList,
         *,
         page_size: int,
+        diff_rows: int,
         on_open: Callable[[str | None], None],
         on_pick_leaf: Callable[[str, str], None],
     ) -> None:
@@ -94,6 +95,7 @@ class CheckpointPane:
           services: The explorer's shared services.
           runs: The run list, for the sizes on disk and the checkpoints to compare with.
           page_size: Rows per page of the tables.
+          diff_rows: Rows per page of the diff.
           on_open: Called, under the lock, with the checkpoint opened (``None``: closed).
           on_pick_leaf: Called, under the lock, with a leaf picked in the tree or table.
         """
@@ -151,7 +153,7 @@ class CheckpointPane:
         )
         self.data_section = Section("data check", "<b>Data check</b>", [self.data_check])
         self.data_section.show(False)
-        self.diff_view = DiffView(page_size=page_size, on_error=services.show_error)
+        self.diff_view = DiffView(page_size=diff_rows, on_error=services.show_error)
         self.diff_view.observe(guard(self._on_diff_pick), names="picked")
         self.diff_section = Section("diff", "<b>Compare</b>", [self.diff_view])
         self.section = Section(

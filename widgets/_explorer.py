@@ -31,6 +31,10 @@ from ._tree import TreeView
 
 # How often the ages shown are brought up to date (only a changed text is sent).
 AGE_TICK_SECONDS = 1.0
+# Rows a page of the run list and of the diff show at most, whatever ``page_size``:
+# with a diff, a data check and a leaf open, the page stays within two screens.
+RUN_ROWS = 8
+DIFF_ROWS = 10
 
 
 class CheckpointExplorer(w.VBox):
@@ -94,7 +98,8 @@ class CheckpointExplorer(w.VBox):
         Args:
           root: A run directory, or one checkpoint.
           poll_interval: Seconds between automatic refreshes; ``0`` for none.
-          page_size: Rows per page in the tables.
+          page_size: Rows per page in the tables (the run list shows at most
+            ``RUN_ROWS`` a page, the diff ``DIFF_ROWS``).
 
         Raises:
           TypeError: If ``root`` is not a path.
@@ -119,7 +124,7 @@ class CheckpointExplorer(w.VBox):
         self.runs = RunList(
             self.root,
             self.services,
-            page_size=page_size,
+            page_size=min(page_size, RUN_ROWS),
             poll_interval=poll_interval,
             on_listing=self._on_listing,
             on_pick=self._on_pick_checkpoint,
@@ -129,6 +134,7 @@ class CheckpointExplorer(w.VBox):
             self.services,
             self.runs,
             page_size=page_size,
+            diff_rows=min(page_size, DIFF_ROWS),
             on_open=self._on_open,
             on_pick_leaf=self._on_pick_leaf,
         )
@@ -306,7 +312,6 @@ class CheckpointExplorer(w.VBox):
 
     def _on_listing(self, table: pd.DataFrame, changed: bool) -> None:
         self.heading.value = run_heading(self._shown_root, self.runs.summary)
-        self.run_section.set_title(f"<b>Checkpoints</b> · {html.escape(self.runs.summary)}")
         if changed:
             self.contents.set_comparable()
         if self.checkpoint is not None:
@@ -318,6 +323,9 @@ class CheckpointExplorer(w.VBox):
     def _on_pick_checkpoint(self, path: str, name: str) -> None:
         self.error = ""
         self.contents.open(path, name)
+        # The list folds to one line naming what is open: the checkpoint, its diff
+        # and a leaf then fit two screens. Its heading unfolds it.
+        self.run_section.set_open(False)
 
     def _on_open(self, path: str | None) -> None:
         self.leaf_pane.clear()
@@ -325,6 +333,13 @@ class CheckpointExplorer(w.VBox):
         self.checkpoint = path
         if path is None:
             self.runs.unpick()
+            self.run_section.set_open(True)
+            self.run_section.set_title("<b>Checkpoints</b>")
+        else:
+            name = os.path.basename(path.rstrip("/"))
+            self.run_section.set_title(
+                f"<b>Checkpoints</b> · <code>{html.escape(name)}</code> open"
+            )
 
     def _on_pick_leaf(self, checkpointable: str, key: str) -> None:
         checkpoint = self.contents.checkpoint
