@@ -58,7 +58,7 @@ import tinax.checkpointing as tc
 SIZES = {
     # width, blocks, vocabulary
     "smoke": (64, 1, 256),
-    "cpu": (512, 2, 8192),
+    "cpu": (1024, 2, 16384),
     "accelerator": (2048, 4, 32768),
 }
 

@@ -202,3 +202,39 @@ def test_a_single_device_process_loads_what_eight_devices_saved(
     assert result["loaded"] == ["emb", "rows", "step", "w"]
     refused = result["refused"]
     assert isinstance(refused, str) and "['w']" in refused and "corrupt" in refused
+
+
+def test_a_flipped_byte_is_caught_on_the_host_also_when_the_target_casts_it(
+    tmp_path: Path,
+) -> None:
+    # The parts Orbax reads are checked in the stored dtype, before the cast the
+    # target asks for: reading the cast values back could never match.
+    import jax
+    import jax.numpy as jnp
+
+    from tinax.checkpointing import (
+        CorruptDataError,
+        _checksums,
+        load_checkpointables,
+        save_checkpointables,
+    )
+
+    values = np.random.default_rng(3).standard_normal((512, 256)).astype(jnp.bfloat16)
+    save_checkpointables(tmp_path / "c", {"model": {"w": jnp.asarray(values)}}).result()
+    assert _checksums._expected == {}
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = {"w": jax.ShapeDtypeStruct((512, 256), jnp.float32, sharding=device)}
+    loaded = load_checkpointables(tmp_path / "c", {"model": target})["model"]["w"]
+    np.testing.assert_array_equal(np.asarray(loaded), values.astype(np.float32))
+    data = max(
+        (p for p in (tmp_path / "c" / "model").rglob("*") if p.parent.name == "d"),
+        key=lambda p: p.stat().st_size,
+    )
+    raw = bytearray(data.read_bytes())
+    where = bytes(raw).find(values[300].tobytes())
+    assert where >= 0
+    raw[where + 11] ^= 0x01
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CorruptDataError, match=r"\['w'\].*corrupt"):
+        load_checkpointables(tmp_path / "c", {"model": target})
+    assert _checksums._loads == {}

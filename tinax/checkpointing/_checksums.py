@@ -512,9 +512,13 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
         async def _complete() -> None:
             try:
                 await inner
-            finally:
-                # Orbax has written every array (or failed): the digests end either way.
-                record = await asyncio.to_thread(finish)
+            except BaseException:
+                # Orbax's failure is the one to report; the digests end all the same.
+                with contextlib.suppress(RuntimeError):
+                    await asyncio.to_thread(finish)
+                raise
+            # Orbax has written every array: each was digested from its host copy.
+            record = await asyncio.to_thread(finish)
             path = await directory.await_creation()
             # Written before the checkpoint commits: as atomic as the rest.
             await asyncio.to_thread(write_record, str(path), record, jax.process_index())

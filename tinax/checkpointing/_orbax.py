@@ -118,7 +118,8 @@ def check_host_reads(check: HostReadCheck) -> None:
     Orbax reads each part of an array a device needs into host memory
     (``serialization._read_shard``), then copies it to the device; ``check`` runs
     in between, on the bytes as stored (before a cast the restore target asked
-    for), and what it raises fails the load. Installed once per process.
+    for; a read that tensorstore converts is checked from a second read of the
+    stored bytes), and what it raises fails the load. Installed once per process.
     """
     from orbax.checkpoint._src.serialization import serialization
 
@@ -133,10 +134,22 @@ def check_host_reads(check: HostReadCheck) -> None:
             values = await original(t, dtype=None, **kwargs)
             requested, restricted = kwargs["requested_domain"], kwargs["restricted_domain"]
             if requested == restricted:
-                kvstore = t.kvstore
-                path = kvstore.path if kvstore.base is None else kvstore.base.path + kvstore.path
-                bounds = tuple(zip(requested.inclusive_min, requested.exclusive_max, strict=True))
-                await check(path, tuple(t.shape), bounds, values)
+                stored, checked = t, values
+                base = getattr(t, "base", None)
+                if base is not None and base.dtype != t.dtype and base.domain == t.domain:
+                    # The target asked for another dtype, which tensorstore converts
+                    # as it reads: the stored bytes are read again to be checked.
+                    stored = base
+                    checked = await base[restricted].read()
+                kvstore = stored.kvstore
+                if kvstore is not None:
+                    path = (
+                        kvstore.path if kvstore.base is None else kvstore.base.path + kvstore.path
+                    )
+                    bounds = tuple(
+                        zip(requested.inclusive_min, requested.exclusive_max, strict=True)
+                    )
+                    await check(path, tuple(stored.shape), bounds, checked)
             if dtype is not None and values.dtype != dtype:
                 values = await asyncio.to_thread(values.astype, dtype, copy=False)
             return values
