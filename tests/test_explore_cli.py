@@ -53,22 +53,17 @@ def test_a_run_directory_prints_its_checkpoints(run):
     result = explore(run)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["name", "step", "status", "size", "committed", "checkpointables"]
-    assert lines[1].split()[:3] == ["0", "0", "complete"]
-    assert lines[1].split()[4] == "KiB" and " ago " in lines[1]
-    assert lines[3].split() == ["9", "9", "invalid"]
+    # The steps read as the names do: a column that repeats another gives way.
+    assert lines[0].split() == ["name", "status", "size", "committed", "checkpointables"]
+    assert lines[1].split()[:2] == ["0", "complete"]
+    assert lines[1].split()[3] == "KiB" and " ago " in lines[1]
+    assert lines[3].split() == ["9", "invalid"]
     assert f"invalid: {run / '9'}:" in result.stderr
     wide = explore(run, columns=200).stdout.splitlines()
-    assert wide[0].split() == [
-        "name",
-        "step",
-        "status",
-        "size",
-        "committed",
-        "checkpointables",
-        "path",
-    ]
+    assert wide[0].split() == ["name", "status", "size", "committed", "checkpointables", "path"]
     assert str(run / "0") in wide[1] and "iterator, pytree" in wide[1]
+    listed = explore("ls", run).stdout.splitlines()
+    assert [line.split()[:2] for line in listed] == [line.split()[:2] for line in lines]
 
 
 def test_a_run_directory_as_json(run):
@@ -91,11 +86,14 @@ def test_a_checkpoint_prints_its_leaves(checkpoint):
     lines = result.stdout.splitlines()
     assert lines[0] == "model: 3 leaves, 24 B"
     assert lines[1].split()[:4] == ["key", "kind", "shape", "dtype"]
-    w = next(line for line in lines if "['dense']['w']" in line)
-    assert w.split()[1:] == ["jax.Array", "(2,", "2)", "float32", "16", "B", "(2,", "2)"]
-    assert any("['name']" in line and "tiny" in line for line in lines)
+    # Keys read dotted; the chunks repeat the shapes and give way.
+    w = next(line for line in lines if line.startswith("dense.w "))
+    assert w.split()[1:6] == ["jax.Array", "(2,", "2)", "float32", "16"]
+    assert "chunks" not in lines[1]
+    assert any(line.split()[:2] == ["name", "string"] and "tiny" in line for line in lines)
     assert any(line.startswith("iterator: 1 leaf") for line in lines)
     assert any("(root)" in line and "next_index" in line for line in lines)
+    assert explore("show", checkpoint).stdout == result.stdout
 
 
 def test_a_checkpoint_as_json(checkpoint):
@@ -112,6 +110,7 @@ def test_one_leaf_summary(checkpoint):
     result = explore(checkpoint, "--leaf", "model", "['dense']['w']")
     assert result.returncode == 0, result.stderr
     fields = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert (fields["key"], fields["keystr"]) == ("dense.w", "['dense']['w']")
     assert fields["shape"] == "(2, 2)"
     assert fields["dtype"] == "float32" and fields["elements"] == "4"
     assert (fields["min"], fields["max"], fields["nan_count"]) == ("1", "4", "1")
@@ -127,6 +126,11 @@ def test_one_leaf_as_json(checkpoint):
     assert json.loads(result.stdout)["value"] == "tiny"
     result = explore(checkpoint, "--leaf", "iterator", "")
     assert "next_index" in result.stdout
+    # The key as the table shows it names the same leaf.
+    assert explore(checkpoint, "--leaf", "iterator", "(root)").stdout == result.stdout
+    shown = json.loads(explore(checkpoint, "--leaf", "model", "dense.w", "--json").stdout)
+    assert shown == summary and shown["key"] == "['dense']['w']" and shown["name"] == "dense.w"
+    assert json.loads(explore(checkpoint, "--leaf", "model.dense.w", "--json").stdout) == summary
 
 
 def test_errors_go_to_stderr_with_status_1(tmp_path, checkpoint):
@@ -135,7 +139,7 @@ def test_errors_go_to_stderr_with_status_1(tmp_path, checkpoint):
     assert "does not exist" in result.stderr and not result.stdout
     result = explore(checkpoint, "--leaf", "model", "['nope']")
     assert result.returncode == 1
-    assert "no leaf" in result.stderr
+    assert "no leaf" in result.stderr and "name" in result.stderr
     (checkpoint.parent / "broken").mkdir()
     (checkpoint.parent / "broken" / "_CHECKPOINT_METADATA").write_text("{")
     result = explore(checkpoint.parent / "broken")
@@ -239,13 +243,33 @@ def test_every_view_fits_the_terminal_in_human_units(
     ]
     for view in views:
         assert_fits(in_process(*view, columns=columns, monkeypatch=monkeypatch), columns)
-    # Long keys are cut in their middle, keeping both ends.
+    # Long keys are shortened by leaving out middle parts, never into look-alikes.
     shown = in_process(linen_optax, columns=columns, monkeypatch=monkeypatch).stdout
-    key = "['transformer_encoder_block_0']['attention_query_projection_with_a_long_name']['kernel']"
-    long_keys = [line for line in shown.splitlines() if "…" in line]
-    assert (key in shown) or long_keys
+    blocks = key_columns(shown)
+    assert [len(b) for b in blocks] == [len(set(b)) for b in blocks] and len(blocks) == 2
+    full = "transformer_encoder_block_0.attention_query_projection_with_a_long_name.kernel"
     if columns == 80:
-        assert long_keys and all(line.startswith("[") for line in long_keys)
+        assert full not in shown and any("…" in key for key in blocks[0])
+    else:
+        assert full in blocks[0]
+
+
+def key_columns(text: str, header: str = "key") -> list[list[str]]:
+    """The first cell of each row of each table in ``text`` whose heading starts
+    with ``header`` (a table ends at a blank line or a line that is not a row)."""
+    blocks: list[list[str]] = []
+    rows: list[str] | None = None
+    for line in text.splitlines():
+        if line.split()[:1] == [header]:
+            rows = []
+            blocks.append(rows)
+        elif rows is not None and line and not line.startswith("every row:"):
+            if line.startswith(" "):
+                continue  # a wrapped cell
+            rows.append(line.split()[0])
+        else:
+            rows = None
+    return blocks
 
 
 def test_without_columns_a_pipe_gets_80(demo_run):
@@ -253,7 +277,8 @@ def test_without_columns_a_pipe_gets_80(demo_run):
     assert_fits(result, 80)
     assert max(len(line) for line in result.stdout.splitlines()) > 60
     wide = explore(demo_run / "step_000250", columns=200)
-    assert max(len(line) for line in wide.stdout.splitlines()) > 80
+    assert_fits(wide, 200)
+    assert max(map(len, wide.stdout.splitlines())) >= max(map(len, result.stdout.splitlines()))
 
 
 def _table_cells(table: pd.DataFrame) -> list[dict[str, object]]:
@@ -291,12 +316,20 @@ def test_csv_parses_with_the_tables_columns(demo_run):
         list(t) if isinstance(t, tuple) else None for t in table["shape"]
     ]
     listing = pd.read_csv(io.StringIO(explore(demo_run, "--csv").stdout))
-    assert list(listing.columns) == [*ex.list_checkpoints(demo_run).columns, "error"]
+    # A TrainingRun's listing says why each checkpoint is kept, and its metric.
+    columns = [*ex.list_checkpoints(demo_run).columns, "metric", "kept", "error"]
+    assert list(listing.columns) == columns
     diff = pd.read_csv(io.StringIO(explore("diff", path, path, "--csv").stdout))
     assert set(diff["status"]) == {"same"} and len(diff) == len(table)
     findings = explore("verify", demo_run / "step_000300.orbax-checkpoint-tmp", "--csv")
     parsed = pd.read_csv(io.StringIO(findings.stdout))
-    assert findings.returncode == 1 and list(parsed.columns)[:2] == ["part", "severity"]
+    assert findings.returncode == 1
+    assert list(parsed.columns) == ["path", "step", "ok", "verdict", "severity", "part", "message"]
+    assert "error" in set(parsed["severity"]) and not parsed["ok"].any()
+    # A sound checkpoint's CSV says so: one row with its verdict and no finding.
+    sound = pd.read_csv(io.StringIO(explore("verify", path, "--csv").stdout))
+    assert len(sound) == 1 and sound["ok"][0] and sound["verdict"][0].startswith("sound")
+    assert sound["severity"].isna().all()
 
 
 def test_export_writes_safetensors_quietly_into_a_pipe(demo_run, tmp_path):

@@ -1,15 +1,5 @@
-"""``python -m tinax.explore``: see ``tinax.explore._cli``."""
+"""``python -m tinax.explore``: the ``tinax`` command (see ``tinax.explore._cli``)."""
 
-import os
-import sys
+from tinax.explore._cli import console
 
-from tinax.explore._cli import main
-
-try:
-    status = main()
-    sys.stdout.flush()
-except BrokenPipeError:
-    # The reader (``| head``) has stopped reading: nothing more to say.
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    status = 0
-sys.exit(status)
+console(prog="python -m tinax.explore")

@@ -1,16 +1,19 @@
 """Tables laid out for a terminal of a given width, values in human units.
 
-Each column has a priority: the most important ones are kept, the others dropped
-while the line would be wider than the terminal. The one flexible column (a leaf's
-key, a message) takes what width is left: keys are shortened in the middle, where a
-long key path repeats itself least; messages are wrapped. A terminal table library
-lays out cells but cannot drop a column nor cut a key in its middle, which is what a
-narrow terminal needs, so this is done here by hand.
+Which columns a line has room for is decided here; rich draws the table. Columns
+that say nothing about the rows in view (every cell blank, one value in every row,
+the same cells as another column) give way first; then the others in the order of
+their priority, the least important first. A leaf's key is shown as
+``tinax.explore.display`` shows keys everywhere (dotted, what every row shares left
+out) and is given its room before secondary columns: when the line is narrow, keys
+are shortened by ``display_keys``, which never makes two rows read alike. Messages
+wrap.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import shutil
@@ -21,13 +24,19 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
-ELLIPSIS = "…"
+from tinax.explore import display
+from tinax.explore.display import human_bytes as human_bytes
+
+ELLIPSIS = display.ELLIPSIS
 GAP = "  "
-# A column other than the flexible one is never wider than this.
+# A column other than the key or a wrapped one is never wider than this.
 MAX_CELL = 32
-# The flexible column asks for this much (or its widest cell) before lower-priority
-# columns are given theirs; it takes whatever is left after them.
-MIN_FLEXIBLE = 40
+# Columns of this priority or lower are kept while the keys still get this many
+# characters; the others only while every key still shows in full.
+ESSENTIAL = 2
+MIN_KEY = 24
+# A wrapped column (a message) is given at least this much.
+MIN_WRAP = 24
 
 
 def width() -> int:
@@ -39,18 +48,6 @@ def is_missing(value: Any) -> bool:
     if value is None or value is pd.NA or value is pd.NaT:
         return True
     return isinstance(value, float) and math.isnan(value)
-
-
-def human_bytes(value: Any) -> str:
-    """``87.4 KiB``: a byte count in binary units; blank when unknown."""
-    if is_missing(value):
-        return ""
-    n = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""  # pragma: no cover
 
 
 def human_age(committed: Any, now: pd.Timestamp | None = None) -> str:
@@ -91,11 +88,6 @@ def shape(value: Any) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
 
 
-def key(value: Any) -> str:
-    """A leaf's key; ``(root)`` for a checkpointable that is one value (key ``""``)."""
-    return "(root)" if value == "" else text(value)
-
-
 def text(value: Any) -> str:
     """Any cell as short text: missing blank, tuples joined, numbers as ``number``."""
     if is_missing(value):
@@ -110,12 +102,13 @@ def text(value: Any) -> str:
 
 
 def shorten_middle(value: str, limit: int) -> str:
-    """``value`` cut to ``limit`` characters by an ellipsis in its middle."""
+    """``value`` cut to ``limit`` characters by an ellipsis in its middle (titles and
+    paths; never keys, which ``display_keys`` shortens)."""
     if len(value) <= limit:
         return value
     if limit <= 1:
         return ELLIPSIS[:limit]
-    head = (limit - 1 + 1) // 2
+    head = limit // 2
     tail = limit - 1 - head
     return value[:head] + ELLIPSIS + (value[-tail:] if tail else "")
 
@@ -128,10 +121,10 @@ class Column:
       source: The DataFrame's column.
       header: Its heading.
       format: Cell value → text.
-      priority: Lower is kept longer when the terminal is narrow.
+      priority: Lower is kept longer when the terminal is narrow; 0 is always kept.
       right: Right-aligned (numbers).
-      flexible: Takes the width left over: shortened in the middle, or wrapped.
-      wrap: For the flexible column: wrap rather than shorten.
+      key: Leaf keys (``keystr``), shown by ``display.display_keys``.
+      wrap: Wrapped to the width left over (a message).
     """
 
     source: str
@@ -139,65 +132,185 @@ class Column:
     format: Callable[[Any], str] = text
     priority: int = 5
     right: bool = False
-    flexible: bool = False
+    key: bool = False
     wrap: bool = False
 
 
-def _fit(columns: Sequence[Column], cells: dict[str, list[str]], total: int) -> dict[str, int]:
-    """The width of each column kept, in priority order, within ``total``."""
-    natural = {c.source: max([len(c.header), *(len(s) for s in cells[c.source])]) for c in columns}
-    kept: dict[str, int] = {}
-    used = 0
-    for c in sorted(columns, key=lambda c: c.priority):
-        limit = MIN_FLEXIBLE if c.flexible else max(MAX_CELL, len(c.header))
-        need = min(natural[c.source], limit)
-        extra = need + (len(GAP) if kept else 0)
-        if used + extra <= total or not kept:
-            kept[c.source] = need
-            used += extra
-    # What is left widens the columns that were cut, the flexible one first.
-    for c in sorted(columns, key=lambda c: (not c.flexible, c.priority)):
-        if c.source in kept:
-            more = min(natural[c.source] - kept[c.source], max(0, total - used))
-            kept[c.source] += more
-            used += more
-    return kept
+@dataclasses.dataclass
+class Layout:
+    """The columns a table is drawn with, their widths and their cells.
+
+    Attributes:
+      columns: The columns shown, in the table's order.
+      widths: Each shown column's width.
+      cells: Each column's cell texts (keys as labels).
+      uniform: Columns left out because every row holds one value, with that value.
+    """
+
+    columns: list[Column]
+    widths: dict[str, int]
+    cells: dict[str, list[str]]
+    uniform: dict[str, str]
 
 
-def render(table: pd.DataFrame, columns: Sequence[Column], out: TextIO, total: int) -> None:
-    """Prints ``table`` with the ``columns`` that fit in ``total`` characters."""
+def key_labels(
+    keys: Sequence[str], width: int | None, checkpointables: Sequence[str] | None = None
+) -> list[str]:
+    """The keys as rows in view show them (``display.display_keys``)."""
+    return display.display_keys(list(keys), width=width, checkpointables=checkpointables)
+
+
+def layout(
+    table: pd.DataFrame,
+    columns: Sequence[Column],
+    total: int,
+    *,
+    checkpointables: Sequence[str] | None = None,
+) -> Layout:
+    """Which of ``columns`` fit ``total`` characters, and how wide each is.
+
+    Args:
+      table: The rows.
+      columns: The columns that may be shown, in the order they are drawn.
+      total: The line's width.
+      checkpointables: For a key column over rows of several checkpointables:
+        each row's, named first in its label.
+    """
     columns = [c for c in columns if c.source in table.columns]
+    cells: dict[str, list[str]] = {}
+    for c in columns:
+        if not c.key:
+            cells[c.source] = [c.format(v) for v in table[c.source]]
+    uniform: dict[str, str] = {}
+    dropped: set[str] = set()
+    for i, c in enumerate(columns):
+        if c.key or c.priority == 0:
+            continue
+        values = cells[c.source]
+        distinct = set(values)
+        if distinct <= {""}:
+            dropped.add(c.source)
+        elif any(
+            not o.key and o.source not in dropped and cells[o.source] == values for o in columns[:i]
+        ):
+            dropped.add(c.source)  # the same cells as a column before it
+        elif len(distinct) == 1 and len(values) > 1:
+            # One value in every row: said once under the table instead.
+            dropped.add(c.source)
+            uniform[c.source] = values[0]
+    columns = [c for c in columns if c.source not in dropped]
+    key = next((c for c in columns if c.key), None)
+    keys = [str(k) for k in table[key.source]] if key else []
+    full = key_labels(keys, None, checkpointables) if key else []
+    key_full = max([len(key.header), *map(len, full)]) if key else 0
+
+    def natural(c: Column) -> int:
+        widest = max([len(c.header), *(len(s) for s in cells[c.source])])
+        return min(widest, MIN_WRAP) if c.wrap else min(widest, max(MAX_CELL, len(c.header)))
+
+    widths = {c.source: natural(c) for c in columns if not c.key}
+
+    def room(kept: list[Column]) -> int:
+        """What is left for the key (or the wrapped column) beside ``kept``."""
+        others = [c for c in kept if not c.key]
+        gaps = len(GAP) * (len(others) if key is not None else len(others) - 1)
+        return total - sum(widths[c.source] for c in others) - gaps
+
+    def key_fits(left: int, least: int) -> bool:
+        if key is None:
+            return left >= 0
+        if left < min(key_full, least):
+            return False
+        return (
+            max(len(key.header), *map(len, key_labels(keys, max(left, 1), checkpointables))) <= left
+        )
+
+    kept = [c for c in columns if c.key or c.priority == 0]
+    order = sorted(
+        (c for c in columns if not (c.key or c.priority == 0)),
+        key=lambda c: c.priority,
+    )
+    for c in order:
+        trial = [*kept, c]
+        essential = c.priority <= ESSENTIAL
+        if key_fits(room(trial), MIN_KEY if essential else key_full):
+            kept = trial
+    kept = [c for c in columns if c in kept]
+    left = room(kept)
+    if key is not None:
+        labels = key_labels(keys, max(left, 1), checkpointables) if left < key_full else full
+        cells[key.source] = labels
+        widths[key.source] = max([len(key.header), *map(len, labels)])
+    # What is left goes to a wrapped column (a message), else widens the columns that
+    # were cut (a path), in priority order.
+    spare = left - widths[key.source] if key is not None else left
+    for c in sorted(kept, key=lambda c: (not c.wrap, c.priority)):
+        if c.key or spare <= 0:
+            continue
+        widest = max([len(c.header), *(len(s) for s in cells[c.source])])
+        more = spare if c.wrap else min(widest - widths[c.source], spare)
+        if more > 0:
+            widths[c.source] += more
+            spare -= more
+    for c in kept:
+        if not (c.key or c.wrap):
+            cells[c.source] = [shorten_middle(s, widths[c.source]) for s in cells[c.source]]
+    return Layout(kept, {c.source: widths[c.source] for c in kept}, cells, uniform)
+
+
+def render(
+    table: pd.DataFrame,
+    columns: Sequence[Column],
+    out: TextIO,
+    total: int,
+    *,
+    checkpointables: Sequence[str] | None = None,
+) -> Layout | None:
+    """Prints ``table`` with the ``columns`` that fit in ``total`` characters.
+
+    Columns left out because every row holds the same value are named on a line
+    under the table (``every row: kind jax.Array``). Returns the layout drawn
+    (``None`` for an empty table).
+    """
     if table.empty:
         print("(no rows)", file=out)
-        return
-    cells = {c.source: [c.format(v) for v in table[c.source]] for c in columns}
-    # A column with nothing in it only takes room.
-    columns = [c for c in columns if c.priority == 0 or any(cells[c.source])]
-    widths = _fit(columns, cells, total)
-    shown = [c for c in columns if c.source in widths]
+        return None
+    plan = layout(table, columns, total, checkpointables=checkpointables)
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
-    def cell(c: Column, value: str) -> str:
-        w = widths[c.source]
-        value = shorten_middle(value, w)
-        return value.rjust(w) if c.right else value.ljust(w)
-
-    print(GAP.join(cell(c, c.header) for c in shown).rstrip(), file=out)
+    grid = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False, header_style=None)
+    for c in plan.columns:
+        grid.add_column(
+            c.header,
+            justify="right" if c.right else "left",
+            width=plan.widths[c.source],
+            no_wrap=not c.wrap,
+            overflow="fold" if c.wrap else "ellipsis",
+        )
     for row in range(len(table)):
-        parts: list[str] = []
-        wrapped: list[str] = []
-        start = 0
-        for c in shown:
-            value = cells[c.source][row]
-            if c.wrap:
-                lines = textwrap.wrap(value, widths[c.source], break_on_hyphens=False) or [""]
-                start = len(GAP.join(parts)) + (len(GAP) if parts else 0)
-                parts.append(lines[0].ljust(widths[c.source]))
-                wrapped = lines[1:]
-            else:
-                parts.append(cell(c, value))
-        print(GAP.join(parts).rstrip(), file=out)
-        for line in wrapped:
-            print((" " * start + line).rstrip(), file=out)
+        grid.add_row(*(Text(plan.cells[c.source][row]) for c in plan.columns))
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        width=total,
+        color_system=None,
+        force_terminal=False,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        legacy_windows=False,
+    )
+    console.print(grid)
+    for line in buffer.getvalue().splitlines():
+        print(line.rstrip(), file=out)
+    if plan.uniform:
+        byname = {c.source: c.header for c in columns}
+        said = ", ".join(f"{byname[s]} {v}" for s, v in plan.uniform.items())
+        for line in textwrap.wrap(f"every row: {said}", total, break_on_hyphens=False):
+            print(line, file=out)
+    return plan
 
 
 def jsonable(value: Any) -> Any:
