@@ -620,3 +620,13 @@ def test_apply_before_a_load_is_shown_not_raised(tmp_path: Path) -> None:
         builder.apply()
     builder.apply_button.click()  # hidden until a load; a direct click is shown
     assert "nothing loaded yet" in builder.error
+
+
+def test_the_leaves_restored_fold_under_a_heading_that_counts_them() -> None:
+    builder = RestoreTargetBuilder(_state())
+    assert not builder.leaves_section.is_open  # the tree above says the same
+    assert "5 leaves to restore" in builder.leaves_section.heading.value
+    builder.checkboxes["optimizer"].value = False
+    assert "3 leaves to restore" in builder.leaves_section.heading.value
+    builder.leaves_section.toggle.click()
+    assert builder.leaves_section.is_open

@@ -30,6 +30,7 @@ from tinax.explore import toolkit
 from . import _presets
 from ._guard import shown_in_widget
 from ._progress import FAILED, RUNNING
+from ._section import Section
 from ._table import Column, PagedTable, format_cell
 from ._text import error_html, format_bytes, format_seconds, note_html
 
@@ -179,6 +180,8 @@ class RestoreTargetBuilder(w.VBox):
         self.state_view = PagedTable(
             STATE_COLUMNS, page_size=page_size, empty_text="nothing chosen"
         )
+        # The leaves restored, as a table: folded at first, the tree says the same.
+        self.leaves_section = Section("leaves", "", [self.state_view], is_open=False)
         self.comparison_view: ComparisonView = ComparisonView(page_size=page_size)
         self.compare_box = self.comparison_view.box
         self.load_button = w.Button(
@@ -228,7 +231,7 @@ class RestoreTargetBuilder(w.VBox):
                 w.HTML("<b>Restore targets</b> (untick what to leave out, or pick a preset)"),
                 self.presets_box,
                 self.choice,
-                self.state_view,
+                self.leaves_section,
                 self.message,
                 self.compare_section,
             ]
@@ -378,6 +381,12 @@ class RestoreTargetBuilder(w.VBox):
             self.message.value = ""
             self._table = self.choice.table()
             self.state_view.show(self._table)
+            nbytes = int(pd.to_numeric(self._table["nbytes"], errors="coerce").fillna(0).sum())
+            count = len(self._table)
+            self.leaves_section.set_title(
+                f"<b>{count:,} lea{'f' if count == 1 else 'ves'} to restore</b> "
+                f"({format_bytes(nbytes)}) as a table"
+            )
             self._check_against_checkpoint()
 
     def _check_against_checkpoint(self) -> None:
