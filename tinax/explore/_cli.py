@@ -39,11 +39,14 @@ from tinax.explore import _terminal as term
 from tinax.explore import display
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._diff import diff_table
+from tinax.explore._drift import drift_table
 from tinax.explore._export import CAST_DTYPES, export_safetensors
 from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
 from tinax.explore._listing import list_checkpoints
 from tinax.explore._ranking import PRNG_KEY, value_kind
 from tinax.explore._retention import retention_table, run_policy
+from tinax.explore._run_table import run_table
+from tinax.explore._scan_run import scan_run
 from tinax.explore._summary import leaf_summary
 from tinax.explore._terminal import Column, jsonable
 from tinax.explore._verify import Verification, verify
@@ -59,6 +62,8 @@ SAME, DIFFERENT, TROUBLE = 0, 1, 2
 # Statuses of a listing that are not checkpoints yet, or any more: ``verify`` of a
 # run names them without failing for them (``--strict`` fails).
 _NOT_CHECKPOINTS = frozenset({words.IN_PROGRESS, words.INTERRUPTED, words.BEING_REMOVED})
+# ``run --drift`` shows this many of the largest moves in text (--json/--csv: all).
+DRIFT_ROWS = 20
 # A PRNG key leaf shows this many keys' data in text.
 _KEYS_SHOWN = 4
 # --json gives at most this many elements of a key array's data.
@@ -322,6 +327,13 @@ def _run_parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--scan", action="store_true", help="NaN/Inf counts per checkpoint, the roll-back step"
+    )
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=DRIFT_ROWS,
+        metavar="N",
+        help=f"with --drift, the N largest moves in text ({DRIFT_ROWS}; 0: all)",
     )
     _add_output(parser)
     return parser
@@ -599,8 +611,11 @@ def _diff(argv: Sequence[str], out: TextIO, prog: str) -> int:
 
 
 @contextlib.contextmanager
-def _progress(err: TextIO, description: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on ``err`` when it is a terminal (rich's), else nothing."""
+def _progress(
+    err: TextIO, description: str, *, unit: str = "bytes"
+) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on ``err`` when it is a terminal (rich's), else nothing; counts
+    ``unit`` (bytes, with a rate, or things such as pairs)."""
     if not getattr(err, "isatty", lambda: False)():
         yield None
         return
@@ -608,16 +623,22 @@ def _progress(err: TextIO, description: str) -> Iterator[Callable[[int, int], No
     from rich.progress import (
         BarColumn,
         DownloadColumn,
+        MofNCompleteColumn,
         Progress,
+        ProgressColumn,
         TimeRemainingColumn,
         TransferSpeedColumn,
     )
 
+    counts: tuple[ProgressColumn, ...] = (
+        (DownloadColumn(binary_units=True), TransferSpeedColumn())
+        if unit == "bytes"
+        else (MofNCompleteColumn(),)
+    )
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
-        DownloadColumn(binary_units=True),
-        TransferSpeedColumn(),
+        *counts,
         TimeRemainingColumn(),
         console=Console(file=err, width=term.width()),
         transient=True,
@@ -837,45 +858,15 @@ def _run_columns(table: pd.DataFrame) -> list[Column]:
     return columns
 
 
-def _drift_columns(table: pd.DataFrame) -> list[Column]:
-    columns = [
-        Column("step", "step", term.number, priority=0, right=True),
-        Column("subtree", "subtree", priority=0),
-        Column("rel_update", "rel_update", term.number, priority=0, right=True),
-        Column("cosine", "cosine", term.number, priority=2, right=True),
-        Column("max_abs_diff", "max_abs_diff", term.number, priority=3, right=True),
-    ]
-    return [c for c in columns if c.source in table.columns]
-
-
-def _subtree_labels(table: pd.DataFrame) -> pd.DataFrame:
-    """Subtrees written as keys are shown as keys are everywhere."""
-    if "subtree" not in table or table.empty:
-        return table
-    shown = []
-    for value in table["subtree"]:
-        text = str(value)
-        try:
-            shown.append(display.readable_key(text) if text.startswith("[") else text)
-        except ValueError:
-            shown.append(text)
-    return table.assign(subtree=shown)
-
-
 def _run(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
     args = _run_parser(prog).parse_args(argv)
-    import tinax.explore as explore
-
-    wanted = {"run_table": True, "drift_table": args.drift, "scan_run": args.scan}
-    missing = [name for name, asked in wanted.items() if asked and not hasattr(explore, name)]
-    if missing:
-        raise ValueError(f"this tinax has no {', '.join(missing)}")
     if args.csv and args.drift and args.scan:
         raise ValueError("--csv prints one table: give --drift or --scan, not both")
-    _paths.existing_directory(args.root)
-    table = getattr(explore, "run_table")(args.root)  # noqa: B009
-    drift = getattr(explore, "drift_table")(args.root) if args.drift else None  # noqa: B009
-    scan = getattr(explore, "scan_run")(args.root) if args.scan else None  # noqa: B009
+    table = run_table(args.root)
+    with _progress(err, "drift", unit="pairs") as progress:
+        drift = drift_table(args.root, progress=progress) if args.drift else None
+    with _progress(err, "scan", unit="checkpoints") as progress:
+        scan = scan_run(args.root, progress=progress) if args.scan else None
     if args.json:
         record: dict[str, Any] = {"root": args.root, "checkpoints": _records(table)}
         if drift is not None:
@@ -891,37 +882,70 @@ def _run(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
         return 0
     total = term.width()
     term.render(table, _run_columns(table), out, total)
+    errors: dict[str, str] = table.attrs.get("errors", {})
+    for where, problem in errors.items():
+        print(f"unreadable: {where}: {problem}", file=err)
     if drift is not None:
         print(file=out)
-        _say("drift between consecutive checkpoints (largest relative update first):", out, total)
-        ranked = drift.sort_values("rel_update", ascending=False, na_position="last", kind="stable")
-        term.render(
-            _subtree_labels(ranked.reset_index(drop=True)), _drift_columns(drift), out, total
-        )
+        _show_drift(drift, out, total, args.top)
     if scan is not None:
         print(file=out)
-        columns = [
-            Column(
-                c,
-                c,
-                term.number if c != "verdict" else term.text,
-                priority=0 if c in ("step", "verdict") else 1,
-                right=c != "verdict",
-            )
-            for c in ("step", "nan", "inf", "verdict")
-            if c in scan.columns
-        ]
-        term.render(scan, columns, out, total)
-        first = scan.attrs.get("first_nonfinite_step")
-        back = scan.attrs.get("rollback_step")
-        if first is None:
-            _say("no NaN or Inf in any checkpoint", out, total)
-        else:
-            where = (
-                f"roll back to step {back}" if back is not None else "no sound checkpoint before it"
-            )
-            _say(f"first NaN/Inf at step {first}; {where}", out, total)
+        _show_scan(scan, out, total)
     return 0
+
+
+def _show_drift(drift: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
+    """The pairs' subtrees that moved most first, under a line naming the largest."""
+    if drift.empty:
+        _say("drift: fewer than two complete checkpoints to compare", out, total)
+        return
+    ranked = drift.sort_values(
+        ["rel_update", "step"], ascending=[False, True], na_position="last", kind="stable"
+    ).reset_index(drop=True)
+    first = ranked.iloc[0]
+    if not term.is_missing(first["rel_update"]):
+        _say(
+            f"drift: {first['subtree']} moved most, by {term.number(first['rel_update'])} of "
+            f"its norm, from step {first['previous_step']} to {first['step']}",
+            out,
+            total,
+        )
+    columns = (
+        Column("subtree", "subtree", priority=0),
+        Column("previous_step", "from", term.number, priority=2, right=True),
+        Column("step", "step", term.number, priority=0, right=True),
+        Column("rel_update", "rel_update", term.number, priority=0, right=True),
+        Column("cosine", "cosine", term.number, priority=3, right=True),
+        Column("max_abs_diff", "max_abs_diff", term.number, priority=4, right=True),
+        Column("nan", "nan", term.number, priority=5, right=True),
+        Column("inf", "inf", term.number, priority=6, right=True),
+    )
+    shown = ranked if top <= 0 else ranked.head(top)
+    term.render(shown, columns, out, total)
+    if len(shown) < len(ranked):
+        _say(f"… {len(ranked) - len(shown)} more (--top 0 shows all, --csv prints all)", out, total)
+
+
+def _show_scan(scan: pd.DataFrame, out: TextIO, total: int) -> None:
+    columns = (
+        Column("name", "name", priority=0),
+        Column("step", "step", term.number, priority=3, right=True),
+        Column("verdict", "verdict", priority=0),
+        Column("nan", "nan", term.number, priority=1, right=True),
+        Column("inf", "inf", term.number, priority=1, right=True),
+        Column("nonfinite_leaves", "leaves", term.number, priority=2, right=True),
+    )
+    term.render(scan, columns, out, total)
+    first = scan.attrs.get("first_nonfinite_step")
+    back = scan.attrs.get("rollback_step")
+    if first is None:
+        _say("scan: no NaN or Inf in any checkpoint", out, total)
+    elif back is None:
+        _say(f"scan: NaN/Inf from step {first} on; no sound checkpoint before it", out, total)
+    else:
+        _say(f"scan: NaN/Inf from step {first} on; roll back to step {back}", out, total)
+    for where, problem in scan.attrs.get("problems", {}).items():
+        _say(f"not sound: {where}: {problem}", out, total)
 
 
 # -- entry points --------------------------------------------------------------------------
