@@ -385,7 +385,7 @@ class RunTimeline(w.VBox):
         if len(saves):
             parts.append(f"saves {saves.median():.2g} s (median)")
         if len(self.drift):
-            finite = self.drift[self.drift["rel_update"].notna()]
+            finite = self.drift[self.drift["rel_update"] > 0]
             if len(finite):
                 top = finite.loc[finite["rel_update"].idxmax()]
                 parts.append(

@@ -139,7 +139,7 @@ function draw(model, root) {
       }
     });
     marks.push([top, top + height]);
-    y = top + height + 8;
+    y = top + height + 14;
   }
 
   const metric = model.get("metric");
@@ -177,7 +177,11 @@ function draw(model, root) {
     const previous = data.heat_previous || [];
     layers.forEach((label, r) => {
       const ry = top + r * rowH;
-      const t = text(svg, left - 4, ry + rowH - 2, label, { "text-anchor": "end", "font-size": Math.min(FONT, rowH) });
+      const t = text(svg, left - 4, ry + rowH - 2, label, {
+        "text-anchor": "end",
+        "font-size": Math.min(FONT, rowH),
+        class: "tinax-timeline-layer",
+      });
       const tip = el("title", {}, t);
       tip.textContent = (data.layer_keys || [])[r] || label;
       pairSteps.forEach((s, c) => {
