@@ -107,7 +107,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, demo_run: Path) -> Path:
 
 
 # Every notebook runs top to bottom in Binder's environment too (tests/test_binder.py); here,
-# in this one, each runs in a fresh kernel and notebook 03 twice more.
+# in this one, each runs in a fresh kernel and notebook 03 once more.
 REPEATED = "03_restore_targets.ipynb"
 
 
@@ -124,9 +124,9 @@ def _run(workspace: Path, name: str) -> nbformat.NotebookNode:
 
 @pytest.fixture(scope="module")
 def executed(workspace: Path) -> list[tuple[str, nbformat.NotebookNode]]:
-    """Every notebook executed once, and notebook 03 twice more, in fresh kernels two at
+    """Every notebook executed once, and notebook 03 once more, in fresh kernels two at
     a time (as two people working side by side would)."""
-    names = [*EXPECTED, REPEATED, REPEATED]
+    names = [*EXPECTED, REPEATED]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         return list(zip(names, pool.map(lambda name: _run(workspace, name), names), strict=True))
 
