@@ -262,6 +262,18 @@ def test_a_training_runs_directory_is_refused_with_the_reason(tmp_path: Path) ->
     # The newest complete checkpoint is still the run's own.
     listing = list_checkpoints(run)
     assert listing["name"].tolist() == ["step_000050", "step_000100"]
+    # One click saves beside the run instead, into a directory the save makes.
+    assert panel.elsewhere_button.layout.display == ""
+    assert panel.elsewhere_button.description == "save into run-saves instead"
+    panel.elsewhere_button.click()
+    assert panel.refused == "" and panel.error == ""
+    assert panel.directory == str(tmp_path / "run-saves")
+    assert panel.elsewhere_button.layout.display == "none"
+    assert panel.name_field.value == "step_000000" and not panel.save_button.disabled
+    panel.save_button.click()
+    assert panel.progress is not None and panel.progress.wait(60) == "done", panel.progress.error
+    assert list_checkpoints(tmp_path / "run-saves")["name"].tolist() == ["step_000000"]
+    assert list_checkpoints(run)["name"].tolist() == ["step_000050", "step_000100"]
 
 
 def test_a_run_started_after_the_panel_was_made_is_refused_at_the_click(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import ipywidgets as w
@@ -59,6 +59,11 @@ def _save_directory(directory: str | os.PathLike[str]) -> tuple[str, bool]:
     return where, False
 
 
+def beside(directory: str) -> str:
+    """Where the panel offers to save instead of a training run's directory."""
+    return directory.rstrip("/") + "-saves"
+
+
 def training_run_refusal(directory: str, names: list[str] | None = None) -> str:
     """Why the panel does not save into ``directory``: ``""`` unless it is a ``TrainingRun``'s.
 
@@ -74,7 +79,7 @@ def training_run_refusal(directory: str, names: list[str] | None = None) -> str:
         f"{directory!r} is the directory of a TrainingRun (it holds the run's record, "
         f"tinax_run.json). A checkpoint saved here from the panel{what} would list as the "
         "run's newest and the run would resume from it, without the complete training state. "
-        f"Save into another directory (for example {directory.rstrip('/') + '-saves'!r}; "
+        f"Save into another directory (such as {beside(directory)!r}, the button below; "
         "the panel makes it), or save the full training state with TrainingRun.save(step, "
         "model, optimizer, rng, auxiliary, iterator, force=True)."
     )
@@ -92,7 +97,8 @@ class SavePanel(w.VBox):
     A missing directory is made by the first save. The directory of a
     ``TrainingRun`` (one holding the run's record) is refused, with the reason:
     a checkpoint saved there would list as the run's newest complete checkpoint
-    and be resumed from without the rest of the training state.
+    and be resumed from without the rest of the training state. A button under the
+    reason saves beside the run instead (``<run>-saves``; ``save_elsewhere``).
 
     Attributes:
       name_error: Why the current name is refused, or ``""``.
@@ -152,8 +158,14 @@ class SavePanel(w.VBox):
         self.save_button = w.Button(description="Save", icon="save", button_style="primary")
         self.message = w.HTML("")
         self.progress_box = w.VBox([])
-        where = f"Saves to {self.directory}" + ("" if exists else " (made at the first save)")
-        self.where_html = w.HTML(note_html(where))
+        self.where_html = w.HTML(self._where(exists))
+        self.elsewhere_button = w.Button(
+            icon="folder-open",
+            layout=w.Layout(width="auto", max_width="100%", flex="0 0 auto", display="none"),
+        )
+        self.elsewhere_button.on_click(
+            shown_in_widget(self._show_error)(lambda _button: self.save_elsewhere())
+        )
         super().__init__(
             children=[
                 self.where_html,
@@ -162,6 +174,7 @@ class SavePanel(w.VBox):
                     layout=w.Layout(flex_flow="row wrap", align_items="center"),
                 ),
                 self.message,
+                self.elsewhere_button,
                 self.progress_box,
             ]
         )
@@ -170,6 +183,26 @@ class SavePanel(w.VBox):
         self.name_field.observe(self._on_name, names="value")
         self.save_button.on_click(shown_in_widget(self._show_error)(self._on_save))
         self._check_name()
+
+    def save_elsewhere(self, directory: str | os.PathLike[str] | None = None) -> None:
+        """Saves into ``directory`` from now on (default: beside the refused training run's
+        directory, ``<run>-saves``), as the button under a refusal does.
+
+        Raises:
+          TypeError, ValueError, FileNotFoundError: As the constructor does for
+            ``directory``.
+        """
+        where, exists = _save_directory(beside(self.directory) if directory is None else directory)
+        self.directory = where
+        self.refused = training_run_refusal(where)
+        self.where_html.value = self._where(exists)
+        self.name_field.value = self._next_name()
+        self._check_name()
+
+    def _where(self, exists: bool) -> str:
+        return note_html(
+            f"Saves to {self.directory}" + ("" if exists else " (made at the first save)")
+        )
 
     # -- name ----------------------------------------------------------------------------
 
@@ -184,9 +217,13 @@ class SavePanel(w.VBox):
         return name
 
     def _check_name(self) -> bool:
+        self.elsewhere_button.layout.display = "" if self.refused else "none"
         if self.refused:
             self.name_error = ""
             self.message.value = error_html(self.refused, title="Cannot save here:")
+            elsewhere = beside(self.directory)
+            self.elsewhere_button.description = f"save into {PurePosixPath(elsewhere).name} instead"
+            self.elsewhere_button.tooltip = f"save into {elsewhere} (made at the first save)"
             self.save_button.disabled = True
             return False
         try:
@@ -236,7 +273,7 @@ class SavePanel(w.VBox):
         destination = self.directory.rstrip("/") + "/" + name
         if not self.directory.startswith("gs://"):
             Path(self.directory).mkdir(parents=True, exist_ok=True)
-            self.where_html.value = note_html(f"Saves to {self.directory}")
+            self.where_html.value = self._where(True)
         self.saving = True
         self.save_button.disabled = True
         self.message.value = note_html(f"saving {name}…")
