@@ -29,6 +29,7 @@ EXPECTED = (
     "03_restore_targets.ipynb",
     "04_legacy_v0.ipynb",
     "05_safetensors.ipynb",
+    "06_run_timeline.ipynb",
 )
 CELL_TIMEOUT_S = 120
 
@@ -96,13 +97,14 @@ def test_saving_after_a_kernel_started_leaves_the_bytes_as_committed(name: str) 
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory, demo_run: Path) -> Path:
+def workspace(tmp_path_factory: pytest.TempPathFactory, demo_run: Path, big_run: Path) -> Path:
     """A scratch checkout with notebooks/, demo/ and a finished demo_run/ (a copy of the
-    session's, which the notebooks may add to)."""
+    session's, which the notebooks may add to) and demo_big_run/ (notebook 06's)."""
     root = tmp_path_factory.mktemp("checkout")
     shutil.copytree(NOTEBOOKS, root / "notebooks", ignore=shutil.ignore_patterns(".ipynb*"))
     shutil.copytree(REPO / "demo", root / "demo", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(demo_run, root / "demo_run", symlinks=True)
+    shutil.copytree(big_run, root / "demo_big_run", symlinks=True)
     return root
 
 

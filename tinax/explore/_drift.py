@@ -66,6 +66,8 @@ class LeafDrift:
     max_abs: float
     nan: int
     inf: int
+    nan_b: int = 0
+    inf_b: int = 0
 
 
 _pairs: collections.OrderedDict[tuple[Any, ...], list[LeafDrift]] = collections.OrderedDict()
@@ -109,6 +111,8 @@ def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDr
                 max_abs=0.0 if same else _number(row.max_abs_diff),
                 nan=nan,
                 inf=inf,
+                nan_b=_count(row.nan_b),
+                inf_b=_count(row.inf_b),
             )
         )
     return out
@@ -272,6 +276,9 @@ def drift_table(
             by_name[name].append(path)
         depths = {name: layer_depth(found) for name, found in by_name.items()}
     out = []
+    # NaN/Inf counts of each leaf's later side, carried to the next pair: a leaf found
+    # the same by its checksums there (not read) holds the very same values.
+    carried: dict[tuple[str, str], tuple[int, int]] = {}
     for previous, step, leaves in done:
         sums: dict[tuple[str, keys.KeyPath], list[Any]] = {}
         for leaf in leaves:
@@ -284,8 +291,13 @@ def drift_table(
             group[1] += leaf.bb if not math.isnan(leaf.bb) else 0.0
             group[2] += leaf.dd if not math.isnan(leaf.dd) else 0.0
             group[3] = max(group[3], leaf.max_abs) if not math.isnan(leaf.max_abs) else group[3]
-            group[4] += leaf.nan
-            group[5] += leaf.inf
+            nan, inf, nan_b, inf_b = leaf.nan, leaf.inf, leaf.nan_b, leaf.inf_b
+            if math.isnan(leaf.aa) and leaf.dd == 0.0:
+                nan_b, inf_b = carried.get((leaf.checkpointable, leaf.key), (0, 0))
+                nan, inf = 2 * nan_b, 2 * inf_b
+            carried[(leaf.checkpointable, leaf.key)] = (nan_b, inf_b)
+            group[4] += nan
+            group[5] += inf
             group[6] += 1
             group[7] += int(math.isnan(leaf.aa) and leaf.dd == 0.0)
         for (name, path), (aa, bb, dd, max_abs, nan, inf, count, unread) in sums.items():
