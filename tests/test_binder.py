@@ -126,6 +126,7 @@ def test_binder_environment_runs_the_notebooks(tmp_path: Path) -> None:
     run("binder/postBuild")
 
     assert (repo / "demo_run" / "run.json").is_file()
+    assert (repo / "demo_big_run" / "big_run.json").is_file()
     installed = tmp_path / "jupyter-config" / "jupyter_server_config.py"
     assert installed.read_bytes() == (repo / "demo" / "jupyter_server_config.py").read_bytes()
     # postBuild installed the packages into the environment rather than leaving them
