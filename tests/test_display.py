@@ -316,3 +316,25 @@ def test_the_project_has_one_byte_formatter() -> None:
     assert _text.format_bytes(1536) == "1.5 KiB"
     assert _text.format_bytes(None) == "—"
     assert _text.format_bytes("x") == "—"
+
+
+def test_state_parts_put_the_model_first_and_the_optimizer_last() -> None:
+    assert display.state_part("model", "['blocks']['0']['q']['kernel']['value']") == display.MODEL
+    assert display.state_part("state", "['params']['dense']['w']") == display.MODEL
+    assert display.state_part("rng", "") == display.OTHER_STATE
+    assert display.state_part("auxiliary", "['loss']") == display.OTHER_STATE
+    assert display.state_part("optimizer", "['step']['value']") == display.OPTIMIZER_STATE
+    assert display.state_part("state", "['opt_state'][0]['mu']['w']") == display.OPTIMIZER_STATE
+    assert display.is_optimizer_state("Optimizer", "")
+    assert not display.is_optimizer_state("model", "['optimizer_like']")
+
+
+def test_key_filters_find_keys_typed_dotted_or_as_keystr() -> None:
+    keys = ["['blocks']['7']['q']['kernel']['value']", "['blocks']['17']['q']['bias']", "['head']"]
+    assert display.key_matches(keys, "blocks.7.") == [True, False, False]
+    assert display.key_matches(keys, "['blocks']['7']") == [True, False, False]
+    assert display.key_matches(keys, "Q.KERNEL") == [True, False, False]
+    assert display.key_matches(keys, "  ") == [True, True, True]
+    assert display.key_matches(["not a key"], "key") == [True]
+    with pytest.raises(TypeError, match="a filter is a str, got int"):
+        display.key_matches(keys, 7)  # type: ignore[arg-type]

@@ -347,7 +347,7 @@ class DiffView(w.VBox):
         subtrees = subtree_changes(rows, int(self.depth.value))
         # The model's subtrees before the optimizer's, as in the table.
         optimizer = [
-            display.is_optimizer_state(c, k)
+            display.state_part(c, k)
             for c, k in zip(subtrees["checkpointable"], subtrees["subtree"], strict=True)
         ]
         subtrees = (

@@ -263,7 +263,10 @@ function render({ model, el }) {
     // one value in every row (1) give way first, then the secondary ones, highest
     // priority number first.
     const quiet = model.get("quiet") || [];
-    columns.forEach((c, i) => { if (quiet[i] === SILENT && !c.key) shown[i] = false; });
+    columns.forEach((c, i) => {
+      // A secondary column with one value in every row says it once, under the table.
+      if (!c.key && (quiet[i] === SILENT || (quiet[i] === UNIFORM && !c.essential))) shown[i] = false;
+    });
     const byPriority = (a, b) => columns[b].priority - columns[a].priority || b - a;
     const order = [
       ...columns.map((c, i) => i).filter((i) => quiet[i] === UNIFORM && !columns[i].key).sort(byPriority),
@@ -352,18 +355,23 @@ function render({ model, el }) {
     }
     if (focusSlot !== null && trs[focusSlot]) trs[focusSlot].focus();
     focusSlot = null;
-    // The columns that did not fit, for the row picked: on a line of their own.
+    // The columns that did not fit, for the row picked, on a line of their own; those
+    // with one value in every row say it there.
     const hidden = columns.map((c, i) => i).filter((i) => !shown[i] && !silent(i));
+    const same = hidden.filter((i) => quiet[i] === UNIFORM && rows.length);
+    const varied = hidden.filter((i) => !same.includes(i));
     const picked = rows.find((r) => r.selected);
-    if (hidden.length && picked) {
-      detail.textContent = hidden.map((i) => `${columns[i].title}: ${picked.cells[i] || "—"}`).join(" · ");
-      detail.style.display = "";
-    } else if (hidden.length && rows.length) {
-      detail.textContent = `more (${hidden.map((i) => columns[i].title).join(", ")}): hover a row or pick it`;
-      detail.style.display = "";
-    } else {
-      detail.style.display = "none";
+    const parts = [];
+    if (same.length) {
+      parts.push(`every row: ${same.map((i) => `${columns[i].title} ${rows[0].cells[i]}`).join(", ")}`);
     }
+    if (varied.length && picked) {
+      parts.push(varied.map((i) => `${columns[i].title}: ${picked.cells[i] || "—"}`).join(" · "));
+    } else if (varied.length && rows.length) {
+      parts.push(`more (${varied.map((i) => columns[i].title).join(", ")}): hover a row or pick it`);
+    }
+    detail.textContent = parts.join(" · ");
+    detail.style.display = parts.length ? "" : "none";
     position.textContent = model.get("position");
     const page = model.get("page"), pages = model.get("page_count");
     prev.disabled = page <= 0;

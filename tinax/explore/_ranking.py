@@ -17,7 +17,7 @@ import pandas as pd
 from tinax._format import words
 from tinax.explore import display
 from tinax.explore._numeric import PairStats
-from tinax.explore.display import is_optimizer_state
+from tinax.explore.display import state_part
 
 # What a leaf's values are, for how its change is told and ranked: floating-point
 # arrays by relative change, integer counters by how much they moved ("+150"), PRNG
@@ -132,7 +132,7 @@ def told_change(
 def sort_by_change(table: pd.DataFrame) -> pd.DataFrame:
     """``diff_table`` rows with what matters most first.
 
-    The model's leaves come before the optimizer's state (``is_optimizer_state``),
+    The model's leaves come first, the optimizer's state last (``display.state_part``),
     and within each, changed leaves come first: floating-point arrays by
     ``rel_change`` (largest first), then integer counters by how far they moved,
     then PRNG keys and the rest; then the other differences; then leaves that are
@@ -140,17 +140,10 @@ def sort_by_change(table: pd.DataFrame) -> pd.DataFrame:
     """
     if table.empty:
         return table.reset_index(drop=True)
-    part = [
-        int(is_optimizer_state(c, k))
-        for c, k in zip(table["checkpointable"], table["key"], strict=True)
-    ]
-    places = sorted(
-        range(len(table)),
-        key=lambda i: (
-            str(table["checkpointable"].iloc[i]),
-            display.natural_key(str(table["key"].iloc[i])),
-        ),
-    )
+    part = [state_part(c, k) for c, k in zip(table["checkpointable"], table["key"], strict=True)]
+    names = [str(c) for c in table["checkpointable"]]
+    keys = [display.natural_key(str(k)) for k in table["key"]]
+    places = sorted(range(len(table)), key=lambda i: (names[i], keys[i]))
     natural = np.empty(len(table), np.int64)
     natural[places] = np.arange(len(table))
     order = table["status"].map(lambda s: _STATUS_ORDER.get(s, len(_STATUS_ORDER)))

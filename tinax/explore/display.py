@@ -11,7 +11,8 @@ in their ``key`` column; this module only makes display text from it:
   (``shared_prefix`` says what that was), and with a ``width`` the labels are shortened
   without ever making two distinct keys read alike: layer indices and short names such
   as ``mu``/``nu`` stay, common middle parts give way to ``…`` first.
-- ``is_optimizer_state``: which leaves are the optimizer's, shown after the model's.
+- ``state_part`` / ``is_optimizer_state``: the model's leaves are shown first, the
+  optimizer's state last.
 - ``key_matches``: what a key filter finds, typed dotted or as a keystr.
 - ``human_bytes``: the one byte formatter of the project.
 
@@ -40,6 +41,7 @@ __all__ = [
     "readable_key",
     "shared_prefix",
     "sort_keys",
+    "state_part",
 ]
 
 ROOT_LABEL = "(root)"
@@ -135,16 +137,37 @@ def readable_key(key: str) -> str:
 OPTIMIZER_NAMES = frozenset({"optimizer", "opt_state", "opt", "optim", "optimizer_state"})
 
 
+# Checkpointables that hold neither the model nor its optimizer: they come between.
+OTHER_STATE_NAMES = frozenset(
+    {"auxiliary", "aux", "rng", "rngs", "iterator", "dataset", "data", "metrics", "metadata"}
+)
+# Where a leaf's part of a training state is shown: the model first, the optimizer last.
+MODEL, OTHER_STATE, OPTIMIZER_STATE = 0, 1, 2
+
+
+def _first_name(key: str) -> str:
+    text = str(key)
+    end = text.find("'", 2)
+    return text[2:end].lower() if text.startswith("['") and end > 0 else ""
+
+
 def is_optimizer_state(checkpointable: str, key: str) -> bool:
     """Whether a leaf belongs to an optimizer's state (moments, counts) rather than
     the model: its checkpointable or its first key part is named like one."""
     if str(checkpointable).lower() in OPTIMIZER_NAMES:
         return True
-    text = str(key)
-    if not text.startswith("['"):
-        return False
-    first = text[2 : text.find("'", 2)] if text.find("'", 2) > 0 else ""
-    return first.lower() in OPTIMIZER_NAMES
+    return _first_name(key) in OPTIMIZER_NAMES
+
+
+def state_part(checkpointable: str, key: str) -> int:
+    """Where a leaf's part of a training state is shown: ``MODEL`` (0) first, then
+    ``OTHER_STATE`` (1: the iterator, PRNG keys, auxiliary values), then
+    ``OPTIMIZER_STATE`` (2)."""
+    if is_optimizer_state(checkpointable, key):
+        return OPTIMIZER_STATE
+    if str(checkpointable).lower() in OTHER_STATE_NAMES:
+        return OTHER_STATE
+    return MODEL
 
 
 def key_matches(keys: Iterable[str], text: str) -> list[bool]:
