@@ -50,7 +50,7 @@ class TimelineView(anywidget.AnyWidget):
     _esm = _HERE / "timeline.js"
     data = traitlets.Dict({}).tag(sync=True)
     metric = traitlets.Unicode("").tag(sync=True)
-    picked_steps = traitlets.List([]).tag(sync=True)
+    picked_steps: traitlets.List[int] = traitlets.List([]).tag(sync=True)
 
 
 class RunTimeline(w.VBox):
@@ -82,7 +82,7 @@ class RunTimeline(w.VBox):
     """
 
     error = traitlets.Unicode("")
-    picked_steps = traitlets.List([])
+    picked_steps: traitlets.List[int] = traitlets.List([])
     picked_cell = traitlets.Any(None, allow_none=True)
 
     def __init__(
