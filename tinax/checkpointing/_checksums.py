@@ -490,8 +490,14 @@ class ChecksummedStatefulHandler(StatefulCheckpointableHandler):
         return _complete()
 
     async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Awaitable[Any]:
-        await asyncio.to_thread(verify_files, str(directory))
-        return await super().load(directory, abstract_checkpointable)
+        # Nothing starts until the load is awaited (see ChecksummedPyTreeHandler.load).
+        start = super().load
+
+        async def _verified() -> Any:
+            await asyncio.to_thread(verify_files, str(directory))
+            return await (await start(directory, abstract_checkpointable))
+
+        return _Deferred(_verified)
 
 
 class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
@@ -526,23 +532,32 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
         return _complete()
 
     async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Awaitable[Any]:
-        check = await asyncio.to_thread(_start_load_check, str(directory))
-        try:
-            inner = await super().load(directory, abstract_checkpointable)
-        except BaseException:
-            _end_load_check(check)
-            raise
+        # Orbax awaits each checkpointable's load in turn and drops the rest once one
+        # fails: nothing starts until the load is awaited, so a dropped one leaves no
+        # coroutine that was never awaited and no check registered behind.
+        start = super().load
 
         async def _checked() -> Any:
+            check = await asyncio.to_thread(_start_load_check, str(directory))
             try:
-                loaded = await inner
+                loaded = await (await start(directory, abstract_checkpointable))
             finally:
                 _end_load_check(check)
             checked = frozenset(check.checked) if check is not None else frozenset()
             await asyncio.to_thread(verify_loaded, str(directory), loaded, checked)
             return loaded
 
-        return _checked()
+        return _Deferred(_checked)
+
+
+class _Deferred:
+    """An awaitable whose coroutine is made when (and only if) it is awaited."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+
+    def __await__(self) -> Any:
+        return self._make().__await__()
 
 
 # The checkpoint is Orbax's pytree format plus one directory Orbax ignores. Recording
