@@ -13,7 +13,8 @@ the state at each save, each step's loss. Options:
   handler of the script's own is chained unless ``default_handler``;
 - ``no_break``: the loop does not ``break`` when ``run.preempted``;
 - ``on_preemption``: passed to ``TrainingRun``;
-- ``kill_at_delete``: SIGKILL this process at the n-th deletion of a removal;
+- ``kill_at_delete``: SIGKILL this process at the n-th deletion of a removal (``-1``:
+  at the deletion of the marker, the last);
 - ``no_wait``: end the script without waiting for the last save.
 """
 
@@ -100,13 +101,15 @@ def metric(step: int, best_at: int) -> float:
 
 def train(directory: str, options: dict) -> None:
     if options.get("kill_at_delete") is not None:
-        from tinax._format import removal
+        from tinax._format import names, removal
 
         calls = {"n": 0}
         delete = removal.delete
 
         def delete_or_die(where: object) -> None:
-            if calls["n"] == options["kill_at_delete"]:
+            at = options["kill_at_delete"]
+            marker = str(where).endswith(names.DELETION_MARKER)
+            if calls["n"] == at or (at == -1 and marker):
                 emit("killed", at=str(where))
                 os.kill(os.getpid(), signal.SIGKILL)
             calls["n"] += 1
