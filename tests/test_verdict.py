@@ -208,6 +208,26 @@ def test_a_refused_load_leaves_no_warning_coroutine_or_thread(checkpoint: Path) 
     assert set(threading.enumerate()) <= before
 
 
+def test_corrupt_data_in_the_first_part_leaves_no_coroutine_never_awaited(tmp_path: Path) -> None:
+    # Orbax awaits each part's load in turn and drops the others once one fails.
+    parts = {
+        name: {"w": np.random.default_rng(i).normal(size=65536)} for i, name in enumerate("abcd")
+    }
+    save_checkpointables(tmp_path / "c", parts).result()
+    data = max((tmp_path / "c" / "a").rglob("d/*"), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    targets = {name: abstract_restore_target(tree) for name, tree in parts.items()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with pytest.raises(ValueError, match="'a'"):
+                load_checkpointables(tmp_path / "c", targets)
+        gc.collect()
+    assert not [str(w.message) for w in caught if "never awaited" in str(w.message)]
+
+
 def test_a_refused_training_load_never_touches_the_iterator(tmp_path: Path) -> None:
     data = grain.MapDataset.range(20).batch(2).to_iter_dataset()
     it = iter(data)
