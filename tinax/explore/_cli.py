@@ -782,7 +782,7 @@ def _verify_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         sound = sum(1 for _, _, r, _ in checked if r is not None and r.ok)
         scope = "metadata and data" if args.data else "metadata"
         _say(
-            f"{args.path}: {sound} of {len(checked)} checkpoints sound ({scope} checked)",
+            f"{sound} of {len(checked)} checkpoints sound ({scope} checked)",
             out,
             total,
         )

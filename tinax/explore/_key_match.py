@@ -61,11 +61,20 @@ def _key_parts(key: str) -> tuple[str, ...]:
     return parts[:-1] if len(parts) > 1 and parts[-1] == _NNX_VALUE else parts
 
 
-def _elided(text: str) -> re.Pattern[str]:
+def _elided(text: str, *, loose: bool = False) -> re.Pattern[str]:
     """A label shortened with ``…`` as a pattern over full dotted names (its end fixed,
-    since the parts every row shares were left out at its start)."""
-    pieces = [re.escape(piece) for piece in text.strip().split(display.ELLIPSIS)]
-    return re.compile(r"(?:^|.*\.)" + ".*".join(pieces) + r"$", re.DOTALL)
+    since the parts every row shares were left out at its start).
+
+    ``display_keys`` leaves out whole parts (``…mu…7.q.kernel``); ``loose`` also
+    takes ``…`` for any text, as a label cut in the middle of a part has it.
+    """
+    pieces = text.strip().split(display.ELLIPSIS)
+    if loose:
+        body = ".*".join(re.escape(piece) for piece in pieces)
+        return re.compile(r"(?:^|.*\.)" + body + "$", re.DOTALL)
+    inner = [re.escape(piece.strip(".")) for piece in pieces if piece.strip(".")]
+    end = r"(?:\..*)?" if not pieces[-1].strip(".") else ""
+    return re.compile(r"(?:^|.*\.)" + r"(?:\.|\..*\.)".join(inner) + end + "$", re.DOTALL)
 
 
 def _of(checkpointable: str) -> str:
@@ -126,8 +135,12 @@ def match_key(keys: Sequence[str], name: str, *, checkpointable: str = "") -> st
             if size and len(parts) > size and parts[-size:] == wanted
         ]
     else:
-        pattern = _elided(name)
-        ends = [key for key, parts in full.items() if pattern.match(".".join(parts))]
+        ends = []
+        for loose in (False, True):
+            pattern = _elided(name, loose=loose)
+            ends = [key for key, parts in full.items() if pattern.match(".".join(parts))]
+            if ends:
+                break
     if len(ends) == 1:
         return ends[0]
     if ends:
