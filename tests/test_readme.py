@@ -96,6 +96,7 @@ def test_readme_links_to_files_that_exist() -> None:
         "notebooks/03_restore_targets.ipynb",
         "notebooks/04_legacy_v0.ipynb",
         "notebooks/05_safetensors.ipynb",
+        "notebooks/06_run_timeline.ipynb",
     }
     # docs/explorer.png is made by `make screenshot` (demo/screenshot.py), kept in git.
     for target in targets:
