@@ -136,9 +136,9 @@ def _slab_chunks(keypath: Any, value: Any) -> Any:
     dimension are contiguous runs of the host copy Orbax writes from, which
     tensorstore writes as they are; chunks that split another dimension make
     tensorstore copy the whole array into chunk buffers first, held until the save's
-    transaction commits (host memory twice the state's on an accelerator, and the
-    training loop's steps stalled by the page faults). Such a leaf is stored as one
-    chunk per shard, as Orbax stores it by default.
+    transaction commits: on an accelerator, host memory for those arrays twice over,
+    every page of the second copy faulted in while the training loop runs. Such a
+    leaf is stored as one chunk per shard, as Orbax stores it by default.
     """
     del keypath
     shape = tuple(getattr(value, "shape", ()))
