@@ -1,13 +1,16 @@
-"""Photograph the checkpoint explorer on the demo run, for the README.
+"""Photograph the checkpoint explorer on a demo run, for the README.
 
 Usage::
 
-    python demo/screenshot.py [RUN_DIR] [OUTPUT]    # defaults: demo_run, docs/explorer.png
+    python demo/screenshot.py [RUN_DIR] [OUTPUT]    # defaults: demo_big_run, docs/explorer.png
 
-(``make screenshot`` writes the demo run first, then runs this.) It starts a
+(``make screenshot`` writes the demo runs first, then runs this.) It starts a
 throw-away JupyterLab, opens a notebook that shows ``CheckpointExplorer(RUN_DIR)``
-in Debian's Chromium at ``WIDTH`` px, opens the newest complete checkpoint,
-picks its first kernel and saves a picture of the widget to ``OUTPUT``.
+in Debian's Chromium at ``WIDTH`` px and saves a picture of the widget to ``OUTPUT``.
+On the many-leaf run (``demo/make_big_run.py``) the explorer opens the checkpoint of
+the planted jump, compares it with the one before and opens the leaf that changed
+most; on the small run (``demo/make_run.py``) it opens the newest complete checkpoint
+and its first kernel.
 
 This file is a demo script, not part of the installed packages; the tests never
 write ``docs/``.
@@ -28,7 +31,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the JupyterLab harness of the browser
 
 from browser.lab import CHROMIUM, CHROMIUM_ARGS, running_lab  # noqa: E402
 
-WIDTH = 1400
+WIDTH = 1280
 HEIGHT = 1800
 TIMEOUT_MS = 180_000
 
@@ -46,11 +49,29 @@ kernels = explorer.leaves[explorer.leaves["key"].str.contains("kernel")]
 explorer.open_leaf(kernels["checkpointable"].iloc[0], kernels["key"].iloc[0])
 explorer"""
 
+# The many-leaf run: what changed at the planted jump, and the leaf that changed most.
+_BIG_CELL = """\
+import json
+import os
+os.chdir({repo!r})  # the run's path reads as in the README
 
-def _notebook(path: Path, run: str) -> None:
+from tinax.widgets import CheckpointExplorer
+
+explorer = CheckpointExplorer({run!r})
+config = json.loads(open(os.path.join({run!r}, "big_run.json")).read())["config"]
+step, every = config["jump"]["step"], config["checkpoint_every"]
+explorer.go_to_step(step)
+explorer.diff_view.compare(os.path.join({run!r}, f"step_{{step - every:06d}}"))
+most = explorer.diff_view.shown().iloc[0]
+explorer.open_leaf(most["checkpointable"], most["key"])
+explorer"""
+
+
+def _notebook(path: Path, run: str, *, big: bool) -> None:
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-    notebook.cells = [nbformat.v4.new_code_cell(_CELL.format(repo=str(REPO), run=run))]
+    cell = (_BIG_CELL if big else _CELL).format(repo=str(REPO), run=run)
+    notebook.cells = [nbformat.v4.new_code_cell(cell)]
     nbformat.write(notebook, path)
 
 
@@ -58,7 +79,8 @@ def photograph(run: Path, output: Path) -> None:
     """Saves a picture of ``CheckpointExplorer(run)`` in JupyterLab to ``output``."""
     from playwright.sync_api import sync_playwright
 
-    if not (run / "run.json").is_file():
+    big = (run / "big_run.json").is_file()
+    if not big and not (run / "run.json").is_file():
         raise FileNotFoundError(f"{str(run)!r} holds no demo run: run `make demo-data` first")
     if not CHROMIUM.exists():
         raise FileNotFoundError(f"{CHROMIUM} is missing: install Debian's chromium (make chromium)")
@@ -66,7 +88,7 @@ def photograph(run: Path, output: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="tinax-screenshot-") as tmp:
         root = Path(tmp) / "notebooks"
         root.mkdir()
-        _notebook(root / "explorer.ipynb", shown)
+        _notebook(root / "explorer.ipynb", shown, big=big)
         with running_lab(root, Path(tmp) / "jupyter") as lab, sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:
@@ -92,6 +114,8 @@ def photograph(run: Path, output: Path) -> None:
                 explorer = page.locator(".tinax-checkpoint-explorer")
                 explorer.locator("table.tinax-leaf-stats").wait_for()
                 explorer.locator("img.tinax-histogram").wait_for()
+                if big:
+                    explorer.locator(".tinax-diff-view .tinax-table").last.wait_for()
                 page.wait_for_timeout(1000)  # let the image and the layout settle
                 explorer.evaluate("el => el.scrollIntoView({block: 'start'})")
                 output.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +128,7 @@ def photograph(run: Path, output: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", nargs="?", default=str(REPO / "demo_run"))
+    parser.add_argument("run", nargs="?", default=str(REPO / "demo_big_run"))
     parser.add_argument("output", nargs="?", default=str(REPO / "docs" / "explorer.png"))
     args = parser.parse_args(argv)
     output = Path(args.output).resolve()

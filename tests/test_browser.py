@@ -1,19 +1,26 @@
 """The widgets in a real browser: JupyterLab + Debian's Chromium driven by Playwright.
 
-One JupyterLab server serves the whole test. It looks at every widget, and at the
+One JupyterLab server and one Chromium serve every test of this file. It looks at every widget, and at the
 repository's notebooks 02 and 03 run whole, at 900 px, at 1,280 px with the file
 browser open and at 1,600 px; it checks from the DOM that no output needs sideways
 scrolling and that no visible text is cut (a key shortened in the middle on purpose
 carries the whole key as its title), that the histogram keeps its image's aspect
 ratio, and keeps screenshots of every width in ``test-artifacts/``. It also checks
 that JupyterLab leaves a notebook's bytes as committed when it opens and saves it.
+
+The explorer is also driven on a real shape: the many-leaf demo run (24 NNX blocks
+with AdamW, ~1,200 leaves), where it must keep keys apart, blocks in numeric order
+and the page within two screens after a diff, a data check and a leaf.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +36,8 @@ from browser.lab import (
     running_lab,
     wait_for_kernel,
 )
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from run_view_fixtures import big_run_script
 
 from tinax.checkpointing import save_checkpointables
 
@@ -255,11 +263,35 @@ def _set_width(page: Page, width: int) -> None:
     page.wait_for_timeout(500)  # let JupyterLab lay the panels out again
 
 
-def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def lab_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the file's JupyterLab serves; each test writes its notebooks there."""
+    return tmp_path_factory.mktemp("lab") / "notebooks"
+
+
+@pytest.fixture(scope="module")
+def lab(lab_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One JupyterLab for the file's tests."""
+    lab_root.mkdir(parents=True, exist_ok=True)
+    with running_lab(lab_root, tmp_path_factory.mktemp("jupyter")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One Chromium for the file's tests (a fresh page each)."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (make chromium)")
-    notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
+    tmp_path: Path, lab_root: Path, lab: Any, browser: Browser
+) -> None:
+    notebooks = lab_root
     # The kernel starts in the notebook's directory, so the run is found by its name.
     _write_run(notebooks / RUN_NAME)
     _write_notebook(notebooks / "explorer.ipynb")
@@ -281,147 +313,289 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(tmp_path: Path) -> 
     expected = _kernel(300).astype(np.float64)
     ARTIFACTS.mkdir(exist_ok=True)
 
-    with running_lab(notebooks, tmp_path / "jupyter") as lab, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": WIDTHS[-1], "height": HEIGHT})
-        page.set_default_timeout(TIMEOUT_MS)
-        try:
-            page.goto(lab.page_url("explorer.ipynb"), timeout=TIMEOUT_MS)
-            page.locator(".jp-Notebook").wait_for()
-            run_all_cells(page)
+    page = browser.new_page(viewport={"width": WIDTHS[-1], "height": HEIGHT})
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        page.goto(lab.page_url("explorer.ipynb"), timeout=TIMEOUT_MS)
+        page.locator(".jp-Notebook").wait_for()
+        run_all_cells(page)
 
-            explorer = page.locator(".tinax-checkpoint-explorer")
-            explorer.wait_for()
-            rows = explorer.locator(".tinax-table tbody tr")
-            in_progress = rows.filter(has_text=re.compile(r"step-400"))
-            assert "tinax-unpickable" in (in_progress.get_attribute("class") or ""), (
-                "a save in progress must not be openable"
+        explorer = page.locator(".tinax-checkpoint-explorer")
+        explorer.wait_for()
+        rows = explorer.locator(".tinax-table tbody tr")
+        in_progress = rows.filter(has_text=re.compile(r"step-400"))
+        assert "tinax-unpickable" in (in_progress.get_attribute("class") or ""), (
+            "a save in progress must not be openable"
+        )
+        rows.filter(has_text=re.compile(r"^step-300")).click()
+        # The leaves as a flat table (the tree shows first).
+        explorer.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
+            has_text=re.compile(r"^table$")
+        ).click()
+        # A header click sorts (sizes largest first), a second click reverses.
+        leaf_table = explorer.locator(".tinax-table").filter(has_text="dtype").last
+        leaf_table.locator('th[data-field="nbytes"] button').click()
+        expect(leaf_table.locator('th[data-field="nbytes"]')).to_have_attribute(
+            "aria-sort", "descending"
+        )
+        leaf_table.locator(f'tbody tr:has(span[title="{LEAF}"])').click()
+
+        stats = explorer.locator("table.tinax-leaf-stats")
+        stats.wait_for()
+        cell = 'td[data-stat="{}"]'.format
+        assert "mean" in stats.inner_text()
+        assert stats.locator(cell("mean")).inner_text() == f"{expected.mean():.6g}"
+        assert stats.locator(cell("std")).inner_text() == f"{expected.std():.6g}"
+        assert stats.locator(cell("max")).inner_text() == f"{expected.max():.6g}"
+        assert stats.locator(cell("shape")).inner_text() == "(16, 32)"
+        assert stats.locator(cell("NaN")).inner_text() == "0"
+        histogram = explorer.locator("img.tinax-histogram")
+        histogram.wait_for()
+        # The diff of two checkpoints: one more table to read on a narrow screen.
+        explorer.locator(".tinax-diff-view select").first.select_option(
+            label="compare with step-200"
+        )
+        explorer.locator(".tinax-diff-view .tinax-diff-tree .tinax-table").wait_for()
+        explorer.locator(".tinax-diff-view .tinax-table").last.wait_for()
+        builder = page.locator(".tinax-restore-target-builder")
+        builder.wait_for()
+        builder.locator(".tinax-table").last.wait_for()
+
+        # Without a known total: a sliding block that moves, not a full bar.
+        pulse = page.locator(".tinax-async-progress .tinax-progress-indeterminate")
+        pulse.wait_for()
+        assert pulse.evaluate("el => el.firstElementChild.getAnimations().length") == 1
+        bar = page.locator(".tinax-async-progress .widget-hprogress")
+        assert bar.evaluate("el => el.offsetParent === null"), "a bar shows beside the block"
+
+        # Unticking a checkpointable unticks its subtrees, visibly; ticking gives them back.
+        optimizer = builder.get_by_label("optimizer", exact=True)
+        optimizer.wait_for()
+        subtrees = [builder.get_by_label(k, exact=True) for k in ("['count']", "['learning_rate']")]
+        optimizer.uncheck()
+        for box in subtrees:
+            expect(box).not_to_be_checked()
+            expect(box).to_be_enabled()
+        optimizer.check()
+        for box in subtrees:
+            expect(box).to_be_checked()
+        # Load (the float64 bias is cast to the target's float32 once allowed) ends
+        # in a one-line summary.
+        builder.get_by_label("allow lossy casts").check()
+        builder.get_by_role("button", name="Load").click()
+        summary = builder.get_by_text(re.compile(r"^loaded 6 leaves \(3\.\d KiB\) in \d"))
+        summary.wait_for()
+
+        panel = page.locator(".tinax-save-panel")
+        panel.wait_for()
+
+        for width in WIDTHS:
+            _set_width(page, width)
+            _check_readable(panel, f"save panel at {width} px")
+            _check_readable(explorer, f"explorer at {width} px")
+            _check_readable(builder, f"builder at {width} px")
+            # Key, shape, dtype and size in every leaf table, whatever the width.
+            headers = leaf_table.locator("th").all_inner_texts()
+            assert {"key", "shape", "dtype"} <= {h.strip(" ▲▼") for h in headers}, headers
+            assert any(h.startswith("size") for h in headers), headers
+            look = histogram.evaluate(_ASPECT_JS)
+            (nw, nh), (sw, sh) = look["natural"], look["shown"]
+            assert nw > 0 and sh > 0
+            assert abs(sw / sh - nw / nh) <= 0.01 * nw / nh, (
+                f"histogram shown at {sw}x{sh}, its image is {nw}x{nh}"
             )
-            rows.filter(has_text=re.compile(r"^step-300")).click()
-            # A header click sorts (sizes largest first), a second click reverses.
-            leaf_table = explorer.locator(".tinax-table").filter(has_text="dtype").last
-            leaf_table.locator('th[data-field="nbytes"] button').click()
-            expect(leaf_table.locator('th[data-field="nbytes"]')).to_have_attribute(
-                "aria-sort", "descending"
-            )
-            leaf_table.locator(f'tbody tr:has(span[title="{LEAF}"])').click()
+            assert look["inside"], f"histogram cut off at {width} px"
+            _screenshot(page, explorer, width, "explorer")
+            _screenshot(page, builder, width, "builder")
+            _screenshot(page, panel, width, "save-panel")
 
-            stats = explorer.locator("table.tinax-leaf-stats")
-            stats.wait_for()
-            cell = 'td[data-stat="{}"]'.format
-            assert "mean" in stats.inner_text()
-            assert stats.locator(cell("mean")).inner_text() == f"{expected.mean():.6g}"
-            assert stats.locator(cell("std")).inner_text() == f"{expected.std():.6g}"
-            assert stats.locator(cell("max")).inner_text() == f"{expected.max():.6g}"
-            assert stats.locator(cell("shape")).inner_text() == "(16, 32)"
-            assert stats.locator(cell("NaN")).inner_text() == "0"
-            histogram = explorer.locator("img.tinax-histogram")
-            histogram.wait_for()
-            # The diff of two checkpoints: one more table to read on a narrow screen.
-            explorer.locator(".tinax-diff-view select").first.select_option(
-                label="compare with step-200"
-            )
-            explorer.locator(".tinax-diff-view .tinax-diff-tree .tinax-table").wait_for()
-            explorer.locator(".tinax-diff-view .tinax-table").last.wait_for()
-            builder = page.locator(".tinax-restore-target-builder")
-            builder.wait_for()
-            builder.locator(".tinax-table").last.wait_for()
+        # The run's next name in its own pattern (step-400 is a save in progress),
+        # and a status that follows the save to its end.
+        assert panel.locator("input").input_value() == "step-500"
+        panel.get_by_role("button", name="Save").click()
+        panel.get_by_text(re.compile(r"^saved step-500 in \d")).wait_for()
+        assert panel.get_by_text("saved step-500", exact=True).is_visible()
+        assert "saving" not in panel.inner_text()
+        assert panel.locator("input").input_value() == "step-600"
 
-            # Without a known total: a sliding block that moves, not a full bar.
-            pulse = page.locator(".tinax-async-progress .tinax-progress-indeterminate")
-            pulse.wait_for()
-            assert pulse.evaluate("el => el.firstElementChild.getAnimations().length") == 1
-            bar = page.locator(".tinax-async-progress .widget-hprogress")
-            assert bar.evaluate("el => el.offsetParent === null"), "a bar shows beside the block"
+        # One of the repository's notebooks, opened as a reader would: its kernel
+        # starts (and tells JupyterLab its language details), then it is saved.
+        page.goto(lab.page_url(REPO_NOTEBOOK.name), timeout=TIMEOUT_MS)
+        page.wait_for_function(
+            "name => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+            " return w && w.context && w.context.path === name; }",
+            arg=REPO_NOTEBOOK.name,
+        )
+        wait_for_kernel(page)
+        page.wait_for_function(
+            "() => window.jupyterapp.shell.currentWidget.context.model.dirty"
+        )  # the kernel's language details arrived
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
+        saved = (notebooks / REPO_NOTEBOOK.name).read_bytes()
 
-            # Unticking a checkpointable unticks its subtrees, visibly; ticking gives them back.
-            optimizer = builder.get_by_label("optimizer", exact=True)
-            optimizer.wait_for()
-            subtrees = [
-                builder.get_by_label(k, exact=True) for k in ("['count']", "['learning_rate']")
-            ]
-            optimizer.uncheck()
-            for box in subtrees:
-                expect(box).not_to_be_checked()
-                expect(box).to_be_enabled()
-            optimizer.check()
-            for box in subtrees:
-                expect(box).to_be_checked()
-            # Load (the float64 bias is cast to the target's float32 once allowed) ends
-            # in a one-line summary.
-            builder.get_by_label("allow lossy casts").check()
-            builder.get_by_role("button", name="Load").click()
-            summary = builder.get_by_text(re.compile(r"^loaded 6 leaves \(3\.\d KiB\) in \d"))
-            summary.wait_for()
-
-            panel = page.locator(".tinax-save-panel")
-            panel.wait_for()
-
-            for width in WIDTHS:
-                _set_width(page, width)
-                _check_readable(panel, f"save panel at {width} px")
-                _check_readable(explorer, f"explorer at {width} px")
-                _check_readable(builder, f"builder at {width} px")
-                # Key, shape, dtype and size in every leaf table, whatever the width.
-                headers = leaf_table.locator("th").all_inner_texts()
-                assert {"key", "shape", "dtype"} <= {h.strip(" ▲▼") for h in headers}, headers
-                assert any(h.startswith("size") for h in headers), headers
-                look = histogram.evaluate(_ASPECT_JS)
-                (nw, nh), (sw, sh) = look["natural"], look["shown"]
-                assert nw > 0 and sh > 0
-                assert abs(sw / sh - nw / nh) <= 0.01 * nw / nh, (
-                    f"histogram shown at {sw}x{sh}, its image is {nw}x{nh}"
-                )
-                assert look["inside"], f"histogram cut off at {width} px"
-                _screenshot(page, explorer, width, "explorer")
-                _screenshot(page, builder, width, "builder")
-                _screenshot(page, panel, width, "save-panel")
-
-            # The run's next name in its own pattern (step-400 is a save in progress),
-            # and a status that follows the save to its end.
-            assert panel.locator("input").input_value() == "step-500"
-            panel.get_by_role("button", name="Save").click()
-            panel.get_by_text(re.compile(r"^saved step-500 in \d")).wait_for()
-            assert panel.get_by_text("saved step-500", exact=True).is_visible()
-            assert "saving" not in panel.inner_text()
-            assert panel.locator("input").input_value() == "step-600"
-
-            # One of the repository's notebooks, opened as a reader would: its kernel
-            # starts (and tells JupyterLab its language details), then it is saved.
-            page.goto(lab.page_url(REPO_NOTEBOOK.name), timeout=TIMEOUT_MS)
-            page.wait_for_function(
-                "name => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-                " return w && w.context && w.context.path === name; }",
-                arg=REPO_NOTEBOOK.name,
-            )
-            wait_for_kernel(page)
-            page.wait_for_function(
-                "() => window.jupyterapp.shell.currentWidget.context.model.dirty"
-            )  # the kernel's language details arrived
-            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-            page.wait_for_function(
-                "() => !window.jupyterapp.shell.currentWidget.context.model.dirty"
-            )
-            saved = (notebooks / REPO_NOTEBOOK.name).read_bytes()
-
-            # Notebooks 02 and 03 run whole: every output fits every width.
-            output, _ = demo_run.communicate(timeout=TIMEOUT_MS / 1000)
-            assert demo_run.returncode == 0, output.decode(errors="replace")
-            for name in REPO_NOTEBOOKS:
-                _run_and_check_notebook(page, lab, f"repo/notebooks/{name}")
-        except Exception as e:
-            failure = ARTIFACTS / "browser-failure.png"
-            page.screenshot(path=str(failure), full_page=True)
-            raise AssertionError(
-                f"browser test failed ({e}); screenshot: {failure}\n"
-                f"JupyterLab log:\n{lab.log_tail()}"
-            ) from e
-        finally:
-            browser.close()
-            if demo_run.poll() is None:
-                demo_run.kill()
-                demo_run.wait()
+        # Notebooks 02 and 03 run whole: every output fits every width.
+        output, _ = demo_run.communicate(timeout=TIMEOUT_MS / 1000)
+        assert demo_run.returncode == 0, output.decode(errors="replace")
+        for name in REPO_NOTEBOOKS:
+            _run_and_check_notebook(page, lab, f"repo/notebooks/{name}")
+    except Exception as e:
+        failure = ARTIFACTS / "browser-failure.png"
+        page.screenshot(path=str(failure), full_page=True)
+        raise AssertionError(
+            f"browser test failed ({e}); screenshot: {failure}\nJupyterLab log:\n{lab.log_tail()}"
+        ) from e
+    finally:
+        page.close()
+        if demo_run.poll() is None:
+            demo_run.kill()
+            demo_run.wait()
 
     copy = notebooks / REPO_NOTEBOOK.name
     assert copy.stat().st_mtime_ns > opened_at, "JupyterLab did not save the notebook"
     assert saved == committed, "opening and saving a notebook in JupyterLab changed its bytes"
+
+
+# The explorer on the many-leaf run: what a reader does first, timed, with the page's
+# height after each step. The file browser is open at 1,280 px, as on a laptop.
+SCREEN = {"width": 1280, "height": 900}
+BIG_RUN = "big_run"
+
+_TIMED_CELL = """\
+import time
+
+started = time.perf_counter()
+from tinax.widgets import CheckpointExplorer
+
+explorer = CheckpointExplorer({run!r})
+print(f"made in {{time.perf_counter() - started:.2f}} s")
+explorer"""
+
+# The text of each key cell in view, and of the tree's labels, as drawn.
+_KEYS_JS = """
+(table) => [...table.querySelectorAll('tbody tr')].filter((tr) => tr.offsetParent !== null)
+  .map((tr) => tr.querySelector('td').innerText.trim())
+"""
+
+
+# The exact key (a keystr) of each key cell in view, which hover and copy give.
+_EXACT_JS = """
+(table) => [...table.querySelectorAll('tbody tr')].filter((tr) => tr.offsetParent !== null)
+  .map((tr) => { const k = tr.querySelector('.tinax-key-text'); return k ? k.dataset.exact : ''; })
+"""
+
+
+def _height(explorer: Any) -> int:
+    return int(explorer.evaluate("el => el.getBoundingClientRect().height"))
+
+
+def _distinct(keys: list[str], what: str) -> None:
+    assert keys, f"{what}: no keys in view"
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    assert not repeated, f"{what}: rows that look alike: {repeated}"
+
+
+def test_the_explorer_on_a_many_leaf_run_reads_at_every_width(
+    big_run: Path, lab_root: Path, lab: Any, browser: Browser
+) -> None:
+    (lab_root / BIG_RUN).symlink_to(big_run)
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    notebook.cells = [nbformat.v4.new_code_cell(_TIMED_CELL.format(run=BIG_RUN))]
+    nbformat.write(notebook, lab_root / "big_run.ipynb")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport=SCREEN)
+    page.set_default_timeout(TIMEOUT_MS)
+    figures: dict[str, Any] = {}
+
+    def step(name: str, started: float) -> None:
+        figures[name] = {"seconds": round(time.monotonic() - started, 2), "height": _height(ex)}
+
+    try:
+        page.goto(lab.page_url("big_run.ipynb") + "&reset", timeout=TIMEOUT_MS)
+        page.locator(".jp-Notebook").wait_for()
+        _set_width(page, 1280)
+        wait_for_kernel(page)
+        started = time.monotonic()
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        ex = page.locator(".tinax-checkpoint-explorer")
+        ex.locator(".tinax-section-run .tinax-table tbody tr").first.wait_for()
+        step("shown after Run All", started)
+        made = page.locator(".jp-OutputArea-output").filter(has_text="made in").inner_text()
+        figures["made in the kernel"] = made.strip()
+
+        # What changed between two steps, and which weights most: the run's planted
+        # jump of one block.
+        script = big_run_script()
+        after = script.checkpoint_name(script.JUMP_STEP)
+        before = script.checkpoint_name(script.JUMP_STEP - script.CHECKPOINT_EVERY)
+        started = time.monotonic()
+        ex.locator(".tinax-table tbody tr").filter(has_text=after).first.click()
+        expect(ex.locator(".tinax-checkpoint-title")).to_contain_text(after)
+        ex.locator(".tinax-diff-view select").first.select_option(label=f"compare with {before}")
+        diff_table = ex.locator(".tinax-diff-view .tinax-table").last
+        diff_table.locator("tbody tr").first.wait_for()
+        expect(ex.locator(".tinax-diff-view")).to_contain_text(f"{before} to {after}")
+        step("diff of two steps", started)
+        # The most changed leaf is one of the block that jumped (shown without what
+        # every row in view shares; its exact key on hover).
+        most = diff_table.evaluate(_EXACT_JS)[0]
+        block, number = script.JUMP_LAYER.split(".")
+        assert most.startswith(f"['{block}']['{number}']"), f"the most changed leaf is {most}"
+        # Is the newest sound, data included?
+        started = time.monotonic()
+        ex.get_by_role("button", name="check data").click()
+        verdict = ex.locator(".tinax-data-verdict")
+        verdict.wait_for()
+        step("data check", started)
+        # The leaf that changed most opens from its row of the diff.
+        started = time.monotonic()
+        diff_table.locator("tbody tr").first.click()
+        ex.locator(".tinax-section-leaf table.tinax-leaf-stats").wait_for()
+        expect(ex.locator(".tinax-leaf-title")).to_contain_text(f"{script.JUMP_LAYER}.")
+        step("leaf from the diff", started)
+
+        _set_width(page, 900)
+        _distinct(diff_table.evaluate(_KEYS_JS), "diff at 900 px")
+        # Blocks in numeric order in the tree: 0, 1, 2, … 9, 10, never 0, 1, 10.
+        tree = ex.locator(".tinax-section-checkpoint .tinax-leaf-tree .tinax-table")
+        tree.locator("tbody tr").filter(has_text=re.compile(r"^\W*blocks\b")).first.click()
+        labels = tree.evaluate(_KEYS_JS)
+        blocks = [int(label.strip(" ▸▾")) for label in labels if label.strip(" ▸▾").isdigit()]
+        assert blocks[:12] == list(range(12)), labels
+        # Which leaves are largest: the flat table, by size.
+        started = time.monotonic()
+        ex.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
+            has_text=re.compile(r"^table$")
+        ).click()
+        leaf_table = ex.locator(".tinax-section-checkpoint .tinax-table").filter(has_text="dtype")
+        leaf_table = leaf_table.last
+        leaf_table.locator('th[data-field="nbytes"] button').click()
+        expect(leaf_table.locator('th[data-field="nbytes"]')).to_have_attribute(
+            "aria-sort", "descending"
+        )
+        step("largest leaves", started)
+        _distinct(leaf_table.evaluate(_KEYS_JS), "leaf table at 900 px")
+
+        for width in WIDTHS:
+            _set_width(page, width)
+            _check_readable(ex, f"explorer on the many-leaf run at {width} px")
+            _distinct(diff_table.evaluate(_KEYS_JS), f"diff at {width} px")
+            _screenshot(page, ex, width, "explorer-big-run")
+        # After a diff, a data check and a leaf: two screens of a 1,280 x 900 laptop.
+        _set_width(page, 1280)
+        height = _height(ex)
+        figures["page height at 1280 px"] = height
+        assert height <= 2 * SCREEN["height"], f"the explorer is {height} px tall"
+        # A sound checkpoint's data check is one line.
+        assert verdict.get_attribute("data-ok") == "true"
+        expect(ex.locator(".tinax-data-check .tinax-table")).to_be_hidden()
+    except Exception as e:
+        failure = ARTIFACTS / "browser-big-run-failure.png"
+        page.screenshot(path=str(failure), full_page=True)
+        raise AssertionError(
+            f"browser test failed ({e}); screenshot: {failure}\nJupyterLab log:\n{lab.log_tail()}"
+        ) from e
+    finally:
+        (ARTIFACTS / "explorer-big-run.json").write_text(json.dumps(figures, indent=2))
+        page.close()

@@ -613,3 +613,21 @@ def test_ages_tick_without_a_refresh(tmp_path: Path) -> None:
         assert not explorer.runs.tick_ages()
     finally:
         explorer.close()
+
+
+def test_every_css_class_of_the_explorer_is_one_word(tmp_path: Path) -> None:
+    # The browser refuses a view whose class list has a space in a name, and draws
+    # the widget without its layout (a hidden section shows).
+    _save(tmp_path / "step-1", {"model": {"w": np.ones(2, np.float32)}})
+    explorer = CheckpointExplorer(tmp_path)
+    explorer.open_checkpoint("step-1")
+    seen, stack = 0, [explorer]
+    while stack:
+        widget = stack.pop()
+        seen += 1
+        for name in getattr(widget, "_dom_classes", ()):
+            assert name and not any(c.isspace() for c in name), (type(widget).__name__, name)
+        stack.extend(getattr(widget, "children", ()))
+    assert seen > 30
+    assert "tinax-section-data-check" in explorer.contents.data_section._dom_classes
+    explorer.close()

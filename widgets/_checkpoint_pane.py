@@ -140,7 +140,7 @@ class CheckpointPane:
         self.leaf_tables = w.VBox([])
         self.size_bar = w.HTML("")
         self.verdict = w.HTML("")
-        self.data_check = DataCheck(page_size=page_size, on_start=self._on_data_check)
+        self.data_check = DataCheck(page_size=diff_rows, on_start=self._on_data_check)
         self.export_button = w.Button(
             description="export…", icon="download", tooltip="write its arrays as safetensors"
         )
@@ -414,10 +414,9 @@ class CheckpointPane:
             mask &= pd.Series(key_matches(leaves["key"].astype(str), text), index=leaves.index)
         self.leaf_view.show(leaves[mask], keep_page=keep_page)
         if not keep_page:
-            # The tree narrows with the table (its subtotals are of what is shown).
-            self.tree_view.show(
-                leaves if bool(mask.all()) else leaves[mask], sized=not self.filling
-            )
+            # The tree narrows with the table (its subtotals are of what is shown),
+            # opened down to the leaves found when they are few.
+            self.tree_view.narrow(None if bool(mask.all()) else leaves.index[mask])
         self.diff_view.narrow(self.checkpointable_filter.value, text)
 
     def _on_table_pick(self, change: Any) -> None:

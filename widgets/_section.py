@@ -24,7 +24,8 @@ class Section(w.VBox):
         self, name: str, title: str, children: Sequence[w.Widget], *, is_open: bool = True
     ) -> None:
         """Args:
-        name: A short name; the widget gets the CSS class ``tinax-section-<name>``.
+        name: A short name (words); the widget gets the CSS class
+          ``tinax-section-<name>``, spaces made dashes.
         title: The heading, as HTML (escaped by the caller).
         children: The body's widgets.
         is_open: Whether the body shows at first.
@@ -45,7 +46,8 @@ class Section(w.VBox):
             ]
         )
         self.add_class("tinax-section")
-        self.add_class(f"tinax-section-{name}")
+        # A class name with a space would make the browser refuse the whole view.
+        self.add_class("tinax-section-" + "-".join(name.split()))
         self.set_open(is_open)
 
     @property
