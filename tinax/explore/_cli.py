@@ -464,6 +464,13 @@ def _show_checkpoint(path: str, args: argparse.Namespace, out: TextIO) -> None:
         )
 
 
+def _labels_shown(table: pd.DataFrame, checkpointable: str) -> dict[str, str]:
+    """``show``'s key labels for a checkpointable at this terminal's width: label → key."""
+    rows = _natural(table[table["checkpointable"] == checkpointable].reset_index(drop=True))
+    labels = term.layout(rows, _LEAVES, term.width()).cells["key"]
+    return dict(zip(labels, (str(k) for k in rows["key"]), strict=True))
+
+
 def _resolve_leaf(path: str, given: Sequence[str]) -> tuple[str, str]:
     """The checkpointable and exact key that ``--leaf``'s words name."""
     if len(given) > 2:
@@ -484,18 +491,25 @@ def _resolve_leaf(path: str, given: Sequence[str]) -> tuple[str, str]:
             raise LeafNotFoundError(
                 f"{path}: no checkpointable {checkpointable!r}; it has {', '.join(names)}{hint}"
             )
-        return checkpointable, match_key(
-            by_name[checkpointable], name, checkpointable=checkpointable
-        )
+        shown = _labels_shown(table, checkpointable)
+        key = match_key(by_name[checkpointable], name, checkpointable=checkpointable, shown=shown)
+        return checkpointable, key
     # One word: the key with its checkpointable as its first part (model.blocks.2…),
     # or a key that names one leaf of the whole checkpoint.
     written = [
-        (checkpointable, key)
+        (checkpointable, found)
         for checkpointable, keys in by_name.items()
-        if (key := exact_key(keys, given[0])) is not None
+        if (found := exact_key(keys, given[0])) is not None
     ]
     if len(written) == 1:
         return written[0]
+    labelled = [
+        (checkpointable, shown[given[0]])
+        for checkpointable in names
+        if given[0] in (shown := _labels_shown(table, checkpointable))
+    ]
+    if len(labelled) == 1:
+        return labelled[0]
     whole: dict[str, tuple[str, str]] = {}
     for checkpointable, keys in by_name.items():
         for key in keys:

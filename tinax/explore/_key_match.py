@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tinax._format import keys as _keys
 from tinax.explore import display
 
 # How many near names a miss suggests.
 SUGGESTIONS = 5
+# Table widths tried either side of a shortened label's length (see ``_shown_as``).
+_WIDTHS_TRIED = 40
 _NNX_VALUE = "value"
 
 
@@ -93,7 +95,13 @@ def exact_key(keys: Sequence[str], name: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def match_key(keys: Sequence[str], name: str, *, checkpointable: str = "") -> str:
+def match_key(
+    keys: Sequence[str],
+    name: str,
+    *,
+    checkpointable: str = "",
+    shown: Mapping[str, str] | None = None,
+) -> str:
     """The one key of ``keys`` that ``name`` names.
 
     ``name`` is the exact ``keystr`` (``['blocks'][2]['mlp']['kernel']['value']``),
@@ -107,6 +115,7 @@ def match_key(keys: Sequence[str], name: str, *, checkpointable: str = "") -> st
       keys: The keys to choose from, in ``keystr`` format.
       name: The name given.
       checkpointable: Named in the error messages.
+      shown: The labels a table showed, label → key: a label in it names its key.
 
     Returns:
       The key, exactly as in ``keys``.
@@ -120,6 +129,8 @@ def match_key(keys: Sequence[str], name: str, *, checkpointable: str = "") -> st
         raise TypeError(f"a leaf's key is a str, got {type(name).__name__}")
     if name in keys:
         return name
+    if shown is not None and name in shown:
+        return shown[name]
     full = {key: _key_parts(key) for key in keys}
     wanted = _parts(name)
     if wanted is not None:
@@ -143,18 +154,39 @@ def match_key(keys: Sequence[str], name: str, *, checkpointable: str = "") -> st
                 break
     if len(ends) == 1:
         return ends[0]
+    if len(ends) > 1 and wanted is None:
+        labelled = _shown_as(list(keys), name)
+        if labelled is not None:
+            return labelled
     if ends:
         return _ambiguous(name, ends, checkpointable)
     if wanted:
         inside = [key for key, parts in full.items() if _holds(parts, wanted)]
         if inside:
-            shown = [display.readable_key(key) for key in display.sort_keys(inside)]
-            more = f", … ({len(shown)} in all)" if len(shown) > SUGGESTIONS else ""
+            names = [display.readable_key(key) for key in display.sort_keys(inside)]
+            more = f", … ({len(names)} in all)" if len(names) > SUGGESTIONS else ""
             raise LeafNotFoundError(
                 f"{name!r} is a subtree{_of(checkpointable)}, not a leaf; its leaves: "
-                f"{', '.join(shown[:SUGGESTIONS])}{more}"
+                f"{', '.join(names[:SUGGESTIONS])}{more}"
             )
     raise LeafNotFoundError(_miss(name, list(keys), checkpointable))
+
+
+def _shown_as(keys: list[str], label: str) -> str | None:
+    """The one key that a table of ``keys`` labels ``label`` at some width, if one.
+
+    Labels are distinct in a table, but as patterns two can fit one another's keys
+    (``mu…0…kernel``); the labelling itself then tells which key was shown.
+    """
+    found: set[str] = set()
+    low, high = max(1, len(label) - _WIDTHS_TRIED), len(label) + _WIDTHS_TRIED
+    for width in range(low, high + 1):
+        labels = display.display_keys(keys, width=width)
+        if label in labels:
+            found.add(keys[labels.index(label)])
+        if max(map(len, labels)) < width:
+            break  # wider tables show the same labels
+    return found.pop() if len(found) == 1 else None
 
 
 def _holds(parts: tuple[str, ...], wanted: tuple[str, ...]) -> bool:

@@ -190,9 +190,7 @@ def layout(
         distinct = set(values)
         if distinct <= {""}:
             dropped.add(c.source)
-        elif any(
-            not o.key and o.source not in dropped and cells[o.source] == values for o in columns[:i]
-        ):
+        elif any(not o.key and cells[o.source] == values for o in columns[:i]):
             dropped.add(c.source)  # the same cells as a column before it
         elif len(distinct) == 1 and len(values) > 1:
             # One value in every row: said once under the table instead.
