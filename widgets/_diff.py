@@ -142,7 +142,7 @@ def forward(first: str, second: str) -> tuple[str, str]:
     return (first, second) if _order(first) <= _order(second) else (second, first)
 
 
-def _order(path: str) -> tuple[tuple[int, int, str], ...]:
+def _order(path: str) -> tuple[int | str, ...]:
     return display.natural_key(_name(path))
 
 

@@ -146,7 +146,8 @@ def _sort_key(series: pd.Series) -> pd.Series:
 def _natural_rank(series: pd.Series) -> pd.Series:
     """Each key's place in natural order (``display.natural_key``): block 2 before 10."""
     text = series.map(lambda v: "" if format_cell(v) == "" else str(v))
-    order = sorted(range(len(text)), key=lambda i: display.natural_key(text.iloc[i]))
+    places = [display.natural_key(t) for t in text.tolist()]
+    order = sorted(range(len(places)), key=places.__getitem__)
     rank = pd.Series(0, index=series.index, dtype="int64")
     rank.iloc[order] = range(len(order))
     return rank.where(text != "", other=None) if (text == "").any() else rank

@@ -48,7 +48,7 @@ def key_parts(key: str) -> tuple[str, ...]:
         return (key,)
 
 
-def _natural(part: str) -> tuple[tuple[int, int, str], ...]:
+def _natural(part: str) -> tuple[int | str, ...]:
     # Indices and digit names (NNX's ['blocks']['10']) in numeric order, before names.
     return display.natural_key(part)
 

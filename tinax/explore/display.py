@@ -87,7 +87,7 @@ def _is_integer(part: str | int) -> bool:
     return isinstance(part, int) or (part.isascii() and part.isdigit())
 
 
-def natural_key(key: str) -> tuple[tuple[int, int, str], ...]:
+def natural_key(key: str) -> tuple[int | str, ...]:
     """A sort key for a keystr in which integer-like parts compare as numbers.
 
     ``['blocks'][2]`` sorts before ``['blocks'][10]``, and ``['opt_state']['2']``
@@ -98,19 +98,36 @@ def natural_key(key: str) -> tuple[tuple[int, int, str], ...]:
       key: A key as ``jax.tree_util.keystr`` writes it (``""`` for the root).
 
     Returns:
-      A tuple that orders keys naturally.
+      A tuple that orders keys naturally: per part a tag (0 for a number, which
+      sorts before a name at the same place) and the number or the name.
 
     Raises:
       TypeError: If ``key`` is not a string.
     """
     if not isinstance(key, str):
         raise TypeError(f"a key is a str, got {type(key).__name__}")
+    out: list[int | str] = []
+    if "\\" not in key:
+        # The common case in one pass (a 50,000-leaf table sorts in a blink).
+        length = 0
+        for index, single, double in _SIMPLE_PART.findall(key):
+            if index:
+                out += (0, int(index))
+                length += len(index) + 2
+                continue
+            name = single or double
+            length += len(name) + 4
+            out += (0, int(name)) if name.isascii() and name.isdigit() else (1, name)
+        if length == len(key):
+            return tuple(out)
+        out = []
     try:
         parts: Sequence[str | int] = _parts(key)
     except ValueError:
         parts = [p for p in _DIGITS.split(key) if p]
-    # Numbers before names at the same place; each element a comparable triple.
-    return tuple((0, int(p), "") if _is_integer(p) else (1, 0, str(p)) for p in parts)
+    for p in parts:
+        out += (0, int(p)) if _is_integer(p) else (1, str(p))
+    return tuple(out)
 
 
 def sort_keys(keys: Iterable[str]) -> list[str]:
