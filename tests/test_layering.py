@@ -241,6 +241,7 @@ def test_the_widgets_package_re_exports_the_widgets_only() -> None:
         "CheckpointExplorer",
         "ExportPanel",
         "RestoreTargetBuilder",
+        "RunTimeline",
         "SavePanel",
     ]
     assert Path(widgets.__file__).parent == PACKAGES["tinax.widgets"]

@@ -19,6 +19,7 @@ import traitlets
 from tinax import explore
 from tinax.explore.display import display_keys, human_bytes
 from tinax.explore.toolkit import existing_directory
+from tinax.vocabulary import COMPLETE
 
 from ._guard import shown_in_widget
 from ._task import start_thread
@@ -327,7 +328,7 @@ class RunTimeline(w.VBox):
         table = self.table
         if table.empty:
             return {"steps": [], "empty": "No checkpoint in this run yet."}
-        rows = table[(table["status"] == "complete") & table["step"].notna()]
+        rows = table[(table["status"] == COMPLETE) & table["step"].notna()]
         steps = [int(s) for s in rows["step"]]
         data: dict[str, Any] = {
             "steps": steps,
@@ -376,7 +377,7 @@ class RunTimeline(w.VBox):
         table = self.table
         if table.empty:
             return ""
-        complete = int((table["status"] == "complete").sum())
+        complete = int((table["status"] == COMPLETE).sum())
         parts = [f"{len(table)} checkpoints, {complete} complete"]
         total = table["nbytes"].dropna()
         if len(total):
@@ -431,7 +432,7 @@ class RunTimeline(w.VBox):
 
     def _path_of(self, step: int) -> str:
         table = self.table
-        hit = table[(table["step"] == step) & (table["status"] == "complete")]
+        hit = table[(table["step"] == step) & (table["status"] == COMPLETE)]
         if hit.empty:
             raise ValueError(f"the run has no complete checkpoint of step {step}")
         return str(hit.iloc[0]["path"])
