@@ -81,6 +81,7 @@ bench: install
 	$(PY) bench/explorer_scale.py
 	$(PY) bench/export.py
 	$(PY) bench/reads.py
+	$(PY) bench/run_timeline.py
 
 # The wheels bench/accelerator.py needs on a machine with no package registry (a TPU
 # VM): tinax's runtime, explore extra, flax and optax, pinned to the lock, for CPython
@@ -127,10 +128,10 @@ demo-data: install big-run
 big-run: install
 	$(PY) demo/make_big_run.py $(DEMO_BIG_RUN)
 
-# The README's picture: the explorer on the demo run, in JupyterLab in Chromium. Commit
-# docs/explorer.png when it changes; the tests never write it.
+# The README's picture: the explorer on the many-leaf demo run, in JupyterLab in
+# Chromium. Commit docs/explorer.png when it changes; the tests never write it.
 screenshot: demo-data chromium
-	$(PY) demo/screenshot.py $(DEMO_RUN) docs/explorer.png
+	$(PY) demo/screenshot.py $(DEMO_BIG_RUN) docs/explorer.png
 
 # JupyterLab on notebooks/ at the printed URL: no token, loopback only, and no silent
 # move to another port (the URL would be wrong). Jupyter refuses root unless told.
