@@ -195,6 +195,13 @@ class PagedTable(anywidget.AnyWidget):
     reverses the order (``click_header``, ``sort_by``); the page turns with the
     arrows or the page box (``turn``, ``jump``).
 
+    A key column of leaf keys is sent as labels for people
+    (``display.display_keys`` over the page, one set per width in ``KEY_WIDTHS``,
+    each set distinct; the browser draws the longest set that fits) and the exact
+    key for hover and copy; what the page's keys share goes to the header
+    (``key_prefix``). ``quiet`` tells the browser which columns say nothing about
+    the page.
+
     Attributes:
       selected: Index label of the picked row, or ``None``.
       page: Zero-based page number.
