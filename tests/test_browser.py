@@ -355,8 +355,11 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
         explorer.locator(".tinax-diff-view select").first.select_option(
             label="compare with step-200"
         )
-        explorer.locator(".tinax-diff-view .tinax-diff-tree .tinax-table").wait_for()
+        # Its leaves show; its subtrees wait behind the "subtrees" toggle.
         explorer.locator(".tinax-diff-view .tinax-table").last.wait_for()
+        explorer.locator(".tinax-diff-view .tinax-diff-tree .tinax-table").wait_for(
+            state="attached"
+        )
         builder = page.locator(".tinax-restore-target-builder")
         builder.wait_for()
         builder.locator(".tinax-table").last.wait_for()
