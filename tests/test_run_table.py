@@ -87,6 +87,7 @@ def test_orbax_v0_checkpoint_manager_metrics(tmp_path):
     assert list(table["loss"]) == [2.0, 1.0]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_is_not_complete_has_no_metrics(tmp_path):
     write_small_run(str(tmp_path / "run"))
     partial = tmp_path / "run" / "step_000009.orbax-checkpoint-tmp-1"
