@@ -162,6 +162,9 @@ SLOW_TESTS = frozenset(
         "test_a_loop_that_does_not_break_with_a_handler_chained_exits_143",
         "test_on_preemption_continue_goes_on_saving_by_the_interval",
         "test_the_readme_example_runs_twice_in_a_row_and_resumes",
+        # Runs resumed past corrupt checkpoints, and saves refused, at a run's pace.
+        "test_a_run_that_skipped_a_corrupt_checkpoint_sets_it_aside_and_goes_on",
+        "test_a_step_the_run_has_is_refused_before_anything_is_written",
         # Real flax NNX and optax states.
         "test_an_nnx_module_or_optimizer_is_refused_at_save_naming_nnx_state",
         "test_an_nnx_module_as_target_is_a_type_error_without_orbax_traceback",

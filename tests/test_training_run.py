@@ -27,7 +27,8 @@ import pytest
 import run_worker
 
 import tinax.explore as ex
-from tinax._format import names, words
+from tinax import _paths
+from tinax._format import names, removal, words
 from tinax.checkpointing import (
     TargetMismatchError,
     TrainingRun,
@@ -270,6 +271,35 @@ def test_a_run_that_skipped_a_corrupt_checkpoint_sets_it_aside_and_goes_on(tmp_p
         names.corrupt_name("step_000100", 2),
         names.corrupt_name("step_000150"),
     }
+
+
+def test_a_skipped_checkpoint_goes_aside_on_disk_and_on_gs_and_its_step_is_saved_again(root):
+    run_root = f"{root}/r"
+    run = TrainingRun(run_root, save_every=50, handle_sigterm=False)
+    _loop(run, range(1, 101), iter(_dataset()))
+    run.close()
+    # A part of the newest checkpoint's array data goes missing.
+    newest = _paths.location(run.path(100)) / "model"
+    data = [where for where, entry in newest.walk() if where.parent.name == "d"]
+    assert data
+    for where in data:
+        removal.delete(where)
+    with pytest.warns(RuntimeWarning, match="skipping checkpoint"):
+        restored = TrainingRun(run_root, save_every=50, handle_sigterm=False).restore(
+            *_targets(), iter(_dataset())
+        )
+    assert restored is not None and restored.step == 50
+    table = ex.list_checkpoints(run_root, cache=None)
+    statuses = dict(zip(table["name"], table["status"], strict=True))
+    set_aside = "step_000100" + (names.CORRUPT_SUFFIX if not root.startswith("gs://") else "")
+    assert statuses[set_aside] == words.FOUND_CORRUPT
+    assert _complete(run_root) == ["step_000050"]
+    resumed = TrainingRun(run_root, save_every=50, handle_sigterm=False)
+    _loop(resumed, range(51, 101), iter(_dataset()))
+    resumed.close()
+    assert resumed.steps == [50, 100]
+    again = resumed.restore(*_targets(), iter(_dataset()))
+    assert again is not None and again.step == 100
 
 
 def test_must_exist_refuses_a_missing_or_empty_run_and_a_fresh_start_is_logged(tmp_path, caplog):
