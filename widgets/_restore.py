@@ -523,10 +523,13 @@ class RestoreTargetBuilder(w.VBox):
             if names
             else ""
         )
+        # Read as a paragraph, not spaced out as a row of controls.
         return (
-            note_html(self.summary, color="#1b5e20")
+            '<div style="line-height:1.4">'
+            + note_html(self.summary, color="#1b5e20")
             + (f"<br><code style='font-size:90%'>{where}</code>" if where else "")
             + (f"<br>{note_html(extra, color='#1b5e20')}" if extra else "")
+            + "</div>"
         )
 
     def _on_progress_status(self, change: Any) -> None:

@@ -76,12 +76,10 @@ def training_run_refusal(directory: str, names: list[str] | None = None) -> str:
         return ""
     what = f" ({', '.join(names)})" if names else ""
     return (
-        f"{directory!r} is the directory of a TrainingRun (it holds the run's record, "
-        f"tinax_run.json). A checkpoint saved here from the panel{what} would list as the "
-        "run's newest and the run would resume from it, without the complete training state. "
-        f"Save into another directory (such as {beside(directory)!r}, the button below; "
-        "the panel makes it), or save the full training state with TrainingRun.save(step, "
-        "model, optimizer, rng, auxiliary, iterator, force=True)."
+        f"{directory!r} is a TrainingRun's directory (tinax_run.json): a checkpoint saved "
+        f"here{what} would become the run's newest, and the run would resume from it "
+        f"without the whole training state. Save beside it, into {beside(directory)!r} "
+        "(the button below), or save the whole state with TrainingRun.save(..., force=True)."
     )
 
 
@@ -161,7 +159,9 @@ class SavePanel(w.VBox):
         self.where_html = w.HTML(self._where(exists))
         self.elsewhere_button = w.Button(
             icon="folder-open",
-            layout=w.Layout(width="auto", max_width="100%", flex="0 0 auto", display="none"),
+            layout=w.Layout(
+                width="auto", max_width="100%", align_self="flex-start", display="none"
+            ),
         )
         self.elsewhere_button.on_click(
             shown_in_widget(self._show_error)(lambda _button: self.save_elsewhere())
@@ -220,7 +220,12 @@ class SavePanel(w.VBox):
         self.elsewhere_button.layout.display = "" if self.refused else "none"
         if self.refused:
             self.name_error = ""
-            self.message.value = error_html(self.refused, title="Cannot save here:")
+            # Read as a paragraph, not spaced out as a row of controls.
+            self.message.value = (
+                '<div style="line-height:1.4">'
+                + error_html(self.refused, title="Cannot save here:")
+                + "</div>"
+            )
             elsewhere = beside(self.directory)
             self.elsewhere_button.description = f"save into {PurePosixPath(elsewhere).name} instead"
             self.elsewhere_button.tooltip = f"save into {elsewhere} (made at the first save)"
