@@ -268,6 +268,10 @@ def test_the_model_comes_before_the_optimizer_state_and_blocks_in_number_order(
     view.table.click_header("change")
     sizes = pd.to_numeric(view.table.frame["rel_change"], errors="coerce").dropna()
     assert list(sizes) == sorted(sizes, reverse=True) and sizes.iloc[0] > 0
+    # The bars go as deep as tells which block moved: blocks.0 … rather than blocks.
+    assert view.depth.value == 2
+    bars = [row.children[0].value for row in view.bars.children[1:]]
+    assert len(bars) == 8 and all(b.startswith("model blocks.") for b in bars)
     # The tree of the diff walks the blocks in number order too.
     view.tree.toggle("model", "['blocks']")
     labels = view.tree.table.frame["label"].tolist()

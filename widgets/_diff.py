@@ -124,6 +124,31 @@ def subtree_changes(table: pd.DataFrame, depth: int) -> pd.DataFrame:
     return frame.sort_values("rel_change", ascending=False, kind="stable").reset_index(drop=True)
 
 
+# Bars at a depth where the model has at least this many subtrees tell which part moved.
+_TELLING = 4
+
+
+def telling_depth(table: pd.DataFrame) -> int:
+    """The shallowest depth (1 to 3) at which the model's changed floating-point leaves
+    fall in at least a few subtrees: ``blocks`` alone says little, ``blocks.7`` says
+    which layer moved. 1 if no depth does."""
+    changed = table[(table["status"] == words.CHANGED) & table["norm_a"].notna()]
+    model = [
+        display.state_part(c, k) == display.MODEL
+        for c, k in zip(changed["checkpointable"], changed["key"], strict=True)
+    ]
+    paths = []
+    for name, key in zip(changed["checkpointable"][model], changed["key"][model], strict=True):
+        try:
+            paths.append((str(name), parse_key(str(key))))
+        except ValueError:
+            continue
+    for depth in (1, 2, 3):
+        if len({(name, path[:depth]) for name, path in paths}) >= _TELLING:
+            return depth
+    return 1
+
+
 def _name(path: str) -> str:
     # A checkpoint's own name, local or gs://.
     return path.rstrip("/").rsplit("/", 1)[-1] or path
@@ -317,6 +342,8 @@ class DiffView(w.VBox):
         self.other = other
         self.older, self.newer = older, newer
         self.diff = table
+        with self.depth.hold_trait_notifications():
+            self.depth.value = telling_depth(table)
         counts = table["status"].value_counts()
         self.title.value = (
             f"<b>Changes from <code>{html.escape(_name(older))}</code> to "
