@@ -147,3 +147,23 @@ def test_the_big_demo_run(big_run):
     assert all(
         math.isfinite(v) for v in table[table["step"] < demo.FIRST_NONFINITE_STEP]["rel_update"]
     )
+
+
+def test_layers_below_a_shared_wrapper_as_linen_saves_them(tmp_path):
+    from tinax.checkpointing import save_checkpointables
+
+    rng = np.random.default_rng(0)
+    base = {
+        f"Dense_{i}": {"kernel": rng.standard_normal((4, 4)).astype(np.float32)} for i in range(3)
+    }
+    for step in (1, 2):
+        params = {
+            name: {"kernel": layer["kernel"] * (5.0 if name == "Dense_1" and step == 2 else 1.0)}
+            for name, layer in base.items()
+        }
+        save_checkpointables(tmp_path / f"step_{step}", {"params": {"params": params}}).result()
+    table = drift_table(tmp_path)
+    assert table.attrs["checkpointable"] == "params"
+    assert list(table["subtree"]) == ["params.Dense_0", "params.Dense_1", "params.Dense_2"]
+    moved = table.set_index("subtree")["rel_update"]
+    assert moved["params.Dense_1"] == pytest.approx(4.0) and moved["params.Dense_0"] == 0

@@ -150,24 +150,38 @@ def _integer_like(part: Any) -> bool:
     return isinstance(part, int) or (isinstance(part, str) and part.isdigit())
 
 
-def layer_depth(paths: Sequence[keys.KeyPath]) -> int:
-    """Where a model's structure says its layers are: one past the first level whose
-    keys include indices (``blocks.0``, ``blocks.1``…: depth 2); else 1 (its top-level
-    modules)."""
+def shared_levels(paths: Sequence[keys.KeyPath]) -> int:
+    """How many leading key parts every leaf shares and that are not a leaf's last
+    (a wrapper such as Linen's ``params``): layers are looked for below them."""
+    if not paths:
+        return 0
+    shortest = min(len(p) for p in paths)
+    level = 0
+    while level < shortest - 1 and len({p[level] for p in paths}) == 1:
+        level += 1
+    return level
+
+
+def layer_depth(paths: Sequence[keys.KeyPath]) -> tuple[int, int]:
+    """Where a model's structure says its layers are: ``(depth, base)``, ``depth`` one
+    past the first level whose keys include indices (``blocks.0``, ``blocks.1``…:
+    depth 2), else one past ``base``, the levels every leaf shares (its modules)."""
+    base = shared_levels(paths)
     deepest = max((len(p) for p in paths), default=0)
-    for level in range(deepest):
+    for level in range(base, deepest):
         if any(len(p) > level + 1 and _integer_like(p[level]) for p in paths):
-            return level + 1
-    return 1
+            return level + 1, base
+    return base + 1, base
 
 
-def layer_of(path: keys.KeyPath, depth: int) -> keys.KeyPath:
+def layer_of(path: keys.KeyPath, depth: int, base: int = 0) -> keys.KeyPath:
     """The layer a leaf belongs to when layers are ``depth`` deep: its first ``depth``
-    parts where they end in an index (``blocks.7``); else its top-level module
-    (``embed``, ``head``), which is not a sequence of layers."""
+    parts where they end in an index (``blocks.7``); else its module below the
+    ``base`` shared levels (``embed``, ``head``; Linen's ``params.Dense_0``), which is
+    not a sequence of layers."""
     if len(path) > depth and _integer_like(path[depth - 1]):
         return path[:depth]
-    return path[:1]
+    return path[: base + 1]
 
 
 def _label(path: keys.KeyPath) -> str:
@@ -204,7 +218,8 @@ def drift_table(
         ``['blocks']['7']['attn']['q']['kernel']``. ``None``: the model's layers,
         where its structure says they are: the items of its first level with
         indices (``blocks.N``), and each other top-level module whole (``embed``,
-        ``head``).
+        ``head``); levels every leaf shares are looked through (Linen's
+        ``params``: ``params.Dense_0``).
       checkpointable: Which checkpointable to compare; ``None``: the model (the
         first of ``model``, ``params``, ``pytree``, ``state``, ``default`` present,
         else every one).
@@ -285,7 +300,10 @@ def drift_table(
             if chosen is not None and leaf.checkpointable != chosen:
                 continue
             path = paths[(leaf.checkpointable, leaf.key)]
-            subtree = layer_of(path, depths[leaf.checkpointable]) if depth is None else path[:depth]
+            if depth is None:
+                subtree = layer_of(path, *depths[leaf.checkpointable])
+            else:
+                subtree = path[:depth]
             group = sums.setdefault((leaf.checkpointable, subtree), [0.0] * 4 + [0] * 4)
             group[0] += leaf.aa if not math.isnan(leaf.aa) else 0.0
             group[1] += leaf.bb if not math.isnan(leaf.bb) else 0.0
