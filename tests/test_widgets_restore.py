@@ -571,6 +571,10 @@ def test_linen_variables_are_classed_by_their_collections() -> None:
     assert _model_keys(builder) and all(k.startswith("['params']") for k in _model_keys(builder))
     builder.apply_preset("model only")
     assert any(k.startswith("['batch_stats']") for k in _model_keys(builder))
+    # Linen's variables are values, not NNX state: the hint says to take them.
+    from tinax.widgets._presets import apply_hint
+
+    assert apply_hint({"model": variables}, ["model"]) == 'model = builder.result["model"]'
 
 
 def test_a_preset_load_says_where_the_values_are_and_apply_updates_the_model(

@@ -198,11 +198,12 @@ def apply_to_live(live: Mapping[str, Any], result: Mapping[str, Any]) -> list[st
     return applied
 
 
-def apply_hint(names: Collection[str]) -> str:
-    """How to put restored values into the notebook's objects, as code to copy."""
+def apply_hint(live: Mapping[str, Any], names: Collection[str]) -> str:
+    """How to put restored values into the notebook's objects, as code to copy: NNX state
+    goes into its module with ``nnx.update``; other values replace the old ones."""
     lines = []
     for name in names:
-        if name in ("model", "optimizer"):
+        if is_nnx_state(live[name]):
             lines.append(f'nnx.update({name}, builder.result["{name}"])')
         else:
             lines.append(f'{name} = builder.result["{name}"]')

@@ -519,7 +519,7 @@ class RestoreTargetBuilder(w.VBox):
         names = list(self.result or {})
         where = (
             "The values are in builder.result (this widget's .result): "
-            + html.escape(_presets.apply_hint(names))
+            + html.escape(_presets.apply_hint(self._live, names))
             if names
             else ""
         )
