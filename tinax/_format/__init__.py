@@ -25,6 +25,10 @@ What a checkpoint is:
 - ``preflight``: the one check every read passes before anything is read.
 - ``pytree``: a pytree checkpointable's metadata: leaves, strings, shardings, scalars.
 - ``jsonitems``: JSON checkpointables, Grain iterator states, empty pytrees.
+- ``iterstate``: what a Grain iterator's saved state may hold (load, verify and diff
+  check it alike).
+- ``runrecord``: a training run's record, and the record of a checkpoint a run's
+  restore found corrupt.
 - ``written``: Orbax's per-process records of the arrays each process wrote.
 
 Arrays and their bytes:
