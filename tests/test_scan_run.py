@@ -117,3 +117,18 @@ def test_the_big_demo_run(big_run):
     assert table.attrs["rollback_step"] == demo.ROLLBACK_STEP
     nonfinite = table[table["verdict"] == NONFINITE]
     assert list(nonfinite["step"]) == list(demo.NONFINITE_STEPS)
+
+
+def test_drift_and_scan_of_a_run_on_every_storage(root):
+    from run_view_fixtures import JUMP_LAYER, JUMP_STEP
+
+    from tinax.explore import drift_table, run_table
+
+    run = write_small_run(f"{root}/run")
+    scan = scan_run(run)
+    assert scan.attrs["first_nonfinite_step"] == NAN_STEP
+    assert scan.attrs["rollback_step"] == ROLLBACK_STEP
+    drift = drift_table(run)
+    top = drift.loc[drift["rel_update"].idxmax()]
+    assert (top["subtree"], top["step"]) == (JUMP_LAYER, JUMP_STEP)
+    assert list(run_table(run)["step"]) == list(STEPS)

@@ -42,6 +42,7 @@ DRIFT_COLUMNS = (
 )
 # Which checkpointable holds the model, by the names training code gives it.
 MODEL_NAMES = ("model", "params", "pytree", "state", "default")
+_OBJECT_STORE = "gs://"
 # Pairs whose sums are kept; about 100 bytes a leaf each.
 _KEEP_PAIRS = 4096
 
@@ -89,9 +90,14 @@ def _number(value: Any) -> float:
 def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDrift]:
     """The sums of every floating-point leaf of two checkpoints (``diff_table``'s), or of
     one checkpointable of each."""
-    if checkpointable is not None:
+    # A local checkpointable is read alone; on an object store, where only the
+    # checkpoint carries its commit marker, the whole checkpoint is read.
+    alone = checkpointable is not None and not a.startswith(_OBJECT_STORE)
+    if alone:
         a, b = f"{a.rstrip('/')}/{checkpointable}", f"{b.rstrip('/')}/{checkpointable}"
     diff = diff_table(a, b, sort=False)
+    if checkpointable is not None and not alone:
+        diff = diff[diff["checkpointable"] == checkpointable]
     floats = diff[
         (diff["value_kind"] == "float") & diff["status"].isin([words.SAME, words.CHANGED])
     ]
