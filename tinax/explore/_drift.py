@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from tinax import _paths
-from tinax._format import keys, words
+from tinax._format import keys, storage, words
 from tinax.explore._diff import diff_table
 from tinax.explore._listing import list_checkpoints
 
@@ -42,7 +42,6 @@ DRIFT_COLUMNS = (
 )
 # Which checkpointable holds the model, by the names training code gives it.
 MODEL_NAMES = ("model", "params", "pytree", "state", "default")
-_OBJECT_STORE = "gs://"
 # Pairs whose sums are kept; about 100 bytes a leaf each.
 _KEEP_PAIRS = 4096
 
@@ -92,7 +91,7 @@ def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDr
     one checkpointable of each."""
     # A local checkpointable is read alone; on an object store, where only the
     # checkpoint carries its commit marker, the whole checkpoint is read.
-    alone = checkpointable is not None and not a.startswith(_OBJECT_STORE)
+    alone = checkpointable is not None and not a.startswith(storage.GCS_SCHEME)
     if alone:
         a, b = f"{a.rstrip('/')}/{checkpointable}", f"{b.rstrip('/')}/{checkpointable}"
     diff = diff_table(a, b, sort=False)
