@@ -321,7 +321,9 @@ def test_must_exist_refuses_a_missing_or_empty_run_and_a_fresh_start_is_logged(t
             is None
         )
     assert any(
-        "fresh start" in r.getMessage() and str(tmp_path / "new") in r.getMessage()
+        "fresh start" in r.getMessage()
+        and str(tmp_path / "new") in r.getMessage()
+        and "just created" in r.getMessage()
         for r in caplog.records
     )
     run = TrainingRun(tmp_path / "new", save_every=1, handle_sigterm=False)

@@ -193,10 +193,11 @@ class TrainingRun:
         self._best_mode = best_mode
         self._on_preemption = on_preemption
         self._names = names or TrainingCheckpointNames()
+        self._made = False
         if must_exist:
             self._root = _paths.save_directory(directory, what="run directory")
         else:
-            self._root = _run_directory(directory)
+            self._root, self._made = _run_directory(directory)
         self._primary = _processes.process_index() == 0
         if must_exist and not self._complete():
             raise FileNotFoundError(
@@ -576,9 +577,10 @@ class TrainingRun:
                 + "; ".join(f"{where.name}: {reason}" for where, reason in failures)
             )
         _log.warning(
-            "no checkpoint to resume in the run directory %r: a fresh start "
+            "no checkpoint to resume in the run directory %r%s: a fresh start "
             "(TrainingRun(..., must_exist=True) refuses one)",
             self.directory,
+            ", which this run has just created" if self._made else "",
         )
         return None
 
@@ -799,6 +801,9 @@ class TrainingRun:
         removal.replace_file(self._root / names.RUN_RECORD, data)
 
 
-def _run_directory(directory: object) -> Location:
-    removal.make_directory(_paths.location(directory, what="directory"))
-    return _paths.save_directory(directory, what="directory")
+def _run_directory(directory: object) -> tuple[Location, bool]:
+    """The run's directory, made if missing; and whether this call made it."""
+    where = _paths.location(directory, what="directory")
+    made = not where.storage.implicit_directories and not where.exists()
+    removal.make_directory(where)
+    return _paths.save_directory(directory, what="directory"), made
