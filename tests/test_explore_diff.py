@@ -17,6 +17,7 @@ from explore_fixtures import save_v1
 
 import tinax.explore as ex
 from tinax._format import checksums, words
+from tinax.explore import display
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("step_000050", "step_000100")
@@ -72,14 +73,16 @@ def test_two_steps_of_the_demo_run(demo_run):
     step = rows[("auxiliary", "['step']")]
     assert step.status == words.CHANGED and step.max_abs_diff == 50
     assert rows[("iterator", "")].status == words.CHANGED
-    # The model before the optimizer's state; in each, sorted by relative change,
-    # largest first, then the rest.
-    optimizer = table["checkpointable"] == "optimizer"
-    assert optimizer.any() and not optimizer[: (~optimizer).sum()].any()
-    for part in (table[~optimizer], table[optimizer]):
-        changed = part[part["status"] == words.CHANGED]["rel_change"].dropna()
+    # The model, then the rest of the state, then the optimizer's; in each, sorted by
+    # relative change, largest first, then the rest.
+    pairs = zip(table["checkpointable"], table["key"], strict=True)
+    parts = [display.state_part(c, k) for c, k in pairs]
+    assert parts == sorted(parts) and set(parts) == {0, 1, 2}
+    for part in (0, 1, 2):
+        rows = table[[p == part for p in parts]]
+        changed = rows[rows["status"] == words.CHANGED]["rel_change"].dropna()
         assert list(changed) == sorted(changed, reverse=True)
-    assert table[~optimizer]["status"].iloc[-1] == words.SAME
+    assert table[[p == 1 for p in parts]]["status"].iloc[-1] == words.SAME
 
 
 def test_a_checkpoint_against_itself_is_recognised_on_disk(demo_run):
@@ -202,7 +205,14 @@ def test_the_cli_diff(demo_run):
     records = json.loads(
         subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=120).stdout
     )
-    changes = [r["rel_change"] for r in records if r["status"] == words.CHANGED]
-    numbers = [c for c in changes if c is not None]
-    assert numbers == sorted(numbers, reverse=True)
+    # Ranked as diff_table ranks: the model's leaves, the rest, then the optimizer's.
+    for part in (0, 1, 2):
+        changes = [
+            r["rel_change"]
+            for r in records
+            if r["status"] == words.CHANGED
+            and display.state_part(r["checkpointable"], r["key"]) == part
+        ]
+        numbers = [c for c in changes if c is not None]
+        assert numbers == sorted(numbers, reverse=True)
     assert {"nan_a", "inf_b", "cosine", "decoded"} <= set(records[0])
