@@ -74,11 +74,12 @@ def inside(keys: pd.Series, subtrees: Collection[KeyPath]) -> pd.Series:
     """Which of the table ``keys`` lie inside one of ``subtrees``."""
     if not subtrees:
         return pd.Series(False, index=keys.index, dtype=bool)
-    return (
-        keys.astype(str)
-        .map(lambda key: any(is_within(parse_key(key), s) for s in subtrees))
-        .astype(bool)
-    )
+
+    def within(key: str) -> bool:
+        parts = parse_key(key)  # once per key, not once per subtree
+        return any(is_within(parts, s) for s in subtrees)
+
+    return keys.astype(str).map(within).astype(bool)
 
 
 class TickBox:
