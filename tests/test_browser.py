@@ -332,8 +332,9 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
         explorer.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
             has_text=re.compile(r"^table$")
         ).click()
+        explorer.locator(".tinax-leaf-table").wait_for()
         # A header click sorts (sizes largest first), a second click reverses.
-        leaf_table = explorer.locator(".tinax-table").filter(has_text="dtype").last
+        leaf_table = explorer.locator(".tinax-leaf-table")
         leaf_table.locator('th[data-field="nbytes"] button').click()
         expect(leaf_table.locator('th[data-field="nbytes"]')).to_have_attribute(
             "aria-sort", "descending"
@@ -561,9 +562,13 @@ def test_the_explorer_on_a_many_leaf_run_reads_at_every_width(
         _set_width(page, 900)
         _distinct(diff_table.evaluate(_KEYS_JS), "diff at 900 px")
         # Blocks in numeric order in the tree: 0, 1, 2, … 9, 10, never 0, 1, 10.
-        tree = ex.locator(".tinax-section-checkpoint .tinax-leaf-tree .tinax-table")
-        tree.locator("tbody tr").filter(has_text=re.compile(r"^\W*blocks\b")).first.click()
-        labels = tree.evaluate(_KEYS_JS)
+        tree = ex.locator(".tinax-section-checkpoint .tinax-leaf-tree")
+        tree.get_by_role("button", name="close all").click()
+        rows = tree.locator(".tinax-table tbody tr")
+        for name in ("model", "blocks"):
+            rows.filter(has_text=re.compile(rf"^\W*{name}\b")).first.click()
+        rows.filter(has_text=re.compile(r"^\W*10\b")).first.wait_for()
+        labels = tree.locator(".tinax-table").evaluate(_KEYS_JS)
         blocks = [int(label.strip(" ▸▾")) for label in labels if label.strip(" ▸▾").isdigit()]
         assert blocks[:12] == list(range(12)), labels
         # Which leaves are largest: the flat table, by size.
@@ -571,8 +576,7 @@ def test_the_explorer_on_a_many_leaf_run_reads_at_every_width(
         ex.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
             has_text=re.compile(r"^table$")
         ).click()
-        leaf_table = ex.locator(".tinax-section-checkpoint .tinax-table").filter(has_text="dtype")
-        leaf_table = leaf_table.last
+        leaf_table = ex.locator(".tinax-leaf-table")
         leaf_table.locator('th[data-field="nbytes"] button').click()
         expect(leaf_table.locator('th[data-field="nbytes"]')).to_have_attribute(
             "aria-sort", "descending"

@@ -110,6 +110,7 @@ class CheckpointPane:
         # Counts opens, so that a late fill of a checkpoint closed since is dropped.
         self._opens = 0
         self._name = ""
+        self._from_diff = False
         guard = shown_in_widget(services.show_error)
         self.checkpointable_filter = w.Dropdown(
             options=[("all checkpointables", "")],
@@ -238,6 +239,14 @@ class CheckpointPane:
         """Offers the run's complete checkpoints, as listed now, to compare with."""
         self.diff_view.set_base(self.checkpoint, self._runs.comparable())
 
+    def reveal_in_tree(self, checkpointable: str, key: str) -> None:
+        """Opens the tree down to a leaf picked in the flat table, so that the tree
+        shows where it sits; a leaf opened from the diff leaves the tree as it is
+        (the diff already says where it sits, and the page stays short)."""
+        if self._from_diff:
+            return
+        self.tree_view.expand(checkpointable, key)
+
     def find_leaf(self, checkpointable: str, key: str) -> Any:
         """The leaf table's label of a leaf of the open checkpoint, shown in the table.
 
@@ -265,6 +274,7 @@ class CheckpointPane:
             LEAF_COLUMNS, page_size=self._page_size, empty_text="no matching leaves"
         )
         leaf_view.observe(guard(self._on_table_pick), names="selected")
+        leaf_view.add_class("tinax-leaf-table")
         tree_view = TreeView(page_size=self._page_size, on_error=self._services.show_error)
         tree_view.observe(guard(self._on_tree_pick), names="picked")
         self._leaf_view, self._tree_view = leaf_view, tree_view
@@ -430,7 +440,11 @@ class CheckpointPane:
     def _on_diff_pick(self, change: Any) -> None:
         if change["new"] is not None:
             # A row of the diff opens its leaf, as a click in the table does.
-            self.leaf_view.selected = self.find_leaf(*change["new"])
+            self._from_diff = True
+            try:
+                self.leaf_view.selected = self.find_leaf(*change["new"])
+            finally:
+                self._from_diff = False
 
     def _on_tree_pick(self, change: Any) -> None:
         label = change["new"]

@@ -348,8 +348,7 @@ class CheckpointExplorer(w.VBox):
         leaves = self.contents.leaves
         row = leaves[(leaves["checkpointable"] == checkpointable) & (leaves["key"] == key)].iloc[0]
         self.leaf = None
-        # Wherever it was picked, the tree shows where the leaf sits.
-        self.contents.tree_view.expand(checkpointable, key)
+        self.contents.reveal_in_tree(checkpointable, key)
         try:
             self.leaf_pane.show(
                 checkpoint, row, filling=self.contents.filling, listing=self.runs.checkpoints
