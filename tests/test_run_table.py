@@ -171,3 +171,19 @@ def test_run_table_reads_no_array_data(tmp_path, monkeypatch):
     table = run_table(tmp_path / "run")
     assert table["loss"].notna().sum() == NAN_STEP - 1
     assert Path(tmp_path / "run").is_dir()
+
+
+def test_a_save_times_record_that_is_not_one_is_ignored(tmp_path):
+    for step in (1, 2, 3):
+        save_checkpointables(tmp_path / f"ckpt_{step}", {"w": {"x": np.ones(2)}}).result()
+    (tmp_path / "ckpt_1" / names.SAVE_TIMES).write_text("not json")
+    (tmp_path / "ckpt_2" / names.SAVE_TIMES).write_text(
+        json.dumps({"format": names.SAVE_TIMES_FORMAT, "blocked_s": -1, "total_s": 2})
+    )
+    table = run_table(tmp_path)
+    assert table["save_total_s"].isna().tolist() == [True, True, False]
+    # The record's name is Orbax's and tinax's own: no checkpointable may take it.
+    from tinax.checkpointing import validate_checkpointable_name
+
+    with pytest.raises(ValueError):
+        validate_checkpointable_name(names.SAVE_TIMES)
