@@ -77,9 +77,10 @@ def training_run_refusal(directory: str, names: list[str] | None = None) -> str:
     what = f" ({', '.join(names)})" if names else ""
     return (
         f"{directory!r} is a TrainingRun's directory (it holds the run's record): "
-        f"a checkpoint saved here{what} would become the run's newest, and the run would resume from it "
-        f"without the whole training state. Save beside it, into {beside(directory)!r} "
-        "(the button below), or save the whole state with TrainingRun.save(..., force=True)."
+        f"a checkpoint saved here{what} would become the run's newest, and the run "
+        "would resume from it without the whole training state. Save beside it, into "
+        f"{beside(directory)!r} (the button below), or save the whole state with "
+        "TrainingRun.save(..., force=True)."
     )
 
 
