@@ -282,7 +282,7 @@ def test_without_columns_a_pipe_gets_80(demo_run):
 
 
 def _table_cells(table: pd.DataFrame) -> list[dict[str, object]]:
-    from tinax.explore._cli import _records
+    from tinax.explore._cli_output import _records
 
     return _records(table)
 

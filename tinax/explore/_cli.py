@@ -13,43 +13,57 @@ characters): sizes in KiB/MiB, times as ages, floats to four significant digits,
 as ``tinax.explore.display`` shows them everywhere, in natural order. ``--json`` and
 ``--csv`` print every column at full precision under the tables' own column names,
 keys as exact ``keystr``.
+
+This module reads the command line and runs ``ls``, ``show``, ``diff`` and
+``export``; ``_cli_verify`` and ``_cli_run`` run ``verify`` and ``run``,
+``_cli_args`` holds every command's arguments, ``_cli_output`` the JSON, CSV and
+progress bars, ``_terminal`` the tables' layout.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
 import json
 import os
-import re
 import sys
-import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd
 
-from tinax import _paths
 from tinax._format import keys as _keys
-from tinax._format import layout, words
+from tinax._format import words
 from tinax.explore import _terminal as term
 from tinax.explore import display
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
+from tinax.explore._cli_args import (
+    _diff_parser,
+    _export_parser,
+    _ls_parser,
+    _parser,
+    _show_parser,
+)
+from tinax.explore._cli_output import (
+    _csv,
+    _dump,
+    _machine,
+    _natural,
+    _progress,
+    _records,
+    _say,
+)
+from tinax.explore._cli_run import _run
+from tinax.explore._cli_verify import _verify, is_run
 from tinax.explore._diff import diff_table
-from tinax.explore._drift import drift_table
-from tinax.explore._export import CAST_DTYPES, export_safetensors
+from tinax.explore._export import export_safetensors
 from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
 from tinax.explore._listing import list_checkpoints
 from tinax.explore._ranking import PRNG_KEY, value_kind
 from tinax.explore._retention import retention_table, run_policy
-from tinax.explore._run_table import run_table
-from tinax.explore._scan_run import scan_run
 from tinax.explore._summary import leaf_summary
 from tinax.explore._terminal import Column, jsonable
-from tinax.explore._verify import Verification, verify
 
 __all__ = ["console", "jsonable", "main"]
 
@@ -59,22 +73,10 @@ PROG = "tinax"
 COMMANDS = ("ls", "show", "diff", "verify", "export", "run")
 # Exit statuses of ``diff``, as diff(1)'s.
 SAME, DIFFERENT, TROUBLE = 0, 1, 2
-# Statuses of a listing that are not checkpoints yet, or any more: ``verify`` of a
-# run names them without failing for them (``--strict`` fails).
-_NOT_CHECKPOINTS = frozenset({words.IN_PROGRESS, words.INTERRUPTED, words.BEING_REMOVED})
-# ``run --drift`` shows this many of the largest moves in text (--json/--csv: all).
-DRIFT_ROWS = 20
 # A PRNG key leaf shows this many keys' data in text.
 _KEYS_SHOWN = 4
 # --json gives at most this many elements of a key array's data.
 _KEY_DATA_JSON = 4096
-
-
-def _seconds(value: Any) -> str:
-    if term.is_missing(value):
-        return ""
-    seconds = float(value)
-    return f"{seconds:.3g} s" if seconds < 100 else f"{seconds:.0f} s"
 
 
 _LISTING = (
@@ -111,283 +113,10 @@ _DIFF = (
     Column("inf_a", "inf_a", term.number, priority=8, right=True),
     Column("inf_b", "inf_b", term.number, priority=8, right=True),
 )
-_FINDINGS = (
-    Column("severity", "severity", priority=0),
-    Column("part", "part", priority=1),
-    Column("message", "message", priority=0, wrap=True),
-)
-_CHECKS = (
-    Column("name", "name", priority=0),
-    Column("step", "step", term.number, priority=2, right=True),
-    Column("verdict", "verdict", priority=0, wrap=True),
-)
 _FILES = (
     Column("file", "file", priority=0),
     Column("nbytes", "size", term.human_bytes, priority=1, right=True),
 )
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-class _Parser(argparse.ArgumentParser):
-    """Help laid out for the terminal's width (80 in a pipe)."""
-
-    def _get_formatter(self) -> argparse.HelpFormatter:
-        return argparse.HelpFormatter(self.prog, width=min(term.width(), 100))
-
-
-def _add_output(parser: argparse.ArgumentParser, *, csv_too: bool = True) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--json", action="store_true", help="print JSON instead of text")
-    if csv_too:
-        group.add_argument("--csv", action="store_true", help="print CSV instead of text")
-
-
-def _add_leaf(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--leaf",
-        nargs="+",
-        metavar="KEY",
-        help=(
-            "summarise one leaf: [CHECKPOINTABLE] KEY, the key as a table shows it "
-            "(blocks.2.mlp.kernel, (root)) or as keystr (\"['blocks'][2]...\"); "
-            "without CHECKPOINTABLE, a key that names one leaf in the checkpoint "
-            "(model.blocks.2.mlp.kernel)"
-        ),
-    )
-
-
-def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=prog,
-        description=(
-            f"Show a run's checkpoints or a checkpoint's leaves. Commands: '{prog} ls "
-            f"ROOT', '{prog} show PATH [--leaf KEY]', '{prog} diff A B', '{prog} "
-            f"verify PATH', '{prog} export CKPT OUT', '{prog} run ROOT' ('{prog} "
-            "COMMAND --help' says more). Without a command, PATH is listed if it is a "
-            "run and shown if it is a checkpoint."
-        ),
-    )
-    parser.add_argument("path", help="a run directory or a checkpoint directory")
-    _add_leaf(parser)
-    _add_output(parser)
-    return parser
-
-
-def _ls_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} ls",
-        description=(
-            "List a run's checkpoints: step, status, size, age, and for a run written "
-            "by TrainingRun its metric and why each checkpoint is kept. Metadata only."
-        ),
-    )
-    parser.add_argument("root", help="a run directory (local or gs://)")
-    _add_output(parser)
-    return parser
-
-
-def _show_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} show",
-        description=(
-            "Show a checkpoint's leaves (metadata only), or with --leaf one leaf's "
-            "statistics (reads that leaf's bytes only)."
-        ),
-    )
-    parser.add_argument("path", help="a checkpoint directory (local or gs://)")
-    _add_leaf(parser)
-    _add_output(parser)
-    return parser
-
-
-def _diff_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} diff",
-        description=(
-            "Compare two checkpoints leaf by leaf, largest change first. Arrays are "
-            "read region by region in bounded memory. Exits 0 when every leaf is the "
-            "same, 1 when they differ, 2 on trouble (as diff does)."
-        ),
-    )
-    parser.add_argument("a", help="the checkpoint compared from (the older one)")
-    parser.add_argument("b", help="the checkpoint compared to")
-    parser.add_argument(
-        "--key-order",
-        "--stored-order",
-        dest="key_order",
-        action="store_true",
-        help="rows in key order (layers by number) instead of by change",
-    )
-    parser.add_argument(
-        "--changed", action="store_true", help="show only leaves that are not the same"
-    )
-    _add_output(parser)
-    return parser
-
-
-def _verify_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} verify",
-        description=(
-            "Check that a checkpoint is whole and loadable, or every checkpoint of a "
-            "run. Exits 0 when all are sound, 1 when one is not (or cannot be checked)."
-        ),
-    )
-    parser.add_argument("path", help="a checkpoint directory, or a run directory")
-    parser.add_argument(
-        "--data", action="store_true", help="also read every chunk and count NaN/Inf values"
-    )
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="warnings (NaN/Inf values among them) and interrupted saves fail too",
-    )
-    parser.add_argument("--quiet", action="store_true", help="print the verdict only")
-    _add_output(parser)
-    return parser
-
-
-def parse_size(text: str) -> int:
-    """``5GB`` (10⁹ bytes, as the Hugging Face hub counts), ``512MiB``, ``1000000``.
-
-    Raises:
-      argparse.ArgumentTypeError: If ``text`` is not a positive size.
-    """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size such as 5GB, 500MB or 2GiB (a number of bytes and a unit)"
-        )
-    size = int(float(match.group(1)) * _UNITS[unit])
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
-    return size
-
-
-def _export_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} export",
-        description=(
-            "Write a checkpointable's arrays as .safetensors files named after it, "
-            "streamed from the checkpoint with its checksums checked. Over "
-            "--max-file-size, several files and an index in the Hugging Face hub's "
-            "layout."
-        ),
-    )
-    parser.add_argument("checkpoint", help="a checkpoint directory (local or gs://)")
-    parser.add_argument("out", help="a new directory for the files")
-    parser.add_argument("--checkpointable", default="model", help="what to export (model)")
-    parser.add_argument(
-        "--keys",
-        nargs="+",
-        metavar="KEY",
-        help="only leaves whose key or tensor name contains one of these",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=CAST_DTYPES,
-        metavar="DTYPE",
-        help=f"cast floating-point arrays to DTYPE ({', '.join(CAST_DTYPES)})",
-    )
-    parser.add_argument(
-        "--max-file-size", type=parse_size, metavar="SIZE", help="e.g. 5GB: split the files"
-    )
-    parser.add_argument(
-        "--verify", action="store_true", help="read the written files back and compare"
-    )
-    _add_output(parser)
-    return parser
-
-
-def _run_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} run",
-        description=(
-            "The run at a glance: one row per checkpoint with its metrics, save times "
-            "and why it is kept (metadata only). --drift adds how far each layer moved "
-            "between consecutive checkpoints, --scan the NaN/Inf counts and where to "
-            "roll back to (both read array data)."
-        ),
-    )
-    parser.add_argument("root", help="a run directory (local or gs://)")
-    parser.add_argument(
-        "--drift", action="store_true", help="relative update of each layer, pair by pair"
-    )
-    parser.add_argument(
-        "--scan", action="store_true", help="NaN/Inf counts per checkpoint, the roll-back step"
-    )
-    parser.add_argument(
-        "--top",
-        type=int,
-        default=DRIFT_ROWS,
-        metavar="N",
-        help=f"with --drift, the N largest moves in text ({DRIFT_ROWS}; 0: all)",
-    )
-    _add_output(parser)
-    return parser
-
-
-# -- output ------------------------------------------------------------------------------
-
-
-def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
-    columns = list(table.columns)
-    return [
-        {column: jsonable(cell) for column, cell in zip(columns, row, strict=True)}
-        for row in table.itertuples(index=False, name=None)
-    ]
-
-
-def _dump(value: Any, out: TextIO) -> None:
-    json.dump(jsonable(value), out)
-    print(file=out)
-
-
-def _csv(table: pd.DataFrame, out: TextIO) -> None:
-    """``table`` as CSV with the table's own column names."""
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(list(table.columns))
-    for row in table.itertuples(index=False, name=None):
-        writer.writerow([term.csv_cell(cell) for cell in row])
-
-
-def _machine(table: pd.DataFrame, as_json: bool, out: TextIO) -> None:
-    if as_json:
-        _dump(_records(table), out)
-    else:
-        _csv(table, out)
-
-
-def _say(text: str, out: TextIO, total: int) -> None:
-    for line in textwrap.wrap(text, total, break_on_hyphens=False) or [""]:
-        print(line, file=out)
-
-
-def _natural(table: pd.DataFrame, by_checkpointable: bool = True) -> pd.DataFrame:
-    """Rows in natural key order (layers by number), checkpointables in their order."""
-    if table.empty:
-        return table
-    order = {name: i for i, name in enumerate(dict.fromkeys(table["checkpointable"]))}
-    positions = sorted(
-        range(len(table)),
-        key=lambda i: (
-            order[table["checkpointable"].iat[i]] if by_checkpointable else 0,
-            display.natural_key(str(table["key"].iat[i])),
-        ),
-    )
-    return table.iloc[positions].reset_index(drop=True)
 
 
 # -- ls ------------------------------------------------------------------------------------
@@ -396,7 +125,7 @@ def _natural(table: pd.DataFrame, by_checkpointable: bool = True) -> pd.DataFram
 def _listing(root: str) -> pd.DataFrame:
     """``list_checkpoints`` with the run's metric and why each checkpoint is kept."""
     table = list_checkpoints(root)
-    kept = retention_table(root) if _paths_is_run(root) else None
+    kept = retention_table(root) if is_run(root) else None
     if kept is None or kept.empty:
         return table
     by_name = kept.set_index("name")
@@ -409,14 +138,10 @@ def _listing(root: str) -> pd.DataFrame:
     return joined
 
 
-def _paths_is_run(root: str) -> bool:
-    return not layout.looks_like_checkpoint(_paths.existing_directory(root))
-
-
 def _show_listing(root: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     table = _listing(root)
     errors: dict[str, str] = table.attrs.get("errors", {})
-    policy = run_policy(root) if _paths_is_run(root) else None
+    policy = run_policy(root) if is_run(root) else None
     metric = (policy or {}).get("best_by")
     if args.json or args.csv:
         table = table.assign(error=pd.array([errors.get(p) for p in table["path"]], dtype="string"))
@@ -588,7 +313,7 @@ def _show_leaf(path: str, given: Sequence[str], args: argparse.Namespace, out: T
 def _show(path: str, args: argparse.Namespace, out: TextIO, err: TextIO, *, listing: bool) -> None:
     if args.leaf:
         _show_leaf(path, args.leaf, args, out)
-    elif listing or _paths_is_run(path):
+    elif listing or is_run(path):
         _show_listing(path, args, out, err)
     else:
         _show_checkpoint(path, args, out)
@@ -619,188 +344,6 @@ def _diff(argv: Sequence[str], out: TextIO, prog: str) -> int:
     counts = table["status"].value_counts()
     _say(", ".join(f"{n} {status}" for status, n in counts.items()) or "no leaves", out, total)
     return DIFFERENT if differ else SAME
-
-
-# -- verify --------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _progress(
-    err: TextIO, description: str, *, unit: str = "bytes"
-) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on ``err`` when it is a terminal (rich's), else nothing; counts
-    ``unit`` (bytes, with a rate, or things such as pairs)."""
-    if not getattr(err, "isatty", lambda: False)():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        MofNCompleteColumn,
-        Progress,
-        ProgressColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    counts: tuple[ProgressColumn, ...] = (
-        (DownloadColumn(binary_units=True), TransferSpeedColumn())
-        if unit == "bytes"
-        else (MofNCompleteColumn(),)
-    )
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        *counts,
-        TimeRemainingColumn(),
-        console=Console(file=err, width=term.width()),
-        transient=True,
-    ) as bar:
-        task = bar.add_task(description, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total or None)
-
-        yield update
-
-
-def _verify_one(path: str, data: bool, err: TextIO, description: str) -> Verification:
-    with _progress(err, description) as progress:
-        return verify(path, data=data, progress=progress if data else None)
-
-
-def _failed(result: Verification, strict: bool) -> bool:
-    return not result.ok or (strict and bool((result.findings["severity"] == words.WARNING).any()))
-
-
-def _verification_record(result: Verification) -> dict[str, Any]:
-    return {
-        "path": result.path,
-        "ok": result.ok,
-        "verdict": result.verdict,
-        "data": result.data,
-        "findings": _records(result.findings),
-        "leaves": _records(result.leaves),
-    }
-
-
-def _verdict_rows(checked: Sequence[tuple[str, Any, Verification | None, str]]) -> pd.DataFrame:
-    """``verify --csv``: one row per finding, and one for a checkpoint without any, so
-    that a sound checkpoint's verdict is there too."""
-    rows = []
-    for path, step, result, verdict in checked:
-        findings = result.findings if result is not None else pd.DataFrame()
-        base = {
-            "path": path,
-            "step": step,
-            "ok": None if result is None else result.ok,
-            "verdict": verdict,
-        }
-        if findings.empty:
-            rows.append({**base, "severity": None, "part": None, "message": None})
-        for finding in findings.itertuples(index=False):
-            rows.append(
-                {
-                    **base,
-                    "severity": finding.severity,
-                    "part": finding.part,
-                    "message": finding.message,
-                }
-            )
-    return pd.DataFrame(
-        rows, columns=["path", "step", "ok", "verdict", "severity", "part", "message"]
-    )
-
-
-def _verify(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
-    args = _verify_parser(prog).parse_args(argv)
-    if _paths_is_run(args.path):
-        return _verify_run(args, out, err)
-    result = _verify_one(args.path, args.data, err, "reading data")
-    failed = _failed(result, args.strict)
-    if args.json:
-        _dump(_verification_record(result), out)
-    elif args.csv:
-        step = _step_of(result.path)
-        _csv(_verdict_rows([(result.path, step, result, result.verdict)]), out)
-    else:
-        total = term.width()
-        if not args.quiet and len(result.findings):
-            term.render(result.findings, _FINDINGS, out, total)
-        _say(str(result), out, total)
-    return 1 if failed else 0
-
-
-def _step_of(path: str) -> int | None:
-    from tinax._format import names
-
-    return names.step_from_name(Path(path).name)
-
-
-def _worth_showing(result: Verification) -> bool:
-    return bool(result.findings["severity"].isin([words.ERROR, words.WARNING]).any())
-
-
-def _verify_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    listing = list_checkpoints(args.path)
-    if listing.empty:
-        raise ValueError(
-            f"{args.path!r} holds no checkpoint: nothing to verify (give a checkpoint "
-            "directory or a run directory with checkpoints in it)"
-        )
-    checked: list[tuple[str, Any, Verification | None, str]] = []
-    failed = False
-    for row in listing.itertuples(index=False):
-        step = None if pd.isna(row.step) else int(row.step)
-        if row.status in _NOT_CHECKPOINTS:
-            checked.append((row.path, step, None, f"not checked: {row.status} save"))
-            failed = failed or args.strict
-            continue
-        result = _verify_one(row.path, args.data, err, f"reading {row.name}")
-        checked.append((row.path, step, result, result.verdict))
-        failed = failed or _failed(result, args.strict)
-    if args.json:
-        _dump(
-            {
-                "path": args.path,
-                "ok": not failed,
-                "checkpoints": [
-                    {"path": p, "step": s, "status": v}
-                    if r is None
-                    else {"step": s, **_verification_record(r)}
-                    for p, s, r, v in checked
-                ],
-            },
-            out,
-        )
-    elif args.csv:
-        _csv(_verdict_rows(checked), out)
-    else:
-        total = term.width()
-        table = pd.DataFrame(
-            {
-                "name": [Path(p).name for p, _, _, _ in checked],
-                "step": pd.array([s for _, s, _, _ in checked], dtype="Int64"),
-                "verdict": [v for _, _, _, v in checked],
-            }
-        )
-        term.render(table, _CHECKS, out, total)
-        if not args.quiet:
-            # The findings of the checkpoints that are not sound, or warned of.
-            for path, _, found, _ in checked:
-                if found is not None and _worth_showing(found):
-                    print(file=out)
-                    _say(f"{Path(path).name}:", out, total)
-                    term.render(found.findings, _FINDINGS, out, total)
-        sound = sum(1 for _, _, r, _ in checked if r is not None and r.ok)
-        scope = "metadata and data" if args.data else "metadata"
-        _say(
-            f"{sound} of {len(checked)} checkpoints sound ({scope} checked)",
-            out,
-            total,
-        )
-    return 1 if failed else 0
 
 
 # -- export --------------------------------------------------------------------------------
@@ -845,121 +388,6 @@ def _export(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
     print(term.shorten_middle(f"{files[0].parent}: {title}", total), file=out)
     term.render(rows, _FILES, out, total)
     return 0
-
-
-# -- run -----------------------------------------------------------------------------------
-
-
-def _run_columns(table: pd.DataFrame) -> list[Column]:
-    """The run table's columns: the known ones, then its metrics as numbers."""
-    known = {
-        "name": Column("name", "name", priority=0),
-        "step": Column("step", "step", term.number, priority=1, right=True),
-        "status": Column("status", "status", priority=0),
-        "nbytes": Column("nbytes", "size", term.human_bytes, priority=3, right=True),
-        "committed": Column("committed", "committed", term.human_age, priority=6),
-        "kept": Column("kept", "kept", priority=2),
-        "save_blocked_s": Column("save_blocked_s", "blocked", _seconds, priority=5, right=True),
-        "save_total_s": Column("save_total_s", "save", _seconds, priority=4, right=True),
-    }
-    skipped = {"path", "age", "checkpointables"}
-    columns = []
-    for name in table.columns:
-        if name in known:
-            columns.append(known[name])
-        elif name not in skipped and pd.api.types.is_numeric_dtype(table[name].dtype):
-            columns.append(Column(name, name, term.number, priority=2, right=True))
-    return columns
-
-
-def _run(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
-    args = _run_parser(prog).parse_args(argv)
-    if args.csv and args.drift and args.scan:
-        raise ValueError("--csv prints one table: give --drift or --scan, not both")
-    table = run_table(args.root)
-    with _progress(err, "drift", unit="pairs") as progress:
-        drift = drift_table(args.root, progress=progress) if args.drift else None
-    with _progress(err, "scan", unit="checkpoints") as progress:
-        scan = scan_run(args.root, progress=progress) if args.scan else None
-    if args.json:
-        record: dict[str, Any] = {"root": args.root, "checkpoints": _records(table)}
-        if drift is not None:
-            record["drift"] = _records(drift)
-        if scan is not None:
-            record["scan"] = _records(scan)
-            record["first_nonfinite_step"] = scan.attrs.get("first_nonfinite_step")
-            record["rollback_step"] = scan.attrs.get("rollback_step")
-        _dump(record, out)
-        return 0
-    if args.csv:
-        _csv(drift if drift is not None else scan if scan is not None else table, out)
-        return 0
-    total = term.width()
-    term.render(table, _run_columns(table), out, total)
-    errors: dict[str, str] = table.attrs.get("errors", {})
-    for where, problem in errors.items():
-        print(f"unreadable: {where}: {problem}", file=err)
-    if drift is not None:
-        print(file=out)
-        _show_drift(drift, out, total, args.top)
-    if scan is not None:
-        print(file=out)
-        _show_scan(scan, out, total)
-    return 0
-
-
-def _show_drift(drift: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
-    """The pairs' subtrees that moved most first, under a line naming the largest."""
-    if drift.empty:
-        _say("drift: fewer than two complete checkpoints to compare", out, total)
-        return
-    ranked = drift.sort_values(
-        ["rel_update", "step"], ascending=[False, True], na_position="last", kind="stable"
-    ).reset_index(drop=True)
-    first = ranked.iloc[0]
-    if not term.is_missing(first["rel_update"]):
-        _say(
-            f"drift: {first['subtree']} moved most, by {term.number(first['rel_update'])} of "
-            f"its norm, from step {first['previous_step']} to {first['step']}",
-            out,
-            total,
-        )
-    columns = (
-        Column("subtree", "subtree", priority=0),
-        Column("previous_step", "from", term.number, priority=2, right=True),
-        Column("step", "step", term.number, priority=0, right=True),
-        Column("rel_update", "rel_update", term.number, priority=0, right=True),
-        Column("cosine", "cosine", term.number, priority=3, right=True),
-        Column("max_abs_diff", "max_abs_diff", term.number, priority=4, right=True),
-        Column("nan", "nan", term.number, priority=5, right=True),
-        Column("inf", "inf", term.number, priority=6, right=True),
-    )
-    shown = ranked if top <= 0 else ranked.head(top)
-    term.render(shown, columns, out, total)
-    if len(shown) < len(ranked):
-        _say(f"… {len(ranked) - len(shown)} more (--top 0 shows all, --csv prints all)", out, total)
-
-
-def _show_scan(scan: pd.DataFrame, out: TextIO, total: int) -> None:
-    columns = (
-        Column("name", "name", priority=0),
-        Column("step", "step", term.number, priority=3, right=True),
-        Column("verdict", "verdict", priority=0),
-        Column("nan", "nan", term.number, priority=1, right=True),
-        Column("inf", "inf", term.number, priority=1, right=True),
-        Column("nonfinite_leaves", "leaves", term.number, priority=2, right=True),
-    )
-    term.render(scan, columns, out, total)
-    first = scan.attrs.get("first_nonfinite_step")
-    back = scan.attrs.get("rollback_step")
-    if first is None:
-        _say("scan: no NaN or Inf in any checkpoint", out, total)
-    elif back is None:
-        _say(f"scan: NaN/Inf from step {first} on; no sound checkpoint before it", out, total)
-    else:
-        _say(f"scan: NaN/Inf from step {first} on; roll back to step {back}", out, total)
-    for where, problem in scan.attrs.get("problems", {}).items():
-        _say(f"not sound: {where}: {problem}", out, total)
 
 
 # -- entry points --------------------------------------------------------------------------

@@ -1,0 +1,225 @@
+"""The ``tinax`` command's arguments: one parser per command, help that fits the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from tinax.explore import _terminal as term
+from tinax.explore._export import CAST_DTYPES
+
+# ``run --drift`` shows this many of the largest moves in text (--json/--csv: all).
+DRIFT_ROWS = 20
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """Help laid out for the terminal's width (80 in a pipe)."""
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        return argparse.HelpFormatter(self.prog, width=min(term.width(), 100))
+
+
+def _add_output(parser: argparse.ArgumentParser, *, csv_too: bool = True) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--json", action="store_true", help="print JSON instead of text")
+    if csv_too:
+        group.add_argument("--csv", action="store_true", help="print CSV instead of text")
+
+
+def _add_leaf(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--leaf",
+        nargs="+",
+        metavar="KEY",
+        help=(
+            "summarise one leaf: [CHECKPOINTABLE] KEY, the key as a table shows it "
+            "(blocks.2.mlp.kernel, (root)) or as keystr (\"['blocks'][2]...\"); "
+            "without CHECKPOINTABLE, a key that names one leaf in the checkpoint "
+            "(model.blocks.2.mlp.kernel)"
+        ),
+    )
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=prog,
+        description=(
+            f"Show a run's checkpoints or a checkpoint's leaves. Commands: '{prog} ls "
+            f"ROOT', '{prog} show PATH [--leaf KEY]', '{prog} diff A B', '{prog} "
+            f"verify PATH', '{prog} export CKPT OUT', '{prog} run ROOT' ('{prog} "
+            "COMMAND --help' says more). Without a command, PATH is listed if it is a "
+            "run and shown if it is a checkpoint."
+        ),
+    )
+    parser.add_argument("path", help="a run directory or a checkpoint directory")
+    _add_leaf(parser)
+    _add_output(parser)
+    return parser
+
+
+def _ls_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=f"{prog} ls",
+        description=(
+            "List a run's checkpoints: step, status, size, age, and for a run written "
+            "by TrainingRun its metric and why each checkpoint is kept. Metadata only."
+        ),
+    )
+    parser.add_argument("root", help="a run directory (local or gs://)")
+    _add_output(parser)
+    return parser
+
+
+def _show_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=f"{prog} show",
+        description=(
+            "Show a checkpoint's leaves (metadata only), or with --leaf one leaf's "
+            "statistics (reads that leaf's bytes only)."
+        ),
+    )
+    parser.add_argument("path", help="a checkpoint directory (local or gs://)")
+    _add_leaf(parser)
+    _add_output(parser)
+    return parser
+
+
+def _diff_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=f"{prog} diff",
+        description=(
+            "Compare two checkpoints leaf by leaf, largest change first. Arrays are "
+            "read region by region in bounded memory. Exits 0 when every leaf is the "
+            "same, 1 when they differ, 2 on trouble (as diff does)."
+        ),
+    )
+    parser.add_argument("a", help="the checkpoint compared from (the older one)")
+    parser.add_argument("b", help="the checkpoint compared to")
+    parser.add_argument(
+        "--key-order",
+        "--stored-order",
+        dest="key_order",
+        action="store_true",
+        help="rows in key order (layers by number) instead of by change",
+    )
+    parser.add_argument(
+        "--changed", action="store_true", help="show only leaves that are not the same"
+    )
+    _add_output(parser)
+    return parser
+
+
+def _verify_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=f"{prog} verify",
+        description=(
+            "Check that a checkpoint is whole and loadable, or every checkpoint of a "
+            "run. Exits 0 when all are sound, 1 when one is not (or cannot be checked)."
+        ),
+    )
+    parser.add_argument("path", help="a checkpoint directory, or a run directory")
+    parser.add_argument(
+        "--data", action="store_true", help="also read every chunk and count NaN/Inf values"
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="warnings (NaN/Inf values among them) and interrupted saves fail too",
+    )
+    parser.add_argument("--quiet", action="store_true", help="print the verdict only")
+    _add_output(parser)
+    return parser
+
+
+def parse_size(text: str) -> int:
+    """``5GB`` (10⁹ bytes, as the Hugging Face hub counts), ``512MiB``, ``1000000``.
+
+    Raises:
+      argparse.ArgumentTypeError: If ``text`` is not a positive size.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size such as 5GB, 500MB or 2GiB (a number of bytes and a unit)"
+        )
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
+    return size
+
+
+def _export_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=f"{prog} export",
+        description=(
+            "Write a checkpointable's arrays as .safetensors files named after it, "
+            "streamed from the checkpoint with its checksums checked. Over "
+            "--max-file-size, several files and an index in the Hugging Face hub's "
+            "layout."
+        ),
+    )
+    parser.add_argument("checkpoint", help="a checkpoint directory (local or gs://)")
+    parser.add_argument("out", help="a new directory for the files")
+    parser.add_argument("--checkpointable", default="model", help="what to export (model)")
+    parser.add_argument(
+        "--keys",
+        nargs="+",
+        metavar="KEY",
+        help="only leaves whose key or tensor name contains one of these",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=CAST_DTYPES,
+        metavar="DTYPE",
+        help=f"cast floating-point arrays to DTYPE ({', '.join(CAST_DTYPES)})",
+    )
+    parser.add_argument(
+        "--max-file-size", type=parse_size, metavar="SIZE", help="e.g. 5GB: split the files"
+    )
+    parser.add_argument(
+        "--verify", action="store_true", help="read the written files back and compare"
+    )
+    _add_output(parser)
+    return parser
+
+
+def _run_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=f"{prog} run",
+        description=(
+            "The run at a glance: one row per checkpoint with its metrics, save times "
+            "and why it is kept (metadata only). --drift adds how far each layer moved "
+            "between consecutive checkpoints, --scan the NaN/Inf counts and where to "
+            "roll back to (both read array data)."
+        ),
+    )
+    parser.add_argument("root", help="a run directory (local or gs://)")
+    parser.add_argument(
+        "--drift", action="store_true", help="relative update of each layer, pair by pair"
+    )
+    parser.add_argument(
+        "--scan", action="store_true", help="NaN/Inf counts per checkpoint, the roll-back step"
+    )
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=DRIFT_ROWS,
+        metavar="N",
+        help=f"with --drift, the N largest moves in text ({DRIFT_ROWS}; 0: all)",
+    )
+    _add_output(parser)
+    return parser

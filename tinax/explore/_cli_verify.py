@@ -1,0 +1,174 @@
+"""``tinax verify``: a checkpoint, or every checkpoint of a run, checked as a load would."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import pandas as pd
+
+from tinax import _paths
+from tinax._format import layout, names, words
+from tinax.explore import _terminal as term
+from tinax.explore._cli_args import _verify_parser
+from tinax.explore._cli_output import _csv, _dump, _progress, _records, _say
+from tinax.explore._listing import list_checkpoints
+from tinax.explore._terminal import Column
+from tinax.explore._verify import Verification, verify
+
+# Statuses of a listing that are not checkpoints yet, or any more: ``verify`` of a
+# run names them without failing for them (``--strict`` fails).
+_NOT_CHECKPOINTS = frozenset({words.IN_PROGRESS, words.INTERRUPTED, words.BEING_REMOVED})
+_FINDINGS = (
+    Column("severity", "severity", priority=0),
+    Column("part", "part", priority=1),
+    Column("message", "message", priority=0, wrap=True),
+)
+_CHECKS = (
+    Column("name", "name", priority=0),
+    Column("step", "step", term.number, priority=2, right=True),
+    Column("verdict", "verdict", priority=0, wrap=True),
+)
+
+
+def is_run(path: str) -> bool:
+    """Whether ``path`` is a directory of checkpoints rather than one checkpoint."""
+    return not layout.looks_like_checkpoint(_paths.existing_directory(path))
+
+
+def _verify_one(path: str, data: bool, err: TextIO, description: str) -> Verification:
+    with _progress(err, description) as progress:
+        return verify(path, data=data, progress=progress if data else None)
+
+
+def _failed(result: Verification, strict: bool) -> bool:
+    return not result.ok or (strict and bool((result.findings["severity"] == words.WARNING).any()))
+
+
+def _verification_record(result: Verification) -> dict[str, Any]:
+    return {
+        "path": result.path,
+        "ok": result.ok,
+        "verdict": result.verdict,
+        "data": result.data,
+        "findings": _records(result.findings),
+        "leaves": _records(result.leaves),
+    }
+
+
+def _verdict_rows(checked: Sequence[tuple[str, Any, Verification | None, str]]) -> pd.DataFrame:
+    """``verify --csv``: one row per finding, and one for a checkpoint without any, so
+    that a sound checkpoint's verdict is there too."""
+    rows = []
+    for path, step, result, verdict in checked:
+        findings = result.findings if result is not None else pd.DataFrame()
+        base = {
+            "path": path,
+            "step": step,
+            "ok": None if result is None else result.ok,
+            "verdict": verdict,
+        }
+        if findings.empty:
+            rows.append({**base, "severity": None, "part": None, "message": None})
+        for finding in findings.itertuples(index=False):
+            rows.append(
+                {
+                    **base,
+                    "severity": finding.severity,
+                    "part": finding.part,
+                    "message": finding.message,
+                }
+            )
+    return pd.DataFrame(
+        rows, columns=["path", "step", "ok", "verdict", "severity", "part", "message"]
+    )
+
+
+def _verify(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
+    args = _verify_parser(prog).parse_args(argv)
+    if is_run(args.path):
+        return _verify_run(args, out, err)
+    result = _verify_one(args.path, args.data, err, "reading data")
+    failed = _failed(result, args.strict)
+    if args.json:
+        _dump(_verification_record(result), out)
+    elif args.csv:
+        step = _step_of(result.path)
+        _csv(_verdict_rows([(result.path, step, result, result.verdict)]), out)
+    else:
+        total = term.width()
+        if not args.quiet and len(result.findings):
+            term.render(result.findings, _FINDINGS, out, total)
+        _say(str(result), out, total)
+    return 1 if failed else 0
+
+
+def _step_of(path: str) -> int | None:
+    return names.step_from_name(Path(path).name)
+
+
+def _worth_showing(result: Verification) -> bool:
+    return bool(result.findings["severity"].isin([words.ERROR, words.WARNING]).any())
+
+
+def _verify_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    listing = list_checkpoints(args.path)
+    if listing.empty:
+        raise ValueError(
+            f"{args.path!r} holds no checkpoint: nothing to verify (give a checkpoint "
+            "directory or a run directory with checkpoints in it)"
+        )
+    checked: list[tuple[str, Any, Verification | None, str]] = []
+    failed = False
+    for row in listing.itertuples(index=False):
+        step = None if pd.isna(row.step) else int(row.step)
+        if row.status in _NOT_CHECKPOINTS:
+            checked.append((row.path, step, None, f"not checked: {row.status} save"))
+            failed = failed or args.strict
+            continue
+        result = _verify_one(row.path, args.data, err, f"reading {row.name}")
+        checked.append((row.path, step, result, result.verdict))
+        failed = failed or _failed(result, args.strict)
+    if args.json:
+        _dump(
+            {
+                "path": args.path,
+                "ok": not failed,
+                "checkpoints": [
+                    {"path": p, "step": s, "status": v}
+                    if r is None
+                    else {"step": s, **_verification_record(r)}
+                    for p, s, r, v in checked
+                ],
+            },
+            out,
+        )
+    elif args.csv:
+        _csv(_verdict_rows(checked), out)
+    else:
+        total = term.width()
+        table = pd.DataFrame(
+            {
+                "name": [Path(p).name for p, _, _, _ in checked],
+                "step": pd.array([s for _, s, _, _ in checked], dtype="Int64"),
+                "verdict": [v for _, _, _, v in checked],
+            }
+        )
+        term.render(table, _CHECKS, out, total)
+        if not args.quiet:
+            # The findings of the checkpoints that are not sound, or warned of.
+            for path, _, found, _ in checked:
+                if found is not None and _worth_showing(found):
+                    print(file=out)
+                    _say(f"{Path(path).name}:", out, total)
+                    term.render(found.findings, _FINDINGS, out, total)
+        sound = sum(1 for _, _, r, _ in checked if r is not None and r.ok)
+        scope = "metadata and data" if args.data else "metadata"
+        _say(
+            f"{sound} of {len(checked)} checkpoints sound ({scope} checked)",
+            out,
+            total,
+        )
+    return 1 if failed else 0
