@@ -36,6 +36,7 @@ def expected():
         "rows": rng.standard_normal((32, 16)).astype(np.float32),
         "emb": rng.standard_normal((40, 8)).astype(jnp.bfloat16),
         "step": np.arange(8, dtype=np.int32),
+        "wide": rng.standard_normal((256, 4096)).astype(np.float32),
     }
 
 def mesh(shape, names):
@@ -75,6 +76,7 @@ state = {
     "rows": jax.device_put(expected()["rows"], NamedSharding(m42, P("a", None))),
     "emb": jax.device_put(expected()["emb"], NamedSharding(m42, P(None, "b"))),
     "step": jax.device_put(expected()["step"], NamedSharding(m42, P())),
+    "wide": jax.device_put(expected()["wide"], NamedSharding(m42, P())),
 }
 save_checkpointables(root / "c", {"model": state}).result()
 record = json.loads((root / "c" / "model" / "tinax_checksums" / "process_0.json").read_text())
@@ -87,14 +89,18 @@ layouts = {
     "8x1": {
         **{k: NamedSharding(m81, P("x", None)) for k in ("w", "rows", "emb")},
         "step": NamedSharding(m81, P("x")),
+        # 4 MiB held by all eight, loaded in eight column blocks: every stored
+        # piece is put together from eight parts read at once.
+        "wide": NamedSharding(m81, P(None, "x")),
     },
     "2x2": {
         "w": NamedSharding(m22, P("y", "x")),
         "rows": NamedSharding(m22, P(None, "y")),
         "emb": NamedSharding(m22, P("x", "y")),
         "step": NamedSharding(m22, P("x")),
+        "wide": NamedSharding(m22, P("y", "x")),
     },
-    "one device": {k: one for k in ("w", "rows", "emb", "step")},
+    "one device": {k: one for k in ("w", "rows", "emb", "step", "wide")},
     "4x2 as saved": {k: state[k].sharding for k in state},
 }
 loaded = {name: load_and_compare(root / "c", s) for name, s in layouts.items()}
@@ -155,7 +161,13 @@ def test_a_4x2_save_records_each_stored_piece_once(
 ) -> None:
     pieces = on_meshes[1]["pieces"]
     assert isinstance(pieces, dict)
-    shapes = {"['w']": (64, 48), "['rows']": (32, 16), "['emb']": (40, 8), "['step']": (8,)}
+    shapes = {
+        "['w']": (64, 48),
+        "['rows']": (32, 16),
+        "['emb']": (40, 8),
+        "['step']": (8,),
+        "['wide']": (256, 4096),
+    }
     for key, shape in shapes.items():
         # The pieces tile the array: every element in exactly one piece, however
         # many devices held a copy of it (Orbax writes each replica's share once).
@@ -174,9 +186,10 @@ def test_it_loads_bit_identical_onto_8x1_2x2_one_device_and_its_own_mesh(
 ) -> None:
     loaded = on_meshes[1]["loaded"]
     assert loaded == {
-        name: ["emb", "rows", "step", "w"] for name in ("8x1", "2x2", "one device", "4x2 as saved")
+        name: ["emb", "rows", "step", "w", "wide"]
+        for name in ("8x1", "2x2", "one device", "4x2 as saved")
     }
-    assert on_meshes[1]["read"] == {"w": True, "rows": True, "emb": True, "step": True}
+    assert on_meshes[1]["read"] == dict.fromkeys(("w", "rows", "emb", "step", "wide"), True)
 
 
 def test_a_flipped_byte_is_refused_on_every_mesh_naming_the_leaf(
@@ -199,7 +212,7 @@ def test_a_single_device_process_loads_what_eight_devices_saved(
 ) -> None:
     root = on_meshes[0]
     result = _run(_ON_ONE_DEVICE, root, devices=None)
-    assert result["loaded"] == ["emb", "rows", "step", "w"]
+    assert result["loaded"] == ["emb", "rows", "step", "w", "wide"]
     refused = result["refused"]
     assert isinstance(refused, str) and "['w']" in refused and "corrupt" in refused
 

@@ -390,16 +390,18 @@ class _LoadCheck:
             buffer, missing = self._partial.get((key, piece.bounds), (None, 0))
             if buffer is None:
                 buffer = np.empty([b - a for a, b in piece.bounds], values.dtype)
-                missing = buffer.size
-            self._partial[(key, piece.bounds)] = (buffer, missing - values.size)
-        # Parts of one array do not overlap: each writes its own region.
+                self._partial[(key, piece.bounds)] = (buffer, buffer.size)
+        # Parts of one array do not overlap: each writes its own region, and counts
+        # it only once it is written, so the last to count finds the piece whole.
         buffer[_window(common, piece.bounds)] = values
         with self._lock:
-            held, left = self._partial[(key, piece.bounds)]
-            if left != 0 or held is not buffer:
+            held, missing = self._partial[(key, piece.bounds)]
+            missing -= values.size
+            if missing != 0:
+                self._partial[(key, piece.bounds)] = (held, missing)
                 return None
             del self._partial[(key, piece.bounds)]
-            return buffer
+            return held
 
 
 # The loads in progress, by the path of each array they check.
