@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from tinax import _paths
-from tinax._format import keys, storage, words
+from tinax._format import keys, words
 from tinax.explore._diff import diff_table
 from tinax.explore._listing import list_checkpoints
 
@@ -89,9 +89,10 @@ def _number(value: Any) -> float:
 def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDrift]:
     """The sums of every floating-point leaf of two checkpoints (``diff_table``'s), or of
     one checkpointable of each."""
-    # A local checkpointable is read alone; on an object store, where only the
-    # checkpoint carries its commit marker, the whole checkpoint is read.
-    alone = checkpointable is not None and not a.startswith(storage.GCS_SCHEME)
+    # A checkpointable is read alone where saves commit by a rename; where they
+    # commit in place (object stores), only the checkpoint carries the commit
+    # marker, and the whole checkpoint is read.
+    alone = checkpointable is not None and _paths.location(a).storage.commits_by_rename
     if alone:
         a, b = f"{a.rstrip('/')}/{checkpointable}", f"{b.rstrip('/')}/{checkpointable}"
     diff = diff_table(a, b, sort=False)
