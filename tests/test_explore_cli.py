@@ -240,6 +240,9 @@ def test_every_view_fits_the_terminal_in_human_units(
         (linen_optax,),
         ("diff", linen_optax, b),
         ("export", b, tmp_path / f"out{columns}", "--max-file-size", "20KiB"),
+        ("ls", demo_run),
+        ("verify", demo_run),
+        ("run", demo_run, "--scan"),
     ]
     for view in views:
         assert_fits(in_process(*view, columns=columns, monkeypatch=monkeypatch), columns)
