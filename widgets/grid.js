@@ -176,7 +176,8 @@ function render({ model, el }) {
     if (exact) {
       const copy = document.createElement("button");
       copy.className = "tinax-copy";
-      copy.append(copyIcon());
+      // A zero-width space keeps the row's text "blocks 384…" apart, as a glyph did.
+      copy.append(copyIcon(), "\u200b");
       copy.title = `copy ${exact}`;
       copy.setAttribute("aria-label", `copy ${exact}`);
       copy.tabIndex = -1;
@@ -184,7 +185,7 @@ function render({ model, el }) {
         e.stopPropagation();
         if (navigator.clipboard) navigator.clipboard.writeText(exact).catch(() => {});
         copy.replaceChildren("✓");
-        setTimeout(() => { copy.replaceChildren(copyIcon()); }, 900);
+        setTimeout(() => { copy.replaceChildren(copyIcon(), "\u200b"); }, 900);
       });
       td.append(copy);
     }
