@@ -195,6 +195,8 @@ def test_a_prng_key_is_shown_as_a_key(newest):
     assert record["kind"] == "PRNG key" and "mean" not in record
     assert [f"{w:08x}" for w in record["key_data"][0]] == words
     assert record["key_data_complete"] is True
+    table = tinax("show", newest).stdout.split("\nrng: ", 1)[1].split("\n\n", 1)[0]
+    assert table.splitlines()[2].split()[:3] == ["(root)", "PRNG", "key"]
 
 
 def test_verify_checks_every_checkpoint_of_a_run(big_run, tmp_path):

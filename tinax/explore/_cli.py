@@ -169,7 +169,7 @@ def _show_checkpoint(path: str, args: argparse.Namespace, out: TextIO) -> None:
     total = term.width()
     # One block per checkpointable: its name once, what its keys share, its table.
     for name, rows in table.groupby("checkpointable", sort=False):
-        rows = _natural(rows.reset_index(drop=True))
+        rows = _with_key_kind(_natural(rows.reset_index(drop=True)))
         nbytes = term.human_bytes(rows["nbytes"].sum()) if rows["nbytes"].notna().any() else ""
         count = f"{len(rows)} lea{'f' if len(rows) == 1 else 'ves'}"
         title = f"{name or '(unnamed)'}: {count}" + (f", {nbytes}" if nbytes else "")
@@ -187,6 +187,25 @@ def _show_checkpoint(path: str, args: argparse.Namespace, out: TextIO) -> None:
             out,
             total,
         )
+
+
+def _with_key_kind(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose values are PRNG keys (stored as their key data) say so in ``kind``."""
+    kinds = [
+        PRNG_KEY
+        if value_kind(str(cp), str(key), dtype, tuple(shape) if isinstance(shape, tuple) else shape)
+        == PRNG_KEY
+        else kind
+        for cp, key, kind, dtype, shape in zip(
+            rows["checkpointable"],
+            rows["key"],
+            rows["kind"],
+            rows["dtype"],
+            rows["shape"],
+            strict=True,
+        )
+    ]
+    return rows.assign(kind=pd.array(kinds, dtype=rows["kind"].dtype))
 
 
 def _labels_shown(table: pd.DataFrame, checkpointable: str) -> dict[str, str]:
