@@ -6,6 +6,7 @@ import html
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 import ipywidgets as w
@@ -169,7 +170,9 @@ class CheckpointExplorer(w.VBox):
         self.observe(guard(self._on_poll_interval), names="poll_interval")
         self.runs.refresh(deep=False)
         self.poll_interval = poll_interval
-        start_thread(self._tick_ages, name="tinax-explorer-ages", stop=self._stop.set)
+        ages = weakref.ref(self)
+        stop = self._stop
+        start_thread(lambda: _tick_ages(ages, stop), name="tinax-explorer-ages", stop=stop.set)
 
     # -- public ---------------------------------------------------------------------
 
@@ -365,11 +368,6 @@ class CheckpointExplorer(w.VBox):
     def _on_poll_interval(self, change: Any) -> None:
         self.runs.set_poll_interval(float(change["new"]))
 
-    def _tick_ages(self) -> None:
-        tick = shown_in_widget(self._show_error)(self.runs.tick_ages)
-        while not self._stop.wait(AGE_TICK_SECONDS):
-            tick()
-
     # -- services -------------------------------------------------------------------
 
     def _in_background(self, work: Any, name: str) -> None:
@@ -398,3 +396,14 @@ class CheckpointExplorer(w.VBox):
         if not value >= 0:
             raise ValueError(f"poll_interval must be non-negative, got {value}")
         return float(value)
+
+
+def _tick_ages(explorer: weakref.ref[CheckpointExplorer], stop: threading.Event) -> None:
+    """Keeps an explorer's ages up to date until it is closed or collected (the thread
+    holds it only while it ticks, so that a dropped explorer is not kept alive)."""
+    while not stop.wait(AGE_TICK_SECONDS):
+        shown = explorer()
+        if shown is None:
+            return
+        shown_in_widget(shown._show_error)(shown.runs.tick_ages)()
+        del shown
