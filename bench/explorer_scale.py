@@ -426,7 +426,7 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
         filter_floors.append(
             _best(lambda t=text: leaves[leaves["key"].str.contains(t, case=False, regex=False)], 1)
         )
-        filters.append(_best(lambda t=text: setattr(explorer.key_filter, "value", t), 1))
+        filters.append(_best(lambda t=text: setattr(explorer.contents.key_filter, "value", t), 1))
     row(
         "filter its keys",
         statistics.median(filters),
@@ -434,7 +434,7 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
         "Series.str.contains",
         0.5,
     )
-    explorer.key_filter.value = ""
+    explorer.contents.key_filter.value = ""
 
     jumps, jump_floors = [], []
     for i in range(repeats):
