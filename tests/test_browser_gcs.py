@@ -97,7 +97,12 @@ def test_explorer_browses_a_gs_run_in_chromium(gcs, tmp_path: Path) -> None:
                 "a save that has not committed must not open"
             )
             rows.filter(has_text=re.compile(r"^step-300")).click()
-            explorer.locator(f'.tinax-table tbody tr:has(span[title="{LEAF}"])').last.click()
+            # The leaves as a flat table (the tree shows first).
+            explorer.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
+                has_text=re.compile(r"^table$")
+            ).click()
+            leaf_table = explorer.locator(".tinax-leaf-table")
+            leaf_table.locator(f'tbody tr:has(span[title="{LEAF}"])').click()
 
             stats = explorer.locator("table.tinax-leaf-stats")
             stats.wait_for()
