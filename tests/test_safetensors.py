@@ -97,8 +97,10 @@ def test_exports_read_back_bit_for_bit_by_the_safetensors_library(
     checkpoint, states, tmp_path, checkpointable
 ):
     files = ex.export_safetensors(checkpoint, tmp_path / "out", checkpointable=checkpointable)
-    assert files == [tmp_path / "out" / "model.safetensors"]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.safetensors"]
+    # Named after the checkpointable: model.safetensors (the hub's name), params…, opt…
+    name = f"{checkpointable}.safetensors"
+    assert files == [tmp_path / "out" / name]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [name]
     _assert_bitwise(load_file(files[0]), _flat(states[checkpointable]))
     with safe_open(files[0], framework="numpy") as f:
         meta = f.metadata()
