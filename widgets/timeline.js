@@ -117,7 +117,12 @@ function draw(model, root) {
     text(svg, left, y + 11, title, { "font-weight": "bold" });
     const all = series.flatMap((s) => s.values);
     const [vlo, vhi] = extent(all);
-    const yy = (v) => top + height - ((v - vlo) / (vhi - vlo)) * height;
+    // Values over two decades apart, all positive (a loss spike): a log scale, so
+    // the rest of the curve stays readable.
+    const log = vlo > 0 && vhi / vlo > 100;
+    const f = log ? Math.log10 : (v) => v;
+    const yy = (v) => top + height - ((f(v) - f(vlo)) / (f(vhi) - f(vlo))) * height;
+    if (log) text(svg, left + plotW, y + 11, "log scale", { "text-anchor": "end", "font-size": 10 });
     el("rect", { x: left, y: top, width: plotW, height, fill: "none", stroke: "#bbb" }, svg);
     for (const v of [vlo, vhi]) text(svg, left - 4, yy(v) + 4, format(v), { "text-anchor": "end" });
     series.forEach((s, k) => {
