@@ -221,11 +221,13 @@ function draw(model, root) {
   }
 
   // -- the step axis, markers and the picks ------------------------------------------
-  const ticks = Math.max(2, Math.min(steps.length, Math.floor(plotW / 60)));
-  for (let i = 0; i < ticks; i++) {
-    const s = Math.round(lo + (span * i) / (ticks - 1));
-    text(svg, x(s), y + 10, String(s), { "text-anchor": "middle" });
-  }
+  // The checkpoints' own steps where they fit; else evenly spaced ones.
+  const room = Math.max(2, Math.floor(plotW / 50));
+  const ticks =
+    steps.length <= room
+      ? steps
+      : Array.from({ length: room }, (_, i) => Math.round(lo + (span * i) / (room - 1)));
+  for (const s of ticks) text(svg, x(s), y + 10, String(s), { "text-anchor": "middle" });
   text(svg, left + plotW, y + 24, "step", { "text-anchor": "end" });
   const top0 = marks.length ? marks[0][0] : 0;
   const bottom0 = marks.length ? marks[marks.length - 1][1] : y;
