@@ -9,15 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from tinax.widgets._table import (
-    KEY_WIDTHS,
-    SILENT,
-    UNIFORM,
-    Column,
-    PagedTable,
-    RowLook,
-    format_cell,
-)
+from tinax.widgets._page_text import KEY_WIDTHS, SILENT, UNIFORM
+from tinax.widgets._table import Column, PagedTable, RowLook, format_cell
 
 COLUMNS = (
     Column("name", "name", key=True),

@@ -24,37 +24,12 @@ import anywidget
 import pandas as pd
 import traitlets
 
-from tinax.explore import display
-
 from ._guard import shown_in_widget
+from ._page_text import KEY_WIDTHS, format_cell, key_labels, quiet_columns
+from ._sorting import sorted_frame
 
 DEFAULT_PAGE_SIZE = 20
-# The widths (characters) at which a key column's labels are offered, longest first:
-# the browser shows the longest set whose every label fits, so that the rows in view
-# never read alike however narrow the column (``display.display_keys``).
-# How little a column says about the rows in view (``PagedTable.quiet``): nothing at
-# all (hidden), or one value in every row (the first to give way).
-SILENT = 2
-UNIFORM = 1
-KEY_WIDTHS = (0, 96, 80, 68, 58, 50, 44, 38, 33, 29, 25, 22, 19, 16)
 _HERE = pathlib.Path(__file__).parent
-
-
-def format_cell(value: Any) -> str:
-    """A table cell's text: ``''`` for missing values, tuples without trailing commas."""
-    if value is None or value is pd.NaT:
-        return ""
-    if isinstance(value, float) and math.isnan(value):
-        return ""
-    try:
-        if pd.isna(value) is True:
-            return ""
-    except (TypeError, ValueError):
-        pass
-    if isinstance(value, tuple):
-        # Shapes read as Python writes them: (4,) and ().
-        return "(" + ", ".join(str(v) for v in value) + ("," if len(value) == 1 else "") + ")"
-    return str(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,60 +94,6 @@ class RowLook:
     mark: str = ""
     check: bool | None = None
     mixed: bool = False
-
-
-def _sort_value(value: Any) -> Any:
-    """A cell's place in a sort of a column that is not numbers: shapes by their size."""
-    if isinstance(value, tuple):
-        return (0, math.prod(v if isinstance(v, int) else 0 for v in value), len(value), str(value))
-    return (1, 0, 0, str(value))
-
-
-def _sort_key(series: pd.Series) -> pd.Series:
-    if pd.api.types.is_bool_dtype(series.dtype):
-        return series.astype("Int64")
-    if (
-        pd.api.types.is_numeric_dtype(series.dtype)
-        or pd.api.types.is_datetime64_any_dtype(series.dtype)
-        or pd.api.types.is_timedelta64_dtype(series.dtype)
-        or (pd.api.types.is_string_dtype(series.dtype) and series.dtype != object)
-    ):
-        return series
-    # Objects (shapes, tuples of names, mixed values): missing ones stay missing, so
-    # that they sort last whichever way.
-    return series.map(lambda v: None if format_cell(v) == "" else _sort_value(v))
-
-
-def _natural_rank(series: pd.Series) -> pd.Series:
-    """Each key's place in natural order (``display.natural_key``): block 2 before 10."""
-    text = series.map(lambda v: "" if format_cell(v) == "" else str(v))
-    places = [display.natural_key(t) for t in text.tolist()]
-    order = sorted(range(len(places)), key=places.__getitem__)
-    rank = pd.Series(0, index=series.index, dtype="int64")
-    rank.iloc[order] = range(len(order))
-    return rank.where(text != "", other=None) if (text == "").any() else rank
-
-
-def sorted_frame(
-    frame: pd.DataFrame, field: str | None, *, ascending: bool = True, natural: bool = False
-) -> pd.DataFrame:
-    """``frame`` sorted by its column ``field`` (stable, missing values last).
-
-    Numbers, times and strings sort by value; shapes by their number of elements;
-    anything else by its text; with ``natural``, text with its integer parts as
-    numbers (leaf keys). ``None`` (or a field ``frame`` lacks) keeps ``frame``'s own
-    order.
-    """
-    if field is None or field not in frame.columns or len(frame) < 2:
-        return frame
-    key = _natural_rank(frame[field]) if natural else _sort_key(frame[field])
-    try:
-        order = key.sort_values(ascending=ascending, kind="stable", na_position="last").index
-    except TypeError:
-        # Values that do not compare with one another sort by their text.
-        text = frame[field].map(lambda v: format_cell(v) or None)
-        order = text.sort_values(ascending=ascending, kind="stable", na_position="last").index
-    return frame.loc[order]
 
 
 def _cell_text(column: Column, row: pd.Series) -> str:
@@ -500,55 +421,10 @@ class PagedTable(anywidget.AnyWidget):
             # Names (a tree's) offer no shorter labels: the browser cuts them if it must.
             return [[] for _ in texts], exact, ""
         keys = ["" if t == "" else str(v) for t, v in zip(texts, page[column.field], strict=True)]
-        groups: list[str] | None = None
-        names: list[str] = []
+        groups = None
         if column.group is not None and column.group in page.columns:
-            names = [str(v) for v in page[column.group]]
-            if len(set(names)) > 1:
-                groups = names
-        try:
-            sets = [
-                display.display_keys(keys, width=w or None, checkpointables=groups)
-                for w in KEY_WIDTHS
-            ]
-            prefix = display.shared_prefix(keys, checkpointables=groups)
-        except ValueError:
-            return [[] for _ in texts], texts, ""
-        labels = []
-        for slot, text in enumerate(texts):
-            # The root key reads as the column formats it ("(whole)").
-            if keys[slot] == "" and groups is None:
-                labels.append([text] * len(KEY_WIDTHS))
-            else:
-                labels.append([labels_at[slot] for labels_at in sets])
-        # A whole checkpointable (the empty key) is named by the checkpointable.
-        exact = [k or (names[slot] if names else "") or texts[slot] for slot, k in enumerate(keys)]
-        return labels, exact, prefix
-
-    def _quiet(self, cells: list[list[str]], keyed_groups: bool) -> list[int]:
-        """Per column: ``SILENT`` if it says nothing about the rows in view (every cell
-        blank, the same cells as a column before it, what the key labels already
-        say), ``UNIFORM`` if one value fills it, else 0."""
-        quiet = []
-        for i, column in enumerate(self.columns):
-            if column.key:
-                quiet.append(0)
-                continue
-            values = [row[i] for row in cells]
-            blank = all(v == "" for v in values)
-            twin = len(values) > 0 and any(
-                [row[j] for row in cells] == values for j in range(i) if not self.columns[j].key
-            )
-            told = keyed_groups and any(
-                c.is_keystr and c.group == column.field for c in self.columns
-            )
-            if blank or twin or told:
-                quiet.append(SILENT)
-            elif len(values) > 1 and len(set(values)) == 1:
-                quiet.append(UNIFORM)
-            else:
-                quiet.append(0)
-        return quiet
+            groups = [str(v) for v in page[column.group]]
+        return key_labels(texts, keys, groups)
 
     def _render(self) -> None:
         page = self.frame.iloc[self.page * self.page_size : (self.page + 1) * self.page_size]
@@ -605,7 +481,14 @@ class PagedTable(anywidget.AnyWidget):
             position += f" · sorted by {title} once it is read"
         with self.hold_trait_notifications():
             self.page_count = self.pages
-            self.quiet = self._quiet(cells, keyed_groups)
+            self.quiet = quiet_columns(
+                cells,
+                [c.key for c in self.columns],
+                [
+                    keyed_groups and any(k.is_keystr and k.group == c.field for k in self.columns)
+                    for c in self.columns
+                ],
+            )
             self.key_prefix = prefix
             self.rows = rows
             self.position = position
