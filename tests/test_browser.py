@@ -478,7 +478,7 @@ explorer"""
 # The text of each key cell in view, and of the tree's labels, as drawn.
 _KEYS_JS = """
 (table) => [...table.querySelectorAll('tbody tr')].filter((tr) => tr.offsetParent !== null)
-  .map((tr) => tr.querySelector('td').innerText.trim())
+  .map((tr) => tr.querySelector('td').innerText.replace(/[\\s\\u200b]+/g, ' ').trim())
 """
 
 
@@ -558,19 +558,22 @@ def test_the_explorer_on_a_many_leaf_run_reads_at_every_width(
         ex.locator(".tinax-section-leaf table.tinax-leaf-stats").wait_for()
         expect(ex.locator(".tinax-leaf-title")).to_contain_text(f"{script.JUMP_LAYER}.")
         step("leaf from the diff", started)
+        # After a diff, a data check and a leaf: two screens of a 1,280 x 900 laptop.
+        height = figures["leaf from the diff"]["height"]
+        assert height <= 2 * SCREEN["height"], f"the explorer is {height} px tall"
 
         _set_width(page, 900)
         _distinct(diff_table.evaluate(_KEYS_JS), "diff at 900 px")
         # Blocks in numeric order in the tree: 0, 1, 2, … 9, 10, never 0, 1, 10.
         tree = ex.locator(".tinax-section-checkpoint .tinax-leaf-tree")
         tree.get_by_role("button", name="close all").click()
-        rows = tree.locator(".tinax-table tbody tr")
+        labels = tree.locator(".tinax-table .tinax-key-text")
         for name in ("model", "blocks"):
-            rows.filter(has_text=re.compile(rf"^\W*{name}\b")).first.click()
-        rows.filter(has_text=re.compile(r"^\W*10\b")).first.wait_for()
-        labels = tree.locator(".tinax-table").evaluate(_KEYS_JS)
-        blocks = [int(label.strip(" ▸▾")) for label in labels if label.strip(" ▸▾").isdigit()]
-        assert blocks[:12] == list(range(12)), labels
+            labels.filter(has_text=re.compile(rf"^{name}$")).first.click()
+        labels.filter(has_text=re.compile(r"^10$")).first.wait_for()
+        shown = labels.all_inner_texts()
+        blocks = [int(label) for label in shown if label.strip().isdigit()]
+        assert blocks[:12] == list(range(12)), shown
         # Which leaves are largest: the flat table, by size.
         started = time.monotonic()
         ex.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
@@ -582,6 +585,17 @@ def test_the_explorer_on_a_many_leaf_run_reads_at_every_width(
             "aria-sort", "descending"
         )
         step("largest leaves", started)
+        # Export the model: its panel opens right under its button, "model" chosen.
+        started = time.monotonic()
+        ex.get_by_role("button", name="export…").click()
+        panel = ex.locator(".tinax-export-panel")
+        panel.locator("button.widget-button").filter(has_text=re.compile(r"^\s*Export\s*$")).click()
+        panel.get_by_text(re.compile(r"^wrote \d+ file")).wait_for()
+        step("export the model", started)
+        buttons = ex.get_by_role("button", name="export…").bounding_box()
+        box = panel.bounding_box()
+        assert buttons is not None and box is not None
+        assert 0 <= box["y"] - (buttons["y"] + buttons["height"]) < 40, (buttons, box)
         _distinct(leaf_table.evaluate(_KEYS_JS), "leaf table at 900 px")
 
         for width in WIDTHS:
@@ -589,11 +603,6 @@ def test_the_explorer_on_a_many_leaf_run_reads_at_every_width(
             _check_readable(ex, f"explorer on the many-leaf run at {width} px")
             _distinct(diff_table.evaluate(_KEYS_JS), f"diff at {width} px")
             _screenshot(page, ex, width, "explorer-big-run")
-        # After a diff, a data check and a leaf: two screens of a 1,280 x 900 laptop.
-        _set_width(page, 1280)
-        height = _height(ex)
-        figures["page height at 1280 px"] = height
-        assert height <= 2 * SCREEN["height"], f"the explorer is {height} px tall"
         # A sound checkpoint's data check is one line.
         assert verdict.get_attribute("data-ok") == "true"
         expect(ex.locator(".tinax-data-check .tinax-table")).to_be_hidden()
