@@ -61,9 +61,11 @@ explorer = CheckpointExplorer({run!r})
 config = json.loads(open(os.path.join({run!r}, "big_run.json")).read())["config"]
 step, every = config["jump"]["step"], config["checkpoint_every"]
 explorer.go_to_step(step)
-explorer.diff_view.compare(os.path.join({run!r}, f"step_{{step - every:06d}}"))
+# As a reader does: "compare with" the step before, then a click on the top row.
+listed = explorer.checkpoints.set_index("name")["path"]
+explorer.diff_view.choice.value = listed[f"step_{{step - every:06d}}"]
 most = explorer.diff_view.shown().iloc[0]
-explorer.open_leaf(most["checkpointable"], most["key"])
+explorer.diff_view.picked = (most["checkpointable"], most["key"])
 explorer"""
 
 
@@ -117,6 +119,10 @@ def photograph(run: Path, output: Path) -> None:
                 if big:
                     explorer.locator(".tinax-diff-view .tinax-table").last.wait_for()
                 page.wait_for_timeout(1000)  # let the image and the layout settle
+                # A window as tall as the widget, so that the picture holds all of it.
+                tall = int(explorer.evaluate("el => el.getBoundingClientRect().height"))
+                page.set_viewport_size({"width": WIDTH, "height": max(HEIGHT, tall + 300)})
+                page.wait_for_timeout(500)
                 explorer.evaluate("el => el.scrollIntoView({block: 'start'})")
                 output.parent.mkdir(parents=True, exist_ok=True)
                 explorer.screenshot(path=str(output))
