@@ -54,6 +54,7 @@ from flax import nnx
 from orbax.checkpoint import v1 as ocp
 
 import tinax.checkpointing as tc
+from tinax.checkpointing import _context as tc_context
 
 SIZES = {
     # width, blocks, vocabulary
@@ -144,6 +145,40 @@ class Probe:
         return (self.peak - self.base) / 1e6, self.late
 
 
+STACKS: Any = None
+
+
+class Watchdog:
+    """Writes every thread's Python stack to ``STACKS`` when a step runs over 0.3 s."""
+
+    def __init__(self, system: str) -> None:
+        self.system = system
+        self.started = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import traceback
+
+        dumped = None
+        while not self._stop.wait(0.05):
+            started = self.started
+            if time.perf_counter() - started > 0.3 and dumped != started:
+                dumped = started
+                names = {t.ident: t.name for t in threading.enumerate()}
+                lines = [f"=== {self.system}: step running {time.perf_counter() - started:.2f} s"]
+                for ident, frame in sys._current_frames().items():
+                    stack = "".join(traceback.format_stack(frame)[-8:])
+                    lines.append(f"--- thread {names.get(ident, ident)}\n{stack}")
+                STACKS.write("\n".join(lines) + "\n")
+                STACKS.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def targets(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
@@ -158,10 +193,26 @@ def save_round(
     start = time.perf_counter()
     if system == "orbax":
         response: Any = ocp.save_checkpointables_async(where, state)
+    elif system == "orbax uncompressed":
+        ctx = ocp.Context()
+        ctx.array.saving.use_compression = False
+        with ctx:
+            response = ocp.save_checkpointables_async(where, state)
+    elif system == "tinax compressed":
+        with tc.compression():
+            response = tc.save_checkpointables(where, state)
     elif system == "tinax 8 MiB chunks":
         ctx = ocp.Context()
         ctx.array.saving.storage_options.chunk_byte_size = 8 << 20
         with ctx:
+            response = tc.save_checkpointables(where, state)
+    elif system == "tinax one chunk":
+        ctx = ocp.Context()
+        ctx.array.saving.scoped_storage_options_creator = lambda keypath, value: None
+        with ctx:
+            response = tc.save_checkpointables(where, state)
+    elif system == "tinax no checksums":
+        with tc_context.without_checksums():
             response = tc.save_checkpointables(where, state)
     else:
         response = tc.save_checkpointables(where, state)
@@ -170,11 +221,16 @@ def save_round(
     response.on_complete(lambda _: done.set())
     steps = []
     params, opt = state["params"], state["opt"]
+    watch = Watchdog(system) if STACKS is not None else None
     while not done.is_set():
         t = time.perf_counter()
+        if watch is not None:
+            watch.started = t
         params, opt, value = step(params, opt, tokens)
         value.block_until_ready()
         steps.append(time.perf_counter() - t)
+    if watch is not None:
+        watch.stop()
     response.result()
     seconds = time.perf_counter() - start
     rss_peak, late = probe.stop()
@@ -192,7 +248,7 @@ def save_round(
 def load_round(system: str, where: Path, state: dict[str, Any]) -> tuple[Any, float]:
     want = targets(state)
     start = time.perf_counter()
-    if system == "orbax":
+    if system.startswith("orbax"):
         loaded = ocp.load_checkpointables(where, want)
     else:
         loaded = tc.load_checkpointables(where, want)
@@ -201,8 +257,16 @@ def load_round(system: str, where: Path, state: dict[str, Any]) -> tuple[Any, fl
 
 
 def identical(a: Any, b: Any) -> bool:
-    same = jax.tree.map(lambda x, y: bool(x.sharding == y.sharding and jnp.array_equal(x, y)), a, b)
-    return all(jax.tree.leaves(same))
+    for (path, x), y in zip(
+        jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True
+    ):
+        if not x.sharding.is_equivalent_to(y.sharding, x.ndim):
+            print(f"  {jax.tree_util.keystr(path)}: sharding {x.sharding} != {y.sharding}")
+            return False
+        if np.asarray(x).tobytes() != np.asarray(y).tobytes():
+            print(f"  {jax.tree_util.keystr(path)}: values differ")
+            return False
+    return True
 
 
 def flip_a_byte(checkpoint: Path) -> None:
@@ -240,7 +304,18 @@ def main() -> int:
     parser.add_argument("--diagnose", action="store_true")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary dir)")
     parser.add_argument("--json", default=None, help="write the figures here too")
+    parser.add_argument(
+        "--systems",
+        default="orbax,tinax",
+        help="comma-separated, of: orbax, orbax uncompressed, tinax, tinax compressed, "
+        "tinax no checksums, tinax one chunk",
+    )
+    parser.add_argument("--stacks", default=None, help="write threads' stacks of slow steps here")
+    parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")
     args = parser.parse_args()
+    global STACKS
+    if args.stacks:
+        STACKS = open(args.stacks, "w")  # noqa: SIM115
 
     backend = jax.default_backend()
     accelerator = backend != "cpu"
@@ -262,7 +337,7 @@ def main() -> int:
             f"in {len(jax.tree.leaves(state))} arrays, {rounds} round(s)",
             flush=True,
         )
-        systems = ["orbax", "tinax"]
+        systems = args.systems.split(",")
         if args.diagnose:
             systems.append("tinax 8 MiB chunks")
         results: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
@@ -278,7 +353,7 @@ def main() -> int:
                 # save's source instead, in the first round only.
                 loaded, figures["load_mb_s"] = load_round(system, where, state)
                 del loaded
-                if r == 0:
+                if r == 0 and not args.no_check:
                     check = scratch / f"check-{system.replace(' ', '_')}"
                     jax.block_until_ready(state)
                     keep = jax.tree.map(jnp.copy, state)
