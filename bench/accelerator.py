@@ -201,6 +201,9 @@ def save_round(
     elif system == "tinax compressed":
         with tc.compression():
             response = tc.save_checkpointables(where, state)
+    elif system == "tinax uncompressed":
+        with tc.compression(False):
+            response = tc.save_checkpointables(where, state)
     elif system == "tinax 8 MiB chunks":
         ctx = ocp.Context()
         ctx.array.saving.storage_options.chunk_byte_size = 8 << 20
@@ -308,6 +311,7 @@ def main() -> int:
         "--systems",
         default="orbax,tinax",
         help="comma-separated, of: orbax, orbax uncompressed, tinax, tinax compressed, "
+        "tinax uncompressed, "
         "tinax no checksums, tinax one chunk",
     )
     parser.add_argument("--stacks", default=None, help="write threads' stacks of slow steps here")

@@ -13,6 +13,7 @@ from explore_fixtures import save_v0_run, save_v1, save_v1_run
 
 import tinax.explore as ex
 from tinax._format import names as _layout
+from tinax.explore import toolkit
 
 LISTING_COLUMNS = [
     "name",
@@ -188,7 +189,7 @@ def test_paths_with_dotdot_components(tmp_path, monkeypatch):
 def test_the_listing_cache_can_be_bounded_cleared_and_bypassed(tmp_path, monkeypatch):
     for step in range(3):
         save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
-    cache = ex.ListingCache(max_entries=2)
+    cache = toolkit.ListingCache(max_entries=2)
     assert list(ex.list_checkpoints(tmp_path, cache=cache)["status"]) == ["complete"] * 3
     assert len(cache) == 2  # bounded: the oldest verdict went
     cache.max_entries = 1
@@ -201,14 +202,14 @@ def test_the_listing_cache_can_be_bounded_cleared_and_bypassed(tmp_path, monkeyp
 
     real = _listing._metadata_problem
     monkeypatch.setattr(_listing, "_metadata_problem", lambda c: reads.append(c) or real(c))
-    cache = ex.ListingCache()
+    cache = toolkit.ListingCache()
     ex.list_checkpoints(tmp_path, cache=cache)
     ex.list_checkpoints(tmp_path, cache=cache)
     assert len(reads) == 3  # the second listing reused every verdict
     ex.list_checkpoints(tmp_path, cache=None)
     assert len(reads) == 6  # no cache: every checkpoint read again
     with pytest.raises(ValueError):
-        ex.ListingCache(max_entries=-1)
+        toolkit.ListingCache(max_entries=-1)
     with pytest.raises(TypeError):
         ex.list_checkpoints(tmp_path, cache={})
 
@@ -226,7 +227,7 @@ def test_a_quick_listing_reads_commit_records_only_and_names_what_it_left_unchec
     monkeypatch.setattr(
         preflight, "check", lambda path, *scan: checked.append(path) or real(path, *scan)
     )
-    cache = ex.ListingCache()
+    cache = toolkit.ListingCache()
     quick = ex.list_checkpoints(tmp_path, cache=cache, deep=False)
     assert checked == []
     assert list(quick["status"]) == ["complete", "complete"]
@@ -265,7 +266,7 @@ def test_a_quick_listing_still_refuses_what_it_cannot_read(tmp_path):
 def test_a_remembered_verdict_lists_the_same_row_as_a_fresh_read(tmp_path):
     root = save_v1_run(tmp_path / "run", steps=(0, 5))
     (root / "5" / "pytree" / "_METADATA").write_text('{"tree_metadata": {')
-    cache = ex.ListingCache()
+    cache = toolkit.ListingCache()
     fresh = ex.list_checkpoints(root, cache=cache)
     for deep in (True, False):
         kept = ex.list_checkpoints(root, cache=cache, deep=deep)
@@ -313,7 +314,7 @@ def test_a_listing_of_unchanged_checkpoints_reads_no_file_again(tmp_path, monkey
 
     for step in range(3):
         save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
-    cache = ex.ListingCache()
+    cache = toolkit.ListingCache()
     first = ex.list_checkpoints(tmp_path, cache=cache)
     reads = []
     real = files.read_bytes

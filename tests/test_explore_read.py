@@ -20,6 +20,7 @@ from explore_fixtures import (
 from orbax.checkpoint import v1 as ocp
 
 import tinax.explore as ex
+from tinax.explore import toolkit
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,7 @@ def test_without_ocdbt_a_missing_chunk_is_an_error_not_fill_values(tmp_path):
 
 def test_leaf_summary_of_an_array_with_nan_and_inf():
     value = np.array([1.0, 2.0, np.nan, np.inf, -np.inf, 3.0], np.float32)
-    summary = ex.leaf_summary(value)
+    summary = toolkit.leaf_summary(value)
     assert summary == {
         "shape": (6,),
         "dtype": "float32",
@@ -126,13 +127,13 @@ def test_leaf_summary_of_an_array_with_nan_and_inf():
 
 
 def test_leaf_summary_of_other_values():
-    bf = ex.leaf_summary(np.arange(4).astype(ml_dtypes.bfloat16))
+    bf = toolkit.leaf_summary(np.arange(4).astype(ml_dtypes.bfloat16))
     assert (bf["dtype"], bf["max"], bf["mean"]) == ("bfloat16", 3.0, 1.5)
-    ints = ex.leaf_summary(np.array([[1, 5]], np.int32))
+    ints = toolkit.leaf_summary(np.array([[1, 5]], np.int32))
     assert (ints["shape"], ints["min"], ints["max"], ints["nan_count"]) == ((1, 2), 1.0, 5.0, 0)
-    assert ex.leaf_summary(7)["mean"] == 7.0
-    assert ex.leaf_summary(np.array([True, False]))["mean"] == 0.5
-    nothing = ex.leaf_summary(np.array([np.nan]))
+    assert toolkit.leaf_summary(7)["mean"] == 7.0
+    assert toolkit.leaf_summary(np.array([True, False]))["mean"] == 0.5
+    nothing = toolkit.leaf_summary(np.array([np.nan]))
     assert (nothing["nan_count"], nothing["min"]) == (1, None)
     for value in ("text", None, {"next_index": 3}):
-        assert set(ex.leaf_summary(value).values()) == {None}
+        assert set(toolkit.leaf_summary(value).values()) == {None}

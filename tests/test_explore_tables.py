@@ -25,6 +25,7 @@ from tinax import checkpointing as tc
 from tinax._format import arrays as _store
 from tinax._format.storage import local
 from tinax.checkpointing.legacy import v0 as legacy_v0
+from tinax.explore import toolkit
 
 LEAF_COLUMNS = [
     "checkpointable",
@@ -145,7 +146,7 @@ def test_shapes_and_dtypes_agree_with_orbax_own_metadata(v1_path, table):
     metadata = ocp.checkpointables_metadata(v1_path).metadata
     for path, leaf in jax.tree_util.tree_flatten_with_path(metadata["model"])[0]:
         if hasattr(leaf, "shape"):
-            r = row(table, "model", ex.leaf_key(path))
+            r = row(table, "model", toolkit.leaf_key(path))
             assert r.shape == tuple(leaf.shape)
             assert r.dtype == np.dtype(leaf.dtype).name
 
@@ -201,7 +202,7 @@ def test_state_table_refuses_what_is_not_a_mapping():
 
 def test_leaf_key_writes_attribute_and_integer_dict_keys_as_orbax_stores_them():
     paths = jax.tree_util.tree_flatten_with_path({0: optimizer_state()[0]})[0]
-    assert [ex.leaf_key(p) for p, _ in paths] == ["['0']['mu']['w']", "['0']['nu']['w']"]
+    assert [toolkit.leaf_key(p) for p, _ in paths] == ["['0']['mu']['w']", "['0']['nu']['w']"]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from test_explore_diff import write_leaf_bytes
 import tinax.explore as ex
 from tinax._format import words
 from tinax.checkpointing import save_checkpointables
+from tinax.explore import toolkit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -241,26 +242,28 @@ def test_a_checkpoint_without_checksums_says_so(tmp_path):
     assert any("no checksums recorded for 'model'" in m for m in info["message"])
 
 
-class _SumCheck(ex.Check):
+class _SumCheck(toolkit.Check):
     """A plugged-in check: sums every array's values as they are read."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
 
-    def structure(self, target: ex.Target) -> list[ex.Finding]:
-        return [ex.Finding("", words.INFO, f"looked at {target.path.name}")]
+    def structure(self, target: toolkit.VerifyTarget) -> list[toolkit.Finding]:
+        return [toolkit.Finding("", words.INFO, f"looked at {target.path.name}")]
 
-    def leaf(self, target: ex.Target, array: ex.StoredArray) -> ex.LeafScan:
+    def leaf(self, target: toolkit.VerifyTarget, array: toolkit.StoredArray) -> toolkit.LeafScan:
         sums = self.sums
         sums[array.key] = 0.0
 
-        class Scan(ex.LeafScan):
+        class Scan(toolkit.LeafScan):
             def update(self, box, values):
                 sums[array.key] += float(np.asarray(values, np.float64).sum())
 
             def finish(self):
                 return (
-                    [ex.Finding(array.part, words.ERROR, "summed")] if array.key == "['b']" else []
+                    [toolkit.Finding(array.part, words.ERROR, "summed")]
+                    if array.key == "['b']"
+                    else []
                 )
 
         return Scan()
@@ -268,7 +271,7 @@ class _SumCheck(ex.Check):
 
 def test_a_check_plugs_in(template):
     check = _SumCheck()
-    result = ex.verify(template, data=True, checks=[*(c() for c in ex.DEFAULT_CHECKS), check])
+    result = ex.verify(template, data=True, checks=[*(c() for c in toolkit.DEFAULT_CHECKS), check])
     w = ex.read_leaf(template, "model", "['w']")
     assert check.sums["['w']"] == pytest.approx(float(w.astype(np.float64).sum()))
     assert not result.ok and list(result.errors["part"]) == ["model ['b']"]
@@ -338,7 +341,7 @@ def test_checksum_pieces_are_digested_from_regions_in_any_layout(boxes):
             for b in halves
         ),
     )
-    array = ex.StoredArray("m", "['w']", "w", ArrayInfo((8, 6), "float32", 4, (8, 6)))
+    array = toolkit.StoredArray("m", "['w']", "w", ArrayInfo((8, 6), "float32", 4, (8, 6)))
     for damaged, expected in ((False, []), (True, [words.ERROR])):
         scan = _ChecksumScan(array, record, np.dtype(np.float32))
         data = values.copy()

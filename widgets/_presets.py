@@ -191,7 +191,7 @@ def apply_to_live(live: Mapping[str, Any], result: Mapping[str, Any]) -> list[st
     with ``nnx.update``; returns the names it applied."""
     applied = [name for name in result if is_nnx_state(live[name])]
     if applied:
-        from flax import nnx  # loaded already: the live state is NNX's
+        nnx = sys.modules["flax.nnx"]  # loaded already: the live state is NNX's
 
         for name in applied:
             nnx.update(live[name], result[name])

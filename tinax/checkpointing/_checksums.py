@@ -1,5 +1,9 @@
 """Pytree checkpointables saved with checksums of their values, and checked when loaded.
 
+(Over 500 lines: the save's digests from Orbax's host copies, the load's checks of
+the parts Orbax read, and the pieces put together across meshes share one record
+and one set of digest threads; apart, each would need the others' internals.)
+
 ``ChecksummedPyTreeHandler`` is Orbax's ``PyTreeHandler`` plus tinax's integrity
 record (``tinax._format.checksums``): a save digests every value it writes and
 puts the record in the checkpointable's directory before the checkpoint commits;
