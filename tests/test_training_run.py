@@ -271,6 +271,14 @@ def test_a_run_that_skipped_a_corrupt_checkpoint_sets_it_aside_and_goes_on(tmp_p
         names.corrupt_name("step_000100", 2),
         names.corrupt_name("step_000150"),
     }
+    # The command line's verify of the run names what was set aside, and passes
+    # unless told to be strict.
+    cli = [sys.executable, "-m", "tinax.explore", "verify", str(root)]
+    verified = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.count("set aside") == 3
+    strict = subprocess.run([*cli, "--strict"], capture_output=True, text=True, timeout=120)
+    assert strict.returncode == 1
 
 
 def test_a_skipped_checkpoint_goes_aside_on_disk_and_on_gs_and_its_step_is_saved_again(root):

@@ -21,6 +21,9 @@ from tinax.explore._verify import Verification, verify
 # Statuses of a listing that are not checkpoints yet, or any more: ``verify`` of a
 # run names them without failing for them (``--strict`` fails).
 _NOT_CHECKPOINTS = frozenset({words.IN_PROGRESS, words.INTERRUPTED, words.BEING_REMOVED})
+# A checkpoint a run's restore found corrupt and set aside: no load takes it, and the
+# run has gone on without it; checked again it would only repeat the finding.
+_SET_ASIDE = frozenset({words.FOUND_CORRUPT})
 _FINDINGS = (
     Column("severity", "severity", priority=0),
     Column("part", "part", priority=1),
@@ -126,6 +129,10 @@ def _verify_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         step = None if pd.isna(row.step) else int(row.step)
         if row.status in _NOT_CHECKPOINTS:
             checked.append((row.path, step, None, f"not checked: {row.status} save"))
+            failed = failed or args.strict
+            continue
+        if row.status in _SET_ASIDE:
+            checked.append((row.path, step, None, f"not checked: set aside, {row.status}"))
             failed = failed or args.strict
             continue
         result = _verify_one(row.path, args.data, err, f"reading {row.name}")
