@@ -49,6 +49,7 @@ _MEMORY_PROBE = r"""
 import json, sys, time
 import numpy as np
 import tinax.explore as ex
+from tinax.explore import toolkit
 
 def status(field):
     with open("/proc/self/status") as f:
@@ -244,6 +245,7 @@ def _gcs_results(args: argparse.Namespace) -> list[tuple[str, str, str, str, str
 
         import tinax.explore as ex
         from tinax.checkpointing import save_checkpointables
+        from tinax.explore import toolkit
 
         run = "gs://tinax-bench/run"
         _log(f"writing a {args.gcs_checkpoints}-checkpoint run to {run}")
@@ -258,10 +260,10 @@ def _gcs_results(args: argparse.Namespace) -> list[tuple[str, str, str, str, str
         # What the explorer shows first: the run's listing and each commit record.
         with emulator.counting() as quick:
             start = time.perf_counter()
-            listed = ex.list_checkpoints(run, cache=ex.ListingCache(), deep=False)
+            listed = ex.list_checkpoints(run, cache=toolkit.ListingCache(), deep=False)
             quick_s = time.perf_counter() - start
         assert (listed["status"] == "complete").all() and len(listed) == args.gcs_checkpoints
-        cache = ex.ListingCache()
+        cache = toolkit.ListingCache()
         with emulator.counting() as first:
             start = time.perf_counter()
             listed = ex.list_checkpoints(run, cache=cache)

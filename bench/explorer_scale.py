@@ -155,6 +155,7 @@ start = time.perf_counter()
 what, run = sys.argv[1:3]
 if what == "listing":
     import tinax.explore as ex
+    from tinax.explore import toolkit
 else:
     from tinax.widgets import CheckpointExplorer
 imported = time.perf_counter() - start
@@ -239,6 +240,7 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
 
     import tinax.explore as ex
     from tinax._format import pytree
+    from tinax.explore import toolkit
 
     results: list[tuple[str, float, float, str, float]] = []
 
@@ -267,9 +269,9 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
     for _ in range(repeats):  # Interleaved, so that load on the machine hits all alike.
         walks.append(_best(lambda: _scandir_walk(run), 1))
         quick.append(
-            _best(lambda: ex.list_checkpoints(run, cache=ex.ListingCache(), deep=False), 1)
+            _best(lambda: ex.list_checkpoints(run, cache=toolkit.ListingCache(), deep=False), 1)
         )
-        cache = ex.ListingCache()
+        cache = toolkit.ListingCache()
         deep_cold.append(_best(lambda cache=cache: ex.list_checkpoints(run, cache=cache), 1))
         deep_warm.append(_best(lambda cache=cache: ex.list_checkpoints(run, cache=cache), 1))
     walk = statistics.median(walks)

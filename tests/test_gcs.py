@@ -29,6 +29,7 @@ from tinax.checkpointing import (
     remove_interrupted_save,
     save_checkpointables,
 )
+from tinax.explore import toolkit
 
 # The OCDBT files that hold array chunks (B+tree nodes live beside the manifest).
 _DATA_FILES = "/ocdbt.process_"
@@ -65,14 +66,14 @@ def big_run(gcs):
 def test_a_listing_lists_the_run_once_and_reads_no_array_data(gcs, big_run):
     run, _ = big_run
     with gcs.counting() as first:
-        table = ex.list_checkpoints(run, cache=ex.ListingCache())
+        table = ex.list_checkpoints(run, cache=toolkit.ListingCache())
     assert list(table["status"]) == [words.COMPLETE] * 4
     assert _recursive_listings(first) == 1
     # Besides that: one probe that the run exists, and metadata reads.
     assert sum(map(is_listing, first)) <= 2
     assert _data_reads(first) == []
 
-    cache = ex.ListingCache()
+    cache = toolkit.ListingCache()
     ex.list_checkpoints(run, cache=cache)
     with gcs.counting() as again:
         ex.list_checkpoints(run, cache=cache)

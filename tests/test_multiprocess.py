@@ -87,6 +87,15 @@ def test_every_process_saves_its_part_of_a_sharded_training_checkpoint(two):
     assert _claims.probe(local(ck)) is None
     assert "ck" in two["files after save"] and "after" in two["files after save"]
     assert names.claim_name("ck") not in two["files after save"]
+    # Every process's checksum record is inside the committed checkpoint: none was
+    # written after the primary's commit, into a temporary directory renamed away.
+    assert not [f for f in two["files after save"] if names.TEMPORARY_SUFFIX in f]
+    for name in ("ck", "after"):
+        for part in ("model", "optimizer"):
+            records = two["directory"] / name / part / names.CHECKSUMS_DIR
+            assert sorted(p.name for p in records.iterdir()) == sorted(
+                names.checksum_file_name(i) for i in range(2)
+            ), (name, part)
 
 
 def test_fresh_processes_load_it_exactly_each_with_its_own_iterator(two):

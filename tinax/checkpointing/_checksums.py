@@ -514,9 +514,12 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
             checkpointable,
             primary=jax.process_index() == (self._multiprocessing_options.primary_host or 0),
         )
+        # Handed to _background_save, which writes the record at the right moment.
+        self._records_to_write[id(directory)] = finish
         try:
             inner = await super().save(directory, checkpointable)
         except BaseException:
+            self._records_to_write.pop(id(directory), None)
             with contextlib.suppress(RuntimeError):
                 finish()
             raise
@@ -526,16 +529,44 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
                 await inner
             except BaseException:
                 # Orbax's failure is the one to report; the digests end all the same.
+                self._records_to_write.pop(id(directory), None)
                 with contextlib.suppress(RuntimeError):
                     await asyncio.to_thread(finish)
                 raise
-            # Orbax has written every array: each was digested from its host copy.
-            record = await asyncio.to_thread(finish)
-            path = await directory.await_creation()
-            # Written before the checkpoint commits: as atomic as the rest.
-            await asyncio.to_thread(write_record, str(path), record, jax.process_index())
 
         return _complete()
+
+    @property
+    def _records_to_write(self) -> dict[int, Callable[[], dict[str, LeafRecord]]]:
+        """The saves started and not yet in the background, by their directory's id."""
+        records: dict[int, Callable[[], dict[str, LeafRecord]]] | None
+        records = self.__dict__.get("_tinax_records")
+        if records is None:
+            records = self.__dict__["_tinax_records"] = {}
+        return records
+
+    async def _background_save(self, directory: Any, *, commit_futures: Any, **kwargs: Any) -> None:
+        """Orbax's background save, with this process's record written before its
+        commit barrier.
+
+        Orbax's primary process commits (renames the temporary directory) as soon as
+        its own handlers are done, right after every process has reached that
+        barrier; a record another process wrote after the barrier would land in a
+        directory already renamed away. So each process writes its record once its
+        arrays are written (every one digested from its host copy) and before the
+        barrier, which makes it as atomic as the rest of the checkpoint.
+        """
+        finish = self._records_to_write.pop(id(directory), None)
+        if finish is not None:
+            try:
+                await asyncio.gather(*(asyncio.to_thread(f.result) for f in commit_futures))
+            except BaseException:
+                pass  # Orbax's own wait below reports the failure and cleans up
+            else:
+                record = await asyncio.to_thread(finish)
+                path = await directory.await_creation()
+                await asyncio.to_thread(write_record, str(path), record, jax.process_index())
+        await super()._background_save(directory, commit_futures=commit_futures, **kwargs)
 
     async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Awaitable[Any]:
         # Orbax awaits each checkpointable's load in turn and drops the rest once one
