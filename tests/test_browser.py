@@ -42,6 +42,10 @@ from run_view_fixtures import big_run_script
 from tinax.checkpointing import save_checkpointables
 
 ARTIFACTS = REPO / "test-artifacts"
+# The explorer opens a checkpoint, diffs and checks data in the kernel's background;
+# on a loaded two-core machine that takes longer than Playwright's 5 s default
+# before the view shows it.
+expect.set_options(timeout=TIMEOUT_MS)
 # A small laptop, a common laptop with JupyterLab's file browser open, a wide screen.
 WIDTHS = (900, 1280, 1600)
 REPO_NOTEBOOKS = ("02_explore_a_run.ipynb", "03_restore_targets.ipynb")
