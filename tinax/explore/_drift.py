@@ -25,6 +25,7 @@ from tinax import _paths
 from tinax._format import keys, words
 from tinax.explore._diff import diff_table
 from tinax.explore._listing import list_checkpoints
+from tinax.explore.display import natural_key
 
 DRIFT_COLUMNS = (
     "step",
@@ -355,7 +356,7 @@ def drift_table(
                     nan,
                     inf,
                     count,
-                    tuple((0, p, "") if isinstance(p, int) else _sortable(p) for p in path),
+                    natural_key(keys.format_key(path)),
                 )
             )
     out.sort(key=lambda r: (r[0], r[-1]))
@@ -376,7 +377,3 @@ def drift_table(
         "pairs": len(done),
     }
     return table
-
-
-def _sortable(part: str) -> tuple[int, int, str]:
-    return (0, int(part), "") if part.isdigit() else (1, 0, part)
