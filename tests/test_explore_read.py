@@ -79,7 +79,7 @@ def test_read_leaf_reads_only_that_leaf(three_big):
     path, arrays = three_big
     assert corrupt_chunks(path / "model", keep="b") == 2
     np.testing.assert_array_equal(ex.read_leaf(path, "model", "['b']"), arrays["b"])
-    with pytest.raises(ValueError, match=r"cannot read leaf \['a'\] of 'model'"):
+    with pytest.raises(ValueError, match=r"leaf \['a'\]: the stored data is corrupt"):
         ex.read_leaf(path, "model", "['a']")
 
 

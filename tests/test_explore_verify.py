@@ -146,7 +146,8 @@ def test_chunk_bytes_overwritten_are_found_only_by_reading_data(template, tmp_pa
     result = ex.verify(path, data=True)
     assert not result.ok
     assert list(result.errors["part"]) == ["model ['w']"]
-    assert "cannot be read" in result.errors["message"].iloc[0]
+    # The chunk no longer decodes: the stored data of that leaf is corrupt.
+    assert "corrupt: it does not decode" in result.errors["message"].iloc[0]
     leaves = result.leaves.set_index("key")
     assert not leaves.loc["['w']", "read"] and leaves.loc["['b']", "read"]
 

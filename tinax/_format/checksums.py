@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -336,6 +337,31 @@ def mismatch_message(key: str, record: LeafRecord, bad: Sequence[Mismatch]) -> s
         f"leaf {key}: the stored data is corrupt: its checksum is {first.found}, "
         f"{first.expected} was recorded when it was saved{where}{more}"
     )
+
+
+# Tensorstore's words for a stored chunk whose bytes do not decode (a flipped byte in
+# a zstd-compressed chunk, most often): damage, as a checksum that does not match is.
+# Its codecs name themselves: ``ZSTD_decompressStream() failed: Data corruption
+# detected``, ``Error decoding chunk …``, or the status ``DATA_LOSS``.
+_UNDECODABLE = (
+    re.compile(r"\w+_decompress\w*\(\) failed[^;]*|Error decoding[^;]*"),
+    re.compile(r"DATA_LOSS: [^;]*"),
+)
+
+
+def undecodable(message: str) -> str | None:
+    """The codec's complaint if ``message`` (a failed read's) says stored bytes do not
+    decode, else ``None``."""
+    for words in _UNDECODABLE:
+        found = words.search(message)
+        if found:
+            return found.group(0).strip()
+    return None
+
+
+def undecodable_message(key: str, complaint: str) -> str:
+    """What to say about a leaf whose stored bytes do not decode."""
+    return f"leaf {key}: the stored data is corrupt: it does not decode ({complaint})"
 
 
 def check_read_value(directory: Location, key: str, value: Any) -> str | None:

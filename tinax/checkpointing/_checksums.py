@@ -386,6 +386,17 @@ class _LoadCheck:
         if bad:
             raise _corrupt(self.where, [checksums.mismatch_message(key, record, bad)])
 
+    def unreadable(self, path: str, error: BaseException) -> CorruptDataError | None:
+        """The error for a read of the array at ``path`` that failed: a chunk that does
+        not decode is the leaf's corruption; any other failure is reported as it is."""
+        found = self.arrays.get(path.rstrip("/"))
+        if found is None:
+            return None
+        complaint = checksums.undecodable(str(error))
+        if complaint is None:
+            return None
+        return _corrupt(self.where, [checksums.undecodable_message(found[0], complaint)])
+
     def _fill(
         self, key: str, piece: Piece, common: Bounds, values: np.ndarray
     ) -> np.ndarray | None:
@@ -421,13 +432,19 @@ async def _on_host_read(
         await asyncio.to_thread(load.check, path, shape, bounds, values)
 
 
+def _on_unreadable(path: str, error: BaseException) -> BaseException | None:
+    with _registry_lock:
+        load = _loads.get(path.rstrip("/"))
+    return None if load is None else load.unreadable(path, error)
+
+
 def _start_load_check(directory: str) -> _LoadCheck | None:
     """Starts checking the arrays Orbax reads from a checkpointable (if it has checksums)."""
     where = location(directory)
     records = checksums.read_checksums(where)
     if records is None:
         return None
-    _orbax.check_host_reads(_on_host_read)
+    _orbax.check_host_reads(_on_host_read, _on_unreadable)
     load = _LoadCheck(where, records)
     with _registry_lock:
         for path in load.arrays:

@@ -111,15 +111,30 @@ HostReadCheck = Callable[
 ]
 
 
-def check_host_reads(check: HostReadCheck) -> None:
+# ``unreadable(array_path, error)``: the error to raise instead of ``error``, a read
+# of the array at ``array_path`` that failed (tensorstore's error), or ``None``.
+ReadFailureCheck = Callable[[str, BaseException], BaseException | None]
+
+
+def _array_path(t: Any) -> str | None:
+    """The path of the stored array ``t`` reads (see ``HostReadCheck``)."""
+    kvstore = t.kvstore
+    if kvstore is None:
+        return None
+    return str(kvstore.path if kvstore.base is None else kvstore.base.path + kvstore.path)
+
+
+def check_host_reads(check: HostReadCheck, unreadable: ReadFailureCheck) -> None:
     """Has ``check`` see every part of an array Orbax reads, on the host, before
-    Orbax puts it on a device.
+    Orbax puts it on a device, and ``unreadable`` every read that fails.
 
     Orbax reads each part of an array a device needs into host memory
     (``serialization._read_shard``), then copies it to the device; ``check`` runs
     in between, on the bytes as stored (before a cast the restore target asked
     for; a read that tensorstore converts is checked from a second read of the
-    stored bytes), and what it raises fails the load. Installed once per process.
+    stored bytes), and what it raises fails the load. A read that fails (a chunk
+    that does not decode) fails with what ``unreadable`` makes of it, if anything.
+    Installed once per process.
     """
     from orbax.checkpoint._src.serialization import serialization
 
@@ -131,7 +146,14 @@ def check_host_reads(check: HostReadCheck) -> None:
 
         @functools.wraps(original)
         async def read_shard(t: Any, *, dtype: Any, **kwargs: Any) -> np.ndarray:
-            values = await original(t, dtype=None, **kwargs)
+            try:
+                values = await original(t, dtype=None, **kwargs)
+            except Exception as e:
+                path = _array_path(t)
+                instead = None if path is None else unreadable(path, e)
+                if instead is not None:
+                    raise instead from e
+                raise
             requested, restricted = kwargs["requested_domain"], kwargs["restricted_domain"]
             if requested == restricted:
                 stored, checked = t, values
@@ -141,11 +163,8 @@ def check_host_reads(check: HostReadCheck) -> None:
                     # as it reads: the stored bytes are read again to be checked.
                     stored = base
                     checked = await base[restricted].read()
-                kvstore = stored.kvstore
-                if kvstore is not None:
-                    path = (
-                        kvstore.path if kvstore.base is None else kvstore.base.path + kvstore.path
-                    )
+                path = _array_path(stored)
+                if path is not None:
                     bounds = tuple(
                         zip(requested.inclusive_min, requested.exclusive_max, strict=True)
                     )

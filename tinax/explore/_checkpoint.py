@@ -372,6 +372,14 @@ def read_leaf(path: str | os.PathLike[str], checkpointable: str, key: str) -> An
             else:
                 value = pytree.read_value(tree, leaf, arrays.context())
         except ValueError as e:
+            complaint = checksums.undecodable(str(e))
+            if complaint is not None:
+                # A chunk that does not decode is damage, as a checksum that does
+                # not match is, and is said alike.
+                raise ValueError(
+                    f"checkpoint {str(checkpoint.path)!r}: checkpointable {checkpointable!r}: "
+                    + checksums.undecodable_message(key, complaint)
+                ) from None
             raise ValueError(
                 f"checkpoint {str(checkpoint.path)!r}: cannot read leaf {key} of "
                 f"{checkpointable!r}: {arrays.message(e)}"

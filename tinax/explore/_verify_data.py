@@ -153,9 +153,13 @@ def read_data(
     for index, (array, _) in enumerate(work):
         counts = _nonfinite(active, array)
         if index in failed:
-            found.append(
-                Finding(array.part, words.ERROR, f"its data cannot be read: {failed[index]}")
+            complaint = checksums.undecodable(failed[index])
+            said = (
+                f"its data cannot be read: {failed[index]}"
+                if complaint is None
+                else f"its stored data is corrupt: it does not decode ({complaint})"
             )
+            found.append(Finding(array.part, words.ERROR, said))
         else:
             for scan in scans.get(index, []):
                 found.extend(scan.finish())
