@@ -26,9 +26,15 @@ size and checks correctness only. Exit status 1 when a goal is missed:
   and load >= 2x Orbax's MB/s;
 - CPU: save and load >= 1.5x Orbax's MB/s.
 
-``--diagnose`` adds rounds of tinax with every array cut into 8 MiB chunks (tinax's
-earlier storage choice) and a probe thread that measures how late it wakes (the
-GIL held, or the whole process stalled) while steps are slow.
+On an accelerator tinax saves with zstd by default (``default_compression``); the
+``tinax uncompressed`` and ``orbax uncompressed`` systems write the same state
+uncompressed, ``tinax pinned`` copies it to the host through pinned host memory.
+
+``--diagnose`` samples, from a separate process (``bench/_kernel_sampler.py``),
+every thread's kernel state and wait channel and the kernel's dirty-page and
+reclaim counters, and prints what they were during each training step slower than
+0.3 s, beside a probe thread that measures how late a 1 ms sleep wakes (the GIL
+held, or the whole process stalled).
 """
 
 from __future__ import annotations
@@ -146,6 +152,9 @@ class Probe:
 
 
 STACKS: Any = None
+# Training steps slower than SLOW_S: (system, round, start, end), perf_counter times.
+SLOW_S = 0.3
+SLOW_STEPS: list[tuple[str, int, float, float]] = []
 
 
 class Watchdog:
@@ -184,7 +193,7 @@ def targets(tree: Any) -> Any:
 
 
 def save_round(
-    system: str, where: Path, state: dict[str, Any], step: Any, tokens: jax.Array
+    system: str, where: Path, state: dict[str, Any], step: Any, tokens: jax.Array, r: int = 0
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Saves ``state`` while training goes on; returns the new state and the figures."""
     jax.block_until_ready(state)
@@ -214,6 +223,11 @@ def save_round(
         ctx.array.saving.scoped_storage_options_creator = lambda keypath, value: None
         with ctx:
             response = tc.save_checkpointables(where, state)
+    elif system == "tinax pinned":
+        ctx = ocp.Context()
+        ctx.array.saving.enable_pinned_host_transfer = True
+        with ctx:
+            response = tc.save_checkpointables(where, state)
     elif system == "tinax no checksums":
         with tc_context.without_checksums():
             response = tc.save_checkpointables(where, state)
@@ -232,6 +246,8 @@ def save_round(
         params, opt, value = step(params, opt, tokens)
         value.block_until_ready()
         steps.append(time.perf_counter() - t)
+        if steps[-1] > SLOW_S:
+            SLOW_STEPS.append((system, r, t, t + steps[-1]))
     if watch is not None:
         watch.stop()
     response.result()
@@ -297,7 +313,68 @@ def floors(state: Any, scratch: Path) -> dict[str, float]:
     )
     dd = (count << 24) / (time.perf_counter() - start) / 1e6
     (scratch / "dd").unlink()
-    return {"device_get_mb_s": device_get, "dd_fsync_mb_s": dd}
+    # Host to device: the state's host copy put back on its shardings in one call.
+    host = jax.device_get(state)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    start = time.perf_counter()
+    jax.block_until_ready(jax.device_put(host, shardings))
+    device_put = total / (time.perf_counter() - start) / 1e6
+    return {"device_get_mb_s": device_get, "device_put_mb_s": device_put, "dd_fsync_mb_s": dd}
+
+
+def start_sampler(scratch: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    out = scratch / "kernel-samples.jsonl"
+    sampler = Path(__file__).resolve().parent / "_kernel_sampler.py"
+    process = subprocess.Popen([sys.executable, str(sampler), str(os.getpid()), str(out)])
+    return process, out
+
+
+def explain_slow_steps(samples_file: Path, most: int = 12) -> list[str]:
+    """What the kernel said the threads were doing during the slowest steps."""
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines() if line]
+    main_tid = str(os.getpid())
+    lines = []
+    for system, r, start, end in sorted(SLOW_STEPS, key=lambda s: s[2] - s[3])[:most]:
+        during = [x for x in samples if start <= x["t"] <= end]
+        if not during:
+            continue
+        before = max((x for x in samples if x["t"] < start), key=lambda x: x["t"], default=None)
+        first = before or during[0]
+        last = during[-1]
+        main: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        for x in during:
+            for tid, name, state, wchan in x["threads"]:
+                if tid == main_tid:
+                    main[f"{state} {wchan}"] = main.get(f"{state} {wchan}", 0) + 1
+                elif state == "D":
+                    waiting[f"{name} {wchan}"] = waiting.get(f"{name} {wchan}", 0) + 1
+        delta = {
+            k: last.get(k, 0) - first.get(k, 0)
+            for k in (
+                "allocstall_normal",
+                "allocstall_movable",
+                "pgscan_direct",
+                "compact_stall",
+                "pgmajfault",
+                "pgfault",
+                "thp_fault_alloc",
+            )
+        }
+        dirty = max(x.get("dirty_kb", 0) for x in during) / 1024
+        writeback = max(x.get("writeback_kb", 0) for x in during) / 1024
+        threshold = last.get("nr_dirty_threshold", 0) * 4 / 1024
+        top = lambda d: ", ".join(
+            f"{k} x{v}" for k, v in sorted(d.items(), key=lambda i: -i[1])[:6]
+        )  # noqa: E731
+        lines.append(
+            f"{system} round {r}: step of {end - start:.2f} s, {len(during)} samples; "
+            f"main thread: {top(main)}; threads in D: {top(waiting) or 'none'}; "
+            f"dirty up to {dirty:.0f} MiB, writeback up to {writeback:.0f} MiB "
+            f"(dirty threshold {threshold:.0f} MiB); "
+            + ", ".join(f"{k} +{v}" for k, v in delta.items() if v)
+        )
+    return lines
 
 
 def main() -> int:
@@ -311,8 +388,8 @@ def main() -> int:
         "--systems",
         default="orbax,tinax",
         help="comma-separated, of: orbax, orbax uncompressed, tinax, tinax compressed, "
-        "tinax uncompressed, "
-        "tinax no checksums, tinax one chunk",
+        "tinax uncompressed, tinax pinned, "
+        "tinax no checksums, tinax one chunk, tinax 8 MiB chunks",
     )
     parser.add_argument("--stacks", default=None, help="write threads' stacks of slow steps here")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")
@@ -326,7 +403,11 @@ def main() -> int:
     size = "smoke" if args.smoke else ("accelerator" if accelerator else "cpu")
     rounds = 1 if args.smoke else args.rounds
     scratch = Path(tempfile.mkdtemp(prefix="tinax-bench-", dir=args.dir))
+    sampler = None
+    explained: list[str] = []
     try:
+        if args.diagnose:
+            sampler, samples = start_sampler(scratch)
         params, opt, step = make_state(size)
         # A short batch on a CPU, where the step's matrix work would otherwise take
         # longer than a save.
@@ -342,16 +423,12 @@ def main() -> int:
             flush=True,
         )
         systems = args.systems.split(",")
-        if args.diagnose:
-            systems.append("tinax 8 MiB chunks")
         results: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
         problems: list[str] = []
         for r in range(rounds):
             for system in systems:
-                if system == "tinax 8 MiB chunks" and r >= 2:
-                    continue
                 where = scratch / f"{system.replace(' ', '_')}-{r}"
-                state, figures = save_round(system, where, state, step, tokens)
+                state, figures = save_round(system, where, state, step, tokens, r)
                 jax.block_until_ready(state)
                 # What was saved is gone (donated): the load is compared with a fresh
                 # save's source instead, in the first round only.
@@ -387,7 +464,14 @@ def main() -> int:
                     flush=True,
                 )
         floor = floors(state, scratch)
+        if sampler is not None:
+            sampler.terminate()
+            sampler.wait()
+            explained = explain_slow_steps(samples)
     finally:
+        if sampler is not None and sampler.poll() is None:
+            sampler.kill()
+            sampler.wait()
         shutil.rmtree(scratch, ignore_errors=True)
 
     medians = {
@@ -406,11 +490,13 @@ def main() -> int:
     ):
         o, t = medians["orbax"][k], medians["tinax"][k]
         print(f"{k:22}{o:12.3f}{t:12.3f}{t / o if o else float('nan'):8.2f}")
-    if "tinax 8 MiB chunks" in medians:
-        d = medians["tinax 8 MiB chunks"]
-        print(
-            "tinax, every array in 8 MiB chunks: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items())
-        )
+    for system, d in medians.items():
+        if system not in ("orbax", "tinax"):
+            print(f"{system}: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items()))
+    if args.diagnose:
+        print(f"\nthe slowest steps over {SLOW_S} s, as the kernel saw them:")
+        for line in explained or ["none"]:
+            print("  " + line)
     print("floors: " + ", ".join(f"{k} {v:.0f}" for k, v in floor.items()))
     if args.json:
         Path(args.json).write_text(
@@ -421,6 +507,8 @@ def main() -> int:
                     "rounds": results,
                     "medians": medians,
                     "floors": floor,
+                    "slow_steps": [list(x) for x in SLOW_STEPS],
+                    "slow_steps_explained": explained,
                 },
                 indent=1,
             )

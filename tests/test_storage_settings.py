@@ -1,4 +1,5 @@
-"""Storage settings: tinax saves uncompressed by default, compresses on request, reads both."""
+"""Storage settings: tinax saves uncompressed on a CPU by default, compressed on an
+accelerator, as asked inside ``compression`` blocks, and reads both."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from tinax.checkpointing import (
     save_checkpointables,
     save_training_checkpoint,
 )
-from tinax.checkpointing._context import CHUNK_BYTES
+from tinax.checkpointing._context import CHUNK_BYTES, compressing, default_compression
 
 
 def _state() -> dict[str, Any]:
@@ -59,6 +60,15 @@ def test_tinax_saves_arrays_uncompressed_by_default(tmp_path: Path) -> None:
     save_checkpointables(tmp_path / "plain", {"p": _state()}).result()
     for param in ("w", "noise", "bias"):
         assert "zstd" not in _codecs(tmp_path / "plain" / "p", param)
+
+
+def test_the_default_is_zstd_on_an_accelerator_and_uncompressed_on_a_cpu() -> None:
+    assert jax.default_backend() == "cpu" and not compressing()
+    assert [default_compression(b) for b in ("cpu", "tpu", "gpu")] == [False, True, True]
+    with compression():
+        assert compressing()
+        with compression(False):
+            assert not compressing()
 
 
 def test_compression_switch_brings_zstd_back_for_saves_in_the_block(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any
 
+import jax
 from orbax.checkpoint import v1 as ocp
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
@@ -14,10 +15,10 @@ from tinax.checkpointing._checksums import ChecksummedPyTreeHandler, Checksummed
 from tinax.checkpointing._empty import EmptyPyTreeHandler
 from tinax.checkpointing._orbax import active_context, chunk_shape
 
-# Off by default: zstd buys a few percent of disk on float weights and costs half or
-# more of the save and load throughput (README, "Storage settings").
-_COMPRESS: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "tinax_compress_arrays", default=False
+# ``None``: the default for the backend (``default_compression``); a bool: what a
+# ``with compression(...)`` block asked for.
+_COMPRESS: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "tinax_compress_arrays", default=None
 )
 # Big arrays are stored in chunks of at most this many bytes (Orbax's default is one
 # chunk per array, or per shard). Tensorstore then reads and writes the chunks of an
@@ -34,11 +35,12 @@ _CHECKSUMS: contextvars.ContextVar[bool] = contextvars.ContextVar("tinax_checksu
 def compression(enabled: bool = True) -> Iterator[None]:
     """Makes tinax saves in this block compress arrays (zstd), or not.
 
-    tinax writes arrays uncompressed unless told otherwise: on floating-point
-    weights compression saves little disk and halves the save and load speed.
+    Outside such a block tinax decides by JAX's default backend
+    (``default_compression``): zstd on an accelerator, uncompressed on a CPU.
     Inside ``with compression():`` saves made by this thread (and by tasks it
-    starts) use Orbax's zstd codec instead. Loads read either kind whatever this
-    says. Blocks nest; the innermost one wins.
+    starts) use Orbax's zstd codec; inside ``with compression(False):`` they
+    write arrays uncompressed. Loads read either kind whatever this says. Blocks
+    nest; the innermost one wins.
 
     Orbax's own ``ArrayOptions.Saving.use_compression`` is not consulted: it is
     ``True`` by default, so a context you made active for other reasons could not
@@ -75,9 +77,24 @@ def checksumming() -> bool:
     return _CHECKSUMS.get()
 
 
+def default_compression(backend: str) -> bool:
+    """Whether saves compress arrays by default when JAX's default backend is ``backend``.
+
+    On a CPU, no: a ``jax.Array``'s bytes are already in host memory, the disk
+    is the limit, and zstd buys a few percent of disk on float weights at half or
+    more of the save and load speed. On an accelerator, yes: there the host
+    writes while the training loop runs, and the full-speed stream of an
+    uncompressed state stalled the loop's steps for 1-2 s (raw Orbax's
+    uncompressed saves alike), where zstd's smaller one did not, and saved and
+    loaded faster (README, "Storage settings"; ``bench/accelerator.py``).
+    """
+    return backend != "cpu"
+
+
 def compressing() -> bool:
     """Whether a save started now compresses arrays."""
-    return _COMPRESS.get()
+    chosen = _COMPRESS.get()
+    return default_compression(jax.default_backend()) if chosen is None else chosen
 
 
 class _NamedChecksummedPyTreeHandler(ChecksummedPyTreeHandler):
