@@ -322,11 +322,43 @@ def floors(state: Any, scratch: Path) -> dict[str, float]:
     return {"device_get_mb_s": device_get, "device_put_mb_s": device_put, "dd_fsync_mb_s": dd}
 
 
+def read_floors(state: Any, scratch: Path) -> dict[str, float]:
+    """A tinax checkpoint of the state read to the host leaf by leaf on 8 threads
+    (``tinax.explore.read_leaf``: tensorstore, checksums checked), then put on the
+    device in one call: what a load that does not go leaf by leaf through Orbax's
+    reads could reach."""
+    import concurrent.futures
+
+    import tinax.explore as ex
+
+    total = nbytes(state)
+    where = scratch / "read-floor"
+    tc.save_checkpointables(where, state).result()
+    table = ex.checkpoint_table(where)
+    rows = [(r.checkpointable, r.key) for r in table.itertuples() if r.kind == "jax.Array"]
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        host = list(pool.map(lambda row: ex.read_leaf(where, *row), rows))
+    read = time.perf_counter() - start
+    put_start = time.perf_counter()
+    jax.block_until_ready(jax.device_put(host, jax.devices()[0]))
+    put = time.perf_counter() - put_start
+    shutil.rmtree(where)
+    return {
+        "read_leaf_host_mb_s": total / read / 1e6,
+        "read_leaf_then_put_mb_s": total / (read + put) / 1e6,
+    }
+
+
 def start_sampler(scratch: Path) -> tuple[subprocess.Popen[bytes], Path]:
     out = scratch / "kernel-samples.jsonl"
     sampler = Path(__file__).resolve().parent / "_kernel_sampler.py"
     process = subprocess.Popen([sys.executable, str(sampler), str(os.getpid()), str(out)])
     return process, out
+
+
+def _top(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda i: -i[1])[:6])
 
 
 def explain_slow_steps(samples_file: Path, most: int = 12) -> list[str]:
@@ -364,12 +396,9 @@ def explain_slow_steps(samples_file: Path, most: int = 12) -> list[str]:
         dirty = max(x.get("dirty_kb", 0) for x in during) / 1024
         writeback = max(x.get("writeback_kb", 0) for x in during) / 1024
         threshold = last.get("nr_dirty_threshold", 0) * 4 / 1024
-        top = lambda d: ", ".join(
-            f"{k} x{v}" for k, v in sorted(d.items(), key=lambda i: -i[1])[:6]
-        )  # noqa: E731
         lines.append(
             f"{system} round {r}: step of {end - start:.2f} s, {len(during)} samples; "
-            f"main thread: {top(main)}; threads in D: {top(waiting) or 'none'}; "
+            f"main thread: {_top(main)}; threads in D: {_top(waiting) or 'none'}; "
             f"dirty up to {dirty:.0f} MiB, writeback up to {writeback:.0f} MiB "
             f"(dirty threshold {threshold:.0f} MiB); "
             + ", ".join(f"{k} +{v}" for k, v in delta.items() if v)
@@ -464,6 +493,8 @@ def main() -> int:
                     flush=True,
                 )
         floor = floors(state, scratch)
+        if args.diagnose:
+            floor.update(read_floors(state, scratch))
         if sampler is not None:
             sampler.terminate()
             sampler.wait()
