@@ -40,6 +40,7 @@ held, or the whole process stalled).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -393,11 +394,17 @@ def explain_slow_steps(samples_file: Path, most: int = 12) -> list[str]:
                 "thp_fault_alloc",
             )
         }
+        # The sampler is a process of its own that wakes every 10 ms: a long gap
+        # between its samples means the whole machine (not this process) stalled.
+        after = min((x for x in samples if x["t"] > end), key=lambda x: x["t"], default=last)
+        times = [first["t"], *(x["t"] for x in during), after["t"]]
+        gap = max(b - a for a, b in itertools.pairwise(times))
         dirty = max(x.get("dirty_kb", 0) for x in during) / 1024
         writeback = max(x.get("writeback_kb", 0) for x in during) / 1024
         threshold = last.get("nr_dirty_threshold", 0) * 4 / 1024
         lines.append(
-            f"{system} round {r}: step of {end - start:.2f} s, {len(during)} samples; "
+            f"{system} round {r}: step of {end - start:.2f} s, {len(during)} samples, "
+            f"the sampler's longest gap {gap:.2f} s; "
             f"main thread: {_top(main)}; threads in D: {_top(waiting) or 'none'}; "
             f"dirty up to {dirty:.0f} MiB, writeback up to {writeback:.0f} MiB "
             f"(dirty threshold {threshold:.0f} MiB); "
