@@ -2,8 +2,9 @@
 
 tinax stores arrays uncompressed by default on a CPU (and anywhere on request):
 each zarr3 chunk (a shard holding inner chunks, or a plain chunk) is the C-order
-bytes of its values, kept as one byte range of a data file. Decoding such a chunk through tensorstore costs several
-times what the bytes alone cost to read (buffers allocated and copied per read);
+bytes of its values, kept as one byte range of a data file. Decoding such a chunk
+through tensorstore costs several times what the bytes alone cost to read (buffers
+allocated and copied per read);
 here the bytes are read with ``preadv`` straight into the region's array, on a few
 threads, so that reading runs at the speed of the page cache.
 
