@@ -359,9 +359,14 @@ def undecodable(message: str) -> str | None:
     return None
 
 
+def undecodable_words(complaint: str) -> str:
+    """What to say about stored bytes that do not decode, given the codec's complaint."""
+    return f"the stored data is corrupt: it does not decode ({complaint})"
+
+
 def undecodable_message(key: str, complaint: str) -> str:
     """What to say about a leaf whose stored bytes do not decode."""
-    return f"leaf {key}: the stored data is corrupt: it does not decode ({complaint})"
+    return f"leaf {key}: {undecodable_words(complaint)}"
 
 
 def check_read_value(directory: Location, key: str, value: Any) -> str | None:

@@ -157,7 +157,7 @@ def read_data(
             said = (
                 f"its data cannot be read: {failed[index]}"
                 if complaint is None
-                else f"its stored data is corrupt: it does not decode ({complaint})"
+                else checksums.undecodable_words(complaint)
             )
             found.append(Finding(array.part, words.ERROR, said))
         else:
