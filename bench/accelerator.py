@@ -303,7 +303,7 @@ def flip_a_byte(checkpoint: Path) -> None:
 def floors(state: Any, scratch: Path) -> dict[str, float]:
     total = nbytes(state)
     start = time.perf_counter()
-    jax.device_get(state)
+    host = jax.device_get(state)
     device_get = total / (time.perf_counter() - start) / 1e6
     count = max(1, total >> 24)
     start = time.perf_counter()
@@ -315,7 +315,6 @@ def floors(state: Any, scratch: Path) -> dict[str, float]:
     dd = (count << 24) / (time.perf_counter() - start) / 1e6
     (scratch / "dd").unlink()
     # Host to device: the state's host copy put back on its shardings in one call.
-    host = jax.device_get(state)
     shardings = jax.tree.map(lambda x: x.sharding, state)
     start = time.perf_counter()
     jax.block_until_ready(jax.device_put(host, shardings))
