@@ -91,6 +91,10 @@ def test_a_compressed_chunk_that_no_longer_decodes_is_the_leafs_corruption(
     verdict = ex.verify(tmp_path / "c", data=True)
     assert not verdict.ok
     assert "corrupt: it does not decode" in " ".join(verdict.findings["message"])
+    # diff_table reads a changed leaf through the same chunk reader and says the same.
+    save_checkpointables(tmp_path / "a", {"model": {**state, "w": w + 1}}).result()
+    with pytest.raises(ValueError, match=r"\['w'\].*the stored data is corrupt: it does not"):
+        ex.diff_table(tmp_path / "a", tmp_path / "c")
     # The rest of the checkpoint is as it was.
     assert np.array_equal(ex.read_leaf(tmp_path / "c", "model", "['b']"), np.ones(7))
 

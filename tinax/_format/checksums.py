@@ -349,9 +349,16 @@ _UNDECODABLE = (
 )
 
 
+_SAID_UNDECODABLE = "the stored data is corrupt: it does not decode ("
+
+
 def undecodable(message: str) -> str | None:
     """The codec's complaint if ``message`` (a failed read's) says stored bytes do not
-    decode, else ``None``."""
+    decode, else ``None``; a message already worded by ``undecodable_words`` gives
+    back the complaint it quotes."""
+    said = message.find(_SAID_UNDECODABLE)
+    if said >= 0 and message.endswith(")"):
+        return message[said + len(_SAID_UNDECODABLE) : -1]
     for words in _UNDECODABLE:
         found = words.search(message)
         if found:
@@ -361,7 +368,7 @@ def undecodable(message: str) -> str | None:
 
 def undecodable_words(complaint: str) -> str:
     """What to say about stored bytes that do not decode, given the codec's complaint."""
-    return f"the stored data is corrupt: it does not decode ({complaint})"
+    return f"{_SAID_UNDECODABLE}{complaint})"
 
 
 def undecodable_message(key: str, complaint: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays
+from tinax._format import arrays, checksums
 from tinax._format.arrays import ValueRef
 from tinax._format.storage import FILE, Location
 
@@ -127,6 +127,14 @@ class ReadFailure:
     message: str
 
 
+def _failure_message(error: BaseException) -> str:
+    """Tensorstore's words for a failed read; for bytes that do not decode, that the
+    stored data is corrupt, with the codec's complaint, as every reader says it."""
+    message = arrays.message(error)
+    complaint = checksums.undecodable(message)
+    return message if complaint is None else checksums.undecodable_words(complaint)
+
+
 def _opened(array: Any) -> Any:
     # A tensorstore open future has ``result``; an open array (or an adapter) does not.
     return array.result() if isinstance(array, ts.Future) else array
@@ -166,11 +174,11 @@ def read_arrays(
                 try:
                     array = _opened(read.array)
                 except Exception as e:
-                    array = _Broken(arrays.message(e))
+                    array = _Broken(_failure_message(e))
             try:
                 future: Any = array[box].read()
             except Exception as e:
-                future = _Broken(arrays.message(e))
+                future = _Broken(_failure_message(e))
             pending.append((read.tag, box, future, nbytes, array))
             queued += nbytes
         if not pending:
@@ -183,7 +191,7 @@ def read_arrays(
         try:
             values = future.result()
         except Exception as e:
-            yield tag, box, ReadFailure(arrays.message(e))
+            yield tag, box, ReadFailure(_failure_message(e))
             continue
         yield tag, box, values
         release = getattr(source, "release", None)
