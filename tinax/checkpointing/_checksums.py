@@ -355,6 +355,10 @@ class _LoadCheck:
                 self.arrays[path] = (leaf.key, record)
         self.checked: set[str] = set()
         self._lock = threading.Lock()
+        # The tasks that read this checkpointable's arrays (on the load's event loop),
+        # and what failed the load, once something did.
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.failed: BaseException | None = None
         # Pieces being put together: (key, bounds) -> (buffer, elements still missing).
         self._partial: dict[tuple[str, Bounds], tuple[np.ndarray, int]] = {}
 
@@ -385,6 +389,44 @@ class _LoadCheck:
             self.checked.add(key)
         if bad:
             raise _corrupt(self.where, [checksums.mismatch_message(key, record, bad)])
+
+    def starting(self) -> None:
+        """A read of one of the arrays is starting, in the current task.
+
+        Raises:
+          RuntimeError: If the load has failed already: the read is not made.
+        """
+        task = asyncio.current_task()
+        if task is not None:
+            with self._lock:
+                self.tasks.add(task)
+        if self.failed is not None:
+            raise RuntimeError(f"not read: the load failed: {self.failed}")
+
+    async def settle(self, error: BaseException) -> None:
+        """A read is failing with ``error``: fails the load, and has the first read
+        to fail wait for the others still under way on its event loop.
+
+        Orbax stops waiting for the other reads once one fails and closes their
+        event loop with them suspended; each then printed a traceback ("Exception
+        ignored in coroutine", "Event loop is closed") after the error itself.
+        Reads that have not started fail at once (``starting``); those under way
+        are waited for, so the load fails once, cleanly.
+        """
+        if self.failed is not None:
+            return
+        self.failed = error
+        me, loop = asyncio.current_task(), asyncio.get_running_loop()
+        while True:
+            # Reads scheduled but not yet started get to start, and fail.
+            for _ in range(3):
+                await asyncio.sleep(0)
+            with self._lock:
+                tasks = list(self.tasks)
+            running = [t for t in tasks if t is not me and not t.done() and t.get_loop() is loop]
+            if not running:
+                return
+            await asyncio.wait(running)
 
     def unreadable(self, path: str, error: BaseException) -> CorruptDataError | None:
         """The error for a read of the array at ``path`` that failed: a chunk that does
@@ -423,19 +465,37 @@ class _LoadCheck:
 _loads: dict[str, _LoadCheck] = {}
 
 
-async def _on_host_read(
-    path: str, shape: tuple[int, ...], bounds: Bounds, values: np.ndarray
-) -> None:
-    with _registry_lock:
-        load = _loads.get(path.rstrip("/"))
-    if load is not None:
-        await asyncio.to_thread(load.check, path, shape, bounds, values)
+class _ReadHooks:
+    """Hands each read Orbax makes of an array to the load that checks it, if any."""
+
+    @staticmethod
+    def _load(path: str) -> _LoadCheck | None:
+        with _registry_lock:
+            return _loads.get(path.rstrip("/"))
+
+    def starting(self, path: str) -> None:
+        load = self._load(path)
+        if load is not None:
+            load.starting()
+
+    async def check(
+        self, path: str, shape: tuple[int, ...], bounds: Bounds, values: np.ndarray
+    ) -> None:
+        load = self._load(path)
+        if load is not None:
+            await asyncio.to_thread(load.check, path, shape, bounds, values)
+
+    def unreadable(self, path: str, error: BaseException) -> BaseException | None:
+        load = self._load(path)
+        return None if load is None else load.unreadable(path, error)
+
+    async def failing(self, path: str, error: BaseException) -> None:
+        load = self._load(path)
+        if load is not None:
+            await load.settle(error)
 
 
-def _on_unreadable(path: str, error: BaseException) -> BaseException | None:
-    with _registry_lock:
-        load = _loads.get(path.rstrip("/"))
-    return None if load is None else load.unreadable(path, error)
+_READ_HOOKS = _ReadHooks()
 
 
 def _start_load_check(directory: str) -> _LoadCheck | None:
@@ -444,7 +504,7 @@ def _start_load_check(directory: str) -> _LoadCheck | None:
     records = checksums.read_checksums(where)
     if records is None:
         return None
-    _orbax.check_host_reads(_on_host_read, _on_unreadable)
+    _orbax.check_host_reads(_READ_HOOKS)
     load = _LoadCheck(where, records)
     with _registry_lock:
         for path in load.arrays:

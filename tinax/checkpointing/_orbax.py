@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 from orbax.checkpoint import v1 as ocp
@@ -103,54 +103,75 @@ def observe_host_copies(
         replica_slices.transfer_arrays_to_host = transfer
 
 
-# ``check(array_path, stored_shape, bounds, values)``: the stored array's path (its
-# directory, or the OCDBT store's directory plus its name in the store), its shape,
-# and the part just read, in the stored dtype.
-HostReadCheck = Callable[
-    [str, tuple[int, ...], tuple[tuple[int, int], ...], np.ndarray], Awaitable[None]
-]
+class HostReads(Protocol):
+    """What sees the reads of arrays Orbax loads (``check_host_reads``).
 
+    ``path`` is the stored array's path: its directory, or the OCDBT store's
+    directory plus its name in the store.
+    """
 
-# ``unreadable(array_path, error)``: the error to raise instead of ``error``, a read
-# of the array at ``array_path`` that failed (tensorstore's error), or ``None``.
-ReadFailureCheck = Callable[[str, BaseException], BaseException | None]
+    def starting(self, path: str) -> None:
+        """A read of the array at ``path`` is starting, in the current task; what
+        this raises fails the read without reading."""
+
+    async def check(
+        self,
+        path: str,
+        shape: tuple[int, ...],
+        bounds: tuple[tuple[int, int], ...],
+        values: np.ndarray,
+    ) -> None:
+        """A part of the array (of stored ``shape``) was read: ``bounds`` of it, as
+        stored; what this raises fails the read."""
+
+    def unreadable(self, path: str, error: BaseException) -> BaseException | None:
+        """The error to raise instead of ``error`` (tensorstore's), a read that
+        failed, or ``None`` to raise it as it is."""
+
+    async def failing(self, path: str, error: BaseException) -> None:
+        """The read is about to fail with ``error``."""
 
 
 def _array_path(t: Any) -> str | None:
-    """The path of the stored array ``t`` reads (see ``HostReadCheck``)."""
+    """The path of the stored array ``t`` reads (see ``HostReads``)."""
     kvstore = t.kvstore
     if kvstore is None:
         return None
     return str(kvstore.path if kvstore.base is None else kvstore.base.path + kvstore.path)
 
 
-def check_host_reads(check: HostReadCheck, unreadable: ReadFailureCheck) -> None:
-    """Has ``check`` see every part of an array Orbax reads, on the host, before
-    Orbax puts it on a device, and ``unreadable`` every read that fails.
+def check_host_reads(hooks: HostReads) -> None:
+    """Has ``hooks`` see every part of an array Orbax reads, on the host, before
+    Orbax puts it on a device.
 
     Orbax reads each part of an array a device needs into host memory
-    (``serialization._read_shard``), then copies it to the device; ``check`` runs
-    in between, on the bytes as stored (before a cast the restore target asked
-    for; a read that tensorstore converts is checked from a second read of the
-    stored bytes), and what it raises fails the load. A read that fails (a chunk
-    that does not decode) fails with what ``unreadable`` makes of it, if anything.
-    Installed once per process.
+    (``serialization._read_shard``), then copies it to the device. Each read
+    tells ``hooks.starting`` first; ``hooks.check`` then sees the part read, on
+    the bytes as stored (before a cast the restore target asked for; a read that
+    tensorstore converts is checked from a second read of the stored bytes), and
+    what it raises fails the load. A read that fails (a chunk that does not
+    decode) fails with what ``hooks.unreadable`` makes of it, if anything. Before
+    any read fails, ``hooks.failing`` is awaited. Installed once per process.
     """
     from orbax.checkpoint._src.serialization import serialization
 
     with _hooks_lock:
         current = serialization._read_shard
-        if getattr(current, "tinax_check", None) is check:
+        if getattr(current, "tinax_hooks", None) is hooks:
             return
         original = getattr(current, "__wrapped__", current)
 
         @functools.wraps(original)
         async def read_shard(t: Any, *, dtype: Any, **kwargs: Any) -> np.ndarray:
+            path = _array_path(t)
+            if path is None:
+                return await original(t, dtype=dtype, **kwargs)
+            hooks.starting(path)
             try:
                 values = await original(t, dtype=None, **kwargs)
             except Exception as e:
-                path = _array_path(t)
-                instead = None if path is None else unreadable(path, e)
+                instead = hooks.unreadable(path, e)
+                await hooks.failing(path, instead or e)
                 if instead is not None:
                     raise instead from e
                 raise
@@ -158,25 +179,33 @@ def check_host_reads(check: HostReadCheck, unreadable: ReadFailureCheck) -> None
             if requested == restricted:
                 stored, checked = t, values
                 base = getattr(t, "base", None)
-                if base is not None and base.dtype != t.dtype and base.domain == t.domain:
-                    # The target asked for another dtype, which tensorstore converts
-                    # as it reads: the stored bytes are read again to be checked.
-                    stored = base
-                    checked = await base[restricted].read()
-                path = _array_path(stored)
-                if path is not None:
-                    bounds = tuple(
-                        zip(requested.inclusive_min, requested.exclusive_max, strict=True)
-                    )
-                    await check(path, tuple(stored.shape), bounds, checked)
+                try:
+                    if base is not None and base.dtype != t.dtype and base.domain == t.domain:
+                        # The target asked for another dtype, which tensorstore
+                        # converts as it reads: the stored bytes are read again to
+                        # be checked.
+                        stored = base
+                        checked = await base[restricted].read()
+                    stored_path = _array_path(stored)
+                    if stored_path is not None:
+                        bounds = tuple(
+                            zip(requested.inclusive_min, requested.exclusive_max, strict=True)
+                        )
+                        await hooks.check(stored_path, tuple(stored.shape), bounds, checked)
+                except Exception as e:
+                    await hooks.failing(path, e)
+                    raise
             if dtype is not None and values.dtype != dtype:
                 values = await asyncio.to_thread(values.astype, dtype, copy=False)
             return values
 
-        read_shard.tinax_check = check  # type: ignore[attr-defined]
+        read_shard.tinax_hooks = hooks  # type: ignore[attr-defined]
         serialization._read_shard = read_shard
 
 
+# Orbax asks for every leaf's storage options twice per save, in the save call;
+# a model repeats a few shapes many times.
+@functools.lru_cache(maxsize=4096)
 def chunk_shape(
     global_shape: tuple[int, ...], write_shape: tuple[int, ...], dtype: Any, target_bytes: int
 ) -> tuple[int, ...]:
