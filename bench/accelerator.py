@@ -3,11 +3,13 @@
 The workload is a flax NNX transformer and its optax adamw state, trained by a
 jitted step that donates both. Each round saves it with raw Orbax V1's defaults
 (``save_checkpointables_async``) and with tinax (``save_checkpointables``, checksums
-on), in alternation, in the same process, on the same disk, while the training loop
-goes on; then loads it back onto the same shardings. Printed for each, Orbax beside
+on), in alternation (each round starting with the next system), in the same
+process, on the same disk, while the training loop goes on; then loads it back onto
+the same shardings. Printed for each, Orbax beside
 tinax (medians of the rounds):
 
-- blocking: seconds until the save call returns;
+- blocking: seconds until the save call returns, and of those the device-to-host
+  copy Orbax makes (both systems make it the same way) and the rest of the call;
 - slowest step: the longest training step while the save runs in the background;
 - save and load MB/s (the state's bytes over the time until the save commits, or
   the load returns);
@@ -189,6 +191,66 @@ class Watchdog:
         self._thread.join()
 
 
+class CopyClock:
+    """Times Orbax's device-to-host copy inside each save call (both systems make it
+    through ``replica_slices.transfer_arrays_to_host``), so that a save call's
+    blocking time splits into the copy and everything else."""
+
+    def __init__(self) -> None:
+        from orbax.checkpoint._src.serialization import replica_slices
+
+        from tinax.checkpointing import _checksums
+
+        # tinax's observer first, so that it keeps observing under the clock.
+        _checksums._orbax.observe_host_copies(_checksums._on_host_copy)
+        self.seconds = 0.0
+        inner = replica_slices.transfer_arrays_to_host
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        # Keeps the attributes tinax recognises its own hook by.
+        timed.__dict__.update(inner.__dict__)
+        timed.__wrapped__ = getattr(inner, "__wrapped__", inner)  # type: ignore[attr-defined]
+        replica_slices.transfer_arrays_to_host = timed
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+COPIES: CopyClock | None = None
+
+
+class ZstdLevel:
+    """Has saves store arrays with zstd at ``level`` (Orbax's is 3) until ``undo``.
+
+    Orbax builds each array's zarr3 codecs in the background part of the save, so
+    the level stays in force until the save has finished."""
+
+    def __init__(self, level: int) -> None:
+        from orbax.checkpoint._src.serialization import tensorstore_utils
+
+        self._module = tensorstore_utils
+        self._original = original = tensorstore_utils._build_zarr3_metadata
+
+        def build(global_shape: Any, chunk_shape: Any, use_compression: bool) -> Any:
+            metadata = original(global_shape, chunk_shape, use_compression)
+            for codec in metadata["codecs"][0]["configuration"]["codecs"]:
+                if codec["name"] == "zstd":
+                    codec["configuration"]["level"] = level
+            return metadata
+
+        tensorstore_utils._build_zarr3_metadata = build
+
+    def undo(self) -> None:
+        self._module._build_zarr3_metadata = self._original
+
+
 def targets(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
@@ -200,6 +262,8 @@ def save_round(
     jax.block_until_ready(state)
     total = nbytes(state)
     probe = Probe()
+    if COPIES is not None:
+        COPIES.take()
     start = time.perf_counter()
     if system == "orbax":
         response: Any = ocp.save_checkpointables_async(where, state)
@@ -232,9 +296,14 @@ def save_round(
     elif system == "tinax no checksums":
         with tc_context.without_checksums():
             response = tc.save_checkpointables(where, state)
+    elif system.startswith("tinax zstd "):
+        level = ZstdLevel(int(system.rsplit(" ", 1)[1]))
+        with tc.compression():
+            response = tc.save_checkpointables(where, state)
     else:
         response = tc.save_checkpointables(where, state)
     blocking = time.perf_counter() - start
+    copy = COPIES.take() if COPIES is not None else 0.0
     done = threading.Event()
     response.on_complete(lambda _: done.set())
     steps = []
@@ -253,9 +322,14 @@ def save_round(
         watch.stop()
     response.result()
     seconds = time.perf_counter() - start
+    if system.startswith("tinax zstd "):
+        level.undo()
     rss_peak, late = probe.stop()
     figures = {
         "blocking_s": blocking,
+        # Of which Orbax's device-to-host copy, and the rest of the call.
+        "device_copy_s": copy,
+        "blocking_beyond_copy_s": blocking - copy,
         "slowest_step_s": max(steps) if steps else 0.0,
         "steps": float(len(steps)),
         "save_mb_s": total / seconds / 1e6,
@@ -416,6 +490,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="smallest size; correctness only")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--size", choices=sorted(SIZES), default=None, help="default: by the backend"
+    )
     parser.add_argument("--diagnose", action="store_true")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary dir)")
     parser.add_argument("--json", default=None, help="write the figures here too")
@@ -424,7 +501,8 @@ def main() -> int:
         default="orbax,tinax",
         help="comma-separated, of: orbax, orbax uncompressed, tinax, tinax compressed, "
         "tinax uncompressed, tinax pinned, "
-        "tinax no checksums, tinax one chunk, tinax 8 MiB chunks",
+        "tinax no checksums, tinax one chunk, tinax 8 MiB chunks, "
+        "tinax zstd LEVEL (zstd at LEVEL, Orbax's is 3; negative levels are zstd's fast ones)",
     )
     parser.add_argument("--stacks", default=None, help="write threads' stacks of slow steps here")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")
@@ -435,7 +513,7 @@ def main() -> int:
 
     backend = jax.default_backend()
     accelerator = backend != "cpu"
-    size = "smoke" if args.smoke else ("accelerator" if accelerator else "cpu")
+    size = args.size or ("smoke" if args.smoke else ("accelerator" if accelerator else "cpu"))
     rounds = 1 if args.smoke else args.rounds
     scratch = Path(tempfile.mkdtemp(prefix="tinax-bench-", dir=args.dir))
     sampler = None
@@ -460,8 +538,12 @@ def main() -> int:
         systems = args.systems.split(",")
         results: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
         problems: list[str] = []
+        global COPIES
+        COPIES = CopyClock()
         for r in range(rounds):
-            for system in systems:
+            # Each round starts with the next system: none always follows the same
+            # one (whose freed host memory, page cache or disk writes it would inherit).
+            for system in systems[r % len(systems) :] + systems[: r % len(systems)]:
                 where = scratch / f"{system.replace(' ', '_')}-{r}"
                 state, figures = save_round(system, where, state, step, tokens, r)
                 jax.block_until_ready(state)
@@ -519,6 +601,8 @@ def main() -> int:
     print(f"{'':22}{'orbax':>12}{'tinax':>12}{'ratio':>8}")
     for k in (
         "blocking_s",
+        "device_copy_s",
+        "blocking_beyond_copy_s",
         "slowest_step_s",
         "save_mb_s",
         "load_mb_s",
