@@ -5,8 +5,8 @@ jitted step that donates both. Each round saves it with raw Orbax V1's defaults
 (``save_checkpointables_async``) and with tinax (``save_checkpointables``, checksums
 on), in alternation (each round starting with the next system), in the same
 process, on the same disk, while the training loop goes on; then loads it back onto
-the same shardings. Printed for each, Orbax beside
-tinax (medians of the rounds):
+the same shardings. One untimed save and load of each system come first. Printed for
+each, Orbax beside tinax (medians of the rounds):
 
 - blocking: seconds until the save call returns, and of those the device-to-host
   copy Orbax makes (both systems make it the same way) and the rest of the call;
@@ -540,6 +540,16 @@ def main() -> int:
         problems: list[str] = []
         global COPIES
         COPIES = CopyClock()
+        if not args.smoke:
+            # One untimed save and load per system first: the first save of a process
+            # pays for compiling, thread pools and imports.
+            for system in systems:
+                where = scratch / f"warmup-{system.replace(' ', '_')}"
+                state, _ = save_round(system, where, state, step, tokens, -1)
+                jax.block_until_ready(state)
+                del SLOW_STEPS[:]
+                load_round(system, where, state)
+                shutil.rmtree(where)
         for r in range(rounds):
             # Each round starts with the next system: none always follows the same
             # one (whose freed host memory, page cache or disk writes it would inherit).
