@@ -42,6 +42,7 @@ held, or the whole process stalled).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -123,6 +124,21 @@ def make_state(size: str) -> tuple[Any, Any, Any]:
 
 def nbytes(tree: Any) -> int:
     return sum(x.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
+
+
+def release_free_memory() -> None:
+    """Collects garbage and hands the allocator's free pages back to the system, so
+    that each save's RSS peak is measured from the same kind of start (not from a
+    heap the previous save or load left full of free pages)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(name).malloc_trim(0)
 
 
 def rss() -> int:
@@ -261,6 +277,7 @@ def save_round(
     """Saves ``state`` while training goes on; returns the new state and the figures."""
     jax.block_until_ready(state)
     total = nbytes(state)
+    release_free_memory()
     probe = Probe()
     if COPIES is not None:
         COPIES.take()
