@@ -3,15 +3,30 @@
 
 import logging
 import os
+import sys
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 logging.getLogger("absl").setLevel(logging.ERROR)
+
+# The suite starts Python hundreds of times (the command line, training scripts, JAX
+# jobs, kernels, JupyterLab, the demo scripts), each importing JAX, flax or pandas.
+# Where PYTHONDONTWRITEBYTECODE is set, each of those compiled every module from source
+# again: half of a JAX import's time. Compiled modules go instead to a cache outside the
+# checkout and the virtualenv (PYTHONPYCACHEPREFIX), which this process, the test
+# workers and every interpreter they start share; Python checks each against its
+# source, so a stale one is compiled again.
+if sys.dont_write_bytecode and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    _PYCACHE = os.path.join(tempfile.gettempdir(), f"tinax-tests-pycache-{os.getuid()}")
+    os.environ["PYTHONPYCACHEPREFIX"] = _PYCACHE
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.pycache_prefix = _PYCACHE
+    sys.dont_write_bytecode = False
 
 
 import fcntl  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 
