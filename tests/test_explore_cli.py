@@ -149,7 +149,6 @@ def test_errors_go_to_stderr_with_status_1(tmp_path, checkpoint):
 
 # -- every view at a terminal's width -------------------------------------------------------
 
-REPO = Path(__file__).resolve().parents[1]
 # What a person should never have to read: pandas' and numpy's raw spellings.
 RAW = {
     "a missing time": re.compile(r"\bNaT\b"),
@@ -178,19 +177,6 @@ def assert_fits(result: subprocess.CompletedProcess[str], columns: int) -> None:
         assert len(line) <= columns, f"{len(line)} > {columns}: {line!r}"
         for what, pattern in RAW.items():
             assert not pattern.search(line), f"{what} in {line!r}"
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("cli") / "demo_run"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "demo" / "make_run.py"), str(run)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return run
 
 
 @pytest.fixture(scope="module")
