@@ -209,7 +209,6 @@ LONGEST_FILES = (
     "test_explore_cli.py",
     "test_readme.py",
     "test_mutants.py",
-    "test_browser_gcs.py",
 )
 
 

@@ -11,6 +11,10 @@ that JupyterLab leaves a notebook's bytes as committed when it opens and saves i
 The explorer is also driven on a real shape: the many-leaf demo run (24 NNX blocks
 with AdamW, ~1,200 leaves), where it must keep keys apart, blocks in numeric order
 and the page within two screens after a diff, a data check and a leaf.
+
+The explorer browses a gs:// run too: the run lives in a real fake-gcs-server
+(``tests/gcs.py``), and the JupyterLab server and its kernels get the emulator's
+environment, as a notebook on a TPU VM gets Google's.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import json
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gcsfs
 import nbformat
 import numpy as np
 import pytest
@@ -35,6 +41,7 @@ from browser.lab import (
     running_lab,
     wait_for_kernel,
 )
+from conftest import BUCKET
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from run_view_fixtures import big_run_script
 
@@ -273,10 +280,11 @@ def lab_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lab(lab_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One JupyterLab for the file's tests."""
+def lab(lab_root: Path, tmp_path_factory: pytest.TempPathFactory, gcs: Any) -> Iterator[Any]:
+    """One JupyterLab for the file's tests, its kernels given the session's GCS emulator."""
     lab_root.mkdir(parents=True, exist_ok=True)
-    with running_lab(lab_root, tmp_path_factory.mktemp("jupyter")) as server:
+    work = tmp_path_factory.mktemp("jupyter")
+    with running_lab(lab_root, work, env=gcs.environment()) as server:
         yield server
 
 
@@ -609,4 +617,90 @@ def test_the_explorer_on_a_many_leaf_run_reads_at_every_width(
         ) from e
     finally:
         (ARTIFACTS / "explorer-big-run.json").write_text(json.dumps(figures, indent=2))
+        page.close()
+
+
+# -- the explorer on a gs:// run ------------------------------------------------------------
+
+
+def _gcs_kernel(step: int) -> np.ndarray:
+    return np.random.default_rng(step).normal(0.0, 1.0, (16, 32)).astype("f4")
+
+
+def _gcs_state(step: int) -> dict[str, object]:
+    return {
+        "model": {"dense_0": {"kernel": _gcs_kernel(step), "bias": np.zeros(32, np.float32)}},
+        "optimizer": {"count": np.asarray(step, np.int32)},
+    }
+
+
+def _write_gcs_run(run: str) -> None:
+    """Three committed steps, and a fourth as a reader sees it just before it commits."""
+    for step in (100, 200, 300, 400):
+        save_checkpointables(f"{run}/step-{step}", _gcs_state(step)).result()
+    # On gs:// Orbax writes in place and commits with these two files last.
+    fs = gcsfs.GCSFileSystem(use_listings_cache=False)
+    for name in ("commit_success.txt", "_CHECKPOINT_METADATA"):
+        fs.rm(f"{run[len('gs://') :]}/step-400/{name}")
+
+
+def _write_gcs_notebook(path: Path, run: str) -> None:
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    notebook.cells = [
+        nbformat.v4.new_code_cell(
+            f"from tinax.widgets import CheckpointExplorer\n\nCheckpointExplorer({run!r})"
+        )
+    ]
+    nbformat.write(notebook, path)
+
+
+def test_explorer_browses_a_gs_run_in_chromium(lab_root: Path, lab: Any, browser: Browser) -> None:
+    run = f"gs://{BUCKET}/browser-{uuid.uuid4().hex[:8]}/run"
+    _write_gcs_run(run)
+    notebooks = lab_root / "gcs"
+    notebooks.mkdir()
+    _write_gcs_notebook(notebooks / "gcs.ipynb", run)
+    expected = _gcs_kernel(300).astype(np.float64)
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        # A fresh workspace: the notebook alone, not the tabs an earlier page left open.
+        page.goto(lab.page_url("gcs/gcs.ipynb") + "&reset", timeout=TIMEOUT_MS)
+        page.locator(".jp-Notebook").wait_for()
+        run_all_cells(page)
+
+        explorer = page.locator(".tinax-checkpoint-explorer")
+        explorer.wait_for()
+        assert run in explorer.inner_text()
+        rows = explorer.locator(".tinax-table tbody tr")
+        unfinished = rows.filter(has_text=re.compile(r"step-400"))
+        assert "tinax-unpickable" in (unfinished.get_attribute("class") or ""), (
+            "a save that has not committed must not open"
+        )
+        rows.filter(has_text=re.compile(r"^step-300")).click()
+        # The leaves as a flat table (the tree shows first).
+        explorer.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
+            has_text=re.compile(r"^table$")
+        ).click()
+        leaf_table = explorer.locator(".tinax-leaf-table")
+        leaf_table.locator(f'tbody tr:has(span[title="{LEAF}"])').click()
+
+        stats = explorer.locator("table.tinax-leaf-stats")
+        stats.wait_for()
+        cell = 'td[data-stat="{}"]'.format
+        assert stats.locator(cell("mean")).inner_text() == f"{expected.mean():.6g}"
+        assert stats.locator(cell("max")).inner_text() == f"{expected.max():.6g}"
+        assert stats.locator(cell("shape")).inner_text() == "(16, 32)"
+        explorer.scroll_into_view_if_needed()
+        explorer.screenshot(path=str(ARTIFACTS / "explorer-gcs.png"))
+    except Exception as e:
+        failure = ARTIFACTS / "explorer-gcs-failure.png"
+        page.screenshot(path=str(failure), full_page=True)
+        raise AssertionError(
+            f"browser test failed ({e}); screenshot: {failure}\nJupyterLab log:\n{lab.log_tail()}"
+        ) from e
+    finally:
         page.close()
