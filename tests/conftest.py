@@ -25,7 +25,6 @@ if sys.dont_write_bytecode and not os.environ.get("PYTHONPYCACHEPREFIX"):
 
 
 import fcntl  # noqa: E402
-import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -78,6 +77,111 @@ def _shared_temp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+# The demo runs every worker may read, each written once per session by its demo script
+# in a process of its own. Both start as the session's first test starts (if a test of
+# the session reads them), beside the first test files, instead of when a test first
+# asks: the test that asked first sat idle for the whole build, and the other worker
+# too once it asked. A run's builder holds a lock until it has written the script's
+# exit status; a test that asks waits for that lock.
+_BUILDER = """
+import os, subprocess, sys
+script, run, out, err, status, timeout = sys.argv[1:]
+try:
+    done = subprocess.run(
+        [sys.executable, script, run], capture_output=True, text=True, timeout=float(timeout)
+    )
+    code, stdout, stderr = str(done.returncode), done.stdout, done.stderr
+except subprocess.TimeoutExpired as e:
+    code, stdout, stderr = f"timed out after {timeout} s", "", str(e.stderr or "")
+with open(out, "w") as f:
+    f.write(stdout)
+with open(err, "w") as f:
+    f.write(stderr)
+with open(status + ".tmp", "w") as f:
+    f.write(code)
+os.replace(status + ".tmp", status)
+"""
+
+_BUILDERS: list[subprocess.Popen[bytes]] = []
+
+
+class _DemoBuild:
+    """One demo script's run in the session's shared directory, built in the background."""
+
+    def __init__(self, shared: Path, name: str, script: str, run: str, timeout: float) -> None:
+        self.script = REPO / "demo" / script
+        self.run = shared / name / run
+        self.output = shared / f"{name}-{self.script.stem}-output.txt"
+        self.errors = shared / f"{name}-{self.script.stem}-stderr.txt"
+        self.status = shared / f"{name}.status"
+        self.started = shared / f"{name}.started"
+        self.lock = shared / f"{name}.lock"
+        self.building = shared / f"{name}.building"
+        self.timeout = timeout
+
+    def start(self) -> None:
+        """Starts the build unless a worker of this session already has."""
+        with open(self.lock, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.started.exists():
+                return
+            self.run.parent.mkdir(exist_ok=True)
+            building = os.open(self.building, os.O_RDWR | os.O_CREAT)
+            try:
+                # Taken before the builder starts, which keeps it (the descriptor is
+                # passed on) until it exits: no test can slip in before it.
+                fcntl.flock(building, fcntl.LOCK_EX)
+                builder = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        _BUILDER,
+                        *map(str, (self.script, self.run, self.output, self.errors)),
+                        *map(str, (self.status, self.timeout)),
+                    ],
+                    pass_fds=(building,),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            finally:
+                os.close(building)
+            _BUILDERS.append(builder)  # this worker's, not waited for: others may read
+            self.started.touch()
+
+    def wait(self) -> Path:
+        """The finished run (started now if it was not yet)."""
+        self.start()
+        with open(self.building) as building:
+            fcntl.flock(building, fcntl.LOCK_EX)  # held by the builder until it ends
+        status = self.status.read_text() if self.status.exists() else None
+        errors = self.errors.read_text()[-4000:] if self.errors.exists() else ""
+        assert status == "0", f"{self.script.name} ended with status {status}:\n{errors}"
+        return self.run
+
+
+def _demo_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, _DemoBuild]:
+    shared = _shared_temp(tmp_path_factory)
+    return {
+        "demo_run": _DemoBuild(shared, "demo", "make_run.py", "demo_run", 300),
+        "big_run": _DemoBuild(shared, "big", "make_big_run.py", "demo_big_run", 600),
+    }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _demo_runs_start_with_the_session(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    asked: set[str] = set()
+    for item in request.session.items:
+        asked.update(getattr(item, "fixturenames", ()))
+    if "demo_run_output" in asked:
+        asked.add("demo_run")
+    for name, build in _demo_builds(tmp_path_factory).items():
+        if name in asked:
+            build.start()
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo run ``demo/make_run.py`` writes, made once per session for every worker.
@@ -85,54 +189,20 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Tests read it; a test that changes a checkpoint copies it first. The script's
     standard output is in ``demo_run_output``.
     """
-    shared = _shared_temp(tmp_path_factory)
-    run = shared / "demo" / "demo_run"
-    output = shared / "demo-make_run-output.txt"
-    with open(shared / "demo.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker makes it, the others wait
-        if not output.is_file():
-            if run.parent.exists():
-                shutil.rmtree(run.parent)  # an earlier attempt failed halfway
-            run.parent.mkdir()
-            done = subprocess.run(
-                [sys.executable, str(REPO / "demo" / "make_run.py"), str(run)],
-                capture_output=True,
-                text=True,
-                timeout=300,
-                check=False,
-            )
-            assert done.returncode == 0, done.stderr[-4000:]
-            output.write_text(done.stdout)
-    return run
+    return _demo_builds(tmp_path_factory)["demo_run"].wait()
 
 
 @pytest.fixture(scope="session")
 def demo_run_output(demo_run: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """What ``demo/make_run.py`` printed while it made ``demo_run``."""
-    return (_shared_temp(tmp_path_factory) / "demo-make_run-output.txt").read_text()
+    return _demo_builds(tmp_path_factory)["demo_run"].output.read_text()
 
 
 @pytest.fixture(scope="session")
 def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The many-leaf run ``demo/make_big_run.py`` writes (a layer jump and a NaN planted
     at the steps it names), made once per session for every worker; tests read it."""
-    shared = _shared_temp(tmp_path_factory)
-    run = shared / "big" / "demo_big_run"
-    with open(shared / "big.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker makes it, the others wait
-        if not run.is_dir():
-            if run.parent.exists():
-                shutil.rmtree(run.parent)  # an earlier attempt failed halfway
-            run.parent.mkdir()
-            done = subprocess.run(
-                [sys.executable, str(REPO / "demo" / "make_big_run.py"), str(run)],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            assert done.returncode == 0, done.stderr[-4000:]
-    return run
+    return _demo_builds(tmp_path_factory)["big_run"].wait()
 
 
 # What `make check` leaves to `make test` (markers registered in pyproject.toml):
