@@ -104,6 +104,16 @@ layouts = {
     "4x2 as saved": {k: state[k].sharding for k in state},
 }
 loaded = {name: load_and_compare(root / "c", s) for name, s in layouts.items()}
+# Saved again as on an accelerator, each array written while the next is copied:
+# the same pieces, the same digests, the same values.
+from tinax.checkpointing import _host_copies
+_host_copies.write_batch_bytes = lambda checkpointable: 1
+save_checkpointables(root / "batched", {"model": state}).result()
+again = json.loads((root / "batched" / "model" / "tinax_checksums" / "process_0.json").read_text())
+batched = {
+    "same record": again["leaves"] == record["leaves"],
+    "loaded": {name: load_and_compare(root / "batched", layouts[name]) for name in ("2x2", "one device")},
+}
 read = {k: ex.read_leaf(root / "c", "model", f"['{k}']").tobytes() == v.tobytes()
         for k, v in expected().items()}
 # The same checkpoint with one byte of "w" flipped, which every layout must refuse.
@@ -117,7 +127,9 @@ assert where >= 0
 raw[where + 3] ^= 0x40
 target.write_bytes(bytes(raw))
 refused = {name: flipped_fails(root / "bad", s) for name, s in layouts.items()}
-print(json.dumps({"pieces": pieces, "loaded": loaded, "read": read, "refused": refused}))
+print(json.dumps({
+    "pieces": pieces, "loaded": loaded, "read": read, "refused": refused, "batched": batched,
+}))
 """
 )
 
@@ -190,6 +202,16 @@ def test_it_loads_bit_identical_onto_8x1_2x2_one_device_and_its_own_mesh(
         for name in ("8x1", "2x2", "one device", "4x2 as saved")
     }
     assert on_meshes[1]["read"] == dict.fromkeys(("w", "rows", "emb", "step", "wide"), True)
+
+
+def test_a_save_written_batch_by_batch_stores_the_same_pieces_and_values(
+    on_meshes: tuple[Path, dict[str, object]],
+) -> None:
+    keys = ["emb", "rows", "step", "w", "wide"]
+    assert on_meshes[1]["batched"] == {
+        "same record": True,
+        "loaded": {"2x2": keys, "one device": keys},
+    }
 
 
 def test_a_flipped_byte_is_refused_on_every_mesh_naming_the_leaf(

@@ -17,7 +17,14 @@ from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import load_source
 from tinax._targets import NumpyTarget, abstract_restore_target
-from tinax.checkpointing import _context, _destination, _failures, _processes
+from tinax.checkpointing import (
+    _context,
+    _destination,
+    _failures,
+    _host_copies,
+    _orbax,
+    _processes,
+)
 from tinax.checkpointing._checksums import CorruptDataError
 from tinax.checkpointing._leaves import check_storable, is_stateful, numpy_scalars_as_arrays
 from tinax.checkpointing._names import validate_distinct_names
@@ -105,7 +112,11 @@ def start_save(
     clock = SaveClock()
     files.pause_gc()
     try:
-        ctx = _context.context()
+        values = list(checkpointables.values()) if isinstance(checkpointables, Mapping) else []
+        # Under way while the values are checked and the destination claimed.
+        _host_copies.start_host_copies(values)
+        directories_first = _host_copies.write_batch_bytes(values) is not None
+        ctx = _context.context(directories_first=directories_first)
         dest = _destination.prepare(path, check_values, ctx)
     except BaseException:
         files.resume_gc()
@@ -126,6 +137,9 @@ def start_save(
             )
     except BaseException as e:
         try:
+            if directories_first:
+                # Handlers whose arrays were copied already write in the background.
+                _orbax.end_writers(_orbax.current_operation(), _orbax.coordination_timeout())
             dest.discard_temporaries()
         finally:
             dest.release()

@@ -39,7 +39,7 @@ from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import location
 from tinax._targets import is_key_dtype
-from tinax.checkpointing import _orbax
+from tinax.checkpointing import _host_copies, _orbax
 from tinax.checkpointing._orbax import StatefulCheckpointableHandler
 
 
@@ -594,7 +594,8 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
         # Handed to _background_save, which writes the record at the right moment.
         self._records_to_write[id(directory)] = finish
         try:
-            inner = await super().save(directory, checkpointable)
+            with _orbax.write_while_copying(_host_copies.write_batch_bytes(checkpointable)):
+                inner = await super().save(directory, checkpointable)
         except BaseException:
             self._records_to_write.pop(id(directory), None)
             with contextlib.suppress(RuntimeError):
@@ -611,7 +612,9 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
                     await asyncio.to_thread(finish)
                 raise
 
-        return _complete()
+        # Made when awaited: when another checkpointable's save call fails, Orbax
+        # drops this one unawaited.
+        return _Deferred(_complete)
 
     @property
     def _records_to_write(self) -> dict[int, Callable[[], dict[str, LeafRecord]]]:

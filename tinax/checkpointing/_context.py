@@ -108,13 +108,17 @@ _NamedChecksummedPyTreeHandler.__module__ = ChecksummedPyTreeHandler.__module__
 _NamedChecksummedPyTreeHandler.__qualname__ = ChecksummedPyTreeHandler.__qualname__
 
 
-def context() -> ocp.Context:
+def context(*, directories_first: bool = False) -> ocp.Context:
     """The caller's active Orbax context, with tinax's handlers and storage choice.
 
     Options the caller set with ``with ocp.Context(...)`` stay in force, except
     array compression, which ``compression`` decides. Arrays are stored in chunks
     of at most ``CHUNK_BYTES`` unless the caller's context sets a
     ``chunk_byte_size``. The caller's context is copied, never changed.
+
+    ``directories_first``: the save call makes the checkpoint's directories before
+    it copies arrays to the host, instead of Orbax's background thread after it,
+    so that arrays can be written while the next ones are copied (``_host_copies``).
     """
     active = active_context()
     checksummed = _CHECKSUMS.get()
@@ -139,6 +143,8 @@ def context() -> ocp.Context:
     ctx = ocp.Context(active)
     ctx.checkpointables.registry = registry
     ctx.array.saving.use_compression = compressing()
+    if directories_first:
+        ctx.async_options.create_directories_asynchronously = False
     storage = ctx.array.saving.storage_options
     if storage.chunk_byte_size is None and ctx.array.saving.scoped_storage_options_creator is None:
         # A chunk size the caller set stays in force.

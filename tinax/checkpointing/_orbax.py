@@ -3,17 +3,23 @@
 Orbax's public V1 API has no way to read the active context, to ask whether a
 leaf type has a standard handler, or to learn how long its processes wait for each
 other, and does not export the handler of stateful checkpointables (Grain
-iterators); these are the only places tinax reaches into
-``orbax.checkpoint.experimental.v1._src``. ``pyproject.toml`` bounds
-Orbax to the minor release they were written against.
+iterators); it has no hook on the host copies it saves from or the host reads it
+loads from, and no way to start writing before the whole state is on the host.
+These are the only places tinax reaches into Orbax's private modules.
+``pyproject.toml`` bounds Orbax to the minor release they were written against.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
+import inspect
+import queue
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,8 +33,11 @@ __all__ = [
     "active_context",
     "check_host_reads",
     "coordination_timeout",
+    "current_operation",
+    "end_writers",
     "has_standard_leaf_handler",
     "observe_host_copies",
+    "write_while_copying",
 ]
 
 
@@ -215,3 +224,216 @@ def chunk_shape(
     return tuple(
         subchunking.choose_chunk_shape(global_shape, write_shape, np.dtype(dtype), target_bytes)
     )
+
+
+# The bytes of arrays a save hands to its writer at a time (``write_while_copying``),
+# or ``None``: Orbax's own order, every array on the host before the first write.
+_WRITE_BATCH_BYTES: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "tinax_write_batch_bytes", default=None
+)
+
+
+@contextlib.contextmanager
+def write_while_copying(batch_bytes: int | None) -> Iterator[None]:
+    """Has Orbax's saves started in this block (this task and the tasks it starts)
+    write each batch of about ``batch_bytes`` of arrays as soon as that batch is on
+    the host, while the next batches are still being copied.
+
+    Orbax's save call copies every array it saves from its devices to the host, and
+    only once the whole state is there does its background thread start writing.
+    Here the background thread starts with the call, and writes batch after batch
+    (each its own OCDBT transaction, as Orbax writes arrays it copies in the
+    background) while the call goes on copying. The call still returns only once
+    every array is on the host, so a training step may donate the arrays as soon as
+    it has returned, and what is written is what Orbax writes. ``None`` (or a save
+    that copies some arrays in the background, through pinned host memory, or
+    through a dispatcher) keeps Orbax's own order.
+    """
+    if batch_bytes is not None and batch_bytes <= 0:
+        raise ValueError(f"batch_bytes must be positive, got {batch_bytes}")
+    _install_write_while_copying()
+    token = _WRITE_BATCH_BYTES.set(batch_bytes)
+    try:
+        yield
+    finally:
+        _WRITE_BATCH_BYTES.reset(token)
+
+
+def _install_write_while_copying() -> None:
+    from orbax.checkpoint._src.serialization import jax_array_handlers
+
+    with _hooks_lock:
+        current = jax_array_handlers._serialize_arrays_batches_without_dispatcher
+        if getattr(current, "tinax_batches", False):
+            return
+        original = current
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def serialize(*args: Any, **kwargs: Any) -> Any:
+            batch_bytes = _WRITE_BATCH_BYTES.get()
+            given = signature.bind(*args, **kwargs).arguments
+            if (
+                batch_bytes is None
+                or not given["prioritized"]
+                or given["deprioritized"]
+                or given["enable_pinned_host_transfer"]
+            ):
+                return original(*args, **kwargs)
+            return _serialize_while_copying(batch_bytes, given)
+
+        serialize.tinax_batches = True  # type: ignore[attr-defined]
+        jax_array_handlers._serialize_arrays_batches_without_dispatcher = serialize
+
+
+def batch_bounds(sizes: Sequence[int], batch_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive ``(start, stop)`` runs of items whose ``sizes`` add up to at least
+    ``batch_bytes`` each (the last one to what is left)."""
+    bounds: list[tuple[int, int]] = []
+    start = total = 0
+    for i, size in enumerate(sizes):
+        total += size
+        if total >= batch_bytes:
+            bounds.append((start, i + 1))
+            start, total = i + 1, 0
+    if start < len(sizes):
+        bounds.append((start, len(sizes)))
+    return bounds
+
+
+# What the save call hands its writer after the last batch, or when its copying failed.
+_COPIED = object()
+_COPY_FAILED = object()
+
+
+def _serialize_while_copying(batch_bytes: int, given: dict[str, Any]) -> Any:
+    """``_serialize_arrays_batches_without_dispatcher`` with the writes of each batch
+    started while the next batches are copied (``write_while_copying``)."""
+    from orbax.checkpoint._src.futures import future
+    from orbax.checkpoint._src.multihost import multihost
+    from orbax.checkpoint._src.serialization import jax_array_handlers as handlers
+    from orbax.checkpoint._src.serialization import replica_slices, types
+    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+
+    arrays, infos, args = (list(column) for column in zip(*given["prioritized"], strict=True))
+    callback = given["callback"]
+    use_replica_parallel = given["use_replica_parallel"]
+    metadata_store = given["array_metadata_store"]
+    batches = batch_bounds([int(a.nbytes) for a in arrays], batch_bytes)
+
+    def copy(start: int, stop: int) -> Any:
+        # Looked up at each call, like Orbax's own, so that observers see each copy.
+        on_host = replica_slices.transfer_arrays_to_host(
+            arrays[start:stop],
+            given["replica_id"],
+            use_replica_parallel,
+            min_slice_bytes_for_replica_parallel=given["min_slice_bytes_for_replica_parallel"],
+            max_replicas_for_replica_parallel=given["max_replicas_for_replica_parallel"],
+        )
+        handlers._on_batch_callback(infos[start:stop], callback.on_transfer_end)
+        return on_host
+
+    # Every copy starts now, as Orbax starts them; each batch then waits for its own.
+    # Orbax's per-batch call asks again, and a copy under way is not made twice.
+    for array in arrays:
+        slices = replica_slices.get_replica_slices(
+            array,
+            given["replica_id"],
+            use_replica_parallel,
+            given["min_slice_bytes_for_replica_parallel"],
+            given["max_replicas_for_replica_parallel"],
+        )
+        for piece in slices.replica_slices:
+            if piece.slice_args is None:
+                piece.data().copy_to_host_async()
+    copied: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    async def write() -> None:
+        raw_bytes_before = ts_utils.get_tensorstore_raw_bytes(types.IoDirection.WRITE)
+        started = time.time()
+        metadatas: list[Any] = []
+        logical_bytes = 0
+        while (batch := await asyncio.to_thread(copied.get)) is not _COPIED:
+            if batch is _COPY_FAILED:
+                return  # the save call raised; nothing commits this checkpoint
+            on_host, start, stop = batch
+            del batch
+            logical_bytes += sum(v.nbytes for v in on_host)
+            metadatas.extend(
+                await handlers._async_serialize_replica_slices(
+                    on_host,
+                    infos[start:stop],
+                    args[start:stop],
+                    primary_host=given["primary_host"],
+                    metadata_key=given["metadata_key"],
+                    # Written once below: each write of the store reads and rewrites
+                    # its file.
+                    array_metadata_store=None,
+                    enable_replica_parallel_separate_folder=given[
+                        "enable_replica_parallel_separate_folder"
+                    ],
+                    use_replica_parallel=use_replica_parallel,
+                    ext_metadata=given["ext_metadata"],
+                )
+            )
+            del on_host
+            handlers._on_batch_callback(infos[start:stop], callback.on_write_end)
+        if metadata_store is not None:
+            await metadata_store.write(
+                checkpoint_dir=infos[0].parent_dir,
+                array_metadatas=metadatas,
+                process_index=multihost.process_index(),
+            )
+        handlers._log_io_metrics(
+            direction=types.IoDirection.WRITE,
+            logical_bytes=logical_bytes,
+            start_time=started,
+            parent_dir=infos[0].parent_dir,
+            initial_raw_bytes=raw_bytes_before,
+            metadatas=metadatas,
+        )
+
+    # The first batch is copied before the writer starts: a save whose copying
+    # fails at once leaves no thread behind, as with Orbax's own order.
+    first, *rest = batches
+    copied.put((copy(*first), *first))
+    writing = future.CommitFutureAwaitingContractedSignals(write(), name="array_type_handler")
+    try:
+        for start, stop in rest:
+            copied.put((copy(start, stop), start, stop))
+    except BaseException:
+        copied.put(_COPY_FAILED)
+        raise
+    copied.put(_COPIED)
+    return writing
+
+
+def current_operation() -> str:
+    """The id of Orbax's latest save or load in this process (each call takes a new one)."""
+    from orbax.checkpoint._src.futures import synchronization
+
+    return str(synchronization.OperationIdGenerator.get_current_operation_id())
+
+
+def end_writers(operation: str, timeout: float) -> None:
+    """Cancels the background threads Orbax started for the save ``operation`` and
+    waits up to ``timeout`` seconds for them to end.
+
+    Orbax starts each handler's writing thread during the save call. When the call
+    fails after some of them started, with the checkpoint's directories already
+    made (``write_while_copying``), those threads go on writing into the temporary
+    directory: they must end before it is removed.
+    """
+    from orbax.checkpoint._src.futures import future
+
+    writers = [
+        t
+        for t in threading.enumerate()
+        if isinstance(t, future._SignalingThread) and t._operation_id == operation
+    ]
+    for t in writers:
+        t.cancel()
+    deadline = time.monotonic() + timeout
+    for t in writers:
+        # Thread's own join: Orbax's raises the thread's error, which is not ours.
+        threading.Thread.join(t, max(0.0, deadline - time.monotonic()))
