@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +211,11 @@ class Watchdog:
 class CopyClock:
     """Times Orbax's device-to-host copy inside each save call (both systems make it
     through ``replica_slices.transfer_arrays_to_host``), so that a save call's
-    blocking time splits into the copy and everything else."""
+    blocking time splits into the copy and everything else.
+
+    tinax starts the copies earlier in its call, so for tinax this is only the time
+    spent waiting for them there, and the rest of its call includes the copies
+    made meanwhile."""
 
     def __init__(self) -> None:
         from orbax.checkpoint._src.serialization import replica_slices
@@ -267,6 +272,25 @@ class ZstdLevel:
         self._module._build_zarr3_metadata = self._original
 
 
+@contextlib.contextmanager
+def Batches(count: int | None) -> Iterator[None]:
+    """Has tinax's save calls in the block hand the state to the writer in ``count``
+    batches (``None``: Orbax's order, the whole state copied before the first write).
+
+    Only the save call reads the setting: the block may end when it returns."""
+    from tinax.checkpointing import _host_copies
+
+    original, batches = _host_copies.write_batch_bytes, _host_copies.WRITE_BATCHES
+    if count is None:
+        _host_copies.write_batch_bytes = lambda checkpointable: None  # type: ignore[assignment]
+    else:
+        _host_copies.WRITE_BATCHES = count
+    try:
+        yield
+    finally:
+        _host_copies.write_batch_bytes, _host_copies.WRITE_BATCHES = original, batches
+
+
 def targets(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
@@ -316,6 +340,12 @@ def save_round(
     elif system.startswith("tinax zstd "):
         level = ZstdLevel(int(system.rsplit(" ", 1)[1]))
         with tc.compression():
+            response = tc.save_checkpointables(where, state)
+    elif system == "tinax copy first":
+        with Batches(None):
+            response = tc.save_checkpointables(where, state)
+    elif system.startswith("tinax batches "):
+        with Batches(int(system.rsplit(" ", 1)[1])):
             response = tc.save_checkpointables(where, state)
     else:
         response = tc.save_checkpointables(where, state)
@@ -519,6 +549,8 @@ def main() -> int:
         help="comma-separated, of: orbax, orbax uncompressed, tinax, tinax compressed, "
         "tinax uncompressed, tinax pinned, "
         "tinax no checksums, tinax one chunk, tinax 8 MiB chunks, "
+        "tinax copy first (the whole state on the host before the first write, as "
+        "Orbax does), tinax batches N (the state written in N batches while copied), "
         "tinax zstd LEVEL (zstd at LEVEL, Orbax's is 3; negative levels are zstd's fast ones)",
     )
     parser.add_argument("--stacks", default=None, help="write threads' stacks of slow steps here")
