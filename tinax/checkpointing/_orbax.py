@@ -245,9 +245,12 @@ def write_while_copying(batch_bytes: int | None) -> Iterator[None]:
     (each its own OCDBT transaction, as Orbax writes arrays it copies in the
     background) while the call goes on copying. The call still returns only once
     every array is on the host, so a training step may donate the arrays as soon as
-    it has returned, and what is written is what Orbax writes. ``None`` (or a save
-    that copies some arrays in the background, through pinned host memory, or
-    through a dispatcher) keeps Orbax's own order.
+    it has returned, and what is written is what Orbax writes. The writes wait for
+    the checkpoint's directories: for them to run during the copy, the save's
+    context must make the directories in the call (``async_options.
+    create_directories_asynchronously`` off). ``None`` (or a save that copies some
+    arrays in the background, through pinned host memory, or through a dispatcher)
+    keeps Orbax's own order.
     """
     if batch_bytes is not None and batch_bytes <= 0:
         raise ValueError(f"batch_bytes must be positive, got {batch_bytes}")
