@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from damage import biggest_data_file, flip_middle_byte
 from flax import nnx
 from orbax.checkpoint import v1 as ocp
 from orbax.checkpoint._src.serialization import replica_slices
@@ -26,6 +27,7 @@ from orbax.checkpoint._src.serialization import replica_slices
 import tinax.explore as ex
 from tinax.checkpointing import (
     CorruptDataError,
+    _checksums,
     _host_copies,
     _orbax,
     abstract_restore_target,
@@ -71,7 +73,7 @@ def batched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Copies
     copies = _Copies(tmp_path / "c")
     monkeypatch.setattr(_host_copies, "write_batch_bytes", lambda checkpointable: 4096)
     # Installed first, so that the counter sits outside tinax's own observer.
-    _orbax.observe_host_copies(_orbax_observer())
+    _orbax.observe_host_copies(_checksums._on_host_copy)
     inner = replica_slices.transfer_arrays_to_host
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -81,12 +83,6 @@ def batched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Copies
     counted.__wrapped__ = getattr(inner, "__wrapped__", inner)  # type: ignore[attr-defined]
     monkeypatch.setattr(replica_slices, "transfer_arrays_to_host", counted)
     yield copies
-
-
-def _orbax_observer() -> Any:
-    from tinax.checkpointing import _checksums
-
-    return _checksums._on_host_copy
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -140,13 +136,7 @@ def test_a_flipped_byte_in_a_batched_save_is_refused_naming_the_leaf(
 ) -> None:
     state = _state()
     save_checkpointables(tmp_path / "c", state).result()
-    data = max(
-        (p for p in (tmp_path / "c" / "model").rglob("*") if p.parent.name == "d"),
-        key=lambda p: p.stat().st_size,
-    )
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_middle_byte(biggest_data_file(tmp_path / "c" / "model"))
     with pytest.raises(CorruptDataError, match=r"'model'.*leaf .*corrupt"):
         load_checkpointables(tmp_path / "c", abstract_restore_target(state))
 

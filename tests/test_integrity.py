@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from damage import biggest_data_file, flip_middle_byte
 from orbax.checkpoint import v1 as ocp
 
 import tinax.explore as ex
@@ -36,25 +37,12 @@ def _state() -> dict[str, Any]:
     }
 
 
-def _biggest_data_file(checkpointable: Path) -> Path:
-    return max(
-        (p for p in checkpointable.rglob("*") if p.parent.name == "d"),
-        key=lambda p: p.stat().st_size,
-    )
-
-
-def _flip_middle(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
 def test_a_flipped_byte_in_array_data_fails_the_load_naming_checkpoint_and_leaf(
     tmp_path: Path,
 ) -> None:
     state = _state()
     save_checkpointables(tmp_path / "c", {"model": state}).result()
-    _flip_middle(_biggest_data_file(tmp_path / "c" / "model"))
+    flip_middle_byte(biggest_data_file(tmp_path / "c" / "model"))
     with pytest.raises(CorruptDataError) as caught:
         load_checkpointables(tmp_path / "c", {"model": abstract_restore_target(state)})
     message = str(caught.value)
@@ -77,7 +65,7 @@ def test_a_compressed_chunk_that_no_longer_decodes_is_the_leafs_corruption(
     state = {"w": w, "b": jnp.ones(7)}
     with compression():
         save_checkpointables(tmp_path / "c", {"model": state}).result()
-    data = _biggest_data_file(tmp_path / "c" / "model")
+    data = biggest_data_file(tmp_path / "c" / "model")
     damaged = bytearray(data.read_bytes())
     damaged[10] ^= 0xFF  # inside the zstd frame of w's one chunk
     data.write_bytes(bytes(damaged))
@@ -196,7 +184,7 @@ def test_the_preflight_refuses_before_anything_is_read(
         shutil.rmtree(model)
         os.symlink(tmp_path / "c" / "other", model)
     elif damage == "fifo":
-        target = _biggest_data_file(model)
+        target = biggest_data_file(model)
         target.unlink()
         os.mkfifo(target)
     elif damage == "huge":

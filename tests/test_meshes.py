@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from damage import biggest_data_file
 
 pytestmark = pytest.mark.slow
 
@@ -261,10 +262,7 @@ def test_a_flipped_byte_is_caught_on_the_host_also_when_the_target_casts_it(
     target = {"w": jax.ShapeDtypeStruct((512, 256), jnp.float32, sharding=device)}
     loaded = load_checkpointables(tmp_path / "c", {"model": target})["model"]["w"]
     np.testing.assert_array_equal(np.asarray(loaded), values.astype(np.float32))
-    data = max(
-        (p for p in (tmp_path / "c" / "model").rglob("*") if p.parent.name == "d"),
-        key=lambda p: p.stat().st_size,
-    )
+    data = biggest_data_file(tmp_path / "c" / "model")
     raw = bytearray(data.read_bytes())
     where = bytes(raw).find(values[300].tobytes())
     assert where >= 0

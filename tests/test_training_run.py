@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import run_worker
+from damage import biggest_data_file, flip_middle_byte
 
 import tinax.explore as ex
 from tinax import _paths
@@ -67,14 +68,7 @@ def _loop(run: TrainingRun, steps: range, iterator, *, best_at: int = 100) -> No
 
 
 def _flip_data_byte(checkpoint: Path) -> Path:
-    data = max(
-        (p for p in (checkpoint / "model").rglob("*") if p.parent.name == "d"),
-        key=lambda p: p.stat().st_size,
-    )
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
-    return data
+    return flip_middle_byte(biggest_data_file(checkpoint / "model"))
 
 
 def _complete(root: object) -> list[str]:
