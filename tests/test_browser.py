@@ -19,6 +19,7 @@ environment, as a notebook on a TPU VM gets Google's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -299,6 +300,44 @@ def browser() -> Iterator[Browser]:
         chromium.close()
 
 
+@contextlib.contextmanager
+def _page(browser: Browser, lab: Any, failure: str, viewport: dict[str, int]) -> Iterator[Page]:
+    """A page of ``viewport``'s size; when what runs with it fails, a screenshot of it
+    goes to ``ARTIFACTS / failure`` and the failure names it, with the end of
+    JupyterLab's log."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport=viewport)
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        yield page
+    except Exception as e:
+        shot = ARTIFACTS / failure
+        page.screenshot(path=str(shot), full_page=True)
+        raise AssertionError(
+            f"browser test failed ({e}); screenshot: {shot}\nJupyterLab log:\n{lab.log_tail()}"
+        ) from e
+    finally:
+        page.close()
+
+
+def _open_step_300(explorer: Any) -> Any:
+    """Opens step-300 in the explorer of a run whose step-400 has not committed (which
+    must not open), and shows its leaves as a flat table, which it returns."""
+    rows = explorer.locator(".tinax-table tbody tr")
+    unfinished = rows.filter(has_text=re.compile(r"step-400"))
+    assert "tinax-unpickable" in (unfinished.get_attribute("class") or ""), (
+        "a save that has not committed must not open"
+    )
+    rows.filter(has_text=re.compile(r"^step-300")).click()
+    # The leaves as a flat table (the tree shows first).
+    explorer.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
+        has_text=re.compile(r"^table$")
+    ).click()
+    leaf_table = explorer.locator(".tinax-leaf-table")
+    leaf_table.wait_for()
+    return leaf_table
+
+
 def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
     tmp_path: Path, lab_root: Path, lab: Any, browser: Browser, demo_run: Path
 ) -> None:
@@ -319,30 +358,18 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
     (notebooks / REPO_NOTEBOOK.name).write_bytes(committed)
     opened_at = (notebooks / REPO_NOTEBOOK.name).stat().st_mtime_ns
     expected = _kernel(300).astype(np.float64)
-    ARTIFACTS.mkdir(exist_ok=True)
 
-    page = browser.new_page(viewport={"width": WIDTHS[-1], "height": HEIGHT})
-    page.set_default_timeout(TIMEOUT_MS)
-    try:
+    with _page(
+        browser, lab, "browser-failure.png", {"width": WIDTHS[-1], "height": HEIGHT}
+    ) as page:
         page.goto(lab.page_url("explorer.ipynb"), timeout=TIMEOUT_MS)
         page.locator(".jp-Notebook").wait_for()
         run_all_cells(page)
 
         explorer = page.locator(".tinax-checkpoint-explorer")
         explorer.wait_for()
-        rows = explorer.locator(".tinax-table tbody tr")
-        in_progress = rows.filter(has_text=re.compile(r"step-400"))
-        assert "tinax-unpickable" in (in_progress.get_attribute("class") or ""), (
-            "a save in progress must not be openable"
-        )
-        rows.filter(has_text=re.compile(r"^step-300")).click()
-        # The leaves as a flat table (the tree shows first).
-        explorer.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
-            has_text=re.compile(r"^table$")
-        ).click()
-        explorer.locator(".tinax-leaf-table").wait_for()
+        leaf_table = _open_step_300(explorer)
         # A header click sorts (sizes largest first), a second click reverses.
-        leaf_table = explorer.locator(".tinax-leaf-table")
         leaf_table.locator('th[data-field="nbytes"] button').click()
         expect(leaf_table.locator('th[data-field="nbytes"]')).to_have_attribute(
             "aria-sort", "descending"
@@ -449,14 +476,6 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
         # Notebooks 02 and 03 run whole: every output fits every width.
         for name in REPO_NOTEBOOKS:
             _run_and_check_notebook(page, lab, f"repo/notebooks/{name}")
-    except Exception as e:
-        failure = ARTIFACTS / "browser-failure.png"
-        page.screenshot(path=str(failure), full_page=True)
-        raise AssertionError(
-            f"browser test failed ({e}); screenshot: {failure}\nJupyterLab log:\n{lab.log_tail()}"
-        ) from e
-    finally:
-        page.close()
 
     copy = notebooks / REPO_NOTEBOOK.name
     assert copy.stat().st_mtime_ns > opened_at, "JupyterLab did not save the notebook"
@@ -510,114 +529,109 @@ def test_the_explorer_on_a_many_leaf_run_reads_at_every_width(
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
     notebook.cells = [nbformat.v4.new_code_cell(_TIMED_CELL.format(run=BIG_RUN))]
     nbformat.write(notebook, lab_root / "big_run.ipynb")
-    ARTIFACTS.mkdir(exist_ok=True)
-    page = browser.new_page(viewport=SCREEN)
-    page.set_default_timeout(TIMEOUT_MS)
     figures: dict[str, Any] = {}
 
     def step(name: str, started: float) -> None:
         figures[name] = {"seconds": round(time.monotonic() - started, 2), "height": _height(ex)}
 
     try:
-        page.goto(lab.page_url("big_run.ipynb") + "&reset", timeout=TIMEOUT_MS)
-        page.locator(".jp-Notebook").wait_for()
-        _set_width(page, 1280)
-        wait_for_kernel(page)
-        started = time.monotonic()
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        ex = page.locator(".tinax-checkpoint-explorer")
-        ex.locator(".tinax-section-run .tinax-table tbody tr").first.wait_for()
-        step("shown after Run All", started)
-        made = page.locator(".jp-OutputArea-output").filter(has_text="made in").inner_text()
-        figures["made in the kernel"] = made.strip()
+        with _page(browser, lab, "browser-big-run-failure.png", SCREEN) as page:
+            page.goto(lab.page_url("big_run.ipynb") + "&reset", timeout=TIMEOUT_MS)
+            page.locator(".jp-Notebook").wait_for()
+            _set_width(page, 1280)
+            wait_for_kernel(page)
+            started = time.monotonic()
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            ex = page.locator(".tinax-checkpoint-explorer")
+            ex.locator(".tinax-section-run .tinax-table tbody tr").first.wait_for()
+            step("shown after Run All", started)
+            made = page.locator(".jp-OutputArea-output").filter(has_text="made in").inner_text()
+            figures["made in the kernel"] = made.strip()
 
-        # What changed between two steps, and which weights most: the run's planted
-        # jump of one block.
-        script = big_run_script()
-        after = script.checkpoint_name(script.JUMP_STEP)
-        before = script.checkpoint_name(script.JUMP_STEP - script.CHECKPOINT_EVERY)
-        started = time.monotonic()
-        ex.locator(".tinax-table tbody tr").filter(has_text=after).first.click()
-        expect(ex.locator(".tinax-checkpoint-title")).to_contain_text(after)
-        ex.locator(".tinax-diff-view select").first.select_option(label=f"compare with {before}")
-        diff_table = ex.locator(".tinax-diff-view .tinax-table").last
-        diff_table.locator("tbody tr").first.wait_for()
-        expect(ex.locator(".tinax-diff-view")).to_contain_text(f"{before} to {after}")
-        step("diff of two steps", started)
-        # The most changed leaf is one of the block that jumped (shown without what
-        # every row in view shares; its exact key on hover).
-        most = diff_table.evaluate(_EXACT_JS)[0]
-        block, number = script.JUMP_LAYER.split(".")
-        assert most.startswith(f"['{block}']['{number}']"), f"the most changed leaf is {most}"
-        # Is the newest sound, data included?
-        started = time.monotonic()
-        ex.get_by_role("button", name="check data").click()
-        verdict = ex.locator(".tinax-data-verdict")
-        verdict.wait_for()
-        step("data check", started)
-        # The leaf that changed most opens from its row of the diff.
-        started = time.monotonic()
-        diff_table.locator("tbody tr").first.click()
-        ex.locator(".tinax-section-leaf table.tinax-leaf-stats").wait_for()
-        expect(ex.locator(".tinax-leaf-title")).to_contain_text(f"{script.JUMP_LAYER}.")
-        step("leaf from the diff", started)
-        # After a diff, a data check and a leaf: two screens of a 1,280 x 900 laptop.
-        height = figures["leaf from the diff"]["height"]
-        assert height <= 2 * SCREEN["height"], f"the explorer is {height} px tall"
+            # What changed between two steps, and which weights most: the run's planted
+            # jump of one block.
+            script = big_run_script()
+            after = script.checkpoint_name(script.JUMP_STEP)
+            before = script.checkpoint_name(script.JUMP_STEP - script.CHECKPOINT_EVERY)
+            started = time.monotonic()
+            ex.locator(".tinax-table tbody tr").filter(has_text=after).first.click()
+            expect(ex.locator(".tinax-checkpoint-title")).to_contain_text(after)
+            ex.locator(".tinax-diff-view select").first.select_option(
+                label=f"compare with {before}"
+            )
+            diff_table = ex.locator(".tinax-diff-view .tinax-table").last
+            diff_table.locator("tbody tr").first.wait_for()
+            expect(ex.locator(".tinax-diff-view")).to_contain_text(f"{before} to {after}")
+            step("diff of two steps", started)
+            # The most changed leaf is one of the block that jumped (shown without what
+            # every row in view shares; its exact key on hover).
+            most = diff_table.evaluate(_EXACT_JS)[0]
+            block, number = script.JUMP_LAYER.split(".")
+            assert most.startswith(f"['{block}']['{number}']"), f"the most changed leaf is {most}"
+            # Is the newest sound, data included?
+            started = time.monotonic()
+            ex.get_by_role("button", name="check data").click()
+            verdict = ex.locator(".tinax-data-verdict")
+            verdict.wait_for()
+            step("data check", started)
+            # The leaf that changed most opens from its row of the diff.
+            started = time.monotonic()
+            diff_table.locator("tbody tr").first.click()
+            ex.locator(".tinax-section-leaf table.tinax-leaf-stats").wait_for()
+            expect(ex.locator(".tinax-leaf-title")).to_contain_text(f"{script.JUMP_LAYER}.")
+            step("leaf from the diff", started)
+            # After a diff, a data check and a leaf: two screens of a 1,280 x 900 laptop.
+            height = figures["leaf from the diff"]["height"]
+            assert height <= 2 * SCREEN["height"], f"the explorer is {height} px tall"
 
-        _set_width(page, 900)
-        _distinct(diff_table.evaluate(_KEYS_JS), "diff at 900 px")
-        # Blocks in numeric order in the tree: 0, 1, 2, … 9, 10, never 0, 1, 10.
-        tree = ex.locator(".tinax-section-checkpoint .tinax-leaf-tree")
-        tree.get_by_role("button", name="close all").click()
-        labels = tree.locator(".tinax-table .tinax-key-text")
-        for name in ("model", "blocks"):
-            labels.filter(has_text=re.compile(rf"^{name}$")).first.click()
-        labels.filter(has_text=re.compile(r"^10$")).first.wait_for()
-        shown = labels.all_inner_texts()
-        blocks = [int(label) for label in shown if label.strip().isdigit()]
-        assert blocks[:12] == list(range(12)), shown
-        # Which leaves are largest: the flat table, by size.
-        started = time.monotonic()
-        ex.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
-            has_text=re.compile(r"^table$")
-        ).click()
-        leaf_table = ex.locator(".tinax-leaf-table")
-        leaf_table.locator('th[data-field="nbytes"] button').click()
-        expect(leaf_table.locator('th[data-field="nbytes"]')).to_have_attribute(
-            "aria-sort", "descending"
-        )
-        step("largest leaves", started)
-        # Export the model: its panel opens right under its button, "model" chosen.
-        started = time.monotonic()
-        ex.get_by_role("button", name="export…").click()
-        panel = ex.locator(".tinax-export-panel")
-        panel.locator("button.widget-button").filter(has_text=re.compile(r"^\s*Export\s*$")).click()
-        panel.get_by_text(re.compile(r"^wrote \d+ file")).wait_for()
-        step("export the model", started)
-        buttons = ex.get_by_role("button", name="export…").bounding_box()
-        box = panel.bounding_box()
-        assert buttons is not None and box is not None
-        assert 0 <= box["y"] - (buttons["y"] + buttons["height"]) < 40, (buttons, box)
-        _distinct(leaf_table.evaluate(_KEYS_JS), "leaf table at 900 px")
+            _set_width(page, 900)
+            _distinct(diff_table.evaluate(_KEYS_JS), "diff at 900 px")
+            # Blocks in numeric order in the tree: 0, 1, 2, … 9, 10, never 0, 1, 10.
+            tree = ex.locator(".tinax-section-checkpoint .tinax-leaf-tree")
+            tree.get_by_role("button", name="close all").click()
+            labels = tree.locator(".tinax-table .tinax-key-text")
+            for name in ("model", "blocks"):
+                labels.filter(has_text=re.compile(rf"^{name}$")).first.click()
+            labels.filter(has_text=re.compile(r"^10$")).first.wait_for()
+            shown = labels.all_inner_texts()
+            blocks = [int(label) for label in shown if label.strip().isdigit()]
+            assert blocks[:12] == list(range(12)), shown
+            # Which leaves are largest: the flat table, by size.
+            started = time.monotonic()
+            ex.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
+                has_text=re.compile(r"^table$")
+            ).click()
+            leaf_table = ex.locator(".tinax-leaf-table")
+            leaf_table.locator('th[data-field="nbytes"] button').click()
+            expect(leaf_table.locator('th[data-field="nbytes"]')).to_have_attribute(
+                "aria-sort", "descending"
+            )
+            step("largest leaves", started)
+            # Export the model: its panel opens right under its button, "model" chosen.
+            started = time.monotonic()
+            ex.get_by_role("button", name="export…").click()
+            panel = ex.locator(".tinax-export-panel")
+            panel.locator("button.widget-button").filter(
+                has_text=re.compile(r"^\s*Export\s*$")
+            ).click()
+            panel.get_by_text(re.compile(r"^wrote \d+ file")).wait_for()
+            step("export the model", started)
+            buttons = ex.get_by_role("button", name="export…").bounding_box()
+            box = panel.bounding_box()
+            assert buttons is not None and box is not None
+            assert 0 <= box["y"] - (buttons["y"] + buttons["height"]) < 40, (buttons, box)
+            _distinct(leaf_table.evaluate(_KEYS_JS), "leaf table at 900 px")
 
-        for width in WIDTHS:
-            _set_width(page, width)
-            _check_readable(ex, f"explorer on the many-leaf run at {width} px")
-            _distinct(diff_table.evaluate(_KEYS_JS), f"diff at {width} px")
-            _screenshot(page, ex, width, "explorer-big-run")
-        # A sound checkpoint's data check is one line.
-        assert verdict.get_attribute("data-ok") == "true"
-        expect(ex.locator(".tinax-data-check .tinax-table")).to_be_hidden()
-    except Exception as e:
-        failure = ARTIFACTS / "browser-big-run-failure.png"
-        page.screenshot(path=str(failure), full_page=True)
-        raise AssertionError(
-            f"browser test failed ({e}); screenshot: {failure}\nJupyterLab log:\n{lab.log_tail()}"
-        ) from e
+            for width in WIDTHS:
+                _set_width(page, width)
+                _check_readable(ex, f"explorer on the many-leaf run at {width} px")
+                _distinct(diff_table.evaluate(_KEYS_JS), f"diff at {width} px")
+                _screenshot(page, ex, width, "explorer-big-run")
+            # A sound checkpoint's data check is one line.
+            assert verdict.get_attribute("data-ok") == "true"
+            expect(ex.locator(".tinax-data-check .tinax-table")).to_be_hidden()
     finally:
         (ARTIFACTS / "explorer-big-run.json").write_text(json.dumps(figures, indent=2))
-        page.close()
 
 
 # -- the explorer on a gs:// run ------------------------------------------------------------
@@ -662,11 +676,8 @@ def test_explorer_browses_a_gs_run_in_chromium(lab_root: Path, lab: Any, browser
     notebooks.mkdir()
     _write_gcs_notebook(notebooks / "gcs.ipynb", run)
     expected = _gcs_kernel(300).astype(np.float64)
-    ARTIFACTS.mkdir(exist_ok=True)
 
-    page = browser.new_page(viewport={"width": 1500, "height": 1100})
-    page.set_default_timeout(TIMEOUT_MS)
-    try:
+    with _page(browser, lab, "explorer-gcs-failure.png", {"width": 1500, "height": HEIGHT}) as page:
         # A fresh workspace: the notebook alone, not the tabs an earlier page left open.
         page.goto(lab.page_url("gcs/gcs.ipynb") + "&reset", timeout=TIMEOUT_MS)
         page.locator(".jp-Notebook").wait_for()
@@ -675,17 +686,7 @@ def test_explorer_browses_a_gs_run_in_chromium(lab_root: Path, lab: Any, browser
         explorer = page.locator(".tinax-checkpoint-explorer")
         explorer.wait_for()
         assert run in explorer.inner_text()
-        rows = explorer.locator(".tinax-table tbody tr")
-        unfinished = rows.filter(has_text=re.compile(r"step-400"))
-        assert "tinax-unpickable" in (unfinished.get_attribute("class") or ""), (
-            "a save that has not committed must not open"
-        )
-        rows.filter(has_text=re.compile(r"^step-300")).click()
-        # The leaves as a flat table (the tree shows first).
-        explorer.locator(".tinax-section-checkpoint .widget-toggle-button").filter(
-            has_text=re.compile(r"^table$")
-        ).click()
-        leaf_table = explorer.locator(".tinax-leaf-table")
+        leaf_table = _open_step_300(explorer)
         leaf_table.locator(f'tbody tr:has(span[title="{LEAF}"])').click()
 
         stats = explorer.locator("table.tinax-leaf-stats")
@@ -696,11 +697,3 @@ def test_explorer_browses_a_gs_run_in_chromium(lab_root: Path, lab: Any, browser
         assert stats.locator(cell("shape")).inner_text() == "(16, 32)"
         explorer.scroll_into_view_if_needed()
         explorer.screenshot(path=str(ARTIFACTS / "explorer-gcs.png"))
-    except Exception as e:
-        failure = ARTIFACTS / "explorer-gcs-failure.png"
-        page.screenshot(path=str(failure), full_page=True)
-        raise AssertionError(
-            f"browser test failed ({e}); screenshot: {failure}\nJupyterLab log:\n{lab.log_tail()}"
-        ) from e
-    finally:
-        page.close()
