@@ -139,7 +139,7 @@ def start_save(
         try:
             if directories_first:
                 # Handlers whose arrays were copied already write in the background.
-                _orbax.end_writers(_orbax.current_operation(), _orbax.coordination_timeout())
+                _orbax.wait_for_writers(_orbax.current_operation(), _orbax.coordination_timeout())
             dest.discard_temporaries()
         finally:
             dest.release()

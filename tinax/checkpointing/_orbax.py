@@ -34,9 +34,9 @@ __all__ = [
     "check_host_reads",
     "coordination_timeout",
     "current_operation",
-    "end_writers",
     "has_standard_leaf_handler",
     "observe_host_copies",
+    "wait_for_writers",
     "write_while_copying",
 ]
 
@@ -418,25 +418,22 @@ def current_operation() -> str:
     return str(synchronization.OperationIdGenerator.get_current_operation_id())
 
 
-def end_writers(operation: str, timeout: float) -> None:
-    """Cancels the background threads Orbax started for the save ``operation`` and
-    waits up to ``timeout`` seconds for them to end.
+def wait_for_writers(operation: str, timeout: float) -> None:
+    """Waits up to ``timeout`` seconds for the background threads Orbax started for
+    the save ``operation`` to end.
 
     Orbax starts each handler's writing thread during the save call. When the call
     fails after some of them started, with the checkpoint's directories already
     made (``write_while_copying``), those threads go on writing into the temporary
-    directory: they must end before it is removed.
+    directory: they must end before it is removed. They are not cancelled: a
+    writer cancelled in the middle of a tensorstore write leaves that write to
+    complete into an event loop already closed, which reports an error nobody can
+    catch.
     """
     from orbax.checkpoint._src.futures import future
 
-    writers = [
-        t
-        for t in threading.enumerate()
-        if isinstance(t, future._SignalingThread) and t._operation_id == operation
-    ]
-    for t in writers:
-        t.cancel()
     deadline = time.monotonic() + timeout
-    for t in writers:
-        # Thread's own join: Orbax's raises the thread's error, which is not ours.
-        threading.Thread.join(t, max(0.0, deadline - time.monotonic()))
+    for t in threading.enumerate():
+        if isinstance(t, future._SignalingThread) and t._operation_id == operation:
+            # Thread's own join: Orbax's raises the thread's error, which is not ours.
+            threading.Thread.join(t, max(0.0, deadline - time.monotonic()))
