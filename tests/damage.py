@@ -19,3 +19,25 @@ def flip_middle_byte(path: Path) -> Path:
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     return path
+
+
+def stored_value(checkpointable: Path, key: str) -> tuple[Path, int]:
+    """The data file holding the value of ``key`` in the checkpointable's OCDBT store
+    (a chunk: ``w/c/0/0``), and where in that file the value starts.
+
+    OCDBT packs values and B+tree nodes into its data files in whatever order they
+    were written: a byte at a fixed offset of a file may be another array's or the
+    tree's.
+    """
+    import tensorstore as ts
+
+    from tinax._format.arrays import parse_location, walk_ocdbt
+    from tinax._paths import location
+
+    for found, value in walk_ocdbt(location(str(checkpointable)), ts.Context()):
+        if found == key.encode():
+            if not isinstance(value, str):
+                raise ValueError(f"{key} is kept inline in the B+tree, not in a data file")
+            ref = parse_location(value)
+            return checkpointable / ref.file, ref.offset
+    raise KeyError(key)

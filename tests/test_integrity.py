@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from damage import biggest_data_file, flip_middle_byte
+from damage import biggest_data_file, flip_middle_byte, stored_value
 from orbax.checkpoint import v1 as ocp
 
 import tinax.explore as ex
@@ -65,9 +65,9 @@ def test_a_compressed_chunk_that_no_longer_decodes_is_the_leafs_corruption(
     state = {"w": w, "b": jnp.ones(7)}
     with compression():
         save_checkpointables(tmp_path / "c", {"model": state}).result()
-    data = biggest_data_file(tmp_path / "c" / "model")
+    data, start = stored_value(tmp_path / "c" / "model", "w/c/0/0")
     damaged = bytearray(data.read_bytes())
-    damaged[10] ^= 0xFF  # inside the zstd frame of w's one chunk
+    damaged[start + 10] ^= 0xFF  # inside the zstd frame of w's one chunk
     data.write_bytes(bytes(damaged))
     with pytest.raises(CorruptDataError) as caught:
         load_checkpointables(tmp_path / "c", {"model": abstract_restore_target(state)})
