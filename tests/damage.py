@@ -13,6 +13,19 @@ def biggest_data_file(checkpointable: Path) -> Path:
     )
 
 
+def file_holding(checkpointable: Path, needle: bytes) -> tuple[Path, int]:
+    """The one data file of the checkpointable whose bytes contain ``needle``, and where.
+
+    Orbax's writers may spread a checkpointable's arrays over several data files, so
+    the largest file need not hold a given array.
+    """
+    found = [(p, p.read_bytes().find(needle)) for p in checkpointable.rglob("d/*")]
+    holding = [(p, at) for p, at in found if at >= 0]
+    if len(holding) != 1:
+        raise AssertionError(f"{len(holding)} data files hold the bytes, not one")
+    return holding[0]
+
+
 def flip_middle_byte(path: Path) -> Path:
     """Inverts every bit of the byte in the middle of the file at ``path``."""
     data = bytearray(path.read_bytes())

@@ -144,6 +144,83 @@ def test_a_corrupt_load_fails_once_and_prints_nothing_else(tmp_path: Path) -> No
     assert noise == [], "\n".join(noise[:40])
 
 
+LATE_READS = textwrap.dedent(
+    """
+    import asyncio, functools, sys, time
+    from pathlib import Path
+    import jax.numpy as jnp
+    import numpy as np
+    from damage import file_holding
+    from orbax.checkpoint._src.serialization import serialization
+    import tinax.checkpointing as tc
+    from tinax.checkpointing import _checksums, _orbax
+
+    where = Path(sys.argv[1])
+    rng = np.random.default_rng(5)
+    state = {k: jnp.asarray(rng.standard_normal(1 << 14), jnp.float32) for k in "abc"}
+    tc.save_checkpointables(where / "c", {"model": state}).result()
+    data, at = file_holding(where / "c" / "model", np.asarray(state["a"][100:200]).tobytes())
+    raw = bytearray(data.read_bytes())
+    raw[at + 1] ^= 0x10
+    data.write_bytes(bytes(raw))
+
+    # Orbax's reads, delayed in the order that lost the load's first failure: b's
+    # read starts once a's has failed, while a's waits for the reads under way;
+    # c's is still under way when b's is refused.
+    _orbax.check_host_reads(_checksums._READ_HOOKS)
+    checked = serialization._read_shard
+
+    async def until_a_failed():
+        give_up = time.monotonic() + 60
+        while not any(load.failed for load in list(_checksums._loads.values())):
+            assert time.monotonic() < give_up, "the read of a never failed"
+            await asyncio.sleep(0)
+
+    @functools.wraps(checked)
+    async def in_that_order(t, **kwargs):
+        name = _orbax._array_path(t).rstrip("/").rsplit("/", 1)[-1]
+        if name == "b":
+            await until_a_failed()
+        values = await checked(t, **kwargs)
+        if name == "c":
+            await until_a_failed()
+            await asyncio.sleep(0.5)
+        return values
+
+    serialization._read_shard = in_that_order
+    try:
+        tc.load_checkpointables(where / "c", {"model": tc.abstract_restore_target(state)})
+    except tc.CorruptDataError as e:
+        print("REFUSED", e)
+    import gc
+    gc.collect()
+    print("DONE")
+    """
+)
+
+
+def test_a_read_refused_after_the_first_failure_reports_that_failure(tmp_path: Path) -> None:
+    # A read that starts once another has failed is refused at once. Its error
+    # could reach Orbax first: the load then failed as unreadable data naming the
+    # wrong array, and closed its event loop on the reads still under way.
+    script = tmp_path / "late_reads.py"
+    script.write_text(LATE_READS)
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": tests}
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "DONE" in result.stdout, result.stdout
+    assert "REFUSED" in result.stdout and "leaf ['a']: the stored data is corrupt" in result.stdout
+    noise = [line for line in result.stderr.splitlines() if "WARNING" not in line]
+    assert noise == [], "\n".join(noise[:40])
+
+
 def test_checkpoints_without_checksums_load_and_explore_says_so(tmp_path: Path) -> None:
     state = _state()
     ocp.save_checkpointables(tmp_path / "raw", {"model": state})

@@ -359,6 +359,7 @@ class _LoadCheck:
         # and what failed the load, once something did.
         self.tasks: set[asyncio.Task[Any]] = set()
         self.failed: BaseException | None = None
+        self._failing: set[asyncio.Task[Any]] = set()
         # Pieces being put together: (key, bounds) -> (buffer, elements still missing).
         self._partial: dict[tuple[str, Bounds], tuple[np.ndarray, int]] = {}
 
@@ -394,39 +395,48 @@ class _LoadCheck:
         """A read of one of the arrays is starting, in the current task.
 
         Raises:
-          RuntimeError: If the load has failed already: the read is not made.
+          RuntimeError: If the load has failed already: the read is not made. The
+            load's first failure is chained to it, so that whichever read's error
+            Orbax reports, what failed the load is in it.
         """
         task = asyncio.current_task()
         if task is not None:
             with self._lock:
                 self.tasks.add(task)
         if self.failed is not None:
-            raise RuntimeError(f"not read: the load failed: {self.failed}")
+            raise RuntimeError(f"not read: the load failed: {self.failed}") from self.failed
 
     async def settle(self, error: BaseException) -> None:
-        """A read is failing with ``error``: fails the load, and has the first read
-        to fail wait for the others still under way on its event loop.
+        """A read is failing with ``error`` (the first sets what failed the load):
+        returns once no read still under way on its event loop is one that has not
+        failed.
 
         Orbax stops waiting for the other reads once one fails and closes their
         event loop with them suspended; each then printed a traceback ("Exception
         ignored in coroutine", "Event loop is closed") after the error itself.
-        Reads that have not started fail at once (``starting``); those under way
-        are waited for, so the load fails once, cleanly.
+        Reads that have not started fail at once (``starting``) and settle too;
+        those under way are waited for, so the load fails once, cleanly, whichever
+        read's failure Orbax sees first.
         """
-        if self.failed is not None:
-            return
-        self.failed = error
         me, loop = asyncio.current_task(), asyncio.get_running_loop()
+        with self._lock:
+            if self.failed is None:
+                self.failed = error
+            if me is not None:
+                self._failing.add(me)
         while True:
             # Reads scheduled but not yet started get to start, and fail.
             for _ in range(3):
                 await asyncio.sleep(0)
             with self._lock:
-                tasks = list(self.tasks)
-            running = [t for t in tasks if t is not me and not t.done() and t.get_loop() is loop]
+                running = [
+                    t
+                    for t in self.tasks
+                    if t not in self._failing and not t.done() and t.get_loop() is loop
+                ]
             if not running:
                 return
-            await asyncio.wait(running)
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
 
     def unreadable(self, path: str, error: BaseException) -> CorruptDataError | None:
         """The error for a read of the array at ``path`` that failed: a chunk that does

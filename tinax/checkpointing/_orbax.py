@@ -175,7 +175,11 @@ def check_host_reads(hooks: HostReads) -> None:
             path = _array_path(t)
             if path is None:
                 return await original(t, dtype=dtype, **kwargs)
-            hooks.starting(path)
+            try:
+                hooks.starting(path)
+            except Exception as e:
+                await hooks.failing(path, e)
+                raise
             try:
                 values = await original(t, dtype=None, **kwargs)
             except Exception as e:
