@@ -210,6 +210,20 @@ def writer(side: str, nbytes: int, seed: int) -> None:
         print(json.dumps(reply), flush=True)
 
 
+# The JAX platforms of the jobs the campaigns start and kill (``--child-platforms``);
+# None: this process's own.
+_child_platforms: str | None = None
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a job a campaign starts: this process's, on the platforms
+    ``--child-platforms`` named, if any."""
+    env = dict(os.environ)
+    if _child_platforms is not None:
+        env["JAX_PLATFORMS"] = _child_platforms
+    return env
+
+
 def quiet_logs() -> None:
     """Keeps Orbax's and absl's informational logging out of the campaign's output."""
     import logging
@@ -258,8 +272,16 @@ def run_kill_campaign(
     parser.add_argument("--sides", default="tinax,orbax")
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--child-platforms",
+        default=None,
+        help="JAX_PLATFORMS of the jobs that are killed (e.g. tpu); this process, which "
+        "lists, loads and resumes, stays on its own (the CPU), leaving the chip to them",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global _child_platforms
+    _child_platforms = args.child_platforms
     if args.child:
         child(*args.child)
         return 0

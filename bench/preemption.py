@@ -14,7 +14,11 @@ partial checkpoints listed ``complete``; and killed saves not listed as
 ``interrupted``.
 
 Usage: python bench/preemption.py [--kills 30] [--mib 256] [--sides tinax,orbax]
-                                  [--dir DIR] [--seed 0]
+                                  [--dir DIR] [--seed 0] [--child-platforms tpu]
+
+With ``--child-platforms tpu`` the killed jobs save from a TPU (a save from an
+accelerator is written in batches while it is still being copied to the host); the
+parent's checks and resumes run on the CPU.
 
 Exits non-zero when tinax misses a goal: no resume refused, everything listed
 complete loads bit-exactly, nothing partial listed complete.
@@ -67,6 +71,7 @@ def _job(side: str, path: Path, step: int, mib: float, delay: float | None) -> f
         [sys.executable, __file__, "--child", side, str(path), str(step), str(mib)],
         stdout=subprocess.PIPE,
         text=True,
+        env=_campaign.child_env(),
     )
     try:
         assert child.stdout is not None

@@ -15,7 +15,7 @@ but not loadable bit for bit), and resumes not from the newest sound step (the n
 checkpoint that loads bit for bit when the job started).
 
 Usage: python bench/run_campaign.py [--kills 30] [--mib 32] [--sides tinax,orbax]
-                                    [--dir DIR] [--seed 0]
+                                    [--dir DIR] [--seed 0] [--child-platforms tpu]
 
 Exits non-zero when tinax misses a goal: no resume refused, nothing partial or
 half-pruned listed complete, every resume from the newest sound step.
@@ -64,7 +64,13 @@ class Counts:
 
 def _start(side: str, root: Path, mib: float, steps: int | None) -> subprocess.Popen[str]:
     argv = [sys.executable, __file__, "--child", side, str(root), str(mib), str(steps or 0)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_campaign.child_env(),
+    )
 
 
 def _resumed(child: subprocess.Popen[str]) -> tuple[int | None, str | None]:
