@@ -270,7 +270,6 @@ def _uses_gcs(item: pytest.Item) -> bool:
 # instead of one long file running alone at the end.
 LONGEST_FILES = (
     "test_multiprocess.py",
-    "test_binder.py",
     "test_browser.py",
     "test_campaigns.py",
     "test_notebooks.py",
