@@ -124,24 +124,32 @@ CORRUPT_LOADS = textwrap.dedent(
 )
 
 
-def test_a_corrupt_load_fails_once_and_prints_nothing_else(tmp_path: Path) -> None:
-    # The first read to fail waits for the others under way: Orbax's event loop is
-    # not closed with reads suspended in it, which printed a traceback per read.
-    script = tmp_path / "corrupt_loads.py"
-    script.write_text(CORRUPT_LOADS)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+def _run_quietly(script: str, where: Path) -> str:
+    """Runs ``script`` (with ``where`` as its argument, tests/ importable) in a fresh
+    interpreter on the CPU; its standard output, once it printed nothing but
+    warnings on stderr."""
+    path = where / "script.py"
+    path.write_text(script)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(Path(__file__).parent)}
     result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
+        [sys.executable, str(path), str(where)],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("REFUSED") == 2 and "DONE" in result.stdout, result.stdout
-    assert "corrupt" in result.stdout
     noise = [line for line in result.stderr.splitlines() if "WARNING" not in line]
     assert noise == [], "\n".join(noise[:40])
+    return result.stdout
+
+
+def test_a_corrupt_load_fails_once_and_prints_nothing_else(tmp_path: Path) -> None:
+    # The first read to fail waits for the others under way: Orbax's event loop is
+    # not closed with reads suspended in it, which printed a traceback per read.
+    out = _run_quietly(CORRUPT_LOADS, tmp_path)
+    assert out.count("REFUSED") == 2 and "DONE" in out, out
+    assert "corrupt" in out
 
 
 LATE_READS = textwrap.dedent(
@@ -203,22 +211,9 @@ def test_a_read_refused_after_the_first_failure_reports_that_failure(tmp_path: P
     # A read that starts once another has failed is refused at once. Its error
     # could reach Orbax first: the load then failed as unreadable data naming the
     # wrong array, and closed its event loop on the reads still under way.
-    script = tmp_path / "late_reads.py"
-    script.write_text(LATE_READS)
-    tests = str(Path(__file__).parent)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": tests}
-    result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "DONE" in result.stdout, result.stdout
-    assert "REFUSED" in result.stdout and "leaf ['a']: the stored data is corrupt" in result.stdout
-    noise = [line for line in result.stderr.splitlines() if "WARNING" not in line]
-    assert noise == [], "\n".join(noise[:40])
+    out = _run_quietly(LATE_READS, tmp_path)
+    assert "DONE" in out, out
+    assert "REFUSED" in out and "leaf ['a']: the stored data is corrupt" in out
 
 
 def test_checkpoints_without_checksums_load_and_explore_says_so(tmp_path: Path) -> None:
