@@ -109,6 +109,7 @@ campaigns: preemption-campaign race-campaign run-campaign
 
 preemption-campaign: install
 	$(PY) bench/preemption.py --kills 30 --mib 256
+	$(PY) bench/preemption.py --kills 30 --mib 256 --sides tinax --write-batch-mib 64
 
 race-campaign: install
 	$(PY) bench/racing_writers.py --trials 50 --mib 128

@@ -213,15 +213,53 @@ def writer(side: str, nbytes: int, seed: int) -> None:
 # The JAX platforms of the jobs the campaigns start and kill (``--child-platforms``);
 # None: this process's own.
 _child_platforms: str | None = None
+# ``--write-batch-mib``, handed to the jobs in their environment.
+_WRITE_BATCH = "TINAX_CAMPAIGN_WRITE_BATCH_BYTES"
+_write_batch_bytes: int | None = None
 
 
 def child_env() -> dict[str, str]:
     """The environment of a job a campaign starts: this process's, on the platforms
-    ``--child-platforms`` named, if any."""
+    ``--child-platforms`` named, writing in the batches ``--write-batch-mib`` asked for."""
     env = dict(os.environ)
     if _child_platforms is not None:
         env["JAX_PLATFORMS"] = _child_platforms
+    if _write_batch_bytes is not None:
+        env[_WRITE_BATCH] = str(_write_batch_bytes)
     return env
+
+
+def _write_in_batches() -> None:
+    """In a job started with ``--write-batch-mib``: has tinax write every save in
+    batches of that size, each while the next is copied to the host, as it does for a
+    state on an accelerator (a CPU's arrays are otherwise saved in Orbax's order)."""
+    size = os.environ.get(_WRITE_BATCH)
+    if size is None:
+        return
+    from tinax.checkpointing import _host_copies, _orbax
+
+    _host_copies.write_batch_bytes = lambda checkpointable: int(size)
+    split = _orbax.batch_bounds
+
+    def counted(sizes: Any, batch_bytes: int) -> list[tuple[int, int]]:
+        bounds = split(sizes, batch_bytes)
+        _batches.append(len(bounds))
+        return bounds
+
+    _orbax.batch_bounds = counted
+
+
+# The batches each checkpointable's arrays were written in, in this job.
+_batches: list[int] = []
+
+
+def batches_written() -> int:
+    """How many batches this job's saves have written their arrays in (0: none was
+    written in batches)."""
+    return sum(_batches)
+
+
+_write_in_batches()
 
 
 def quiet_logs() -> None:
@@ -278,10 +316,20 @@ def run_kill_campaign(
         help="JAX_PLATFORMS of the jobs that are killed (e.g. tpu); this process, which "
         "lists, loads and resumes, stays on its own (the CPU), leaving the chip to them",
     )
+    parser.add_argument(
+        "--write-batch-mib",
+        type=float,
+        default=None,
+        help="the killed jobs write each save in batches of this many MiB while the next "
+        "is copied to the host, as tinax does from an accelerator (on a CPU, saves keep "
+        "Orbax's order otherwise)",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global _child_platforms
+    global _child_platforms, _write_batch_bytes
     _child_platforms = args.child_platforms
+    if args.write_batch_mib is not None:
+        _write_batch_bytes = max(1, int(args.write_batch_mib * MIB))
     if args.child:
         child(*args.child)
         return 0

@@ -15,10 +15,12 @@ partial checkpoints listed ``complete``; and killed saves not listed as
 
 Usage: python bench/preemption.py [--kills 30] [--mib 256] [--sides tinax,orbax]
                                   [--dir DIR] [--seed 0] [--child-platforms tpu]
+                                  [--write-batch-mib 16]
 
-With ``--child-platforms tpu`` the killed jobs save from a TPU (a save from an
-accelerator is written in batches while it is still being copied to the host); the
-parent's checks and resumes run on the CPU.
+A save from an accelerator writes its arrays in batches while later ones are still
+being copied to the host. ``--child-platforms tpu`` has the killed jobs save from a
+TPU (the parent's checks and resumes stay on the CPU); ``--write-batch-mib`` has
+them write in batches of that size on a CPU too.
 
 Exits non-zero when tinax misses a goal: no resume refused, everything listed
 complete loads bit-exactly, nothing partial listed complete.
@@ -46,6 +48,7 @@ class Counts:
 
     kills: int = 0
     save_seconds: float = 0.0
+    write_batches: int = 0
     before_write: int = 0
     mid_write: int = 0
     after_commit: int = 0
@@ -61,11 +64,13 @@ def step_name(step: int) -> str:
     return f"step_{step:04d}"
 
 
-def _job(side: str, path: Path, step: int, mib: float, delay: float | None) -> float | None:
+def _job(
+    side: str, path: Path, step: int, mib: float, delay: float | None
+) -> tuple[float, int] | None:
     """Runs a job that saves ``step``; SIGKILLs it ``delay`` seconds into the save.
 
     With ``delay`` ``None`` the save is left to commit, and its duration (as the job
-    measured it) is returned.
+    measured it) and the batches it wrote its arrays in are returned.
     """
     child = subprocess.Popen(
         [sys.executable, __file__, "--child", side, str(path), str(step), str(mib)],
@@ -82,7 +87,8 @@ def _job(side: str, path: Path, step: int, mib: float, delay: float | None) -> f
             line = child.stdout.readline()
             if not line.startswith("saved "):
                 raise RuntimeError(f"the training job's save failed: {line!r}")
-            return float(line.split()[1])
+            _, seconds, batches = line.split()
+            return float(seconds), int(batches)
         time.sleep(delay)
         return None
     finally:
@@ -133,8 +139,9 @@ def campaign(side: str, root: Path, kills: int, mib: float, rng: random.Random) 
     counts = Counts()
     root.mkdir(parents=True)
     # The first save, by a job like the killed ones, times the window kills land in.
-    duration = _job(side, root / step_name(0), 0, mib, None)
-    assert duration is not None
+    first = _job(side, root / step_name(0), 0, mib, None)
+    assert first is not None
+    duration, counts.write_batches = first
     counts.save_seconds = duration
     verified: set[tuple[str, object]] = set()
     latest = 0
@@ -179,12 +186,13 @@ def _child(side: str, path: str, step: str, mib: str) -> None:
     print("saving", flush=True)
     start = time.perf_counter()
     _campaign.save(side, Path(path), int(step), state)
-    print(f"saved {time.perf_counter() - start:.6f}", flush=True)
+    print(f"saved {time.perf_counter() - start:.6f} {_campaign.batches_written()}", flush=True)
     time.sleep(600)  # killed long before: a kill after the commit still meets a live job
 
 
 ROWS = (
     ("seconds a save takes (kills within 1.3x)", "save_seconds"),
+    ("  batches its arrays were written in (0: all at once)", "write_batches"),
     ("SIGKILLs", "kills"),
     ("  landed before the temporary existed", "before_write"),
     ("  landed mid-write", "mid_write"),
