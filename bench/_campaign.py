@@ -229,6 +229,10 @@ def child_env() -> dict[str, str]:
     return env
 
 
+# The batches each checkpointable's arrays were written in, in this job.
+_batches: list[int] = []
+
+
 def _write_in_batches() -> None:
     """In a job started with ``--write-batch-mib``: has tinax write every save in
     batches of that size, each while the next is copied to the host, as it does for a
@@ -247,10 +251,6 @@ def _write_in_batches() -> None:
         return bounds
 
     _orbax.batch_bounds = counted
-
-
-# The batches each checkpointable's arrays were written in, in this job.
-_batches: list[int] = []
 
 
 def batches_written() -> int:

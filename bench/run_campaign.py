@@ -16,6 +16,7 @@ checkpoint that loads bit for bit when the job started).
 
 Usage: python bench/run_campaign.py [--kills 30] [--mib 32] [--sides tinax,orbax]
                                     [--dir DIR] [--seed 0] [--child-platforms tpu]
+                                    [--write-batch-mib 4]
 
 Exits non-zero when tinax misses a goal: no resume refused, nothing partial or
 half-pruned listed complete, every resume from the newest sound step.

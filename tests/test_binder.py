@@ -3,9 +3,10 @@
 ``test_binder_environment_runs_the_notebooks`` does what Binder does with this
 repository, in a fresh virtualenv: ``pip install -r binder/requirements.txt``, then
 ``binder/postBuild`` from the repository root, then it executes the notebooks that
-read what postBuild made with that environment's own kernel. The requirements are installed by the uv that ``make``
-installs (``.tools/bin/uv``) when it is there, in seconds where pip takes one and a
-half minutes on an empty cache: the same pinned, hash-checked wheels either way.
+read what postBuild made with that environment's own kernel. The requirements are
+installed by the uv that ``make`` installs (``.tools/bin/uv``) when it is there, in
+seconds where pip takes one and a half minutes on an empty cache: the same pinned,
+hash-checked wheels either way.
 postBuild's own ``pip install`` runs as on Binder, and so does its demo run. Its
 many-leaf run is the session's (``big_run``, built by the same script from the same
 lock), copied in first: postBuild's script finds it finished and keeps it, as a second

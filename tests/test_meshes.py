@@ -120,10 +120,8 @@ read = {k: ex.read_leaf(root / "c", "model", f"['{k}']").tobytes() == v.tobytes(
 # The same checkpoint with one byte of "w" flipped, which every layout must refuse.
 import shutil
 shutil.copytree(root / "c", root / "bad")
-# Orbax's writers may spread the arrays over several data files: search them all.
-needle = expected()["w"][40, 24:].tobytes()
-found = [(p, p.read_bytes().find(needle)) for p in (root / "bad" / "model").rglob("d/*")]
-(target, where), = [(p, at) for p, at in found if at >= 0]
+from damage import file_holding
+target, where = file_holding(root / "bad" / "model", expected()["w"][40, 24:].tobytes())
 raw = bytearray(target.read_bytes())
 raw[where + 3] ^= 0x40
 target.write_bytes(bytes(raw))
@@ -150,6 +148,7 @@ print(json.dumps({
 def _run(script: str, root: Path, *, devices: int | None) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = str(Path(__file__).parent)  # the scripts damage through tests/damage.py
     if devices is not None:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     done = subprocess.run(
