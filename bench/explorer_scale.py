@@ -15,7 +15,9 @@ floor measured in the same run:
   shown; their shapes and sizes follow from a background thread, timed apart)
   against ``json.loads`` of its largest ``_METADATA``;
 - sorting its leaf table by size, filtering its keys, jumping to its last page and
-  expanding the largest subtree of its tree, each against the pandas operation under it.
+  expanding the largest subtree of its tree, each against the pandas operation under it;
+- labelling every one of its keys in 30 characters, as ``tinax ls`` does, against
+  sorting them by ``natural_key``.
 
 Writing takes a few minutes the first time; ``--workdir DIR`` keeps the checkpoints
 and reuses them. Exits 1 if a goal is missed.
@@ -240,7 +242,7 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
 
     import tinax.explore as ex
     from tinax._format import pytree
-    from tinax.explore import toolkit
+    from tinax.explore import display, toolkit
 
     results: list[tuple[str, float, float, str, float]] = []
 
@@ -405,6 +407,22 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
         statistics.median(floors),
         "json.loads of its largest _METADATA",
         math.inf,
+    )
+
+    # `tinax ls` labels every row it prints (the widgets only the rows in view).
+    every_key, owners = list(leaves["key"]), list(leaves["checkpointable"])
+    labels, label_floors = [], []
+    for _ in range(repeats):
+        label_floors.append(_best(lambda: sorted(every_key, key=display.natural_key), 1))
+        labels.append(
+            _best(lambda: display.display_keys(every_key, width=30, checkpointables=owners), 1)
+        )
+    row(
+        f"label all {len(every_key):,} keys in 30 characters (tinax ls)",
+        statistics.median(labels),
+        statistics.median(label_floors),
+        "sorting them by natural_key",
+        1.0,
     )
 
     view = explorer.leaf_view

@@ -277,16 +277,6 @@ def test_bad_widths_and_keys_are_refused() -> None:
         display.display_keys(["['a']", "a.b"])
 
 
-@pytest.mark.slow  # a flax NNX model and optax state built
-def test_labels_of_a_thousand_rows_take_well_under_a_second(leaves: pd.DataFrame) -> None:
-    import time
-
-    keys = list(leaves["key"])
-    start = time.perf_counter()
-    display.display_keys(keys, width=30)
-    assert time.perf_counter() - start < 0.5
-
-
 # --- bytes ---------------------------------------------------------------------------
 
 

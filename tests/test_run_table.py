@@ -145,19 +145,17 @@ def test_three_hundred_checkpoints_in_a_fresh_process(tmp_path):
     for step in range(1, 301):
         shutil.copytree(tmp_path / "one" / "step_000002", run / f"step_{step:06d}")
     code = (
-        "import sys, time\n"
+        "import sys\n"
         "from tinax.explore import run_table\n"
-        "started = time.perf_counter()\n"
         "table = run_table(sys.argv[1])\n"
-        "print(len(table), table['loss'].notna().sum(), time.perf_counter() - started)\n"
+        "print(len(table), table['loss'].notna().sum())\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(run)], capture_output=True, text=True, check=True
     )
-    rows, losses, seconds = done.stdout.split()
+    rows, losses = done.stdout.split()
+    # Its speed (a goal of 1 s) is measured by bench/run_timeline.py.
     assert (int(rows), int(losses)) == (300, 300)
-    # The goal is 1 s (bench/run_timeline.py); this machine's test workers share it.
-    assert float(seconds) < 3.0, seconds
 
 
 def test_run_table_reads_no_array_data(tmp_path, monkeypatch):
