@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +18,9 @@ import pytest
 from explore_fixtures import iterator, save_v1, save_v1_run
 
 
-def explore(*args: str | Path, columns: int | None = None) -> subprocess.CompletedProcess[str]:
+def explore_script(
+    *args: str | Path, columns: int | None = None
+) -> subprocess.CompletedProcess[str]:
     """The command line as a script runs it: output to a pipe, ``COLUMNS`` as given
     (unset: 80, the width of a terminal that says nothing)."""
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
@@ -30,6 +33,23 @@ def explore(*args: str | Path, columns: int | None = None) -> subprocess.Complet
         timeout=120,
         env=env,
     )
+
+
+def explore(*args: str | Path, columns: int | None = None) -> subprocess.CompletedProcess[str]:
+    """``main`` run here, its output written to text buffers as to a pipe: the views'
+    tests. Each new interpreter costs seconds of imports, so a few tests
+    (``explore_script``) run the command as a script does, for what only a process
+    shows: its exit status, its streams, and argparse's own exits."""
+    from tinax.explore._cli import main
+
+    with mock.patch.dict(os.environ):  # restored as it was on the way out
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+        if columns is not None:
+            os.environ["COLUMNS"] = str(columns)
+        out, err = io.StringIO(), io.StringIO()
+        status = main([str(a) for a in args], out, err)
+    return subprocess.CompletedProcess(list(args), status, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +154,7 @@ def test_one_leaf_as_json(checkpoint):
 
 
 def test_errors_go_to_stderr_with_status_1(tmp_path, checkpoint):
-    result = explore(tmp_path / "absent")
+    result = explore_script(tmp_path / "absent")
     assert result.returncode == 1
     assert "does not exist" in result.stderr and not result.stdout
     result = explore(checkpoint, "--leaf", "model", "['nope']")
@@ -144,7 +164,7 @@ def test_errors_go_to_stderr_with_status_1(tmp_path, checkpoint):
     (checkpoint.parent / "broken" / "_CHECKPOINT_METADATA").write_text("{")
     result = explore(checkpoint.parent / "broken")
     assert result.returncode == 1 and "not valid JSON" in result.stderr
-    assert explore().returncode == 2
+    assert explore_script().returncode == 2
 
 
 # -- every view at a terminal's width -------------------------------------------------------
@@ -158,16 +178,6 @@ RAW = {
     "a float at full precision": re.compile(r"[1-9]\d*\.\d{5,}|0\.0*[1-9]\d{6,}"),
     "a byte count without a unit": re.compile(r"(?<![\w.(\[-])\d{5,}(?![\w.,)\]-])"),
 }
-
-
-def in_process(*args: str | Path, columns: int, monkeypatch) -> subprocess.CompletedProcess[str]:
-    """``main`` run here (no new interpreter), at a terminal ``columns`` wide."""
-    from tinax.explore._cli import main
-
-    monkeypatch.setenv("COLUMNS", str(columns))
-    out, err = io.StringIO(), io.StringIO()
-    status = main([str(a) for a in args], out, err)
-    return subprocess.CompletedProcess(list(args), status, out.getvalue(), err.getvalue())
 
 
 def assert_fits(result: subprocess.CompletedProcess[str], columns: int) -> None:
@@ -209,9 +219,7 @@ def linen_optax(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("columns", [80, 132])
-def test_every_view_fits_the_terminal_in_human_units(
-    demo_run, linen_optax, tmp_path, columns, monkeypatch
-):
+def test_every_view_fits_the_terminal_in_human_units(demo_run, linen_optax, tmp_path, columns):
     a, b = demo_run / "step_000200", demo_run / "step_000250"
     views = [
         (demo_run,),
@@ -231,9 +239,9 @@ def test_every_view_fits_the_terminal_in_human_units(
         ("run", demo_run, "--scan"),
     ]
     for view in views:
-        assert_fits(in_process(*view, columns=columns, monkeypatch=monkeypatch), columns)
+        assert_fits(explore(*view, columns=columns), columns)
     # Long keys are shortened by leaving out middle parts, never into look-alikes.
-    shown = in_process(linen_optax, columns=columns, monkeypatch=monkeypatch).stdout
+    shown = explore(linen_optax, columns=columns).stdout
     blocks = key_columns(shown)
     assert [len(b) for b in blocks] == [len(set(b)) for b in blocks] and len(blocks) == 2
     full = "transformer_encoder_block_0.attention_query_projection_with_a_long_name.kernel"
@@ -262,10 +270,10 @@ def key_columns(text: str, header: str = "key") -> list[list[str]]:
 
 
 def test_without_columns_a_pipe_gets_80(demo_run):
-    result = explore(demo_run / "step_000250")
+    result = explore_script(demo_run / "step_000250")
     assert_fits(result, 80)
     assert max(len(line) for line in result.stdout.splitlines()) > 60
-    wide = explore(demo_run / "step_000250", columns=200)
+    wide = explore_script(demo_run / "step_000250", columns=200)
     assert_fits(wide, 200)
     assert max(map(len, wide.stdout.splitlines())) >= max(map(len, result.stdout.splitlines()))
 
@@ -325,7 +333,7 @@ def test_export_writes_safetensors_quietly_into_a_pipe(demo_run, tmp_path):
     from safetensors.numpy import load_file
 
     out = tmp_path / "weights"
-    result = explore(
+    result = explore_script(
         "export",
         demo_run / "step_000250",
         out,
@@ -350,9 +358,11 @@ def test_export_writes_safetensors_quietly_into_a_pipe(demo_run, tmp_path):
     ]
     assert load_file(out / index["weight_map"]["dense1.kernel"])["dense1.kernel"].shape == (16, 256)
     assert all(name in result.stdout for name in files)
-    bad = explore("export", demo_run / "step_000250", tmp_path / "x", "--max-file-size", "lots")
+    bad = explore_script(
+        "export", demo_run / "step_000250", tmp_path / "x", "--max-file-size", "lots"
+    )
     assert bad.returncode == 2 and "is not a size" in bad.stderr
-    taken = explore("export", demo_run / "step_000250", out)
+    taken = explore_script("export", demo_run / "step_000250", out)
     assert taken.returncode == 1 and "not empty" in taken.stderr
     assert not (tmp_path / "x").exists()
 
@@ -383,6 +393,6 @@ def test_human_units_and_middle_cuts():
 
 def test_help_fits_80_columns():
     for args in (("--help",), ("export", "--help"), ("diff", "--help", "x")):
-        result = explore(*args, columns=80)
+        result = explore_script(*args, columns=80)
         assert result.returncode == 0 and "usage:" in result.stdout
         assert max(len(line) for line in result.stdout.splitlines()) <= 80, args
