@@ -26,12 +26,17 @@ def file_holding(checkpointable: Path, needle: bytes) -> tuple[Path, int]:
     return holding[0]
 
 
-def flip_middle_byte(path: Path) -> Path:
-    """Inverts every bit of the byte in the middle of the file at ``path``."""
+def flip_bits(path: Path, at: int, bits: int = 0xFF) -> Path:
+    """Inverts the ``bits`` of the byte at offset ``at`` of the file at ``path``."""
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    data[at] ^= bits
     path.write_bytes(bytes(data))
     return path
+
+
+def flip_middle_byte(path: Path, bits: int = 0xFF) -> Path:
+    """Inverts the ``bits`` of the byte in the middle of the file at ``path``."""
+    return flip_bits(path, path.stat().st_size // 2, bits)
 
 
 def stored_value(checkpointable: Path, key: str) -> tuple[Path, int]:

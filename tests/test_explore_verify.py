@@ -13,6 +13,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from damage import biggest_data_file, flip_middle_byte
 from explore_fixtures import chunk_locations, delete_chunk_files, iterator, save_v1
 from test_explore_bad_input import CASES as METADATA_CASES
 from test_explore_diff import write_leaf_bytes
@@ -211,21 +212,11 @@ def test_nans_saved_with_the_checkpoint_are_a_warning_not_an_error(tmp_path):
     assert list(warnings["part"]) == ["model ['w']"] and "5 NaN" in warnings["message"].iloc[0]
 
 
-def _flip_a_byte_in_the_middle_of(directory):
-    data = max(
-        (p for p in directory.rglob("*") if p.is_file() and p.parent.name == "d"),
-        key=lambda p: p.stat().st_size,
-    )
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0x10
-    data.write_bytes(bytes(raw))
-
-
 def test_a_flipped_byte_in_array_data_fails_verify_with_data(tmp_path):
     big = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
     save_checkpointables(tmp_path / "c", {"model": {"w": big, "b": np.zeros(3)}}).result()
     assert ex.verify(tmp_path / "c", data=True).ok
-    _flip_a_byte_in_the_middle_of(tmp_path / "c" / "model")
+    flip_middle_byte(biggest_data_file(tmp_path / "c" / "model"), 0x10)
     assert ex.verify(tmp_path / "c").ok  # metadata alone cannot see it
     result = ex.verify(tmp_path / "c", data=True)
     assert not result.ok

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from damage import biggest_data_file, flip_middle_byte, stored_value
+from damage import biggest_data_file, flip_bits, flip_middle_byte, stored_value
 from orbax.checkpoint import v1 as ocp
 
 import tinax.explore as ex
@@ -66,9 +66,7 @@ def test_a_compressed_chunk_that_no_longer_decodes_is_the_leafs_corruption(
     with compression():
         save_checkpointables(tmp_path / "c", {"model": state}).result()
     data, start = stored_value(tmp_path / "c" / "model", "w/c/0/0")
-    damaged = bytearray(data.read_bytes())
-    damaged[start + 10] ^= 0xFF  # inside the zstd frame of w's one chunk
-    data.write_bytes(bytes(damaged))
+    flip_bits(data, start + 10)  # inside the zstd frame of w's one chunk
     with pytest.raises(CorruptDataError) as caught:
         load_checkpointables(tmp_path / "c", {"model": abstract_restore_target(state)})
     message = str(caught.value)
@@ -92,6 +90,7 @@ CORRUPT_LOADS = textwrap.dedent(
     import gc, sys
     from pathlib import Path
     import jax.numpy as jnp
+    from damage import biggest_data_file, flip_bits
     import tinax.checkpointing as tc
 
     where = Path(sys.argv[1])
@@ -105,13 +104,8 @@ CORRUPT_LOADS = textwrap.dedent(
         with tc.compression(compressed):
             tc.save_checkpointables(c, {"model": state}).result()
         tc.save_checkpointables(where / f"ok{int(compressed)}", {"model": state}).result()
-        data = max(
-            (p for p in (c / "model").rglob("*") if p.parent.name == "d"),
-            key=lambda p: p.stat().st_size,
-        )
-        damaged = bytearray(data.read_bytes())
-        damaged[len(damaged) // 3] ^= 0xFF
-        data.write_bytes(bytes(damaged))
+        data = biggest_data_file(c / "model")
+        flip_bits(data, data.stat().st_size // 3)
         try:
             tc.load_checkpointables(c, {"model": target})
         except tc.CorruptDataError as e:
@@ -158,7 +152,7 @@ LATE_READS = textwrap.dedent(
     from pathlib import Path
     import jax.numpy as jnp
     import numpy as np
-    from damage import file_holding
+    from damage import file_holding, flip_bits
     from orbax.checkpoint._src.serialization import serialization
     import tinax.checkpointing as tc
     from tinax.checkpointing import _checksums, _orbax
@@ -168,9 +162,7 @@ LATE_READS = textwrap.dedent(
     state = {k: jnp.asarray(rng.standard_normal(1 << 14), jnp.float32) for k in "abc"}
     tc.save_checkpointables(where / "c", {"model": state}).result()
     data, at = file_holding(where / "c" / "model", np.asarray(state["a"][100:200]).tobytes())
-    raw = bytearray(data.read_bytes())
-    raw[at + 1] ^= 0x10
-    data.write_bytes(bytes(raw))
+    flip_bits(data, at + 1, 0x10)
 
     # Orbax's reads, delayed in the order that lost the load's first failure: b's
     # read starts once a's has failed, while a's waits for the reads under way;

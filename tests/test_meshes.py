@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from damage import file_holding
+from damage import file_holding, flip_bits
 
 pytestmark = pytest.mark.slow
 
@@ -120,11 +120,9 @@ read = {k: ex.read_leaf(root / "c", "model", f"['{k}']").tobytes() == v.tobytes(
 # The same checkpoint with one byte of "w" flipped, which every layout must refuse.
 import shutil
 shutil.copytree(root / "c", root / "bad")
-from damage import file_holding
+from damage import file_holding, flip_bits
 target, where = file_holding(root / "bad" / "model", expected()["w"][40, 24:].tobytes())
-raw = bytearray(target.read_bytes())
-raw[where + 3] ^= 0x40
-target.write_bytes(bytes(raw))
+flip_bits(target, where + 3, 0x40)
 refused = {name: flipped_fails(root / "bad", s) for name, s in layouts.items()}
 print(json.dumps({
     "pieces": pieces, "loaded": loaded, "read": read, "refused": refused, "batched": batched,
@@ -263,9 +261,7 @@ def test_a_flipped_byte_is_caught_on_the_host_also_when_the_target_casts_it(
     loaded = load_checkpointables(tmp_path / "c", {"model": target})["model"]["w"]
     np.testing.assert_array_equal(np.asarray(loaded), values.astype(np.float32))
     data, where = file_holding(tmp_path / "c" / "model", values[300].tobytes())
-    raw = bytearray(data.read_bytes())
-    raw[where + 11] ^= 0x01
-    data.write_bytes(bytes(raw))
+    flip_bits(data, where + 11, 0x01)
     with pytest.raises(CorruptDataError, match=r"\['w'\].*corrupt"):
         load_checkpointables(tmp_path / "c", {"model": target})
     assert _checksums._loads == {}

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from damage import biggest_data_file, flip_middle_byte
 
 import tinax.explore as ex
 from tinax._format.fit import MAX_LINES, cast_is_lossless
@@ -214,10 +215,7 @@ def test_corrupt_data_in_the_first_part_leaves_no_coroutine_never_awaited(tmp_pa
         name: {"w": np.random.default_rng(i).normal(size=65536)} for i, name in enumerate("abcd")
     }
     save_checkpointables(tmp_path / "c", parts).result()
-    data = max((tmp_path / "c" / "a").rglob("d/*"), key=lambda p: p.stat().st_size)
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_middle_byte(biggest_data_file(tmp_path / "c" / "a"))
     targets = {name: abstract_restore_target(tree) for name, tree in parts.items()}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from damage import biggest_data_file, flip_middle_byte
 from tinax.widgets import CheckpointExplorer
 
 from tinax.checkpointing import save_checkpointables
@@ -47,13 +48,7 @@ def test_check_data_counts_nan_and_inf_per_leaf(tmp_path: Path) -> None:
 
 def test_check_data_names_a_damaged_leaf(tmp_path: Path) -> None:
     _save(tmp_path / "step-1", np.arange(4096, dtype=np.float32).reshape(64, 64))
-    data = max(
-        (p for p in (tmp_path / "step-1" / "model").rglob("*") if p.is_file()),
-        key=lambda p: p.stat().st_size,
-    )
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_middle_byte(biggest_data_file(tmp_path / "step-1" / "model"))
     explorer = CheckpointExplorer(tmp_path)
     explorer.open_checkpoint("step-1")
     explorer.data_check.start()
