@@ -220,7 +220,7 @@ class CopyClock:
     def __init__(self) -> None:
         from orbax.checkpoint._src.serialization import replica_slices
 
-        from tinax.checkpointing import _checksums
+        from tinax.checkpointing import _checksummed_handler as _checksums
 
         # tinax's observer first, so that it keeps observing under the clock.
         _checksums._orbax.observe_host_copies(_checksums._on_host_copy)

@@ -79,7 +79,7 @@ from tinax.checkpointing import (
     save_checkpointables,
     save_training_checkpoint,
 )
-from tinax.checkpointing._checksums import record_save, verify_loaded
+from tinax.checkpointing._checksummed_handler import record_save, verify_loaded
 from tinax.checkpointing._context import without_checksums
 
 logging.getLogger("absl").setLevel(logging.ERROR)

@@ -297,7 +297,8 @@ def test_human_bytes_in_binary_units_with_blank_for_missing() -> None:
 def test_the_project_has_one_byte_formatter() -> None:
     from tinax.widgets import _text
 
-    from tinax.explore import _readable, _terminal
+    from tinax.explore import _readable
+    from tinax.explore._cli import terminal as _terminal
     from tinax.explore.toolkit import human_bytes as exported
 
     assert exported is display.human_bytes

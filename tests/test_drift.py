@@ -18,7 +18,8 @@ from run_view_fixtures import (
 )
 from run_view_fixtures import model as small_model
 
-from tinax.explore import _drift, drift_table
+from tinax.explore import drift_table
+from tinax.explore._run_view import drift as _drift
 
 
 @pytest.fixture(scope="module")

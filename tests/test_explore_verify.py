@@ -320,7 +320,7 @@ def test_the_cli_exit_status(template, tmp_path):
 def test_checksum_pieces_are_digested_from_regions_in_any_layout(boxes):
     from tinax._format import checksums
     from tinax._format.arrays import ArrayInfo
-    from tinax.explore._integrity import _ChecksumScan
+    from tinax.explore._verify.integrity import _ChecksumScan
 
     values = np.arange(48, dtype=np.float32).reshape(8, 6)
     halves = [((0, 4), (0, 6)), ((4, 8), (0, 6))]

@@ -27,12 +27,14 @@ from orbax.checkpoint._src.serialization import replica_slices
 import tinax.explore as ex
 from tinax.checkpointing import (
     CorruptDataError,
-    _checksums,
     _host_copies,
     _orbax,
     abstract_restore_target,
     load_checkpointables,
     save_checkpointables,
+)
+from tinax.checkpointing import (
+    _checksummed_handler as _checksums,
 )
 
 

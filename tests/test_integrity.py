@@ -155,7 +155,7 @@ LATE_READS = textwrap.dedent(
     from damage import file_holding, flip_bits
     from orbax.checkpoint._src.serialization import serialization
     import tinax.checkpointing as tc
-    from tinax.checkpointing import _checksums, _orbax
+    from tinax.checkpointing import _checksummed_handler as _checksums, _orbax
 
     where = Path(sys.argv[1])
     rng = np.random.default_rng(5)

@@ -248,9 +248,11 @@ def test_a_flipped_byte_is_caught_on_the_host_also_when_the_target_casts_it(
 
     from tinax.checkpointing import (
         CorruptDataError,
-        _checksums,
         load_checkpointables,
         save_checkpointables,
+    )
+    from tinax.checkpointing import (
+        _checksummed_handler as _checksums,
     )
 
     values = np.random.default_rng(3).standard_normal((512, 256)).astype(jnp.bfloat16)

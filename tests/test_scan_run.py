@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 from run_view_fixtures import NAN_STEP, ROLLBACK_STEP, STEPS, big_run_script, write_small_run
 
-from tinax.explore import _scan_run, scan_run
-from tinax.explore._scan_run import FINITE, NONFINITE, NOT_COMPLETE, NOT_SCANNED, NOT_SOUND
+from tinax.explore import scan_run
+from tinax.explore._run_view import scan as _scan_run
+from tinax.explore._run_view.scan import FINITE, NONFINITE, NOT_COMPLETE, NOT_SCANNED, NOT_SOUND
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from tinax._format.keys import format_key
-from tinax.explore import _terminal as term
-from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
+from tinax.explore._cli import terminal as term
+from tinax.explore._cli.key_match import LeafNotFoundError, exact_key, match_key
 
 
 def nnx_keys(blocks: int = 12) -> list[str]:

@@ -6,11 +6,11 @@ support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
 from tinax._targets import NumpyTarget, abstract_restore_target
+from tinax.checkpointing._checkpointable_names import validate_checkpointable_name
 from tinax.checkpointing._checkpointables import load_checkpointables, save_checkpointables
-from tinax.checkpointing._checksums import CorruptDataError
+from tinax.checkpointing._checksummed_handler import CorruptDataError
 from tinax.checkpointing._context import compression
 from tinax.checkpointing._destination import remove_interrupted_save
-from tinax.checkpointing._names import validate_checkpointable_name
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._run import TrainingRun
 from tinax.checkpointing._safetensors import load_safetensors

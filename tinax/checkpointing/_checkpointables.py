@@ -25,11 +25,11 @@ from tinax.checkpointing import (
     _orbax,
     _processes,
 )
-from tinax.checkpointing._checksums import CorruptDataError
-from tinax.checkpointing._leaves import check_storable, is_stateful, numpy_scalars_as_arrays
-from tinax.checkpointing._names import validate_distinct_names
+from tinax.checkpointing._checkpointable_names import validate_distinct_names
+from tinax.checkpointing._checksummed_handler import CorruptDataError
 from tinax.checkpointing._response import SaveResponse
-from tinax.checkpointing._save_times import SaveClock
+from tinax.checkpointing._save_clock import SaveClock
+from tinax.checkpointing._storable import check_storable, is_stateful, numpy_scalars_as_arrays
 from tinax.checkpointing._verdict import TargetMismatchError, check_targets
 
 

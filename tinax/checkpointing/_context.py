@@ -11,7 +11,10 @@ import jax
 from orbax.checkpoint import v1 as ocp
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
-from tinax.checkpointing._checksums import ChecksummedPyTreeHandler, ChecksummedStatefulHandler
+from tinax.checkpointing._checksummed_handler import (
+    ChecksummedPyTreeHandler,
+    ChecksummedStatefulHandler,
+)
 from tinax.checkpointing._empty import EmptyPyTreeHandler
 from tinax.checkpointing._orbax import active_context, chunk_shape
 

@@ -16,7 +16,7 @@ from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
 from tinax._format import jsonitems, names
 from tinax._paths import location
-from tinax.checkpointing._leaves import is_leafless
+from tinax.checkpointing._storable import is_leafless
 
 
 def describe(tree: Any) -> Any:

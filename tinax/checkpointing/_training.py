@@ -14,13 +14,13 @@ from tinax._format import files, layout, pytree
 from tinax._format.storage import Location
 from tinax._paths import load_source
 from tinax._targets import refuse_flax_objects
+from tinax.checkpointing._checkpointable_names import validate_distinct_names
 from tinax.checkpointing._checkpointables import (
     check_iterator_states,
     check_targets_given,
     restore_checkpointables,
     start_save,
 )
-from tinax.checkpointing._names import validate_distinct_names
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._verdict import TargetMismatchError, check_targets
 

@@ -18,15 +18,15 @@ from tinax.explore import display, toolkit
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
 from tinax.explore._diff import diff_table
-from tinax.explore._drift import drift_table
 from tinax.explore._export import export_safetensors
 from tinax.explore._listing import list_checkpoints
 from tinax.explore._live import state_table
 from tinax.explore._readable import readable
-from tinax.explore._retention import retention_table, run_policy
-from tinax.explore._run_table import run_table
-from tinax.explore._scan_run import scan_run
-from tinax.explore._verify import verify
+from tinax.explore._run_view.drift import drift_table
+from tinax.explore._run_view.retention import retention_table, run_policy
+from tinax.explore._run_view.scan import scan_run
+from tinax.explore._run_view.table import run_table
+from tinax.explore._verify.verification import verify
 
 __all__ = [
     "checkpoint_table",

@@ -13,7 +13,7 @@ import tensorstore as ts
 
 from tinax._format import arrays, checksums, chunks, files, names, pytree, rawread, words
 from tinax.explore import _raw_scan
-from tinax.explore._integrity import PiecesCheck
+from tinax.explore._verify.integrity import PiecesCheck
 
 
 def read_array(

@@ -25,7 +25,7 @@ from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax._format.storage import tree_bytes
 from tinax.explore._array_read import array_record, read_array
-from tinax.explore._leaves import (
+from tinax.explore._leaf_rows import (
     LEAF_COLUMNS,
     Leaf,
     column,

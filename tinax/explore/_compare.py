@@ -10,7 +10,7 @@ import pandas as pd
 
 from tinax._format import fit, words
 from tinax.explore import _checkpoint, _live
-from tinax.explore._leaves import frame
+from tinax.explore._leaf_rows import frame
 
 COMPARE_COLUMNS = (
     "checkpointable",

@@ -34,10 +34,10 @@ from tinax._format import (
     words,
 )
 from tinax.explore import _checkpoint, _live, _raw_scan
-from tinax.explore._integrity import PiecesCheck
-from tinax.explore._leaves import Leaf, frame
+from tinax.explore._leaf_rows import Leaf, frame
 from tinax.explore._numeric import PairStats
 from tinax.explore._ranking import OTHER, sort_by_change, told_change, value_kind
+from tinax.explore._verify.integrity import PiecesCheck
 
 DIFF_COLUMNS = (
     "checkpointable",

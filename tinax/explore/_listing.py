@@ -22,7 +22,7 @@ from tinax import _claims, _paths
 from tinax._format import arrays, files, layout, names, preflight, pytree, runrecord, words
 from tinax._format.storage import DIRECTORY, Entry, Location
 from tinax.explore import _checkpoint
-from tinax.explore._leaves import frame
+from tinax.explore._leaf_rows import frame
 
 LISTING_COLUMNS = (
     "name",

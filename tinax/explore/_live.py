@@ -16,7 +16,7 @@ import pandas as pd
 
 from tinax._format import words
 from tinax._format.keys import format_key, key_parts
-from tinax.explore._leaves import (
+from tinax.explore._leaf_rows import (
     Leaf,
     format_device,
     format_named_sharding,

@@ -13,7 +13,7 @@ from tinax.explore._listing import ListingCache
 from tinax.explore._live import leaf_key
 from tinax.explore._ranking import sort_by_change
 from tinax.explore._readable import human_duration
-from tinax.explore._run_dir import (
+from tinax.explore._run_view.directory import (
     bytes_written,
     check_new_checkpoint_name,
     existing_directory,
@@ -30,7 +30,7 @@ from tinax.explore._summary import (
     leaf_statistics,
     leaf_summary,
 )
-from tinax.explore._verify import (
+from tinax.explore._verify.verification import (
     DEFAULT_CHECKS,
     Check,
     Finding,

@@ -17,7 +17,13 @@ import xxhash
 from tinax._format import arrays, checksums, layout, pytree, words
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.chunks import Box
-from tinax.explore._checks import Check, Finding, LeafScan, StoredArray, VerifyTarget
+from tinax.explore._verify.checks import (
+    Check,
+    Finding,
+    LeafScan,
+    StoredArray,
+    VerifyTarget,
+)
 
 # A piece whose bytes do not arrive in its own C order (a region layout that cuts
 # across it) is assembled in memory up to this size; a larger one is reported as not

@@ -12,9 +12,16 @@ import tensorstore as ts
 
 from tinax._format import arrays, checksums, chunks, names, pytree, rawread, words
 from tinax.explore import _raw_scan
-from tinax.explore._checks import Check, Finding, LeafScan, PyTreeState, StoredArray, VerifyTarget
-from tinax.explore._integrity import ChecksumCheck, _ChecksumScan
 from tinax.explore._numeric import ValueCounts
+from tinax.explore._verify.checks import (
+    Check,
+    Finding,
+    LeafScan,
+    PyTreeState,
+    StoredArray,
+    VerifyTarget,
+)
+from tinax.explore._verify.integrity import ChecksumCheck, _ChecksumScan
 
 Progress = Callable[[int, int], None]
 

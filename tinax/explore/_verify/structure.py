@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from tinax._format import files, iterstate, jsonitems, layout, names, preflight, runrecord, words
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax._format.storage import DIRECTORY, FILE, LINK, Location
-from tinax.explore._checks import Check, Finding, PyTreeState, VerifyTarget
+from tinax.explore._verify.checks import Check, Finding, PyTreeState, VerifyTarget
 
 
 class CommitCheck(Check):

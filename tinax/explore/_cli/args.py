@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from tinax.explore import _terminal as term
+from tinax.explore._cli import terminal as term
 from tinax.explore._export import CAST_DTYPES
 
 # ``run --drift`` shows this many of the largest moves in text (--json/--csv: all).

@@ -6,9 +6,9 @@ every leaf's values region by region. The checks below are the defaults; another
 check plugs in by subclassing ``Check`` and passing it in ``checks``.
 
 This module is the facade: the result type and the driver. The checks live beside
-it (``_verify_structure``: commit, safety, preflight, checkpointables, iterators;
-``_verify_pytree``: metadata against the array store; ``_integrity``: checksums;
-``_verify_data``: the data pass and NaN/Inf counts), their shared types in ``_checks``.
+it (``structure``: commit, safety, preflight, checkpointables, iterators;
+``pytree``: metadata against the array store; ``integrity``: checksums;
+``data``: the data pass and NaN/Inf counts), their shared types in ``checks``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,18 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format import arrays, words
-from tinax.explore._checks import Check, Finding, LeafScan, StoredArray, VerifyTarget
-from tinax.explore._integrity import ChecksumCheck
-from tinax.explore._leaves import frame
-from tinax.explore._verify_data import NonFiniteCheck, Progress, read_data
-from tinax.explore._verify_pytree import PyTreeCheck
-from tinax.explore._verify_structure import (
+from tinax.explore._leaf_rows import frame
+from tinax.explore._verify.checks import (
+    Check,
+    Finding,
+    LeafScan,
+    StoredArray,
+    VerifyTarget,
+)
+from tinax.explore._verify.data import NonFiniteCheck, Progress, read_data
+from tinax.explore._verify.integrity import ChecksumCheck
+from tinax.explore._verify.pytree import PyTreeCheck
+from tinax.explore._verify.structure import (
     CheckpointablesCheck,
     CommitCheck,
     IteratorCheck,

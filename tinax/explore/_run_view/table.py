@@ -26,7 +26,7 @@ from tinax import _paths
 from tinax._format import arrays, checksums, files, layout, names, pytree, savetimes, words
 from tinax._format.storage import Location
 from tinax.explore._listing import list_checkpoints
-from tinax.explore._retention import retention_table
+from tinax.explore._run_view.retention import retention_table
 
 RUN_COLUMNS = (
     "name",

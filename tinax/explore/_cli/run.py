@@ -7,13 +7,13 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from tinax.explore import _terminal as term
-from tinax.explore._cli_args import _run_parser
-from tinax.explore._cli_output import _csv, _dump, _progress, _records, _say, _seconds
-from tinax.explore._drift import drift_table
-from tinax.explore._run_table import run_table
-from tinax.explore._scan_run import scan_run
-from tinax.explore._terminal import Column
+from tinax.explore._cli import terminal as term
+from tinax.explore._cli.args import _run_parser
+from tinax.explore._cli.output import _csv, _dump, _progress, _records, _say, _seconds
+from tinax.explore._cli.terminal import Column
+from tinax.explore._run_view.drift import drift_table
+from tinax.explore._run_view.scan import scan_run
+from tinax.explore._run_view.table import run_table
 
 
 def _run_columns(table: pd.DataFrame) -> list[Column]:

@@ -12,9 +12,9 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from tinax.explore import _terminal as term
 from tinax.explore import display
-from tinax.explore._terminal import jsonable
+from tinax.explore._cli import terminal as term
+from tinax.explore._cli.terminal import jsonable
 
 
 def _seconds(value: Any) -> str:

@@ -11,12 +11,12 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format import layout, names, words
-from tinax.explore import _terminal as term
-from tinax.explore._cli_args import _verify_parser
-from tinax.explore._cli_output import _csv, _dump, _progress, _records, _say
+from tinax.explore._cli import terminal as term
+from tinax.explore._cli.args import _verify_parser
+from tinax.explore._cli.output import _csv, _dump, _progress, _records, _say
+from tinax.explore._cli.terminal import Column
 from tinax.explore._listing import list_checkpoints
-from tinax.explore._terminal import Column
-from tinax.explore._verify import Verification, verify
+from tinax.explore._verify.verification import Verification, verify
 
 # Statuses of a listing that are not checkpoints yet, or any more: ``verify`` of a
 # run names them without failing for them (``--strict`` fails).

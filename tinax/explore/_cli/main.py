@@ -15,9 +15,10 @@ as ``tinax.explore.display`` shows them everywhere, in natural order. ``--json``
 keys as exact ``keystr``.
 
 This module reads the command line and runs ``ls``, ``show``, ``diff`` and
-``export``; ``_cli_verify`` and ``_cli_run`` run ``verify`` and ``run``,
-``_cli_args`` holds every command's arguments, ``_cli_output`` the JSON, CSV and
-progress bars, ``_terminal`` the tables' layout.
+``export``; its neighbours in this package run ``verify`` (``verify``) and ``run``
+(``run``), hold every command's arguments (``args``), write JSON, CSV and progress
+bars (``output``), lay the tables out (``terminal``) and find the leaf a name means
+(``key_match``).
 """
 
 from __future__ import annotations
@@ -35,17 +36,18 @@ import pandas as pd
 
 from tinax._format import keys as _keys
 from tinax._format import words
-from tinax.explore import _terminal as term
 from tinax.explore import display
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
-from tinax.explore._cli_args import (
+from tinax.explore._cli import terminal as term
+from tinax.explore._cli.args import (
     _diff_parser,
     _export_parser,
     _ls_parser,
     _parser,
     _show_parser,
 )
-from tinax.explore._cli_output import (
+from tinax.explore._cli.key_match import LeafNotFoundError, exact_key, match_key
+from tinax.explore._cli.output import (
     _csv,
     _dump,
     _machine,
@@ -54,16 +56,15 @@ from tinax.explore._cli_output import (
     _records,
     _say,
 )
-from tinax.explore._cli_run import _run
-from tinax.explore._cli_verify import _verify, is_run
+from tinax.explore._cli.run import _run
+from tinax.explore._cli.terminal import Column, jsonable
+from tinax.explore._cli.verify import _verify, is_run
 from tinax.explore._diff import diff_table
 from tinax.explore._export import export_safetensors
-from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
 from tinax.explore._listing import list_checkpoints
 from tinax.explore._ranking import PRNG_KEY, value_kind
-from tinax.explore._retention import retention_table, run_policy
+from tinax.explore._run_view.retention import retention_table, run_policy
 from tinax.explore._summary import leaf_summary
-from tinax.explore._terminal import Column, jsonable
 
 __all__ = ["console", "jsonable", "main"]
 

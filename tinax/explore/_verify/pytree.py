@@ -7,7 +7,13 @@ from typing import Any
 
 from tinax._format import arrays, chunks, names, preflight, pytree, words, written
 from tinax._format.storage import Location
-from tinax.explore._checks import Check, Finding, PyTreeState, StoredArray, VerifyTarget
+from tinax.explore._verify.checks import (
+    Check,
+    Finding,
+    PyTreeState,
+    StoredArray,
+    VerifyTarget,
+)
 
 
 def _message(error: BaseException) -> str:

@@ -21,7 +21,7 @@ import pandas as pd
 from tinax import _paths
 from tinax._format import words
 from tinax.explore._listing import list_checkpoints
-from tinax.explore._verify import verify
+from tinax.explore._verify.verification import verify
 
 SCAN_COLUMNS = ("name", "path", "step", "status", "nan", "inf", "nonfinite_leaves", "verdict")
 # A checkpoint's verdict.

@@ -1,0 +1,1 @@
+"""The ``tinax`` command line: its commands, arguments, layout and output."""

@@ -1,0 +1,1 @@
+"""``verify``: the checks of a checkpoint, its structure, metadata, checksums and data."""
