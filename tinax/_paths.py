@@ -2,11 +2,15 @@
 
 Every public function and widget that takes a path turns it into a ``Location``
 here, so that a path is refused for the same reasons, with the same words,
-wherever it is given.
+wherever it is given; one that reads a checkpoint opens it here once
+(``open_checkpoint``, ``load_source``) and hands the opened ``layout.Checkpoint``
+down, so that nothing below lists or reads its metadata again. Every such function
+takes an opened checkpoint in place of a path, as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from tinax._format import layout, locate, names, preflight, runrecord
@@ -145,28 +149,82 @@ def save_destination(path: object) -> Location:
     return dest
 
 
-def load_source(path: object) -> Location:
-    """Checks a load source: an existing checkpoint directory that passes the preflight.
+def listed_directory(path: object, *, what: str = "path") -> Location:
+    """``existing_directory``, listed whole at once where listing is a round trip.
 
-    The preflight (``tinax._format.preflight``) runs here, before anything in the
-    checkpoint is read: every load starts with it.
+    On an object store the whole tree under ``path`` is listed in one request per
+    thousand objects (``Location.snapshot``), and that listing says whether the
+    directory is there: nothing else is asked of the store, unless it is not. A
+    ``Location`` within such a listing (a checkpoint of a listed run) is taken as it
+    is, without a request.
+
+    Raises:
+      As ``existing_directory``.
+    """
+    if isinstance(path, Location):
+        # Listed already by whoever found it (a run's listing): within that listing.
+        return path.snapshot()
+    where = location(path, what=what)
+    if where.storage.implicit_directories:
+        try:
+            listed = where.snapshot()
+        except FileNotFoundError:
+            listed = None  # no bucket: said below, naming it
+        if listed is not None and listed.entry() is not None:
+            return listed
+    return existing_directory(path, what=what).snapshot()
+
+
+def open_checkpoint(path: object, *, what: str = "path") -> layout.Checkpoint:
+    """The checkpoint at ``path``, opened: listed once, checked by the preflight every
+    read passes first (``tinax._format.preflight``), its layout and commit record read.
+
+    A ``layout.Checkpoint`` (what this returns) is returned as it is: whoever opened
+    the checkpoint hands it on, and nothing lists or reads it again.
+
+    Raises:
+      TypeError: If ``path`` is not a path or an opened checkpoint.
+      FileNotFoundError: If nothing exists at ``path``.
+      ValueError: If ``path`` is not a directory or not a readable checkpoint, the
+        message naming the path (or the file) and what is wrong.
+    """
+    if isinstance(path, layout.Checkpoint):
+        return path
+    return preflight.check(listed_directory(path, what=what))
+
+
+def load_source(path: object) -> layout.Checkpoint:
+    """A load source, opened: ``open_checkpoint``, refusing Orbax's temporary name and
+    a checkpoint a training run's restore set aside as corrupt.
+
+    Every load starts here, before anything in the checkpoint is read.
 
     Raises:
       TypeError, ValueError: As for ``checkpoint_location``; ``ValueError`` also when
         ``path`` is not a directory or the preflight refuses it (naming the file).
       FileNotFoundError: If nothing exists at ``path``.
     """
+    if isinstance(path, layout.Checkpoint):
+        _refuse_found_corrupt(path.path)
+        return path
     src = checkpoint_location(path)
-    kind = _followed_kind(src)
+    listed = src
+    if src.storage.implicit_directories:
+        with contextlib.suppress(FileNotFoundError):  # no bucket: said below, naming it
+            listed = src.snapshot()
+    kind = DIRECTORY if listed.is_dir() else _followed_kind(src)
     if kind is None:
         raise FileNotFoundError(f"checkpoint {str(src)!r} does not exist")
     if kind != DIRECTORY:
         raise ValueError(f"checkpoint {str(src)!r} is not a directory")
+    _refuse_found_corrupt(listed)
+    return preflight.check(listed)
+
+
+def _refuse_found_corrupt(src: Location) -> None:
     reason = runrecord.found_corrupt(src)
     if reason is not None:
         raise ValueError(
             f"checkpoint {str(src)!r} was found corrupt by a training run's restore and set "
             f"aside ({reason}); it is kept for inspection with tinax.explore, not for loading"
         )
-    preflight.check(src)
-    return src

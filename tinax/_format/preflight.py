@@ -101,6 +101,43 @@ def check_store_files(directory: Location) -> None:
             )
 
 
+# Small files at a checkpoint's root that readers after the check parse.
+_ROOT_RECORDS = frozenset({names.SAVE_TIMES, names.CORRUPT_RECORD})
+
+
+def prefetch_metadata(listed: Location, scan: files.Scan | None = None) -> None:
+    """Fetches every metadata file the check and the readers after it parse, side by
+    side, into ``listed`` (a snapshot): on an object store the reads that follow then
+    cost no round trip each. A listing that cannot be walked is left to the check.
+    """
+    listed.storage.prefetch(metadata_files(listed, scan), files.MAX_METADATA_BYTES)
+
+
+def metadata_files(listed: Location, scan: files.Scan | None = None) -> list[str]:
+    """The paths of the metadata files under the checkpoint ``listed`` that the check
+    and the readers after it parse (none if it cannot be walked)."""
+    try:
+        found = files.scan(listed) if scan is None else scan
+    except ValueError:
+        return []
+    split = listed.storage.split
+    wanted = []
+    for where, entry in found.found:
+        if entry.kind != FILE:
+            continue
+        name = entry.name
+        parent = split(split(where.path)[0])[1]
+        if (
+            name in _OWN_READERS
+            or name in _ROOT_RECORDS
+            or name == names.SHARDINGS
+            or _json_kind(name, parent) is not None
+            or parent == names.CHECKSUMS_DIR
+        ):
+            wanted.append(where.path)
+    return wanted
+
+
 def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
     """Checks the checkpoint at ``path`` before anything reads it; returns its layout.
 
@@ -117,7 +154,10 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
         checkpoint; the message names the offending file.
     """
     # Listed once: on an object store, one request instead of one per directory.
-    checkpoint = layout.open_checkpoint(path.snapshot(), scan)
+    snapshot = path.snapshot()
+    if snapshot.storage.parallel_reads:
+        prefetch_metadata(snapshot, scan)
+    checkpoint = layout.open_checkpoint(snapshot, scan)
     # Read and checked as JSON by open_checkpoint already.
     record = (checkpoint.path / names.CHECKPOINT_METADATA).path
     split = checkpoint.path.storage.split

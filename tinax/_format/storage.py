@@ -16,7 +16,7 @@ import os
 import pathlib
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 FILE = "file"
@@ -126,6 +126,12 @@ class Storage(Protocol):
         Raises:
           OSError: If it cannot be written (locally: also if it exists).
         """
+        ...
+
+    def prefetch(self, paths: Sequence[str], max_bytes: int) -> None:
+        """Fetches the files ``paths`` (each at most ``max_bytes``) side by side where
+        each read is a round trip and what is read is kept (a snapshot of an object
+        store), so that the reads which follow cost none; elsewhere nothing."""
         ...
 
     def snapshot(self, path: str) -> Location:
@@ -272,6 +278,9 @@ class LocalStorage:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def prefetch(self, paths: Sequence[str], max_bytes: int) -> None:
+        pass
 
     def snapshot(self, path: str) -> Location:
         return Location(self, path)

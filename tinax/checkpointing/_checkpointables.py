@@ -18,6 +18,7 @@ from tinax._format.storage import Location
 from tinax._paths import load_source
 from tinax._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing import (
+    _checksummed_handler,
     _context,
     _destination,
     _failures,
@@ -205,12 +206,13 @@ def _check_restored(path: Location, name: str, target: Any, restored: Any) -> No
 
 
 def load_checkpointables(
-    path: str | os.PathLike[str], targets: Mapping[str, Any]
+    path: str | os.PathLike[str] | layout.Checkpoint, targets: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Load all named V1 targets together on every process's main thread.
 
     Args:
-      path: Source checkpoint directory.
+      path: Source checkpoint directory, or the checkpoint as ``open_checkpoint``
+        opened it (nothing is listed or read again).
       targets: Non-empty mapping of checkpointable name to an explicit
         non-``None`` restore target. Names must be portable and distinct.
 
@@ -233,9 +235,9 @@ def load_checkpointables(
     # A load of many leaves allocates tens of objects per leaf; the cycle collector
     # would walk the whole heap again and again (40% of a 10,000-leaf load).
     with files.paused_gc():
-        src = load_source(path)
-        check_targets(layout.open_checkpoint(src), targets)
-        return restore_checkpointables(src, targets)
+        checkpoint = load_source(path)
+        check_targets(checkpoint, targets)
+        return restore_checkpointables(checkpoint.path, targets)
 
 
 def check_targets_given(targets: Mapping[str, Any]) -> None:
@@ -347,7 +349,11 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
         for name, target in targets.items()
     }
     try:
-        with _context.context(), warnings.catch_warnings():
+        with (
+            _context.context(),
+            _checksummed_handler.reading_from(src),
+            warnings.catch_warnings(),
+        ):
             # A target without a sharding (nnx.eval_shape's) is loaded with the one the
             # checkpoint records, as Orbax does; its warning says only that.
             warnings.filterwarnings("ignore", message="Sharding info not provided when restoring")

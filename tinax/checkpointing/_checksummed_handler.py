@@ -26,7 +26,7 @@ import contextlib
 import functools
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -292,6 +292,51 @@ def _corrupt(where: Location, problems: Sequence[str]) -> CorruptDataError:
     )
 
 
+# The opened checkpoints loads are reading from, by URL: Orbax hands its handlers a
+# directory's path, and its files are read through the checkpoint's listing and the
+# metadata it keeps rather than asked of the storage again.
+_opened_lock = threading.Lock()
+_opened: dict[str, list[Location]] = {}
+
+
+@contextlib.contextmanager
+def reading_from(root: Location) -> Iterator[None]:
+    """While the block runs, the handlers read the files under ``root`` (an opened
+    checkpoint's location) through it: on an object store its listing and the
+    metadata it holds answer them, without a request each."""
+    url = str(root).rstrip("/")
+    with _opened_lock:
+        _opened.setdefault(url, []).append(root)
+    try:
+        yield
+    finally:
+        with _opened_lock:
+            roots = _opened[url]
+            roots.remove(root)
+            if not roots:
+                del _opened[url]
+
+
+def _loaded_from(directory: str) -> Location:
+    """The ``Location`` of a directory Orbax loads from: within an opened checkpoint
+    (``reading_from``), through it; else as its path names it."""
+    with _opened_lock:
+        found = next(
+            (
+                (url, roots[-1])
+                for url, roots in _opened.items()
+                if directory == url or directory.startswith(url + "/")
+            ),
+            None,
+        )
+    if found is None:
+        return location(directory)
+    url, where = found
+    for part in filter(None, directory[len(url) :].split("/")):
+        where = where / part
+    return where
+
+
 def verify_loaded(directory: str, loaded: Any, checked: frozenset[str] = frozenset()) -> None:
     """Checks a loaded pytree against the checksums saved with it (if it has any).
 
@@ -304,7 +349,7 @@ def verify_loaded(directory: str, loaded: Any, checked: frozenset[str] = frozens
         checkpoint, the checkpointable and the leaf.
       ValueError: If the checksum record itself is unreadable.
     """
-    where = location(directory)
+    where = _loaded_from(directory)
     records = checksums.read_checksums(where)
     if records is None:
         return
@@ -510,7 +555,7 @@ _READ_HOOKS = _ReadHooks()
 
 def _start_load_check(directory: str) -> _LoadCheck | None:
     """Starts checking the arrays Orbax reads from a checkpointable (if it has checksums)."""
-    where = location(directory)
+    where = _loaded_from(directory)
     records = checksums.read_checksums(where)
     if records is None:
         return None
@@ -550,7 +595,7 @@ def verify_files(directory: str) -> None:
     Raises:
       CorruptDataError: If a recorded file is damaged, naming it.
     """
-    where = location(directory)
+    where = _loaded_from(directory)
     records = checksums.read_checksums(where)
     if records is None:
         return

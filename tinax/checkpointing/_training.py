@@ -10,7 +10,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from tinax._format import files, layout, pytree
+from tinax._format import files, pytree
 from tinax._format.storage import Location
 from tinax._paths import load_source
 from tinax._targets import refuse_flax_objects
@@ -291,8 +291,8 @@ def load_training_checkpoint(
     """
     check_iterator(iterator)
     names = _check_names(names)
-    src = load_source(path)
-    checkpoint = layout.open_checkpoint(src)
+    checkpoint = load_source(path)
+    src = checkpoint.path
     held = [item.name for item in checkpoint.checkpointables]
     parts = (names.model, names.optimizer, names.rng, names.auxiliary, names.iterator)
     missing = [n for n in parts if n not in held]

@@ -17,7 +17,6 @@ from tinax._format import (
     files,
     jsonitems,
     layout,
-    preflight,
     pytree,
     words,
 )
@@ -37,14 +36,15 @@ _MAX_THREADS = 8
 
 
 def open_checkpoint(path: object) -> Checkpoint:
-    """The checkpoint at the caller's ``path``, checked and with its layout known.
+    """The checkpoint at the caller's ``path``, opened (``tinax._paths.open_checkpoint``):
+    listed once, checked, its layout known; an opened checkpoint as it is.
 
     Raises:
       TypeError: If ``path`` is not a path.
       FileNotFoundError: If nothing exists at ``path``.
       ValueError: If ``path`` is not a readable checkpoint.
     """
-    return preflight.check(_paths.existing_directory(path))
+    return _paths.open_checkpoint(path)
 
 
 def iterator_state(item: StoredCheckpointable) -> Any:

@@ -77,7 +77,7 @@ def load_legacy_v0_pytree(path: str | os.PathLike[str], target: Any | None = Non
       ValueError: If ``path`` uses Orbax's reserved temporary suffix.
       FileNotFoundError: If ``path`` does not exist.
     """
-    src = load_source(path)
+    src = load_source(path).path
     checkpointer = ocp0.Checkpointer(ocp0.PyTreeCheckpointHandler())
     try:
         if target is None:
@@ -131,7 +131,7 @@ def load_legacy_v0_grain_iterator(
       FileNotFoundError: If ``path`` does not exist.
     """
     check_iterator(iterator)
-    src = load_source(path)
+    src = load_source(path).path
     checkpointer = ocp0.Checkpointer(grain.checkpoint.CheckpointHandler())
     try:
         restored = checkpointer.restore(

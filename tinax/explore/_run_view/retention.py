@@ -10,11 +10,12 @@ import pandas as pd
 from tinax import _paths
 from tinax._format import names
 from tinax._format.runrecord import read_run_record
+from tinax._format.storage import Location
 
 RETENTION_COLUMNS = ("name", "step", "kept", "metric")
 
 
-def run_policy(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+def run_policy(root: str | os.PathLike[str] | Location) -> dict[str, Any] | None:
     """The policy of the training run at ``root``, as ``TrainingRun`` recorded it.
 
     Args:
@@ -30,13 +31,13 @@ def run_policy(root: str | os.PathLike[str]) -> dict[str, Any] | None:
       FileNotFoundError: If ``root`` does not exist.
       ValueError: If ``root`` is not a directory.
     """
-    record = read_run_record(_paths.existing_directory(root))
+    record = read_run_record(_paths.listed_directory(root))
     if record is None or not isinstance(record.get("policy"), dict):
         return None
     return dict(record["policy"])
 
 
-def retention_table(root: str | os.PathLike[str]) -> pd.DataFrame:
+def retention_table(root: str | os.PathLike[str] | Location) -> pd.DataFrame:
     """Why the training run at ``root`` keeps each of its checkpoints.
 
     One row per checkpoint the run's record keeps, as of the run's last
@@ -51,7 +52,7 @@ def retention_table(root: str | os.PathLike[str]) -> pd.DataFrame:
       FileNotFoundError: If ``root`` does not exist.
       ValueError: If ``root`` is not a directory.
     """
-    record = read_run_record(_paths.existing_directory(root))
+    record = read_run_record(_paths.listed_directory(root))
     kept = {} if record is None else record.get("kept")
     metrics = {} if record is None else record.get("metrics")
     kept = kept if isinstance(kept, dict) else {}

@@ -25,7 +25,7 @@ import pandas as pd
 from tinax import _paths
 from tinax._format import arrays, checksums, files, layout, names, pytree, savetimes, words
 from tinax._format.storage import Location
-from tinax.explore._listing import list_checkpoints
+from tinax.explore import _listing
 from tinax.explore._run_view.retention import retention_table
 
 RUN_COLUMNS = (
@@ -169,6 +169,19 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
 # -- one checkpoint --------------------------------------------------------------------------
 
 
+def _fact_files(path: Location, auxiliary: str) -> list[str]:
+    """The small files ``_checkpoint_facts`` reads of the checkpoint ``path``, as listed."""
+    aux = path / auxiliary
+    candidates = [
+        path / names.CHECKPOINT_METADATA,
+        path / names.METRICS / names.METRICS,
+        path / names.SAVE_TIMES,
+        aux / names.PYTREE_METADATA,
+        *(aux / names.CHECKSUMS_DIR / name for name in (aux / names.CHECKSUMS_DIR).entries()),
+    ]
+    return [where.path for where in candidates]
+
+
 def _checkpoint_facts(
     path: Location, auxiliary: str
 ) -> tuple[dict[str, float], savetimes.SaveTimes | None, str | None]:
@@ -253,13 +266,23 @@ def run_table(root: str | os.PathLike[str], *, auxiliary: str = AUXILIARY) -> pd
     if not isinstance(auxiliary, str):
         raise TypeError(f"auxiliary must be a checkpointable name, got {type(auxiliary).__name__}")
 
-    listing = list_checkpoints(root, deep=False)
+    directory = _paths.listed_directory(root)
+    listing = _listing.listing(directory, deep=False)
     errors: dict[str, str] = dict(listing.attrs.get("errors", {}))
+    # Read through the run's listing: nothing is listed again, and on an object store
+    # the files read are fetched side by side first.
     complete = [
-        (i, _paths.location(str(p)))
-        for i, (p, s) in enumerate(zip(listing["path"], listing["status"], strict=True))
+        (i, directory if p == str(directory) else directory / name)
+        for i, (name, p, s) in enumerate(
+            zip(listing["name"], listing["path"], listing["status"], strict=True)
+        )
         if s == words.COMPLETE
     ]
+    if directory.storage.parallel_reads:
+        directory.storage.prefetch(
+            [path for _, where in complete for path in _fact_files(where, auxiliary)],
+            files.MAX_METADATA_BYTES,
+        )
     facts: dict[int, tuple[dict[str, float], savetimes.SaveTimes | None, str | None]] = {}
     if complete:
         with concurrent.futures.ThreadPoolExecutor(min(_THREADS, len(complete))) as pool:
@@ -267,7 +290,7 @@ def run_table(root: str | os.PathLike[str], *, auxiliary: str = AUXILIARY) -> pd
             facts = {i: future.result() for i, future in futures.items()}
     metric_names = sorted({name for m, _, _ in facts.values() for name in m})
     table = listing[["name", "path", "step", "status", "nbytes", "committed"]].copy()
-    kept = retention_table(root)
+    kept = retention_table(directory)
     by_name = dict(zip(kept["name"], kept["kept"], strict=True))
     table["kept"] = pd.array([by_name.get(n) for n in table["name"]], dtype="string")
     for column, pick in (("save_blocked_s", 0), ("save_total_s", 1)):

@@ -22,6 +22,7 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format import arrays, words
+from tinax._format.layout import Checkpoint
 from tinax.explore._leaf_rows import frame
 from tinax.explore._verify.checks import (
     Check,
@@ -132,7 +133,7 @@ _ORDER = {words.ERROR: 0, words.WARNING: 1, words.INFO: 2}
 
 
 def verify(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Checkpoint,
     *,
     data: bool = False,
     progress: Progress | None = None,
@@ -162,7 +163,7 @@ def verify(
 
     Args:
       path: A checkpoint directory (an Orbax temporary directory is reported as
-        not committed).
+        not committed), or a checkpoint ``open_checkpoint`` opened.
       data: Also read and decode every array's data.
       progress: Called as ``progress(bytes_done, bytes_total)`` while data is read
         (decoded bytes).
@@ -182,9 +183,17 @@ def verify(
         raise TypeError(f"data must be a bool, got {type(data).__name__}")
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable, got {type(progress).__name__}")
-    where = _paths.location(path)
-    if not where.exists():
-        raise FileNotFoundError(f"path {str(where)!r} does not exist")
+    if isinstance(path, Checkpoint):
+        where = path.path
+    else:
+        where = _paths.location(path)
+        # Listed once (one request per thousand objects on a bucket): every check
+        # looks at the same listing, and the metadata files it reads are kept.
+        listed = where.snapshot()
+        if listed.is_dir():
+            where = listed
+        elif not where.exists():
+            raise FileNotFoundError(f"path {str(where)!r} does not exist")
     active = [c() for c in DEFAULT_CHECKS] if checks is None else list(checks)
     for check in active:
         if not isinstance(check, Check):
