@@ -10,6 +10,7 @@ from tinax.checkpointing._checkpointable_names import validate_checkpointable_na
 from tinax.checkpointing._checkpointables import load_checkpointables, save_checkpointables
 from tinax.checkpointing._checksummed_handler import CorruptDataError
 from tinax.checkpointing._context import compression
+from tinax.checkpointing._derive import derive_checkpoint
 from tinax.checkpointing._destination import remove_interrupted_save
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._run import TrainingRun
@@ -33,6 +34,7 @@ __all__ = [
     "abstract_restore_target",
     "allow_lossy_casts",
     "compression",
+    "derive_checkpoint",
     "load_checkpointables",
     "load_safetensors",
     "load_training_checkpoint",
