@@ -175,7 +175,7 @@ def _fill_sequences(
     filled = [by_source[id(leaf)] for leaf in leaves if id(leaf) in by_source]
     # Only those that fill a hole: an empty leaf after the last index kept is not needed.
     return [
-        planned for planned in filled if id(planned.source) not in extra or _fills(planned, filled)
+        planned for planned in filled if id(planned.source) not in extra or _fills(planned, kept)
     ]
 
 

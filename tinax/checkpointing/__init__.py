@@ -6,6 +6,7 @@ support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
 from tinax._targets import NumpyTarget, abstract_restore_target
+from tinax.checkpointing._average import average_checkpoints
 from tinax.checkpointing._checkpointable_names import validate_checkpointable_name
 from tinax.checkpointing._checkpointables import load_checkpointables, save_checkpointables
 from tinax.checkpointing._checksummed_handler import CorruptDataError
@@ -33,6 +34,7 @@ __all__ = [
     "TrainingRun",
     "abstract_restore_target",
     "allow_lossy_casts",
+    "average_checkpoints",
     "compression",
     "derive_checkpoint",
     "load_checkpointables",

@@ -1,0 +1,374 @@
+"""A new checkpoint that is the weighted mean of several checkpoints of one structure."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tinax._format import chunks, files, layout, lineage, store_writer, streaming, words
+from tinax._format.copy_source import PyTreeSource, sharding_key
+from tinax._format.new_checkpoint import NewCheckpoint
+from tinax._format.safetensors import is_floating
+from tinax._format.streaming import SourceArray
+from tinax.checkpointing import _surgery
+from tinax.checkpointing._surgery import ArrayJob, OpenedSource, Progress
+
+
+def check_weights(weights: object, count: int) -> list[float]:
+    """The weights of ``count`` sources, as floats (all ``1.0`` when ``None``).
+
+    Raises:
+      TypeError: If ``weights`` is not a sequence of numbers (booleans are not).
+      ValueError: If it has another length than the sources, a weight is negative
+        or not finite, or they sum to zero.
+    """
+    if weights is None:
+        return [1.0] * count
+    if isinstance(weights, np.ndarray):
+        if weights.dtype.kind == "b" or weights.ndim != 1:
+            raise TypeError("weights must be a 1-d sequence of numbers (booleans are not weights)")
+        values: list[object] = list(weights.tolist())
+    elif isinstance(weights, list | tuple):
+        values = list(weights)
+    else:
+        raise TypeError(f"weights must be a list of numbers, got {type(weights).__name__}")
+    if len(values) != count:
+        raise ValueError(f"weights has {len(values)} values for {count} sources")
+    out = []
+    for i, value in enumerate(values):
+        if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
+            raise TypeError(
+                f"weights[{i}] is {type(value).__name__}; a weight is a number (booleans are not)"
+            )
+        number = float(value)  # type: ignore[arg-type]
+        if not math.isfinite(number):
+            raise ValueError(f"weights[{i}] is {number}; a weight is finite")
+        if number < 0:
+            raise ValueError(f"weights[{i}] is {number}; a weight is not negative")
+        out.append(number)
+    if sum(out) <= 0:
+        raise ValueError("weights sum to zero; at least one source needs a positive weight")
+    return out
+
+
+def _accumulator(dtype: np.dtype) -> np.dtype:
+    """Float64 for 32- and 64-bit floats, float32 for narrower ones (bfloat16, float8):
+    enough that the mean is rounded once, into the leaf's dtype."""
+    return np.dtype(np.float64) if dtype.itemsize >= 4 else np.dtype(np.float32)
+
+
+def _mean(
+    dtype: np.dtype, weights: list[float], where: str
+) -> Callable[[list[np.ndarray]], np.ndarray]:
+    acc_dtype = _accumulator(dtype)
+    total = math.fsum(weights)
+    equal = len(set(weights)) == 1
+
+    def combine(values: list[np.ndarray]) -> np.ndarray:
+        acc = np.array(values[0], dtype=acc_dtype, copy=True)
+        if not equal:
+            acc *= acc_dtype.type(weights[0])
+        for weight, value in zip(weights[1:], values[1:], strict=True):
+            if equal:
+                acc += np.asarray(value, dtype=acc_dtype)
+            elif weight:
+                acc += np.asarray(value, dtype=acc_dtype) * acc_dtype.type(weight)
+        acc /= acc_dtype.type(len(weights) if equal else total)
+        return acc.astype(dtype)
+
+    return combine
+
+
+def _agree(wheres: list[str]) -> Callable[[list[np.ndarray]], np.ndarray]:
+    def combine(values: list[np.ndarray]) -> np.ndarray:
+        first = values[0]
+        for where, value in zip(wheres[1:], values[1:], strict=True):
+            if not np.array_equal(first, value):
+                raise ValueError(
+                    f"{where}: its values differ from those of {wheres[0].split(': checkpointable')[0]}; "
+                    "only floating-point leaves are averaged, the others must be equal in "
+                    "every source (leave this checkpointable out with checkpointables=[…])"
+                )
+        return first
+
+    return combine
+
+
+def average_checkpoints(
+    sources: Sequence[str | os.PathLike[str]],
+    destination: str | os.PathLike[str],
+    *,
+    weights: Sequence[float] | None = None,
+    checkpointables: str | Sequence[str] | None = None,
+    progress: Progress | None = None,
+) -> None:
+    """Write a new checkpoint whose floating-point leaves are the weighted mean of several.
+
+    For averaging the last checkpoints of a run (LAWA, model soups, an EMA after the
+    fact). Every source must have the same structure: the same checkpointables,
+    leaves, shapes and dtypes (the first difference is named). Floating-point
+    leaves are averaged, accumulated in float64 (float32 for 16-bit and narrower
+    floats) and stored in each leaf's own dtype; every other leaf (integers such as
+    step counters, PRNG keys, strings, a Grain iterator's state) must be equal in
+    every source, or the call is refused naming the leaf: pass ``checkpointables``
+    to leave such parts out.
+
+    The sources are streamed region by region, side by side, checked against their
+    saved checksums, so memory holds at most one leaf of each source and one more
+    (usually a few regions). The result is a normal, checksummed checkpoint,
+    written atomically, with its lineage (``tinax.explore.lineage``): each source's
+    path, step, normalised weight and the digest of its checksum records.
+
+    Args:
+      sources: At least two checkpoint directories, local or ``gs://``.
+      destination: The new checkpoint's directory (local or ``gs://``); must not exist.
+      weights: One non-negative weight per source (normalised to sum to 1); equal
+        weights by default.
+      checkpointables: Only these checkpointables (a name or a list of names); all
+        by default.
+      progress: ``progress(done, total)`` in bytes read (all sources), as they are read.
+
+    Raises:
+      TypeError: If an argument has the wrong type (a weight that is a bool too).
+      FileNotFoundError: If a source does not exist, or ``destination``'s parent
+        does not.
+      FileExistsError: If ``destination`` exists (refused before anything is read),
+        or a live process is writing it.
+      ValueError: If fewer than two sources are given, a source is not a readable
+        checkpoint, the weights do not fit (count, negative, zero sum), the sources'
+        structures differ, or a leaf that is not floating-point differs between
+        them, naming the leaf.
+      CorruptDataError: A ``ValueError``: a source's data does not match its
+        checksums (or does not decode), naming it and the leaf. Nothing is left at
+        ``destination``.
+    """
+    progress = _surgery.check_progress(progress)
+    if isinstance(sources, str | bytes | os.PathLike) or not isinstance(sources, Sequence):
+        raise TypeError(f"sources must be a list of checkpoint paths, got {type(sources).__name__}")
+    paths = list(sources)
+    if len(paths) < 2:
+        raise ValueError(
+            f"an average needs at least two sources, got {len(paths)} (derive_checkpoint "
+            "copies one)"
+        )
+    raw_weights = check_weights(weights, len(paths))
+    dest = _surgery.check_destination(destination)
+    with files.paused_gc():
+        opened = [_surgery.open_source(path) for path in paths]
+        _surgery.check_not_inside(dest, opened)
+        names = _surgery.selected_names(checkpointables, opened[0])
+        _check_same_checkpointables(opened, names, explicit=checkpointables is not None)
+        pytrees = {
+            name: [_surgery.pytree_source(source, name) for source in opened]
+            for name in names
+            if opened[0].checkpoint.get(name).layout == layout.PYTREE
+        }
+        for name in names:
+            if name not in pytrees:
+                _check_same_files(opened, name)
+    ctx = _surgery.new_context()
+    jobs = {name: _jobs(trees, raw_weights, ctx) for name, trees in pytrees.items()}
+    total = sum(
+        chunks.box_size(box) * sum(s.dtype.itemsize for s in job.sources)
+        for by_key in jobs.values()
+        for job in by_key.values()
+        for _, box in job.boxes
+    )
+    counter = _surgery.ProgressCounter(progress, total)
+    normalised = [w / math.fsum(raw_weights) for w in raw_weights]
+
+    def fill(new: NewCheckpoint) -> dict[str, str | None]:
+        handlers: dict[str, str | None] = {}
+        for name in names:
+            if name in pytrees:
+                _write_pytree(new, pytrees[name], jobs[name], ctx, counter)
+            else:
+                _surgery.copy_checkpointable(new, opened[0].checkpoint.get(name))
+            found = opened[0].record.item_handlers
+            handlers[name] = found.get(name) if isinstance(found, dict) else None
+        return handlers
+
+    arguments: dict[str, Any] = {
+        "checkpointables": None if checkpointables is None else names,
+        "weights": normalised,
+    }
+    made = _surgery.made_now(
+        lineage.AVERAGE,
+        arguments,
+        [source.lineage_source(weight) for source, weight in zip(opened, normalised, strict=True)],
+    )
+    _surgery.write_checkpoint(dest, fill, opened[0].custom_metadata, made)
+
+
+def _check_same_checkpointables(
+    opened: list[OpenedSource], names: list[str], *, explicit: bool
+) -> None:
+    first = opened[0]
+    for source in opened[1:]:
+        held = [item.name for item in source.checkpoint.checkpointables]
+        for name in names:
+            if name not in held:
+                raise ValueError(
+                    f"the sources differ: checkpoint {str(source.path)!r} has no checkpointable "
+                    f"{name!r}, which {str(first.path)!r} has"
+                )
+            if source.checkpoint.get(name).layout != first.checkpoint.get(name).layout:
+                raise ValueError(
+                    f"the sources differ: checkpointable {name!r} is stored as "
+                    f"{source.checkpoint.get(name).layout!r} in {str(source.path)!r} and as "
+                    f"{first.checkpoint.get(name).layout!r} in {str(first.path)!r}"
+                )
+        extra = [name for name in held if name not in names]
+        if extra and not explicit:
+            raise ValueError(
+                f"the sources differ: checkpoint {str(source.path)!r} has checkpointable(s) "
+                f"{extra} that {str(first.path)!r} has not; pass checkpointables=[…]"
+            )
+
+
+def _check_same_files(opened: list[OpenedSource], name: str) -> None:
+    """A checkpointable copied file by file must be the same in every source."""
+    first = opened[0]
+    _surgery.checked_copy(first.checkpoint.get(name), f"checkpoint {str(first.path)!r}")
+    expected = _file_bytes(first.checkpoint.get(name))
+    for source in opened[1:]:
+        item = source.checkpoint.get(name)
+        _surgery.checked_copy(item, f"checkpoint {str(source.path)!r}")
+        if _file_bytes(item) != expected:
+            raise ValueError(
+                f"checkpointable {name!r} ({item.layout}) differs between {str(first.path)!r} "
+                f"and {str(source.path)!r}: only floating-point leaves are averaged; leave "
+                "it out with checkpointables=[…]"
+            )
+
+
+def _file_bytes(item: layout.StoredCheckpointable) -> dict[str, bytes]:
+    """Its state files (not its checksum record), by path within it."""
+    found = {}
+    for where, entry in item.directory.snapshot().walk():
+        if entry.kind == "file" and "/tinax_checksums/" not in where.path:
+            found[where.path[len(item.directory.path) :]] = files.read_bytes(
+                where, what="a checkpointable's file", max_bytes=files.MAX_METADATA_BYTES
+            )
+    return found
+
+
+def _check_same_tree(trees: list[PyTreeSource]) -> None:
+    first = trees[0]
+    for tree in trees[1:]:
+        for a, b in zip(first.leaves, tree.leaves, strict=False):
+            if a.key != b.key:
+                raise ValueError(
+                    f"the sources differ: {first.where()} has leaf {a.key or '(root)'} where "
+                    f"{tree.where()} has {b.key or '(root)'}"
+                )
+            if a.kind != b.kind:
+                raise ValueError(
+                    f"the sources differ: {first.where(a)} is {a.kind} but in "
+                    f"{tree.checkpoint!r} it is {b.kind}"
+                )
+        if len(first.leaves) != len(tree.leaves):
+            longer, shorter = (
+                (first, tree) if len(first.leaves) > len(tree.leaves) else (tree, first)
+            )
+            extra = longer.leaves[len(shorter.leaves)]
+            raise ValueError(
+                f"the sources differ: {longer.where(extra)} is not in {shorter.checkpoint!r}"
+            )
+
+
+def _check_same_values(trees: list[PyTreeSource]) -> None:
+    """Strings and empty leaves, which are not averaged, must be the same in every source."""
+    first = trees[0]
+    for index, leaf in enumerate(first.leaves):
+        if leaf.kind == words.STRING and leaf.stored:
+            value = first.string(leaf)
+            for tree in trees[1:]:
+                if tree.string(tree.leaves[index]) != value:
+                    raise ValueError(
+                        f"{tree.where(leaf)}: the string differs from {first.checkpoint!r}'s; "
+                        "only floating-point leaves are averaged (leave this checkpointable "
+                        "out with checkpointables=[…])"
+                    )
+        elif leaf.kind == words.EMPTY:
+            kind = first.value_metadata[index].get("value_type")
+            for tree in trees[1:]:
+                other = tree.value_metadata[index].get("value_type")
+                if other != kind:
+                    raise ValueError(
+                        f"the sources differ: {first.where(leaf)} is {kind} but {other} in "
+                        f"{tree.checkpoint!r}"
+                    )
+
+
+def _jobs(trees: list[PyTreeSource], weights: list[float], ctx: Any) -> dict[str, ArrayJob]:
+    _check_same_tree(trees)
+    _check_same_values(trees)
+    first = trees[0]
+    if not any(leaf.kind in words.STORED_ARRAY_KINDS and leaf.stored for leaf in first.leaves):
+        return {}
+    per_source = [tree.arrays(ctx) for tree in trees]
+    jobs: dict[str, ArrayJob] = {}
+    for leaf in first.leaves:
+        arrays: list[SourceArray] = [found[leaf.key] for found in per_source if leaf.key in found]
+        if not arrays:
+            continue
+        if len(arrays) != len(trees):
+            raise ValueError(
+                f"the sources differ: {first.where(leaf)} is not stored in all of them"
+            )
+        wheres = [tree.where(leaf) for tree in trees]
+        for array, where in zip(arrays[1:], wheres[1:], strict=True):
+            if (array.shape, array.dtype) != (arrays[0].shape, arrays[0].dtype):
+                raise ValueError(
+                    f"the sources differ: {wheres[0]} is {arrays[0].dtype.name} "
+                    f"{arrays[0].shape} but {where} is {array.dtype.name} {array.shape}"
+                )
+        dtype = arrays[0].dtype
+        combine = _mean(dtype, weights, wheres[0]) if is_floating(dtype) else _agree(wheres)
+        job = _surgery.plan_job(leaf.key, arrays, wheres, dtype, combine)
+        for array, where in zip(arrays[1:], wheres[1:], strict=True):
+            if streaming.tiled_pieces(array.record, array.shape) != job.pieces and array.record:
+                # Pieced otherwise than the first: checked on its own first.
+                _surgery.verify_alone(array, where)
+                array.record = None
+        jobs[leaf.key] = job
+    return jobs
+
+
+def _write_pytree(
+    new: NewCheckpoint,
+    trees: list[PyTreeSource],
+    jobs: dict[str, ArrayJob],
+    ctx: Any,
+    counter: _surgery.ProgressCounter,
+) -> None:
+    first = trees[0]
+    writer = store_writer.PyTreeWriter(new.directory / first.name, ctx)
+    try:
+        for index, leaf in enumerate(first.leaves):
+            value_metadata = first.value_metadata[index]
+            job = jobs.get(leaf.key)
+            if job is not None:
+                writer.add_array(
+                    leaf.path,
+                    value_metadata,
+                    shape=job.sources[0].shape,
+                    dtype=job.dtype,
+                    chunk=job.chunk,
+                    ext_metadata=first.ext_metadata.get(leaf.param),
+                    sharding=first.shardings.get(sharding_key(leaf.param)),
+                )
+            elif leaf.kind == words.STRING and leaf.stored:
+                writer.add_string(leaf.path, value_metadata, first.string(leaf))
+            else:
+                writer.add_empty(leaf.path, value_metadata)
+        _surgery.stream(writer, list(jobs.values()), progress=counter)
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
