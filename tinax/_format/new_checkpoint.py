@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from tinax._format import files, layout, names
+from tinax._format import durable, files, layout, names
 from tinax._format.storage import DIRECTORY, FILE, Location
 
 # What Orbax writes into ``commit_success.txt``.
@@ -100,6 +100,8 @@ class NewCheckpoint:
             (the destination then holds nothing).
         """
         root = self.directory
+        # Every file written so far, durable before the record that commits it.
+        durable.sync_tree(root)
         if lineage is not None:
             (root / names.LINEAGE).write_new(lineage)
         (root / names.ORBAX_MARKER).write_new(b"")

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import checksums, names
+from tinax._format import arrays, checksums, durable, names
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.chunks import Box
 from tinax._format.keys import KeyPath, format_key
@@ -58,6 +58,14 @@ _OBJECT_STORE_DATA_FILE_BYTES = 400 * 2**20
 # Orbax's key types in ``key_metadata``.
 _SEQUENCE_KEY = 1
 _DICT_KEY = 2
+
+
+def context() -> ts.Context:
+    """The tensorstore context of a writer (and of the reads that feed it): the
+    readers' settings, without a sync per file written (``durable`` syncs them)."""
+    spec = arrays.context().spec.to_json()
+    spec["file_io_sync"] = durable.TENSORSTORE_SYNC
+    return ts.Context(spec)
 
 
 def _orbax_entry_name(path: KeyPath) -> str:
@@ -156,6 +164,7 @@ class PyTreeWriter:
         self._pending = 0
         self._writes: list[Any] = []
         self._committing: Any = None
+        self._sync = durable.BackgroundSync(directory)
 
     # -- leaves ---------------------------------------------------------------------
 
@@ -290,6 +299,7 @@ class PyTreeWriter:
         if self._committing is not None:
             # One commit in flight at a time: memory holds at most two batches.
             self._committing.result()
+            self._sync.written()
         self._committing = self._txn.commit_async()
         self._txn = ts.Transaction()
         self._pending = 0
@@ -308,6 +318,8 @@ class PyTreeWriter:
         self._commit()
         self._committing.result()
         self._committing = None
+        self._sync.written()
+        self._sync.close()
         meta = {
             "tree_metadata": self._entries,
             "use_ocdbt": True,
@@ -342,3 +354,5 @@ class PyTreeWriter:
             with contextlib.suppress(Exception):
                 self._committing.result()
             self._committing = None
+        with contextlib.suppress(OSError):
+            self._sync.close()

@@ -23,7 +23,6 @@ import numpy as np
 
 from tinax import _paths
 from tinax._format import (
-    arrays,
     checksums,
     files,
     layout,
@@ -418,7 +417,7 @@ def copy_checkpointable(new: NewCheckpoint, item: layout.StoredCheckpointable) -
 
 def new_context() -> Any:
     """The tensorstore context of one operation's reads and writes."""
-    return arrays.context()
+    return store_writer.context()
 
 
 def pytree_source(source: OpenedSource, name: str) -> PyTreeSource:

@@ -9,6 +9,7 @@ listing's cache, and the human units. Like the rest of ``tinax.explore``, nothin
 here imports JAX, Orbax or ipywidgets.
 """
 
+from tinax.explore._lineage import lineage_summary
 from tinax.explore._listing import ListingCache
 from tinax.explore._live import leaf_key
 from tinax.explore._ranking import sort_by_change
@@ -63,6 +64,7 @@ __all__ = [
     "leaf_key",
     "leaf_statistics",
     "leaf_summary",
+    "lineage_summary",
     "next_checkpoint_name",
     "open_leaves",
     "path_exists",
