@@ -444,3 +444,25 @@ def test_derive_and_average_between_a_bucket_and_a_local_disk(run, gcs, tmp_path
     ]
     with pytest.raises(FileExistsError):
         derive_checkpoint(run["paths"][0], f"{prefix}/bf16")
+
+
+def test_a_checkpoint_orbax_stored_in_whole_compressed_chunks_is_restored_in_slabs(tmp_path):
+    # Raw Orbax's defaults: each array one zstd chunk, read only whole; the copy is
+    # stored in slabs of rows, the last one ending past the array (zarr fills it).
+    rng = np.random.default_rng(5)
+    tree = {
+        "w": rng.standard_normal((5000, 1000)).astype(np.float32),
+        "v": rng.standard_normal((3, 7)).astype(np.float64),
+        "i": np.arange(11, dtype=np.int8),
+    }
+    source = tmp_path / "orbax"
+    ocp.save_checkpointables(source, {"model": tree})
+    derive_checkpoint(source, tmp_path / "copy")
+    chunks = ex.checkpoint_table(tmp_path / "copy").set_index("key")["chunk_shape"]
+    assert chunks["['w']"] == (2097, 1000)
+    loaded = _flat(
+        load_checkpointables(tmp_path / "copy", {"model": abstract_restore_target(tree)})["model"]
+    )
+    assert all(_same_bits(loaded[k], v) for k, v in tree.items())
+    assert _same_bits(ex.read_leaf(tmp_path / "copy", "model", "['w']"), tree["w"])
+    assert ex.verify(tmp_path / "copy", data=True).ok

@@ -28,6 +28,8 @@ import base64
 import contextlib
 import dataclasses
 import json
+import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,10 +118,64 @@ def zarr3_metadata(shape: Sequence[int], chunk: Sequence[int], dtype: np.dtype) 
 @dataclasses.dataclass
 class _Array:
     key: str
-    store: Any
+    prefix: str
+    metadata: dict[str, Any]
     shape: tuple[int, ...]
     dtype: np.dtype
     chunk: tuple[int, ...]
+    store: Any = None  # tensorstore's zarr3 driver, opened for a box off the chunk grid
+
+
+# -- the bytes of a chunk --------------------------------------------------------------------
+
+# CRC-32C (Castagnoli), which checks a shard's index: reflected, polynomial 0x82F63B78.
+_CRC32C_TABLE = []
+for _n in range(256):
+    _c = _n
+    for _ in range(8):
+        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
+    _CRC32C_TABLE.append(_c)
+
+
+def crc32c(data: bytes) -> int:
+    """The CRC-32C of ``data`` (only ever a few bytes here: a shard's index)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def encode_shard(values: np.ndarray) -> bytes:
+    """The stored bytes of one chunk written as Orbax writes it (``zarr3_metadata``): a
+    shard of one inner chunk, its values little-endian in C order, then the shard's
+    index (the chunk's offset and length, two little-endian uint64) and the index's
+    CRC-32C."""
+    data = np.ascontiguousarray(values)
+    if data.dtype.byteorder == ">" or (data.dtype.byteorder == "=" and sys.byteorder == "big"):
+        data = data.astype(data.dtype.newbyteorder("<"))
+    raw = memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    index = struct.pack("<QQ", 0, raw.nbytes)
+    return b"".join([raw, index, struct.pack("<I", crc32c(index))])
+
+
+def _aligned(box: Box, chunk: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether ``box`` covers whole chunks (those at the array's end clipped)."""
+    return all(
+        s.start % c == 0 and (s.stop % c == 0 or s.stop == n)
+        for s, c, n in zip(box, chunk, shape, strict=True)
+    )
+
+
+def _chunk_boxes(box: Box, chunk: tuple[int, ...]) -> list[tuple[tuple[int, ...], Box]]:
+    """The chunks a chunk-aligned ``box`` covers, in C order: grid index and box."""
+    found: list[tuple[tuple[int, ...], Box]] = [((), ())]
+    for s, c in zip(box, chunk, strict=True):
+        found = [
+            ((*index, i), (*part, slice(i * c, min((i + 1) * c, s.stop))))
+            for index, part in found
+            for i in range(s.start // c, -(-s.stop // c))
+        ]
+    return found
 
 
 class PyTreeWriter:
@@ -223,25 +279,11 @@ class PyTreeWriter:
         param = param_name(path)
         prefix = storage_path(param)
         zarr = zarr3_metadata(shape, chunk, dtype)
-        store = ts.open(
-            {
-                "driver": "zarr3",
-                "kvstore": {**self._kvstore_spec, "path": prefix},
-                "metadata": zarr,
-                # As Orbax writes: every chunk stored, zeros too, so that a missing
-                # chunk is damage (``store_array_data_equal_to_fill_value``).
-                "store_data_equal_to_fill_value": True,
-                "recheck_cached_data": False,
-                "recheck_cached_metadata": False,
-            },
-            assume_metadata=True,
-            context=self._ctx,
-        ).result()
         encoded = json.dumps(zarr, sort_keys=True, separators=(",", ":")).encode("utf-8")
         self._writes.append(
             self._kvstore.with_transaction(self._txn).write(prefix + names.ZARR3_METADATA, encoded)
         )
-        self._arrays[key] = _Array(key, store, shape, dtype, chunk)
+        self._arrays[key] = _Array(key, prefix, zarr, shape, dtype, chunk)
         if value_metadata.get("value_type") != "scalar":
             self._array_metadatas.append(
                 {
@@ -264,19 +306,58 @@ class PyTreeWriter:
     def write(self, key: str, box: Box, values: np.ndarray) -> None:
         """Writes ``values`` at ``box`` of array ``key`` (copied: the caller may reuse them).
 
+        A box of whole chunks (as ``streaming.plan_boxes`` plans them) is stored chunk
+        by chunk as encoded values; any other goes through tensorstore's zarr3 driver.
+
         Raises:
           ValueError: If tensorstore refuses the write (its message).
         """
         array = self._arrays[key]
         values = np.asarray(values, dtype=array.dtype)
-        target = array.store.with_transaction(self._txn)
-        target = target[box] if box else target
-        self._writes.append(target.write(values))
+        if _aligned(box, array.chunk, array.shape):
+            store = self._kvstore.with_transaction(self._txn)
+            fill = None
+            for index, part in _chunk_boxes(box, array.chunk):
+                inner = tuple(
+                    slice(p.start - b.start, p.stop - b.start)
+                    for p, b in zip(part, box, strict=True)
+                )
+                chunk_values = values[inner] if inner else values
+                if chunk_values.shape != array.chunk:
+                    # zarr stores the chunks at an array's end whole, filled past it.
+                    if fill is None:
+                        fill = np.zeros(array.chunk, array.dtype)
+                    padded = fill.copy()
+                    padded[tuple(slice(0, n) for n in chunk_values.shape)] = chunk_values
+                    chunk_values = padded
+                name = array.prefix + "/".join(["c", *map(str, index)])
+                self._writes.append(store.write(name, encode_shard(chunk_values)))
+        else:
+            target = self._zarr(array).with_transaction(self._txn)
+            self._writes.append((target[box] if box else target).write(values))
         nbytes = values.size * values.itemsize
         self._pending += nbytes
         self.written_bytes += nbytes
         if self._pending >= self._batch_bytes:
             self._commit()
+
+    def _zarr(self, array: _Array) -> Any:
+        if array.store is None:
+            array.store = ts.open(
+                {
+                    "driver": "zarr3",
+                    "kvstore": {**self._kvstore_spec, "path": array.prefix},
+                    "metadata": array.metadata,
+                    # As Orbax writes: every chunk stored, zeros too, so that a missing
+                    # chunk is damage (``store_array_data_equal_to_fill_value``).
+                    "store_data_equal_to_fill_value": True,
+                    "recheck_cached_data": False,
+                    "recheck_cached_metadata": False,
+                },
+                assume_metadata=True,
+                context=self._ctx,
+            ).result()
+        return array.store
 
     def set_digests(self, key: str, digests: dict[Bounds, str]) -> None:
         """The checksums of array ``key``'s pieces, as written."""
