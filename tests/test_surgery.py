@@ -466,3 +466,21 @@ def test_a_checkpoint_orbax_stored_in_whole_compressed_chunks_is_restored_in_sla
     assert all(_same_bits(loaded[k], v) for k, v in tree.items())
     assert _same_bits(ex.read_leaf(tmp_path / "copy", "model", "['w']"), tree["w"])
     assert ex.verify(tmp_path / "copy", data=True).ok
+
+
+def test_the_previews_say_what_the_result_will_hold_from_metadata_alone(run, tmp_path):
+    options = {"checkpointables": ["model", "optimizer"], "keys": r"^blocks\.1\.|mu\.blocks\.1\."}
+    preview = ex.toolkit.derive_preview(run["paths"][0], cast="bfloat16", **options)
+    derive_checkpoint(run["paths"][0], tmp_path / "out", cast="bfloat16", **options)
+    written = ex.checkpoint_table(tmp_path / "out")
+    assert list(preview["key"]) == list(written["key"])
+    assert list(preview["dtype"]) == list(written["dtype"])
+    assert list(preview["nbytes"]) == list(written["nbytes"])
+    assert preview.attrs["written_bytes"] * 2 == preview.attrs["read_bytes"]
+    with pytest.raises(ValueError, match="would miss index|no leaf"):
+        ex.toolkit.derive_preview(run["paths"][0], keys="nothing matches this")
+
+    preview = ex.toolkit.average_preview(run["paths"], checkpointables="model")
+    assert preview.attrs["read_bytes"] == 3 * preview.attrs["written_bytes"] > 0
+    with pytest.raises(ValueError, match="the sources differ"):
+        ex.toolkit.average_preview([run["paths"][0], tmp_path / "out"])

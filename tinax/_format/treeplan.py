@@ -25,10 +25,12 @@ import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 
-from tinax._format import words
+import numpy as np
+
+from tinax._format import arrays, layout, pytree, words
 from tinax._format.keys import KeyPart, KeyPath, format_key
 from tinax._format.pytree import StoredLeaf
-from tinax._format.safetensors import tensor_name
+from tinax._format.safetensors import is_floating, tensor_name
 
 # NNX keeps a variable's array under this name; dotted keys leave it out.
 _NNX_VALUE = "value"
@@ -301,3 +303,156 @@ def compile_rename(rename: object) -> list[Rename]:
         assert compiled is not None
         pairs.append((compiled, item[1]))
     return pairs
+
+
+def compile_cast(cast: object) -> np.dtype | None:
+    """The floating-point dtype ``cast`` names (``None`` stays ``None``).
+
+    Raises:
+      TypeError: If it is not a dtype, a dtype's type or a dtype's name.
+      ValueError: If it names no dtype, or one that is not floating-point.
+    """
+    if cast is None:
+        return None
+    if isinstance(cast, bool) or not isinstance(cast, str | np.dtype | type):
+        raise TypeError(
+            f"cast must be a dtype or its name (e.g. 'bfloat16'), got {type(cast).__name__}"
+        )
+    try:
+        dtype = arrays.numpy_dtype(cast) if isinstance(cast, str) else np.dtype(cast)
+    except TypeError:
+        raise ValueError(f"cast {cast!r} names no dtype") from None
+    if not is_floating(dtype):
+        raise ValueError(
+            f"cast {dtype.name!r} is not a floating-point dtype; only floating-point leaves "
+            "are cast (bfloat16, float16, float32, float64, float8_…)"
+        )
+    return dtype
+
+
+def written_dtype(leaf: StoredLeaf, stored: np.dtype, cast: np.dtype | None) -> np.dtype:
+    """The dtype a leaf is written in: ``cast`` for a floating-point array (not a Python
+    scalar), its own for every other."""
+    if cast is not None and leaf.kind in words.ARRAY_KINDS and is_floating(stored):
+        return cast
+    return stored
+
+
+def select_checkpointables(given: object, held: Sequence[str], where: str) -> list[str]:
+    """The checkpointables asked for, in stored order (all when ``None``).
+
+    Raises:
+      TypeError: If ``given`` is not a name or a list of names.
+      ValueError: If it is empty, or names one that ``held`` lacks.
+    """
+    if given is None:
+        return list(held)
+    if isinstance(given, str):
+        wanted: list[object] = [given]
+    elif isinstance(given, list | tuple | set | frozenset):
+        wanted = list(given)
+    else:
+        raise TypeError(
+            f"checkpointables must be a name or a list of names, got {type(given).__name__}"
+        )
+    if not wanted:
+        raise ValueError("checkpointables must name at least one checkpointable")
+    for name in wanted:
+        if not isinstance(name, str):
+            raise TypeError(f"checkpointables must be names (str), got {type(name).__name__}")
+        if name not in held:
+            raise ValueError(f"{where} has no checkpointable {name!r}; it holds {list(held)}")
+    return [name for name in held if name in wanted]
+
+
+@dataclasses.dataclass
+class CheckpointPlan:
+    """What a derived checkpoint takes from its source.
+
+    Attributes:
+      order: The checkpointables kept, in stored order.
+      leaves: For each kept pytree, its leaves with their new keys.
+      trees: For each kept pytree, its layout.
+    """
+
+    order: list[str]
+    leaves: dict[str, list[PlannedLeaf]]
+    trees: dict[str, pytree.PyTreeLayout]
+
+
+def plan_checkpoint(
+    checkpoint: layout.Checkpoint,
+    checkpointables: object,
+    keys: re.Pattern[str] | None,
+    rename: Sequence[Rename],
+) -> CheckpointPlan:
+    """Which checkpointables and leaves a derived checkpoint keeps, under which keys.
+
+    With ``keys``, a pytree left without a leaf is left out, and so is a checkpointable
+    that is not a pytree (an iterator's state has no keys) unless ``checkpointables``
+    names it.
+
+    Raises:
+      TypeError, ValueError: As ``select_checkpointables`` and ``plan_leaves`` raise
+        them; ``ValueError`` also when nothing is kept.
+    """
+    where = f"checkpoint {str(checkpoint.path)!r}"
+    held = [item.name for item in checkpoint.checkpointables]
+    names = select_checkpointables(checkpointables, held, where)
+    plan = CheckpointPlan([], {}, {})
+    listed = checkpoint.scan.listing()
+    for name in names:
+        item = checkpoint.get(name)
+        if item.layout == layout.PYTREE:
+            tree = pytree.read_layout(item.directory, listed.get(item.directory.path, {}))
+            planned = plan_leaves(name, tree.leaves, keys=keys, rename=rename)
+            if not planned and (keys is not None or not tree.leaves):
+                continue
+            plan.leaves[name] = planned
+            plan.trees[name] = tree
+        elif keys is not None and checkpointables is None:
+            continue
+        plan.order.append(name)
+    if not plan.order:
+        raise ValueError(
+            f"{where}: no leaf of {names} has a dotted key that keys {keys.pattern!r} finds"
+            if keys is not None
+            else f"{where}: nothing to derive from {names}"
+        )
+    return plan
+
+
+def check_same_leaves(trees: Sequence[tuple[str, Sequence[StoredLeaf]]]) -> None:
+    """Refuses pytrees (of checkpoints averaged together) whose leaves differ in key or
+    kind, naming the first difference.
+
+    Args:
+      trees: Each source's ``checkpoint '…': checkpointable '…'`` and leaves.
+
+    Raises:
+      ValueError: ``the sources differ: …``.
+    """
+    (first_where, first), *others = trees
+    for where, leaves in others:
+        for a, b in zip(first, leaves, strict=False):
+            if a.key != b.key:
+                raise ValueError(
+                    f"the sources differ: {first_where} has leaf {a.key or '(root)'} where "
+                    f"{where} has {b.key or '(root)'}"
+                )
+            if a.kind != b.kind:
+                raise ValueError(
+                    f"the sources differ: {first_where}: leaf {a.key or '(root)'} is {a.kind} "
+                    f"but in {where} it is {b.kind}"
+                )
+        if len(first) != len(leaves):
+            longer, shorter = (
+                ((first_where, first), (where, leaves))
+                if len(first) > len(leaves)
+                else ((where, leaves), (first_where, first))
+            )
+            extra = longer[1][len(shorter[1])]
+            raise ValueError(
+                f"the sources differ: {longer[0]}: leaf {extra.key or '(root)'} is not in "
+                f"{shorter[0]}"
+            )

@@ -9,7 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format import chunks, files, layout, lineage, store_writer, streaming, words
+from tinax._format import (
+    chunks,
+    files,
+    layout,
+    lineage,
+    store_writer,
+    streaming,
+    treeplan,
+    words,
+)
 from tinax._format.copy_source import PyTreeSource, sharding_key
 from tinax._format.new_checkpoint import NewCheckpoint
 from tinax._format.safetensors import is_floating
@@ -258,27 +267,7 @@ def _file_bytes(item: layout.StoredCheckpointable) -> dict[str, bytes]:
 
 
 def _check_same_tree(trees: list[PyTreeSource]) -> None:
-    first = trees[0]
-    for tree in trees[1:]:
-        for a, b in zip(first.leaves, tree.leaves, strict=False):
-            if a.key != b.key:
-                raise ValueError(
-                    f"the sources differ: {first.where()} has leaf {a.key or '(root)'} where "
-                    f"{tree.where()} has {b.key or '(root)'}"
-                )
-            if a.kind != b.kind:
-                raise ValueError(
-                    f"the sources differ: {first.where(a)} is {a.kind} but in "
-                    f"{tree.checkpoint!r} it is {b.kind}"
-                )
-        if len(first.leaves) != len(tree.leaves):
-            longer, shorter = (
-                (first, tree) if len(first.leaves) > len(tree.leaves) else (tree, first)
-            )
-            extra = longer.leaves[len(shorter.leaves)]
-            raise ValueError(
-                f"the sources differ: {longer.where(extra)} is not in {shorter.checkpoint!r}"
-            )
+    treeplan.check_same_leaves([(tree.where(), tree.leaves) for tree in trees])
 
 
 def _check_same_values(trees: list[PyTreeSource]) -> None:

@@ -9,38 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format import arrays, chunks, files, layout, lineage, store_writer, treeplan, words
+from tinax._format import chunks, files, lineage, store_writer, treeplan, words
 from tinax._format.copy_source import PyTreeSource, sharding_key
 from tinax._format.new_checkpoint import NewCheckpoint
-from tinax._format.safetensors import is_floating
 from tinax._format.treeplan import PlannedLeaf
 from tinax.checkpointing import _surgery
 from tinax.checkpointing._surgery import ArrayJob, OpenedSource, Progress
-
-
-def cast_dtype(cast: object) -> np.dtype | None:
-    """The floating-point dtype ``cast`` names (``None`` stays ``None``).
-
-    Raises:
-      TypeError: If it is not a dtype, a dtype's type or a dtype's name.
-      ValueError: If it names no dtype, or one that is not floating-point.
-    """
-    if cast is None:
-        return None
-    if isinstance(cast, bool) or not isinstance(cast, str | np.dtype | type):
-        raise TypeError(
-            f"cast must be a dtype or its name (e.g. 'bfloat16'), got {type(cast).__name__}"
-        )
-    try:
-        dtype = arrays.numpy_dtype(cast) if isinstance(cast, str) else np.dtype(cast)
-    except TypeError:
-        raise ValueError(f"cast {cast!r} names no dtype") from None
-    if not is_floating(dtype):
-        raise ValueError(
-            f"cast {dtype.name!r} is not a floating-point dtype; only floating-point leaves "
-            "are cast (bfloat16, float16, float32, float64, float8_…)"
-        )
-    return dtype
 
 
 def _combine(dtype: np.dtype, cast: bool) -> Callable[[list[np.ndarray]], np.ndarray]:
@@ -109,13 +83,12 @@ def derive_checkpoint(
     progress = _surgery.check_progress(progress)
     pattern = treeplan.compile_keys(keys)
     renames = treeplan.compile_rename(rename)
-    dtype = cast_dtype(cast)
+    dtype = treeplan.compile_cast(cast)
     dest = _surgery.check_destination(destination)
     with files.paused_gc():
         opened = _surgery.open_source(source)
         _surgery.check_not_inside(dest, [opened])
-        names = _surgery.selected_names(checkpointables, opened)
-        plan = _plan(opened, names, pattern, renames, explicit=checkpointables is not None)
+        plan = _plan(opened, checkpointables, pattern, renames)
     ctx = _surgery.new_context()
     jobs_by_name = {
         name: _jobs(tree, planned, dtype, ctx) for name, (tree, planned) in plan.pytrees.items()
@@ -158,39 +131,25 @@ def _handler(opened: OpenedSource, name: str) -> str | None:
 class _Plan:
     """The checkpointables kept, in order, and each pytree's leaves with new keys."""
 
-    def __init__(self) -> None:
-        self.order: list[str] = []
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
         self.pytrees: dict[str, tuple[PyTreeSource, list[PlannedLeaf]]] = {}
 
 
 def _plan(
     opened: OpenedSource,
-    names: list[str],
+    checkpointables: object,
     pattern: re.Pattern[str] | None,
     renames: list[treeplan.Rename],
-    *,
-    explicit: bool,
 ) -> _Plan:
-    plan = _Plan()
+    planned = treeplan.plan_checkpoint(opened.checkpoint, checkpointables, pattern, renames)
+    plan = _Plan(planned.order)
     where = f"checkpoint {str(opened.path)!r}"
-    for name in names:
-        item = opened.checkpoint.get(name)
-        if item.layout == layout.PYTREE:
-            tree = _surgery.pytree_source(opened, name)
-            planned = treeplan.plan_leaves(name, tree.leaves, keys=pattern, rename=renames)
-            if not planned and (pattern is not None or not tree.leaves):
-                continue
-            plan.order.append(name)
-            plan.pytrees[name] = (tree, planned)
-        elif pattern is None or explicit:
-            _surgery.checked_copy(item, where)
-            plan.order.append(name)
-    if not plan.order:
-        raise ValueError(
-            f"{where}: no leaf of {names} has a dotted key that keys {pattern.pattern!r} finds"
-            if pattern is not None
-            else f"{where}: nothing to derive from {names}"
-        )
+    for name in planned.order:
+        if name in planned.leaves:
+            plan.pytrees[name] = (_surgery.pytree_source(opened, name), planned.leaves[name])
+        else:
+            _surgery.checked_copy(opened.checkpoint.get(name), where)
     return plan
 
 
@@ -206,10 +165,7 @@ def _jobs(
         source = arrays_by_key.get(leaf.source.key)
         if source is None:
             continue
-        castable = (
-            cast is not None and leaf.source.kind in words.ARRAY_KINDS and is_floating(source.dtype)
-        )
-        dtype = cast if castable and cast is not None else source.dtype
+        dtype = treeplan.written_dtype(leaf.source, source.dtype, cast)
         jobs[leaf.key] = _surgery.plan_job(
             leaf.key,
             [source],

@@ -30,6 +30,7 @@ from tinax._format import (
     names,
     store_writer,
     streaming,
+    treeplan,
 )
 from tinax._format.checksums import Bounds, CorruptDataError, LeafRecord, Piece
 from tinax._format.chunks import Box
@@ -139,27 +140,7 @@ def selected_names(given: object, source: OpenedSource) -> list[str]:
       ValueError: If it is empty, or names one the source does not hold.
     """
     held = [item.name for item in source.checkpoint.checkpointables]
-    if given is None:
-        return held
-    wanted: list[object] = (
-        [given] if isinstance(given, str) else _sequence(given, "checkpointables")
-    )
-    if not wanted:
-        raise ValueError("checkpointables must name at least one checkpointable")
-    for name in wanted:
-        if not isinstance(name, str):
-            raise TypeError(f"checkpointables must be names (str), got {type(name).__name__}")
-        if name not in held:
-            raise ValueError(
-                f"checkpoint {str(source.path)!r} has no checkpointable {name!r}; it holds {held}"
-            )
-    return [name for name in held if name in wanted]
-
-
-def _sequence(value: object, what: str) -> list[object]:
-    if not isinstance(value, list | tuple | set | frozenset):
-        raise TypeError(f"{what} must be a name or a list of names, got {type(value).__name__}")
-    return list(value)
+    return treeplan.select_checkpointables(given, held, f"checkpoint {str(source.path)!r}")
 
 
 def checked_copy(item: layout.StoredCheckpointable, where: str) -> None:
