@@ -78,15 +78,20 @@ def _mean(
     equal = len(set(weights)) == 1
 
     def combine(values: list[np.ndarray]) -> np.ndarray:
-        acc = np.array(values[0], dtype=acc_dtype, copy=True)
-        if not equal:
-            acc *= acc_dtype.type(weights[0])
-        for weight, value in zip(weights[1:], values[1:], strict=True):
-            if equal:
-                acc += np.asarray(value, dtype=acc_dtype)
-            elif weight:
-                acc += np.asarray(value, dtype=acc_dtype) * acc_dtype.type(weight)
-        acc /= acc_dtype.type(len(weights) if equal else total)
+        # Each source is widened as numpy adds it (in blocks), not copied whole first.
+        if equal:
+            acc = np.array(values[0], dtype=acc_dtype, copy=True)
+            for value in values[1:]:
+                np.add(acc, value, out=acc, dtype=acc_dtype)
+            acc /= acc_dtype.type(len(weights))
+        else:
+            acc = np.multiply(values[0], acc_dtype.type(weights[0]), dtype=acc_dtype)
+            scaled = np.empty_like(acc)
+            for weight, value in zip(weights[1:], values[1:], strict=True):
+                if weight:
+                    np.multiply(value, acc_dtype.type(weight), out=scaled, dtype=acc_dtype)
+                    acc += scaled
+            acc /= acc_dtype.type(total)
         return acc.astype(dtype)
 
     return combine
