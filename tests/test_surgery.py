@@ -484,3 +484,23 @@ def test_the_previews_say_what_the_result_will_hold_from_metadata_alone(run, tmp
     assert preview.attrs["read_bytes"] == 3 * preview.attrs["written_bytes"] > 0
     with pytest.raises(ValueError, match="the sources differ"):
         ex.toolkit.average_preview([run["paths"][0], tmp_path / "out"])
+
+
+def test_an_average_keeps_only_the_keys_asked_for(tmp_path):
+    # An NNX model with Dropout: its RNG counter moves at every step, its weights too.
+    paths = []
+    for step, count in ((1, 3), (2, 8)):
+        model = nnx.Sequential(
+            nnx.Linear(4, 4, rngs=nnx.Rngs(step)), nnx.Dropout(0.1, rngs=nnx.Rngs(count))
+        )
+        state = nnx.state(model)
+        paths.append(tmp_path / f"step_{step}")
+        save_checkpointables(paths[-1], {"model": state}).result()
+    with pytest.raises(ValueError, match=r"\['rngs'\].*its values differ.*keys="):
+        average_checkpoints(paths, tmp_path / "out")
+    average_checkpoints(paths, tmp_path / "out", keys=r"^(?!.*\.rngs\.)")
+    keys = list(ex.checkpoint_table(tmp_path / "out")["key"])
+    assert keys == ["['layers']['0']['bias']['value']", "['layers']['0']['kernel']['value']"]
+    assert ex.lineage(tmp_path / "out")["arguments"].iloc[0]["keys"] == r"^(?!.*\.rngs\.)"
+    preview = ex.toolkit.average_preview(paths, keys=r"^(?!.*\.rngs\.)")
+    assert list(preview["key"]) == keys

@@ -273,7 +273,8 @@ class AveragePanel(_SurgeryPanel):
     """Average several checkpoints of one structure into a new one.
 
     The sources, one weight each (equal by default), which checkpointables (a model's
-    by default: counters and iterator states differ between steps), a destination and
+    by default: counters and iterator states differ between steps) and which keys (an
+    NNX Dropout's RNG counter differs too: leave it out), a destination and
     a preview of what the result will hold; Average runs
     ``tinax.checkpointing.average_checkpoints`` in a background thread behind an
     ``AsyncProgress``; ``on_done(path)`` is called once the new checkpoint has committed.
@@ -304,6 +305,13 @@ class AveragePanel(_SurgeryPanel):
         self.checkpointables = w.SelectMultiple(
             options=names, value=tuple(model), description="average", rows=min(len(names), 4)
         )
+        self.key_filter = w.Text(
+            value="",
+            description="keys",
+            placeholder="all (a regular expression of dotted keys)",
+            continuous_update=False,
+            layout=w.Layout(width="22em"),
+        )
         self.weights = w.Text(
             value="",
             description="weights",
@@ -315,13 +323,13 @@ class AveragePanel(_SurgeryPanel):
         newest = self.sources[-1].rstrip("/").rsplit("/", 1)[-1]
         self._build(
             f"the average of {len(self.sources)}: {shown}",
-            [self.checkpointables, self.weights],
+            [self.checkpointables, self.weights, self.key_filter],
             "Average",
             _sibling(self.sources[-1], f"{newest}_average{len(self.sources)}"),
         )
         self.add_class("tinax-average-panel")
         guard = shown_in_widget(self._show_error)
-        for control in (self.checkpointables, self.weights):
+        for control in (self.checkpointables, self.weights, self.key_filter):
             control.observe(guard(lambda _: self.update_preview()), names="value")
         self.update_preview()
 
@@ -341,7 +349,11 @@ class AveragePanel(_SurgeryPanel):
 
     def _planned(self) -> pd.DataFrame:
         self._parsed_weights()
-        return average_preview(self.sources, checkpointables=list(self.checkpointables.value))
+        return average_preview(
+            self.sources,
+            checkpointables=list(self.checkpointables.value),
+            keys=self.key_filter.value.strip() or None,
+        )
 
     def _work(self, destination: str, progress: Callable[[int, int], None]) -> None:
         # tinax.checkpointing brings JAX and Orbax: imported when an average starts.
@@ -352,5 +364,6 @@ class AveragePanel(_SurgeryPanel):
             destination,
             weights=self._parsed_weights(),
             checkpointables=list(self.checkpointables.value),
+            keys=self.key_filter.value.strip() or None,
             progress=progress,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -105,7 +106,7 @@ def _agree(wheres: list[str]) -> Callable[[list[np.ndarray]], np.ndarray]:
                 raise ValueError(
                     f"{where}: its values differ from those of {wheres[0].split(': checkpointable')[0]}; "
                     "only floating-point leaves are averaged, the others must be equal in "
-                    "every source (leave this checkpointable out with checkpointables=[…])"
+                    "every source (leave it out with keys=… or checkpointables=[…])"
                 )
         return first
 
@@ -118,6 +119,7 @@ def average_checkpoints(
     *,
     weights: Sequence[float] | None = None,
     checkpointables: str | Sequence[str] | None = None,
+    keys: str | re.Pattern[str] | None = None,
     progress: Progress | None = None,
 ) -> None:
     """Write a new checkpoint whose floating-point leaves are the weighted mean of several.
@@ -144,6 +146,11 @@ def average_checkpoints(
         weights by default.
       checkpointables: Only these checkpointables (a name or a list of names); all
         by default.
+      keys: Only the leaves whose dotted key this regular expression finds, as for
+        ``derive_checkpoint`` (an NNX model's Dropout keeps an RNG counter that
+        differs from step to step: ``keys=r"^(?!.*\\.rngs\\.)"`` leaves it out).
+        Checkpointables left without a leaf are left out, and so are iterators and
+        JSON records unless ``checkpointables`` names them.
       progress: ``progress(done, total)`` in bytes read (all sources), as they are read.
 
     Raises:
@@ -170,22 +177,36 @@ def average_checkpoints(
             "copies one)"
         )
     raw_weights = check_weights(weights, len(paths))
+    pattern = treeplan.compile_keys(keys)
     dest = _surgery.check_destination(destination)
     with files.paused_gc():
         opened = [_surgery.open_source(path) for path in paths]
         _surgery.check_not_inside(dest, opened)
         names = _surgery.selected_names(checkpointables, opened[0])
         _check_same_checkpointables(opened, names, explicit=checkpointables is not None)
-        pytrees = {
-            name: [_surgery.pytree_source(source, name) for source in opened]
-            for name in names
-            if opened[0].checkpoint.get(name).layout == layout.PYTREE
-        }
-        for name in names:
-            if name not in pytrees:
-                _check_same_files(opened, name)
+        pytrees: dict[str, list[PyTreeSource]] = {}
+        kept: dict[str, list[int]] = {}
+        for name in list(names):
+            if opened[0].checkpoint.get(name).layout != layout.PYTREE:
+                if pattern is not None and checkpointables is None:
+                    names.remove(name)  # an iterator's state has no keys to match
+                else:
+                    _check_same_files(opened, name)
+                continue
+            trees = [_surgery.pytree_source(source, name) for source in opened]
+            _check_same_tree(trees)
+            indices = _kept(trees[0], pattern)
+            if pattern is not None and not indices:
+                names.remove(name)
+                continue
+            pytrees[name], kept[name] = trees, indices
+        if not names:
+            raise ValueError(
+                f"checkpoint {str(opened[0].path)!r}: no leaf has a dotted key that keys "
+                f"{pattern.pattern if pattern else ''!r} finds"
+            )
     ctx = _surgery.new_context()
-    jobs = {name: _jobs(trees, raw_weights, ctx) for name, trees in pytrees.items()}
+    jobs = {name: _jobs(trees, kept[name], raw_weights, ctx) for name, trees in pytrees.items()}
     total = sum(
         chunks.box_size(box) * sum(s.dtype.itemsize for s in job.sources)
         for by_key in jobs.values()
@@ -199,7 +220,7 @@ def average_checkpoints(
         handlers: dict[str, str | None] = {}
         for name in names:
             if name in pytrees:
-                _write_pytree(new, pytrees[name], jobs[name], ctx, counter)
+                _write_pytree(new, pytrees[name], kept[name], jobs[name], ctx, counter)
             else:
                 _surgery.copy_checkpointable(new, opened[0].checkpoint.get(name))
             found = opened[0].record.item_handlers
@@ -208,6 +229,7 @@ def average_checkpoints(
 
     arguments: dict[str, Any] = {
         "checkpointables": None if checkpointables is None else names,
+        "keys": None if pattern is None else pattern.pattern,
         "weights": normalised,
     }
     made = _surgery.made_now(
@@ -275,10 +297,19 @@ def _check_same_tree(trees: list[PyTreeSource]) -> None:
     treeplan.check_same_leaves([(tree.where(), tree.leaves) for tree in trees])
 
 
-def _check_same_values(trees: list[PyTreeSource]) -> None:
+def _kept(tree: PyTreeSource, pattern: re.Pattern[str] | None) -> list[int]:
+    """The positions of the leaves an average keeps (all without ``keys``)."""
+    if pattern is None:
+        return list(range(len(tree.leaves)))
+    planned = {id(p.source) for p in treeplan.plan_leaves(tree.name, tree.leaves, keys=pattern)}
+    return [i for i, leaf in enumerate(tree.leaves) if id(leaf) in planned]
+
+
+def _check_same_values(trees: list[PyTreeSource], kept: list[int]) -> None:
     """Strings and empty leaves, which are not averaged, must be the same in every source."""
     first = trees[0]
-    for index, leaf in enumerate(first.leaves):
+    for index in kept:
+        leaf = first.leaves[index]
         if leaf.kind == words.STRING and leaf.stored:
             value = first.string(leaf)
             for tree in trees[1:]:
@@ -299,15 +330,17 @@ def _check_same_values(trees: list[PyTreeSource]) -> None:
                     )
 
 
-def _jobs(trees: list[PyTreeSource], weights: list[float], ctx: Any) -> dict[str, ArrayJob]:
-    _check_same_tree(trees)
-    _check_same_values(trees)
+def _jobs(
+    trees: list[PyTreeSource], kept: list[int], weights: list[float], ctx: Any
+) -> dict[str, ArrayJob]:
+    _check_same_values(trees, kept)
     first = trees[0]
-    if not any(leaf.kind in words.STORED_ARRAY_KINDS and leaf.stored for leaf in first.leaves):
+    leaves = [first.leaves[i] for i in kept]
+    if not any(leaf.kind in words.STORED_ARRAY_KINDS and leaf.stored for leaf in leaves):
         return {}
     per_source = [tree.arrays(ctx) for tree in trees]
     jobs: dict[str, ArrayJob] = {}
-    for leaf in first.leaves:
+    for leaf in leaves:
         arrays: list[SourceArray] = [found[leaf.key] for found in per_source if leaf.key in found]
         if not arrays:
             continue
@@ -337,6 +370,7 @@ def _jobs(trees: list[PyTreeSource], weights: list[float], ctx: Any) -> dict[str
 def _write_pytree(
     new: NewCheckpoint,
     trees: list[PyTreeSource],
+    kept: list[int],
     jobs: dict[str, ArrayJob],
     ctx: Any,
     counter: _surgery.ProgressCounter,
@@ -344,7 +378,8 @@ def _write_pytree(
     first = trees[0]
     writer = store_writer.PyTreeWriter(new.directory / first.name, ctx)
     try:
-        for index, leaf in enumerate(first.leaves):
+        for index in kept:
+            leaf = first.leaves[index]
             value_metadata = first.value_metadata[index]
             job = jobs.get(leaf.key)
             if job is not None:

@@ -101,9 +101,12 @@ def lineage_summary(table: pd.DataFrame, *, full_paths: bool = False) -> str:
             s if equal else f"{s} (weight {w:.3g})" for s, w in zip(sources, weights, strict=True)
         ]
         text = f"average of {len(sources)}: " + ", ".join(parts)
+        chosen = []
         if arguments.get("checkpointables"):
-            text += f" (checkpointables {', '.join(arguments['checkpointables'])})"
-        return text
+            chosen.append(f"checkpointables {', '.join(arguments['checkpointables'])}")
+        if arguments.get("keys"):
+            chosen.append(f"keys {arguments['keys']}")
+        return text + (f" ({'; '.join(chosen)})" if chosen else "")
     how = []
     if arguments.get("checkpointables"):
         how.append(f"checkpointables {', '.join(arguments['checkpointables'])}")

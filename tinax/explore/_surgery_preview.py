@@ -94,6 +94,7 @@ def average_preview(
     sources: Sequence[str | os.PathLike[str]],
     *,
     checkpointables: str | Sequence[str] | None = None,
+    keys: str | None = None,
 ) -> pd.DataFrame:
     """The leaves ``average_checkpoints(sources, …)`` would write, the sources' metadata
     checked against each other as the average checks it.
@@ -116,11 +117,14 @@ def average_preview(
     names = treeplan.select_checkpointables(
         checkpointables, held, f"checkpoint {str(first.path)!r}"
     )
+    pattern = treeplan.compile_keys(keys)
     ctx = arrays.context()
     rows: list[dict[str, Any]] = []
     for name in names:
         items = [_item(checkpoint, name, first) for checkpoint in opened]
         if items[0].layout != layout.PYTREE:
+            if pattern is not None and checkpointables is None:
+                continue
             row = _whole(items[0])
             row["read"] *= len(items)
             rows.append(row)
@@ -129,7 +133,10 @@ def average_preview(
         wheres = [f"checkpoint {str(c.path)!r}: checkpointable {name!r}" for c in opened]
         treeplan.check_same_leaves(list(zip(wheres, [t.leaves for t in trees], strict=True)))
         infos = [_infos(tree, ctx) for tree in trees]
+        chosen = {id(p.source) for p in treeplan.plan_leaves(name, trees[0].leaves, keys=pattern)}
         for leaf in trees[0].leaves:
+            if id(leaf) not in chosen:
+                continue
             info = infos[0].get(leaf.param)
             if info is None:
                 rows.append(_row(name, leaf.key, leaf, None, None, 0, 0))

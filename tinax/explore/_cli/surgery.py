@@ -78,6 +78,12 @@ def _average_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--only", nargs="+", metavar="NAME", help="only these checkpointables (e.g. model)"
     )
+    parser.add_argument(
+        "--keys",
+        metavar="REGEX",
+        help="only leaves whose dotted key this regular expression finds (an RNG "
+        "counter that differs between steps can be left out so)",
+    )
     _add_output(parser, csv_too=False)
     return parser
 
@@ -110,6 +116,7 @@ def run(command: str, argv: Sequence[str], out: TextIO, err: TextIO, prog: str) 
                 destination,
                 weights=args.weights,
                 checkpointables=args.only,
+                keys=args.keys,
                 progress=progress,
             )
     _report(destination, time.perf_counter() - start, args.json, out)
