@@ -334,7 +334,10 @@ class PyTreeWriter:
                 self._writes.append(store.write(name, encode_shard(chunk_values)))
         else:
             target = self._zarr(array).with_transaction(self._txn)
-            self._writes.append((target[box] if box else target).write(values))
+            write = (target[box] if box else target).write(values)
+            # Copied before returning: the caller may reuse ``values`` at once.
+            write.copy.result()
+            self._writes.append(write)
         nbytes = values.size * values.itemsize
         self._pending += nbytes
         self.written_bytes += nbytes

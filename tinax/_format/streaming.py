@@ -21,6 +21,7 @@ few boxes of reads in flight, never more than a byte budget (or one box, if larg
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +39,8 @@ from tinax._format.chunks import Box
 REGION_BYTES = 8 << 20
 # Bytes of reads in flight beside the box being worked on.
 IN_FLIGHT_BYTES = 32 << 20
+# Raw reads' buffers kept for the next steps: the steps in flight, of a few sources.
+_POOLED_BUFFERS = 16
 # A written array keeps its source's chunks when they hold at most this much (in
 # the written dtype); larger ones (an array Orbax stored as one chunk) are stored
 # as slabs of about ``SLAB_BYTES``, as tinax's saves store them.
@@ -265,11 +268,15 @@ class SourceArray:
     opened: Any
     raw: rawread.RawArray | None = None
 
-    def read(self, box: Box) -> Any:
-        """Starts reading ``box``; returns a future of its values."""
+    def read(self, box: Box, pool: rawread.BufferPool | None = None) -> Any:
+        """Starts reading ``box`` (a raw read into a buffer of ``pool``, if given);
+        returns a future of its values."""
         if self.raw is not None:
             raw = self.raw
-            out = np.empty([s.stop - s.start for s in box], self.dtype)
+            shape = [s.stop - s.start for s in box]
+            nbytes = math.prod(shape) * self.dtype.itemsize
+            buffer = pool.take(nbytes) if pool is not None else np.empty(nbytes, np.uint8)
+            out = buffer[:nbytes].view(self.dtype).reshape(shape)
             return rawread.executor().submit(_read_raw, raw, box, out, self._through_tensorstore)
         array = self.opened.result() if isinstance(self.opened, ts.Future) else self.opened
         return array[box].read()
@@ -389,6 +396,10 @@ class Reads:
         )
         self._pending: collections.deque[_Pending] = collections.deque()
         self._in_flight = 0
+        # Raw reads land in buffers handed from one step to a later one: fresh ones
+        # would be fresh memory, faulted in page by page at every step.
+        self._pool = rawread.BufferPool(keep=_POOLED_BUFFERS)
+        self._lent: list[np.ndarray] = []
 
     def add(self, tag: Any, reads: list[tuple[SourceArray, Box]]) -> None:
         nbytes = sum(chunks.box_size(box) * array.dtype.itemsize for array, box in reads)
@@ -402,7 +413,7 @@ class Reads:
             futures = []
             for array, box in reads:
                 try:
-                    futures.append(array.read(box))
+                    futures.append(array.read(box, self._pool))
                 except Exception as e:
                     futures.append(e)
             self._pending.append(_Pending(tag, futures, nbytes))
@@ -412,6 +423,10 @@ class Reads:
         return self
 
     def __next__(self) -> tuple[Any, list[np.ndarray | BaseException]]:
+        # The caller is done with the step before: its buffers serve the next reads.
+        for lent in self._lent:
+            self._pool.give(lent)
+        self._lent = []
         self._top_up()
         if not self._pending:
             raise StopIteration
@@ -422,10 +437,31 @@ class Reads:
                 values.append(future)
                 continue
             try:
-                values.append(np.asarray(future.result()))
+                found = np.asarray(future.result())
             except Exception as e:
                 values.append(e)
+                continue
+            values.append(found)
+            if isinstance(future, concurrent.futures.Future):
+                self._lent.append(found)
         self._in_flight -= step.nbytes
         # The next reads start while the caller works on these.
         self._top_up()
         return step.tag, values
+
+
+class Scratch:
+    """Working arrays reused from one box to the next, by name (an accumulator, a cast):
+    fresh ones would be fresh memory, faulted in page by page at every box. Each
+    name's buffer is as large as the largest box asked for."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An array of ``shape`` and ``dtype`` (its values left as they were)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.nbytes < nbytes:
+            buffer = self._buffers[name] = np.empty(max(nbytes, 1), np.uint8)
+        return buffer[:nbytes].view(dtype).reshape(shape)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -71,35 +71,43 @@ def _accumulator(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if dtype.itemsize >= 4 else np.dtype(np.float32)
 
 
-def _mean(
-    dtype: np.dtype, weights: list[float], where: str
-) -> Callable[[list[np.ndarray]], np.ndarray]:
+def _mean(dtype: np.dtype, weights: list[float], where: str) -> _surgery.Combine:
     acc_dtype = _accumulator(dtype)
     total = math.fsum(weights)
     equal = len(set(weights)) == 1
 
-    def combine(values: list[np.ndarray]) -> np.ndarray:
-        # Each source is widened as numpy adds it (in blocks), not copied whole first.
+    def combine(values: list[np.ndarray], scratch: streaming.Scratch) -> np.ndarray:
+        shape = np.shape(values[0])
+        acc = scratch.get("sum", shape, acc_dtype)
+        # Each pass reads the sources as they are and widens them on the way (numpy
+        # casts in small blocks): three passes for an equal mean of three.
         if equal:
-            acc = np.array(values[0], dtype=acc_dtype, copy=True)
-            for value in values[1:]:
+            np.add(values[0], values[1], out=acc, dtype=acc_dtype)
+            for value in values[2:]:
                 np.add(acc, value, out=acc, dtype=acc_dtype)
-            acc /= acc_dtype.type(len(weights))
         else:
-            acc = np.multiply(values[0], acc_dtype.type(weights[0]), dtype=acc_dtype)
-            scaled = np.empty_like(acc)
+            wide = scratch.get("weighted", shape, acc_dtype)
+            np.multiply(values[0], acc_dtype.type(weights[0]), out=acc, dtype=acc_dtype)
             for weight, value in zip(weights[1:], values[1:], strict=True):
                 if weight:
-                    np.multiply(value, acc_dtype.type(weight), out=scaled, dtype=acc_dtype)
-                    acc += scaled
-            acc /= acc_dtype.type(total)
-        return acc.astype(dtype)
+                    np.multiply(value, acc_dtype.type(weight), out=wide, dtype=acc_dtype)
+                    acc += wide
+        out = scratch.get("mean", shape, dtype)
+        # Divided at the full width, rounded once into the leaf's dtype.
+        np.divide(
+            acc,
+            acc_dtype.type(len(weights) if equal else total),
+            out=out,
+            dtype=acc_dtype,
+            casting="unsafe",
+        )
+        return out
 
     return combine
 
 
-def _agree(wheres: list[str]) -> Callable[[list[np.ndarray]], np.ndarray]:
-    def combine(values: list[np.ndarray]) -> np.ndarray:
+def _agree(wheres: list[str]) -> _surgery.Combine:
+    def combine(values: list[np.ndarray], scratch: streaming.Scratch) -> np.ndarray:
         first = values[0]
         for where, value in zip(wheres[1:], values[1:], strict=True):
             if not np.array_equal(first, value):

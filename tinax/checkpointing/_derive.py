@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from tinax._format import chunks, files, lineage, store_writer, treeplan, words
+from tinax._format import chunks, files, lineage, store_writer, streaming, treeplan, words
 from tinax._format.copy_source import PyTreeSource, sharding_key
 from tinax._format.new_checkpoint import NewCheckpoint
 from tinax._format.treeplan import PlannedLeaf
@@ -17,10 +17,17 @@ from tinax.checkpointing import _surgery
 from tinax.checkpointing._surgery import ArrayJob, OpenedSource, Progress
 
 
-def _combine(dtype: np.dtype, cast: bool) -> Callable[[list[np.ndarray]], np.ndarray]:
+def _combine(dtype: np.dtype, cast: bool) -> _surgery.Combine:
     if not cast:
-        return lambda values: values[0]
-    return lambda values: np.asarray(values[0]).astype(dtype)
+        return lambda values, scratch: values[0]
+
+    def combine(values: list[np.ndarray], scratch: streaming.Scratch) -> np.ndarray:
+        value = np.asarray(values[0])
+        out = scratch.get("cast", value.shape, dtype)
+        np.copyto(out, value, casting="unsafe")
+        return out
+
+    return combine
 
 
 def derive_checkpoint(

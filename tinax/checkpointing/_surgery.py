@@ -40,6 +40,7 @@ from tinax._format.storage import Location
 from tinax.checkpointing import _destination
 
 Progress = Callable[[int, int], None]
+Combine = Callable[[list[np.ndarray], streaming.Scratch], np.ndarray]
 # The layouts a new checkpoint can copy file by file.
 _COPIED_LAYOUTS = frozenset({layout.ITERATOR, layout.JSON, layout.EMPTY})
 
@@ -190,7 +191,8 @@ class ArrayJob:
       boxes: ``(piece, box)`` in the order they are read.
       chunk: The chunk shape written.
       dtype: The dtype written.
-      combine: Makes the values written from each source's values of one box.
+      combine: Makes the values written from each source's values of one box (its
+        result may be a ``scratch`` array, valid until the next box).
       same_bytes: Whether what is written is the first source's bytes unchanged
         (its digests then serve as the new ones).
     """
@@ -202,7 +204,7 @@ class ArrayJob:
     boxes: list[tuple[Bounds, Box]]
     chunk: tuple[int, ...]
     dtype: np.dtype
-    combine: Callable[[list[np.ndarray]], np.ndarray]
+    combine: Combine
     same_bytes: bool
 
 
@@ -211,7 +213,7 @@ def plan_job(
     sources: list[streaming.SourceArray],
     wheres: list[str],
     dtype: np.dtype,
-    combine: Callable[[list[np.ndarray]], np.ndarray],
+    combine: Combine,
 ) -> ArrayJob:
     """The pieces, chunks and boxes of one array (the first source's pieces walked)."""
     first = sources[0]
@@ -287,6 +289,7 @@ def stream(
             last = number == len(job.boxes) - 1
             reads.add((job, piece, box, last), [(source, box) for source in job.sources])
     digests: dict[int, tuple[list[streaming.PieceDigests], streaming.PieceDigests | None]] = {}
+    scratch = streaming.Scratch()
     for (job, piece, box, last), values in reads:
         state = digests.get(id(job))
         if state is None:
@@ -306,7 +309,7 @@ def stream(
             inner = tuple(
                 slice(p.start - b.start, p.stop - b.start) for p, b in zip(part, box, strict=True)
             )
-            out = job.combine([value[inner] for value in values])  # type: ignore[index]
+            out = job.combine([value[inner] for value in values], scratch)  # type: ignore[index]
             if written is not None:
                 written.update(piece, out)
             writer.write(job.key, part, out)
