@@ -43,6 +43,18 @@ def _model_parts(table: pd.DataFrame) -> list[str]:
     return found
 
 
+def _text(description: str, placeholder: str) -> w.Text:
+    """A text box read when it is left (not at every key stroke: each change reads
+    the sources' metadata for the preview)."""
+    return w.Text(
+        value="",
+        description=description,
+        placeholder=placeholder,
+        continuous_update=False,
+        layout=w.Layout(width="22em"),
+    )
+
+
 def _sibling(path: str, name: str) -> str:
     """``name`` in the directory holding ``path``."""
     parent = path.rstrip("/").rsplit("/", 1)[0]
@@ -216,13 +228,7 @@ class DerivePanel(_SurgeryPanel):
         self.cast = w.Dropdown(
             options=CASTS, value=AS_STORED, description="floats", layout=w.Layout(width="14em")
         )
-        self.key_filter = w.Text(
-            value="",
-            description="keys",
-            placeholder="all (a regular expression: ^blocks\\.0\\.)",
-            continuous_update=False,
-            layout=w.Layout(width="22em"),
-        )
+        self.key_filter = _text("keys", "all (a regular expression: ^blocks\\.0\\.)")
         name = self.path.rstrip("/").rsplit("/", 1)[-1]
         self._build(
             f"a new checkpoint derived from {self.path}",
@@ -305,20 +311,8 @@ class AveragePanel(_SurgeryPanel):
         self.checkpointables = w.SelectMultiple(
             options=names, value=tuple(model), description="average", rows=min(len(names), 4)
         )
-        self.key_filter = w.Text(
-            value="",
-            description="keys",
-            placeholder="all (a regular expression of dotted keys)",
-            continuous_update=False,
-            layout=w.Layout(width="22em"),
-        )
-        self.weights = w.Text(
-            value="",
-            description="weights",
-            placeholder="equal (or one number per checkpoint)",
-            continuous_update=False,
-            layout=w.Layout(width="22em"),
-        )
+        self.key_filter = _text("keys", "all (a regular expression of dotted keys)")
+        self.weights = _text("weights", "equal (or one number per checkpoint)")
         shown = ", ".join(s.rstrip("/").rsplit("/", 1)[-1] for s in self.sources)
         newest = self.sources[-1].rstrip("/").rsplit("/", 1)[-1]
         self._build(

@@ -15,12 +15,11 @@ from tinax._format import (
     files,
     layout,
     lineage,
-    store_writer,
     streaming,
     treeplan,
     words,
 )
-from tinax._format.copy_source import PyTreeSource, sharding_key
+from tinax._format.copy_source import PyTreeSource
 from tinax._format.new_checkpoint import NewCheckpoint
 from tinax._format.safetensors import is_floating
 from tinax._format.streaming import SourceArray
@@ -228,7 +227,9 @@ def average_checkpoints(
         handlers: dict[str, str | None] = {}
         for name in names:
             if name in pytrees:
-                _write_pytree(new, pytrees[name], kept[name], jobs[name], ctx, counter)
+                first = pytrees[name][0]
+                leaves = [(first.leaves[i].path, i) for i in kept[name]]
+                _surgery.write_pytree(new, first, leaves, jobs[name], ctx, counter)
             else:
                 _surgery.copy_checkpointable(new, opened[0].checkpoint.get(name))
             found = opened[0].record.item_handlers
@@ -373,39 +374,3 @@ def _jobs(
                 array.record = None
         jobs[leaf.key] = job
     return jobs
-
-
-def _write_pytree(
-    new: NewCheckpoint,
-    trees: list[PyTreeSource],
-    kept: list[int],
-    jobs: dict[str, ArrayJob],
-    ctx: Any,
-    counter: _surgery.ProgressCounter,
-) -> None:
-    first = trees[0]
-    writer = store_writer.PyTreeWriter(new.directory / first.name, ctx)
-    try:
-        for index in kept:
-            leaf = first.leaves[index]
-            value_metadata = first.value_metadata[index]
-            job = jobs.get(leaf.key)
-            if job is not None:
-                writer.add_array(
-                    leaf.path,
-                    value_metadata,
-                    shape=job.sources[0].shape,
-                    dtype=job.dtype,
-                    chunk=job.chunk,
-                    ext_metadata=first.ext_metadata.get(leaf.param),
-                    sharding=first.shardings.get(sharding_key(leaf.param)),
-                )
-            elif leaf.kind == words.STRING and leaf.stored:
-                writer.add_string(leaf.path, value_metadata, first.string(leaf))
-            else:
-                writer.add_empty(leaf.path, value_metadata)
-        _surgery.stream(writer, list(jobs.values()), progress=counter)
-        writer.finish()
-    except BaseException:
-        writer.abort()
-        raise

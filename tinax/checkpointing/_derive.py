@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format import chunks, files, lineage, store_writer, streaming, treeplan, words
-from tinax._format.copy_source import PyTreeSource, sharding_key
+from tinax._format import chunks, files, lineage, streaming, treeplan, words
+from tinax._format.copy_source import PyTreeSource
 from tinax._format.new_checkpoint import NewCheckpoint
 from tinax._format.treeplan import PlannedLeaf
 from tinax.checkpointing import _surgery
@@ -120,7 +120,9 @@ def derive_checkpoint(
             item = opened.checkpoint.get(name)
             if name in plan.pytrees:
                 tree, planned = plan.pytrees[name]
-                _write_pytree(new, tree, planned, jobs_by_name[name], ctx, counter)
+                index = {id(leaf): i for i, leaf in enumerate(tree.leaves)}
+                leaves = [(leaf.path, index[id(leaf.source)]) for leaf in planned]
+                _surgery.write_pytree(new, tree, leaves, jobs_by_name[name], ctx, counter)
             else:
                 _surgery.copy_checkpointable(new, item)
             handlers[name] = _handler(opened, name)
@@ -181,38 +183,3 @@ def _jobs(
             _combine(dtype, dtype != source.dtype),
         )
     return jobs
-
-
-def _write_pytree(
-    new: NewCheckpoint,
-    tree: PyTreeSource,
-    planned: list[PlannedLeaf],
-    jobs: dict[str, ArrayJob],
-    ctx: Any,
-    counter: _surgery.ProgressCounter,
-) -> None:
-    writer = store_writer.PyTreeWriter(new.directory / tree.name, ctx)
-    try:
-        index = {id(leaf): i for i, leaf in enumerate(tree.leaves)}
-        for leaf in planned:
-            value_metadata = tree.value_metadata[index[id(leaf.source)]]
-            job = jobs.get(leaf.key)
-            if job is not None:
-                writer.add_array(
-                    leaf.path,
-                    value_metadata,
-                    shape=job.sources[0].shape,
-                    dtype=job.dtype,
-                    chunk=job.chunk,
-                    ext_metadata=tree.ext_metadata.get(leaf.source.param),
-                    sharding=tree.shardings.get(sharding_key(leaf.source.param)),
-                )
-            elif leaf.source.kind == words.STRING and leaf.source.stored:
-                writer.add_string(leaf.path, value_metadata, tree.string(leaf.source))
-            else:
-                writer.add_empty(leaf.path, value_metadata)
-        _surgery.stream(writer, list(jobs.values()), progress=counter)
-        writer.finish()
-    except BaseException:
-        writer.abort()
-        raise

@@ -31,10 +31,12 @@ from tinax._format import (
     store_writer,
     streaming,
     treeplan,
+    words,
 )
 from tinax._format.checksums import Bounds, CorruptDataError, LeafRecord, Piece
 from tinax._format.chunks import Box
-from tinax._format.copy_source import PyTreeSource, open_pytree_source
+from tinax._format.copy_source import PyTreeSource, open_pytree_source, sharding_key
+from tinax._format.keys import KeyPath, format_key
 from tinax._format.new_checkpoint import NewCheckpoint
 from tinax._format.storage import Location
 from tinax.checkpointing import _destination
@@ -256,6 +258,14 @@ def verify_alone(source: streaming.SourceArray, where: str) -> None:
             raise _read_failure(where, values)
         digests.update(piece, values)
         del values
+    check_digests(source, where, digests)
+
+
+def check_digests(
+    source: streaming.SourceArray, where: str, digests: streaming.PieceDigests
+) -> None:
+    """Raises ``CorruptDataError`` naming the leaf if what was read does not match the
+    checksums saved with it."""
     bad = digests.mismatches()
     if bad:
         assert source.record is not None
@@ -320,15 +330,55 @@ def stream(
             progress(nbytes)
         if last:
             for source, where, digest in zip(job.sources, job.wheres, read, strict=True):
-                bad = digest.mismatches()
-                if bad:
-                    assert source.record is not None
-                    raise CorruptDataError(
-                        f"{where.rsplit(': leaf ', 1)[0]}: "
-                        + checksums.mismatch_message(source.key, source.record, bad)
-                    )
+                check_digests(source, where, digest)
             writer.set_digests(job.key, (written or read[0]).digests())
             del digests[id(job)]
+
+
+def write_pytree(
+    new: NewCheckpoint,
+    tree: PyTreeSource,
+    leaves: Sequence[tuple[KeyPath, int]],
+    jobs: dict[str, ArrayJob],
+    ctx: Any,
+    counter: ProgressCounter,
+) -> None:
+    """Writes one pytree checkpointable of the new checkpoint.
+
+    Args:
+      new: The new checkpoint.
+      tree: The source pytree whose metadata (value types, shardings, strings) the
+        leaves take.
+      leaves: Each leaf's key path in the new tree and its position in ``tree``.
+      jobs: The arrays' jobs, by their new keys.
+      ctx: The tensorstore context.
+      counter: Counts the bytes read.
+    """
+    writer = store_writer.PyTreeWriter(new.directory / tree.name, ctx)
+    try:
+        for path, index in leaves:
+            source = tree.leaves[index]
+            value_metadata = tree.value_metadata[index]
+            job = jobs.get(format_key(path))
+            if job is not None:
+                writer.add_array(
+                    path,
+                    value_metadata,
+                    shape=job.sources[0].shape,
+                    dtype=job.dtype,
+                    chunk=job.chunk,
+                    ext_metadata=tree.ext_metadata.get(source.param),
+                    sharding=tree.shardings.get(sharding_key(source.param)),
+                )
+            elif source.kind == words.STRING and source.stored:
+                writer.add_string(path, value_metadata, tree.string(source))
+            else:
+                writer.add_empty(path, value_metadata)
+        stream(writer, list(jobs.values()), progress=counter)
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
 
 
 class ProgressCounter:
