@@ -12,7 +12,10 @@ Orbax's defaults (each array one zstd chunk), then times, each in a fresh proces
   be decoded whole (memory only: its reads are zstd's, not the disk's).
 
 Each is timed with its sources evicted from the page cache (``posix_fadvise``), beside
-``cat`` of the same files evicted too, and with them cached. Goals: the evicted rate at
+``cat`` of the same files evicted too, and with them cached; the CPU seconds of each
+side are printed too (on a machine shared with other work they tell more than the
+clock), and the floor of the writes: ``dd`` of as many bytes with ``conv=fsync`` (a
+new checkpoint is synced before it commits, as Orbax's are). Goals: the evicted rate at
 least half of ``cat``'s (``ratio``, bytes of the sources read per second), and the peak
 memory above the level before the call (``VmHWM`` after ``clear_refs``, glibc's mmap
 threshold fixed at 1 MiB as in ``tests/test_explore_memory.py``) within 2 leaves +
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -56,6 +60,9 @@ tc.derive_checkpoint(warm, out + ".warm")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM := VmRSS
 before = status("VmRSS")
+import resource
+usage = resource.getrusage(resource.RUSAGE_SELF)
+cpu = usage.ru_utime + usage.ru_stime
 started = time.perf_counter()
 if operation == "average":
     tc.average_checkpoints(sources, out)
@@ -64,7 +71,9 @@ elif operation == "bfloat16":
 else:
     tc.derive_checkpoint(sources[0], out)
 seconds = time.perf_counter() - started
-print(json.dumps({"seconds": seconds, "growth": status("VmHWM") - before}))
+usage = resource.getrusage(resource.RUSAGE_SELF)
+cpu = usage.ru_utime + usage.ru_stime - cpu
+print(json.dumps({"seconds": seconds, "cpu": cpu, "growth": status("VmHWM") - before}))
 """
 
 
@@ -113,10 +122,36 @@ def _evict(files: list[Path]) -> None:
             os.close(fd)
 
 
-def _cat_seconds(files: list[Path]) -> float:
+def _cat_seconds(files: list[Path]) -> tuple[float, float]:
+    """Wall and CPU seconds of ``cat`` of ``files`` to ``/dev/null``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def _dd_seconds(work: Path, nbytes: int) -> float:
+    """Seconds ``dd`` takes to write ``nbytes`` durably (``conv=fsync``): the disk's floor
+    for writing a new checkpoint."""
+    target = work / "dd.out"
+    started = time.perf_counter()
+    subprocess.run(
+        [
+            "dd",
+            "if=/dev/zero",
+            f"of={target}",
+            "bs=8M",
+            f"count={nbytes // (8 * MIB)}",
+            "conv=fsync",
+        ],
+        capture_output=True,
+        check=True,
+    )
+    seconds = time.perf_counter() - started
+    target.unlink()
+    return seconds
 
 
 def _run(operation: str, out: Path, warm: Path, sources: list[Path]) -> dict[str, float]:
@@ -153,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         ("copy, orbax zstd source", [work / "orbax"], 2 * leaf, False),
     ]
     everything = [f for name in ("a", "b", "c", "orbax") for f in _files(work / name)]
+    dd_s = min(_dd_seconds(work, args.size_mib * MIB) for _ in range(args.rounds))
+    print(
+        f"floor of writes: dd of {args.size_mib} MiB with conv=fsync, "
+        f"{args.size_mib / dd_s:.0f} MiB/s"
+    )
     missed = []
     report = {}
     for name, sources, leaves_bound, rated in operations:
@@ -172,17 +212,26 @@ def main(argv: list[str] | None = None) -> int:
                 if not cached:
                     _evict(everything)
                 runs.append(_run(operation, out, work / "warm", sources))
-            cat_s = min(cats)
+            cat_s = min(c[0] for c in cats)
+            cat_cpu = min(c[1] for c in cats)
             run_s = min(r["seconds"] for r in runs)
+            run_cpu = min(r["cpu"] for r in runs)
             growth = min(r["growth"] for r in runs)
             ratio = cat_s / run_s
             key = "cached" if cached else "evicted"
-            line[key] = {"ratio": ratio, "mib_s": nbytes / MIB / run_s, "growth_mib": growth / MIB}
+            line[key] = {
+                "ratio": ratio,
+                "mib_s": nbytes / MIB / run_s,
+                "cpu_s": run_cpu,
+                "cat_cpu_s": cat_cpu,
+                "growth_mib": growth / MIB,
+            }
             goal = rated and not cached
             print(
                 f"{name}: {nbytes / MIB:.0f} MiB read, sources {key}: {run_s:.2f} s, "
                 f"{nbytes / MIB / run_s:.0f} MiB/s; cat {nbytes / MIB / cat_s:.0f} MiB/s; "
-                f"ratio {ratio:.2f}{f' (goal >= {GOAL_RATIO})' if goal else ''}; peak memory "
+                f"ratio {ratio:.2f}{f' (goal >= {GOAL_RATIO})' if goal else ''}; CPU "
+                f"{run_cpu:.2f} s (cat {cat_cpu:.2f} s); peak memory "
                 f"+{growth / MIB:.0f} MiB (bound {bound / MIB:.0f} MiB)"
             )
             if goal and ratio < GOAL_RATIO:
