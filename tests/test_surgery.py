@@ -221,6 +221,9 @@ def test_a_training_checkpoint_derived_whole_resumes_its_iterator(run, tmp_path)
     assert np.array_equal(next(restored.iterator), np.arange(12, 16))
     for a, b in zip(jax.tree.leaves(restored.model), jax.tree.leaves(live["model"]), strict=True):
         assert _same_bits(np.asarray(a), np.asarray(b))
+    # A name without a step: the lineage takes the one the training checkpoint saved.
+    derive_checkpoint(out, tmp_path / "params", checkpointables="model")
+    assert list(ex.lineage(tmp_path / "params")["step"]) == [STEPS[2]]
 
 
 def test_progress_counts_every_byte_read(run, tmp_path):

@@ -400,14 +400,19 @@ class Reads:
         # would be fresh memory, faulted in page by page at every step.
         self._pool = rawread.BufferPool(keep=_POOLED_BUFFERS)
         self._lent: list[np.ndarray] = []
+        # The bytes of the step the caller holds (until it asks for the next).
+        self._held = 0
 
     def add(self, tag: Any, reads: list[tuple[SourceArray, Box]]) -> None:
         nbytes = sum(chunks.box_size(box) * array.dtype.itemsize for array, box in reads)
         self._queued.append((tag, reads, nbytes))
 
     def _top_up(self) -> None:
+        # A step larger than the budget is read alone: not while the caller holds
+        # another, nor beside one in flight.
         while self._queued and (
-            not self._pending or self._in_flight + self._queued[0][2] <= self.budget
+            (not self._pending and not self._held)
+            or self._in_flight + self._held + self._queued[0][2] <= self.budget
         ):
             tag, reads, nbytes = self._queued.popleft()
             futures = []
@@ -427,6 +432,7 @@ class Reads:
         for lent in self._lent:
             self._pool.give(lent)
         self._lent = []
+        self._held = 0
         self._top_up()
         if not self._pending:
             raise StopIteration
@@ -445,6 +451,7 @@ class Reads:
             if isinstance(future, concurrent.futures.Future):
                 self._lent.append(found)
         self._in_flight -= step.nbytes
+        self._held = step.nbytes
         # The next reads start while the caller works on these.
         self._top_up()
         return step.tag, values

@@ -23,11 +23,13 @@ import numpy as np
 
 from tinax import _paths
 from tinax._format import (
+    arrays,
     checksums,
     files,
     layout,
     lineage,
     names,
+    pytree,
     store_writer,
     streaming,
     treeplan,
@@ -45,6 +47,12 @@ Progress = Callable[[int, int], None]
 Combine = Callable[[list[np.ndarray], streaming.Scratch], np.ndarray]
 # The layouts a new checkpoint can copy file by file.
 _COPIED_LAYOUTS = frozenset({layout.ITERATOR, layout.JSON, layout.EMPTY})
+
+
+# A training checkpoint keeps its step in this checkpointable (``TrainingCheckpointNames``'s
+# default), under this key.
+_AUXILIARY = "auxiliary"
+_STEP_KEY = "['step']"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +75,31 @@ class OpenedSource:
     def path(self) -> Location:
         return self.checkpoint.path
 
+    def step(self) -> int | None:
+        """The step its name carries, else the one a training checkpoint saved in its
+        auxiliary state; ``None`` if neither says."""
+        found = names.step_from_name(self.path.name)
+        if found is not None:
+            return found
+        held = {item.name: item for item in self.checkpoint.checkpointables}
+        item = held.get(_AUXILIARY)
+        if item is None or item.layout != layout.PYTREE:
+            return None
+        try:
+            tree = pytree.read_layout(item.directory)
+            leaf = next((lf for lf in tree.leaves if lf.key == _STEP_KEY), None)
+            if leaf is None or leaf.kind != words.SCALAR:
+                return None
+            value = pytree.read_scalars(tree, [leaf], arrays.context())[leaf.param]
+        except (ValueError, OSError):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     def lineage_source(self, weight: float | None = None) -> lineage.Source:
         """The source as its lineage records it."""
         return lineage.Source(
             path=str(self.path),
-            step=names.step_from_name(self.path.name),
+            step=self.step(),
             checksums=lineage.records_digest(self.checkpoint),
             weight=weight,
         )
