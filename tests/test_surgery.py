@@ -507,3 +507,47 @@ def test_an_average_keeps_only_the_keys_asked_for(tmp_path):
     assert ex.lineage(tmp_path / "out")["arguments"].iloc[0]["keys"] == r"^(?!.*\.rngs\.)"
     preview = ex.toolkit.average_preview(paths, keys=r"^(?!.*\.rngs\.)")
     assert list(preview["key"]) == keys
+
+
+_DERIVE = """
+import pathlib, sys, time
+from tinax.checkpointing import derive_checkpoint
+
+def progress(done, total):
+    if done:  # boxes are written: say so, and stay here to be killed
+        pathlib.Path(sys.argv[3]).touch()
+        time.sleep(600)
+
+derive_checkpoint(sys.argv[1], sys.argv[2], cast="bfloat16", progress=progress)
+"""
+
+
+@pytest.mark.slow
+def test_a_derive_killed_midway_leaves_nothing_at_the_destination_and_is_redone(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = np.random.default_rng(0)
+    tree = {f"w{i}": rng.standard_normal((1024, 1024), np.float32) for i in range(4)}
+    source = tmp_path / "step_000001"
+    save_checkpointables(source, {"model": tree}).result()
+    out, writing = tmp_path / "out", tmp_path.parent / f"{tmp_path.name}.writing"
+    job = subprocess.Popen([sys.executable, "-c", _DERIVE, str(source), str(out), str(writing)])
+    try:
+        deadline = time.monotonic() + 120
+        while not writing.exists():
+            assert job.poll() is None and time.monotonic() < deadline, "no box was written"
+            time.sleep(0.01)
+    finally:
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+    assert job.returncode == -signal.SIGKILL
+    assert not out.exists()
+    listed = ex.list_checkpoints(tmp_path).set_index("name")
+    assert listed.loc["out.orbax-checkpoint-tmp", "status"] == "interrupted"
+    # The next derive to the same place removes what the killed one left, and commits.
+    derive_checkpoint(source, out, cast="bfloat16")
+    assert ex.verify(out, data=True).ok
+    assert sorted(os.listdir(tmp_path)) == ["out", "step_000001"]
