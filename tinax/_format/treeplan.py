@@ -268,7 +268,8 @@ def compile_rename(rename: object) -> list[Rename]:
     """A ``rename`` argument as ``(pattern, replacement)`` pairs.
 
     Takes a sequence of ``(regex, replacement)`` pairs (or ``"regex=replacement"``
-    texts, as the command line writes them), or a mapping of regex to replacement.
+    texts, as the command line writes them, split at the last ``=``), or a mapping of
+    regex to replacement.
 
     Raises:
       TypeError: If it is not such a sequence or mapping of text.
@@ -288,7 +289,8 @@ def compile_rename(rename: object) -> list[Rename]:
     pairs: list[Rename] = []
     for item in items:
         if isinstance(item, str):
-            pattern, sep, replacement = item.partition("=")
+            # Split at the last "=": a pattern may hold one (a lookahead, "(?=…)").
+            pattern, sep, replacement = item.rpartition("=")
             if not sep:
                 raise ValueError(f"rename {item!r} is not PATTERN=REPLACEMENT")
             item = (pattern, replacement)

@@ -48,7 +48,8 @@ def _derive_parser(prog: str) -> argparse.ArgumentParser:
         "--rename",
         nargs="+",
         metavar="PATTERN=REPLACEMENT",
-        help="rewrite dotted keys: a regular expression and its replacement (\\1 for a group)",
+        help="rewrite dotted keys: a regular expression, =, its replacement (\\1 for a "
+        "group; split at the last =)",
     )
     _add_output(parser, csv_too=False)
     return parser
