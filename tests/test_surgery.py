@@ -1,6 +1,9 @@
 """New checkpoints made from old ones: derived (some checkpointables, some leaves, cast,
 renamed) and averaged, from real flax NNX and Linen models and optax AdamW states.
 
+(Over 500 lines: derive and average read the same three training checkpoints, a
+module fixture made once; split, each file would make them again.)
+
 Each result is read back by tinax's load (through the restore verdict), by Orbax
 alone, and by ``verify`` with its data; refusals leave nothing where they would have
 written; the lineage says what the result was made from.

@@ -24,7 +24,6 @@ from tinax._format.storage import Location
 
 DERIVE = "derive"
 AVERAGE = "average"
-OPERATIONS = (DERIVE, AVERAGE)
 # The key of the record's digest in the checksum promise of ``_CHECKPOINT_METADATA``.
 PROMISE_KEY = "lineage"
 # Sources and arguments: a few hundred bytes each.

@@ -189,12 +189,10 @@ class PyTreeWriter:
 
     Attributes:
       directory: The checkpointable's directory.
-      written_bytes: Array bytes handed to the store so far.
     """
 
     def __init__(self, directory: Location, ctx: ts.Context, *, batch_bytes: int = BATCH_BYTES):
         self.directory = directory
-        self.written_bytes = 0
         self._ctx = ctx
         self._batch_bytes = batch_bytes
         data_file = (
@@ -299,10 +297,6 @@ class PyTreeWriter:
             self._shardings[base64.b64encode(param.encode("utf-8")).decode("ascii")] = sharding
         return key
 
-    def chunk_of(self, key: str) -> tuple[int, ...]:
-        """The chunk shape of array ``key``."""
-        return self._arrays[key].chunk
-
     def write(self, key: str, box: Box, values: np.ndarray) -> None:
         """Writes ``values`` at ``box`` of array ``key`` (copied: the caller may reuse them).
 
@@ -340,7 +334,6 @@ class PyTreeWriter:
             self._writes.append(write)
         nbytes = values.size * values.itemsize
         self._pending += nbytes
-        self.written_bytes += nbytes
         if self._pending >= self._batch_bytes:
             self._commit()
 

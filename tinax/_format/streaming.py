@@ -209,11 +209,6 @@ def split_box(box: Box, chunk: tuple[int, ...], itemsize: int, limit: int) -> li
     return parts
 
 
-def within(box: Box, bounds: Bounds) -> Box:
-    """``box`` relative to the piece at ``bounds`` (an index into the piece's values)."""
-    return tuple(slice(s.start - a, s.stop - a) for s, (a, _) in zip(box, bounds, strict=True))
-
-
 class PieceDigests:
     """The checksums of one array's pieces, taken as its boxes go by in each piece's
     C order, checked against the record saved with it (if any)."""

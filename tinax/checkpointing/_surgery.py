@@ -14,7 +14,6 @@ renamed at the end (local disk) or in place with ``commit_success.txt`` last
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -488,8 +487,3 @@ def new_context() -> Any:
 def pytree_source(source: OpenedSource, name: str) -> PyTreeSource:
     """The pytree checkpointable ``name`` of ``source``, its metadata read."""
     return open_pytree_source(source.checkpoint, source.checkpoint.get(name))
-
-
-def source_text(path: object) -> str:
-    """A source path as text, for messages."""
-    return os.fspath(path) if isinstance(path, str | os.PathLike) else repr(path)
