@@ -41,6 +41,7 @@ from tinax._format.keys import KeyPath, format_key
 from tinax._format.new_checkpoint import NewCheckpoint
 from tinax._format.storage import Location
 from tinax.checkpointing import _destination
+from tinax.checkpointing._training import STEP_KEY, TrainingCheckpointNames
 
 Progress = Callable[[int, int], None]
 Combine = Callable[[list[np.ndarray], streaming.Scratch], np.ndarray]
@@ -48,10 +49,9 @@ Combine = Callable[[list[np.ndarray], streaming.Scratch], np.ndarray]
 _COPIED_LAYOUTS = frozenset({layout.ITERATOR, layout.JSON, layout.EMPTY})
 
 
-# A training checkpoint keeps its step in this checkpointable (``TrainingCheckpointNames``'s
-# default), under this key.
-_AUXILIARY = "auxiliary"
-_STEP_KEY = "['step']"
+# Where a training checkpoint keeps its step (``TrainingCheckpointNames``'s default).
+_AUXILIARY = TrainingCheckpointNames().auxiliary
+_STEP_KEY = format_key((STEP_KEY,))
 
 
 @dataclasses.dataclass(frozen=True)
