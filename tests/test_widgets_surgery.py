@@ -124,5 +124,12 @@ def test_average_of_ticked_checkpoints_opens_the_result(run, tmp_path):
         np.testing.assert_array_equal(got, expected)
         assert list(ex.lineage(tmp_path / "soup")["weight"]) == [0.25, 0.75]
         assert jnp.asarray(got).dtype == jnp.float32
+        # With fewer than two ticked, the steps picked in the run timeline are averaged.
+        runs.average_button.click()
+        assert not runs.average_box.children
+        runs.view.tick(paths[0], False)
+        explorer.timeline.picked_steps = [20, 30]
+        runs.average_button.click()
+        assert runs.average_box.children[0].sources == [f"{run}/step_{s:06d}" for s in (20, 30)]
     finally:
         explorer.close()
