@@ -450,6 +450,11 @@ def test_derive_and_average_between_a_bucket_and_a_local_disk(run, gcs, tmp_path
     ]
     with pytest.raises(FileExistsError):
         derive_checkpoint(run["paths"][0], f"{prefix}/bf16")
+    # From the bucket into it.
+    derive_checkpoint(f"{prefix}/bf16", f"{prefix}/copy", rename=[("^norm", "final_norm")])
+    copied = ex.checkpoint_table(f"{prefix}/copy")
+    assert "['final_norm']['scale']['value']" in set(copied["key"])
+    assert ex.verify(f"{prefix}/copy", data=True).ok
 
 
 def test_a_checkpoint_orbax_stored_in_whole_compressed_chunks_is_restored_in_slabs(tmp_path):
