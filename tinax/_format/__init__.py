@@ -49,5 +49,6 @@ New checkpoints made from others (derived, averaged):
 - ``streaming``: arrays read box by box, boxes planned, checksums taken as they go.
 - ``store_writer``: a pytree checkpointable written in Orbax's layout, box by box.
 - ``new_checkpoint``: the new directory, its root files, and its commit.
+- ``durable``: the files written synced, in the background and before the commit.
 - ``lineage``: the record of what a checkpoint was made from.
 """
