@@ -57,6 +57,8 @@ _OCDBT_CONFIG = {
 # Orbax's data files: up to 2 GiB each (400 MiB on an object store).
 _DATA_FILE_BYTES = 2**31
 _OBJECT_STORE_DATA_FILE_BYTES = 400 * 2**20
+# The value type Orbax gives a JAX array in ``_METADATA``.
+_JAX_ARRAY = "jax.Array"
 # Orbax's key types in ``key_metadata``.
 _SEQUENCE_KEY = 1
 _DICT_KEY = 2
@@ -282,7 +284,8 @@ class PyTreeWriter:
             self._kvstore.with_transaction(self._txn).write(prefix + names.ZARR3_METADATA, encoded)
         )
         self._arrays[key] = _Array(key, prefix, zarr, shape, dtype, chunk)
-        if value_metadata.get("value_type") != "scalar":
+        # Orbax keeps these for JAX arrays only (NumPy arrays and scalars have none).
+        if value_metadata.get("value_type") == _JAX_ARRAY:
             self._array_metadatas.append(
                 {
                     "array_metadata": {
