@@ -82,6 +82,7 @@ bench: install
 	$(PY) bench/export.py
 	$(PY) bench/reads.py
 	$(PY) bench/run_timeline.py
+	$(PY) bench/surgery.py
 
 # The wheels bench/accelerator.py needs on a machine with no package registry (a TPU
 # VM): tinax's runtime, explore extra, flax and optax, pinned to the lock, for CPython

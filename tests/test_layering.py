@@ -421,6 +421,7 @@ def test_explore_exports_its_tables_and_two_public_submodules() -> None:
         "diff_table",
         "verify",
         "export_safetensors",
+        "lineage",
         "run_table",
         "drift_table",
         "scan_run",

@@ -11,8 +11,9 @@ from typing import Any
 import ipywidgets as w
 import pandas as pd
 
+from tinax.explore import lineage
 from tinax.explore.display import key_matches
-from tinax.explore.toolkit import StagedLeaves, collector_paused, open_leaves
+from tinax.explore.toolkit import StagedLeaves, collector_paused, lineage_summary, open_leaves
 
 from ._data_check import DataCheck
 from ._diff import DiffView
@@ -22,6 +23,7 @@ from ._run_list import RunList
 from ._section import Section
 from ._services import Services
 from ._soundness import verdict_html
+from ._surgery import DerivePanel
 from ._table import Column, PagedTable, format_cell
 from ._text import error_html, format_bytes, note_html
 from ._tree import TreeView, size_bar_html, size_breakdown
@@ -37,6 +39,15 @@ _FILLED_LATER = ("shape", "dtype", "nbytes", "value")
 def _format_value(value: Any) -> str:
     text = format_cell(value)
     return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 1] + "…"
+
+
+def _lineage_html(path: str) -> str:
+    """What a derived or averaged checkpoint was made from, in a line; ``""`` for others."""
+    try:
+        text = lineage_summary(lineage(path))
+    except (OSError, ValueError) as e:
+        return error_html(e, title="Its lineage cannot be read:")
+    return note_html(text) if text else ""
 
 
 def _format_key(value: Any) -> str:
@@ -73,7 +84,9 @@ class CheckpointPane:
       checkpoint: Path of the open checkpoint, or ``None``.
       leaves: Its ``checkpoint_table`` (all rows); while ``filling``, keys and kinds only.
       filling: Whether its shapes and sizes are being read in the background.
-      data_check, diff_view, export_button, export_box: The actions and their panels.
+      data_check, diff_view, export_button, derive_button, export_box: The actions and
+        their panels ("export…" and "derive…" open theirs in ``export_box``).
+      lineage: What a derived or averaged checkpoint was made from, in a line.
       data_section, diff_section: The sections of the data check and of the diff.
       checkpointable_filter, key_filter: The filters of the leaves (and of the diff).
       leaves_as: Shows the leaves as a ``"tree"`` or as a ``"table"``.
@@ -146,10 +159,17 @@ class CheckpointPane:
             description="export…", icon="download", tooltip="write its arrays as safetensors"
         )
         self.export_button.on_click(guard(self._on_export))
+        self.derive_button = w.Button(
+            description="derive…",
+            icon="copy",
+            tooltip="a new checkpoint from this one: params only, cast, some keys",
+        )
+        self.derive_button.on_click(guard(self._on_derive))
+        self.lineage = w.HTML("")
         # Each action's panel opens right under the row of buttons.
         self.export_box = w.VBox([])
         self.actions = w.HBox(
-            [self.verdict, self.data_check.button, self.export_button],
+            [self.verdict, self.data_check.button, self.export_button, self.derive_button],
             layout=w.Layout(flex_flow="row wrap", align_items="center"),
         )
         self.data_section = Section("data check", "<b>Data check</b>", [self.data_check])
@@ -161,6 +181,7 @@ class CheckpointPane:
             "checkpoint",
             "",
             [
+                self.lineage,
                 self.size_bar,
                 self.actions,
                 self.export_box,
@@ -230,6 +251,7 @@ class CheckpointPane:
         self.size_bar.value = ""
         self.section.show(False)
         self.verdict.value = ""
+        self.lineage.value = ""
         self.data_check.set_path(None)
         self.data_section.show(False)
         self.export_box.children = ()
@@ -343,6 +365,7 @@ class CheckpointPane:
             else size_bar_html(size_breakdown(self.tree_view.tree))
         )
         self.verdict.value = note_html("checking the checkpoint…")
+        self.lineage.value = _lineage_html(path)
         self.data_check.set_path(path)
         self.export_box.children = ()
         self.set_comparable()
@@ -396,10 +419,21 @@ class CheckpointPane:
 
     def _on_export(self, _button: Any = None) -> None:
         """Opens the export panel of the open checkpoint under the actions, or closes it."""
-        if self.export_box.children:
+        if self.export_box.children and isinstance(self.export_box.children[0], ExportPanel):
             self.export_box.children = ()
         elif self.checkpoint is not None:
             self.export_box.children = (ExportPanel(self.checkpoint),)
+
+    def _on_derive(self, _button: Any = None) -> None:
+        """Opens the derive panel of the open checkpoint under the actions, or closes it."""
+        if self.export_box.children and isinstance(self.export_box.children[0], DerivePanel):
+            self.export_box.children = ()
+        elif self.checkpoint is not None:
+            self.export_box.children = (DerivePanel(self.checkpoint, on_done=self._open_new),)
+
+    def _open_new(self, path: str) -> None:
+        """Opens a checkpoint just written from this one (see ``RunList.open_written``)."""
+        self._runs.open_written(path)
 
     def _on_data_check(self) -> None:
         self.data_section.show(True)

@@ -147,10 +147,18 @@ class CheckpointExplorer(w.VBox):
         )
         self.timeline_section.toggle.on_click(lambda _: self.timeline.load())
         self.heading = w.HTML(run_heading(self._shown_root, ""))
+        # "average…" takes the checkpoints ticked in the list, or the timeline's two picks.
+        self.runs.other_picks = self._timeline_picks
         self.run_section = Section(
             "run",
             "<b>Checkpoints</b>",
-            [self.runs.controls, self.runs.view, self.runs.interrupted],
+            [
+                self.runs.controls,
+                self.runs.view,
+                self.runs.interrupted,
+                self.runs.average_button,
+                self.runs.average_box,
+            ],
         )
         super().__init__(
             children=[
@@ -367,6 +375,15 @@ class CheckpointExplorer(w.VBox):
 
     def _on_poll_interval(self, change: Any) -> None:
         self.runs.set_poll_interval(float(change["new"]))
+
+    def _timeline_picks(self) -> list[str]:
+        """The paths of the steps picked in the run timeline."""
+        table = self.runs.checkpoints
+        if table.empty:
+            return []
+        done = table[(table["status"] == COMPLETE) & table["step"].notna()]
+        by_step = {int(s): str(p) for s, p in zip(done["step"], done["path"], strict=True)}
+        return [by_step[s] for s in self.timeline.picked_steps if s in by_step]
 
     # -- services -------------------------------------------------------------------
 

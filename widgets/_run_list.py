@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 import threading
@@ -13,11 +14,13 @@ import ipywidgets as w
 import pandas as pd
 
 from tinax import explore
+from tinax.explore.toolkit import resolve_path
 from tinax.vocabulary import COMPLETE, IN_PROGRESS, INTERRUPTED
 
 from ._guard import shown_in_widget
 from ._interrupted import InterruptedSaves
 from ._services import Services
+from ._surgery import AveragePanel
 from ._table import Column, PagedTable, RowLook, format_cell
 from ._task import start_thread
 from ._text import format_age, format_bytes
@@ -139,6 +142,10 @@ class RunList:
       controls: The step range, "go to step" and its button.
       interrupted: The interrupted saves and their removal.
       refresh_button, watch_box: Re-list now; re-list periodically.
+      ticked: Paths of the complete checkpoints whose tick box is ticked.
+      average_button, average_box: "average…" and the panel it opens for the
+        ticked checkpoints (or, with fewer than two ticked, those ``other_picks``
+        gives: the run timeline's picked steps).
     """
 
     def __init__(
@@ -188,10 +195,20 @@ class RunList:
         )
         self.watch_box.observe(guard(lambda c: self._on_watch(bool(c["new"]))), names="value")
         self.interrupted = InterruptedSaves(on_removed=self.refresh)
+        self.ticked: list[str] = []
+        self.other_picks: Callable[[], list[str]] = list
+        self.average_button = w.Button(
+            description="average…",
+            icon="compress",
+            tooltip="the average of the checkpoints ticked (or picked in the timeline)",
+        )
+        self.average_button.on_click(guard(lambda _: self.show_average()))
+        self.average_box = w.VBox([])
         self.view = PagedTable(
             CHECKPOINT_COLUMNS,
             page_size=page_size,
-            look=_checkpoint_look,
+            look=self._look,
+            on_check=guard(self._on_tick),
             empty_text="no checkpoints yet",
             sort_field="step",
             ascending=False,
@@ -298,6 +315,53 @@ class RunList:
             return int(rows["nbytes"].iloc[0])
         return None
 
+    def show_average(self) -> None:
+        """Opens the average panel of the ticked checkpoints (or the timeline's picks);
+        a second click closes it.
+
+        Raises:
+          ValueError: If fewer than two complete checkpoints are ticked or picked.
+        """
+        if self.average_box.children:
+            self.average_box.children = ()
+            return
+        paths = list(self.ticked) if len(self.ticked) >= 2 else self.other_picks()
+        if len(paths) < 2:
+            raise ValueError(
+                "tick two or more complete checkpoints in the list (or pick two steps in "
+                "the run timeline) to average them"
+            )
+        by_step = self.checkpoints.loc[paths, "step"] if len(self.checkpoints) else None
+        if by_step is not None and by_step.notna().all():
+            paths = [str(p) for p in by_step.sort_values(kind="stable").index]
+        self.average_box.children = (AveragePanel(paths, on_done=self.open_written),)
+
+    def open_written(self, path: str) -> None:
+        """Lists the run again and opens ``path``, a checkpoint just written into it; a
+        note says where it went when the run does not hold it."""
+        self.refresh()
+        where = resolve_path(path)
+        with self._services.lock:
+            if where in self.checkpoints.index:
+                self.open_checkpoint(where)
+            else:
+                self._services.note(f"wrote {where}: outside this run, not listed here", "#1b5e20")
+
+    def _look(self, row: pd.Series) -> RowLook:
+        look = _checkpoint_look(row)
+        if str(row.get("status", "")) != COMPLETE:
+            return look
+        return dataclasses.replace(look, check=str(row.get("path", "")) in self.ticked)
+
+    def _on_tick(self, label: Any, value: bool) -> None:
+        path = str(label)
+        with self._services.lock:
+            if value and path not in self.ticked:
+                self.ticked.append(path)
+            elif not value and path in self.ticked:
+                self.ticked.remove(path)
+            self.view.show(self._in_step_range(self.checkpoints), keep_page=True)
+
     def unpick(self, path: str | None = None) -> None:
         """Clears the picked row (only if it is ``path``'s, when given)."""
         label = self.view.selected
@@ -348,6 +412,7 @@ class RunList:
         table.index.name = None
         changed = not self._same_listing(self.checkpoints, table)
         self.checkpoints = table
+        self.ticked = [p for p in self.ticked if p in table.index]
         parts = [listing_summary(table)]
         if table.attrs.get("policy"):
             parts.append(table.attrs["policy"])

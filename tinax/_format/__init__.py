@@ -41,4 +41,14 @@ Arrays and their bytes:
 Restores:
 
 - ``fit``: whether restore targets fit a checkpoint, leaf by leaf.
+
+New checkpoints made from others (derived, averaged):
+
+- ``treeplan``: which leaves are kept, under which keys, and that they make a tree.
+- ``copy_source``: a source pytree's metadata, as a writer stores it again.
+- ``streaming``: arrays read box by box, boxes planned, checksums taken as they go.
+- ``store_writer``: a pytree checkpointable written in Orbax's layout, box by box.
+- ``new_checkpoint``: the new directory, its root files, and its commit.
+- ``durable``: the files written synced, in the background and before the commit.
+- ``lineage``: the record of what a checkpoint was made from.
 """

@@ -27,6 +27,10 @@ CORRUPT_RECORD = "_TINAX_FOUND_CORRUPT"
 # blocked its caller and took in all). No load reads it; ``run_table`` does.
 SAVE_TIMES = "_TINAX_SAVE_TIMES"
 SAVE_TIMES_FORMAT = "tinax.save_times/1"
+# Written into a checkpoint made from others (derived, averaged) before it commits (JSON:
+# its sources, their steps and checksum records, the operation and its arguments).
+LINEAGE = "_TINAX_LINEAGE"
+LINEAGE_FORMAT = "tinax.lineage/1"
 METRICS = "metrics"
 
 # Names Orbax writes or reserves at a checkpoint's root; no checkpointable may take one.
@@ -39,6 +43,7 @@ RESERVED_ROOT_NAMES = frozenset(
         DELETION_MARKER,
         CORRUPT_RECORD,
         SAVE_TIMES,
+        LINEAGE,
         "_METADATA",
         ROOT_METADATA,
     }

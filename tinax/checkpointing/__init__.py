@@ -6,10 +6,12 @@ support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
 from tinax._targets import NumpyTarget, abstract_restore_target
+from tinax.checkpointing._average import average_checkpoints
 from tinax.checkpointing._checkpointable_names import validate_checkpointable_name
 from tinax.checkpointing._checkpointables import load_checkpointables, save_checkpointables
 from tinax.checkpointing._checksummed_handler import CorruptDataError
 from tinax.checkpointing._context import compression
+from tinax.checkpointing._derive import derive_checkpoint
 from tinax.checkpointing._destination import remove_interrupted_save
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._run import TrainingRun
@@ -32,7 +34,9 @@ __all__ = [
     "TrainingRun",
     "abstract_restore_target",
     "allow_lossy_casts",
+    "average_checkpoints",
     "compression",
+    "derive_checkpoint",
     "load_checkpointables",
     "load_safetensors",
     "load_training_checkpoint",

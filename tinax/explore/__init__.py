@@ -19,6 +19,7 @@ from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._compare import compare_table
 from tinax.explore._diff import diff_table
 from tinax.explore._export import export_safetensors
+from tinax.explore._lineage import lineage
 from tinax.explore._listing import list_checkpoints
 from tinax.explore._live import state_table
 from tinax.explore._readable import readable
@@ -35,6 +36,7 @@ __all__ = [
     "display",
     "drift_table",
     "export_safetensors",
+    "lineage",
     "list_checkpoints",
     "read_leaf",
     "readable",

@@ -5,10 +5,12 @@ dashboard, a script that watches a run.
 ``checkpoint_table``, ``diff_table``, ``verify``, …). What such a tool needs beside
 them lives here: a checkpoint's leaves staged for a large checkpoint, one leaf's
 statistics, the verification's parts, a run directory's names and sizes, the
-listing's cache, and the human units. Like the rest of ``tinax.explore``, nothing
+listing's cache, the human units, and what a derived or averaged checkpoint would
+hold before it is written. Like the rest of ``tinax.explore``, nothing
 here imports JAX, Orbax or ipywidgets.
 """
 
+from tinax.explore._lineage import lineage_summary
 from tinax.explore._listing import ListingCache
 from tinax.explore._live import leaf_key
 from tinax.explore._ranking import sort_by_change
@@ -30,6 +32,7 @@ from tinax.explore._summary import (
     leaf_statistics,
     leaf_summary,
 )
+from tinax.explore._surgery_preview import average_preview, derive_preview
 from tinax.explore._verify.verification import (
     DEFAULT_CHECKS,
     Check,
@@ -53,9 +56,11 @@ __all__ = [
     "StoredArray",
     "Verification",
     "VerifyTarget",
+    "average_preview",
     "bytes_written",
     "check_new_checkpoint_name",
     "collector_paused",
+    "derive_preview",
     "existing_directory",
     "human_bytes",
     "human_duration",
@@ -63,6 +68,7 @@ __all__ = [
     "leaf_key",
     "leaf_statistics",
     "leaf_summary",
+    "lineage_summary",
     "next_checkpoint_name",
     "open_leaves",
     "path_exists",

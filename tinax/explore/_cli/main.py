@@ -4,8 +4,9 @@ terminal, or as JSON or CSV for scripts.
 ``tinax ls ROOT`` lists a run's checkpoints (with its metric and why each is kept),
 ``tinax show PATH`` a checkpoint's leaves or (``--leaf``) one leaf, ``tinax diff A B``
 compares two checkpoints, ``tinax verify PATH`` checks a checkpoint or every
-checkpoint of a run, ``tinax export CKPT OUT`` writes safetensors, and ``tinax run
-ROOT`` prints the run at a glance. ``tinax PATH`` is ``ls`` for a run and ``show``
+checkpoint of a run, ``tinax export CKPT OUT`` writes safetensors, ``tinax run
+ROOT`` prints the run at a glance, and ``tinax derive SRC DST`` and ``tinax average
+SRC … --out DST`` make new checkpoints from old ones (``surgery``). ``tinax PATH`` is ``ls`` for a run and ``show``
 for a checkpoint.
 
 Text output fits the terminal's width (``COLUMNS``, else the terminal's, else 80
@@ -38,6 +39,7 @@ from tinax._format import keys as _keys
 from tinax._format import words
 from tinax.explore import display
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
+from tinax.explore._cli import surgery
 from tinax.explore._cli import terminal as term
 from tinax.explore._cli.args import (
     _diff_parser,
@@ -71,7 +73,7 @@ __all__ = ["console", "jsonable", "main"]
 PROG = "tinax"
 # The first argument names a command only when more follow: a directory called
 # "diff" or "verify" is still shown with ``tinax diff``.
-COMMANDS = ("ls", "show", "diff", "verify", "export", "run")
+COMMANDS = ("ls", "show", "diff", "verify", "export", "run", "derive", "average")
 # Exit statuses of ``diff``, as diff(1)'s.
 SAME, DIFFERENT, TROUBLE = 0, 1, 2
 # A PRNG key leaf shows this many keys' data in text.
@@ -168,6 +170,10 @@ def _show_checkpoint(path: str, args: argparse.Namespace, out: TextIO) -> None:
         _machine(table, args.json, out)
         return
     total = term.width()
+    made = surgery.lineage_line(path)
+    if made:
+        _say(made, out, total)
+        print(file=out)
     # One block per checkpointable: its name once, what its keys share, its table.
     for name, rows in table.groupby("checkpointable", sort=False):
         rows = _with_key_kind(_natural(rows.reset_index(drop=True)))
@@ -422,7 +428,8 @@ def main(
 ) -> int:
     """Runs the command line; returns the exit status.
 
-    ``ls``, ``show``, ``diff``, ``verify``, ``export`` and ``run`` are commands;
+    ``ls``, ``show``, ``diff``, ``verify``, ``export``, ``run``, ``derive`` and
+    ``average`` are commands;
     anything else shows a run or a checkpoint. The status is 1 for an unreadable
     path, for ``verify`` also for a checkpoint that is not sound, and for ``diff``
     1 when the checkpoints differ and 2 on trouble.
@@ -448,6 +455,8 @@ def main(
             return _export(argv[1:], out, err, prog)
         if command == "run":
             return _run(argv[1:], out, err, prog)
+        if command in ("derive", "average"):
+            return surgery.run(command, argv[1:], out, err, prog)
         if command == "ls":
             args = _ls_parser(prog).parse_args(argv[1:])
             args.leaf = None

@@ -1,0 +1,157 @@
+"""``tinax derive`` and ``tinax average``: new checkpoints made from old ones, and the
+line ``tinax show`` gives a checkpoint's lineage."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import pandas as pd
+
+from tinax.explore._checkpoint import checkpoint_table
+from tinax.explore._cli import terminal as term
+from tinax.explore._cli.args import _add_output, _Parser
+from tinax.explore._cli.output import _dump, _progress, _records, _say
+from tinax.explore._export import CAST_DTYPES
+from tinax.explore._lineage import lineage, lineage_summary
+
+
+def _derive_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=f"{prog} derive",
+        description=(
+            "Write a new checkpoint made from one: only some checkpointables (--only), "
+            "only the leaves whose dotted key a regular expression finds (--keys), "
+            "floating-point arrays cast (--cast), keys rewritten (--rename). Streamed, "
+            "checked against the source's checksums, written atomically, with its lineage."
+        ),
+    )
+    parser.add_argument("source", help="a checkpoint directory (local or gs://)")
+    parser.add_argument("destination", help="the new checkpoint's directory (must not exist)")
+    parser.add_argument(
+        "--only", nargs="+", metavar="NAME", help="only these checkpointables (e.g. model)"
+    )
+    parser.add_argument(
+        "--keys",
+        metavar="REGEX",
+        help="only leaves whose dotted key (blocks.0.up.kernel) this regular expression finds",
+    )
+    parser.add_argument(
+        "--cast",
+        choices=CAST_DTYPES,
+        metavar="DTYPE",
+        help=f"store floating-point arrays as DTYPE ({', '.join(CAST_DTYPES)})",
+    )
+    parser.add_argument(
+        "--rename",
+        nargs="+",
+        metavar="PATTERN=REPLACEMENT",
+        help="rewrite dotted keys: a regular expression, =, its replacement (\\1 for a "
+        "group; split at the last =)",
+    )
+    _add_output(parser, csv_too=False)
+    return parser
+
+
+def _average_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=f"{prog} average",
+        description=(
+            "Write a new checkpoint whose floating-point leaves are the (weighted) mean of "
+            "several checkpoints of one structure; every other leaf must be equal in all. "
+            "Streamed, checked against the sources' checksums, written atomically, with "
+            "its lineage."
+        ),
+    )
+    parser.add_argument("sources", nargs="+", help="two or more checkpoint directories")
+    parser.add_argument(
+        "--out", required=True, metavar="DST", help="the new checkpoint's directory"
+    )
+    parser.add_argument(
+        "--weights",
+        nargs="+",
+        type=float,
+        metavar="W",
+        help="one non-negative weight per source (normalised); equal by default",
+    )
+    parser.add_argument(
+        "--only", nargs="+", metavar="NAME", help="only these checkpointables (e.g. model)"
+    )
+    parser.add_argument(
+        "--keys",
+        metavar="REGEX",
+        help="only leaves whose dotted key this regular expression finds (an RNG "
+        "counter that differs between steps can be left out so)",
+    )
+    _add_output(parser, csv_too=False)
+    return parser
+
+
+def run(command: str, argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
+    """Runs ``derive`` or ``average``; returns the exit status (errors are raised)."""
+    # tinax.checkpointing brings JAX and Orbax: imported only by these two commands.
+    from tinax.checkpointing import average_checkpoints, derive_checkpoint
+
+    start = time.perf_counter()
+    if command == "derive":
+        args = _derive_parser(prog).parse_args(argv)
+        destination = args.destination
+        with _progress(err, "deriving") as progress:
+            derive_checkpoint(
+                args.source,
+                destination,
+                checkpointables=args.only,
+                keys=args.keys,
+                cast=args.cast,
+                rename=args.rename,
+                progress=progress,
+            )
+    else:
+        args = _average_parser(prog).parse_args(argv)
+        destination = args.out
+        with _progress(err, "averaging") as progress:
+            average_checkpoints(
+                args.sources,
+                destination,
+                weights=args.weights,
+                checkpointables=args.only,
+                keys=args.keys,
+                progress=progress,
+            )
+    _report(destination, time.perf_counter() - start, args.json, out)
+    return 0
+
+
+def _report(destination: str, seconds: float, as_json: bool, out: TextIO) -> None:
+    table = checkpoint_table(destination)
+    made = lineage(destination)
+    nbytes = int(pd.to_numeric(table["nbytes"], errors="coerce").fillna(0).sum())
+    if as_json:
+        record: dict[str, Any] = {
+            "checkpoint": destination,
+            "operation": made.attrs.get("operation"),
+            "arguments": made.attrs.get("arguments"),
+            "sources": _records(made.drop(columns=["arguments", "operation"])),
+            "checkpointables": list(dict.fromkeys(str(n) for n in table["checkpointable"])),
+            "leaves": len(table),
+            "nbytes": nbytes,
+            "seconds": round(seconds, 3),
+        }
+        _dump(record, out)
+        return
+    total = term.width()
+    count = table["checkpointable"].nunique()
+    _say(
+        f"{destination}: {len(table):,} leaves in {count} checkpointable"
+        f"{'s' if count != 1 else ''}, {term.human_bytes(nbytes)}, written in {seconds:.1f} s",
+        out,
+        total,
+    )
+    _say(lineage_summary(made, full_paths=True), out, total)
+
+
+def lineage_line(path: str) -> str:
+    """What ``tinax show`` says of a checkpoint's lineage (``""`` for none)."""
+    return lineage_summary(lineage(path), full_paths=True)
