@@ -128,9 +128,11 @@ def open_source(path: object) -> OpenedSource:
     Raises:
       TypeError, ValueError, FileNotFoundError: As a load raises them.
     """
-    given = _paths.text_path(path, what="source")
-    src = _paths.load_source(path)
-    checkpoint = layout.open_checkpoint(src.snapshot())
+    if isinstance(path, layout.Checkpoint):
+        given = str(path.path)
+    else:
+        given = _paths.text_path(path, what="source")
+    checkpoint = _paths.load_source(path)
     record = layout.read_checkpoint_record(checkpoint.path) if _has_record(checkpoint) else None
     meta_custom = _custom_metadata(checkpoint) if record is not None else None
     return OpenedSource(
