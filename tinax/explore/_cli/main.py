@@ -35,8 +35,10 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
+from tinax import _paths
 from tinax._format import keys as _keys
 from tinax._format import words
+from tinax._format.storage import Location
 from tinax.explore import display
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._cli import surgery
@@ -63,7 +65,7 @@ from tinax.explore._cli.terminal import Column, jsonable
 from tinax.explore._cli.verify import _verify, is_run
 from tinax.explore._diff import diff_table
 from tinax.explore._export import export_safetensors
-from tinax.explore._listing import list_checkpoints
+from tinax.explore._listing import listing as checkpoints_listed
 from tinax.explore._ranking import PRNG_KEY, value_kind
 from tinax.explore._run_view.retention import retention_table, run_policy
 from tinax.explore._summary import leaf_summary
@@ -125,9 +127,9 @@ _FILES = (
 # -- ls ------------------------------------------------------------------------------------
 
 
-def _listing(root: str) -> pd.DataFrame:
+def _listing(root: Location) -> pd.DataFrame:
     """``list_checkpoints`` with the run's metric and why each checkpoint is kept."""
-    table = list_checkpoints(root)
+    table = checkpoints_listed(root)
     kept = retention_table(root) if is_run(root) else None
     if kept is None or kept.empty:
         return table
@@ -141,7 +143,9 @@ def _listing(root: str) -> pd.DataFrame:
     return joined
 
 
-def _show_listing(root: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+def _show_listing(path: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+    # Listed once: the listing, the run's record and its policy are read through it.
+    root = _paths.listed_directory(path)
     table = _listing(root)
     errors: dict[str, str] = table.attrs.get("errors", {})
     policy = run_policy(root) if is_run(root) else None

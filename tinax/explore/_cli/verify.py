@@ -11,6 +11,7 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format import layout, names, words
+from tinax._format.storage import Location
 from tinax.explore._cli import terminal as term
 from tinax.explore._cli.args import _verify_parser
 from tinax.explore._cli.output import _csv, _dump, _progress, _records, _say
@@ -36,9 +37,9 @@ _CHECKS = (
 )
 
 
-def is_run(path: str) -> bool:
+def is_run(path: str | Location) -> bool:
     """Whether ``path`` is a directory of checkpoints rather than one checkpoint."""
-    return not layout.looks_like_checkpoint(_paths.existing_directory(path))
+    return not layout.looks_like_checkpoint(_paths.listed_directory(path))
 
 
 def _verify_one(path: str, data: bool, err: TextIO, description: str) -> Verification:
