@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from tinax._format import blocks
 from tinax._format.arrays import ValueRef
 from tinax._format.storage import Location
 
@@ -145,17 +146,17 @@ class RawArray:
                 local = tuple(
                     slice(a - s.start, b - s.start) for a, b, s in zip(lo, hi, box, strict=True)
                 )
-                fd = self._fd(self.values[self._grid(index)].file, fds)
+                file = self.values[self._grid(index)].file
                 # The chunk's rows land contiguously in ``out`` when it spans the
                 # region's trailing extent and is cut, if at all, along the first axis.
                 trailing = all(hi[d] - lo[d] == chunk[d] == out.shape[d] for d in range(1, rank))
                 target = out[local] if rank else out
                 if (rank == 0 or trailing) and target.flags.c_contiguous:
-                    _pread(fd, target.reshape(-1).view(np.uint8), offset)
+                    self._read_at(file, target.reshape(-1).view(np.uint8), offset, fds)
                 else:
                     if scratch is None:
                         scratch = np.empty(chunk, self.dtype)
-                    _pread(fd, scratch.reshape(-1).view(np.uint8), offset)
+                    self._read_at(file, scratch.reshape(-1).view(np.uint8), offset, fds)
                     out[local] = scratch[
                         tuple(slice(0, b - a) for a, b in zip(lo, hi, strict=True))
                     ]
@@ -177,11 +178,11 @@ class RawArray:
                 if length != nbytes:
                     raise Unsupported("a chunk is not of the size its shape says")
                 first, last = max(i * rows, start), min((i + 1) * rows, stop)
-                fd = self._fd(self.values[self._grid(index)].file, fds)
-                _pread(
-                    fd,
+                self._read_at(
+                    self.values[self._grid(index)].file,
                     flat[(first - start) * row_bytes : (last - start) * row_bytes],
                     offset + (first - i * rows) * row_bytes,
+                    fds,
                 )
         finally:
             for fd in fds.values():
@@ -190,17 +191,31 @@ class RawArray:
     def _grid(self, index: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(i // n for i, n in zip(index, self._inner, strict=True))
 
+    def _file(self, file: str) -> Location:
+        where = self.directory
+        for part in filter(None, file.split("/")):
+            where = where / part
+        return where
+
     def _fd(self, file: str, fds: dict[str, int]) -> int:
         fd = fds.get(file)
         if fd is None:
-            where = self.directory
-            for part in filter(None, file.split("/")):
-                where = where / part
             try:
-                fd = fds[file] = _open_regular(where.path)
+                fd = fds[file] = _open_regular(self._file(file).path)
             except OSError as e:
                 raise Unsupported(str(e)) from None
         return fd
+
+    def _read_at(self, file: str, into: np.ndarray, offset: int, fds: dict[str, int]) -> None:
+        """Fills ``into`` from the data file ``file`` at ``offset``: by ``pread`` on a local
+        disk, from blocks read ahead on an object store."""
+        if self.directory.is_local:
+            _pread(self._fd(file, fds), into, offset)
+            return
+        try:
+            blocks.read_into(self._file(file), into, offset)
+        except OSError as e:
+            raise Unsupported(str(e)) from None
 
     def _chunk_range(
         self, index: tuple[int, ...], nbytes: int, fds: dict[str, int]
@@ -216,9 +231,8 @@ class RawArray:
         index_bytes = 16 * count + 4
         if value.length < index_bytes:
             raise Unsupported("a shard is shorter than its index")
-        fd = self._fd(value.file, fds)
         table = np.empty(index_bytes, np.uint8)
-        _pread(fd, table, value.offset + value.length - index_bytes)
+        self._read_at(value.file, table, value.offset + value.length - index_bytes, fds)
         entries = table[: 16 * count].view("<u8").reshape(count, 2)
         position = 0
         for i, n in zip(index, inner, strict=True):
@@ -428,9 +442,12 @@ def _grid_index(name: bytes, rank: int, separator: str) -> tuple[int, ...] | Non
 
 def may_read(directory: Location) -> bool:
     """Whether arrays under ``directory`` can be read here at all: its files must be
-    on a local disk, where they can be read by offset. A caller asks this before it
-    looks an array's chunks up."""
-    return directory.is_local
+    read by offset, on a local disk or an object store's listed snapshot (whose data
+    files are read in large blocks, ``tinax._format.blocks``). A caller asks this
+    before it looks an array's chunks up."""
+    return directory.is_local or (
+        directory.storage.parallel_reads and directory.entry() is not None
+    )
 
 
 def raw_array(
@@ -505,9 +522,13 @@ def raw_array(
         sharded = True
     else:
         return None
-    if math.prod(chunk_shape) * dtype.itemsize < MIN_CHUNK_BYTES and math.prod(
-        chunk_shape
-    ) < math.prod(shape):
+    if (
+        directory.is_local
+        and math.prod(chunk_shape) * dtype.itemsize < MIN_CHUNK_BYTES
+        and math.prod(chunk_shape) < math.prod(shape)
+    ):
+        # On an object store a chunk read through tensorstore is a round trip of its
+        # own, which costs far more than the Python work here: every chunk is read raw.
         return None
     values: dict[tuple[int, ...], ValueRef] = {}
     for key, value in stored.items():
