@@ -101,10 +101,11 @@ class TrainingRun:
     (crash-safe, see the module docstring). ``restore`` loads the newest checkpoint
     that loads, skipping damaged ones with a warning and setting them aside once an
     older one has loaded. A SIGTERM makes the next ``save`` save and wait for its
-    commit, so the loop can ``break``; a loop that goes on instead is ended at its
-    next ``save`` (or ``should_save``) as SIGTERM would have ended it
-    (``on_preemption="exit"``), or goes on saving by its interval
-    (``on_preemption="continue"``).
+    commit, and only then sets ``preempted``, so the loop can ``break`` (a SIGTERM
+    between a ``save`` and the loop's check is saved at the next step); a loop
+    that goes on instead is ended at its next ``save`` (or ``should_save``) as
+    SIGTERM would have ended it (``on_preemption="exit"``), or goes on saving by
+    its interval (``on_preemption="continue"``).
 
     Example::
 
@@ -233,7 +234,23 @@ class TrainingRun:
 
     @property
     def preempted(self) -> bool:
-        """Whether a SIGTERM (on any process of the job) asked the run to stop."""
+        """Whether the run was preempted and its preemption save has committed: the
+        loop may end now without losing a step.
+
+        A SIGTERM (on any process of the job) makes the next ``save`` (or
+        ``should_save``) the preemption save, whatever the interval; this turns true
+        only once that save has committed. A SIGTERM that lands after a ``save`` and
+        before the loop reads this flag leaves it false until the next step's save
+        has committed, so ``if run.preempted: break`` never ends a loop with its
+        newest steps unsaved.
+        """
+        return self._preemption_saved is not None
+
+    @property
+    def preemption_requested(self) -> bool:
+        """Whether a SIGTERM (on any process of the job) asked the run to stop; the
+        next ``save`` is then the preemption save, and ``preempted`` turns true once
+        it has committed."""
         return self._preempted
 
     @property
