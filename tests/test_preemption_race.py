@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import grain
 import jax
