@@ -228,3 +228,17 @@ def test_export_warns_before_writing_nan_weights(nnx_run, tmp_path):
     assert status == 0
     assert err.startswith("tinax export: warning: export of ") and err.count("\n") == 1
     assert "layers.1.kernel (1,024 NaN)" in err
+
+
+def test_tinax_diff_says_which_leaves_went_nan_at_any_width(nnx_run):
+    before, after = nnx_run / _name(LAST_FINITE_STEP), nnx_run / _name(NAN_STEP)
+    for columns in (80, 100, 160):
+        status, text, _ = _tinax("diff", before, after, columns=columns)
+        assert status == 1
+        lines = text.splitlines()
+        assert lines[-1].endswith("; 20 became non-finite")
+        # The first row is a leaf that went NaN, told so; never a 0 % change.
+        assert "became non-finite" in lines[3] and " 0 %" not in text
+        if columns >= 100:
+            # The later side's NaN count shows before the earlier side's zeros.
+            assert "nan_b" in lines[2] and "nan_a" not in lines[2]

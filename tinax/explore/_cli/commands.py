@@ -81,11 +81,13 @@ _DIFF = (
     Column("shape_a", "shape", term.shape, priority=3),
     Column("dtype_a", "dtype", priority=4),
     Column("max_abs_diff", "max_abs_diff", term.number, priority=5, right=True),
-    Column("cosine", "cosine", term.number, priority=6, right=True),
-    Column("nan_a", "nan_a", term.number, priority=7, right=True),
-    Column("nan_b", "nan_b", term.number, priority=7, right=True),
-    Column("inf_a", "inf_a", term.number, priority=8, right=True),
-    Column("inf_b", "inf_b", term.number, priority=8, right=True),
+    Column("cosine", "cosine", term.number, priority=7, right=True),
+    # The later side's NaN and Inf matter most (where a run went); zeros are blank,
+    # so that a column of them gives way.
+    Column("nan_a", "nan_a", term.count_if_any, priority=8, right=True),
+    Column("nan_b", "nan_b", term.count_if_any, priority=6, right=True),
+    Column("inf_a", "inf_a", term.count_if_any, priority=8, right=True),
+    Column("inf_b", "inf_b", term.count_if_any, priority=7, right=True),
 )
 _FILES = (
     Column("file", "file", priority=0),
@@ -436,7 +438,13 @@ def diff(args: argparse.Namespace, out: TextIO) -> int:
     told = table["change"].astype(object).where(table["change"] != table["status"], None)
     term.render(table.assign(change=told), _DIFF, out, total, checkpointables=names)
     counts = table["status"].value_counts()
-    _say(", ".join(f"{n} {status}" for status, n in counts.items()) or "no leaves", out, total)
+    said = ", ".join(f"{n} {status}" for status, n in counts.items()) or "no leaves"
+    changed = table[table["status"] == words.CHANGED]
+    for marker in words.NONFINITE_CHANGES:
+        found = int((changed["nonfinite"] == marker).sum())
+        if found:
+            said += f"; {found} {marker}"
+    _say(said, out, total)
     return EXIT_NO if differ else EXIT_OK
 
 

@@ -62,11 +62,6 @@ def _as_logged(table: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
-def _count_if_any(value: Any) -> str:
-    """A count, blank when zero (a column of zeros is left out)."""
-    return "" if term.is_missing(value) or value == 0 else term.number(value)
-
-
 def _measured(value: Any) -> str:
     """A metric: ``nan`` for a NaN that was logged, blank for nothing recorded."""
     if isinstance(value, float) and math.isnan(value):
@@ -141,7 +136,7 @@ def _show_drift(drift: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
             Column("rel_update", "rel_update", term.number, priority=0, right=True),
             Column("cosine", "cosine", term.number, priority=3, right=True),
             Column("max_abs_diff", "max_abs_diff", term.number, priority=4, right=True),
-            Column("unreadable", "unreadable", _count_if_any, priority=5, right=True),
+            Column("unreadable", "unreadable", term.count_if_any, priority=5, right=True),
         )
         shown = ranked if top <= 0 else ranked.head(top)
         term.render(shown, columns, out, total)

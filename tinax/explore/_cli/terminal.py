@@ -81,6 +81,11 @@ def number(value: Any) -> str:
     return str(value)
 
 
+def count_if_any(value: Any) -> str:
+    """A count, blank when zero: a column of zeros (no NaN anywhere) gives way."""
+    return "" if is_missing(value) or value == 0 else number(value)
+
+
 def shape(value: Any) -> str:
     if is_missing(value):
         return ""
