@@ -84,6 +84,9 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         record: dict[str, Any] = {"root": args.root, "checkpoints": _records(table)}
         if drift is not None:
             record["drift"] = _records(drift)
+            # The leaves not compared, with why: never silently left out.
+            unreadable = drift.attrs.get("unreadable")
+            record["drift_unreadable"] = [] if unreadable is None else _records(unreadable)
         if scan is not None:
             record["scan"] = _records(scan)
             record["first_nonfinite_step"] = scan.attrs.get("first_nonfinite_step")

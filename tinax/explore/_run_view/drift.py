@@ -129,7 +129,8 @@ def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDr
             )
             continue
         same = row.status == words.SAME
-        read = not (same and row.decoded is not True)
+        decoded = row.decoded
+        read = not same or (decoded is not pd.NA and decoded is not None and bool(decoded))
         norm_a, norm_b = _number(row.norm_a), _number(row.norm_b)
         nan = _count(row.nan_a) + _count(row.nan_b)
         inf = _count(row.inf_a) + _count(row.inf_b)
