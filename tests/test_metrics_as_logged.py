@@ -42,6 +42,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
                 "scale": jnp.asarray(2.0, jnp.bfloat16),
                 "tokens": np.asarray(step * 100),  # a 0-d integer array
                 "eval": {"loss": jnp.float32(loss + 1)},  # nested: eval.loss
+                "histogram": np.arange(3.0),  # not 0-d: no metric
             }
             run.save(step, {"w": np.ones(2, np.float32)}, {}, jax.random.key(0), auxiliary, it)
     return root
@@ -49,7 +50,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_every_0d_metric_is_a_run_table_column(run_dir):
     table = ex.run_table(run_dir)
-    assert {"loss", "lr", "scale", "tokens", "eval.loss"} <= set(table.attrs["metrics"])
+    assert set(table.attrs["metrics"]) == {"loss", "lr", "scale", "tokens", "eval.loss"}
     newest = table.set_index("step").loc[4]
     assert newest["loss"] == pytest.approx(0.8) and newest["lr"] == 0.5
     assert newest["scale"] == 2.0 and newest["tokens"] == 400
@@ -70,7 +71,14 @@ def test_a_lossless_cast_of_a_metric_restores_and_a_lossy_one_names_the_fix(run_
         targets = ({"w": np.zeros(2, np.float32)}, {}, jax.random.key(0))
         restored = run.restore(
             *targets,
-            {"loss": 0.0, "lr": 0.0, "scale": 0.0, "tokens": 0, "eval": {"loss": 0.0}},
+            {
+                "loss": 0.0,
+                "lr": 0.0,
+                "scale": 0.0,
+                "tokens": 0,
+                "eval": {"loss": 0.0},
+                "histogram": np.zeros(3),
+            },
             it,
         )
         assert restored is not None and restored.step == 4

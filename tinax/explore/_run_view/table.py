@@ -81,13 +81,21 @@ def _little_bytes_codec(codec: object) -> bool:
     return isinstance(config, dict) and config.get("endian", "little") == "little"
 
 
+# What _inline_scalar says of an array that is no metric: its shape is not () (a
+# vector of the auxiliary state): not read at all.
+NOT_A_METRIC = object()
+
+
 def _inline_scalar(metadata: bytes, chunk: bytes | None) -> Any:
-    """The value of a zarr3 scalar whose one chunk is stored inline; ``None`` when the
-    array is not such a scalar (the caller then reads it through tensorstore)."""
+    """The value of a zarr3 scalar whose one chunk is stored inline; ``NOT_A_METRIC``
+    for an array that is not 0-d; ``None`` when the array is not such a scalar (the
+    caller then reads it through tensorstore)."""
     try:
         meta = json.loads(metadata)
     except (ValueError, RecursionError):
         return None
+    if isinstance(meta, dict) and isinstance(meta.get("shape"), list) and meta["shape"]:
+        return NOT_A_METRIC
     if not isinstance(meta, dict) or meta.get("zarr_format") != 3 or meta.get("shape") != []:
         return None
     try:
@@ -144,6 +152,7 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
     if not scalars:
         return {}
     found: dict[tuple[Any, ...], Any] = {}
+    skipped: set[tuple[Any, ...]] = set()  # arrays that are not 0-d
     if tree.ocdbt and tree.zarr3:
         ctx = arrays.context()
         stored = dict(arrays.walk_ocdbt(directory, ctx))
@@ -158,6 +167,9 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
             if not isinstance(metadata, bytes) or not isinstance(chunk, bytes | None):
                 continue
             value = _inline_scalar(metadata, chunk)
+            if value is NOT_A_METRIC:
+                skipped.add(leaf.path)
+                continue
             if value is None:
                 continue
             record = None if records is None else records.get(leaf.key)
@@ -167,13 +179,13 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
                     "its checksum"
                 )
             found[leaf.path] = value
-    if len(found) < len(scalars):
+    if len(found) + len(skipped) < len(scalars):
         from tinax.explore import _checkpoint
 
         ctx = arrays.context()
         rows = _checkpoint.pytree_leaves(directory.name, tree, ctx, values=True)
         for leaf, row in zip(tree.leaves, rows, strict=True):
-            if leaf.path in found or not leaf.stored:
+            if leaf.path in found or leaf.path in skipped or not leaf.stored:
                 continue
             if leaf.kind == words.SCALAR:
                 found[leaf.path] = row.value
