@@ -112,19 +112,24 @@ def test_drift_shows_the_nan_pairs_and_the_leaves_it_could_not_compare(nnx_run, 
     nan_rows = table[table["step"] >= NAN_STEP]
     assert (nan_rows["nan"] > 0).all() and nan_rows["rel_update"].isna().all()
     assert table[table["step"] < NAN_STEP]["rel_update"].notna().all()
-    assert (table["unreadable"] == 0).all() and table.attrs["unreadable"].empty
+    assert (table["unreadable"] == 0).all() and table.attrs["unreadable"] == []
     # A leaf damaged in one checkpoint: counted and listed, never silently left out.
     copy = tmp_path / "run"
     shutil.copytree(nnx_run, copy)
     flip_bits(*stored_value(copy / _name(2) / "model", "layers.1.kernel.value/c/0/0"))
     damaged = ex.drift_table(copy)
-    listed = damaged.attrs["unreadable"]
+    listed = pd.DataFrame(damaged.attrs["unreadable"])
     # Step 2's damaged kernel is in two pairs: 1 → 2 and 2 → 3.
     assert list(listed["step"]) == [2, 3] and set(listed["status"]) == {words.CORRUPT}
     assert set(listed["key"]) == {"['layers']['1']['kernel']['value']"}
     hit = damaged[damaged["unreadable"] > 0]
     assert list(hit["subtree"]) == ["layers.1", "layers.1"]
     assert (hit["leaves"] == 2).all()  # the damaged leaf still counts as the layer's
+    # attrs hold plain data, which pandas can compare when it combines frames.
+    assert damaged.dropna(subset=["rel_update"]).nlargest(2, "rel_update").attrs
+    status, text, _ = _tinax("run", copy, "--drift")
+    assert "not compared: 2 leaves" in text
+    assert "step 1 → 2: model layers.1.kernel: corrupt" in text
 
 
 def test_a_linen_models_drift_looks_through_params_and_batch_stats(linen_run):

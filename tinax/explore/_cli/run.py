@@ -11,7 +11,7 @@ import pandas as pd
 from tinax.explore import display
 from tinax.explore._cli import terminal as term
 from tinax.explore._cli.output import _csv, _dump, _progress, _records, _say, _seconds
-from tinax.explore._cli.terminal import Column
+from tinax.explore._cli.terminal import Column, jsonable
 from tinax.explore._run_view.drift import drift_table
 from tinax.explore._run_view.scan import scan_run
 from tinax.explore._run_view.table import run_table
@@ -85,8 +85,7 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if drift is not None:
             record["drift"] = _records(drift)
             # The leaves not compared, with why: never silently left out.
-            unreadable = drift.attrs.get("unreadable")
-            record["drift_unreadable"] = [] if unreadable is None else _records(unreadable)
+            record["drift_unreadable"] = jsonable(drift.attrs.get("unreadable") or [])
         if scan is not None:
             record["scan"] = _records(scan)
             record["first_nonfinite_step"] = scan.attrs.get("first_nonfinite_step")
@@ -151,8 +150,8 @@ def _show_drift(drift: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
             )
     if nonfinite.any():
         _show_nonfinite_pairs(drift[nonfinite], out, total, top)
-    unreadable = drift.attrs.get("unreadable")
-    if unreadable is not None and len(unreadable):
+    unreadable = drift.attrs.get("unreadable") or []
+    if unreadable:
         print(file=out)
         _say(
             f"not compared: {len(unreadable)} lea{'f' if len(unreadable) == 1 else 'ves'} "
@@ -160,10 +159,10 @@ def _show_drift(drift: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
             out,
             total,
         )
-        for row in unreadable.head(top if top > 0 else len(unreadable)).itertuples(index=False):
+        for row in unreadable[: top if top > 0 else len(unreadable)]:
             _say(
-                f"  step {row.previous_step} → {row.step}: {row.checkpointable} "
-                f"{display.readable_key(str(row.key))}: {row.status}",
+                f"  step {row['previous_step']} → {row['step']}: {row['checkpointable']} "
+                f"{display.readable_key(str(row['key']))}: {row['status']}",
                 out,
                 total,
             )

@@ -283,9 +283,10 @@ def drift_table(
       are over the leaves compared and the elements finite on both sides; a
       subtree holding NaN or Inf on either side, or none of whose leaves could be
       compared, has NaN statistics. ``attrs``: ``depth``, ``checkpointable``,
-      ``cancelled``, ``pairs`` and ``unreadable``, one row per leaf not compared:
-      ``step``, ``previous_step``, ``checkpointable``, ``key`` and ``status`` (as
-      ``diff_table`` found it: ``corrupt``, ``shape differs``, ``only in b``…).
+      ``cancelled``, ``pairs`` and ``unreadable``, a list of one dict per leaf not
+      compared: ``step``, ``previous_step``, ``checkpointable``, ``key`` and
+      ``status`` (as ``diff_table`` found it: ``corrupt``, ``shape differs``, ``only
+      in b``…); ``pd.DataFrame(attrs["unreadable"])`` makes it a table.
 
     Raises:
       TypeError: If ``depth`` is not an integer or ``checkpointable`` not a string.
@@ -420,25 +421,16 @@ def drift_table(
         else:
             columns[column] = np.array(values, dtype=float)
     table = pd.DataFrame(columns)
-    unreadable_table = pd.DataFrame(
-        {
-            column: pd.array([r[i] for r in unreadable_rows], dtype=dtype)
-            for i, (column, dtype) in enumerate(
-                (
-                    ("step", "Int64"),
-                    ("previous_step", "Int64"),
-                    ("checkpointable", "string"),
-                    ("key", "string"),
-                    ("status", "string"),
-                )
-            )
-        }
-    )
+    # Plain records, not a DataFrame: pandas compares attrs when it combines frames.
+    unreadable = [
+        {"step": a, "previous_step": b, "checkpointable": c, "key": k, "status": why}
+        for a, b, c, k, why in unreadable_rows
+    ]
     table.attrs = {
         "depth": depth,
         "checkpointable": chosen,
         "cancelled": cancelled,
         "pairs": len(done),
-        "unreadable": unreadable_table,
+        "unreadable": unreadable,
     }
     return table
