@@ -183,8 +183,12 @@ RAW = {
 def assert_fits(result: subprocess.CompletedProcess[str], columns: int) -> None:
     assert result.returncode in (0, 1), result.stderr
     assert result.stdout.strip()
+    quoting = False  # Grain's own words for a pipeline (num_epochs=None) are quoted as is
     for line in result.stdout.splitlines():
         assert len(line) <= columns, f"{len(line)} > {columns}: {line!r}"
+        quoting = "saved from the pipeline" in line or (quoting and bool(line.strip()))
+        if quoting:
+            continue
         for what, pattern in RAW.items():
             assert not pattern.search(line), f"{what} in {line!r}"
 
