@@ -336,7 +336,8 @@ def test_verify_counts_nan_and_inf_of_arrays_read_raw_on_every_worker(
     )
     result = ex.verify(tmp_path / "a", data=True)
     assert scanned  # read raw, on every worker
-    assert result.ok, result.findings
+    # It loads (no error), and its model holds NaN: diverged, never sound.
+    assert result.errors.empty and result.status == "diverged", result.findings
     leaves = result.leaves.set_index("key")
     assert (leaves.loc["['w']", "nan_count"], leaves.loc["['w']", "inf_count"]) == (5, 1)
     warnings = result.findings[result.findings["severity"] == "warning"]

@@ -420,7 +420,7 @@ def test_the_command_line_derives_averages_and_shows_the_lineage(run, tmp_path):
     status, out, _ = _tinax("show", tmp_path / "d")
     assert status == 0 and out.startswith(f"derived from {run['paths'][0]}")
     status, _, err = _tinax("derive", run["paths"][0], tmp_path / "d")
-    assert status == 1 and "already exists" in err
+    assert status == 2 and "already exists" in err
 
 
 # -- gs:// --------------------------------------------------------------------------------

@@ -28,7 +28,11 @@ def test_check_data_counts_nan_and_inf_per_leaf(tmp_path: Path) -> None:
     assert not check.button.disabled
     check.start(in_thread=False)
     assert check.status == "done" and check.result is not None and check.result.data
-    assert 'data-ok="true"' in check.label.value and "metadata and data" in check.label.value
+    # A model holding NaN is diverged, never sound (verify's status).
+    assert (
+        'data-ok="false"' in check.label.value and "diverged: 2 NaN and 1 Inf" in check.label.value
+    )
+    assert "metadata and data" in check.label.value
     first = check.table.frame.iloc[0]  # the leaf with NaNs first
     assert (first["key"], first["nan_count"], first["inf_count"]) == ("['w']", 2, 1)
     assert check.table.rows[0]["background"] == "#fde7e9"

@@ -19,7 +19,7 @@ import traitlets
 from tinax import explore
 from tinax.explore.display import display_keys, human_bytes
 from tinax.explore.toolkit import existing_directory
-from tinax.vocabulary import COMPLETE
+from tinax.vocabulary import COMPLETE, DIVERGED, NONFINITE
 
 from ._guard import shown_in_widget
 from ._task import start_thread
@@ -361,7 +361,7 @@ class RunTimeline(w.VBox):
             )
         scan = self.scan
         if len(scan):
-            bad = scan[scan["verdict"] == "non-finite"]
+            bad = scan[scan["verdict"].isin([DIVERGED, NONFINITE])]
             data["nonfinite_steps"] = [int(s) for s in bad["step"] if not pd.isna(s)]
             data["rollback_step"] = scan.attrs.get("rollback_step")
         return data

@@ -13,6 +13,7 @@ from tinax.checkpointing._checksummed_handler import CorruptDataError
 from tinax.checkpointing._context import compression
 from tinax.checkpointing._derive import derive_checkpoint
 from tinax.checkpointing._destination import remove_interrupted_save
+from tinax.checkpointing._pipeline import PipelineMismatchError, allow_pipeline_change
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._run import TrainingRun
 from tinax.checkpointing._safetensors import load_safetensors
@@ -27,6 +28,7 @@ from tinax.checkpointing._verdict import TargetMismatchError, allow_lossy_casts
 __all__ = [
     "CorruptDataError",
     "NumpyTarget",
+    "PipelineMismatchError",
     "SaveResponse",
     "TargetMismatchError",
     "TrainingCheckpoint",
@@ -34,6 +36,7 @@ __all__ = [
     "TrainingRun",
     "abstract_restore_target",
     "allow_lossy_casts",
+    "allow_pipeline_change",
     "average_checkpoints",
     "compression",
     "derive_checkpoint",

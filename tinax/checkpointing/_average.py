@@ -20,6 +20,7 @@ from tinax._format import (
     words,
 )
 from tinax._format.copy_source import PyTreeSource
+from tinax._format.layout import Checkpoint
 from tinax._format.new_checkpoint import NewCheckpoint
 from tinax._format.safetensors import is_floating
 from tinax._format.streaming import SourceArray
@@ -121,7 +122,7 @@ def _agree(wheres: list[str]) -> _surgery.Combine:
 
 
 def average_checkpoints(
-    sources: Sequence[str | os.PathLike[str]],
+    sources: Sequence[str | os.PathLike[str] | Checkpoint],
     destination: str | os.PathLike[str],
     *,
     weights: Sequence[float] | None = None,

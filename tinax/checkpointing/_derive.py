@@ -11,6 +11,7 @@ import numpy as np
 
 from tinax._format import chunks, files, lineage, streaming, treeplan, words
 from tinax._format.copy_source import PyTreeSource
+from tinax._format.layout import Checkpoint
 from tinax._format.new_checkpoint import NewCheckpoint
 from tinax._format.treeplan import PlannedLeaf
 from tinax.checkpointing import _surgery
@@ -31,7 +32,7 @@ def _combine(dtype: np.dtype, cast: bool) -> _surgery.Combine:
 
 
 def derive_checkpoint(
-    source: str | os.PathLike[str],
+    source: str | os.PathLike[str] | Checkpoint,
     destination: str | os.PathLike[str],
     *,
     checkpointables: str | Sequence[str] | None = None,

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from tinax._format import fit, words
+from tinax._format.layout import Checkpoint
 from tinax.explore import _checkpoint, _live
 from tinax.explore._leaf_rows import frame
 
@@ -41,7 +42,9 @@ def _sides(v: fit.LeafVerdict, shown: dict[tuple[str, Any], fit.Spec]) -> list[A
     return cells
 
 
-def compare_table(path: str | os.PathLike[str], targets: Mapping[str, Any]) -> pd.DataFrame:
+def compare_table(
+    path: str | os.PathLike[str] | Checkpoint, targets: Mapping[str, Any]
+) -> pd.DataFrame:
     """Every difference between a checkpoint and restore targets, named, leaf by leaf.
 
     The same verdict ``load_checkpointables`` reaches before it reads anything,

@@ -8,12 +8,13 @@ from typing import Any
 import pandas as pd
 
 from tinax._format import lineage as _lineage
+from tinax._format.layout import Checkpoint
 from tinax.explore._checkpoint import open_checkpoint
 
 LINEAGE_COLUMNS = ("source", "step", "operation", "weight", "checksums", "arguments", "created")
 
 
-def lineage(path: str | os.PathLike[str]) -> pd.DataFrame:
+def lineage(path: str | os.PathLike[str] | Checkpoint) -> pd.DataFrame:
     """What a checkpoint was made from: one row per source of a derived or averaged one.
 
     Columns: ``source`` (the source's path or ``gs://`` URL), ``step`` (``Int64``,

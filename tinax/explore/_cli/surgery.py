@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 import pandas as pd
 
+from tinax._format.layout import Checkpoint
 from tinax.explore._checkpoint import checkpoint_table
 from tinax.explore._cli import terminal as term
 from tinax.explore._cli.args import _add_output, _Parser
@@ -152,6 +153,6 @@ def _report(destination: str, seconds: float, as_json: bool, out: TextIO) -> Non
     _say(lineage_summary(made, full_paths=True), out, total)
 
 
-def lineage_line(path: str) -> str:
+def lineage_line(path: str | Checkpoint) -> str:
     """What ``tinax show`` says of a checkpoint's lineage (``""`` for none)."""
     return lineage_summary(lineage(path), full_paths=True)

@@ -1,0 +1,58 @@
+"""``tinax ls`` of a folder of runs: one line per run it holds."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tinax import _paths
+from tinax._format import words
+from tinax._format.storage import FILE, Location
+from tinax.explore._cli import terminal as term
+from tinax.explore._cli.terminal import Column
+from tinax.explore._listing import listing as checkpoints_listed
+
+RUNS = (
+    Column("name", "run", priority=0),
+    Column("checkpoints", "checkpoints", term.number, priority=0, right=True),
+    Column("newest_step", "newest step", term.number, priority=1, right=True),
+    Column("nbytes", "size", term.human_bytes, priority=2, right=True),
+    Column("committed", "last commit", term.human_age, priority=3),
+    Column("not_complete", "not complete", term.number, priority=4, right=True),
+    Column("path", "path", priority=9),
+)
+
+
+def runs_table(root: str | Location) -> pd.DataFrame:
+    """The runs in the folder ``root`` (its directories holding checkpoints): one row
+    each, ``name``, ``path``, ``checkpoints`` (complete), ``newest_step``, ``nbytes``,
+    ``committed`` (the newest commit), ``not_complete`` (saves in progress,
+    interrupted or set aside). The folder is listed once; each run is read through
+    that listing."""
+    folder = _paths.listed_directory(root)
+    rows = []
+    for name, entry in sorted(folder.entries().items()):
+        if entry.kind == FILE:
+            continue
+        where = folder / name
+        try:
+            found = checkpoints_listed(where, deep=False)
+        except (OSError, ValueError):
+            continue
+        if found.empty:
+            continue
+        complete = found[found["status"] == words.COMPLETE]
+        rows.append(
+            {
+                "name": name,
+                "path": str(where),
+                "checkpoints": len(complete),
+                "newest_step": complete["step"].max() if len(complete) else pd.NA,
+                "nbytes": int(found["nbytes"].fillna(0).sum()),
+                "committed": complete["committed"].max() if len(complete) else pd.NaT,
+                "not_complete": len(found) - len(complete),
+            }
+        )
+    table = pd.DataFrame(rows, columns=[c.source for c in RUNS if c.source != "path"] + ["path"])
+    for column in ("checkpoints", "newest_step", "nbytes", "not_complete"):
+        table[column] = pd.array(table[column], dtype="Int64")
+    return table
