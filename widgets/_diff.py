@@ -18,11 +18,18 @@ import traitlets
 
 from tinax import explore
 from tinax import vocabulary as words
-from tinax.explore import display
+from tinax.explore import display, toolkit
 from tinax.vocabulary import format_key, parse_key
 
 from ._diff_tree import DiffTree
 from ._guard import shown_in_widget
+from ._nonfinite import (
+    NONFINITE_BACKGROUND,
+    NONFINITE_COLOR,
+    counted,
+    is_nonfinite_change,
+    nonfinite_counts,
+)
 from ._table import Column, PagedTable, RowLook
 from ._text import error_html, note_html
 
@@ -82,71 +89,110 @@ def _look(row: pd.Series) -> RowLook:
         return RowLook(color="#888888")
     if status != words.CHANGED:
         return RowLook(color="#7a4f01", background="#fff4ce")
-    nan, inf = row.get("nan_b"), row.get("inf_b")
-    if (nan is not None and nan is not pd.NA and nan) or (
-        inf is not None and inf is not pd.NA and inf
-    ):
-        return RowLook(color="#b00020", background="#fde7e9", tooltip="NaN or Inf values")
+    if bool(row.get("_nonfinite", False)):
+        return RowLook(
+            color=NONFINITE_COLOR, background=NONFINITE_BACKGROUND, tooltip="NaN or Inf values"
+        )
     return RowLook()
 
 
+def _nonfinite_change(row: pd.Series) -> str:
+    """The change of a leaf holding NaN or Inf, told by its counts on the newer side
+    (``a`` when only it holds them): ``NaN 512``, ``NaN 3, Inf 1 (a)``."""
+    parts = []
+    for side in ("b", "a"):
+        counts = [(word, counted(row.get(f"{word.lower()}_{side}"))) for word in ("NaN", "Inf")]
+        parts = [f"{word} {n:,}" for word, n in counts if n]
+        if parts:
+            return ", ".join(parts) + ("" if side == "b" else " (a)")
+    return "NaN/Inf"
+
+
+# The depth of the bars: the model's layers (as ``drift_table`` finds them), or the
+# first N key parts. The dropdown's values: 0 stands for the layers.
+LAYERS = 0
+BAR_DEPTHS = (("by layer", LAYERS), ("1 key deep", 1), ("2 keys deep", 2), ("3 keys deep", 3))
+
+
+def _subtree_of(paths: dict[str, list[Any]], depth: int) -> Callable[[str, Any], Any]:
+    """Maps ``(checkpointable, key path)`` to its subtree: its first ``depth`` parts,
+    or with ``LAYERS`` its layer, from the structure of that checkpointable's keys."""
+    if depth != LAYERS:
+        return lambda _name, path: path[:depth]
+    found = {name: toolkit.layer_depth(found) for name, found in paths.items()}
+    return lambda name, path: toolkit.layer_of(path, *found[name])
+
+
 def subtree_changes(table: pd.DataFrame, depth: int) -> pd.DataFrame:
-    """The relative change of each subtree ``depth`` keys deep, over its changed leaves.
+    """The relative change of each subtree, over its changed leaves; subtrees holding
+    NaN or Inf first.
 
-    A subtree's relative change is ``‖b − a‖ / ‖a‖`` over the changed numeric
-    leaves under it (leaves that are the same add nothing to ``‖b − a‖``, and
-    those recognised from their stored bytes were not decoded, so their norm is
-    not known). Returns ``checkpointable``, ``subtree``, ``rel_change`` and
-    ``leaves`` (changed leaves counted), largest change first.
+    A subtree is the first ``depth`` key parts of a leaf's key, or with ``LAYERS``
+    (0) its layer: ``blocks.13`` of a model whose blocks are numbered, each other
+    module whole (``layer_of``). Its relative change is ``‖b − a‖ / ‖a‖`` over the
+    changed floating-point leaves under it that are finite on both sides (leaves that
+    are the same add nothing to ``‖b − a‖``, and those recognised from their stored
+    bytes were not decoded, so their norm is not known). A changed leaf holding NaN
+    or Inf on either side is counted apart: its change is not a number.
+
+    Returns:
+      ``checkpointable``, ``subtree`` (a keystr), ``rel_change`` (NaN when no
+      finite leaf changed), ``leaves`` (changed leaves counted), ``nonfinite``
+      (those holding NaN or Inf), ``nan`` and ``inf`` (their counts, both sides):
+      subtrees with non-finite leaves first (most such leaves, then most such values
+      first), then by relative change.
     """
-    changed = table[(table["status"] == words.CHANGED) & table["norm_a"].notna()]
+    bad = is_nonfinite_change(table)
+    nan, inf = nonfinite_counts(table)
+    changed = (table["status"] == words.CHANGED).to_numpy(bool) & (
+        table["norm_a"].notna().to_numpy(bool) | bad
+    )
+    # Layers are found from the structure of every leaf in the table, changed or not.
+    paths: dict[str, list[Any]] = {}
+    parsed: list[Any] = []
+    for name, key in zip(table["checkpointable"], table["key"], strict=True):
+        try:
+            path: Any = parse_key(str(key))
+        except ValueError:
+            path = None
+        parsed.append(path)
+        if path is not None:
+            paths.setdefault(str(name), []).append(path)
+    rows = table[changed]
+    bad, nan, inf = bad[changed], nan[changed], inf[changed]
+    parsed = [p for p, keep in zip(parsed, changed, strict=True) if keep]
+    subtree_of = _subtree_of(paths, depth)
     sums: dict[tuple[str, str], list[float]] = {}
-    for name, key, norm_a, norm_diff in zip(
-        changed["checkpointable"],
-        changed["key"],
-        changed["norm_a"],
-        changed["norm_diff"],
-        strict=True,
+    for i, (name, key, norm_a, norm_diff) in enumerate(
+        zip(rows["checkpointable"], rows["key"], rows["norm_a"], rows["norm_diff"], strict=True)
     ):
-        try:
-            subtree = format_key(parse_key(str(key))[:depth])
-        except ValueError:
-            subtree = str(key)
-        entry = sums.setdefault((str(name), subtree), [0.0, 0.0, 0])
-        entry[0] += float(norm_a) ** 2
-        entry[1] += float(norm_diff) ** 2
+        path = parsed[i]
+        subtree = str(key) if path is None else format_key(subtree_of(str(name), path))
+        entry = sums.setdefault((str(name), subtree), [0.0, 0.0, 0, 0, 0, 0])
         entry[2] += 1
-    rows = []
-    for (name, subtree), (aa, dd, count) in sums.items():
-        rel = math.sqrt(dd) / math.sqrt(aa) if aa else (0.0 if dd == 0 else math.inf)
-        rows.append((name, subtree, rel, int(count)))
-    frame = pd.DataFrame(rows, columns=["checkpointable", "subtree", "rel_change", "leaves"])
-    return frame.sort_values("rel_change", ascending=False, kind="stable").reset_index(drop=True)
-
-
-# Bars at a depth where the model has at least this many subtrees tell which part moved.
-_TELLING = 4
-
-
-def telling_depth(table: pd.DataFrame) -> int:
-    """The shallowest depth (1 to 3) at which the model's changed floating-point leaves
-    fall in at least a few subtrees: ``blocks`` alone says little, ``blocks.7`` says
-    which layer moved. 1 if no depth does."""
-    changed = table[(table["status"] == words.CHANGED) & table["norm_a"].notna()]
-    model = [
-        display.state_part(c, k) == display.MODEL
-        for c, k in zip(changed["checkpointable"], changed["key"], strict=True)
-    ]
-    paths = []
-    for name, key in zip(changed["checkpointable"][model], changed["key"][model], strict=True):
-        try:
-            paths.append((str(name), parse_key(str(key))))
-        except ValueError:
-            continue
-    for depth in (1, 2, 3):
-        if len({(name, path[:depth]) for name, path in paths}) >= _TELLING:
-            return depth
-    return 1
+        if bad[i]:
+            entry[3] += 1
+            entry[4] += int(nan[i])
+            entry[5] += int(inf[i])
+        elif not pd.isna(norm_a) and not pd.isna(norm_diff):
+            entry[0] += float(norm_a) ** 2
+            entry[1] += float(norm_diff) ** 2
+    out = []
+    for (name, subtree), (aa, dd, count, nonfinite, nans, infs) in sums.items():
+        if aa:
+            rel = math.sqrt(dd) / math.sqrt(aa)
+        elif count > nonfinite:
+            rel = 0.0 if dd == 0 else math.inf
+        else:
+            rel = math.nan
+        out.append((name, subtree, rel, int(count), int(nonfinite), int(nans), int(infs)))
+    frame = pd.DataFrame(
+        out,
+        columns=["checkpointable", "subtree", "rel_change", "leaves", "nonfinite", "nan", "inf"],
+    )
+    order = frame.assign(_rel=frame["rel_change"].fillna(-1.0), _values=frame["nan"] + frame["inf"])
+    order = order.sort_values(["nonfinite", "_values", "_rel"], ascending=False, kind="stable")
+    return order.drop(columns=["_rel", "_values"]).reset_index(drop=True)
 
 
 def _name(path: str) -> str:
@@ -204,8 +250,9 @@ class DiffView(w.VBox):
         self.choice = w.Dropdown(options=[_PLACEHOLDER], value="", layout=w.Layout(width="22em"))
         self.choice.observe(guard(self._on_choice), names="value")
         self.depth = w.Dropdown(
-            options=[("subtrees 1 key deep", 1), ("2 keys deep", 2), ("3 keys deep", 3)],
-            value=1,
+            options=BAR_DEPTHS,
+            value=LAYERS,
+            tooltip="the bars' subtrees: the model's layers (blocks.13), or key parts",
             layout=w.Layout(width="12em"),
         )
         self.depth.observe(guard(lambda _: self._show_bars()), names="value")
@@ -277,10 +324,28 @@ class DiffView(w.VBox):
 
     def _show_rows(self) -> None:
         rows = self.shown()
+        bad = is_nonfinite_change(rows)
         size = pd.to_numeric(rows["rel_change"], errors="coerce")
         moved = pd.to_numeric(rows["delta"], errors="coerce").abs() if "delta" in rows else size
+        # A leaf gone NaN or Inf is the largest change there is: first in its part
+        # (the model, then the rest, then the optimizer's state) and first when the
+        # change is sorted, told by its counts rather than by a percentage.
+        size = size.fillna(moved).where(~bad, math.inf)
+        change = rows["change"].astype(object).copy() if "change" in rows else None
+        if change is not None and bad.any():
+            change[bad] = [_nonfinite_change(r) for _, r in rows[bad].iterrows()]
+        part = [
+            display.state_part(c, k)
+            for c, k in zip(rows["checkpointable"], rows["key"], strict=True)
+        ]
+        shown = rows.assign(change_size=size, _nonfinite=bad, _part=part, _first=~bad)
+        if change is not None:
+            shown["change"] = change
+        shown = shown.sort_values(["_part", "_first"], kind="stable").drop(
+            columns=["_part", "_first"]
+        )
         self.tree.show(rows.reset_index(drop=True))
-        self.table.show(rows.assign(change_size=size.fillna(moved)))
+        self.table.show(shown)
         self._show_bars()
 
     def _on_pick(self, change: Any) -> None:
@@ -342,13 +407,12 @@ class DiffView(w.VBox):
         self.other = other
         self.older, self.newer = older, newer
         self.diff = table
-        with self.depth.hold_trait_notifications():
-            self.depth.value = telling_depth(table)
         counts = table["status"].value_counts()
         self.title.value = (
             f"<b>Changes from <code>{html.escape(_name(older))}</code> to "
             f"<code>{html.escape(_name(newer))}</code></b>: "
             + html.escape(", ".join(f"{n} {s}" for s, n in counts.items()))
+            + _nonfinite_note(table)
             + "<br>"
             + note_html(
                 f"a is {_name(older)}, b is {_name(newer)}. The model first, then the "
@@ -372,48 +436,79 @@ class DiffView(w.VBox):
             self.bars.children = ()
             return
         subtrees = subtree_changes(rows, int(self.depth.value))
-        # The model's subtrees before the optimizer's, as in the table.
-        optimizer = [
+        # Subtrees holding NaN or Inf first; then the model's before the optimizer's,
+        # as in the table.
+        part = [
             display.state_part(c, k)
             for c, k in zip(subtrees["checkpointable"], subtrees["subtree"], strict=True)
         ]
         subtrees = (
-            subtrees.assign(_part=optimizer)
-            .sort_values("_part", kind="stable")
-            .drop(columns="_part")
+            subtrees.assign(_part=part, _finite=subtrees["nonfinite"] == 0)
+            .sort_values(["_finite", "_part"], kind="stable")
+            .drop(columns=["_part", "_finite"])
             .head(MAX_BARS)
         )
-        finite = [r for r in subtrees["rel_change"] if math.isfinite(r)]
+        finite = [
+            r
+            for r, n in zip(subtrees["rel_change"], subtrees["nonfinite"], strict=True)
+            if not n and math.isfinite(r)
+        ]
         top = max(finite, default=0.0) or 1.0
-        rows = []
-        for name, subtree, rel, leaves in subtrees.itertuples(index=False):
-            exact = f"{name} {subtree}".strip()
-            label = f"{name} {_readable(subtree)}" if subtree else name
-            bar = w.FloatProgress(
-                value=min(1.0, rel / top) if math.isfinite(rel) else 1.0,
-                min=0.0,
-                max=1.0,
-                layout=w.Layout(width="16em"),
-            )
-            rows.append(
-                w.HBox(
-                    [
-                        w.Label(label, layout=w.Layout(width="20em"), tooltip=exact),
-                        bar,
-                        w.Label(
-                            f"{_percent(rel)} ({leaves:,} changed)",
-                            layout=w.Layout(flex="0 0 auto"),
-                        ),
-                    ],
-                    # On a narrow screen the numbers go under the bar, never cut.
-                    layout=w.Layout(flex_flow="row wrap"),
-                )
-            )
-        if rows:
-            rows.insert(
+        shown = []
+        for row in subtrees.itertuples(index=False):
+            shown.append(_bar(row, top))
+        if shown:
+            shown.insert(
                 0,
-                w.HTML(note_html("relative change ‖b − a‖ / ‖a‖ of the floating-point leaves")),
+                w.HTML(
+                    note_html(
+                        "relative change ‖b − a‖ / ‖a‖ of the floating-point leaves"
+                        + ("; NaN/Inf in purple" if int(subtrees["nonfinite"].sum()) else "")
+                    )
+                ),
             )
         else:
-            rows = [w.HTML(note_html("no floating-point leaf changed"))]
-        self.bars.children = tuple(rows)
+            shown = [w.HTML(note_html("no floating-point leaf changed"))]
+        self.bars.children = tuple(shown)
+
+
+def _nonfinite_note(table: pd.DataFrame) -> str:
+    """The diff's title says how many changed leaves hold NaN or Inf, in their colour."""
+    bad = is_nonfinite_change(table)
+    if not bad.any():
+        return ""
+    nan, inf = nonfinite_counts(table[bad])
+    count = int(bad.sum())
+    return (
+        f' · <b class="tinax-diff-nonfinite" style="color:{NONFINITE_COLOR}">'
+        f"{count:,} lea{'f' if count == 1 else 'ves'} with NaN or Inf "
+        f"({int(nan.sum()):,} NaN, {int(inf.sum()):,} Inf)</b>"
+    )
+
+
+def _bar(row: Any, top: float) -> w.HBox:
+    """One subtree's bar: its relative change against the largest, or, holding NaN or
+    Inf, a full bar in their colour and their counts: never a percentage."""
+    name, subtree, rel, leaves = row.checkpointable, row.subtree, row.rel_change, row.leaves
+    exact = f"{name} {subtree}".strip()
+    label = f"{name} {_readable(subtree)}" if subtree else name
+    if row.nonfinite:
+        value, color = 1.0, NONFINITE_COLOR
+        counts = [f"{n:,} {word}" for n, word in ((row.nan, "NaN"), (row.inf, "Inf")) if n]
+        text = f"NaN/Inf in {row.nonfinite:,} of {leaves:,} changed ({', '.join(counts)})"
+    else:
+        value = min(1.0, rel / top) if math.isfinite(rel) else 1.0
+        color = None
+        text = f"{_percent(rel)} ({leaves:,} changed)"
+    bar = w.FloatProgress(value=value, min=0.0, max=1.0, layout=w.Layout(width="16em"))
+    if color is not None:
+        bar.style.bar_color = color
+        bar.add_class("tinax-bar-nonfinite")
+    words_label = w.Label(text, layout=w.Layout(flex="0 0 auto"))
+    if color is not None:
+        words_label.style.text_color = color
+    return w.HBox(
+        [w.Label(label, layout=w.Layout(width="20em"), tooltip=exact), bar, words_label],
+        # On a narrow screen the numbers go under the bar, never cut.
+        layout=w.Layout(flex_flow="row wrap"),
+    )

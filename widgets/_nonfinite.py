@@ -1,0 +1,48 @@
+"""NaN and Inf as the widgets show them: a colour of their own, apart from the red of
+errors and of the largest change, and the diff's leaves that hold them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tinax import vocabulary as words
+
+# Text and background of what holds NaN or Inf (a diff's rows and bars, a verdict).
+NONFINITE_COLOR = "#6a1b9a"
+NONFINITE_BACKGROUND = "#f3e5f5"
+
+
+def counted(value: Any) -> int:
+    """A count from a table cell: 0 for ``None``, ``<NA>``, NaN and non-numbers."""
+    if value is None or value is pd.NA:
+        return 0
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) else 0
+
+
+def nonfinite_counts(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The NaN and the Inf count of each row of a ``diff_table``, both sides together
+    (0 where the values were not decoded)."""
+    nan = np.zeros(len(table), np.int64)
+    inf = np.zeros(len(table), np.int64)
+    for side in ("a", "b"):
+        if f"nan_{side}" in table:
+            nan += np.array([counted(v) for v in table[f"nan_{side}"]], np.int64)
+        if f"inf_{side}" in table:
+            inf += np.array([counted(v) for v in table[f"inf_{side}"]], np.int64)
+    return nan, inf
+
+
+def is_nonfinite_change(table: pd.DataFrame) -> np.ndarray:
+    """Which rows of a ``diff_table`` are changed leaves holding NaN or Inf on either
+    side: their relative change cannot be told, whatever the finite elements say."""
+    nan, inf = nonfinite_counts(table)
+    changed = (table["status"] == words.CHANGED).to_numpy(bool)
+    return changed & ((nan + inf) > 0)
