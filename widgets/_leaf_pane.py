@@ -278,6 +278,10 @@ class LeafPane:
                 parts = [f"{len(table) - failed:,} checkpoints read"]
                 if failed:
                     parts.append(f"{failed:,} without this leaf or unreadable")
+                counts = table["nan"].fillna(0) + table["inf"].fillna(0)
+                if (counts > 0).any():
+                    first = int(table["step"][counts > 0].dropna().min())
+                    parts.append(f"NaN/Inf from step {first:,} (✕)")
                 self.history_status.value = " · ".join(parts)
                 if png:
                     self.history_image.value = png
