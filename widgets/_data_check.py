@@ -17,7 +17,7 @@ from tinax.vocabulary import INFO
 
 from ._guard import shown_in_widget
 from ._table import Column, PagedTable, RowLook
-from ._task import start_thread
+from ._task import joined, start_thread
 from ._text import error_html, format_bytes, format_rate, format_seconds, note_html
 
 
@@ -204,11 +204,7 @@ class DataCheck(w.VBox):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits for a check in the background; returns whether none is running."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
-        return True
+        return joined(self._thread, timeout)
 
     def _end_controls(self) -> None:
         self.button.disabled = self.path is None

@@ -245,6 +245,7 @@ class DiffView(w.VBox):
         self.newer: str | None = None
         self.diff = pd.DataFrame()
         self._filter = ("", "")
+        self._choosing = False
         guard = shown_in_widget(on_error)
         self._guard = guard
         self.choice = w.Dropdown(options=[_PLACEHOLDER], value="", layout=w.Layout(width="22em"))
@@ -363,13 +364,23 @@ class DiffView(w.VBox):
 
     def set_base(self, base: str | None, others: Sequence[tuple[str, str]]) -> None:
         """Compares from ``base``; ``others`` are the ``(name, path)`` choices offered."""
-        if base != self.base:
+        moved = base != self.base
+        if moved:
             self.clear()
         self.base = base
-        current = self.choice.value
+        # Another checkpoint open: nothing is compared. The same one: the comparison
+        # shown stays, and is not read again for new options.
+        current = "" if moved else self.choice.value
         options = [_PLACEHOLDER, *[(f"compare with {n}", p) for n, p in others if p != base]]
-        self.choice.options = options
-        self.choice.value = current if any(p == current for _, p in options) else ""
+        kept = current if any(p == current for _, p in options) else ""
+        self._choosing = True
+        try:
+            self.choice.options = options
+            self.choice.value = kept
+        finally:
+            self._choosing = False
+        if current and not kept:
+            self.clear()  # what it was compared with is gone from the run
 
     def clear(self) -> None:
         """Shows no comparison."""
@@ -407,6 +418,13 @@ class DiffView(w.VBox):
         self.other = other
         self.older, self.newer = older, newer
         self.diff = table
+        # The choice names what is compared, however the comparison was asked for.
+        if any(p == other for _, p in self.choice.options) and self.choice.value != other:
+            self._choosing = True
+            try:
+                self.choice.value = other
+            finally:
+                self._choosing = False
         counts = table["status"].value_counts()
         self.title.value = (
             f"<b>Changes from <code>{html.escape(_name(older))}</code> to "
@@ -425,6 +443,8 @@ class DiffView(w.VBox):
         self.result.layout.display = ""
 
     def _on_choice(self, change: Any) -> None:
+        if self._choosing:
+            return
         if change["new"]:
             self.compare(change["new"])
         else:

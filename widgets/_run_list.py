@@ -263,8 +263,16 @@ class RunList:
                 "#555",
             )
 
-    def open_checkpoint(self, name_or_path: str | os.PathLike[str]) -> None:
-        """Opens a listed checkpoint, as if its row had been clicked.
+    def open_checkpoint(
+        self, name_or_path: str | os.PathLike[str], *, turn_page: bool = True
+    ) -> None:
+        """Opens a listed checkpoint, as if its row had been clicked (it opens afresh
+        when it is the one picked already).
+
+        Args:
+          name_or_path: The checkpoint's name or path.
+          turn_page: Show its row: widen the step range to it and turn to its page.
+            ``False`` leaves the list as it is (its row is marked if in view).
 
         Raises:
           ValueError: If no listed checkpoint has that name or path.
@@ -275,9 +283,12 @@ class RunList:
         if rows.empty:
             raise ValueError(f"no checkpoint {wanted!r} in {str(self.root)!r}")
         label = rows.index[0]
-        if label not in self.view.frame.index:
-            self.step_range.value = (self.step_range.min, self.step_range.max)
-        self.view.show_row(label)
+        if turn_page:
+            if label not in self.view.frame.index:
+                self.step_range.value = (self.step_range.min, self.step_range.max)
+            self.view.show_row(label)
+        if self.view.selected == label:
+            self.view.selected = None
         self.view.selected = label
 
     def comparable(self) -> list[tuple[str, str]]:
