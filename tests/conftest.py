@@ -217,6 +217,7 @@ SLOW_FILES = frozenset(
         "test_campaigns.py",
         "test_claims.py",
         "test_demo.py",
+        "test_divergence.py",
         "test_explore_cli.py",
         "test_explore_memory.py",
         "test_explore_storages.py",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -128,12 +129,14 @@ def test_nans_injected_into_one_leaf_are_counted(demo_run, tmp_path):
     row = ex.diff_table(a, b).iloc[0]
     assert (row["key"], row["status"]) == ("['dense1']['bias']['value']", words.CHANGED)
     assert (row["nan_a"], row["inf_a"], row["nan_b"], row["inf_b"]) == (0, 0, 3, 1)
-    # Statistics cover the elements finite on both sides.
-    assert row["max_abs_diff"] == pytest.approx(1.0)
+    assert row["nonfinite"] == words.BECAME_NONFINITE == row["change"]
+    # No number measures a change to NaN: the differences are NaN, never 0 or the
+    # change of the finite part alone; each side's norm is that of its finite values.
+    assert all(math.isnan(row[c]) for c in ("max_abs_diff", "rel_change", "norm_diff", "cosine"))
+    assert row["norm_a"] == pytest.approx(np.linalg.norm(bias.astype(np.float64)))
     finite = np.ones(bias.shape, bool)
     finite[[0, 1, 2, 5]] = False
-    expected = 1.0 / np.linalg.norm(bias[finite].astype(np.float64))
-    assert row["rel_change"] == pytest.approx(expected)
+    assert row["norm_b"] == pytest.approx(np.linalg.norm(poisoned[finite].astype(np.float64)))
 
 
 def test_checkpoint_against_live_state(tmp_path):

@@ -61,13 +61,34 @@ def test_equal_means_the_same_bits():
     assert not _stats(flags, ~flags, 1).equal
 
 
-def test_nan_and_inf_are_counted_and_left_out_of_the_sums():
+def test_nan_and_inf_are_counted_and_a_change_to_them_is_no_number():
     a = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
     b = np.array([1.0, np.nan, np.inf, 5.0], np.float32)
     stats = _stats(a, b, 2)
     assert (stats.counts_a.nan, stats.counts_b.nan, stats.counts_b.inf) == (0, 1, 1)
+    assert stats.moved == 2 and not stats.comparable
+    # Finite values that became NaN or Inf: no difference measures that, never 0.
+    for value in (stats.max_abs_diff, stats.rel_change, stats.norm_diff, stats.cosine):
+        assert np.isnan(value)
+    # Each side's norm is that of its own finite values: a's is its true norm.
+    assert stats.norm_a == pytest.approx(np.sqrt(30.0))
+    assert stats.norm_b == pytest.approx(np.sqrt(26.0))
+    everything = _stats(a, np.full(4, np.nan, np.float32), 1)
+    assert everything.norm_a == pytest.approx(np.sqrt(30.0)) and np.isnan(everything.norm_b)
+
+
+def test_nan_where_both_sides_hold_it_leaves_the_rest_compared():
+    a = np.array([1.0, np.nan, -np.inf, 4.0], np.float32)
+    b = np.array([1.0, np.nan, -np.inf, 5.0], np.float32)
+    stats = _stats(a, b, 2)
+    assert stats.moved == 0 and stats.comparable and not stats.equal
     assert stats.max_abs_diff == 1.0
     assert stats.rel_change == pytest.approx(1.0 / np.sqrt(17.0))
+    # NaN on one side and Inf on the other, or Inf turned -Inf, is a move too.
+    assert _stats(a, np.array([1.0, np.inf, np.inf, 4.0], np.float32), 1).moved == 2
+    # Nothing finite on both sides: nothing to measure.
+    nothing = _stats(np.full(3, np.nan, np.float32), np.full(3, np.nan, np.float32), 1)
+    assert np.isnan(nothing.rel_change) and np.isnan(nothing.norm_a)
 
 
 def test_zero_baseline():
@@ -131,7 +152,7 @@ def test_regions_counted_apart_merge_into_the_whole() -> None:
     rng = np.random.default_rng(11)
     a = rng.standard_normal(90_000).astype(np.float32)
     b = a + np.float32(0.5) * (rng.random(a.size) < 0.01).astype(np.float32)
-    b[17] = np.nan
+    a[17] = b[17] = np.nan  # NaN on both sides: the rest is still compared
     whole = _stats(a, b, 1)
     parts = [PairStats(a.dtype) for _ in range(3)]
     for stats, x, y in zip(parts, np.array_split(a, 3), np.array_split(b, 3), strict=True):
@@ -139,7 +160,9 @@ def test_regions_counted_apart_merge_into_the_whole() -> None:
     merged = parts[0]
     for part in parts[1:]:
         merged.merge(part)
-    assert merged.counts_b.nan == whole.counts_b.nan == 1
+    assert merged.counts_b.nan == whole.counts_b.nan == 1 == merged.counts_a.nan
+    assert merged.size == whole.size == a.size and merged.moved == 0
+    assert merged.norm_a == pytest.approx(whole.norm_a, rel=1e-6)
     assert merged.max_abs_diff == whole.max_abs_diff == pytest.approx(0.5, rel=1e-6)
     assert merged.norm_diff == pytest.approx(whole.norm_diff, rel=1e-6)
     assert 1 - merged.cosine == pytest.approx(1 - whole.cosine, rel=1e-6)
@@ -150,6 +173,15 @@ def test_regions_counted_apart_merge_into_the_whole() -> None:
     other.update(a, a.copy())
     same.merge(other)
     assert same.equal and same.norm_diff == 0.0
+    # A move to NaN in one region makes the merged whole no number.
+    c = b.copy()
+    c[45_000] = np.nan
+    moved = [PairStats(a.dtype) for _ in range(3)]
+    for stats, x, y in zip(moved, np.array_split(a, 3), np.array_split(c, 3), strict=True):
+        stats.update(x, y)
+    for part in moved[1:]:
+        moved[0].merge(part)
+    assert moved[0].moved == 1 and np.isnan(moved[0].rel_change)
 
 
 def test_a_counters_change_is_summed_exactly() -> None:

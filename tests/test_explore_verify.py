@@ -202,14 +202,26 @@ def test_the_demo_run(demo_run, tmp_path):
     assert leaves.loc[("model", "['dense1']['bias']['value']"), "nan_count"] == 0
 
 
-def test_nans_saved_with_the_checkpoint_are_a_warning_not_an_error(tmp_path):
+def test_nans_saved_with_the_checkpoint_are_a_warning_and_the_checkpoint_diverged(tmp_path):
     weights = np.ones((64, 64), np.float32)
     weights[3, :5] = np.nan
     save_checkpointables(tmp_path / "c", {"model": {"w": weights}}).result()
     result = ex.verify(tmp_path / "c", data=True)
-    assert result.ok, result.findings
+    # It loads (no error), but a model holding NaN is never called sound.
+    assert result.errors.empty
+    assert not result.ok and result.status == words.DIVERGED
+    assert result.verdict.startswith("diverged: 5 NaN and 0 Inf in 1 leaf of model")
     warnings = result.findings[result.findings["severity"] == words.WARNING]
     assert list(warnings["part"]) == ["model ['w']"] and "5 NaN" in warnings["message"].iloc[0]
+    assert list(result.nonfinite_leaves["key"]) == ["['w']"] and result.unread_leaves.empty
+    # Metadata alone cannot tell: sound as far as it goes.
+    assert ex.verify(tmp_path / "c").status == words.SOUND
+    # A NaN metric in the auxiliary state alone is a warning, not a divergence.
+    save_checkpointables(
+        tmp_path / "m", {"model": {"w": np.ones(4, np.float32)}, "auxiliary": {"loss": np.nan}}
+    ).result()
+    metric = ex.verify(tmp_path / "m", data=True)
+    assert metric.ok and metric.status == words.SOUND and len(metric.nonfinite_leaves) == 1
 
 
 def test_a_flipped_byte_in_array_data_fails_verify_with_data(tmp_path):

@@ -14,7 +14,7 @@ from run_view_fixtures import NAN_STEP, ROLLBACK_STEP, STEPS, big_run_script, wr
 
 from tinax.explore import scan_run
 from tinax.explore._run_view import scan as _scan_run
-from tinax.explore._run_view.scan import FINITE, NONFINITE, NOT_COMPLETE, NOT_SCANNED, NOT_SOUND
+from tinax.explore._run_view.scan import DIVERGED, FINITE, NOT_COMPLETE, NOT_SCANNED, NOT_SOUND
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def test_the_first_nonfinite_step_and_the_rollback_step(small_run):
     table = scan_run(small_run, leaves=True)
     assert list(table["step"]) == list(STEPS)
     verdicts = dict(zip(table["step"], table["verdict"], strict=True))
-    assert all(verdicts[s] == (NONFINITE if s >= NAN_STEP else FINITE) for s in STEPS)
+    assert all(verdicts[s] == (DIVERGED if s >= NAN_STEP else FINITE) for s in STEPS)
     assert table.attrs["first_nonfinite_step"] == NAN_STEP
     assert table.attrs["rollback_step"] == ROLLBACK_STEP
     bad = table[table["step"] >= NAN_STEP]
@@ -116,7 +116,7 @@ def test_the_big_demo_run(big_run):
     table = scan_run(big_run)
     assert table.attrs["first_nonfinite_step"] == demo.FIRST_NONFINITE_STEP
     assert table.attrs["rollback_step"] == demo.ROLLBACK_STEP
-    nonfinite = table[table["verdict"] == NONFINITE]
+    nonfinite = table[table["verdict"] == DIVERGED]
     assert list(nonfinite["step"]) == list(demo.NONFINITE_STEPS)
 
 

@@ -401,7 +401,10 @@ def test_leaves_gone_nan_or_inf_come_first_in_their_own_colour_never_as_0_percen
     frame = view.table.frame
     assert set(frame["key"].iloc[:2]) == {"['blocks']['5']['w']", "['head']"}
     first = dict(zip(frame["key"], frame["change"], strict=True))
-    assert first["['blocks']['5']['w']"] == "NaN 64" and first["['head']"] == "Inf 1"
+    assert (
+        first["['blocks']['5']['w']"] == "NaN 64 (was finite)"
+        and first["['head']"] == "Inf 1 (was finite)"
+    )
     assert view.table.rows[0]["color"] == NONFINITE_COLOR
     assert "2 leaves with NaN or Inf (64 NaN, 1 Inf)" in view.title.value
     # Sorted by change, they stay first: no change is larger than one gone NaN.

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from run_view_fixtures import JUMP_LAYER, JUMP_STEP, NAN_STEP, ROLLBACK_STEP, STEPS, write_small_run
 from tinax.widgets import CheckpointExplorer, RunTimeline
-from tinax.widgets._timeline_data import NONFINITE, first_nonfinite_metrics, nonfinite_metrics
+from tinax.widgets._timeline_data import NAN_CELL, first_nonfinite_metrics, nonfinite_metrics
 
 from tinax.checkpointing import save_checkpointables
 
@@ -167,7 +167,7 @@ def test_drift_and_scan_run_together_and_nan_cells_have_their_own_state(run):
     # layers.0 holds a NaN from NAN_STEP on: its cells are NaN/Inf, not the top of the
     # scale; the other layers' cells are values.
     for column, step in enumerate(data["heat_steps"]):
-        assert states[row][column] == (NONFINITE if step >= NAN_STEP else None)
+        assert states[row][column] == (NAN_CELL if step >= NAN_STEP else None)
         if step >= NAN_STEP:
             assert data["heat_counts"][row][column][0] > 0
     others = [s for r, cells in enumerate(states) if r != row for s in cells]

@@ -26,8 +26,8 @@ from ._guard import shown_in_widget
 from ._nonfinite import (
     NONFINITE_BACKGROUND,
     NONFINITE_COLOR,
-    counted,
     is_nonfinite_change,
+    nonfinite_change,
     nonfinite_counts,
 )
 from ._table import Column, PagedTable, RowLook
@@ -90,22 +90,13 @@ def _look(row: pd.Series) -> RowLook:
     if status != words.CHANGED:
         return RowLook(color="#7a4f01", background="#fff4ce")
     if bool(row.get("_nonfinite", False)):
+        told = row.get("nonfinite")
         return RowLook(
-            color=NONFINITE_COLOR, background=NONFINITE_BACKGROUND, tooltip="NaN or Inf values"
+            color=NONFINITE_COLOR,
+            background=NONFINITE_BACKGROUND,
+            tooltip=str(told) if isinstance(told, str) else "NaN or Inf values",
         )
     return RowLook()
-
-
-def _nonfinite_change(row: pd.Series) -> str:
-    """The change of a leaf holding NaN or Inf, told by its counts on the newer side
-    (``a`` when only it holds them): ``NaN 512``, ``NaN 3, Inf 1 (a)``."""
-    parts = []
-    for side in ("b", "a"):
-        counts = [(word, counted(row.get(f"{word.lower()}_{side}"))) for word in ("NaN", "Inf")]
-        parts = [f"{word} {n:,}" for word, n in counts if n]
-        if parts:
-            return ", ".join(parts) + ("" if side == "b" else " (a)")
-    return "NaN/Inf"
 
 
 # The depth of the bars: the model's layers (as ``drift_table`` finds them), or the
@@ -328,23 +319,15 @@ class DiffView(w.VBox):
         bad = is_nonfinite_change(rows)
         size = pd.to_numeric(rows["rel_change"], errors="coerce")
         moved = pd.to_numeric(rows["delta"], errors="coerce").abs() if "delta" in rows else size
-        # A leaf gone NaN or Inf is the largest change there is: first in its part
-        # (the model, then the rest, then the optimizer's state) and first when the
-        # change is sorted, told by its counts rather than by a percentage.
+        # A leaf gone NaN or Inf is the largest change there is: first (diff_table
+        # ranks it so) and first when the change is sorted, told by its counts
+        # rather than by a percentage.
         size = size.fillna(moved).where(~bad, math.inf)
-        change = rows["change"].astype(object).copy() if "change" in rows else None
-        if change is not None and bad.any():
-            change[bad] = [_nonfinite_change(r) for _, r in rows[bad].iterrows()]
-        part = [
-            display.state_part(c, k)
-            for c, k in zip(rows["checkpointable"], rows["key"], strict=True)
-        ]
-        shown = rows.assign(change_size=size, _nonfinite=bad, _part=part, _first=~bad)
-        if change is not None:
+        shown = rows.assign(change_size=size, _nonfinite=bad)
+        if bad.any():
+            change = shown["change"].astype(object)
+            change[bad] = [nonfinite_change(r) for _, r in rows[bad].iterrows()]
             shown["change"] = change
-        shown = shown.sort_values(["_part", "_first"], kind="stable").drop(
-            columns=["_part", "_first"]
-        )
         self.tree.show(rows.reset_index(drop=True))
         self.table.show(shown)
         self._show_bars()

@@ -42,7 +42,24 @@ def nonfinite_counts(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 def is_nonfinite_change(table: pd.DataFrame) -> np.ndarray:
     """Which rows of a ``diff_table`` are changed leaves holding NaN or Inf on either
-    side: their relative change cannot be told, whatever the finite elements say."""
-    nan, inf = nonfinite_counts(table)
+    side (its ``nonfinite`` word, or else its counts): their relative change cannot
+    be told, whatever the finite elements say."""
     changed = (table["status"] == words.CHANGED).to_numpy(bool)
+    if "nonfinite" in table:
+        return changed & table["nonfinite"].notna().to_numpy(bool)
+    nan, inf = nonfinite_counts(table)
     return changed & ((nan + inf) > 0)
+
+
+def _told(row: pd.Series, side: str) -> str:
+    counts = [(word, counted(row.get(f"{word.lower()}_{side}"))) for word in ("NaN", "Inf")]
+    return ", ".join(f"{word} {n:,}" for word, n in counts if n)
+
+
+def nonfinite_change(row: pd.Series) -> str:
+    """The change of a leaf holding NaN or Inf, told by its counts: ``NaN 512 (was
+    finite)``, ``NaN 512 (a: NaN 500)``, ``finite (a: Inf 3)``."""
+    b, a = _told(row, "b"), _told(row, "a")
+    if not b:
+        return f"finite (a: {a})" if a else "NaN/Inf"
+    return f"{b} (a: {a})" if a else f"{b} (was finite)"

@@ -9,19 +9,20 @@ from typing import Any
 
 import pandas as pd
 
-from tinax.explore.display import display_keys, human_bytes
-from tinax.vocabulary import COMPLETE
+from tinax.explore.display import display_keys, human_bytes, readable_key
+from tinax.vocabulary import COMPLETE, DIVERGED
+from tinax.vocabulary import NONFINITE as SCAN_NONFINITE
 
-from ._nonfinite import NONFINITE_COLOR
+from ._nonfinite import NONFINITE_COLOR, counted
 
 # Labels of the heatmap's rows: as wide as this in characters at most.
 LABEL_CHARS = 28
 # A heatmap cell that is not a value: its layer held NaN or Inf on either side, or
-# a part of it was not read (its figures are not known).
-NONFINITE = "nonfinite"
-UNREAD = "unread"
-# The verdict ``scan_run`` gives a checkpoint holding NaN or Inf.
-SCAN_NONFINITE = "non-finite"
+# a part of it could not be compared or was not read (its figures are not known).
+NAN_CELL = "nonfinite"
+UNREAD_CELL = "unread"
+# ``run_table``'s column naming, per checkpoint, the metrics recorded as NaN or ±Inf.
+NONFINITE_METRICS = "nonfinite_metrics"
 
 
 def floats(values: Any) -> list[float | None]:
@@ -57,9 +58,16 @@ def nonfinite_word(value: Any) -> str | None:
 def nonfinite_metrics(rows: pd.DataFrame, metrics: list[str]) -> dict[str, list[list[Any]]]:
     """Per metric, ``[step, word]`` of each checkpoint whose value is NaN or ±Inf.
 
-    A checkpoint that does not record the metric at all is not listed: ``run_table``
-    leaves it ``<NA>`` (a nullable column) or the metric is absent from its row.
+    A checkpoint that does not record the metric at all is not listed: a NaN in a
+    metric column counts only where ``run_table``'s ``nonfinite_metrics`` names the
+    metric (without that column: where a nullable column holds NaN, not ``<NA>``).
     """
+    named: list[set[str]] | None = None
+    if NONFINITE_METRICS in rows:
+        named = [
+            set() if pd.isna(v) else {n.strip() for n in str(v).split(", ")}
+            for v in rows[NONFINITE_METRICS]
+        ]
     out: dict[str, list[list[Any]]] = {}
     for metric in metrics:
         if metric not in rows:
@@ -67,8 +75,10 @@ def nonfinite_metrics(rows: pd.DataFrame, metrics: list[str]) -> dict[str, list[
         column = rows[metric]
         missing = column.isna() if _nullable(column) else pd.Series(False, index=column.index)
         found = []
-        for step, value, absent in zip(rows["step"], column, missing, strict=True):
+        for i, (step, value, absent) in enumerate(zip(rows["step"], column, missing, strict=True)):
             word = None if absent is True else nonfinite_word(value)
+            if named is not None and metric not in named[i]:
+                word = None
             if word is not None:
                 found.append([int(step), word])
         if found:
@@ -93,12 +103,13 @@ def cell_state(row: pd.Series) -> str | None:
     """What a ``drift_table`` row's heatmap cell shows instead of a colour, if anything:
     ``NONFINITE`` when its layer held NaN or Inf, ``UNREAD`` when a part of it could
     not be read or its figures are not known, ``None`` for a value."""
-    counts = [row.get(c) for c in ("nan", "inf")]
-    if any(c is not None and c is not pd.NA and not pd.isna(c) and c > 0 for c in counts):
-        return NONFINITE
+    if counted(row.get("nan")) or counted(row.get("inf")):
+        return NAN_CELL
+    if counted(row.get("unreadable")):
+        return UNREAD_CELL
     value = row.get("rel_update")
     if value is None or value is pd.NA or pd.isna(value):
-        return UNREAD
+        return UNREAD_CELL
     return None
 
 
@@ -119,8 +130,8 @@ def heat_data(drift: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
         r, c = row_of[str(row["key"])], column[int(row["step"])]
         heat[r][c] = floats([row["rel_update"]])[0]
         states[r][c] = cell_state(row)
-        if states[r][c] == NONFINITE:
-            counts[r][c] = [_int(row.get("nan")), _int(row.get("inf"))]
+        # NaN, Inf, and leaves not compared: what a cell's tooltip tells.
+        counts[r][c] = [counted(row.get(f)) for f in ("nan", "inf", "unreadable")]
     labels = display_keys(keys, width=LABEL_CHARS) if len(keys) > 1 else [subtrees[k] for k in keys]
     data = {
         "layers": labels,
@@ -132,10 +143,6 @@ def heat_data(drift: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
         "heat_previous": [p for _, p in pairs],
     }
     return data, keys
-
-
-def _int(value: Any) -> int:
-    return 0 if value is None or value is pd.NA or pd.isna(value) else int(value)
 
 
 def timeline_data(
@@ -167,7 +174,9 @@ def timeline_data(
         heat, keys = heat_data(drift)
         data.update(heat)
     if len(scan):
-        bad = scan[scan["verdict"] == SCAN_NONFINITE]
+        # Diverged (NaN or Inf in the model or its optimizer state) or non-finite (in
+        # a metric of the auxiliary state only): both are red lines.
+        bad = scan[scan["verdict"].isin([DIVERGED, SCAN_NONFINITE])]
         data["nonfinite_steps"] = [int(s) for s in bad["step"] if not pd.isna(s)]
         data["rollback_step"] = scan.attrs.get("rollback_step")
     return data, keys
@@ -214,7 +223,7 @@ def _drift_summary(drift: pd.DataFrame) -> list[str]:
             f"moved most: <b>{html.escape(str(top['subtree']))}</b> at step "
             f"{int(top['step'])} (rel_update {top['rel_update']:.3g})"
         )
-    bad = drift[[cell_state(row) == NONFINITE for _, row in drift.iterrows()]]
+    bad = drift[[cell_state(row) == NAN_CELL for _, row in drift.iterrows()]]
     if len(bad):
         first = int(bad["step"].min())
         layers = sorted(set(bad[bad["step"] == first]["subtree"].astype(str)))
@@ -223,4 +232,21 @@ def _drift_summary(drift: pd.DataFrame) -> list[str]:
             f"<span style='color:{NONFINITE_COLOR}'>NaN/Inf in {html.escape(named)} "
             f"from step {first}</span>"
         )
+    unreadable = drift.attrs.get("unreadable")
+    if isinstance(unreadable, pd.DataFrame) and len(unreadable):
+        row = unreadable.iloc[0]
+        where = f"{_readable(str(row['key']))} at step {row['step']} ({row['status']})"
+        more = f" and {len(unreadable) - 1:,} more" if len(unreadable) > 1 else ""
+        count = len(unreadable)
+        parts.append(
+            f"<span style='color:#7a4f01'>{count:,} lea{'f' if count == 1 else 'ves'} "
+            f"not compared: {html.escape(where)}{more}</span>"
+        )
     return parts
+
+
+def _readable(key: str) -> str:
+    try:
+        return readable_key(key)
+    except ValueError:
+        return key

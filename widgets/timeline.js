@@ -274,11 +274,14 @@ function draw(model, root) {
         );
         const title = el("title", {}, rect);
         let says = `rel_update ${short(v)}`;
+        const [nan, inf, unreadable] = (counts[r] || [])[c] || [0, 0, 0];
         if (state === "nonfinite") {
-          const [nan, inf] = (counts[r] || [])[c] || [0, 0];
           says = `NaN/Inf (${nan.toLocaleString()} NaN, ${inf.toLocaleString()} Inf)`;
+        } else if (state && unreadable) {
+          says = `${unreadable.toLocaleString()} ${unreadable === 1 ? "leaf" : "leaves"} not compared (damaged, or not on both sides)`;
+          if (finite(v)) says += `; rel_update of the rest ${short(v)}`;
         } else if (state) {
-          says = "not read";
+          says = "not known: part of it was not read";
         }
         title.textContent = `${label}, ${previous[c]} → ${s}: ${says}`;
       });

@@ -116,3 +116,42 @@ WARNING = "warning"
 INFO = "info"
 
 SEVERITIES = (ERROR, WARNING, INFO)
+
+# -- non-finite values (``diff_table``'s ``nonfinite``; ``verify`` and ``scan_run``) ----------
+
+# A leaf finite everywhere in ``a`` that holds NaN or Inf in ``b``.
+BECAME_NONFINITE = "became non-finite"
+# A leaf that held NaN or Inf in ``a`` and is finite everywhere in ``b``.
+BECAME_FINITE = "became finite"
+# A leaf holding NaN or Inf on both sides.
+NONFINITE_BOTH = "non-finite in both"
+
+NONFINITE_CHANGES = (BECAME_NONFINITE, NONFINITE_BOTH, BECAME_FINITE)
+
+# -- a checkpoint's verdict (``Verification.status``, ``scan_run``'s ``verdict``) -------------
+
+# Whole, loadable, and (with data read) no NaN or Inf in its model or optimizer state.
+SOUND = "sound"
+# Whole and loadable, but its model or optimizer state holds NaN or Inf: the run
+# diverged before this save. Never called sound.
+DIVERGED = "diverged"
+# Something in the way of a load (an error finding).
+NOT_SOUND = "not sound"
+
+VERIFY_STATUSES = (SOUND, DIVERGED, NOT_SOUND)
+
+# ``scan_run``'s verdicts besides ``DIVERGED`` and ``NOT_SOUND``: read and finite
+# everywhere; NaN or Inf only outside the model and optimizer state (a metric in the
+# auxiliary state, say); not a complete checkpoint; not read (the scan was cancelled).
+FINITE = "finite"
+NONFINITE = "non-finite"
+NOT_COMPLETE = "not complete"
+NOT_SCANNED = "not scanned"
+
+SCAN_VERDICTS = (FINITE, NONFINITE, DIVERGED, NOT_SOUND, NOT_COMPLETE, NOT_SCANNED)
+
+# The checkpointables that hold metrics rather than training state: the auxiliary
+# state (``TrainingCheckpointNames().auxiliary``) and Orbax's recorded ``metrics``.
+# NaN or Inf there (a NaN loss) is a warning; anywhere else (the model, the optimizer
+# state, whatever their names) it makes a checkpoint ``diverged``.
+METRIC_CHECKPOINTABLES = frozenset({"auxiliary", "metrics"})

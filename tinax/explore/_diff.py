@@ -36,7 +36,13 @@ from tinax._format import (
 from tinax.explore import _checkpoint, _live, _raw_scan
 from tinax.explore._leaf_rows import Leaf, frame
 from tinax.explore._numeric import PairStats
-from tinax.explore._ranking import OTHER, sort_by_change, told_change, value_kind
+from tinax.explore._ranking import (
+    OTHER,
+    nonfinite_change,
+    sort_by_change,
+    told_change,
+    value_kind,
+)
 from tinax.explore._verify.integrity import PiecesCheck
 
 DIFF_COLUMNS = (
@@ -62,6 +68,7 @@ DIFF_COLUMNS = (
     "inf_a",
     "nan_b",
     "inf_b",
+    "nonfinite",
     "decoded",
     "decided_by",
 )
@@ -320,6 +327,7 @@ class _Row:
             *sides,
             *numbers,
             *counts,
+            nonfinite_change(self.stats),
             self.decoded,
             self.decided_by,
         )
@@ -665,13 +673,24 @@ def diff_table(
       array, ``+150`` for a counter, ``changed`` for a PRNG key, else the
       status); ``delta``, ``b - a`` of a one-element integer leaf; ``kind``,
       ``shape`` and ``dtype`` of each side (suffixed ``_a`` and ``_b``; a live typed PRNG key as its stored
-      key data); for changed floating-point leaves ``max_abs_diff``, ``rel_change``
-      (‖b − a‖ / ‖a‖, infinite if ``a`` is zero), ``cosine``, ``norm_a``,
-      ``norm_b`` and ``norm_diff`` (‖b − a‖), all over the elements finite on
-      both sides (integer leaves only ``max_abs_diff``; PRNG keys none);
-      ``nan_a``, ``inf_a``, ``nan_b``, ``inf_b`` for every leaf whose values
-      were decoded; ``decoded``; and ``decided_by`` (``metadata``, ``checksum``,
-      ``stored bytes`` or ``data``: what settled the status).
+      key data); for changed floating-point leaves ``norm_a`` and ``norm_b``, the
+      norm of each side's own finite values (the leaf's true norm when it holds
+      no NaN or Inf; NaN when it holds no finite value at all), and
+      ``max_abs_diff``, ``rel_change`` (‖b − a‖ / ‖a‖, infinite if ``a`` is zero),
+      ``cosine`` and ``norm_diff`` (‖b − a‖) over the elements finite on both
+      sides, NaN where no number measures the change: where some element is
+      finite on one side only (a leaf that became NaN), NaN on one and infinite
+      on the other, or where no element is finite on both sides (integer leaves
+      only ``max_abs_diff``; PRNG keys none); ``nan_a``, ``inf_a``, ``nan_b``,
+      ``inf_b`` for every leaf whose values were decoded; ``nonfinite``, for a
+      decoded leaf holding NaN or Inf on either side, how that changed
+      (``became non-finite``: finite everywhere in ``a``, not in ``b``;
+      ``non-finite in both``; ``became finite``; ``tinax.vocabulary``'s
+      ``NONFINITE_CHANGES``), ``<NA>`` where both sides are finite or the values
+      were not read; ``decoded``; and ``decided_by`` (``metadata``,
+      ``checksum``, ``stored bytes`` or ``data``: what settled the status). A
+      changed leaf with a ``nonfinite`` state has that word as its ``change``
+      and ranks first (``sort_by_change``).
 
     Raises:
       TypeError: If ``a`` or ``b`` is neither a path nor a mapping.

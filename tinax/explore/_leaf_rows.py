@@ -38,6 +38,7 @@ _DTYPES = {
     "inf_count": "Int64",
     "decoded": "boolean",
     "decided_by": "string",
+    "nonfinite": "string",
     "part": "string",
     "severity": "string",
     "message": "string",

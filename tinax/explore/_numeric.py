@@ -112,9 +112,9 @@ def _real_sums(
     float32 could have lost a sum (squares under- or overflowing): the caller then
     sums the block in float64.
     """
-    d = np.subtract(y, x, out=scratch.view(x.dtype)[: x.size])
     dot: Any = _row_dot if x.dtype == np.float64 else np.dot
     with np.errstate(over="ignore", invalid="ignore"):  # told apart just below
+        d = np.subtract(y, x, out=scratch.view(x.dtype)[: x.size])
         aa, bb, dd = float(dot(x, x)), float(dot(y, y)), float(dot(d, d))
         ds = float(dot(d, x)) + float(dot(d, y))
     if not all(map(math.isfinite, (aa, bb, dd, ds))):
@@ -150,15 +150,37 @@ class ValueCounts:
             self.inf += int(np.count_nonzero(np.isinf(block)))
 
 
+def _moved(x: np.ndarray, y: np.ndarray) -> int:
+    """Elements whose non-finite state differs between ``x`` and ``y``: finite on one
+    side only, or NaN on one and infinite on the other, or infinities of opposite sign."""
+    finite_x, finite_y = np.isfinite(x), np.isfinite(y)
+    one_side = int(np.count_nonzero(finite_x != finite_y))
+    both = ~finite_x & ~finite_y
+    if not both.any():
+        return one_side
+    bx, by = x[both], y[both]
+    nan_x, nan_y = np.isnan(bx), np.isnan(by)
+    other = (nan_x != nan_y) | (~nan_x & ~nan_y & (bx != by))
+    return one_side + int(np.count_nonzero(other))
+
+
 class PairStats:
     """How array ``b`` differs from array ``a`` of the same shape, seen a region at a time.
 
-    Sums run over the elements that are finite on both sides; NaNs and infinities
-    are counted apart, for each side. Complex values are compared as complex numbers.
+    NaNs and infinities are counted apart, for each side. The norm of each side
+    is over its own finite elements; the difference (``‖b − a‖``, the largest
+    ``|b − a|``, the cosine) over the elements finite on both sides, and undefined
+    (NaN) where some element's non-finite state differs between the sides (a
+    finite value that became NaN): no number measures that change. Complex values
+    are compared as complex numbers.
 
     Attributes:
       equal: Whether every region so far was bitwise equal.
       counts_a, counts_b: NaN and infinity counts of each side.
+      size: Elements seen on each side.
+      moved: Elements whose non-finite state differs between the sides (finite on
+        one side only, or NaN against Inf, or Inf against -Inf).
+      both_finite: Elements finite on both sides.
     """
 
     def __init__(self, dtype: np.dtype) -> None:
@@ -167,6 +189,11 @@ class PairStats:
         self.equal = True
         self.counts_a = ValueCounts(self.dtype)
         self.counts_b = ValueCounts(self.dtype)
+        self.size = 0
+        self.moved = 0
+        self.both_finite = 0
+        # Σ|a|² and Σ|b|² over each side's own finite elements.
+        self._own_aa = self._own_bb = 0.0
         self._aa = self._bb = self._dd = 0.0
         # Σ conj(a)·b for complex values; for real ones Σ(b-a)·(a+b) (see cosine).
         self._ab: complex | float = 0.0
@@ -192,6 +219,7 @@ class PairStats:
 
     def _add(self, raw_a: np.ndarray, raw_b: np.ndarray) -> None:
         x, y = _computable(raw_a), _computable(raw_b)
+        self.size += x.size
         if x.dtype in (np.float32, np.float64):
             if self._scratch is None:
                 self._scratch = np.empty(_BLOCK * 8, np.uint8)
@@ -201,10 +229,14 @@ class PairStats:
                 if self.equal and (dd != 0.0 or not _bitwise_equal(raw_a, raw_b)):
                     # Equal values can still differ in their bits (0.0 and -0.0).
                     self.equal = False
+                self._own_aa += aa
+                self._own_bb += bb
+                self.both_finite += x.size
                 self._take(aa, bb, ds, dd, largest)
                 return
-        d = _difference(x, y)
-        aa, bb, ab, dd = _sums(x, y, d)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: told apart below
+            d = _difference(x, y)
+            aa, bb, ab, dd = _sums(x, y, d)
         if not (math.isfinite(aa) and math.isfinite(bb) and math.isfinite(dd)):
             # Rare: NaNs or infinities (or squares too large for float64). Count
             # them, and compare the rest.
@@ -212,12 +244,21 @@ class PairStats:
             self.counts_b.update(raw_b)
             if self.equal and not _bitwise_equal(raw_a, raw_b):
                 self.equal = False
-            both = np.isfinite(x) & np.isfinite(y)
+            finite_x, finite_y = np.isfinite(x), np.isfinite(y)
+            self._own_aa += float(_dot(x[finite_x], x[finite_x]).real)
+            self._own_bb += float(_dot(y[finite_y], y[finite_y]).real)
+            if x.dtype.kind in "fc":
+                self.moved += _moved(x, y)
+            both = finite_x & finite_y
             x, y = x[both], y[both]
             d = _difference(x, y)
             aa, bb, ab, dd = _sums(x, y, d)
-        elif self.equal and (dd != 0.0 or not _bitwise_equal(raw_a, raw_b)):
-            self.equal = False
+        else:
+            self._own_aa += aa
+            self._own_bb += bb
+            if self.equal and (dd != 0.0 or not _bitwise_equal(raw_a, raw_b)):
+                self.equal = False
+        self.both_finite += x.size
         largest = 0.0
         if d.size and dd != 0.0:
             largest = float(np.abs(d).max() if d.dtype.kind == "c" else max(d.max(), -d.min()))
@@ -240,11 +281,34 @@ class PairStats:
             mine.inf += theirs.inf
         self._take(other._aa, other._bb, other._ab, other._dd, other._max)
         self._sum_d += other._sum_d
+        self._own_aa += other._own_aa
+        self._own_bb += other._own_bb
+        self.size += other.size
+        self.moved += other.moved
+        self.both_finite += other.both_finite
+
+    @property
+    def nonfinite_a(self) -> bool:
+        """Whether side ``a`` holds NaN or Inf."""
+        return bool(self.counts_a.nan or self.counts_a.inf)
+
+    @property
+    def nonfinite_b(self) -> bool:
+        """Whether side ``b`` holds NaN or Inf."""
+        return bool(self.counts_b.nan or self.counts_b.inf)
+
+    @property
+    def comparable(self) -> bool:
+        """Whether the difference is a number: some element is finite on both sides
+        and none changed its non-finite state (the differences are then over those
+        finite on both sides)."""
+        return self.moved == 0 and self.both_finite > 0
 
     @property
     def max_abs_diff(self) -> float:
-        """The largest ``|b - a|`` over elements finite on both sides."""
-        return self._max
+        """The largest ``|b - a|`` over elements finite on both sides; NaN where not
+        ``comparable``."""
+        return self._max if self.comparable else math.nan
 
     @property
     def sum_diff(self) -> float:
@@ -255,30 +319,39 @@ class PairStats:
 
     @property
     def norm_a(self) -> float:
-        """``‖a‖`` over elements finite on both sides (on ``a``'s, where equal)."""
-        return math.sqrt(self._aa)
+        """``‖a‖`` over ``a``'s own finite elements (its true norm when it has no
+        NaN or Inf); NaN when it has no finite element at all."""
+        if self.size and self.counts_a.nan + self.counts_a.inf >= self.size:
+            return math.nan
+        return math.sqrt(self._own_aa)
 
     @property
     def norm_b(self) -> float:
         """``‖b‖``, as ``norm_a``."""
-        return math.sqrt(self._bb)
+        if self.size and self.counts_b.nan + self.counts_b.inf >= self.size:
+            return math.nan
+        return math.sqrt(self._own_bb)
 
     @property
     def norm_diff(self) -> float:
-        """``‖b - a‖``, as ``norm_a``."""
-        return math.sqrt(self._dd)
+        """``‖b - a‖`` over elements finite on both sides; NaN where not ``comparable``."""
+        return math.sqrt(self._dd) if self.comparable else math.nan
 
     @property
     def rel_change(self) -> float:
-        """``‖b - a‖ / ‖a‖``: infinite when ``a`` is zero and ``b`` is not."""
+        """``‖b - a‖ / ‖a‖`` over elements finite on both sides: infinite when ``a``
+        is zero there and ``b`` is not; NaN where not ``comparable``."""
+        if not self.comparable:
+            return math.nan
         if self._aa == 0.0:
             return 0.0 if self._dd == 0.0 else math.inf
         return math.sqrt(self._dd) / math.sqrt(self._aa)
 
     @property
     def cosine(self) -> float:
-        """``Re⟨a, b⟩ / (‖a‖ ‖b‖)``; NaN when either side is zero."""
-        if self._aa == 0.0 or self._bb == 0.0:
+        """``Re⟨a, b⟩ / (‖a‖ ‖b‖)`` over elements finite on both sides; NaN when
+        either side is zero there, or where not ``comparable``."""
+        if not self.comparable or self._aa == 0.0 or self._bb == 0.0:
             return math.nan
         na, nb = math.sqrt(self._aa), math.sqrt(self._bb)
         if isinstance(self._ab, complex):

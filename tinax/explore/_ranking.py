@@ -86,6 +86,25 @@ _STATUS_ORDER = {
 }
 
 
+def nonfinite_change(stats: PairStats | None) -> str | None:
+    """How a leaf's NaN and Inf changed between the sides (``words.NONFINITE_CHANGES``);
+    ``None`` when both sides are finite or the values were not read."""
+    if stats is None:
+        return None
+    a, b = stats.nonfinite_a, stats.nonfinite_b
+    if a and b:
+        return words.NONFINITE_BOTH
+    if b:
+        return words.BECAME_NONFINITE
+    if a:
+        return words.BECAME_FINITE
+    return None
+
+
+# Changed leaves whose NaN/Inf changed, in the order they rank before all others.
+_ALARM_ORDER = {marker: i for i, marker in enumerate(words.NONFINITE_CHANGES)}
+
+
 def told_change(
     kind: str, status: str, stats: PairStats | None, a: Any
 ) -> tuple[list[Any], list[Any], str, Any]:
@@ -114,7 +133,14 @@ def told_change(
                     stats.norm_diff,
                 ]
                 rel = stats.rel_change
-                change = "∞ %" if math.isinf(rel) else f"{rel * 100:.3g} %"
+                marker = nonfinite_change(stats)
+                if marker is not None:
+                    # Never "0 %": a leaf whose values went NaN is told so.
+                    change = marker
+                elif math.isnan(rel):
+                    change = "nan"
+                else:
+                    change = "∞ %" if math.isinf(rel) else f"{rel * 100:.3g} %"
             elif kind in (INTEGER, BOOL):
                 # A counter's change is how far it moved, never a float statistic.
                 numbers[0] = stats.max_abs_diff
@@ -132,11 +158,15 @@ def told_change(
 def sort_by_change(table: pd.DataFrame) -> pd.DataFrame:
     """``diff_table`` rows with what matters most first.
 
-    The model's leaves come first, the optimizer's state last (``display.state_part``),
-    and within each, changed leaves come first: floating-point arrays by
-    ``rel_change`` (largest first), then integer counters by how far they moved,
-    then PRNG keys and the rest; then the other differences; then leaves that are
-    the same. Ties go in natural key order (block 2 before block 10).
+    Changed leaves whose NaN or Inf changed come before everything else, wherever
+    they are (``nonfinite``: ``became non-finite`` first, then ``non-finite in
+    both``, then ``became finite``): a leaf that went NaN is the first thing to see.
+    Then the model's leaves come first, the optimizer's state last
+    (``display.state_part``), and within each, changed leaves come first:
+    floating-point arrays by ``rel_change`` (largest first), then integer counters
+    by how far they moved, then PRNG keys and the rest; then the other
+    differences; then leaves that are the same. Ties go in natural key order
+    (block 2 before block 10).
     """
     if table.empty:
         return table.reset_index(drop=True)
@@ -152,8 +182,13 @@ def sort_by_change(table: pd.DataFrame) -> pd.DataFrame:
     change = pd.to_numeric(table["rel_change"], errors="coerce")
     moved = pd.to_numeric(table["delta"], errors="coerce").abs()
     size = change.fillna(moved).fillna(-1.0)
-    keyed = table.assign(_part=part, _order=order, _kind=kinds, _change=-size, _natural=natural)
-    keyed = keyed.sort_values(["_part", "_order", "_kind", "_change", "_natural"], kind="stable")
-    return keyed.drop(columns=["_part", "_order", "_kind", "_change", "_natural"]).reset_index(
-        drop=True
+    alarm = pd.Series(len(_ALARM_ORDER), index=table.index)
+    if "nonfinite" in table.columns:
+        told = table["nonfinite"].map(lambda m: _ALARM_ORDER.get(m, len(_ALARM_ORDER)))
+        alarm = told.where(table["status"] == words.CHANGED, len(_ALARM_ORDER))
+    keyed = table.assign(
+        _alarm=alarm, _part=part, _order=order, _kind=kinds, _change=-size, _natural=natural
     )
+    by = ["_alarm", "_part", "_order", "_kind", "_change", "_natural"]
+    keyed = keyed.sort_values(by, kind="stable")
+    return keyed.drop(columns=by).reset_index(drop=True)

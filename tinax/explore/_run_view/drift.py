@@ -40,7 +40,12 @@ DRIFT_COLUMNS = (
     "nan",
     "inf",
     "leaves",
+    "unreadable",
 )
+# Linen's variable collections: a level of these names (``params``, ``batch_stats``)
+# wraps the model's modules, as NNX's ``value`` wraps its arrays; layers are looked
+# for below it.
+LINEN_COLLECTIONS = frozenset({"params", "batch_stats", "cache", "intermediates", "losses"})
 # Which checkpointable holds the model, by the names training code gives it.
 MODEL_NAMES = ("model", "params", "pytree", "state", "default")
 # Pairs whose sums are kept; about 100 bytes a leaf each.
@@ -69,6 +74,11 @@ class LeafDrift:
     inf: int
     nan_b: int = 0
     inf_b: int = 0
+    # Why the leaf was not compared (``corrupt``, ``shape differs``, ``only in b``…);
+    # ``None`` for a leaf whose sums are above.
+    unreadable: str | None = None
+    # False for a leaf found ``same`` by its checksums, whose values were not read.
+    read: bool = True
 
 
 _pairs: collections.OrderedDict[tuple[Any, ...], list[LeafDrift]] = collections.OrderedDict()
@@ -99,12 +109,27 @@ def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDr
     diff = diff_table(a, b, sort=False)
     if checkpointable is not None and not alone:
         diff = diff[diff["checkpointable"] == checkpointable]
-    floats = diff[
-        (diff["value_kind"] == "float") & diff["status"].isin([words.SAME, words.CHANGED])
-    ]
+    floats = diff[diff["value_kind"] == "float"]
     out = []
     for row in floats.itertuples(index=False):
+        if row.status not in (words.SAME, words.CHANGED):
+            # Not compared (damaged, or not the same leaf on both sides): said, not dropped.
+            out.append(
+                LeafDrift(
+                    checkpointable=checkpointable or str(row.checkpointable),
+                    key=str(row.key),
+                    aa=math.nan,
+                    bb=math.nan,
+                    dd=math.nan,
+                    max_abs=math.nan,
+                    nan=0,
+                    inf=0,
+                    unreadable=str(row.status),
+                )
+            )
+            continue
         same = row.status == words.SAME
+        read = not (same and row.decoded is not True)
         norm_a, norm_b = _number(row.norm_a), _number(row.norm_b)
         nan = _count(row.nan_a) + _count(row.nan_b)
         inf = _count(row.inf_a) + _count(row.inf_b)
@@ -120,6 +145,7 @@ def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDr
                 inf=inf,
                 nan_b=_count(row.nan_b),
                 inf_b=_count(row.inf_b),
+                read=read,
             )
         )
     return out
@@ -158,13 +184,17 @@ def _integer_like(part: Any) -> bool:
 
 
 def shared_levels(paths: Sequence[keys.KeyPath]) -> int:
-    """How many leading key parts every leaf shares and that are not a leaf's last
-    (a wrapper such as Linen's ``params``): layers are looked for below them."""
+    """How many leading key parts are wrappers, not a leaf's last: parts every leaf
+    shares (a model saved under one name), and levels of Linen's variable
+    collections (``params``, ``batch_stats``: ``LINEN_COLLECTIONS``), however many
+    of them the model has. Layers are looked for below them."""
     if not paths:
         return 0
     shortest = min(len(p) for p in paths)
     level = 0
-    while level < shortest - 1 and len({p[level] for p in paths}) == 1:
+    while level < shortest - 1 and (
+        len(names := {p[level] for p in paths}) == 1 or names <= LINEN_COLLECTIONS
+    ):
         level += 1
     return level
 
@@ -172,7 +202,8 @@ def shared_levels(paths: Sequence[keys.KeyPath]) -> int:
 def layer_depth(paths: Sequence[keys.KeyPath]) -> tuple[int, int]:
     """Where a model's structure says its layers are: ``(depth, base)``, ``depth`` one
     past the first level whose keys include indices (``blocks.0``, ``blocks.1``…:
-    depth 2), else one past ``base``, the levels every leaf shares (its modules)."""
+    depth 2), else one past ``base``, the wrapper levels (``shared_levels``: its
+    modules, ``params.Dense_0``)."""
     base = shared_levels(paths)
     deepest = max((len(p) for p in paths), default=0)
     for level in range(base, deepest):
@@ -221,12 +252,15 @@ def drift_table(
 
     Args:
       root: A run directory (local or ``gs://``).
-      depth: How many key parts make a subtree: ``2`` makes ``blocks.7`` of
-        ``['blocks']['7']['attn']['q']['kernel']``. ``None``: the model's layers,
-        where its structure says they are: the items of its first level with
-        indices (``blocks.N``), and each other top-level module whole (``embed``,
-        ``head``); levels every leaf shares are looked through (Linen's
-        ``params``: ``params.Dense_0``).
+      depth: How many key parts make a subtree, counted below the wrapper levels
+        (``shared_levels``: a name every leaf shares, Linen's collections
+        ``params`` and ``batch_stats``), which stay in its name: ``2`` makes
+        ``blocks.7`` of ``['blocks']['7']['attn']['q']['kernel']``, ``1`` makes
+        ``params.Conv_0`` and ``batch_stats.BatchNorm_0`` of a Linen model.
+        ``None``: the model's layers, where its structure says they are: the
+        items of its first level with indices (``blocks.N``), and each other
+        module below the wrappers whole (``embed``, ``head``; Linen's
+        ``params.Dense_0``).
       checkpointable: Which checkpointable to compare; ``None``: the model (the
         first of ``model``, ``params``, ``pytree``, ``state``, ``default`` present,
         else every one).
@@ -243,9 +277,14 @@ def drift_table(
       ``rel_update``, ``cosine``, ``max_abs_diff``, ``norm`` (‖a‖; NaN where a leaf
       was found unchanged by its checksums without being read), ``norm_update``
       (‖b − a‖), ``nan`` and ``inf`` (non-finite values of the subtree, both sides),
-      ``leaves``. The statistics are over the elements finite on both sides; a
-      subtree holding NaN or Inf on either side has NaN statistics.
-      ``attrs``: ``depth``, ``checkpointable``, ``cancelled``.
+      ``leaves`` (its floating-point leaves) and ``unreadable`` (those of them not
+      compared: damaged on a side, or not the same leaf on both). The statistics
+      are over the leaves compared and the elements finite on both sides; a
+      subtree holding NaN or Inf on either side, or none of whose leaves could be
+      compared, has NaN statistics. ``attrs``: ``depth``, ``checkpointable``,
+      ``cancelled``, ``pairs`` and ``unreadable``, one row per leaf not compared:
+      ``step``, ``previous_step``, ``checkpointable``, ``key`` and ``status`` (as
+      ``diff_table`` found it: ``corrupt``, ``shape differs``, ``only in b``…).
 
     Raises:
       TypeError: If ``depth`` is not an integer or ``checkpointable`` not a string.
@@ -292,12 +331,12 @@ def drift_table(
         for leaf in leaves
         if chosen is None or leaf.checkpointable == chosen
     }
-    if depth is None:
-        by_name: dict[str, list[keys.KeyPath]] = collections.defaultdict(list)
-        for (name, _), path in paths.items():
-            by_name[name].append(path)
-        depths = {name: layer_depth(found) for name, found in by_name.items()}
+    by_name: dict[str, list[keys.KeyPath]] = collections.defaultdict(list)
+    for (name, _), path in paths.items():
+        by_name[name].append(path)
+    depths = {name: layer_depth(found) for name, found in by_name.items()}
     out = []
+    unreadable_rows: list[tuple[int, int, str, str, str]] = []
     # NaN/Inf counts of each leaf's later side, carried to the next pair: a leaf found
     # the same by its checksums there (not read) holds the very same values.
     carried: dict[tuple[str, str], tuple[int, int]] = {}
@@ -307,29 +346,38 @@ def drift_table(
             if chosen is not None and leaf.checkpointable != chosen:
                 continue
             path = paths[(leaf.checkpointable, leaf.key)]
-            if depth is None:
-                subtree = layer_of(path, *depths[leaf.checkpointable])
-            else:
-                subtree = path[:depth]
-            group = sums.setdefault((leaf.checkpointable, subtree), [0.0] * 4 + [0] * 4)
+            layers, base = depths[leaf.checkpointable]
+            # An explicit depth counts below the wrappers (Linen's ``params``), which
+            # stay in the name.
+            subtree = layer_of(path, layers, base) if depth is None else path[: base + depth]
+            group = sums.setdefault((leaf.checkpointable, subtree), [0.0] * 4 + [0] * 5)
+            group[6] += 1
+            if leaf.unreadable is not None:
+                group[8] += 1
+                unreadable_rows.append(
+                    (step, previous, leaf.checkpointable, leaf.key, leaf.unreadable)
+                )
+                continue
             group[0] += leaf.aa if not math.isnan(leaf.aa) else 0.0
             group[1] += leaf.bb if not math.isnan(leaf.bb) else 0.0
             group[2] += leaf.dd if not math.isnan(leaf.dd) else 0.0
             group[3] = max(group[3], leaf.max_abs) if not math.isnan(leaf.max_abs) else group[3]
             nan, inf, nan_b, inf_b = leaf.nan, leaf.inf, leaf.nan_b, leaf.inf_b
-            if math.isnan(leaf.aa) and leaf.dd == 0.0:
+            if not leaf.read:
                 nan_b, inf_b = carried.get((leaf.checkpointable, leaf.key), (0, 0))
                 nan, inf = 2 * nan_b, 2 * inf_b
             carried[(leaf.checkpointable, leaf.key)] = (nan_b, inf_b)
             group[4] += nan
             group[5] += inf
-            group[6] += 1
-            group[7] += int(math.isnan(leaf.aa) and leaf.dd == 0.0)
-        for (name, path), (aa, bb, dd, max_abs, nan, inf, count, unread) in sums.items():
+            group[7] += int(not leaf.read)
+        for (name, path), group in sums.items():
+            aa, bb, dd, max_abs, nan, inf, count, unread, unreadable = group
             # A leaf ``same`` by its checksums was not read: the subtree's norm is unknown.
             norm, update = (math.nan if unread else math.sqrt(aa)), math.sqrt(dd)
-            if nan or inf:
+            if nan or inf or unreadable == count:
                 rel = cosine = max_diff = math.nan
+                if unreadable == count:
+                    norm = update = math.nan
             elif dd == 0.0:
                 rel, cosine, max_diff = 0.0, 1.0, 0.0
             elif unread:
@@ -356,6 +404,7 @@ def drift_table(
                     nan,
                     inf,
                     count,
+                    unreadable,
                     natural_key(keys.format_key(path)),
                 )
             )
@@ -363,17 +412,32 @@ def drift_table(
     columns: dict[str, Any] = {}
     for i, column in enumerate(DRIFT_COLUMNS):
         values = [r[i] for r in out]
-        if column in ("step", "previous_step", "nan", "inf", "leaves"):
+        if column in ("step", "previous_step", "nan", "inf", "leaves", "unreadable"):
             columns[column] = pd.array(values, dtype="Int64")
         elif column in ("subtree", "key"):
             columns[column] = pd.array(values, dtype="string")
         else:
             columns[column] = np.array(values, dtype=float)
     table = pd.DataFrame(columns)
+    unreadable_table = pd.DataFrame(
+        {
+            column: pd.array([r[i] for r in unreadable_rows], dtype=dtype)
+            for i, (column, dtype) in enumerate(
+                (
+                    ("step", "Int64"),
+                    ("previous_step", "Int64"),
+                    ("checkpointable", "string"),
+                    ("key", "string"),
+                    ("status", "string"),
+                )
+            )
+        }
+    )
     table.attrs = {
         "depth": depth,
         "checkpointable": chosen,
         "cancelled": cancelled,
         "pairs": len(done),
+        "unreadable": unreadable_table,
     }
     return table

@@ -24,12 +24,13 @@ from tinax.explore._listing import list_checkpoints
 from tinax.explore._verify.verification import verify
 
 SCAN_COLUMNS = ("name", "path", "step", "status", "nan", "inf", "nonfinite_leaves", "verdict")
-# A checkpoint's verdict.
-FINITE = "finite"
-NONFINITE = "non-finite"
-NOT_SOUND = "not sound"
-NOT_COMPLETE = "not complete"
-NOT_SCANNED = "not scanned"
+# A checkpoint's verdict (``words.SCAN_VERDICTS``).
+FINITE = words.FINITE
+NONFINITE = words.NONFINITE
+DIVERGED = words.DIVERGED
+NOT_SOUND = words.NOT_SOUND
+NOT_COMPLETE = words.NOT_COMPLETE
+NOT_SCANNED = words.NOT_SCANNED
 _KEEP = 4096
 
 Progress = Callable[[int, int], None]
@@ -40,7 +41,7 @@ Cancel = Callable[[], bool] | threading.Event
 class _Scanned:
     nan: int
     inf: int
-    sound: bool
+    status: str  # verify's: sound, diverged or not sound
     verdict: str  # verify's line
     leaves: tuple[tuple[str, str, int, int], ...]  # (checkpointable, key, nan, inf) non-finite
 
@@ -61,7 +62,7 @@ def _scan(path: str) -> _Scanned:
             nan, inf = nan + n, inf + i
             if n or i:
                 leaves.append((str(row.checkpointable), str(row.key), n, i))
-    return _Scanned(nan, inf, bool(found.ok), found.verdict, tuple(leaves))
+    return _Scanned(nan, inf, found.status, found.verdict, tuple(leaves))
 
 
 def _cached_scan(row: Any) -> _Scanned:
@@ -118,8 +119,10 @@ def scan_run(
     Returns:
       A DataFrame in ``list_checkpoints`` order: ``name``, ``path``, ``step``,
       ``status``, ``nan`` and ``inf`` (counts over every array; ``<NA>`` where not
-      read), ``nonfinite_leaves`` and ``verdict``: ``finite``; ``non-finite``
-      (sound, but holding NaN or Inf); ``not sound`` (``verify`` found an error:
+      read), ``nonfinite_leaves`` and ``verdict`` (``tinax.vocabulary``'s
+      ``SCAN_VERDICTS``): ``finite``; ``diverged`` (it loads, but its model or
+      optimizer state holds NaN or Inf: ``verify``'s status); ``non-finite``
+      (NaN or Inf only in the auxiliary state: a metric); ``not sound`` (``verify`` found an error:
       its line is in ``attrs["problems"]``, by path); ``not complete`` (in
       progress, interrupted, invalid: never loadable); ``not scanned``.
       ``attrs["first_nonfinite_step"]``: the step of the first checkpoint holding
@@ -154,9 +157,11 @@ def scan_run(
             verdicts.append(NOT_COMPLETE)
         elif found is None:
             verdicts.append(NOT_SCANNED)
-        elif not found.sound:
+        elif found.status == words.NOT_SOUND:
             verdicts.append(NOT_SOUND)
             problems[str(row["path"])] = found.verdict
+        elif found.status == words.DIVERGED:
+            verdicts.append(DIVERGED)
         else:
             verdicts.append(NONFINITE if found.nan or found.inf else FINITE)
     table = listing[["name", "path", "step", "status"]].copy()

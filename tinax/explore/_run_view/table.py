@@ -38,6 +38,7 @@ RUN_COLUMNS = (
     "kept",
     "save_blocked_s",
     "save_total_s",
+    "nonfinite_metrics",
 )
 # The checkpointable ``TrainingRun`` and ``save_training_checkpoint`` save auxiliary state
 # in (``TrainingCheckpointNames().auxiliary``), and how they wrap it.
@@ -45,16 +46,24 @@ AUXILIARY = "auxiliary"
 _WRAPPED = ("state", "step")
 # Readers of a run's checkpoints at once (their files are small: latency bound).
 _THREADS = 8
+# Leaves that may hold a metric: Python numbers, and 0-d arrays.
+_VALUE_KINDS = frozenset({words.SCALAR, *words.ARRAY_KINDS})
 
 
 def _numeric(value: Any) -> float | None:
-    """``value`` as a float when it is a real number (not a bool); else ``None``."""
+    """``value`` as a float when it is a real number (not a bool): a Python or NumPy
+    number, a 0-d array of one, ml_dtypes' (``bfloat16``) included; else ``None``."""
     if isinstance(value, bool | np.bool_):
         return None
     if isinstance(value, int | float | np.integer | np.floating):
         return float(value)
-    if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iuf":
-        return float(value)
+    if isinstance(value, np.generic | np.ndarray) and np.shape(value) == ():
+        dtype = value.dtype
+        if dtype.kind in "iuf" or (dtype.kind == "V" and dtype.names is None):
+            try:
+                return float(np.asarray(value).astype(np.float64))
+            except (TypeError, ValueError):
+                return None
     return None
 
 
@@ -82,10 +91,10 @@ def _inline_scalar(metadata: bytes, chunk: bytes | None) -> Any:
     if not isinstance(meta, dict) or meta.get("zarr_format") != 3 or meta.get("shape") != []:
         return None
     try:
-        dtype = np.dtype(str(meta.get("data_type")))
+        dtype = arrays.numpy_dtype(str(meta.get("data_type")))
     except TypeError:
         return None
-    if dtype.kind not in "iufb":
+    if dtype.kind not in "iufbV" or dtype.names is not None:
         return None
     codecs = meta.get("codecs")
     if not isinstance(codecs, list) or len(codecs) != 1:
@@ -129,7 +138,9 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
     """The scalar leaves of a pytree checkpointable, by key path: from the manifest where
     they are inline (checked against their checksums), else through tensorstore."""
     tree = pytree.read_layout(directory)
-    scalars = [leaf for leaf in tree.leaves if leaf.kind == words.SCALAR and leaf.stored]
+    # Python numbers, and arrays that may be 0-d (jnp.float32(…), np.float32(…) saved
+    # as a 0-d array, bfloat16): their shapes are in their zarr metadata.
+    scalars = [leaf for leaf in tree.leaves if leaf.kind in _VALUE_KINDS and leaf.stored]
     if not scalars:
         return {}
     found: dict[tuple[Any, ...], Any] = {}
@@ -159,11 +170,30 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
     if len(found) < len(scalars):
         from tinax.explore import _checkpoint
 
-        rows = _checkpoint.pytree_leaves(directory.name, tree, arrays.context(), values=True)
+        ctx = arrays.context()
+        rows = _checkpoint.pytree_leaves(directory.name, tree, ctx, values=True)
         for leaf, row in zip(tree.leaves, rows, strict=True):
-            if leaf.kind == words.SCALAR and leaf.path not in found:
+            if leaf.path in found or not leaf.stored:
+                continue
+            if leaf.kind == words.SCALAR:
                 found[leaf.path] = row.value
+            elif leaf.kind in words.ARRAY_KINDS and row.shape == ():
+                # A 0-d array not inline in the manifest (compressed, say): one read.
+                found[leaf.path] = _read_whole(directory, tree, leaf, ctx)
     return found
+
+
+def _read_whole(
+    directory: Location, tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any
+) -> Any:
+    """A small stored array, read and checked against its checksum."""
+    from tinax.explore._array_read import array_record, read_array
+
+    value, checked = read_array(tree, leaf, ctx, array_record(directory, leaf.key))
+    problem = None if checked else checksums.check_read_value(directory, leaf.key, value)
+    if problem is not None:
+        raise ValueError(f"{str(directory)!r}: {problem}")
+    return value
 
 
 # -- one checkpoint --------------------------------------------------------------------------
@@ -237,10 +267,16 @@ def run_table(root: str | os.PathLike[str], *, auxiliary: str = AUXILIARY) -> pd
       ``nbytes``, ``committed`` (as ``list_checkpoints``); ``kept``, why a
       ``TrainingRun`` keeps it (``<NA>`` where the run has no record of it);
       ``save_blocked_s`` and ``save_total_s``, how long its save blocked the caller and
-      took until it committed, where tinax recorded them (else NaN); then one float
-      column per metric (NaN where a checkpoint has none), sorted by name: each numeric scalar of the ``auxiliary``
-      checkpointable (dotted key paths, such as ``loss``; a training checkpoint's
-      own ``step`` left out) and each number in Orbax's recorded ``metrics``.
+      took until it committed, where tinax recorded them (else NaN);
+      ``nonfinite_metrics``, the metric columns whose value in that checkpoint is
+      NaN or infinite, joined by ``", "`` (``<NA>`` where none: a NaN in a metric
+      column of such a row means no value was recorded); then one float column
+      per metric (NaN where a checkpoint has none), sorted by name: each numeric
+      0-d value of the ``auxiliary`` checkpointable, as logged (Python numbers,
+      NumPy scalars and 0-d arrays, JAX 0-d arrays, ``bfloat16``; nested
+      mappings by their dotted key paths, such as ``eval.loss``; a training
+      checkpoint's own ``step`` left out) and each number in Orbax's recorded
+      ``metrics``.
       ``attrs["metrics"]`` lists the metric columns; ``attrs["errors"]`` maps the
       path of each checkpoint whose metadata could not be read to why;
       ``attrs["unchecked"]`` is the listing's.
@@ -276,10 +312,23 @@ def run_table(root: str | os.PathLike[str], *, auxiliary: str = AUXILIARY) -> pd
             times = facts.get(i, ({}, None, None))[1]
             values.append(None if times is None else times[pick])
         table[column] = np.array([math.nan if v is None else v for v in values], dtype=float)
+    nonfinite: list[list[str]] = [[] for _ in range(len(table))]
+    metric_columns: dict[str, np.ndarray] = {}
     for name in metric_names:
         column = name if name not in RUN_COLUMNS else f"{auxiliary}.{name}"
         values = [facts.get(i, ({}, None, None))[0].get(name) for i in range(len(table))]
-        table[column] = np.array([math.nan if v is None else v for v in values], dtype=float)
+        for i, value in enumerate(values):
+            if value is not None and not math.isfinite(value):
+                nonfinite[i].append(column)
+        metric_columns[column] = np.array(
+            [math.nan if v is None else v for v in values], dtype=float
+        )
+    # A NaN in a metric column is ambiguous (a NaN loss, or no loss recorded): this says which.
+    table["nonfinite_metrics"] = pd.array(
+        [", ".join(names) if names else None for names in nonfinite], dtype="string"
+    )
+    for column, numbers in metric_columns.items():
+        table[column] = numbers
     for i, (_, _, problem) in facts.items():
         if problem is not None:
             errors[str(table["path"].iloc[i])] = problem

@@ -90,7 +90,8 @@ class Verification:
 
     Attributes:
       path: The checkpoint verified.
-      ok: Whether the checkpoint is sound: no finding is an ``error``.
+      ok: Whether the checkpoint is sound: no finding is an ``error`` and (with
+        data read) its model and optimizer state hold no NaN or Inf (``status``).
       findings: One row per finding: ``part``, ``severity``, ``message``; errors
         first.
       leaves: With data read, one row per array leaf: ``checkpointable``, ``key``,
@@ -111,14 +112,63 @@ class Verification:
         return self.findings[self.findings["severity"] == words.ERROR].reset_index(drop=True)
 
     @property
+    def nonfinite_leaves(self) -> pd.DataFrame:
+        """The leaves (rows of ``leaves``) holding NaN or Inf; empty without data."""
+        if self.leaves.empty:
+            return self.leaves
+        nan = self.leaves["nan_count"].fillna(0)
+        inf = self.leaves["inf_count"].fillna(0)
+        return self.leaves[(nan > 0) | (inf > 0)].reset_index(drop=True)
+
+    @property
+    def unread_leaves(self) -> pd.DataFrame:
+        """The leaves (rows of ``leaves``) whose data could not all be read: counted
+        apart from NaN and Inf, which are values that were read."""
+        if self.leaves.empty:
+            return self.leaves
+        return self.leaves[~self.leaves["read"].fillna(False).astype(bool)].reset_index(drop=True)
+
+    @property
+    def diverged(self) -> bool:
+        """Whether data was read and the model or optimizer state (any checkpointable
+        but the auxiliary state and metrics, ``words.METRIC_CHECKPOINTABLES``) holds
+        NaN or Inf."""
+        found = self.nonfinite_leaves
+        if found.empty:
+            return False
+        return bool((~found["checkpointable"].isin(list(words.METRIC_CHECKPOINTABLES))).any())
+
+    @property
+    def status(self) -> str:
+        """``sound``, ``diverged`` (it loads, but its state holds NaN or Inf) or ``not
+        sound`` (an error finding), as ``tinax.vocabulary`` spells them."""
+        if (self.findings["severity"] == words.ERROR).any():
+            return words.NOT_SOUND
+        return words.DIVERGED if self.diverged else words.SOUND
+
+    @property
     def verdict(self) -> str:
-        """One line: ``sound`` or ``not sound``, and why."""
+        """One line: ``sound``, ``diverged`` or ``not sound``, and why."""
         counts = self.findings["severity"].value_counts()
         errors, warnings = int(counts.get(words.ERROR, 0)), int(counts.get(words.WARNING, 0))
         scope = "metadata and data" if self.data else "metadata"
-        if self.ok:
+        status = self.status
+        if status == words.SOUND:
             extra = f", {warnings} warning{'s' * (warnings != 1)}" if warnings else ""
             return f"sound ({scope} checked{extra})"
+        if status == words.DIVERGED:
+            found = self.nonfinite_leaves
+            state = found[~found["checkpointable"].isin(list(words.METRIC_CHECKPOINTABLES))]
+            nan, inf = (
+                int(state["nan_count"].fillna(0).sum()),
+                int(state["inf_count"].fillna(0).sum()),
+            )
+            parts = ", ".join(dict.fromkeys(str(c) for c in state["checkpointable"]))
+            count = len(state)
+            return (
+                f"diverged: {nan:,} NaN and {inf:,} Inf in {count:,} lea"
+                f"{'f' if count == 1 else 'ves'} of {parts} ({scope} checked; it loads)"
+            )
         first = self.errors.iloc[0]
         where = f"{first['part']}: " if first["part"] else ""
         more = f" (and {errors - 1} more)" if errors > 1 else ""
@@ -170,9 +220,15 @@ def verify(
         ``DEFAULT_CHECKS``. Pass ``[*(c() for c in DEFAULT_CHECKS), MyCheck()]``
         to add one.
 
+    NaN and Inf are warnings (the checkpoint loads), but a checkpoint whose model or
+    optimizer state holds them is never called sound: its ``status`` is
+    ``diverged`` and ``ok`` is false. NaN in the auxiliary state alone (a metric)
+    stays a warning. Leaves whose data could not be read are errors, apart from
+    NaN and Inf (``unread_leaves``, ``nonfinite_leaves``).
+
     Returns:
-      A ``Verification``: ``ok``, ``verdict``, ``findings`` and, with data,
-      ``leaves``.
+      A ``Verification``: ``ok``, ``status`` (``sound``, ``diverged``, ``not
+      sound``), ``verdict``, ``findings`` and, with data, ``leaves``.
 
     Raises:
       TypeError: If an argument has the wrong type.
@@ -203,8 +259,8 @@ def verify(
             found.append(Finding("", words.ERROR, f"a load refuses it: {target.refused}"))
     found.sort(key=lambda f: _ORDER.get(f.severity, 3))
     findings = frame(FINDING_COLUMNS, (dataclasses.astuple(f) for f in found))
-    ok = not any(f.severity == words.ERROR for f in found)
-    return Verification(str(where), ok, findings, frame(LEAF_COLUMNS, leaves), data)
+    result = Verification(str(where), False, findings, frame(LEAF_COLUMNS, leaves), data)
+    return dataclasses.replace(result, ok=result.status == words.SOUND)
 
 
 def _structure(check: Check, target: VerifyTarget) -> Callable[[], list[Finding]]:

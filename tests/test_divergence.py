@@ -1,0 +1,143 @@
+"""A run that goes NaN, seen as such everywhere: diff, verify, scan, drift, run table.
+
+Real runs (``divergence_fixtures``): a flax NNX model trained with optax's adamw whose
+loss turns NaN at a known step, and a Linen model with BatchNorm statistics.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from damage import flip_bits, stored_value
+from divergence_fixtures import (
+    LAST_FINITE_STEP,
+    LINEN_STEPS,
+    NAN_STEP,
+    STEPS,
+    write_linen_run,
+    write_nnx_run,
+)
+
+import tinax.explore as ex
+from tinax import vocabulary as words
+
+
+def _name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+@pytest.fixture(scope="module")
+def nnx_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(write_nnx_run(str(tmp_path_factory.mktemp("diverging") / "run")))
+
+
+@pytest.fixture(scope="module")
+def linen_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(write_linen_run(str(tmp_path_factory.mktemp("linen") / "run")))
+
+
+def test_a_leaf_that_went_nan_is_changed_ranked_first_with_its_true_norm(nnx_run):
+    before, after = nnx_run / _name(LAST_FINITE_STEP), nnx_run / _name(NAN_STEP)
+    table = ex.diff_table(before, after)
+    went = table[table["nonfinite"] == words.BECAME_NONFINITE]
+    # Every weight of the model and every moment of adamw went NaN: all changed,
+    # told so, and ranked before every other row.
+    assert set(went["status"]) == {words.CHANGED}
+    assert set(went["change"]) == {words.BECAME_NONFINITE}
+    assert list(table.index[: len(went)]) == list(went.index)
+    model = went[went["checkpointable"] == "model"]
+    assert len(model) == 6 and (went["checkpointable"] == "optimizer").sum() == 12
+    assert (went["nan_b"] > 0).all() and (went["nan_a"] == 0).all()
+    # Never "0": the differences are no number, and side a's norm is its true norm.
+    for column in ("rel_change", "max_abs_diff", "norm_diff", "cosine"):
+        assert went[column].isna().all(), column
+    assert not (table["change"] == "0 %").any()
+    key = "['head']['kernel']['value']"
+    row = table[(table["checkpointable"] == "model") & (table["key"] == key)].iloc[0]
+    true_norm = np.linalg.norm(ex.read_leaf(before, "model", key).astype(np.float64))
+    assert row["norm_a"] == pytest.approx(true_norm) and true_norm > 0.1
+    # Back the other way: it became finite.
+    back = ex.diff_table(after, before)
+    assert set(back[back["nonfinite"].notna()]["nonfinite"]) == {words.BECAME_FINITE}
+    # Between two NaN checkpoints the NaN leaves are non-finite in both.
+    later = ex.diff_table(after, nnx_run / _name(NAN_STEP + 1))
+    assert words.NONFINITE_BOTH in set(later["nonfinite"].dropna())
+
+
+def test_a_checkpoint_whose_state_went_nan_is_diverged_never_sound(nnx_run):
+    diverged = ex.verify(nnx_run / _name(NAN_STEP), data=True)
+    assert diverged.status == words.DIVERGED and not diverged.ok
+    assert diverged.errors.empty  # it loads
+    assert diverged.verdict.startswith("diverged: ")
+    assert "model" in diverged.verdict and "optimizer" in diverged.verdict
+    assert "sound" not in diverged.verdict
+    # Every weight, both adamw moments of each, the NaN loss and eval.loss.
+    assert diverged.unread_leaves.empty and len(diverged.nonfinite_leaves) == 6 + 12 + 2
+    healthy = ex.verify(nnx_run / _name(LAST_FINITE_STEP), data=True)
+    assert healthy.ok and healthy.status == words.SOUND
+
+
+def test_scan_run_calls_the_nan_checkpoints_diverged(nnx_run):
+    table = ex.scan_run(nnx_run)
+    verdicts = dict(zip(table["step"], table["verdict"], strict=True))
+    assert verdicts == {s: words.DIVERGED if s >= NAN_STEP else words.FINITE for s in STEPS}
+    assert table.attrs["first_nonfinite_step"] == NAN_STEP
+    assert table.attrs["rollback_step"] == LAST_FINITE_STEP
+
+
+def test_run_table_has_every_metric_as_logged_and_names_the_nan_ones(nnx_run):
+    table = ex.run_table(nnx_run)
+    metrics = {"loss", "learning_rate", "grad_scale", "eval.loss", "epoch"}
+    assert metrics <= set(table.columns) and metrics <= set(table.attrs["metrics"])
+    by_step = table.set_index("step")
+    assert by_step.loc[1, "learning_rate"] == pytest.approx(1e-2)  # a NumPy float32
+    assert by_step.loc[1, "grad_scale"] == 0.5  # bfloat16
+    assert 0.5 < by_step.loc[1, "loss"] < 2.0  # a JAX float32 0-d array
+    assert by_step.loc[1, "eval.loss"] == pytest.approx(2 * by_step.loc[1, "loss"], rel=1e-6)
+    for step in STEPS:
+        named = by_step.loc[step, "nonfinite_metrics"]
+        if step >= NAN_STEP:
+            assert named == "eval.loss, loss" and math.isnan(by_step.loc[step, "loss"])
+        else:
+            assert named is pd.NA
+
+
+def test_drift_shows_the_nan_pairs_and_the_leaves_it_could_not_compare(nnx_run, tmp_path):
+    table = ex.drift_table(nnx_run)
+    nan_rows = table[table["step"] >= NAN_STEP]
+    assert (nan_rows["nan"] > 0).all() and nan_rows["rel_update"].isna().all()
+    assert table[table["step"] < NAN_STEP]["rel_update"].notna().all()
+    assert (table["unreadable"] == 0).all() and table.attrs["unreadable"].empty
+    # A leaf damaged in one checkpoint: counted and listed, never silently left out.
+    copy = tmp_path / "run"
+    shutil.copytree(nnx_run, copy)
+    flip_bits(*stored_value(copy / _name(2) / "model", "layers.1.kernel.value/c/0/0"))
+    damaged = ex.drift_table(copy)
+    listed = damaged.attrs["unreadable"]
+    # Step 2's damaged kernel is in two pairs: 1 → 2 and 2 → 3.
+    assert list(listed["step"]) == [2, 3] and set(listed["status"]) == {words.CORRUPT}
+    assert set(listed["key"]) == {"['layers']['1']['kernel']['value']"}
+    hit = damaged[damaged["unreadable"] > 0]
+    assert list(hit["subtree"]) == ["layers.1", "layers.1"]
+    assert (hit["leaves"] == 2).all()  # the damaged leaf still counts as the layer's
+
+
+def test_a_linen_models_drift_looks_through_params_and_batch_stats(linen_run):
+    table = ex.drift_table(linen_run)
+    layers = set(table["subtree"])
+    assert layers == {
+        "params.Dense_0",
+        "params.Dense_1",
+        "params.BatchNorm_0",
+        "batch_stats.BatchNorm_0",
+    }
+    assert sorted(set(table["step"])) == list(LINEN_STEPS[1:])
+    # An explicit depth counts below the collections, which stay in the name.
+    assert set(ex.drift_table(linen_run, depth=1)["subtree"]) == layers
+    deep = set(ex.drift_table(linen_run, depth=2)["subtree"])
+    assert {"params.Dense_0.kernel", "batch_stats.BatchNorm_0.mean"} <= deep
