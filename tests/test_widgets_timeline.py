@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from run_view_fixtures import JUMP_LAYER, JUMP_STEP, NAN_STEP, ROLLBACK_STEP, STEPS, write_small_run
 from tinax.widgets import CheckpointExplorer, RunTimeline
+from tinax.widgets._nonfinite import NONFINITE_COLOR
 from tinax.widgets._timeline_data import NAN_CELL, first_nonfinite_metrics, nonfinite_metrics
 
 from tinax.checkpointing import save_checkpointables
@@ -272,4 +273,31 @@ def test_a_leaf_gone_nan_is_never_drawn_as_a_norm_of_0(run):
         len(STEPS) - NAN_STEP + 1
     )
     assert f"NaN/Inf from step {NAN_STEP}" in explorer.leaf_pane.history_status.value
+    explorer.close()
+
+
+@pytest.mark.slow
+def test_a_diverged_checkpoint_is_never_called_sound_in_the_explorer(run):
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint(f"step_{NAN_STEP:06d}")
+    assert explorer.wait(60)
+    verdict = explorer.contents.verdict.value
+    # Its metadata alone reads sound; its recorded loss already says to look closer.
+    assert "its loss is NaN or infinite" in verdict and NONFINITE_COLOR in verdict
+    explorer.timeline_section.toggle.click()
+    explorer.timeline.compute_scan()
+    assert explorer.timeline.wait(120)
+    verdict = explorer.contents.verdict.value
+    assert 'class="tinax-verdict-scan" data-status="diverged"' in verdict
+    # The NaN weight and the NaN loss.
+    assert "scan found NaN or Inf in its model or optimizer state (2 NaN, 0 Inf" in verdict
+    # A checkpoint opened later is told too; a finite one is not.
+    explorer.open_checkpoint(f"step_{NAN_STEP + 1:06d}")
+    assert explorer.wait(60)
+    assert "tinax-verdict-scan" in explorer.contents.verdict.value
+    explorer.open_checkpoint(f"step_{ROLLBACK_STEP:06d}")
+    assert explorer.wait(60)
+    verdict = explorer.contents.verdict.value
+    assert "tinax-verdict-scan" not in verdict and 'data-status="sound"' in verdict
+    assert "NaN or infinite" not in verdict
     explorer.close()

@@ -21,7 +21,7 @@ from ._guard import shown_in_widget
 from ._run_list import RunList
 from ._section import Section
 from ._services import Services
-from ._soundness import verdict_html
+from ._soundness import scanned_html, verdict_html, verdict_span
 from ._table import Column, PagedTable, format_cell
 from ._text import error_html, format_bytes, note_html
 from ._tree import TreeView, size_bar_html, size_breakdown
@@ -141,7 +141,13 @@ class CheckpointPane:
         self.leaf_tables = w.VBox([])
         self.size_bar = w.HTML("")
         self.verdict = w.HTML("")
-        self.data_check = DataCheck(page_size=diff_rows, on_start=self._on_data_check)
+        self.data_check = DataCheck(
+            page_size=diff_rows, on_start=self._on_data_check, on_done=self._on_data_checked
+        )
+        # The verdict's parts: verify's (of metadata, or of the data once checked), and
+        # what the run's scan found in this checkpoint, if it read it.
+        self._verdict_text = ""
+        self._scan: pd.DataFrame | None = None
         self.export_button = w.Button(
             description="export…", icon="download", tooltip="write its arrays as safetensors"
         )
@@ -342,6 +348,7 @@ class CheckpointPane:
             if filling
             else size_bar_html(size_breakdown(self.tree_view.tree))
         )
+        self._verdict_text = ""
         self.verdict.value = note_html("checking the checkpoint…")
         self.data_check.set_path(path)
         self.export_box.children = ()
@@ -390,7 +397,32 @@ class CheckpointPane:
         text = verdict_html(path)
         with self._services.lock:
             if self.checkpoint == path:
-                self.verdict.value = text
+                self._verdict_text = text
+                self._render_verdict()
+
+    def show_scan(self, scan: pd.DataFrame) -> None:
+        """Takes what the run's scan (``scan_run``) found: the open checkpoint's
+        verdict says so when it holds NaN or Inf, and so does each one opened later."""
+        with self._services.lock:
+            self._scan = scan
+            if self.checkpoint is not None and self._verdict_text:
+                self._render_verdict()
+
+    def _render_verdict(self) -> None:
+        scanned = ""
+        scan = self._scan
+        if scan is not None and len(scan) and self.checkpoint is not None:
+            rows = scan[scan["path"].astype(str) == self.checkpoint]
+            if len(rows):
+                scanned = scanned_html(rows.iloc[0])
+        self.verdict.value = self._verdict_text + scanned
+
+    def _on_data_checked(self, path: str, result: Any) -> None:
+        # The data read says more than the metadata: the verdict line follows it.
+        with self._services.lock:
+            if path == self.checkpoint:
+                self._verdict_text = verdict_span(result, css_class="tinax-verdict")
+                self._render_verdict()
 
     # -- actions --------------------------------------------------------------------
 

@@ -390,6 +390,9 @@ class RunTimeline(w.VBox):
         with self._lock:
             self.scan = table
         self._redraw()
+        if self._explorer is not None:
+            # The open checkpoint's verdict (and each opened later) says what it found.
+            self._explorer.contents.show_scan(table)
         first, rollback = table.attrs["first_nonfinite_step"], table.attrs["rollback_step"]
         if first is None:
             text = "no NaN or Inf in any checkpoint read"
