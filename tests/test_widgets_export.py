@@ -8,6 +8,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from damage import biggest_data_file, flip_middle_byte
 from flax import nnx
 from safetensors.numpy import load_file
 from tinax.widgets import ExportPanel
@@ -50,23 +51,60 @@ def test_export_writes_the_chosen_checkpointable_with_progress(checkpoint, tmp_p
     assert sorted(tensors) == ["bias", "kernel"] and tensors["kernel"].shape == (32, 64)
     assert "wrote 1 file(s)" in panel.message.value and not panel.error
     assert not panel.export_button.disabled
+    assert panel.destination.value == str(tmp_path / "weights_2")  # the next one is free
 
 
-def test_a_failed_export_is_shown_in_the_panel(checkpoint, tmp_path):
+def _said(panel: ExportPanel, text: str) -> int:
+    """How many times the panel says ``text``: its message, and the error of a bar."""
+    shown = [panel.message.value]
+    shown += [bar.error_box.value for bar in panel.progress_box.children]
+    return sum(part.count(text) for part in shown)
+
+
+def test_a_taken_destination_is_refused_at_the_click_and_said_once(checkpoint, tmp_path):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "mine.txt").write_text("keep")
     panel = ExportPanel(checkpoint)
     panel.destination.value = str(taken)
     panel.export_button.click()  # no exception escapes the click
-    assert panel.progress is not None and panel.progress.wait(60) == "failed"
-    _until(lambda: not panel.exporting)
-    assert "not empty" in panel.error and "Export failed" in panel.message.value
+    # Refused before any work starts: no progress bar, one message naming a free name.
+    assert panel.progress is None and not panel.exporting
+    assert "not empty" in panel.error and "taken_2 is free" in panel.error
+    assert _said(panel, "not empty") == 1
     assert [p.name for p in taken.iterdir()] == ["mine.txt"]
     panel.destination.value = ""
     panel.export_button.click()
     assert "destination" in panel.error and not panel.exporting
     np.testing.assert_equal(panel.export_button.disabled, False)
+
+
+def test_a_failed_export_is_said_once(checkpoint, tmp_path):
+    flip_middle_byte(biggest_data_file(checkpoint / "model"))
+    panel = ExportPanel(checkpoint)
+    panel.destination.value = str(tmp_path / "out")
+    panel.export_button.click()
+    assert panel.progress is not None and panel.progress.wait(60) == "failed"
+    _until(lambda: not panel.exporting)
+    assert "corrupt" in panel.error and "Export failed" in panel.message.value
+    # The message says it; the bar, which would say it again, is gone.
+    assert panel.progress_box.children == ()
+    assert _said(panel, "corrupt") == 1
+
+
+def test_the_destination_proposed_never_exists(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "step_10_safetensors").mkdir()
+    (tmp_path / "step_10_safetensors" / "old.safetensors").write_text("x")
+    panel = ExportPanel(checkpoint)
+    assert panel.destination.value == str(tmp_path / "step_10_safetensors_2")
+    panel.export_button.click()
+    assert panel.progress is not None and panel.progress.wait(60) == "done", panel.progress.error
+    _until(lambda: not panel.exporting)
+    assert panel.files == [str(tmp_path / "step_10_safetensors_2" / "model.safetensors")]
+    # What was written is taken now: the next export is offered the next free name.
+    assert panel.destination.value == str(tmp_path / "step_10_safetensors_3")
+    assert not (tmp_path / "step_10_safetensors_3").exists()
 
 
 def test_a_checkpoint_without_arrays_is_refused(tmp_path):

@@ -32,6 +32,27 @@ def _itemsize(name: str) -> int | None:
         return None if found is None else np.dtype(found).itemsize
 
 
+def free_destination(wanted: Path) -> Path:
+    """``wanted``, or the first of ``wanted_2``, ``wanted_3``… that does not exist: a
+    destination to propose, which an export will not refuse."""
+    if not wanted.exists() and not wanted.is_symlink():
+        return wanted
+    number = 2
+    while True:
+        found = wanted.with_name(f"{wanted.name}_{number}")
+        if not found.exists() and not found.is_symlink():
+            return found
+        number += 1
+
+
+def taken(destination: Path) -> bool:
+    """Whether an export would refuse ``destination``: it exists and is not an empty
+    directory."""
+    if destination.is_symlink() or (destination.exists() and not destination.is_dir()):
+        return True
+    return destination.is_dir() and any(destination.iterdir())
+
+
 def _is_float(name: str) -> bool:
     try:
         dtype = np.dtype(getattr(ml_dtypes, name, None) or name)
@@ -46,8 +67,10 @@ class ExportPanel(w.VBox):
     A checkpointable dropdown (those holding arrays), a dtype for the floating-point
     arrays, a destination directory and an Export button; the export streams the
     arrays from the checkpoint (``tinax.explore.export_safetensors``) in a background
-    thread behind an ``AsyncProgress``. A failure (a destination that exists, a
-    corrupt array) is shown in the panel.
+    thread behind an ``AsyncProgress``. The destination proposed never exists (a
+    number is added to the name, and the next one is proposed after an export); one
+    that exists and is not empty is refused at the click, before anything starts.
+    A failure (a corrupt array) is shown once in the panel.
 
     Attributes:
       error: The last export's failure, or ``""``.
@@ -98,8 +121,10 @@ class ExportPanel(w.VBox):
             layout=w.Layout(width="18em"),
         )
         name = self.path.rstrip("/").rsplit("/", 1)[-1]
+        self._proposed = Path.cwd() / f"{name}_safetensors"
         self.destination = w.Text(
-            value=str(Path.cwd() / f"{name}_safetensors"),
+            # Never one that exists: the export would refuse it.
+            value=str(free_destination(self._proposed)),
             description="to",
             layout=w.Layout(width="100%"),
         )
@@ -155,6 +180,14 @@ class ExportPanel(w.VBox):
         destination = self.destination.value.strip()
         if not destination:
             raise ValueError("choose a destination directory")
+        chosen = Path(destination).expanduser()
+        if not destination.startswith("gs://") and taken(chosen):
+            # Refused before any work starts, once, with a name that is free.
+            free = free_destination(chosen)
+            raise ValueError(
+                f"{destination} exists and is not empty; choose a new directory "
+                f"({free.name} is free)"
+            )
         checkpointable = self.checkpointable.value
         dtype = None if self.dtype.value == AS_STORED else self.dtype.value
         keys = self.key_filter.value.strip() or None
@@ -198,6 +231,16 @@ class ExportPanel(w.VBox):
                 f"{Path(self.files[0]).parent} in {format_seconds(progress.elapsed)}",
                 color="#1b5e20",
             )
+            # The directory written is taken now: the next export is offered another
+            # (the next number of the name proposed, when it was one of those).
+            written = Path(self.files[0]).parent
+            numbered = written.parent == self._proposed.parent and (
+                written.name == self._proposed.name
+                or written.name.startswith(self._proposed.name + "_")
+            )
+            self.destination.value = str(free_destination(self._proposed if numbered else written))
         else:
+            # Said once, here: the bar, which would say it again, goes.
+            self.progress_box.children = ()
             self.error = progress.error
             self.message.value = error_html(progress.error, title="Export failed:")
