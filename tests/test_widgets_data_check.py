@@ -66,7 +66,10 @@ def test_check_data_names_a_damaged_leaf(tmp_path: Path) -> None:
     assert explorer.data_check.wait(120)
     assert explorer.data_check.status == "done"
     assert 'data-ok="false"' in explorer.data_check.label.value
-    assert "error" in explorer.data_check.findings.value
+    findings = explorer.data_check.findings.value
+    # The damaged leaf named dotted, its exact key on hover.
+    assert "error" in findings and ">model w</code>" in findings
+    assert 'title="model [&#x27;w&#x27;]"' in findings
 
 
 def test_a_cancelled_check_shows_nothing_of_it(tmp_path: Path) -> None:

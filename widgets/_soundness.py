@@ -10,6 +10,7 @@ import pandas as pd
 
 from tinax import explore
 from tinax import vocabulary as words
+from tinax.explore import display
 
 from ._nonfinite import NONFINITE_COLOR
 from ._text import error_html, note_html
@@ -42,13 +43,26 @@ def verdict_span(result: Any, *, css_class: str) -> str:
     )
 
 
+def readable_part(part: str) -> str:
+    """A finding's part as keys are shown everywhere: ``model ['blocks'][0]['w']``
+    reads ``model blocks.0.w``; a file's path stays as it is."""
+    name, _, key = str(part).partition(" ")
+    if not key.startswith("["):
+        return str(part)
+    try:
+        return f"{name} {display.readable_key(key)}"
+    except ValueError:
+        return str(part)
+
+
 def findings_list(findings: pd.DataFrame, *, limit: int) -> str:
     """Up to ``limit`` findings that are not ``info``, as a small list (``""``: none)."""
     shown = findings[findings["severity"] != words.INFO].head(limit)
     if shown.empty:
         return ""
     items = "".join(
-        f"<li>{html.escape(str(s))}: <code>{html.escape(str(p))}</code> "
+        f'<li>{html.escape(str(s))}: <code title="{html.escape(str(p))}">'
+        f"{html.escape(readable_part(p))}</code> "
         f'<span style="white-space:normal">{html.escape(str(m))}</span></li>'
         for p, s, m in zip(shown["part"], shown["severity"], shown["message"], strict=True)
     )
