@@ -46,6 +46,11 @@ def test_check_data_counts_nan_and_inf_per_leaf(tmp_path: Path) -> None:
     # The checkpoint's verdict line follows the data read.
     verdict = explorer.contents.verdict.value
     assert 'data-status="diverged"' in verdict and "2 NaN and 1 Inf" in verdict
+    # Its export warns before writing them.
+    explorer.contents.export_button.click()
+    (panel,) = explorer.contents.export_box.children
+    assert "model holds 2 NaN and 1 Inf (the data check)" in panel.warning.value
+    assert panel.export_button.description == "Export anyway"
     # The check shows in its own section, opened where its button is: under the actions.
     body = list(explorer.contents.section.body.children)
     assert explorer.contents.data_section.shown

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from damage import biggest_data_file, flip_middle_byte
 from flax import nnx
+from run_view_fixtures import NAN_STEP, write_small_run
 from safetensors.numpy import load_file
 from tinax.widgets import ExportPanel
 
@@ -114,3 +115,20 @@ def test_a_checkpoint_without_arrays_is_refused(tmp_path):
         ExportPanel(path)
     with pytest.raises(FileNotFoundError):
         ExportPanel(tmp_path / "absent")
+
+
+def test_known_nan_is_warned_of_before_anything_is_written(checkpoint, tmp_path):
+    panel = ExportPanel(checkpoint, nonfinite={"model": (64, 1)}, found_by="the data check")
+    assert "model holds 64 NaN and 1 Inf (the data check)" in panel.warning.value
+    assert panel.export_button.description == "Export anyway"
+    assert panel.export_button.button_style == "warning"
+    assert list(tmp_path.iterdir()) == [tmp_path / "run"]  # nothing written by the warning
+    panel.checkpointable.value = "extra"  # nothing known of it
+    assert panel.warning.value == "" and panel.export_button.description == "Export"
+
+
+def test_a_checkpoint_whose_loss_is_nan_is_warned_of(tmp_path):
+    run = write_small_run(str(tmp_path / "run"))
+    panel = ExportPanel(f"{run}/step_{NAN_STEP:06d}")
+    assert "its loss is NaN or infinite" in panel.warning.value
+    assert ExportPanel(f"{run}/step_{NAN_STEP - 1:06d}").warning.value == ""

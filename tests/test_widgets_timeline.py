@@ -291,6 +291,10 @@ def test_a_diverged_checkpoint_is_never_called_sound_in_the_explorer(run):
     assert 'class="tinax-verdict-scan" data-status="diverged"' in verdict
     # The NaN weight and the NaN loss.
     assert "scan found NaN or Inf in its model or optimizer state (2 NaN, 0 Inf" in verdict
+    # Its export warns of the model's NaN (the loss is in another checkpointable).
+    explorer.contents.export_button.click()
+    (panel,) = explorer.contents.export_box.children
+    assert "model holds 1 NaN and 0 Inf (the run&#x27;s scan)" in panel.warning.value
     # A checkpoint opened later is told too; a finite one is not.
     explorer.open_checkpoint(f"step_{NAN_STEP + 1:06d}")
     assert explorer.wait(60)

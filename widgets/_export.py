@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import traitlets
 from tinax.explore import checkpoint_table, export_safetensors
 
 from ._guard import shown_in_widget
+from ._nonfinite import NONFINITE_COLOR
 from ._progress import RUNNING, AsyncProgress
+from ._soundness import nonfinite_metrics_note
 from ._task import Task
 from ._text import error_html, format_bytes, format_seconds, note_html
 
@@ -82,11 +85,22 @@ class ExportPanel(w.VBox):
     error = traitlets.Unicode("")
     exporting = traitlets.Bool(False)
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        nonfinite: Mapping[str, tuple[int, int]] | None = None,
+        found_by: str = "",
+    ) -> None:
         """Reads the checkpoint's metadata and builds the panel.
 
         Args:
           path: A checkpoint directory, local or ``gs://``.
+          nonfinite: What is known of the checkpoint's NaN and Inf, per
+            checkpointable: ``(nan, inf)`` counts (the explorer passes what its data
+            check or the run's scan read). A checkpointable with any is warned of
+            before it is written, and its button reads "Export anyway".
+          found_by: What found them (``"the data check"``), for the warning.
 
         Raises:
           TypeError: If ``path`` is not a path.
@@ -100,6 +114,10 @@ class ExportPanel(w.VBox):
         if not names:
             raise ValueError(f"checkpoint {self.path!r} holds no arrays to export")
         self._arrays = arrays
+        self._nonfinite = dict(nonfinite or {})
+        self._found_by = found_by
+        # Without a data read: what the checkpoint's own metrics say (metadata only).
+        self._metrics_note = "" if self._nonfinite else nonfinite_metrics_note(self.path)
         self.files: list[str] = []
         self.progress: AsyncProgress | None = None
         self._done = 0
@@ -129,6 +147,7 @@ class ExportPanel(w.VBox):
             layout=w.Layout(width="100%"),
         )
         self.export_button = w.Button(description="Export", icon="download", button_style="primary")
+        self.warning = w.HTML("")
         self.message = w.HTML("")
         self.progress_box = w.VBox([])
         super().__init__(
@@ -138,6 +157,7 @@ class ExportPanel(w.VBox):
                     [self.checkpointable, self.dtype, self.key_filter],
                     layout=w.Layout(flex_flow="row wrap"),
                 ),
+                self.warning,
                 w.HBox([self.destination, self.export_button]),
                 self.message,
                 self.progress_box,
@@ -145,6 +165,29 @@ class ExportPanel(w.VBox):
         )
         self.add_class("tinax-export-panel")
         self.export_button.on_click(shown_in_widget(self._show_error)(self._on_export))
+        self.checkpointable.observe(lambda _: self._show_warning(), names="value")
+        self._show_warning()
+
+    def _show_warning(self) -> None:
+        """Warns, before anything is written, of the NaN and Inf known to be in the
+        checkpointable chosen; the button then reads "Export anyway"."""
+        name = self.checkpointable.value
+        nan, inf = self._nonfinite.get(name, (0, 0))
+        if nan or inf:
+            by = f" ({self._found_by})" if self._found_by else ""
+            text = (
+                f"⚠ {name} holds {nan:,} NaN and {inf:,} Inf{by}: the safetensors files "
+                "would hold them too"
+            )
+            self.warning.value = note_html(text, color=NONFINITE_COLOR)
+            self.export_button.description = "Export anyway"
+            self.export_button.button_style = "warning"
+        else:
+            self.warning.value = (
+                note_html(self._metrics_note, color=NONFINITE_COLOR) if self._metrics_note else ""
+            )
+            self.export_button.description = "Export"
+            self.export_button.button_style = "primary"
 
     def _show_error(self, error: BaseException) -> None:
         self.error = f"{type(error).__name__}: {error}"

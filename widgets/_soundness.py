@@ -85,23 +85,28 @@ def scanned_html(row: pd.Series) -> str:
     )
 
 
-def metrics_html(path: str) -> str:
-    """A note when the checkpoint's own metrics (its auxiliary state, read from
-    metadata) are NaN or infinite: the weights may be too; "check data" says."""
+def nonfinite_metrics_note(path: str) -> str:
+    """A line when the checkpoint's own metrics (its auxiliary state, read from
+    metadata) are NaN or infinite: its weights may be too; "check data" says."""
     try:
         table = explore.run_table(path)
-    except Exception:  # The verdict above says what is wrong with the checkpoint.
+    except Exception:  # What is wrong with the checkpoint is said elsewhere.
         return ""
     if "nonfinite_metrics" not in table or table.empty:
         return ""
     named = table["nonfinite_metrics"].iloc[0]
     if pd.isna(named) or not str(named):
         return ""
-    return note_html(
+    return (
         f"its {named} {'is' if ', ' not in str(named) else 'are'} NaN or infinite: "
-        "“check data” reads its weights for NaN and Inf",
-        color=NONFINITE_COLOR,
+        "“check data” reads its weights for NaN and Inf"
     )
+
+
+def metrics_html(path: str) -> str:
+    """``nonfinite_metrics_note`` in the colour of NaN, or ``""``."""
+    note = nonfinite_metrics_note(path)
+    return note_html(note, color=NONFINITE_COLOR) if note else ""
 
 
 def verdict_html(path: str) -> str:

@@ -386,7 +386,8 @@ class RunTimeline(w.VBox):
         return f"{done}layer drift of {table.attrs.get('pairs', 0)} pairs"
 
     def _scan(self, progress: Callable[[int, int], None], cancel: threading.Event) -> str:
-        table = explore.scan_run(self.root, progress=progress, cancel=cancel)
+        # With its leaves: the explorer's export warns of the NaN of the one it writes.
+        table = explore.scan_run(self.root, leaves=True, progress=progress, cancel=cancel)
         with self._lock:
             self.scan = table
         self._redraw()
