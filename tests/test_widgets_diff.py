@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from tinax.widgets import CheckpointExplorer
-from tinax.widgets._diff import LAYERS, DiffView, forward, subtree_changes
+from tinax.widgets._diff import DiffView, forward
+from tinax.widgets._diff_bars import LAYERS, subtree_changes
 from tinax.widgets._nonfinite import NONFINITE_COLOR
 
 from tinax.checkpointing import save_checkpointables

@@ -18,6 +18,7 @@ from ._data_check import DataCheck
 from ._diff import DiffView
 from ._export import ExportPanel
 from ._guard import shown_in_widget
+from ._nonfinite import known_nonfinite
 from ._run_list import RunList
 from ._section import Section
 from ._services import Services
@@ -431,25 +432,15 @@ class CheckpointPane:
         if self.export_box.children:
             self.export_box.children = ()
         elif self.checkpoint is not None:
-            nonfinite, found_by = self._known_nonfinite()
+            check = self.data_check
+            nonfinite, found_by = known_nonfinite(
+                self.checkpoint,
+                check.result if check.path == self.checkpoint else None,
+                self._scan,
+            )
             self.export_box.children = (
                 ExportPanel(self.checkpoint, nonfinite=nonfinite, found_by=found_by),
             )
-
-    def _known_nonfinite(self) -> tuple[dict[str, tuple[int, int]], str]:
-        """The NaN and Inf counts per checkpointable that a data check or the run's
-        scan read in the open checkpoint, and which of them did; empty if neither."""
-        result = self.data_check.result
-        if result is not None and self.data_check.path == self.checkpoint and result.data:
-            return _by_checkpointable(result.leaves, "nan_count", "inf_count"), "the data check"
-        scan = self._scan
-        leaves = None if scan is None else scan.attrs.get("leaves")
-        if isinstance(leaves, pd.DataFrame) and scan is not None and self.checkpoint:
-            names = scan[scan["path"].astype(str) == self.checkpoint]["name"]
-            if len(names):
-                found = leaves[leaves["name"] == names.iloc[0]]
-                return _by_checkpointable(found, "nan", "inf"), "the run's scan"
-        return {}, ""
 
     def _on_data_check(self) -> None:
         self.data_section.show(True)
@@ -505,18 +496,3 @@ class CheckpointPane:
             checkpointable, key = str(row["checkpointable"]), str(row["key"])
         # Through the table's pick, as a click there: one way to open a leaf.
         self.leaf_view.selected = self.find_leaf(checkpointable, key)
-
-
-def _by_checkpointable(leaves: pd.DataFrame, nan: str, inf: str) -> dict[str, tuple[int, int]]:
-    """NaN and Inf counts of a table of leaves, summed per checkpointable."""
-    out: dict[str, tuple[int, int]] = {}
-    if leaves.empty:
-        return out
-    for name, rows in leaves.groupby("checkpointable", sort=False):
-        counts = (
-            int(pd.to_numeric(rows[nan], errors="coerce").fillna(0).sum()),
-            int(pd.to_numeric(rows[inf], errors="coerce").fillna(0).sum()),
-        )
-        if any(counts):
-            out[str(name)] = counts
-    return out
