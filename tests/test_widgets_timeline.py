@@ -295,6 +295,10 @@ def test_a_diverged_checkpoint_is_never_called_sound_in_the_explorer(run):
     explorer.contents.export_button.click()
     (panel,) = explorer.contents.export_box.children
     assert "model holds 1 NaN and 0 Inf (the run&#x27;s scan)" in panel.warning.value
+    # Once its data check has read it all, the verdict is that check's alone.
+    explorer.data_check.start(in_thread=False)
+    verdict = explorer.contents.verdict.value
+    assert 'data-status="diverged"' in verdict and "tinax-verdict-scan" not in verdict
     # A checkpoint opened later is told too; a finite one is not.
     explorer.open_checkpoint(f"step_{NAN_STEP + 1:06d}")
     assert explorer.wait(60)

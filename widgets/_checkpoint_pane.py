@@ -412,7 +412,9 @@ class CheckpointPane:
     def _render_verdict(self) -> None:
         scanned = ""
         scan = self._scan
-        if scan is not None and len(scan) and self.checkpoint is not None:
+        # A data check read it all: what the scan read says no more.
+        checked = self.data_check.result is not None and self.data_check.path == self.checkpoint
+        if scan is not None and len(scan) and self.checkpoint is not None and not checked:
             rows = scan[scan["path"].astype(str) == self.checkpoint]
             if len(rows):
                 scanned = scanned_html(rows.iloc[0])

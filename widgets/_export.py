@@ -146,7 +146,13 @@ class ExportPanel(w.VBox):
             description="to",
             layout=w.Layout(width="100%"),
         )
-        self.export_button = w.Button(description="Export", icon="download", button_style="primary")
+        self.export_button = w.Button(
+            description="Export",
+            icon="download",
+            button_style="primary",
+            # As wide as its words ("Export anyway"), never cut by the path beside it.
+            layout=w.Layout(width="auto", flex="0 0 auto"),
+        )
         self.warning = w.HTML("")
         self.message = w.HTML("")
         self.progress_box = w.VBox([])
