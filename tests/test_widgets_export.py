@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+import warnings
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ from flax import nnx
 from run_view_fixtures import NAN_STEP, write_small_run
 from safetensors.numpy import load_file
 from tinax.widgets import ExportPanel
+from tinax.widgets._caught import _show, warnings_of_this_thread
 
 from tinax.checkpointing import save_checkpointables
 
@@ -132,3 +135,41 @@ def test_a_checkpoint_whose_loss_is_nan_is_warned_of(tmp_path):
     panel = ExportPanel(f"{run}/step_{NAN_STEP:06d}")
     assert "its loss is NaN or infinite" in panel.warning.value
     assert ExportPanel(f"{run}/step_{NAN_STEP - 1:06d}").warning.value == ""
+
+
+def _warn(text: str) -> None:
+    warnings.warn(text, RuntimeWarning, stacklevel=1)
+
+
+def test_the_warnings_of_an_export_thread_are_its_own_every_time(monkeypatch):
+    shown_elsewhere: list[str] = []
+    monkeypatch.setattr(
+        warnings, "showwarning", lambda message, *args, **kw: shown_elsewhere.append(str(message))
+    )
+    filters = list(warnings.filters)
+    caught: dict[str, list[str]] = {"a": [], "b": []}
+    inside = threading.Barrier(3)
+    done = threading.Barrier(3)
+
+    def export(name: str) -> None:
+        with warnings_of_this_thread(lambda w: caught[name].append(str(w))):
+            inside.wait()
+            for _ in range(2):  # the same warning from the same place: both said
+                _warn(f"export {name}: 3 tensors hold NaN or Inf")
+            done.wait()
+
+    threads = [threading.Thread(target=export, args=(n,)) for n in "ab"]
+    for thread in threads:
+        thread.start()
+    inside.wait()
+    _warn("from the notebook itself")  # another thread's: shown as usual
+    done.wait()
+    for thread in threads:
+        thread.join(10)
+    assert caught == {
+        "a": ["export a: 3 tensors hold NaN or Inf"] * 2,
+        "b": ["export b: 3 tensors hold NaN or Inf"] * 2,
+    }
+    assert shown_elsewhere == ["from the notebook itself"]
+    # Everything as it was once no export is watched.
+    assert warnings.filters == filters and warnings.showwarning is not _show

@@ -15,6 +15,7 @@ import traitlets
 
 from tinax.explore import checkpoint_table, export_safetensors
 
+from ._caught import warnings_of_this_thread
 from ._guard import shown_in_widget
 from ._nonfinite import NONFINITE_COLOR
 from ._progress import RUNNING, AsyncProgress
@@ -75,8 +76,12 @@ class ExportPanel(w.VBox):
     that exists and is not empty is refused at the click, before anything starts.
     A failure (a corrupt array) is shown once in the panel.
 
+    Warnings the export raises (NaN or Inf in the tensors written) are shown in the
+    panel as they come, and kept in ``warnings``.
+
     Attributes:
       error: The last export's failure, or ``""``.
+      warnings: The warnings the last export raised.
       exporting: Whether an export started here is still running.
       files: The files the last export wrote.
       progress: The ``AsyncProgress`` of the last export, or ``None``.
@@ -119,6 +124,7 @@ class ExportPanel(w.VBox):
         # Without a data read: what the checkpoint's own metrics say (metadata only).
         self._metrics_note = "" if self._nonfinite else nonfinite_metrics_note(self.path)
         self.files: list[str] = []
+        self.warnings: list[str] = []
         self.progress: AsyncProgress | None = None
         self._done = 0
         self._lock = threading.Lock()
@@ -254,17 +260,29 @@ class ExportPanel(w.VBox):
         self.progress = progress
         self.progress_box.children = (progress,)
         progress.observe(self._on_status, names="status")
-        task.start(
-            lambda: export_safetensors(
-                self.path,
-                destination,
-                checkpointable=checkpointable,
-                keys=keys,
-                dtype=dtype,
-                progress=self._moved,
-            ),
-            in_thread=True,
+
+        def export() -> list[Path]:
+            # The library warns of NaN and Inf as it finds them, before the files take
+            # their name: said here, in the panel, at once.
+            with warnings_of_this_thread(self._warned):
+                return export_safetensors(
+                    self.path,
+                    destination,
+                    checkpointable=checkpointable,
+                    keys=keys,
+                    dtype=dtype,
+                    progress=self._moved,
+                )
+
+        self.warnings = []
+        task.start(export, in_thread=True)
+
+    def _warned(self, warning: Warning) -> None:
+        self.warnings.append(str(warning))
+        shown = "".join(
+            f"<div>{note_html('⚠ ' + text, color=NONFINITE_COLOR)}</div>" for text in self.warnings
         )
+        self.warning.value = shown
 
     def _on_status(self, _change: Any) -> None:
         progress = self.progress
