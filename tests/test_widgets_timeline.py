@@ -4,7 +4,6 @@ real run with a planted jump and NaN; alone and as the explorer's timeline."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,9 +16,10 @@ from tinax.widgets._timeline_data import NAN_CELL, first_nonfinite_metrics, nonf
 from tinax.checkpointing import save_checkpointables
 
 
-@pytest.fixture
-def run(tmp_path: Path) -> str:
-    return write_small_run(str(tmp_path / "run"))
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # Read only by the tests: written once for the file.
+    return write_small_run(str(tmp_path_factory.mktemp("timeline") / "run"))
 
 
 def _click(timeline: RunTimeline, **content) -> None:
