@@ -42,6 +42,8 @@ def test_check_data_counts_nan_and_inf_per_leaf(tmp_path: Path) -> None:
     # and Inf apart from regions not read (none here).
     assert check.table.frame["key"].tolist() == ["['w']"]
     assert "3 arrays" in label and "1 with NaN or Inf (2 NaN, 1 Inf)" in label
+    # Its counts are said in its row, not again as a finding above the table.
+    assert "holds 2 NaN" not in check.findings.value
     assert "not read" not in label
     # The checkpoint's verdict line follows the data read.
     verdict = explorer.contents.verdict.value

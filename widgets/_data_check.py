@@ -12,6 +12,7 @@ import ipywidgets as w
 import pandas as pd
 
 from tinax import explore
+from tinax.vocabulary import WARNING
 
 from ._guard import shown_in_widget
 from ._nonfinite import NONFINITE_BACKGROUND, NONFINITE_COLOR, counted
@@ -267,7 +268,7 @@ class DataCheck(w.VBox):
             self.label.value = (
                 verdict_span(result, css_class="tinax-data-verdict") + " " + note_html(summary)
             )
-            self.findings.value = findings_list(result.findings, limit=8)
+            self.findings.value = findings_list(_not_in_table(result.findings, flagged), limit=8)
             # A clean check is that one line: the table lists only the leaves to look at.
             self.table.show(flagged)
             self.table.layout.display = "" if len(flagged) else "none"
@@ -276,3 +277,15 @@ class DataCheck(w.VBox):
 
     def _show_error(self, error: BaseException) -> None:
         self.findings.value = error_html(error)
+
+
+def _not_in_table(findings: pd.DataFrame, flagged: pd.DataFrame) -> pd.DataFrame:
+    """The findings the table of leaves does not already tell: a warning about a leaf
+    listed there (its NaN and Inf) is said once, in its row; errors always show."""
+    if flagged.empty or findings.empty:
+        return findings
+    listed = {
+        f"{c} {k}".strip() for c, k in zip(flagged["checkpointable"], flagged["key"], strict=True)
+    }
+    told = findings["part"].astype(str).isin(listed) & (findings["severity"] == WARNING)
+    return findings[~told]
