@@ -99,18 +99,32 @@ def first_nonfinite_metrics(found: dict[str, list[list[Any]]]) -> list[tuple[str
     return sorted(firsts, key=lambda f: (f[1], f[0]))
 
 
-def cell_state(row: pd.Series) -> str | None:
-    """What a ``drift_table`` row's heatmap cell shows instead of a colour, if anything:
-    ``NONFINITE`` when its layer held NaN or Inf, ``UNREAD`` when a part of it could
-    not be read or its figures are not known, ``None`` for a value."""
-    if counted(row.get("nan")) or counted(row.get("inf")):
-        return NAN_CELL
-    if counted(row.get("unreadable")):
-        return UNREAD_CELL
-    value = row.get("rel_update")
-    if value is None or value is pd.NA or pd.isna(value):
-        return UNREAD_CELL
-    return None
+def _counts(drift: pd.DataFrame, column: str) -> list[int]:
+    if column not in drift:
+        return [0] * len(drift)
+    return [counted(v) for v in drift[column]]
+
+
+def cell_states(drift: pd.DataFrame) -> list[str | None]:
+    """What each ``drift_table`` row's heatmap cell shows instead of a colour, if
+    anything: ``NAN_CELL`` when its layer held NaN or Inf, ``UNREAD_CELL`` when a
+    part of it could not be compared or its figures are not known, ``None`` for a
+    value."""
+    states: list[str | None] = []
+    for nan, inf, unreadable, value in zip(
+        _counts(drift, "nan"),
+        _counts(drift, "inf"),
+        _counts(drift, "unreadable"),
+        drift["rel_update"],
+        strict=True,
+    ):
+        if nan or inf:
+            states.append(NAN_CELL)
+        elif unreadable or value is None or value is pd.NA or pd.isna(value):
+            states.append(UNREAD_CELL)
+        else:
+            states.append(None)
+    return states
 
 
 def heat_data(drift: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
@@ -126,12 +140,21 @@ def heat_data(drift: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
     heat: list[list[float | None]] = [[None] * len(pairs) for _ in keys]
     states: list[list[str | None]] = [[None] * len(pairs) for _ in keys]
     counts: list[list[list[int] | None]] = [[None] * len(pairs) for _ in keys]
-    for _, row in drift.iterrows():
-        r, c = row_of[str(row["key"])], column[int(row["step"])]
-        heat[r][c] = floats([row["rel_update"]])[0]
-        states[r][c] = cell_state(row)
+    for key, step, value, state, nan, inf, unreadable in zip(
+        drift["key"],
+        drift["step"],
+        floats(drift["rel_update"]),
+        cell_states(drift),
+        _counts(drift, "nan"),
+        _counts(drift, "inf"),
+        _counts(drift, "unreadable"),
+        strict=True,
+    ):
+        r, c = row_of[str(key)], column[int(step)]
+        heat[r][c] = value
+        states[r][c] = state
         # NaN, Inf, and leaves not compared: what a cell's tooltip tells.
-        counts[r][c] = [counted(row.get(f)) for f in ("nan", "inf", "unreadable")]
+        counts[r][c] = [nan, inf, unreadable]
     labels = display_keys(keys, width=LABEL_CHARS) if len(keys) > 1 else [subtrees[k] for k in keys]
     data = {
         "layers": labels,
@@ -223,7 +246,7 @@ def _drift_summary(drift: pd.DataFrame) -> list[str]:
             f"moved most: <b>{html.escape(str(top['subtree']))}</b> at step "
             f"{int(top['step'])} (rel_update {top['rel_update']:.3g})"
         )
-    bad = drift[[cell_state(row) == NAN_CELL for _, row in drift.iterrows()]]
+    bad = drift[[state == NAN_CELL for state in cell_states(drift)]]
     if len(bad):
         first = int(bad["step"].min())
         layers = sorted(set(bad[bad["step"] == first]["subtree"].astype(str)))
