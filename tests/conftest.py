@@ -216,6 +216,7 @@ SLOW_FILES = frozenset(
         "test_binder.py",
         "test_campaigns.py",
         "test_claims.py",
+        "test_cli_scripting.py",
         "test_demo.py",
         "test_divergence.py",
         "test_explore_cli.py",
@@ -248,6 +249,7 @@ SLOW_TESTS = frozenset(
         "test_a_loop_that_does_not_break_with_a_handler_chained_exits_143",
         "test_on_preemption_continue_goes_on_saving_by_the_interval",
         "test_the_readme_example_runs_twice_in_a_row_and_resumes",
+        "test_a_training_script_preempted_between_save_and_check_loses_nothing",
         # Runs resumed past corrupt checkpoints, and saves refused, at a run's pace.
         "test_a_run_that_skipped_a_corrupt_checkpoint_sets_it_aside_and_goes_on",
         "test_a_step_the_run_has_is_refused_before_anything_is_written",

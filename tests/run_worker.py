@@ -152,7 +152,7 @@ def train(directory: str, options: dict) -> None:
         if step == options.get("ready_at"):
             emit("ready", step=step)
             deadline = time.monotonic() + 60
-            while not run.preempted and time.monotonic() < deadline:
+            while not run.preemption_requested and time.monotonic() < deadline:
                 time.sleep(0.01)
         if run.should_save(step):
             emit("save", step=step, digest=digest(nnx.state(model), nnx.state(optimizer), rng))

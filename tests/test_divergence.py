@@ -141,3 +141,104 @@ def test_a_linen_models_drift_looks_through_params_and_batch_stats(linen_run):
     assert set(ex.drift_table(linen_run, depth=1)["subtree"]) == layers
     deep = set(ex.drift_table(linen_run, depth=2)["subtree"])
     assert {"params.Dense_0.kernel", "batch_stats.BatchNorm_0.mean"} <= deep
+
+
+def _tinax(*args: str | Path, columns: int = 80) -> tuple[int, str, str]:
+    """``tinax ARGS`` run in this process at a terminal ``columns`` wide."""
+    import io
+    import os
+
+    from tinax.explore._cli.main import main
+
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(columns)
+    try:
+        out, err = io.StringIO(), io.StringIO()
+        status = main([str(a) for a in args], out, err)
+    finally:
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_tinax_run_says_nan_apart_from_missing_in_text_json_and_csv(nnx_run):
+    import io
+    import json
+
+    status, text, _ = _tinax("run", nnx_run)
+    assert status == 0
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if "step_" in line}
+    assert rows[_name(NAN_STEP)][-1] == "nan" and rows[_name(LAST_FINITE_STEP)][-1] != "nan"
+    assert "kept all kept" not in text and "kept: all kept" in text
+    record = json.loads(_tinax("run", nnx_run, "--json")[1])
+    by_step = {r["step"]: r for r in record["checkpoints"]}
+    # JSON has no NaN: null, and the row names it; a number otherwise, never a string.
+    assert by_step[NAN_STEP]["loss"] is None
+    assert by_step[NAN_STEP]["nonfinite_values"] == {"loss": "nan", "eval.loss": "nan"}
+    assert isinstance(by_step[1]["loss"], float) and "nonfinite_values" not in by_step[1]
+    assert by_step[1]["grad_scale"] == 0.5
+    table = pd.read_csv(io.StringIO(_tinax("run", nnx_run, "--csv")[1]))
+    assert math.isnan(table.set_index("step").loc[NAN_STEP, "loss"])
+
+
+def test_tinax_run_drift_lists_the_nan_pairs(nnx_run, linen_run):
+    status, text, _ = _tinax("run", nnx_run, "--drift")
+    assert status == 0
+    assert f"non-finite: 2 pairs hold NaN or Inf, the first from step {LAST_FINITE_STEP}" in text
+    pairs = text.split("non-finite:", 1)[1]
+    assert f"   {LAST_FINITE_STEP}     {NAN_STEP}" in pairs
+    assert "nan 0" not in text and "nan: 0" not in text
+    _, linen, _ = _tinax("run", linen_run, "--drift", "--depth", "2", "--top", "0")
+    assert "params.Dense_0.kernel" in linen and "batch_stats.BatchNorm_0.mean" in linen
+    assert _tinax("run", linen_run, "--drift", "--depth", "0")[0] == 2
+
+
+def test_tinax_verify_data_is_grouped_and_says_diverged(nnx_run):
+    status, text, _ = _tinax("verify", nnx_run, "--data")
+    assert status == 1
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert f"{_name(NAN_STEP)} … {_name(STEPS[-1])}, 2 checkpoints (diverged), each:" in text
+    assert "model: 6 leaves hold NaN or Inf: head.bias, head.kernel" in text
+    # Keys are whole on every line: none cut mid-key, none in keystr brackets.
+    assert "['" not in text and "…rnel" not in text
+    assert text.splitlines()[-1].endswith("checked)")
+    assert "3 of 5 checkpoints sound, 2 diverged" in text
+    quiet = _tinax("verify", nnx_run, "--data", "--quiet")[1].splitlines()
+    assert len(quiet) == len(STEPS)
+    assert quiet[NAN_STEP - 1].startswith(f"{_name(NAN_STEP)}: diverged: ")
+    one = _tinax("verify", nnx_run / _name(NAN_STEP), "--data", "--quiet")
+    assert one[0] == 1 and one[1].count("\n") == 1 and "diverged" in one[1]
+
+
+def test_export_warns_before_writing_nan_weights(nnx_run, tmp_path):
+    from safetensors.numpy import load_file
+
+    with pytest.warns(RuntimeWarning, match=r"6 tensors hold NaN or Inf: head\.bias \(1 NaN\)"):
+        files = ex.export_safetensors(nnx_run / _name(NAN_STEP), tmp_path / "nan")
+    assert np.isnan(load_file(files[0])["layers.1.kernel"]).all()
+    # A finite checkpoint exports without a word.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ex.export_safetensors(nnx_run / _name(LAST_FINITE_STEP), tmp_path / "finite")
+    status, _, err = _tinax("export", nnx_run / _name(NAN_STEP), tmp_path / "cli")
+    assert status == 0
+    assert err.startswith("tinax export: warning: export of ") and err.count("\n") == 1
+    assert "layers.1.kernel (1,024 NaN)" in err
+
+
+def test_tinax_diff_says_which_leaves_went_nan_at_any_width(nnx_run):
+    before, after = nnx_run / _name(LAST_FINITE_STEP), nnx_run / _name(NAN_STEP)
+    for columns in (80, 100, 160):
+        status, text, _ = _tinax("diff", before, after, columns=columns)
+        assert status == 1
+        lines = text.splitlines()
+        assert lines[-1].endswith("; 20 became non-finite")
+        # The first row is a leaf that went NaN, told so; never a 0 % change.
+        assert "became non-finite" in lines[3] and " 0 %" not in text
+        if columns >= 100:
+            # The later side's NaN count shows before the earlier side's zeros.
+            assert "nan_b" in lines[2] and "nan_a" not in lines[2]

@@ -153,17 +153,17 @@ def test_one_leaf_as_json(checkpoint):
     assert json.loads(explore(checkpoint, "--leaf", "model.dense.w", "--json").stdout) == summary
 
 
-def test_errors_go_to_stderr_with_status_1(tmp_path, checkpoint):
+def test_errors_go_to_stderr_with_status_2(tmp_path, checkpoint):
     result = explore_script(tmp_path / "absent")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "does not exist" in result.stderr and not result.stdout
     result = explore(checkpoint, "--leaf", "model", "['nope']")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "no leaf" in result.stderr and "name" in result.stderr
     (checkpoint.parent / "broken").mkdir()
     (checkpoint.parent / "broken" / "_CHECKPOINT_METADATA").write_text("{")
     result = explore(checkpoint.parent / "broken")
-    assert result.returncode == 1 and "not valid JSON" in result.stderr
+    assert result.returncode == 2 and "not valid JSON" in result.stderr
     assert explore_script().returncode == 2
 
 
@@ -321,7 +321,16 @@ def test_csv_parses_with_the_tables_columns(demo_run):
     findings = explore("verify", demo_run / "step_000300.orbax-checkpoint-tmp", "--csv")
     parsed = pd.read_csv(io.StringIO(findings.stdout))
     assert findings.returncode == 1
-    assert list(parsed.columns) == ["path", "step", "ok", "verdict", "severity", "part", "message"]
+    assert list(parsed.columns) == [
+        "path",
+        "step",
+        "ok",
+        "status",
+        "verdict",
+        "severity",
+        "part",
+        "message",
+    ]
     assert "error" in set(parsed["severity"]) and not parsed["ok"].any()
     # A sound checkpoint's CSV says so: one row with its verdict and no finding.
     sound = pd.read_csv(io.StringIO(explore("verify", path, "--csv").stdout))
@@ -363,7 +372,7 @@ def test_export_writes_safetensors_quietly_into_a_pipe(demo_run, tmp_path):
     )
     assert bad.returncode == 2 and "is not a size" in bad.stderr
     taken = explore_script("export", demo_run / "step_000250", out)
-    assert taken.returncode == 1 and "not empty" in taken.stderr
+    assert taken.returncode == 2 and "not empty" in taken.stderr
     assert not (tmp_path / "x").exists()
 
 

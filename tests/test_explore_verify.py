@@ -319,7 +319,7 @@ def test_the_cli_exit_status(template, tmp_path):
     assert "not sound" in result.stdout and "model/ocdbt.process_0/d/" in result.stdout
     record = json.loads(_cli(broken, "--json").stdout)
     assert record["ok"] is False and record["findings"][0]["severity"] == "error"
-    assert _cli(tmp_path / "absent").returncode == 1
+    assert _cli(tmp_path / "absent").returncode == 2
 
 
 @pytest.mark.parametrize(

@@ -384,7 +384,8 @@ def test_no_import_goes_in_a_circle() -> None:
 
 
 def test_importing_explore_loads_no_jax_orbax_or_grain() -> None:
-    loaded = _loaded_after("import tinax.explore")
+    # Every table of it, each imported when first used.
+    loaded = _loaded_after("import tinax.explore as ex; [getattr(ex, n) for n in ex.__all__]")
     assert "pandas" in loaded and "tinax.explore" in loaded
     heavy = {m for m in loaded for top in ("jax", "jaxlib", "orbax", "grain") if _under(m, top)}
     assert not heavy, sorted(heavy)[:20]
@@ -427,9 +428,15 @@ def test_explore_exports_its_tables_and_two_public_submodules() -> None:
     }
     documented = {"readable", "retention_table", "run_policy"}
     assert set(explore.__all__) == tables | documented | {"display", "toolkit"}
-    # Nothing else public: the widgets' helpers live in tinax.explore.toolkit.
+    # Nothing else public: the widgets' helpers live in tinax.explore.toolkit. Each
+    # name is imported when first used, and is then an attribute like any other.
+    public = {name for name in vars(explore) if not name.startswith("_")}
+    assert public <= set(explore.__all__), sorted(public - set(explore.__all__))
+    assert all(getattr(explore, name) is not None for name in explore.__all__)
     public = {name for name in vars(explore) if not name.startswith("_")}
     assert public == set(explore.__all__), sorted(public - set(explore.__all__))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        explore.nope  # noqa: B018
     for name in explore.toolkit.__all__:
         assert getattr(explore.toolkit, name) is not None
         assert name not in explore.__all__

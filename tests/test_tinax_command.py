@@ -113,7 +113,7 @@ def test_every_key_shown_is_told_apart_and_in_natural_order(big_run, newest, col
     assert model.index("blocks.2.q.kernel") < model.index("blocks.10.q.kernel")
     assert not any(key.endswith(".value") or "['" in key for b in blocks for key in b)
     # A column with one value in every row gives its room and is said once.
-    assert "every row: kind jax.Array" in shown.stdout
+    assert "every row: kind: jax.Array" in shown.stdout
     assert all("jax.Array" not in line for line in shown.stdout.splitlines()[:5])
 
     a, b = step(big_run, DEMO.JUMP_STEP - DEMO.CHECKPOINT_EVERY), step(big_run, DEMO.JUMP_STEP)
@@ -169,14 +169,14 @@ def test_a_leaf_is_named_as_the_table_shows_it(newest):
 
 def test_a_miss_suggests_the_nearest_keys(newest):
     result = tinax("show", newest, "--leaf", "model", "blocks.7.q.kernl")
-    assert result.returncode == 1
+    assert result.returncode == 2
     message = result.stderr
     assert "no leaf 'blocks.7.q.kernl'" in message
     nearest = message.split("the nearest: ", 1)[1].strip().split(", ")
     assert nearest[0] == "blocks.7.q.kernel"
     assert "blocks.0.attn_norm.bias" not in nearest  # not the first keys alphabetically
     several = tinax("show", newest, "--leaf", "q.kernel")
-    assert several.returncode == 1 and "names 72 leaves" in several.stderr
+    assert several.returncode == 2 and "names 72 leaves" in several.stderr
     subtree = tinax("show", newest, "--leaf", "model", "blocks.7.q")
     assert "is a subtree" in subtree.stderr and "blocks.7.q.kernel" in subtree.stderr
     wrong = tinax("show", newest, "--leaf", "optimiser", "step")
@@ -219,7 +219,7 @@ def test_verify_checks_every_checkpoint_of_a_run(big_run, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     nothing = tinax("verify", empty)
-    assert nothing.returncode == 1 and nothing.stderr.count("\n") == 1
+    assert nothing.returncode == 2 and nothing.stderr.count("\n") == 1
     assert "holds no checkpoint" in nothing.stderr
 
 
@@ -290,7 +290,7 @@ def test_the_run_at_a_glance(big_run):
     rows = pd.read_csv(io.StringIO(tinax("run", big_run, "--drift", "--csv").stdout))
     assert list(rows.columns) == list(ex.drift_table(big_run).columns)
     both = tinax("run", big_run, "--drift", "--scan", "--csv")
-    assert both.returncode == 1 and "one table" in both.stderr
+    assert both.returncode == 2 and "one table" in both.stderr
 
 
 def test_every_command_speaks_json(big_run, newest, tmp_path):

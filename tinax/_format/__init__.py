@@ -30,6 +30,7 @@ What a checkpoint is:
 - ``runrecord``: a training run's record, and the record of a checkpoint a run's
   restore found corrupt.
 - ``written``: Orbax's per-process records of the arrays each process wrote.
+- ``pipeline``: the input pipeline each Grain iterator was saved from, as recorded.
 
 Arrays and their bytes:
 

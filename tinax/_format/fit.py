@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import ml_dtypes
 import numpy as np
+
+if TYPE_CHECKING:
+    import ml_dtypes
 
 from tinax._format import arrays, files, jsonitems, layout, names, pytree, words
 from tinax._format.keys import ROOT, KeyPath, format_key
@@ -86,10 +89,17 @@ class LeafVerdict:
         if self.target is None:
             return f"{where}: stored {self.stored.describe()}, not in the target"
         text = f"{where}: stored {self.stored.describe()}, target {self.target.describe()}"
+        crossing = self.stored.kind != self.target.kind
         if self.status == words.DTYPE_CAST and self.lossy:
-            text += " (a lossy cast)"
+            into = f" of a {self.stored.kind} into a {_kind_name(self.target.kind)}"
+            text += f" (a lossy cast{into if crossing else ''})"
         elif self.status == words.KIND_DIFFERS:
             text += f" ({self.stored.kind} and {self.target.kind})"
+            if self.stored.kind == words.SCALAR and self.target.kind == words.JAX_ARRAY:
+                text += (
+                    "; a Python number is stored: restore it into a Python number or a "
+                    "0-d NumPy array, and make it a JAX array after"
+                )
         elif _typed_and_raw(self.stored, self.target):
             text += (
                 " (a typed key against raw key data: build the target from "
@@ -110,11 +120,15 @@ def _dtype(name: str) -> np.dtype | None:
     try:
         return np.dtype(name)
     except TypeError:
+        import ml_dtypes  # imported when a cast is judged, not with the module
+
         found = getattr(ml_dtypes, name, None)
         return None if found is None else np.dtype(found)
 
 
 def _float_info(dtype: np.dtype) -> ml_dtypes.finfo | None:
+    import ml_dtypes
+
     try:
         return ml_dtypes.finfo(dtype)
     except (ValueError, TypeError):
@@ -122,6 +136,8 @@ def _float_info(dtype: np.dtype) -> ml_dtypes.finfo | None:
 
 
 def _int_info(dtype: np.dtype) -> ml_dtypes.iinfo | None:
+    import ml_dtypes
+
     try:
         return ml_dtypes.iinfo(dtype)
     except (ValueError, TypeError):
@@ -176,6 +192,10 @@ def cast_is_lossless(stored: str, target: str) -> bool | None:
 # -- judging ------------------------------------------------------------------------------
 
 
+def _kind_name(kind: str) -> str:
+    return "Python number" if kind == words.SCALAR else kind
+
+
 def _family(kind: str) -> str:
     # Orbax restores a stored array as whichever array the target asks for.
     return "array" if kind in words.ARRAY_KINDS else kind
@@ -188,11 +208,28 @@ def _typed_and_raw(stored: Spec, target: Spec) -> bool:
     return bool(stored.key) != bool(target.key)
 
 
+def _number_and_array(stored: Spec, target: Spec) -> bool:
+    """Whether one side is a Python number and the other a 0-d array that Orbax
+    converts into it: a stored 0-d array (``jnp.float32(…)``, ``np.float32(…)``,
+    ``bfloat16``) restored into a Python number, or a stored Python number into a 0-d
+    NumPy target. (Orbax cannot restore a stored Python number as a JAX array.)"""
+    if stored.shape != () or target.shape != () or stored.key or target.key:
+        return False
+    if stored.kind in words.ARRAY_KINDS and target.kind == words.SCALAR:
+        return True
+    return stored.kind == words.SCALAR and target.kind == words.NUMPY_ARRAY
+
+
 def judge_leaf(stored: Spec, target: Spec) -> tuple[str, bool | None]:
-    """The status of one stored leaf against its target, and for a cast whether it is lossy."""
+    """The status of one stored leaf against its target, and for a cast whether it is lossy.
+
+    A 0-d array and a Python number fit each other as their dtypes do
+    (``_number_and_array``): a ``float32`` metric restores into ``0.0`` (a float64:
+    ``dtype cast``, not lossy), into ``0`` only as a lossy cast.
+    """
     if target.kind == PLACEHOLDER:
         return words.LEFT_OUT, None
-    if _family(stored.kind) != _family(target.kind):
+    if _family(stored.kind) != _family(target.kind) and not _number_and_array(stored, target):
         return words.KIND_DIFFERS, None
     if stored.shape is not None and target.shape is not None and stored.shape != target.shape:
         return words.SHAPE_DIFFERS, None
@@ -296,7 +333,8 @@ def refusal_message(path: str, refused: Sequence[LeafVerdict]) -> str:
     if any(v.status == words.DTYPE_CAST for v in refused):
         lines.append(
             "a lossy cast loses stored values; to load anyway, run the load inside "
-            "`with tinax.checkpointing.allow_lossy_casts():`"
+            "`with tinax.checkpointing.allow_lossy_casts():`, or give those leaves "
+            "targets of the stored dtype"
         )
     count = f"{len(refused)} lea{'f' if len(refused) == 1 else 'ves'}"
     return f"checkpoint {path!r} does not fit the restore targets ({count}):\n  " + "\n  ".join(
@@ -311,7 +349,7 @@ def refusal_message(path: str, refused: Sequence[LeafVerdict]) -> str:
 _KEY_DATA_DTYPES = frozenset({"uint32", "uint8", "uint16", "uint64"})
 
 
-def _key_impls(item: layout.StoredCheckpointable) -> dict[str, str] | None:
+def key_impls(item: layout.StoredCheckpointable) -> dict[str, str] | None:
     """Orbax V1's record of which arrays are typed PRNG keys: param name to the key's
     implementation (``""`` for an array that is not a key); ``None`` if not recorded."""
     folder = item.directory / names.ARRAY_METADATAS
@@ -341,7 +379,7 @@ def _pytree_specs(item: layout.StoredCheckpointable) -> list[tuple[KeyPath, Spec
     infos = pytree.leaf_infos(tree, arrays.context())
     # Only arrays of key data's dtypes can be keys: most checkpoints need no more reading.
     impls = (
-        _key_impls(item)
+        key_impls(item)
         if any(info is not None and info.dtype in _KEY_DATA_DTYPES for _, info in infos)
         else None
     )

@@ -41,11 +41,15 @@ class CheckpointRecord:
       committed_nsecs: Commit time in nanoseconds since the epoch, if recorded.
       checksummed: Whether the save recorded that every pytree and iterator
         checkpointable carries tinax checksums (``names.CHECKSUMS_PROMISE``).
+      pipelines: The input pipeline each iterator checkpointable was saved from
+        (``names.PIPELINES``, read by ``pipeline.saved_pipelines``); empty when
+        the save recorded none (Orbax's, an older tinax's).
     """
 
     item_handlers: dict[str, str | None] | str | None
     committed_nsecs: int | None
     checksummed: bool = False
+    pipelines: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def read_checkpoint_record(path: Location) -> CheckpointRecord:
@@ -75,8 +79,12 @@ def read_checkpoint_record(path: Location) -> CheckpointRecord:
     custom = meta.get("custom_metadata")
     promise = custom.get(names.CHECKSUMS_PROMISE) if isinstance(custom, dict) else None
     checksummed = isinstance(promise, dict) and promise.get("checksums") is True
+    pipelines = custom.get(names.PIPELINES) if isinstance(custom, dict) else None
     return CheckpointRecord(
-        item_handlers=handlers, committed_nsecs=committed, checksummed=checksummed
+        item_handlers=handlers,
+        committed_nsecs=committed,
+        checksummed=checksummed,
+        pipelines=pipelines if isinstance(pipelines, dict) else {},
     )
 
 
@@ -122,6 +130,8 @@ class Checkpoint:
       scan: Size and fingerprint of everything under ``path``.
       checksummed: Whether its save promised tinax checksums for every pytree
         and iterator checkpointable (their absence is then damage).
+      pipelines: The record of the input pipelines its iterators were saved from
+        (``CheckpointRecord.pipelines``).
     """
 
     path: Location
@@ -129,6 +139,7 @@ class Checkpoint:
     committed_nsecs: int | None
     scan: files.Scan
     checksummed: bool = False
+    pipelines: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def get(self, name: object) -> StoredCheckpointable:
         """The checkpointable called ``name``.
@@ -265,7 +276,9 @@ def open_checkpoint(path: Location, scan: files.Scan | None = None) -> Checkpoin
     elif classify(path, top) is not None or isinstance(handlers, str):
         # A flat checkpoint: the directory itself is the one, unnamed item.
         item = StoredCheckpointable("", path, classify(path, top) or UNKNOWN)
-        return Checkpoint(path, (item,), record.committed_nsecs, found, record.checksummed)
+        return Checkpoint(
+            path, (item,), record.committed_nsecs, found, record.checksummed, record.pipelines
+        )
     else:
         item_names = _checkpointable_dirs(path)
 
@@ -295,7 +308,9 @@ def open_checkpoint(path: Location, scan: files.Scan | None = None) -> Checkpoin
     if isinstance(handlers, dict):
         for item in items:
             _check_handler_layout(path, item, handlers.get(item.name))
-    return Checkpoint(path, items, record.committed_nsecs, found, record.checksummed)
+    return Checkpoint(
+        path, items, record.committed_nsecs, found, record.checksummed, record.pipelines
+    )
 
 
 # What a checkpointable written by a known handler must hold, by the end of its name.

@@ -87,6 +87,11 @@ CHECKSUMS_DIR = "tinax_checksums"
 # with the checkpoint: {"checksums": true} promises a CHECKSUMS_DIR in every pytree and
 # iterator checkpointable, so that deleting one is seen as damage.
 CHECKSUMS_PROMISE = "tinax"
+# Beside it in custom_metadata: the input pipeline each Grain iterator checkpointable was
+# saved from, as Grain describes it (``pipeline``), so that a restore into another
+# pipeline is refused. {checkpointable name: {"format", "grain", "nodes": [...]}}.
+PIPELINES = "tinax_pipelines"
+PIPELINE_FORMAT = "tinax.pipeline/1"
 CHECKSUMS_FORMAT = "tinax.checksums/1"
 CHECKSUM_FILE = re.compile(r"^process_(\d+)\.json$")
 

@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 SUFFIX = ".safetensors"
@@ -60,6 +59,9 @@ _CODES: tuple[tuple[str, str], ...] = (
     ("I64", "int64"),
     ("U64", "uint64"),
 )
+# The floating-point dtypes an export may cast arrays to (``dtype=``), as safetensors
+# names them.
+CAST_DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 CODE_OF = {name: code for code, name in _CODES}
 NAME_OF = {code: name for code, name in _CODES}
 _RANK = {code: rank for rank, (code, _) in enumerate(_CODES)}
@@ -74,6 +76,8 @@ def numpy_dtype(name: str) -> np.dtype:
     try:
         return np.dtype(name)
     except TypeError:
+        import ml_dtypes  # about a second: only where a dtype NumPy lacks is named
+
         found = getattr(ml_dtypes, name, None)
         if found is None:
             raise TypeError(f"unknown dtype {name!r}") from None
@@ -84,6 +88,10 @@ def is_floating(dtype: np.dtype) -> bool:
     """Whether ``dtype`` is a real floating-point type (ml_dtypes' among them)."""
     if dtype.kind == "f":
         return True
+    if dtype.kind != "V":
+        return False  # integers, booleans, complex: not ml_dtypes' floats
+    import ml_dtypes
+
     try:
         ml_dtypes.finfo(dtype)
     except (TypeError, ValueError):

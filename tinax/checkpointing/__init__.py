@@ -11,6 +11,7 @@ from tinax.checkpointing._checkpointables import load_checkpointables, save_chec
 from tinax.checkpointing._checksummed_handler import CorruptDataError
 from tinax.checkpointing._context import compression
 from tinax.checkpointing._destination import remove_interrupted_save
+from tinax.checkpointing._pipeline import PipelineMismatchError, allow_pipeline_change
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._run import TrainingRun
 from tinax.checkpointing._safetensors import load_safetensors
@@ -25,6 +26,7 @@ from tinax.checkpointing._verdict import TargetMismatchError, allow_lossy_casts
 __all__ = [
     "CorruptDataError",
     "NumpyTarget",
+    "PipelineMismatchError",
     "SaveResponse",
     "TargetMismatchError",
     "TrainingCheckpoint",
@@ -32,6 +34,7 @@ __all__ = [
     "TrainingRun",
     "abstract_restore_target",
     "allow_lossy_casts",
+    "allow_pipeline_change",
     "compression",
     "load_checkpointables",
     "load_safetensors",

@@ -23,6 +23,7 @@ from tinax.checkpointing import (
     _failures,
     _host_copies,
     _orbax,
+    _pipeline,
     _processes,
 )
 from tinax.checkpointing._checkpointable_names import validate_distinct_names
@@ -128,12 +129,9 @@ def start_save(
             inner = ocp.save_checkpointables_async(
                 orbax_path(dest.location),
                 dict(checkpointables),
-                # Committed with the checkpoint: its checksums cannot be stripped unseen.
-                custom_metadata=(
-                    {names.CHECKSUMS_PROMISE: {"checksums": True}}
-                    if _context.checksumming()
-                    else None
-                ),
+                # Committed with the checkpoint: its checksums cannot be stripped unseen,
+                # and the input pipeline each iterator reads is known at restore.
+                custom_metadata=_custom_metadata(checkpointables),
             )
     except BaseException as e:
         try:
@@ -155,6 +153,18 @@ def start_save(
     )
     clock.returned()
     return response
+
+
+def _custom_metadata(checkpointables: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a save records in ``_CHECKPOINT_METADATA``: the promise of checksums, and
+    the input pipeline behind each Grain iterator (``_pipeline``)."""
+    custom: dict[str, Any] = {}
+    if _context.checksumming():
+        custom[names.CHECKSUMS_PROMISE] = {"checksums": True}
+    pipelines = _pipeline.records(dict(checkpointables))
+    if pipelines:
+        custom[names.PIPELINES] = pipelines
+    return custom or None
 
 
 def _nothing() -> None:
@@ -234,7 +244,9 @@ def load_checkpointables(
     # would walk the whole heap again and again (40% of a 10,000-leaf load).
     with files.paused_gc():
         src = load_source(path)
-        check_targets(layout.open_checkpoint(src), targets)
+        checkpoint = layout.open_checkpoint(src)
+        check_targets(checkpoint, targets)
+        _pipeline.check_pipelines(checkpoint, dict(targets))
         return restore_checkpointables(src, targets)
 
 

@@ -88,6 +88,26 @@ def _metric_label(best_by: str | Callable[[Any], Any] | None) -> str | None:
     return getattr(best_by, "__name__", None) or type(best_by).__name__
 
 
+def _metric_value(auxiliary: Mapping[Any, Any], best_by: str) -> Any:
+    """The metric ``best_by`` names in the auxiliary state: a key, or a dotted path
+    into nested mappings (``"eval.loss"``, as ``run_table`` names its column).
+
+    Raises:
+      ValueError: If there is no such key, naming the keys there are.
+    """
+    if best_by in auxiliary:
+        return auxiliary[best_by]
+    found: Any = auxiliary
+    for part in best_by.split("."):
+        if not isinstance(found, Mapping) or part not in found:
+            raise ValueError(
+                f"best_by={best_by!r} is not a key of the auxiliary state, nor a dotted "
+                f"path into it (it has {sorted(map(str, auxiliary))})"
+            )
+        found = found[part]
+    return found
+
+
 def _sigterm_enabled() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -101,10 +121,11 @@ class TrainingRun:
     (crash-safe, see the module docstring). ``restore`` loads the newest checkpoint
     that loads, skipping damaged ones with a warning and setting them aside once an
     older one has loaded. A SIGTERM makes the next ``save`` save and wait for its
-    commit, so the loop can ``break``; a loop that goes on instead is ended at its
-    next ``save`` (or ``should_save``) as SIGTERM would have ended it
-    (``on_preemption="exit"``), or goes on saving by its interval
-    (``on_preemption="continue"``).
+    commit, and only then sets ``preempted``, so the loop can ``break`` (a SIGTERM
+    between a ``save`` and the loop's check is saved at the next step); a loop
+    that goes on instead is ended at its next ``save`` (or ``should_save``) as
+    SIGTERM would have ended it (``on_preemption="exit"``), or goes on saving by
+    its interval (``on_preemption="continue"``).
 
     Example::
 
@@ -233,7 +254,23 @@ class TrainingRun:
 
     @property
     def preempted(self) -> bool:
-        """Whether a SIGTERM (on any process of the job) asked the run to stop."""
+        """Whether the run was preempted and its preemption save has committed: the
+        loop may end now without losing a step.
+
+        A SIGTERM (on any process of the job) makes the next ``save`` (or
+        ``should_save``) the preemption save, whatever the interval; this turns true
+        only once that save has committed. A SIGTERM that lands after a ``save`` and
+        before the loop reads this flag leaves it false until the next step's save
+        has committed, so ``if run.preempted: break`` never ends a loop with its
+        newest steps unsaved.
+        """
+        return self._preemption_saved is not None
+
+    @property
+    def preemption_requested(self) -> bool:
+        """Whether a SIGTERM (on any process of the job) asked the run to stop; the
+        next ``save`` is then the preemption save, and ``preempted`` turns true once
+        it has committed."""
         return self._preempted
 
     @property
@@ -399,15 +436,17 @@ class TrainingRun:
                     f"best_by={self._best_by!r} needs a mapping as auxiliary state, "
                     f"got {type(auxiliary).__name__}"
                 )
-            if self._best_by not in auxiliary:
-                raise ValueError(
-                    f"best_by={self._best_by!r} is not a key of the auxiliary state "
-                    f"(it has {sorted(map(str, auxiliary))})"
-                )
-            value = auxiliary[self._best_by]
+            value = _metric_value(auxiliary, self._best_by)
         else:
             value = self._best_by(auxiliary)
+        shape = getattr(value, "shape", ())
+        if isinstance(value, bool) or shape != ():
+            raise TypeError(
+                f"the metric {_metric_label(self._best_by)!r} must be a number or a 0-d "
+                f"array, got {type(value).__name__}" + (f" of shape {shape}" if shape else "")
+            )
         try:
+            # Python and NumPy numbers, 0-d NumPy and JAX arrays (bfloat16 too).
             number = float(value)
         except (TypeError, ValueError):
             raise TypeError(

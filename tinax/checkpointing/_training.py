@@ -21,6 +21,7 @@ from tinax.checkpointing._checkpointables import (
     restore_checkpointables,
     start_save,
 )
+from tinax.checkpointing._pipeline import check_pipelines
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._verdict import TargetMismatchError, check_targets
 
@@ -286,7 +287,9 @@ def load_training_checkpoint(
         checkpoint, the iterator was saved by a different number of processes,
         the checkpoint fails the preflight, or its stored data is unreadable or
         corrupt (``CorruptDataError``, naming the leaf; a damaged iterator state
-        is found before the iterator is touched).
+        is found before the iterator is touched), or the iterator reads another
+        input pipeline than the one saved (``PipelineMismatchError``, naming what
+        differs; ``allow_pipeline_change()`` lets a deliberate change through).
       FileNotFoundError: If ``path`` does not exist.
     """
     check_iterator(iterator)
@@ -314,8 +317,10 @@ def load_training_checkpoint(
         names.auxiliary: {STEP_KEY: 0, STATE_KEY: auxiliary_target},
     }
     check_targets_given(value_targets)
-    # All five parts are judged against the metadata before anything is read.
+    # All five parts are judged against the metadata before anything is read, the
+    # iterator's pipeline against the one it was saved from too.
     check_targets(checkpoint, {**value_targets, names.iterator: iterator})
+    check_pipelines(checkpoint, {names.iterator: iterator})
     values = restore_checkpointables(src, value_targets)
     auxiliary = values[names.auxiliary]
     if not isinstance(auxiliary, Mapping):

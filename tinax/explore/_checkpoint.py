@@ -17,6 +17,7 @@ from tinax._format import (
     files,
     jsonitems,
     layout,
+    pipeline,
     preflight,
     pytree,
     words,
@@ -222,7 +223,11 @@ def checkpoint_table(path: str | os.PathLike[str]) -> pd.DataFrame:
       checked). ``DataFrame.attrs["unchecked"]`` names, for each of them, the
       columns whose values no checksum vouches for: ``sharding`` always (Orbax's
       own record), ``value`` too without checksums. Values shown are checked
-      against the checksums where there are some.
+      against the checksums where there are some. ``DataFrame.attrs["pipelines"]``
+      gives, for each Grain iterator saved by tinax, the input pipeline it was
+      saved from as Grain describes it, source first (``("RangeMapDataset(start=0,
+      stop=1000, step=1)", "ShuffleMapDataset(seed=0)", …)``): a restore into
+      another pipeline is refused.
 
     Raises:
       TypeError: If ``path`` is not a path.
@@ -251,6 +256,11 @@ def leaf_table(checkpoint: Checkpoint) -> pd.DataFrame:
     table.attrs["unchecked"] = {
         name: ("sharding",) if present else ("value", "sharding")
         for name, present in presence.items()
+    }
+    # The input pipeline each iterator was saved from, node by node (a restore into
+    # another is refused): {checkpointable: (node, …)}; empty where none was recorded.
+    table.attrs["pipelines"] = {
+        name: found.nodes for name, found in pipeline.saved_pipelines(checkpoint.pipelines).items()
     }
     return table
 

@@ -20,6 +20,7 @@ import math
 import os
 import secrets
 import shutil
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,13 @@ from tinax._format.checksums import Bounds, LeafRecord
 from tinax._format.chunks import Box
 from tinax._format.keys import KeyPath
 from tinax.explore._checkpoint import open_checkpoint
+from tinax.explore._numeric import ValueCounts
 
 # Decoded bytes of one region, and of all regions read ahead of the one being written.
 REGION_BYTES = 8 << 20
 IN_FLIGHT_BYTES = 16 << 20
 # The float types an export can cast to (``dtype=``), by the names NumPy gives them.
-CAST_DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+CAST_DTYPES = st.CAST_DTYPES
 
 Progress = Callable[[int, int], None]
 KeyFilter = str | Sequence[str] | Callable[[str], bool]
@@ -357,6 +359,11 @@ def export_safetensors(
         arrays to export, ``out`` exists and is not an empty directory, ``dtype``
         is not a float dtype, names collide, or stored data does not match its
         checksum.
+
+    Warns:
+      RuntimeWarning: Before the directory takes its name, when tensors written
+        hold NaN or Inf (a run that diverged; a cast to a narrow float that
+        overflowed), naming them with their counts.
     """
     cast = _check_options(checkpointable, keys, dtype, max_file_bytes, name, verify)
     dest = _destination(out)
@@ -393,7 +400,7 @@ def export_safetensors(
                     tensor.file = number
                     tensor.offset = len(header) + entries[tensor.name].start
             written = _Written() if verify else None
-            _stream(tree, tensors, fds, written, progress)
+            counts = _stream(tree, tensors, fds, written, progress)
             for fd in fds:
                 os.fsync(fd)
         finally:
@@ -405,6 +412,14 @@ def export_safetensors(
             (work / index_file).write_bytes(st.encode_index(weight_map, total, metadata))
         if written is not None:
             _verify_written(work, file_names, tensors, written)
+        nonfinite = [
+            (t.name, c.nan, c.inf) for t, c in zip(tensors, counts, strict=True) if c.nan or c.inf
+        ]
+        if nonfinite:
+            # Said before the export takes its name: weights that would load as NaN.
+            warnings.warn(
+                _nonfinite_warning(str(checkpoint.path), nonfinite), RuntimeWarning, stacklevel=2
+            )
         _install(work, dest)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -494,13 +509,34 @@ class _Digests:
             )
 
 
+# A warning of non-finite weights names at most this many tensors.
+_NONFINITE_NAMED = 10
+
+
+def _nonfinite_warning(source: str, found: list[tuple[str, int, int]]) -> str:
+    """``export of 'run/step_000245': 3 tensors hold NaN or Inf: dense.kernel (512 NaN), …``."""
+    named = []
+    for tensor, nan, inf in found[:_NONFINITE_NAMED]:
+        parts = [f"{nan:,} NaN" if nan else "", f"{inf:,} Inf" if inf else ""]
+        named.append(f"{tensor} ({', '.join(p for p in parts if p)})")
+    more = f", … and {len(found) - _NONFINITE_NAMED} more" if len(found) > _NONFINITE_NAMED else ""
+    count = len(found)
+    return (
+        f"export of {source!r}: {count} tensor{'s' * (count != 1)} hold{'s' * (count == 1)} "
+        f"NaN or Inf: {', '.join(named)}{more} (the weights written load as NaN/Inf)"
+    )
+
+
 def _stream(
     tree: pytree.PyTreeLayout,
     tensors: list[_Tensor],
     fds: list[int],
     written: _Written | None,
     progress: Progress | None,
-) -> None:
+) -> list[ValueCounts]:
+    """Writes every tensor's regions in place; returns each tensor's NaN and Inf
+    counts, as written (a cast to a narrow float can make Inf of large values)."""
+    counts = [ValueCounts(t.written) for t in tensors]
     ctx = arrays.context()
     total = sum(t.nbytes for t in tensors)
     done = 0
@@ -535,6 +571,7 @@ def _stream(
         digests[index].update(bounds, values)
         if values.dtype != tensor.written:
             values = values.astype(tensor.written)
+        counts[index].update(values)
         data = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
         length, starts = _runs(box, tensor.shape)
         step = length * tensor.written.itemsize
@@ -549,6 +586,7 @@ def _stream(
             progress(done, total)
     if last >= 0:
         digests[last].check(where)
+    return counts
 
 
 def _verify_written(

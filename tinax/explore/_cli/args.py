@@ -1,12 +1,29 @@
-"""The ``tinax`` command's arguments: one parser per command, help that fits the terminal."""
+"""The ``tinax`` command's arguments: one parser per command, help that fits the terminal.
+
+Light on purpose: ``tinax --help`` and a usage error import nothing but this (no
+pandas, no readers), so they answer at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
+import textwrap
 
-from tinax.explore._cli import terminal as term
-from tinax.explore._export import CAST_DTYPES
+# The command's exit statuses, the same for every command.
+EXIT_OK = 0
+EXIT_NO = 1
+EXIT_TROUBLE = 2
+EXIT_INTERRUPTED = 130
+EXIT_STATUSES = f"""exit status, for every command:
+  {EXIT_OK:<4} success; diff: the two are the same; verify: every checkpoint is sound
+  {EXIT_NO:<4} diff: they differ; verify: a checkpoint is not sound, or diverged (NaN
+       or Inf in its model or optimizer state; with --strict, warnings too)
+  {EXIT_TROUBLE:<4} trouble: a usage error, a path that does not exist, a checkpoint that
+       cannot be read (one line on stderr says which)
+  {EXIT_INTERRUPTED:<4} interrupted (Ctrl-C)
+A reader that stops early (| head) changes none of these."""
 
 # ``run --drift`` shows this many of the largest moves in text (--json/--csv: all).
 DRIFT_ROWS = 20
@@ -25,11 +42,29 @@ _UNITS = {
 }
 
 
+def _width() -> int:
+    """The terminal's width, as the tables take it (``terminal.width``)."""
+    return max(20, shutil.get_terminal_size((80, 24)).columns)
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps the description; keeps the epilog's lines (the exit-status table) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return textwrap.indent(text, indent)
+        return super()._fill_text(text, width, indent)
+
+
 class _Parser(argparse.ArgumentParser):
-    """Help laid out for the terminal's width (80 in a pipe)."""
+    """Help laid out for the terminal's width (80 in a pipe), the exit statuses under it."""
+
+    def __init__(self, **kwargs: object) -> None:
+        kwargs.setdefault("epilog", EXIT_STATUSES)
+        super().__init__(**kwargs)  # type: ignore[arg-type]
 
     def _get_formatter(self) -> argparse.HelpFormatter:
-        return argparse.HelpFormatter(self.prog, width=min(term.width(), 100))
+        return _Formatter(self.prog, width=min(_width(), 100))
 
 
 def _add_output(parser: argparse.ArgumentParser, *, csv_too: bool = True) -> None:
@@ -65,9 +100,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("path", help="a run directory or a checkpoint directory")
+    parser.add_argument("--version", action="version", version=f"{prog} {_version()}")
     _add_leaf(parser)
     _add_output(parser)
     return parser
+
+
+def _version() -> str:
+    from tinax import __version__
+
+    return __version__
 
 
 def _ls_parser(prog: str) -> argparse.ArgumentParser:
@@ -75,7 +117,8 @@ def _ls_parser(prog: str) -> argparse.ArgumentParser:
         prog=f"{prog} ls",
         description=(
             "List a run's checkpoints: step, status, size, age, and for a run written "
-            "by TrainingRun its metric and why each checkpoint is kept. Metadata only."
+            "by TrainingRun its metric and why each checkpoint is kept; of a folder of "
+            "runs, its runs. Metadata only."
         ),
     )
     parser.add_argument("root", help="a run directory (local or gs://)")
@@ -101,9 +144,10 @@ def _diff_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(
         prog=f"{prog} diff",
         description=(
-            "Compare two checkpoints leaf by leaf, largest change first. Arrays are "
-            "read region by region in bounded memory. Exits 0 when every leaf is the "
-            "same, 1 when they differ, 2 on trouble (as diff does)."
+            "Compare two checkpoints leaf by leaf, leaves that went NaN or Inf first, "
+            "then the largest change. Arrays are read region by region in bounded "
+            "memory. Exits 0 when every leaf is the same, 1 when they differ, 2 on "
+            "trouble (as diff does)."
         ),
     )
     parser.add_argument("a", help="the checkpoint compared from (the older one)")
@@ -127,7 +171,9 @@ def _verify_parser(prog: str) -> argparse.ArgumentParser:
         prog=f"{prog} verify",
         description=(
             "Check that a checkpoint is whole and loadable, or every checkpoint of a "
-            "run. Exits 0 when all are sound, 1 when one is not (or cannot be checked)."
+            "run; with --data, also that its model and optimizer state hold no NaN or "
+            "Inf (else it is diverged). Exits 0 when all are sound, 1 when one is not "
+            "or diverged, 2 when one cannot be checked."
         ),
     )
     parser.add_argument("path", help="a checkpoint directory, or a run directory")
@@ -139,9 +185,22 @@ def _verify_parser(prog: str) -> argparse.ArgumentParser:
         action="store_true",
         help="warnings (NaN/Inf values among them) and interrupted saves fail too",
     )
-    parser.add_argument("--quiet", action="store_true", help="print the verdict only")
+    parser.add_argument(
+        "--quiet", action="store_true", help="print the verdicts only, one line each"
+    )
     _add_output(parser)
     return parser
+
+
+def _positive(text: str) -> int:
+    """A whole number of at least 1 (``--depth``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
+    return value
 
 
 def parse_size(text: str) -> int:
@@ -163,6 +222,8 @@ def parse_size(text: str) -> int:
 
 
 def _export_parser(prog: str) -> argparse.ArgumentParser:
+    from tinax._format.safetensors import CAST_DTYPES  # NumPy: only for export
+
     parser = _Parser(
         prog=f"{prog} export",
         description=(
@@ -213,6 +274,15 @@ def _run_parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--scan", action="store_true", help="NaN/Inf counts per checkpoint, the roll-back step"
+    )
+    parser.add_argument(
+        "--depth",
+        type=_positive,
+        metavar="N",
+        help=(
+            "with --drift, subtrees N key parts deep, counted below wrappers such as "
+            "Linen's params (default: the model's layers)"
+        ),
     )
     parser.add_argument(
         "--top",

@@ -2,415 +2,128 @@
 terminal, or as JSON or CSV for scripts.
 
 ``tinax ls ROOT`` lists a run's checkpoints (with its metric and why each is kept),
-``tinax show PATH`` a checkpoint's leaves or (``--leaf``) one leaf, ``tinax diff A B``
-compares two checkpoints, ``tinax verify PATH`` checks a checkpoint or every
-checkpoint of a run, ``tinax export CKPT OUT`` writes safetensors, and ``tinax run
-ROOT`` prints the run at a glance. ``tinax PATH`` is ``ls`` for a run and ``show``
-for a checkpoint.
+or the runs of a folder of runs; ``tinax show PATH`` a checkpoint's leaves or
+(``--leaf``) one leaf, ``tinax diff A B`` compares two checkpoints, ``tinax verify
+PATH`` checks a checkpoint or every checkpoint of a run, ``tinax export CKPT OUT``
+writes safetensors, and ``tinax run ROOT`` prints the run at a glance. ``tinax PATH``
+is ``ls`` for a run and ``show`` for a checkpoint.
 
-Text output fits the terminal's width (``COLUMNS``, else the terminal's, else 80
-characters): sizes in KiB/MiB, times as ages, floats to four significant digits, keys
-as ``tinax.explore.display`` shows them everywhere, in natural order. ``--json`` and
-``--csv`` print every column at full precision under the tables' own column names,
-keys as exact ``keystr``.
-
-This module reads the command line and runs ``ls``, ``show``, ``diff`` and
-``export``; its neighbours in this package run ``verify`` (``verify``) and ``run``
-(``run``), hold every command's arguments (``args``), write JSON, CSV and progress
-bars (``output``), lay the tables out (``terminal``) and find the leaf a name means
-(``key_match``).
+A tool for scripts as much as for people: one table of exit statuses for every
+command (``args.EXIT_STATUSES``, under every ``--help``), kept when the reader
+stops early (``tinax diff A B | head -1`` exits with diff's status); usage errors
+exit 2 with the usage; Ctrl-C exits 130 with one line. This module reads the
+command line and imports what a command needs only when it runs it, so that
+``--help`` and usage errors answer at once. The commands live beside it:
+``commands`` (``ls``, ``show``, ``diff``, ``export``), ``verify``, ``run``; with
+``args`` (every command's arguments), ``output`` (JSON, CSV, progress bars),
+``terminal`` (the tables' layout), ``findings`` (``verify``'s findings grouped) and
+``key_match`` (the leaf a name given to ``--leaf`` means).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import contextlib
+import io
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-import numpy as np
-import pandas as pd
+from tinax.explore._cli import args as cli_args
+from tinax.explore._cli.args import EXIT_INTERRUPTED, EXIT_OK, EXIT_TROUBLE
 
-from tinax._format import keys as _keys
-from tinax._format import words
-from tinax.explore import display
-from tinax.explore._checkpoint import checkpoint_table, read_leaf
-from tinax.explore._cli import terminal as term
-from tinax.explore._cli.args import (
-    _diff_parser,
-    _export_parser,
-    _ls_parser,
-    _parser,
-    _show_parser,
-)
-from tinax.explore._cli.key_match import LeafNotFoundError, exact_key, match_key
-from tinax.explore._cli.output import (
-    _csv,
-    _dump,
-    _machine,
-    _natural,
-    _progress,
-    _records,
-    _say,
-)
-from tinax.explore._cli.run import _run
-from tinax.explore._cli.terminal import Column, jsonable
-from tinax.explore._cli.verify import _verify, is_run
-from tinax.explore._diff import diff_table
-from tinax.explore._export import export_safetensors
-from tinax.explore._listing import list_checkpoints
-from tinax.explore._ranking import PRNG_KEY, value_kind
-from tinax.explore._run_view.retention import retention_table, run_policy
-from tinax.explore._summary import leaf_summary
-
-__all__ = ["console", "jsonable", "main"]
+__all__ = ["console", "main"]
 
 PROG = "tinax"
-# The first argument names a command only when more follow: a directory called
-# "diff" or "verify" is still shown with ``tinax diff``.
+# A first argument that is one of these is the command ("tinax verify" alone is a
+# usage error); a directory with such a name is shown with "tinax show ./verify".
 COMMANDS = ("ls", "show", "diff", "verify", "export", "run")
-# Exit statuses of ``diff``, as diff(1)'s.
-SAME, DIFFERENT, TROUBLE = 0, 1, 2
-# A PRNG key leaf shows this many keys' data in text.
-_KEYS_SHOWN = 4
-# --json gives at most this many elements of a key array's data.
-_KEY_DATA_JSON = 4096
 
 
-_LISTING = (
-    Column("name", "name", priority=0),
-    Column("step", "step", term.number, priority=3, right=True),
-    Column("status", "status", priority=0),
-    Column("nbytes", "size", term.human_bytes, priority=2, right=True),
-    Column("committed", "committed", term.human_age, priority=4),
-    Column("metric", "metric", term.number, priority=1, right=True),
-    Column("kept", "kept", priority=1),
-    Column("checkpointables", "checkpointables", priority=5),
-    Column("path", "path", priority=9),
-)
-_LEAVES = (
-    Column("key", "key", key=True, priority=0),
-    Column("kind", "kind", priority=5),
-    Column("shape", "shape", term.shape, priority=1),
-    Column("dtype", "dtype", priority=1),
-    Column("nbytes", "size", term.human_bytes, priority=2, right=True),
-    Column("value", "value", priority=3),
-    Column("chunk_shape", "chunks", term.shape, priority=7),
-    Column("sharding", "sharding", priority=8),
-)
-_DIFF = (
-    Column("key", "key", key=True, priority=0),
-    Column("status", "status", priority=0),
-    Column("change", "change", priority=1, right=True),
-    Column("shape_a", "shape", term.shape, priority=3),
-    Column("dtype_a", "dtype", priority=4),
-    Column("max_abs_diff", "max_abs_diff", term.number, priority=5, right=True),
-    Column("cosine", "cosine", term.number, priority=6, right=True),
-    Column("nan_a", "nan_a", term.number, priority=7, right=True),
-    Column("nan_b", "nan_b", term.number, priority=7, right=True),
-    Column("inf_a", "inf_a", term.number, priority=8, right=True),
-    Column("inf_b", "inf_b", term.number, priority=8, right=True),
-)
-_FILES = (
-    Column("file", "file", priority=0),
-    Column("nbytes", "size", term.human_bytes, priority=1, right=True),
-)
+class ReaderGone(io.TextIOBase):
+    """A stream whose reader may stop reading (``| head``): from then on what is
+    written is dropped, so that the command goes on to its end and exits with its
+    own status, as ``diff`` and ``grep`` do.
+
+    The stream's file descriptor is then pointed at ``/dev/null``, so that
+    nothing left in Python's buffers fails at exit either.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+        self.gone = False
+
+    def _lost(self) -> None:
+        self.gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._lost()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._lost()
+
+    def isatty(self) -> bool:
+        return not self.gone and self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def writable(self) -> bool:
+        return True
 
 
-# -- ls ------------------------------------------------------------------------------------
+def _dispatch(argv: list[str], out: TextIO, err: TextIO, prog: str) -> int:
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    rest = argv[1:] if command else argv
+    if command == "diff":
+        from tinax.explore._cli.commands import diff
 
+        return diff(cli_args._diff_parser(prog).parse_args(rest), out)
+    if command == "verify":
+        parsed = cli_args._verify_parser(prog).parse_args(rest)
+        from tinax.explore._cli.verify import verify_command
 
-def _listing(root: str) -> pd.DataFrame:
-    """``list_checkpoints`` with the run's metric and why each checkpoint is kept."""
-    table = list_checkpoints(root)
-    kept = retention_table(root) if is_run(root) else None
-    if kept is None or kept.empty:
-        return table
-    by_name = kept.set_index("name")
-    joined = table.copy()
-    joined["metric"] = pd.array(
-        [by_name["metric"].get(n, pd.NA) for n in table["name"]], dtype="Float64"
-    )
-    joined["kept"] = pd.array([by_name["kept"].get(n, pd.NA) for n in table["name"]], "string")
-    joined.attrs = dict(table.attrs)
-    return joined
+        return verify_command(parsed, out, err)
+    if command == "export":
+        parsed = cli_args._export_parser(prog).parse_args(rest)
+        from tinax.explore._cli.commands import export
 
+        return export(parsed, out, err)
+    if command == "run":
+        parsed = cli_args._run_parser(prog).parse_args(rest)
+        from tinax.explore._cli.run import run_command
 
-def _show_listing(root: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    table = _listing(root)
-    errors: dict[str, str] = table.attrs.get("errors", {})
-    policy = run_policy(root) if is_run(root) else None
-    metric = (policy or {}).get("best_by")
-    if args.json or args.csv:
-        table = table.assign(error=pd.array([errors.get(p) for p in table["path"]], dtype="string"))
-        _machine(table, args.json, out)
-        return
-    columns = tuple(
-        Column(c.source, str(metric), c.format, c.priority, c.right)
-        if c.source == "metric" and metric
-        else c
-        for c in _LISTING
-    )
-    term.render(table, columns, out, term.width())
-    for where, problem in errors.items():
-        print(f"invalid: {where}: {problem}", file=err)
+        return run_command(parsed, out, err)
+    if command == "ls":
+        parsed = cli_args._ls_parser(prog).parse_args(rest)
+        from tinax.explore._cli.commands import show
 
-
-# -- show ----------------------------------------------------------------------------------
-
-
-def _show_checkpoint(path: str, args: argparse.Namespace, out: TextIO) -> None:
-    table = checkpoint_table(path)
-    if args.json or args.csv:
-        _machine(table, args.json, out)
-        return
-    total = term.width()
-    # One block per checkpointable: its name once, what its keys share, its table.
-    for name, rows in table.groupby("checkpointable", sort=False):
-        rows = _with_key_kind(_natural(rows.reset_index(drop=True)))
-        nbytes = term.human_bytes(rows["nbytes"].sum()) if rows["nbytes"].notna().any() else ""
-        count = f"{len(rows)} lea{'f' if len(rows) == 1 else 'ves'}"
-        title = f"{name or '(unnamed)'}: {count}" + (f", {nbytes}" if nbytes else "")
-        shared = display.shared_prefix([str(k) for k in rows["key"]])
-        if shared:
-            title += f"; keys under {shared}"
-        _say(title, out, total)
-        term.render(rows, _LEAVES, out, total)
-        print(file=out)
-    without = sorted(n for n, has in table.attrs["checksums"].items() if not has)
-    if without:
-        _say(
-            f"checksums: none recorded for {', '.join(map(repr, without))} (written "
-            "without tinax checksums; data cannot be checked)",
-            out,
-            total,
-        )
-
-
-def _with_key_kind(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose values are PRNG keys (stored as their key data) say so in ``kind``."""
-    kinds = [
-        PRNG_KEY
-        if value_kind(str(cp), str(key), dtype, tuple(shape) if isinstance(shape, tuple) else shape)
-        == PRNG_KEY
-        else kind
-        for cp, key, kind, dtype, shape in zip(
-            rows["checkpointable"],
-            rows["key"],
-            rows["kind"],
-            rows["dtype"],
-            rows["shape"],
-            strict=True,
-        )
-    ]
-    return rows.assign(kind=pd.array(kinds, dtype=rows["kind"].dtype))
-
-
-def _labels_shown(table: pd.DataFrame, checkpointable: str) -> dict[str, str]:
-    """``show``'s key labels for a checkpointable at this terminal's width: label → key."""
-    rows = _natural(table[table["checkpointable"] == checkpointable].reset_index(drop=True))
-    labels = term.layout(rows, _LEAVES, term.width()).cells["key"]
-    return dict(zip(labels, (str(k) for k in rows["key"]), strict=True))
-
-
-def _resolve_leaf(path: str, given: Sequence[str]) -> tuple[str, str]:
-    """The checkpointable and exact key that ``--leaf``'s words name."""
-    if len(given) > 2:
-        raise ValueError(
-            f"--leaf takes [CHECKPOINTABLE] KEY, got {len(given)} words; quote a key "
-            "with spaces in it"
-        )
-    table = checkpoint_table(path)
-    names = [str(n) for n in dict.fromkeys(table["checkpointable"])]
-    by_name = {n: [str(k) for k in table.loc[table["checkpointable"] == n, "key"]] for n in names}
-    if len(given) == 2:
-        checkpointable, name = given
-        if checkpointable not in by_name:
-            import difflib
-
-            near = difflib.get_close_matches(checkpointable, names, n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise LeafNotFoundError(
-                f"{path}: no checkpointable {checkpointable!r}; it has {', '.join(names)}{hint}"
-            )
-        shown = _labels_shown(table, checkpointable)
-        key = match_key(by_name[checkpointable], name, checkpointable=checkpointable, shown=shown)
-        return checkpointable, key
-    # One word: the key with its checkpointable as its first part (model.blocks.2…),
-    # or a key that names one leaf of the whole checkpoint.
-    written = [
-        (checkpointable, found)
-        for checkpointable, keys in by_name.items()
-        if (found := exact_key(keys, given[0])) is not None
-    ]
-    if len(written) == 1:
-        return written[0]
-    labelled = [
-        (checkpointable, shown[given[0]])
-        for checkpointable in names
-        if given[0] in (shown := _labels_shown(table, checkpointable))
-    ]
-    if len(labelled) == 1:
-        return labelled[0]
-    whole: dict[str, tuple[str, str]] = {}
-    for checkpointable, keys in by_name.items():
-        for key in keys:
-            whole[_keys.format_key((checkpointable, *_keys.parse_key(key)))] = (checkpointable, key)
-    return whole[match_key(list(whole), given[0])]
-
-
-def _key_lines(value: np.ndarray) -> list[str]:
-    """A PRNG key array's keys as hex words, the first few."""
-    data = np.asarray(value).reshape(-1, value.shape[-1]) if value.ndim else value.reshape(1, 1)
-    shown = [" ".join(f"{int(w):08x}" for w in row) for row in data[:_KEYS_SHOWN]]
-    if len(data) > _KEYS_SHOWN:
-        shown.append(f"… and {len(data) - _KEYS_SHOWN} more")
-    return shown
-
-
-def _show_leaf(path: str, given: Sequence[str], args: argparse.Namespace, out: TextIO) -> None:
-    checkpointable, key = _resolve_leaf(path, given)
-    value = read_leaf(path, checkpointable, key)
-    is_array = isinstance(value, np.ndarray)
-    is_key = is_array and (
-        value_kind(checkpointable, key, value.dtype.name, tuple(value.shape)) == PRNG_KEY
-    )
-    if is_key:
-        # A key's bits are not quantities: no statistics of them, the key data itself.
-        summary: dict[str, Any] = {
-            "kind": PRNG_KEY,
-            "shape": tuple(int(d) for d in value.shape),
-            "dtype": value.dtype.name,
-            "keys": int(np.prod(value.shape[:-1], dtype=np.int64)) if value.ndim else 1,
-        }
+        show(parsed.root, parsed, out, err, listing=True)
+        return EXIT_OK
+    if command == "show":
+        parsed = cli_args._show_parser(prog).parse_args(rest)
     else:
-        summary = leaf_summary(value)
-    label = display.readable_key(key)
-    if args.json or args.csv:
-        record: dict[str, Any] = {
-            "checkpointable": checkpointable,
-            "key": key,
-            "name": label,
-            **summary,
-        }
-        if is_key:
-            flat = value.reshape(-1)
-            record["key_data"] = flat[:_KEY_DATA_JSON].reshape(-1, value.shape[-1]).tolist()
-            record["key_data_complete"] = flat.size <= _KEY_DATA_JSON
-        elif not is_array:
-            record["value"] = value
-        if args.json:
-            json.dump(jsonable(record), out, indent=1)
-            print(file=out)
-        else:
-            _csv(pd.DataFrame([record]), out)
-        return
-    total = term.width()
-    fields: list[tuple[str, str]] = [
-        ("checkpointable", checkpointable),
-        ("key", label),
-        ("keystr", key or '""'),
-    ]
-    for field, item in summary.items():
-        if term.is_missing(item):
-            continue
-        shown = term.shape(item) if field == "shape" else term.text(item)
-        # "size" means bytes in every view; a summary's size counts elements.
-        fields.append(("elements" if field == "size" else field, shown))
-    if is_key:
-        fields.extend(("key data", line) for line in _key_lines(value))
-    elif not is_array:
-        # Numbers to four significant digits, like the tables (--json has them whole).
-        plain = isinstance(value, int | float | np.number) and not isinstance(value, bool)
-        fields.append(("value", term.number(value) if plain else repr(value)))
-    for field, shown in fields:
-        print(term.shorten_middle(f"{field}: {shown}", total), file=out)
+        parsed = cli_args._parser(prog).parse_args(rest)
+    from tinax.explore._cli.commands import show
 
-
-def _show(path: str, args: argparse.Namespace, out: TextIO, err: TextIO, *, listing: bool) -> None:
-    if args.leaf:
-        _show_leaf(path, args.leaf, args, out)
-    elif listing or is_run(path):
-        _show_listing(path, args, out, err)
-    else:
-        _show_checkpoint(path, args, out)
-
-
-# -- diff ----------------------------------------------------------------------------------
-
-
-def _diff(argv: Sequence[str], out: TextIO, prog: str) -> int:
-    args = _diff_parser(prog).parse_args(argv)
-    table = diff_table(args.a, args.b, sort=not args.key_order)
-    differ = bool((table["status"] != words.SAME).any())
-    if args.key_order:
-        table = _natural(table)
-    if args.changed:
-        table = table[table["status"] != words.SAME].reset_index(drop=True)
-    if args.json or args.csv:
-        # Statistics that do not apply (or are undefined, as a zero vector's cosine) are null.
-        _machine(table.astype(object).where(table.notna(), None), args.json, out)
-        return DIFFERENT if differ else SAME
-    total = term.width()
-    _say(f"from {args.a}", out, total)
-    _say(f"  to {args.b}", out, total)
-    names = [str(n) for n in table["checkpointable"]]
-    # "change" tells a change for what the leaf is; for the rest it repeats the status.
-    told = table["change"].astype(object).where(table["change"] != table["status"], None)
-    term.render(table.assign(change=told), _DIFF, out, total, checkpointables=names)
-    counts = table["status"].value_counts()
-    _say(", ".join(f"{n} {status}" for status, n in counts.items()) or "no leaves", out, total)
-    return DIFFERENT if differ else SAME
-
-
-# -- export --------------------------------------------------------------------------------
-
-
-def _export(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
-    args = _export_parser(prog).parse_args(argv)
-    with _progress(err, "exporting") as progress:
-        files = export_safetensors(
-            args.checkpoint,
-            args.out,
-            checkpointable=args.checkpointable,
-            keys=args.keys,
-            dtype=args.dtype,
-            max_file_bytes=args.max_file_size,
-            verify=args.verify,
-            progress=progress,
-        )
-    rows = pd.DataFrame(
-        {
-            "file": [f.name for f in files],
-            "path": [str(f) for f in files],
-            "nbytes": [Path(f).stat().st_size for f in files],
-        }
-    )
-    if args.json:
-        _dump(
-            {
-                "directory": str(files[0].parent),
-                "checkpointable": args.checkpointable,
-                "files": _records(rows),
-            },
-            out,
-        )
-        return 0
-    if args.csv:
-        _csv(rows, out)
-        return 0
-    total = term.width()
-    count = f"{len(files)} file{'s' if len(files) > 1 else ''}"
-    title = f"{count}, {term.human_bytes(int(rows['nbytes'].sum()))}"
-    print(term.shorten_middle(f"{files[0].parent}: {title}", total), file=out)
-    term.render(rows, _FILES, out, total)
-    return 0
-
-
-# -- entry points --------------------------------------------------------------------------
+    show(parsed.path, parsed, out, err, listing=False)
+    return EXIT_OK
 
 
 def main(
@@ -420,59 +133,42 @@ def main(
     *,
     prog: str = PROG,
 ) -> int:
-    """Runs the command line; returns the exit status.
+    """Runs the command line; returns the exit status (``args.EXIT_STATUSES``).
 
     ``ls``, ``show``, ``diff``, ``verify``, ``export`` and ``run`` are commands;
-    anything else shows a run or a checkpoint. The status is 1 for an unreadable
-    path, for ``verify`` also for a checkpoint that is not sound, and for ``diff``
-    1 when the checkpoints differ and 2 on trouble.
+    anything else shows a run or a checkpoint. 0 is success, 1 a ``diff`` that
+    differs or a ``verify`` that is not sound, 2 trouble (a usage error, with the
+    usage; a missing path; an unreadable checkpoint), the same for every command.
     """
     out = out or sys.stdout
     err = err or sys.stderr
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv[0] if len(argv) > 1 and argv[0] in COMMANDS else None
+    command = argv[0] if argv and argv[0] in COMMANDS else None
     try:
-        if command == "diff":
-            try:
-                return _diff(argv[1:], out, prog)
-            except SystemExit as e:  # argparse: usage errors are trouble too
-                return TROUBLE if e.code else SAME
-            except BrokenPipeError:
-                raise
-            except (OSError, ValueError, TypeError) as e:
-                print(f"{prog} diff: error: {e}", file=err)
-                return TROUBLE
-        if command == "verify":
-            return _verify(argv[1:], out, err, prog)
-        if command == "export":
-            return _export(argv[1:], out, err, prog)
-        if command == "run":
-            return _run(argv[1:], out, err, prog)
-        if command == "ls":
-            args = _ls_parser(prog).parse_args(argv[1:])
-            args.leaf = None
-            _show(args.root, args, out, err, listing=True)
-            return 0
-        if command == "show":
-            args = _show_parser(prog).parse_args(argv[1:])
-        else:
-            args = _parser(prog).parse_args(argv)
-        _show(args.path, args, out, err, listing=False)
-    except BrokenPipeError:
-        raise
+        # argparse writes --help, --version and usage errors to sys.stdout and
+        # sys.stderr: they go where the caller said.
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            return _dispatch(argv, out, err, prog)
+    except SystemExit as e:
+        # argparse: --help and --version (0), a usage error with the usage (2).
+        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else 2)
     except (OSError, ValueError, TypeError) as e:
+        if isinstance(e, BrokenPipeError):
+            raise
         print(f"{prog}{' ' + command if command else ''}: error: {e}", file=err)
-        return 1
-    return 0
+        return EXIT_TROUBLE
 
 
 def console(prog: str = PROG) -> None:
-    """The ``tinax`` console command: ``main``'s status as the exit status."""
+    """The ``tinax`` console command: ``main``'s status as the exit status; Ctrl-C is
+    one line and status 130; a reader that stops early changes no status."""
+    out, err = ReaderGone(sys.stdout), ReaderGone(sys.stderr)
     try:
-        status = main(prog=prog)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader (``| head``) has stopped reading: nothing more to say.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        status = 0
+        status = main(out=out, err=err, prog=prog)  # type: ignore[arg-type]
+        out.flush()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=err)
+        err.flush()
+        # Threads reading a checkpoint are not waited for: the process ends now.
+        os._exit(EXIT_INTERRUPTED)
     sys.exit(status)

@@ -25,9 +25,11 @@ def _seconds(value: Any) -> str:
 
 
 def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows as JSON objects (``jsonable``: a NaN cell is null and named in the
+    row's ``nonfinite_values``; a missing one is null)."""
     columns = list(table.columns)
     return [
-        {column: jsonable(cell) for column, cell in zip(columns, row, strict=True)}
+        jsonable(dict(zip(columns, row, strict=True)))
         for row in table.itertuples(index=False, name=None)
     ]
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+import math
 from typing import Any, TextIO
 
 import pandas as pd
 
+from tinax.explore import display
 from tinax.explore._cli import terminal as term
-from tinax.explore._cli.args import _run_parser
 from tinax.explore._cli.output import _csv, _dump, _progress, _records, _say, _seconds
 from tinax.explore._cli.terminal import Column
 from tinax.explore._run_view.drift import drift_table
@@ -28,23 +29,55 @@ def _run_columns(table: pd.DataFrame) -> list[Column]:
         "save_blocked_s": Column("save_blocked_s", "blocked", _seconds, priority=5, right=True),
         "save_total_s": Column("save_total_s", "save", _seconds, priority=4, right=True),
     }
-    skipped = {"path", "age", "checkpointables"}
     columns = []
     for name in table.columns:
         if name in known:
             columns.append(known[name])
-        elif name not in skipped and pd.api.types.is_numeric_dtype(table[name].dtype):
-            columns.append(Column(name, name, term.number, priority=2, right=True))
+        elif name in table.attrs.get("metrics", ()):
+            columns.append(Column(name, name, _measured, priority=2, right=True))
     return columns
 
 
-def _run(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
-    args = _run_parser(prog).parse_args(argv)
+def _as_logged(table: pd.DataFrame) -> pd.DataFrame:
+    """The run table with what was not recorded as ``None`` and what was logged as NaN
+    kept NaN (``nonfinite_metrics`` says which is which), so that text shows ``nan``
+    apart from a blank and JSON a null apart from a NaN."""
+    named = [
+        set() if pd.isna(found) else {n.strip() for n in str(found).split(",")}
+        for found in table.get("nonfinite_metrics", pd.Series([None] * len(table)))
+    ]
+    shown = table.copy()
+    for column in table.columns:
+        if not pd.api.types.is_float_dtype(table[column].dtype):
+            continue
+        values = table[column].astype(object).tolist()
+        shown[column] = pd.Series(
+            [
+                None if isinstance(v, float) and math.isnan(v) and column not in named[i] else v
+                for i, v in enumerate(values)
+            ],
+            index=table.index,
+            dtype=object,
+        )
+    return shown
+
+
+def _measured(value: Any) -> str:
+    """A metric: ``nan`` for a NaN that was logged, blank for nothing recorded."""
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return term.number(value)
+
+
+def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``tinax run ROOT``: the run at a glance (with ``--drift``, ``--scan``)."""
     if args.csv and args.drift and args.scan:
         raise ValueError("--csv prints one table: give --drift or --scan, not both")
-    table = run_table(args.root)
+    found = run_table(args.root)
+    table = _as_logged(found)
+    table.attrs = found.attrs
     with _progress(err, "drift", unit="pairs") as progress:
-        drift = drift_table(args.root, progress=progress) if args.drift else None
+        drift = drift_table(args.root, depth=args.depth, progress=progress) if args.drift else None
     with _progress(err, "scan", unit="checkpoints") as progress:
         scan = scan_run(args.root, progress=progress) if args.scan else None
     if args.json:
@@ -75,35 +108,91 @@ def _run(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
 
 
 def _show_drift(drift: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
-    """The pairs' subtrees that moved most first, under a line naming the largest."""
+    """The subtrees that moved most first, under a line naming the largest; then the
+    pairs that hold NaN or Inf, one line each; then the leaves that could not be
+    compared. Nothing is left out silently."""
     if drift.empty:
         _say("drift: fewer than two complete checkpoints to compare", out, total)
         return
-    ranked = drift.sort_values(
+    nonfinite = (drift["nan"].fillna(0) > 0) | (drift["inf"].fillna(0) > 0)
+    finite = drift[~nonfinite]
+    ranked = finite.sort_values(
         ["rel_update", "step"], ascending=[False, True], na_position="last", kind="stable"
     ).reset_index(drop=True)
-    first = ranked.iloc[0]
-    if not term.is_missing(first["rel_update"]):
+    if len(ranked) and not term.is_missing(ranked.iloc[0]["rel_update"]):
+        first = ranked.iloc[0]
         _say(
             f"drift: {first['subtree']} moved most, by {term.number(first['rel_update'])} of "
             f"its norm, from step {first['previous_step']} to {first['step']}",
             out,
             total,
         )
-    columns = (
-        Column("subtree", "subtree", priority=0),
-        Column("previous_step", "from", term.number, priority=2, right=True),
-        Column("step", "step", term.number, priority=0, right=True),
-        Column("rel_update", "rel_update", term.number, priority=0, right=True),
-        Column("cosine", "cosine", term.number, priority=3, right=True),
-        Column("max_abs_diff", "max_abs_diff", term.number, priority=4, right=True),
-        Column("nan", "nan", term.number, priority=5, right=True),
-        Column("inf", "inf", term.number, priority=6, right=True),
+    if len(ranked):
+        # NaN and Inf are in rows of their own below: these rows have none.
+        columns = (
+            Column("subtree", "subtree", priority=0),
+            Column("previous_step", "from", term.number, priority=2, right=True),
+            Column("step", "step", term.number, priority=0, right=True),
+            Column("rel_update", "rel_update", term.number, priority=0, right=True),
+            Column("cosine", "cosine", term.number, priority=3, right=True),
+            Column("max_abs_diff", "max_abs_diff", term.number, priority=4, right=True),
+            Column("unreadable", "unreadable", term.count_if_any, priority=5, right=True),
+        )
+        shown = ranked if top <= 0 else ranked.head(top)
+        term.render(shown, columns, out, total)
+        if len(shown) < len(ranked):
+            _say(
+                f"… {len(ranked) - len(shown)} more (--top 0 shows all, --csv prints all)",
+                out,
+                total,
+            )
+    if nonfinite.any():
+        _show_nonfinite_pairs(drift[nonfinite], out, total, top)
+    unreadable = drift.attrs.get("unreadable")
+    if unreadable is not None and len(unreadable):
+        print(file=out)
+        _say(
+            f"not compared: {len(unreadable)} lea{'f' if len(unreadable) == 1 else 'ves'} "
+            "(damaged on a side, or not the same leaf on both):",
+            out,
+            total,
+        )
+        for row in unreadable.head(top if top > 0 else len(unreadable)).itertuples(index=False):
+            _say(
+                f"  step {row.previous_step} → {row.step}: {row.checkpointable} "
+                f"{display.readable_key(str(row.key))}: {row.status}",
+                out,
+                total,
+            )
+
+
+def _show_nonfinite_pairs(rows: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
+    """The pairs holding NaN or Inf: one line each, with how many subtrees and values."""
+    pairs = (
+        rows.groupby(["previous_step", "step"], sort=True)
+        .agg(subtrees=("subtree", "size"), nan=("nan", "sum"), inf=("inf", "sum"))
+        .reset_index()
     )
-    shown = ranked if top <= 0 else ranked.head(top)
+    where = pairs.iloc[0]
+    print(file=out)
+    _say(
+        f"non-finite: {len(pairs)} pair{'s' * (len(pairs) != 1)} hold NaN or Inf, the first "
+        f"from step {where['previous_step']} to {where['step']} "
+        f"({int(rows['nan'].sum()):,} NaN, {int(rows['inf'].sum()):,} Inf in all)",
+        out,
+        total,
+    )
+    columns = (
+        Column("previous_step", "from", term.number, priority=0, right=True),
+        Column("step", "step", term.number, priority=0, right=True),
+        Column("subtrees", "subtrees", term.number, priority=1, right=True),
+        Column("nan", "nan", term.number, priority=0, right=True),
+        Column("inf", "inf", term.number, priority=0, right=True),
+    )
+    shown = pairs if top <= 0 else pairs.head(top)
     term.render(shown, columns, out, total)
-    if len(shown) < len(ranked):
-        _say(f"… {len(ranked) - len(shown)} more (--top 0 shows all, --csv prints all)", out, total)
+    if len(shown) < len(pairs):
+        _say(f"… {len(pairs) - len(shown)} more pairs (--top 0 shows all)", out, total)
 
 
 def _show_scan(scan: pd.DataFrame, out: TextIO, total: int) -> None:

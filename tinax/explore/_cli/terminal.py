@@ -81,6 +81,11 @@ def number(value: Any) -> str:
     return str(value)
 
 
+def count_if_any(value: Any) -> str:
+    """A count, blank when zero: a column of zeros (no NaN anywhere) gives way."""
+    return "" if is_missing(value) or value == 0 else number(value)
+
+
 def shape(value: Any) -> str:
     if is_missing(value):
         return ""
@@ -267,7 +272,7 @@ def render(
     """Prints ``table`` with the ``columns`` that fit in ``total`` characters.
 
     Columns left out because every row holds the same value are named on a line
-    under the table (``every row: kind jax.Array``). Returns the layout drawn
+    under the table (``every row: kind: jax.Array``). Returns the layout drawn
     (``None`` for an empty table).
     """
     if table.empty:
@@ -305,24 +310,42 @@ def render(
         print(line.rstrip(), file=out)
     if plan.uniform:
         byname = {c.source: c.header for c in columns}
-        said = ", ".join(f"{byname[s]} {v}" for s, v in plan.uniform.items())
+        # "header: value", so that a value that repeats its header reads once ("kept:
+        # all kept", never "kept all kept").
+        said = "; ".join(f"{byname[s]}: {v}" for s, v in plan.uniform.items())
         for line in textwrap.wrap(f"every row: {said}", total, break_on_hyphens=False):
             print(line, file=out)
     return plan
+
+
+# The member of a JSON object that names its numbers JSON cannot write (NaN, ±Inf).
+NONFINITE_VALUES = "nonfinite_values"
+
+
+def _nonfinite_text(value: Any) -> str | None:
+    """``"nan"``, ``"inf"`` or ``"-inf"`` for a non-finite float; ``None`` otherwise."""
+    if isinstance(value, np.generic) and not isinstance(value, np.bool_):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return None
 
 
 def jsonable(value: Any) -> Any:
     """``value`` as plain JSON data: tuples as lists, missing as null, times as ISO 8601,
     durations as seconds.
 
-    Non-finite floats become the strings ``"nan"``, ``"inf"`` and ``"-inf"``.
+    JSON has no NaN or infinity: a number that is NaN or ±Inf is written as null,
+    and the object holding it names it in its ``nonfinite_values`` member
+    (``{"loss": null, "nonfinite_values": {"loss": "nan"}}``), so that null alone
+    always means missing. A non-finite number in a list is null.
     """
     if value is None or value is pd.NA or value is pd.NaT:
         return None
     if isinstance(value, bool | str | int):
         return value
     if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
+        return value if math.isfinite(value) else None
     if isinstance(value, np.generic):
         return jsonable(value.item())
     if isinstance(value, pd.Timestamp):
@@ -330,7 +353,11 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, pd.Timedelta):
         return value.total_seconds()
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        plain = {str(k): jsonable(v) for k, v in value.items()}
+        told = {str(k): t for k, v in value.items() if (t := _nonfinite_text(v)) is not None}
+        if told:
+            plain[NONFINITE_VALUES] = told
+        return plain
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
@@ -339,7 +366,11 @@ def jsonable(value: Any) -> Any:
 
 
 def csv_cell(value: Any) -> Any:
-    """A cell for ``--csv``: missing blank, sequences and mappings as JSON."""
+    """A cell for ``--csv``: missing blank, a non-finite number as ``nan``, ``inf`` or
+    ``-inf`` (as pandas reads them back), sequences and mappings as JSON."""
+    told = _nonfinite_text(value)
+    if told is not None:
+        return told
     plain = jsonable(value)
     if plain is None:
         return ""

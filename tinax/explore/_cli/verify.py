@@ -11,8 +11,9 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format import layout, names, words
+from tinax.explore._cli import findings
 from tinax.explore._cli import terminal as term
-from tinax.explore._cli.args import _verify_parser
+from tinax.explore._cli.args import EXIT_NO, EXIT_OK
 from tinax.explore._cli.output import _csv, _dump, _progress, _records, _say
 from tinax.explore._cli.terminal import Column
 from tinax.explore._listing import list_checkpoints
@@ -24,11 +25,6 @@ _NOT_CHECKPOINTS = frozenset({words.IN_PROGRESS, words.INTERRUPTED, words.BEING_
 # A checkpoint a run's restore found corrupt and set aside: no load takes it, and the
 # run has gone on without it; checked again it would only repeat the finding.
 _SET_ASIDE = frozenset({words.FOUND_CORRUPT})
-_FINDINGS = (
-    Column("severity", "severity", priority=0),
-    Column("part", "part", priority=1),
-    Column("message", "message", priority=0, wrap=True),
-)
 _CHECKS = (
     Column("name", "name", priority=0),
     Column("step", "step", term.number, priority=2, right=True),
@@ -54,6 +50,7 @@ def _verification_record(result: Verification) -> dict[str, Any]:
     return {
         "path": result.path,
         "ok": result.ok,
+        "status": result.status,
         "verdict": result.verdict,
         "data": result.data,
         "findings": _records(result.findings),
@@ -71,6 +68,7 @@ def _verdict_rows(checked: Sequence[tuple[str, Any, Verification | None, str]]) 
             "path": path,
             "step": step,
             "ok": None if result is None else result.ok,
+            "status": None if result is None else result.status,
             "verdict": verdict,
         }
         if findings.empty:
@@ -85,12 +83,13 @@ def _verdict_rows(checked: Sequence[tuple[str, Any, Verification | None, str]]) 
                 }
             )
     return pd.DataFrame(
-        rows, columns=["path", "step", "ok", "verdict", "severity", "part", "message"]
+        rows, columns=["path", "step", "ok", "status", "verdict", "severity", "part", "message"]
     )
 
 
-def _verify(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
-    args = _verify_parser(prog).parse_args(argv)
+def verify_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``tinax verify PATH``: 0 when every checkpoint is sound, 1 when one is not or
+    diverged (or, with ``--strict``, warned of or not checked)."""
     if is_run(args.path):
         return _verify_run(args, out, err)
     result = _verify_one(args.path, args.data, err, "reading data")
@@ -102,10 +101,13 @@ def _verify(argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
         _csv(_verdict_rows([(result.path, step, result, result.verdict)]), out)
     else:
         total = term.width()
-        if not args.quiet and len(result.findings):
-            term.render(result.findings, _FINDINGS, out, total)
+        if args.quiet:
+            print(str(result), file=out)  # one unwrapped line
+            return EXIT_NO if failed else EXIT_OK
+        if len(result.findings):
+            findings.print_groups(findings.groups(result.findings), out, total)
         _say(str(result), out, total)
-    return 1 if failed else 0
+    return EXIT_NO if failed else EXIT_OK
 
 
 def _step_of(path: str) -> int | None:
@@ -154,6 +156,10 @@ def _verify_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
     elif args.csv:
         _csv(_verdict_rows(checked), out)
+    elif args.quiet:
+        # The verdicts alone, one unwrapped line per checkpoint (for grep and cut).
+        for path, _, _, verdict in checked:
+            print(f"{Path(path).name}: {verdict}", file=out)
     else:
         total = term.width()
         table = pd.DataFrame(
@@ -164,18 +170,20 @@ def _verify_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             }
         )
         term.render(table, _CHECKS, out, total)
-        if not args.quiet:
-            # The findings of the checkpoints that are not sound, or warned of.
-            for path, _, found, _ in checked:
-                if found is not None and _worth_showing(found):
-                    print(file=out)
-                    _say(f"{Path(path).name}:", out, total)
-                    term.render(found.findings, _FINDINGS, out, total)
-        sound = sum(1 for _, _, r, _ in checked if r is not None and r.ok)
-        scope = "metadata and data" if args.data else "metadata"
-        _say(
-            f"{sound} of {len(checked)} checkpoints sound ({scope} checked)",
+        # The findings of the checkpoints that are not sound, or warned of, grouped.
+        findings.print_run_findings(
+            [(p, r) for p, _, r, _ in checked if r is not None and _worth_showing(r)],
             out,
             total,
         )
-    return 1 if failed else 0
+        sound = sum(1 for _, _, r, _ in checked if r is not None and r.ok)
+        diverged = sum(1 for _, _, r, _ in checked if r is not None and r.diverged)
+        scope = "metadata and data" if args.data else "metadata"
+        also = f", {diverged} diverged" if diverged else ""
+        print(file=out)
+        _say(
+            f"{sound} of {len(checked)} checkpoints sound{also} ({scope} checked)",
+            out,
+            total,
+        )
+    return EXIT_NO if failed else EXIT_OK
