@@ -173,3 +173,21 @@ def test_the_warnings_of_an_export_thread_are_its_own_every_time(monkeypatch):
     assert shown_elsewhere == ["from the notebook itself"]
     # Everything as it was once no export is watched.
     assert warnings.filters == filters and warnings.showwarning is not _show
+
+
+def test_the_librarys_warning_of_nan_weights_is_shown_in_the_panel(tmp_path):
+    path = tmp_path / "step_3"
+    weights = np.ones((8, 8), np.float32)
+    weights[0, :3] = np.nan
+    save_checkpointables(path, {"model": {"w": weights, "b": np.zeros(8, np.float32)}}).result()
+    panel = ExportPanel(path)  # nothing known before: no warning yet
+    assert panel.warning.value == ""
+    for destination in ("first", "again"):  # said each time, not once per place
+        panel.destination.value = str(tmp_path / destination)
+        panel.export_button.click()
+        assert panel.progress is not None and panel.progress.wait(60) == "done"
+        _until(lambda: not panel.exporting)
+        assert (
+            len(panel.warnings) == 1 and "1 tensor holds NaN or Inf: w (3 NaN)" in panel.warnings[0]
+        )
+        assert "w (3 NaN)" in panel.warning.value and "wrote 1 file(s)" in panel.message.value
