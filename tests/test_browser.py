@@ -410,7 +410,8 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
         # Unticking a checkpointable unticks its subtrees, visibly; ticking gives them back.
         optimizer = builder.get_by_label("optimizer", exact=True)
         optimizer.wait_for()
-        subtrees = [builder.get_by_label(k, exact=True) for k in ("['count']", "['learning_rate']")]
+        # Its subtrees named dotted, as everywhere else.
+        subtrees = [builder.get_by_label(k, exact=True) for k in ("count", "learning_rate")]
         optimizer.uncheck()
         for box in subtrees:
             expect(box).not_to_be_checked()

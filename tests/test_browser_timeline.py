@@ -11,13 +11,17 @@ from pathlib import Path
 import nbformat
 import pytest
 from browser.lab import CHROMIUM, CHROMIUM_ARGS, REPO, TIMEOUT_MS, run_all_cells, running_lab
-from playwright.sync_api import Page, sync_playwright
-from run_view_fixtures import JUMP_LAYER, JUMP_STEP, write_small_run
+from playwright.sync_api import Page, expect, sync_playwright
+from run_view_fixtures import JUMP_LAYER, JUMP_STEP, NAN_STEP, STEPS, write_small_run
 
 ARTIFACTS = REPO / "test-artifacts"
+# The explorer opens and diffs in the kernel; on a loaded two-core machine that takes
+# longer than Playwright's 5 s default before the view shows it.
+expect.set_options(timeout=TIMEOUT_MS)
 WIDTHS = (900, 1280, 1600)
 HEIGHT = 1100
 LONG_RUN = 300
+LONG_EVERY = 3
 
 # What cannot be read in a timeline: a drawing wider than its output, text drawn
 # outside the drawing or cut at its edge, heatmap rows too thin to tell apart, or
@@ -67,10 +71,11 @@ _READABLE_JS = """
 
 
 def _write_long_run(source: str, run: Path) -> None:
-    """``LONG_RUN`` checkpoints: copies of one real checkpoint under successive steps."""
+    """``LONG_RUN`` checkpoints: copies of one real checkpoint, every ``LONG_EVERY`` steps
+    (so that an axis label on a step without a checkpoint would show)."""
     run.mkdir()
     for step in range(1, LONG_RUN + 1):
-        shutil.copytree(Path(source) / "step_000003", run / f"step_{step:06d}")
+        shutil.copytree(Path(source) / "step_000003", run / f"step_{LONG_EVERY * step:06d}")
 
 
 def _write_notebook(path: Path) -> None:
@@ -93,6 +98,12 @@ def _write_notebook(path: Path) -> None:
             "long = RunTimeline('long_run', drift=True)\nlong.wait(600)\nlong"
         ),
         nbformat.v4.new_code_cell("print('picked', timeline.picked_cell, timeline.error)"),
+        nbformat.v4.new_code_cell(
+            "from tinax.widgets import CheckpointExplorer\n\n"
+            "explorer = CheckpointExplorer('run')\n"
+            "explorer.timeline_section.toggle.click()  # the timeline section, open\n"
+            "explorer"
+        ),
     ]
     nbformat.write(notebook, path)
 
@@ -134,6 +145,8 @@ def test_the_timeline_is_readable_and_clickable_at_three_widths(tmp_path: Path) 
             small.locator(".tinax-timeline-cell").first.wait_for()
             long.locator(".tinax-timeline-cell").first.wait_for()
             assert long.locator(".tinax-timeline-cell").count() == 5 * (LONG_RUN - 1)
+            explorer = page.locator(".tinax-checkpoint-explorer")
+            explorer.locator(".tinax-run-timeline svg.tinax-timeline-svg").wait_for()
             for width in WIDTHS:
                 _set_width(page, width)
                 for name, widget in (("timeline", small), ("timeline-300", long)):
@@ -160,5 +173,68 @@ def test_the_timeline_is_readable_and_clickable_at_three_widths(tmp_path: Path) 
                 timeout=TIMEOUT_MS,
             )
             assert f"diff of steps {JUMP_STEP - 1} → {JUMP_STEP}" in small.inner_text()
+            # A layer that held NaN is a pattern of its own, not the scale's red.
+            row = labels.index("layers.0")
+            nan_cells = small.locator(
+                f'.tinax-timeline-cell.tinax-timeline-nonfinite[data-layer="{row}"]'
+            )
+            assert nan_cells.count() == len(STEPS) - NAN_STEP + 1
+            assert (nan_cells.first.get_attribute("fill") or "").startswith("url(#")
+            assert cell.get_attribute("fill") != nan_cells.first.get_attribute("fill")
+            assert small.locator(".tinax-timeline-key-nonfinite").count() == 1
+            # The loss the run recorded as NaN is marked on its panel.
+            assert (
+                small.locator(".tinax-timeline-metric-nonfinite").count()
+                == len(STEPS) - NAN_STEP + 1
+            )
+            # Axis labels name only steps that have a checkpoint.
+            ticks = long.locator(".tinax-timeline-tick").all_text_contents()
+            assert len(ticks) > 3 and all(int(t) % LONG_EVERY == 0 for t in ticks), ticks
+            _the_page_stays_under_the_pointer(page)
         finally:
             browser.close()
+
+
+def _the_page_stays_under_the_pointer(page: Page) -> None:
+    """In the explorer, a click on a step opens it and a second diffs, while the
+    timeline stays where it was under the pointer and the checkpoint list stays open."""
+    explorer = page.locator(".tinax-checkpoint-explorer")
+    svg = explorer.locator(".tinax-run-timeline svg.tinax-timeline-svg")
+    svg.wait_for()
+    _set_width(page, 1280)
+    svg.scroll_into_view_if_needed()
+    run_list = explorer.locator(".tinax-section-run .tinax-table")
+
+    def click_step(step: int, *, shift: bool = False) -> float:
+        tick = svg.locator(".tinax-timeline-tick").filter(has_text=f"{step}").first
+        box, where = svg.bounding_box(), tick.bounding_box()
+        assert box is not None and where is not None
+        if shift:
+            page.keyboard.down("Shift")
+        page.mouse.click(where["x"] + where["width"] / 2, box["y"] + 60)
+        if shift:
+            page.keyboard.up("Shift")
+        return box["y"]
+
+    top = click_step(2)
+    expect(explorer.locator(".tinax-checkpoint-title")).to_contain_text("step_000002")
+    expect(explorer.locator(".tinax-run-timeline")).to_contain_text("step 2 open")
+    page.wait_for_timeout(500)
+    assert svg.bounding_box()["y"] == top, "the timeline moved under the pointer"
+    assert run_list.is_visible(), "the checkpoint list folded"
+    assert click_step(4) == top
+    expect(explorer.locator(".tinax-run-timeline")).to_contain_text("diff of steps 2 → 4")
+    expect(explorer.locator(".tinax-diff-view")).to_contain_text("step_000002 to step_000004")
+    page.wait_for_timeout(500)
+    assert svg.bounding_box()["y"] == top and run_list.is_visible()
+    # After a diff, a click opens one step; a shift-click always only opens.
+    click_step(6)
+    expect(explorer.locator(".tinax-run-timeline")).to_contain_text("step 6 open")
+    click_step(3, shift=True)
+    expect(explorer.locator(".tinax-run-timeline")).to_contain_text("step 3 open")
+    expect(explorer.locator(".tinax-checkpoint-title")).to_contain_text("step_000003")
+    page.wait_for_timeout(500)
+    assert svg.bounding_box()["y"] == top and run_list.is_visible()
+    problems = explorer.locator(".tinax-run-timeline").evaluate(_READABLE_JS)
+    assert not problems, "; ".join(problems)
+    explorer.screenshot(path=str(ARTIFACTS / "timeline-explorer-1280px.png"))

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from damage import biggest_data_file, flip_middle_byte
 from tinax.widgets import CheckpointExplorer
+from tinax.widgets._data_check import _counts_text
+from tinax.widgets._nonfinite import NONFINITE_BACKGROUND, NONFINITE_COLOR
 
 from tinax.checkpointing import save_checkpointables
 
@@ -28,17 +31,28 @@ def test_check_data_counts_nan_and_inf_per_leaf(tmp_path: Path) -> None:
     assert not check.button.disabled
     check.start(in_thread=False)
     assert check.status == "done" and check.result is not None and check.result.data
-    # A model holding NaN is diverged, never sound (verify's status).
-    assert (
-        'data-ok="false"' in check.label.value and "diverged: 2 NaN and 1 Inf" in check.label.value
-    )
-    assert "metadata and data" in check.label.value
+    # NaN in the model: diverged, in its own colour, never the green "sound".
+    label = check.label.value
+    assert 'data-status="diverged"' in label and 'data-ok="false"' in label
+    assert NONFINITE_COLOR in label and "✔" not in label and "metadata and data" in label
     first = check.table.frame.iloc[0]  # the leaf with NaNs first
     assert (first["key"], first["nan_count"], first["inf_count"]) == ("['w']", 2, 1)
-    assert check.table.rows[0]["background"] == "#fde7e9"
-    # Only the leaf to look at is listed; the clean ones are counted in the line.
+    assert check.table.rows[0]["background"] == NONFINITE_BACKGROUND
+    # Only the leaf to look at is listed; the clean ones are counted in the line, NaN
+    # and Inf apart from regions not read (none here).
     assert check.table.frame["key"].tolist() == ["['w']"]
-    assert "3 arrays" in check.label.value and "1 with NaN, Inf" in check.label.value
+    assert "3 arrays" in label and "1 with NaN or Inf (2 NaN, 1 Inf)" in label
+    # Its counts are said in its row, not again as a finding above the table.
+    assert "holds 2 NaN" not in check.findings.value
+    assert "not read" not in label
+    # The checkpoint's verdict line follows the data read.
+    verdict = explorer.contents.verdict.value
+    assert 'data-status="diverged"' in verdict and "2 NaN and 1 Inf" in verdict
+    # Its export warns before writing them.
+    explorer.contents.export_button.click()
+    (panel,) = explorer.contents.export_box.children
+    assert "model holds 2 NaN and 1 Inf (the data check)" in panel.warning.value
+    assert panel.export_button.description == "Export anyway"
     # The check shows in its own section, opened where its button is: under the actions.
     body = list(explorer.contents.section.body.children)
     assert explorer.contents.data_section.shown
@@ -59,7 +73,10 @@ def test_check_data_names_a_damaged_leaf(tmp_path: Path) -> None:
     assert explorer.data_check.wait(120)
     assert explorer.data_check.status == "done"
     assert 'data-ok="false"' in explorer.data_check.label.value
-    assert "error" in explorer.data_check.findings.value
+    findings = explorer.data_check.findings.value
+    # The damaged leaf named dotted, its exact key on hover.
+    assert "error" in findings and ">model w</code>" in findings
+    assert 'title="model [&#x27;w&#x27;]"' in findings
 
 
 def test_a_cancelled_check_shows_nothing_of_it(tmp_path: Path) -> None:
@@ -89,3 +106,16 @@ def test_a_clean_check_is_one_line(tmp_path: Path) -> None:
     assert 'data-ok="true"' in check.label.value and "3 arrays" in check.label.value
     assert check.findings.value == ""
     assert check.table.layout.display == "none" and check.table.frame.empty
+
+
+def test_nan_and_inf_are_counted_apart_from_regions_not_read() -> None:
+    leaves = pd.DataFrame(
+        {
+            "key": ["['a']", "['b']", "['c']", "['d']"],
+            "nan_count": [3, 0, None, 0],
+            "inf_count": [0, 2, None, 0],
+            "read": [True, True, False, True],
+        }
+    )
+    assert _counts_text(leaves) == "2 with NaN or Inf (3 NaN, 2 Inf); 1 with regions not read"
+    assert _counts_text(leaves.iloc[3:]) == ""

@@ -11,7 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from tinax.widgets import CheckpointExplorer
-from tinax.widgets._diff import DiffView, forward, subtree_changes
+from tinax.widgets._diff import DiffView, forward
+from tinax.widgets._diff_bars import LAYERS, subtree_changes
+from tinax.widgets._nonfinite import NONFINITE_COLOR
 
 from tinax.checkpointing import save_checkpointables
 
@@ -110,7 +112,15 @@ def test_subtree_changes_are_norms_of_their_changed_leaves() -> None:
     )
     subtrees = subtree_changes(table, 1)
     assert subtrees.to_dict("records") == [
-        {"checkpointable": "m", "subtree": "['a']", "rel_change": pytest.approx(0.2), "leaves": 2}
+        {
+            "checkpointable": "m",
+            "subtree": "['a']",
+            "rel_change": pytest.approx(0.2),
+            "leaves": 2,
+            "nonfinite": 0,
+            "nan": 0,
+            "inf": 0,
+        }
     ]
 
 
@@ -157,9 +167,10 @@ def test_the_diff_ranks_weights_by_relative_change_and_tells_counters_and_keys_a
     assert view.visible_text("key")[slot] == "rng"
     assert view.exact_keys()[slot] == "rng"
     assert view.sort_field is None  # the rows are in the diff's own order, and say so
-    # The bars measure floating-point leaves only, in percent, the model's first.
+    # The bars measure floating-point leaves only, in percent, the model's first; by
+    # layer, the model's one module (dense) is looked through, as drift_table does.
     bars = explorer.diff_view.bars.children[1:]
-    assert [row.children[0].value for row in bars] == ["model dense", "optimizer mu"]
+    assert [row.children[0].value for row in bars] == ["model dense.kernel", "optimizer mu"]
     assert bars[0].children[2].value == "50 % (1 changed)"
 
 
@@ -268,8 +279,8 @@ def test_the_model_comes_before_the_optimizer_state_and_blocks_in_number_order(
     view.table.click_header("change")
     sizes = pd.to_numeric(view.table.frame["rel_change"], errors="coerce").dropna()
     assert list(sizes) == sorted(sizes, reverse=True) and sizes.iloc[0] > 0
-    # The bars go as deep as tells which block moved: blocks.0 … rather than blocks.
-    assert view.depth.value == 2
+    # The bars show the layers, as drift does: blocks.0 … rather than blocks.
+    assert view.depth.value == LAYERS
     bars = [row.children[0].value for row in view.bars.children[1:]]
     assert len(bars) == 8 and all(b.startswith("model blocks.") for b in bars)
     # The tree of the diff walks the blocks in number order too.
@@ -315,3 +326,93 @@ def test_a_diff_row_picked_in_the_explorer_opens_that_leaf(nnx_run: Path) -> Non
     assert explorer.wait(60)
     picked = explorer.leaf_view.frame.loc[explorer.leaf_view.selected]
     assert (picked["checkpointable"], picked["key"]) == (row["checkpointable"], row["key"])
+
+
+# --- NaN and Inf in a diff: a change of their own, first, never "0 %" -----------------------
+
+
+def _diverging(step: int) -> dict[str, Any]:
+    """A model of an embedding, a head, a norm and six blocks: block 3 jumps at step 2;
+    from step 3 on the whole of block 5 is NaN and one element of the head is Inf."""
+    blocks = {}
+    for i in range(6):
+        w = BASE * (1.0 + 0.01 * step)
+        if i == 3 and step >= 2:
+            w = w * 3.0
+        if i == 5 and step >= 3:
+            w = np.full_like(w, np.nan)
+        blocks[str(i)] = {"w": w, "b": np.ones(8, np.float32)}
+    head = BASE * (1.0 + 0.01 * step)
+    if step >= 3:
+        head[0, 0] = np.inf
+    return {
+        "model": {
+            "embed": BASE * (1.0 + 0.01 * step),
+            "head": head,
+            "norm": np.ones(8, np.float32) * (1.0 + 0.01 * step),
+            "blocks": blocks,
+        }
+    }
+
+
+@pytest.fixture
+def diverging_run(tmp_path: Path) -> Path:
+    root = tmp_path / "run"
+    root.mkdir()
+    for step in (1, 2, 3):
+        save_checkpointables(root / f"step_{step}", _diverging(step)).result()
+    return root
+
+
+def test_the_bars_show_the_layer_that_moved(diverging_run: Path) -> None:
+    view = _diff_view()
+    view.set_base(str(diverging_run / "step_1"), [])
+    view.compare(str(diverging_run / "step_2"))
+    bars = [row.children[0].value for row in view.bars.children[1:]]
+    # By layer: the block that jumped, not "model blocks" one key deep.
+    assert view.depth.value == LAYERS and bars[0] == "model blocks.3"
+    assert len(bars) == 8 and {"model embed", "model norm", "model blocks.0"} <= set(bars)
+    view.depth.value = 1
+    assert view.bars.children[1].children[0].value == "model blocks"
+
+
+def test_leaves_gone_nan_or_inf_come_first_in_their_own_colour_never_as_0_percent(
+    diverging_run: Path,
+) -> None:
+    view = _diff_view()
+    view.set_base(str(diverging_run / "step_3"), [])
+    view.compare(str(diverging_run / "step_2"))
+    assert (view.older, view.newer) == (
+        str(diverging_run / "step_2"),
+        str(diverging_run / "step_3"),
+    )
+    bars = view.bars.children[1:]
+    labels = [row.children[0].value for row in bars]
+    texts = [row.children[2].value for row in bars]
+    # The NaN block and the head with its Inf come first, a full bar in their colour,
+    # told by their counts.
+    assert labels[:2] == ["model blocks.5", "model head"], labels
+    assert texts[0] == "NaN/Inf in 1 of 1 changed (64 NaN)"
+    assert texts[1] == "NaN/Inf in 1 of 1 changed (1 Inf)"
+    for row in bars[:2]:
+        assert row.children[1].value == 1.0 and row.children[1].style.bar_color == NONFINITE_COLOR
+    assert not any(t.startswith("0 %") for t in texts)
+    assert "NaN/Inf" in view.bars.children[0].value
+    # The table: those two leaves first, their change their counts, in their colour.
+    frame = view.table.frame
+    assert set(frame["key"].iloc[:2]) == {"['blocks']['5']['w']", "['head']"}
+    first = dict(zip(frame["key"], frame["change"], strict=True))
+    assert (
+        first["['blocks']['5']['w']"] == "NaN 64 (was finite)"
+        and first["['head']"] == "Inf 1 (was finite)"
+    )
+    assert view.table.rows[0]["color"] == NONFINITE_COLOR
+    assert "2 leaves with NaN or Inf (64 NaN, 1 Inf)" in view.title.value
+    # Sorted by change, they stay first: no change is larger than one gone NaN.
+    view.table.click_header("change")
+    assert set(view.table.frame["key"].iloc[:2]) == {"['blocks']['5']['w']", "['head']"}
+    # The subtrees' tree counts them apart, instead of a relative change.
+    assert view.tree.nonfinite("model") == 2
+    assert view.tree.nonfinite("model", "['blocks']") == 1
+    labels = view.tree.table.frame["label"].tolist()
+    assert view.tree.table.visible_text("rel_change")[labels.index("model")] == "NaN/Inf in 2"

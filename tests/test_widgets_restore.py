@@ -65,6 +65,17 @@ def test_targets_and_table_from_live_state() -> None:
         ("optimizer", "['mu']"),
     }
     assert len(builder.table) == 5
+    # The tree of ticks names subtrees dotted, the exact key on hover and copy.
+    view = builder.choice.view
+    assert view.visible_text("label") == ["model", "dense", "head", "optimizer", "count", "mu"]
+    assert view.exact_keys() == [
+        "model",
+        "['dense']",
+        "['head']",
+        "optimizer",
+        "['count']",
+        "['mu']",
+    ]
     assert builder.reason == "no checkpoint to load from"
     assert builder.compare_section.layout.display == "none"
 
@@ -150,7 +161,8 @@ def test_incompatible_targets_disable_load_with_the_reason(checkpoint: Path) -> 
     state["extra"] = {"x": np.zeros(1)}
     builder = RestoreTargetBuilder(state, checkpoint)
     assert builder.load_button.disabled
-    assert "['dense']['w']: shape differs" in builder.reason
+    # Keys read dotted, as everywhere else, in the reason too.
+    assert "model dense.w: shape differs" in builder.reason
     assert "missing from checkpoint" in builder.reason
     assert "Cannot load" in builder.reason_html.value
     view = builder.compare_box.children[0]
@@ -335,7 +347,7 @@ def test_a_lossy_cast_blocks_load_until_allowed(tmp_path: Path) -> None:
     state = {"model": {"n": np.zeros(1, np.float32)}}
     builder = RestoreTargetBuilder(state, tmp_path / "c", load_in_thread=False)
     assert builder.load_button.disabled
-    assert "lossy cast" in builder.reason and "['n']" in builder.reason
+    assert "lossy cast" in builder.reason and "model n:" in builder.reason
     builder.lossy_box.value = True
     assert builder.reason == "" and not builder.load_button.disabled
     assert "cast to the target dtype" in builder.reason_html.value

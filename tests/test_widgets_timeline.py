@@ -3,16 +3,23 @@ real run with a planted jump and NaN; alone and as the explorer's timeline."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
 
+import numpy as np
+import pandas as pd
 import pytest
 from run_view_fixtures import JUMP_LAYER, JUMP_STEP, NAN_STEP, ROLLBACK_STEP, STEPS, write_small_run
 from tinax.widgets import CheckpointExplorer, RunTimeline
+from tinax.widgets._nonfinite import NONFINITE_COLOR
+from tinax.widgets._timeline_data import NAN_CELL, first_nonfinite_metrics, nonfinite_metrics
+
+from tinax.checkpointing import save_checkpointables
 
 
-@pytest.fixture
-def run(tmp_path: Path) -> str:
-    return write_small_run(str(tmp_path / "run"))
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # Read only by the tests: written once for the file.
+    return write_small_run(str(tmp_path_factory.mktemp("timeline") / "run"))
 
 
 def _click(timeline: RunTimeline, **content) -> None:
@@ -106,6 +113,8 @@ def test_cancel_and_the_buttons_while_work_runs(run):
     timeline = RunTimeline(run, on_pick=lambda kind, what: seen.append((kind, what)))
     timeline.compute_drift()
     assert not timeline.cancel_button.disabled and timeline.drift_button.disabled
+    # The scan is not held back by the drift: both read side by side.
+    assert not timeline.scan_button.disabled
     timeline.cancel_button.click()
     assert timeline.wait(120)
     assert timeline.cancel_button.disabled and not timeline.drift_button.disabled
@@ -116,9 +125,187 @@ def test_cancel_and_the_buttons_while_work_runs(run):
     assert seen == [("step", 3)]
 
 
+def test_nan_in_the_metrics_is_marked_before_any_scan(run):
+    timeline = RunTimeline(run)
+    data = timeline.view.data
+    # The loss the run recorded as NaN, step by step, apart from a gap (None).
+    assert data["metric_nonfinite"] == {"loss": [[s, "NaN"] for s in STEPS if s >= NAN_STEP]}
+    assert "nonfinite_steps" not in data and timeline.scan.empty
+    assert f"loss NaN from step {NAN_STEP}" in timeline.summary.value
+
+
+def test_nonfinite_metrics_keep_missing_values_apart():
+    rows = pd.DataFrame(
+        {
+            "step": [1, 2, 3, 4],
+            # A nullable column keeps NaN (a value) apart from <NA> (none recorded).
+            "loss": pd.arrays.FloatingArray(
+                np.array([1.0, 0.0, math.nan, math.inf]), np.array([False, True, False, False])
+            ),
+            "lr": [0.1, 0.1, 0.1, -math.inf],
+        }
+    )
+    found = nonfinite_metrics(rows, ["loss", "lr", "absent"])
+    # <NA> is a checkpoint without the metric; NaN and ±Inf are values it recorded.
+    assert found == {"loss": [[3, "NaN"], [4, "Inf"]], "lr": [[4, "-Inf"]]}
+    assert first_nonfinite_metrics(found) == [("loss", 3, "NaN"), ("lr", 4, "-Inf")]
+
+
+@pytest.mark.slow
+def test_drift_and_scan_run_together_and_nan_cells_have_their_own_state(run):
+    timeline = RunTimeline(run)
+    timeline.compute_scan()
+    timeline.compute_drift()
+    assert timeline.scan_job.running or not timeline.scan.empty
+    assert timeline.drift_job.running and timeline.drift_button.disabled
+    assert timeline.wait(120)
+    assert not timeline.drift.empty and not timeline.scan.empty
+    assert "layer drift of 5 pairs" in timeline.message.value
+    assert f"roll back to step {ROLLBACK_STEP}" in timeline.message.value
+    data = timeline.view.data
+    row = data["layers"].index("layers.0")
+    states = data["heat_state"]
+    # layers.0 holds a NaN from NAN_STEP on: its cells are NaN/Inf, not the top of the
+    # scale; the other layers' cells are values.
+    for column, step in enumerate(data["heat_steps"]):
+        assert states[row][column] == (NAN_CELL if step >= NAN_STEP else None)
+        if step >= NAN_STEP:
+            assert data["heat_counts"][row][column][0] > 0
+    others = [s for r, cells in enumerate(states) if r != row for s in cells]
+    assert set(others) == {None}
+    assert f"NaN/Inf in layers.0 from step {NAN_STEP}" in timeline.summary.value
+    assert f"moved most: <b>{JUMP_LAYER}</b>" in timeline.summary.value
+
+
+@pytest.mark.slow
+def test_the_drift_depth_is_chosen_in_the_widget(run):
+    timeline = RunTimeline(run, drift=True)
+    assert timeline.wait(120)
+    assert JUMP_LAYER in timeline.view.data["layers"] and timeline.drift.attrs["depth"] is None
+    timeline.depth_choice.value = 1  # as the dropdown: the heatmap is read again
+    assert timeline.wait(120)
+    assert timeline.drift.attrs["depth"] == 1
+    assert timeline.view.data["layer_keys"] == ["embed", "layers"]
+    timeline.compute_drift(depth=2)
+    assert timeline.depth_choice.value == 2
+    assert timeline.wait(120)
+    assert timeline.drift.attrs["depth"] == 2
+    with pytest.raises(ValueError, match="1 to 3"):
+        timeline.compute_drift(depth=7)
+    with pytest.raises(TypeError):
+        timeline.compute_drift(depth=True)
+
+
+@pytest.mark.slow
+def test_a_click_opens_a_step_the_second_diffs_and_the_page_stays(tmp_path):
+    root = tmp_path / "long"
+    root.mkdir()
+    # More checkpoints than a page of the explorer's list holds.
+    for step in range(1, 13):
+        save_checkpointables(
+            root / f"step_{step}", {"model": {"w": np.full((4,), step, np.float32)}}
+        ).result()
+    explorer = CheckpointExplorer(root)
+    timeline = explorer.timeline
+    explorer.timeline_section.toggle.click()
+    runs = explorer.runs.view
+    page = runs.page
+    assert explorer.run_section.is_open and runs.page_count > 1
+    _click(timeline, kind="step", step=2)
+    assert explorer.checkpoint == str(root / "step_2") and timeline.picked_steps == [2]
+    # The list neither folds nor turns its page: the timeline under it stays put.
+    assert explorer.run_section.is_open and runs.page == page
+    assert "step 2 open" in timeline.picks.value
+    _click(timeline, kind="step", step=4)
+    diff = explorer.contents.diff_view
+    assert timeline.picked_steps == [2, 4]
+    assert (diff.older, diff.newer) == (str(root / "step_2"), str(root / "step_4"))
+    assert diff.choice.value == str(root / "step_4")  # the choice names what is compared
+    # After a diff, a click opens one step again, not a diff with the last pick.
+    _click(timeline, kind="step", step=6)
+    assert timeline.picked_steps == [6] and explorer.checkpoint == str(root / "step_6")
+    assert diff.other is None and diff.diff.empty and diff.choice.value == ""
+    # A shift-click only opens, whatever is picked.
+    _click(timeline, kind="step", step=3, open_only=True)
+    assert timeline.picked_steps == [3] and diff.other is None
+    # With "2nd click diffs" unticked, every click opens its step alone.
+    timeline.diff_box.value = False
+    _click(timeline, kind="step", step=5)
+    assert timeline.picked_steps == [5] and explorer.checkpoint == str(root / "step_5")
+    assert diff.other is None
+    assert explorer.run_section.is_open and runs.page == page
+    # Opening a step from the list itself still folds the list to one line.
+    explorer.open_checkpoint("step_7")
+    assert not explorer.run_section.is_open
+    assert timeline.error == "" and explorer.error == ""
+    explorer.close()
+
+
 def test_an_empty_run(tmp_path):
     timeline = RunTimeline(tmp_path)
     assert timeline.view.data["steps"] == []
     assert timeline.metric_choice.layout.display == "none"
     with pytest.raises(FileNotFoundError):
         RunTimeline(tmp_path / "missing")
+
+
+def test_a_leaf_gone_nan_is_never_drawn_as_a_norm_of_0(run):
+    from tinax.widgets._history import history_png, leaf_history
+
+    from tinax.explore import list_checkpoints
+
+    history = leaf_history(list_checkpoints(run), "model", "['layers'][0]['w']")
+    assert history["step"].tolist() == list(STEPS)
+    for step, norm, nan in zip(history["step"], history["norm"], history["nan"], strict=True):
+        if step >= NAN_STEP:
+            # Its norm is NaN, as the array's is: not the norm of what is left, nor 0.
+            assert math.isnan(norm) and nan == 1
+        else:
+            assert norm > 1 and nan == 0
+    assert (history["inf"] == 0).all()
+    assert history_png(history).startswith(b"\x89PNG")
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint("step_000006")
+    explorer.open_leaf("model", "['layers'][0]['w']")
+    explorer.show_history()
+    assert explorer.wait(60)
+    assert explorer.history["nan"].tolist() == [0] * (NAN_STEP - 1) + [1] * (
+        len(STEPS) - NAN_STEP + 1
+    )
+    assert f"NaN/Inf from step {NAN_STEP}" in explorer.leaf_pane.history_status.value
+    explorer.close()
+
+
+@pytest.mark.slow
+def test_a_diverged_checkpoint_is_never_called_sound_in_the_explorer(run):
+    explorer = CheckpointExplorer(run)
+    explorer.open_checkpoint(f"step_{NAN_STEP:06d}")
+    assert explorer.wait(60)
+    verdict = explorer.contents.verdict.value
+    # Its metadata alone reads sound; its recorded loss already says to look closer.
+    assert "its loss is NaN or infinite" in verdict and NONFINITE_COLOR in verdict
+    explorer.timeline_section.toggle.click()
+    explorer.timeline.compute_scan()
+    assert explorer.timeline.wait(120)
+    verdict = explorer.contents.verdict.value
+    assert 'class="tinax-verdict-scan" data-status="diverged"' in verdict
+    # The NaN weight and the NaN loss.
+    assert "scan found NaN or Inf in its model or optimizer state (2 NaN, 0 Inf" in verdict
+    # Its export warns of the model's NaN (the loss is in another checkpointable).
+    explorer.contents.export_button.click()
+    (panel,) = explorer.contents.export_box.children
+    assert "model holds 1 NaN and 0 Inf (the run&#x27;s scan)" in panel.warning.value
+    # Once its data check has read it all, the verdict is that check's alone.
+    explorer.data_check.start(in_thread=False)
+    verdict = explorer.contents.verdict.value
+    assert 'data-status="diverged"' in verdict and "tinax-verdict-scan" not in verdict
+    # A checkpoint opened later is told too; a finite one is not.
+    explorer.open_checkpoint(f"step_{NAN_STEP + 1:06d}")
+    assert explorer.wait(60)
+    assert "tinax-verdict-scan" in explorer.contents.verdict.value
+    explorer.open_checkpoint(f"step_{ROLLBACK_STEP:06d}")
+    assert explorer.wait(60)
+    verdict = explorer.contents.verdict.value
+    assert "tinax-verdict-scan" not in verdict and 'data-status="sound"' in verdict
+    assert "NaN or infinite" not in verdict
+    explorer.close()

@@ -1,5 +1,11 @@
 """The explorer's checkpoint pane: one checkpoint's leaves as a tree or a table,
-its size by part, its soundness, what can be done with it, and its diff."""
+its size by part, its soundness, what can be done with it, and its diff.
+
+(Over 500 lines: the leaves filled in the background, the verdict line that the
+metadata check, a data check and the run's scan each add to, and the actions that
+read both, answer one another's events under the explorer's one lock; the parts that
+stand alone live beside it: ``_leaf_columns``, ``_soundness``, ``_export``,
+``_surgery``.)"""
 
 from __future__ import annotations
 
@@ -11,59 +17,29 @@ from typing import Any
 import ipywidgets as w
 import pandas as pd
 
-from tinax.explore import lineage
 from tinax.explore.display import key_matches
-from tinax.explore.toolkit import StagedLeaves, collector_paused, lineage_summary, open_leaves
+from tinax.explore.toolkit import StagedLeaves, collector_paused, open_leaves
 
 from ._data_check import DataCheck
 from ._diff import DiffView
 from ._export import ExportPanel
 from ._guard import shown_in_widget
+from ._leaf_columns import LEAF_COLUMNS, lineage_html
+from ._nonfinite import known_nonfinite
 from ._run_list import RunList
 from ._section import Section
 from ._services import Services
-from ._soundness import verdict_html
+from ._soundness import scanned_html, verdict_html, verdict_span
 from ._surgery import DerivePanel
-from ._table import Column, PagedTable, format_cell
+from ._table import PagedTable
 from ._text import error_html, format_bytes, note_html
 from ._tree import TreeView, size_bar_html, size_breakdown
 
-_VALUE_CHARS = 40
 # A checkpoint of at least this many leaves shows their keys and kinds first and
 # its shapes, dtypes, sizes and small values when they are read, in the background.
 FILL_LATER_LEAVES = 2_000
 # Columns of the leaf table that are empty until then.
 _FILLED_LATER = ("shape", "dtype", "nbytes", "value")
-
-
-def _format_value(value: Any) -> str:
-    text = format_cell(value)
-    return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 1] + "…"
-
-
-def _lineage_html(path: str) -> str:
-    """What a derived or averaged checkpoint was made from, in a line; ``""`` for others."""
-    try:
-        text = lineage_summary(lineage(path))
-    except (OSError, ValueError) as e:
-        return error_html(e, title="Its lineage cannot be read:")
-    return note_html(text) if text else ""
-
-
-def _format_key(value: Any) -> str:
-    # A checkpointable that is a single leaf (an iterator, an array) has the empty key.
-    return format_cell(value) or "(whole)"
-
-
-LEAF_COLUMNS = (
-    Column("key", "key", _format_key, key=True),
-    Column("shape", "shape", descending_first=True),
-    Column("dtype", "dtype"),
-    Column("nbytes", "size", format_bytes, align="right", descending_first=True),
-    Column("checkpointable", "checkpointable", essential=False, priority=1),
-    Column("kind", "kind", essential=False, priority=2),
-    Column("value", "value", _format_value, essential=False, priority=3),
-)
 
 
 TREE, TABLE = "tree", "table"
@@ -154,7 +130,13 @@ class CheckpointPane:
         self.leaf_tables = w.VBox([])
         self.size_bar = w.HTML("")
         self.verdict = w.HTML("")
-        self.data_check = DataCheck(page_size=diff_rows, on_start=self._on_data_check)
+        self.data_check = DataCheck(
+            page_size=diff_rows, on_start=self._on_data_check, on_done=self._on_data_checked
+        )
+        # The verdict's parts: verify's (of metadata, or of the data once checked), and
+        # what the run's scan found in this checkpoint, if it read it.
+        self._verdict_text = ""
+        self._scan: pd.DataFrame | None = None
         self.export_button = w.Button(
             description="export…", icon="download", tooltip="write its arrays as safetensors"
         )
@@ -364,8 +346,9 @@ class CheckpointPane:
             if filling
             else size_bar_html(size_breakdown(self.tree_view.tree))
         )
+        self._verdict_text = ""
         self.verdict.value = note_html("checking the checkpoint…")
-        self.lineage.value = _lineage_html(path)
+        self.lineage.value = lineage_html(path)
         self.data_check.set_path(path)
         self.export_box.children = ()
         self.set_comparable()
@@ -413,23 +396,57 @@ class CheckpointPane:
         text = verdict_html(path)
         with self._services.lock:
             if self.checkpoint == path:
-                self.verdict.value = text
+                self._verdict_text = text
+                self._render_verdict()
+
+    def show_scan(self, scan: pd.DataFrame) -> None:
+        """Takes what the run's scan (``scan_run``) found: the open checkpoint's
+        verdict says so when it holds NaN or Inf, and so does each one opened later."""
+        with self._services.lock:
+            self._scan = scan
+            if self.checkpoint is not None and self._verdict_text:
+                self._render_verdict()
+
+    def _render_verdict(self) -> None:
+        scanned = ""
+        scan = self._scan
+        # A data check read it all: what the scan read says no more.
+        checked = self.data_check.result is not None and self.data_check.path == self.checkpoint
+        if scan is not None and len(scan) and self.checkpoint is not None and not checked:
+            rows = scan[scan["path"].astype(str) == self.checkpoint]
+            if len(rows):
+                scanned = scanned_html(rows.iloc[0])
+        self.verdict.value = self._verdict_text + scanned
+
+    def _on_data_checked(self, path: str, result: Any) -> None:
+        # The data read says more than the metadata: the verdict line follows it.
+        with self._services.lock:
+            if path == self.checkpoint:
+                self._verdict_text = verdict_span(result, css_class="tinax-verdict")
+                self._render_verdict()
 
     # -- actions --------------------------------------------------------------------
 
-    def _on_export(self, _button: Any = None) -> None:
-        """Opens the export panel of the open checkpoint under the actions, or closes it."""
-        if self.export_box.children and isinstance(self.export_box.children[0], ExportPanel):
+    def _toggle_panel(self, kind: type, make: Callable[[str], w.Widget]) -> None:
+        """Opens a panel of ``kind`` for the open checkpoint under the actions (made by
+        ``make``), or closes the one that is open."""
+        if self.export_box.children and isinstance(self.export_box.children[0], kind):
             self.export_box.children = ()
         elif self.checkpoint is not None:
-            self.export_box.children = (ExportPanel(self.checkpoint),)
+            self.export_box.children = (make(self.checkpoint),)
+
+    def _on_export(self, _button: Any = None) -> None:
+        def panel(path: str) -> ExportPanel:
+            check = self.data_check
+            nonfinite, found_by = known_nonfinite(
+                path, check.result if check.path == path else None, self._scan
+            )
+            return ExportPanel(path, nonfinite=nonfinite, found_by=found_by)
+
+        self._toggle_panel(ExportPanel, panel)
 
     def _on_derive(self, _button: Any = None) -> None:
-        """Opens the derive panel of the open checkpoint under the actions, or closes it."""
-        if self.export_box.children and isinstance(self.export_box.children[0], DerivePanel):
-            self.export_box.children = ()
-        elif self.checkpoint is not None:
-            self.export_box.children = (DerivePanel(self.checkpoint, on_done=self._open_new),)
+        self._toggle_panel(DerivePanel, lambda path: DerivePanel(path, on_done=self._open_new))
 
     def _open_new(self, path: str) -> None:
         """Opens a checkpoint just written from this one (see ``RunList.open_written``)."""

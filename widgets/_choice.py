@@ -114,7 +114,9 @@ def _choice_look(row: pd.Series) -> RowLook:
 
 
 _CHOICE_COLUMNS = (
-    Column("label", "restore", key=True),
+    # Subtrees named as the explorer's tree names them (blocks, 0, kernel), the exact
+    # key on hover and copy.
+    Column("label", "restore", key=True, exact="exact"),
     Column("leaves", "leaves", lambda n: f"{int(n):,}", align="right"),
     Column("nbytes", "size", format_bytes, align="right"),
 )
@@ -312,7 +314,8 @@ class TargetChoice(w.VBox):
         self.nodes = [n for n, _ in out]
         frame = pd.DataFrame(
             {
-                "label": [n.name if n.path else n.checkpointable for n in self.nodes],
+                "label": [n.label for n in self.nodes],
+                "exact": [n.key or n.checkpointable for n in self.nodes],
                 "depth": [d for _, d in out],
                 "mark": [
                     " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")

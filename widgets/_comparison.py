@@ -12,6 +12,7 @@ import pandas as pd
 
 from tinax import explore
 from tinax import vocabulary as words
+from tinax.explore import display
 from tinax.vocabulary import KeyPath
 
 from ._choice import inside
@@ -62,7 +63,13 @@ def _look(row: pd.Series) -> RowLook:
 
 
 def _problem(row: pd.Series) -> str:
-    where = f"{row['checkpointable']} {row['key']}"
+    # Keys read as everywhere else: dotted (model dense.w), not as a keystr.
+    key = str(row["key"])
+    try:
+        shown = display.readable_key(key) if key else ""
+    except ValueError:
+        shown = key
+    where = f"{row['checkpointable']} {shown}".strip()
     if row["status"] == words.DTYPE_CAST:
         return f"{where}: lossy cast from {row['dtype_checkpoint']} to {row['dtype_target']}"
     return f"{where}: {row['status']}"

@@ -3,7 +3,6 @@ progress, cancel, and NaN/Inf per leaf."""
 
 from __future__ import annotations
 
-import html
 import threading
 import time
 from collections.abc import Callable
@@ -13,11 +12,13 @@ import ipywidgets as w
 import pandas as pd
 
 from tinax import explore
-from tinax.vocabulary import INFO
+from tinax.vocabulary import WARNING
 
 from ._guard import shown_in_widget
+from ._nonfinite import NONFINITE_BACKGROUND, NONFINITE_COLOR, counted
+from ._soundness import findings_list, verdict_span
 from ._table import Column, PagedTable, RowLook
-from ._task import start_thread
+from ._task import joined, start_thread
 from ._text import error_html, format_bytes, format_rate, format_seconds, note_html
 
 
@@ -49,15 +50,31 @@ def _flagged(row: pd.Series) -> bool:
 
 
 def _look(row: pd.Series) -> RowLook:
-    bad = any(
-        row.get(c) is not None and row.get(c) is not pd.NA and row.get(c)
-        for c in ("nan_count", "inf_count")
-    )
-    if bad:
-        return RowLook(color="#b00020", background="#fde7e9", tooltip="NaN or Inf values")
+    if counted(row.get("nan_count")) or counted(row.get("inf_count")):
+        return RowLook(
+            color=NONFINITE_COLOR, background=NONFINITE_BACKGROUND, tooltip="NaN or Inf values"
+        )
     if row.get("read") is False:
         return RowLook(color="#7a4f01", background="#fff4ce", tooltip="not every region decoded")
     return RowLook()
+
+
+def _counts_text(leaves: pd.DataFrame) -> str:
+    """What a check found in its leaves, NaN and Inf apart from regions not read:
+    ``2 with NaN or Inf (4,096 NaN, 0 Inf); 1 with regions not read``."""
+    parts = []
+    nan = pd.to_numeric(leaves.get("nan_count"), errors="coerce").fillna(0)
+    inf = pd.to_numeric(leaves.get("inf_count"), errors="coerce").fillna(0)
+    nonfinite = int(((nan > 0) | (inf > 0)).sum())
+    if nonfinite:
+        parts.append(
+            f"{nonfinite:,} with NaN or Inf ({int(nan.sum()):,} NaN, {int(inf.sum()):,} Inf)"
+        )
+    read = leaves["read"] if "read" in leaves else pd.Series([], dtype=object)
+    unread = sum(1 for r in read if r is not None and r is not pd.NA and not bool(r))
+    if unread:
+        parts.append(f"{unread:,} with regions not read")
+    return "; ".join(parts)
 
 
 class DataCheck(w.VBox):
@@ -78,12 +95,21 @@ class DataCheck(w.VBox):
       status: ``""``, ``"checking"``, ``"done"``, ``"cancelled"`` or ``"failed"``.
     """
 
-    def __init__(self, *, page_size: int = 10, on_start: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        page_size: int = 10,
+        on_start: Callable[[], None] | None = None,
+        on_done: Callable[[str, Any], None] | None = None,
+    ) -> None:
         """Args:
         page_size: Rows per page of the table of leaves.
         on_start: Called when a check starts (the host shows the widget then).
+        on_done: Called with the path checked and the ``Verification`` of a check
+          that ended.
         """
         self._on_start = on_start
+        self._on_done = on_done
         self.path: str | None = None
         self.result: Any = None
         self.status = ""
@@ -204,11 +230,7 @@ class DataCheck(w.VBox):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits for a check in the background; returns whether none is running."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
-        return True
+        return joined(self._thread, timeout)
 
     def _end_controls(self) -> None:
         self.button.disabled = self.path is None
@@ -236,35 +258,34 @@ class DataCheck(w.VBox):
                 return
             self.status = "done"
             self.result = result
-            color = "#1b7f3b" if result.ok else "#b00020"
-            mark = "✔" if result.ok else "✘"
             leaves = result.leaves
             flagged = leaves[leaves.apply(_flagged, axis=1)] if len(leaves) else leaves
             read = format_bytes(pd.to_numeric(leaves.get("nbytes"), errors="coerce").sum())
             summary = f"{len(leaves):,} arrays, {read} read in {seconds}"
-            if len(flagged):
-                summary += f"; {len(flagged):,} with NaN, Inf or regions not read"
+            found = _counts_text(leaves) if len(leaves) else ""
+            if found:
+                summary += f"; {found}"
             self.label.value = (
-                f'<span class="tinax-data-verdict" data-ok="{str(result.ok).lower()}" '
-                f'style="color:{color}">{mark} {html.escape(result.verdict)}</span> '
-                + note_html(summary)
+                verdict_span(result, css_class="tinax-data-verdict") + " " + note_html(summary)
             )
-            self.findings.value = _findings_html(result.findings)
+            self.findings.value = findings_list(_not_in_table(result.findings, flagged), limit=8)
             # A clean check is that one line: the table lists only the leaves to look at.
             self.table.show(flagged)
             self.table.layout.display = "" if len(flagged) else "none"
+        if self._on_done is not None:
+            self._on_done(path, result)
 
     def _show_error(self, error: BaseException) -> None:
         self.findings.value = error_html(error)
 
 
-def _findings_html(findings: pd.DataFrame) -> str:
-    shown = findings[findings["severity"] != INFO].head(8)
-    if shown.empty:
-        return ""
-    items = "".join(
-        f"<li>{html.escape(str(s))}: <code>{html.escape(str(p))}</code> "
-        f'<span style="white-space:normal">{html.escape(str(m))}</span></li>'
-        for p, s, m in zip(shown["part"], shown["severity"], shown["message"], strict=True)
-    )
-    return f'<ul style="margin:0;font-size:90%;overflow-wrap:anywhere">{items}</ul>'
+def _not_in_table(findings: pd.DataFrame, flagged: pd.DataFrame) -> pd.DataFrame:
+    """The findings the table of leaves does not already tell: a warning about a leaf
+    listed there (its NaN and Inf) is said once, in its row; errors always show."""
+    if flagged.empty or findings.empty:
+        return findings
+    listed = {
+        f"{c} {k}".strip() for c, k in zip(flagged["checkpointable"], flagged["key"], strict=True)
+    }
+    told = findings["part"].astype(str).isin(listed) & (findings["severity"] == WARNING)
+    return findings[~told]

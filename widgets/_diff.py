@@ -19,15 +19,20 @@ import traitlets
 from tinax import explore
 from tinax import vocabulary as words
 from tinax.explore import display
-from tinax.vocabulary import format_key, parse_key
 
+from ._diff_bars import BAR_DEPTHS, LAYERS, bar_rows
 from ._diff_tree import DiffTree
 from ._guard import shown_in_widget
+from ._nonfinite import (
+    NONFINITE_BACKGROUND,
+    NONFINITE_COLOR,
+    is_nonfinite_change,
+    nonfinite_change,
+    nonfinite_counts,
+)
 from ._table import Column, PagedTable, RowLook
 from ._text import error_html, note_html
 
-# Subtrees shown with a bar, largest relative change first.
-MAX_BARS = 8
 # What the diff is shown as: its leaves (a table) or its subtrees (a tree).
 LEAVES = "leaves"
 SUBTREES = "subtrees"
@@ -51,16 +56,6 @@ def _key(value: Any) -> str:
     return "" if value is None or value is pd.NA else (str(value) or "(whole)")
 
 
-def _percent(value: Any) -> str:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return ""
-    if math.isnan(number):
-        return ""
-    return "∞" if math.isinf(number) else f"{number * 100:.3g} %"
-
-
 DIFF_COLUMNS = (
     Column("key", "key", _key, key=True),
     Column("status", "status"),
@@ -82,83 +77,19 @@ def _look(row: pd.Series) -> RowLook:
         return RowLook(color="#888888")
     if status != words.CHANGED:
         return RowLook(color="#7a4f01", background="#fff4ce")
-    nan, inf = row.get("nan_b"), row.get("inf_b")
-    if (nan is not None and nan is not pd.NA and nan) or (
-        inf is not None and inf is not pd.NA and inf
-    ):
-        return RowLook(color="#b00020", background="#fde7e9", tooltip="NaN or Inf values")
+    if bool(row.get("_nonfinite", False)):
+        told = row.get("nonfinite")
+        return RowLook(
+            color=NONFINITE_COLOR,
+            background=NONFINITE_BACKGROUND,
+            tooltip=str(told) if isinstance(told, str) else "NaN or Inf values",
+        )
     return RowLook()
-
-
-def subtree_changes(table: pd.DataFrame, depth: int) -> pd.DataFrame:
-    """The relative change of each subtree ``depth`` keys deep, over its changed leaves.
-
-    A subtree's relative change is ``‖b − a‖ / ‖a‖`` over the changed numeric
-    leaves under it (leaves that are the same add nothing to ``‖b − a‖``, and
-    those recognised from their stored bytes were not decoded, so their norm is
-    not known). Returns ``checkpointable``, ``subtree``, ``rel_change`` and
-    ``leaves`` (changed leaves counted), largest change first.
-    """
-    changed = table[(table["status"] == words.CHANGED) & table["norm_a"].notna()]
-    sums: dict[tuple[str, str], list[float]] = {}
-    for name, key, norm_a, norm_diff in zip(
-        changed["checkpointable"],
-        changed["key"],
-        changed["norm_a"],
-        changed["norm_diff"],
-        strict=True,
-    ):
-        try:
-            subtree = format_key(parse_key(str(key))[:depth])
-        except ValueError:
-            subtree = str(key)
-        entry = sums.setdefault((str(name), subtree), [0.0, 0.0, 0])
-        entry[0] += float(norm_a) ** 2
-        entry[1] += float(norm_diff) ** 2
-        entry[2] += 1
-    rows = []
-    for (name, subtree), (aa, dd, count) in sums.items():
-        rel = math.sqrt(dd) / math.sqrt(aa) if aa else (0.0 if dd == 0 else math.inf)
-        rows.append((name, subtree, rel, int(count)))
-    frame = pd.DataFrame(rows, columns=["checkpointable", "subtree", "rel_change", "leaves"])
-    return frame.sort_values("rel_change", ascending=False, kind="stable").reset_index(drop=True)
-
-
-# Bars at a depth where the model has at least this many subtrees tell which part moved.
-_TELLING = 4
-
-
-def telling_depth(table: pd.DataFrame) -> int:
-    """The shallowest depth (1 to 3) at which the model's changed floating-point leaves
-    fall in at least a few subtrees: ``blocks`` alone says little, ``blocks.7`` says
-    which layer moved. 1 if no depth does."""
-    changed = table[(table["status"] == words.CHANGED) & table["norm_a"].notna()]
-    model = [
-        display.state_part(c, k) == display.MODEL
-        for c, k in zip(changed["checkpointable"], changed["key"], strict=True)
-    ]
-    paths = []
-    for name, key in zip(changed["checkpointable"][model], changed["key"][model], strict=True):
-        try:
-            paths.append((str(name), parse_key(str(key))))
-        except ValueError:
-            continue
-    for depth in (1, 2, 3):
-        if len({(name, path[:depth]) for name, path in paths}) >= _TELLING:
-            return depth
-    return 1
 
 
 def _name(path: str) -> str:
     # A checkpoint's own name, local or gs://.
     return path.rstrip("/").rsplit("/", 1)[-1] or path
-
-
-def _readable(key: str) -> str:
-    try:
-        return display.readable_key(key)
-    except ValueError:
-        return key
 
 
 def forward(first: str, second: str) -> tuple[str, str]:
@@ -199,13 +130,15 @@ class DiffView(w.VBox):
         self.newer: str | None = None
         self.diff = pd.DataFrame()
         self._filter = ("", "")
+        self._choosing = False
         guard = shown_in_widget(on_error)
         self._guard = guard
         self.choice = w.Dropdown(options=[_PLACEHOLDER], value="", layout=w.Layout(width="22em"))
         self.choice.observe(guard(self._on_choice), names="value")
         self.depth = w.Dropdown(
-            options=[("subtrees 1 key deep", 1), ("2 keys deep", 2), ("3 keys deep", 3)],
-            value=1,
+            options=BAR_DEPTHS,
+            value=LAYERS,
+            tooltip="the bars' subtrees: the model's layers (blocks.13), or key parts",
             layout=w.Layout(width="12em"),
         )
         self.depth.observe(guard(lambda _: self._show_bars()), names="value")
@@ -277,10 +210,20 @@ class DiffView(w.VBox):
 
     def _show_rows(self) -> None:
         rows = self.shown()
+        bad = is_nonfinite_change(rows)
         size = pd.to_numeric(rows["rel_change"], errors="coerce")
         moved = pd.to_numeric(rows["delta"], errors="coerce").abs() if "delta" in rows else size
+        # A leaf gone NaN or Inf is the largest change there is: first (diff_table
+        # ranks it so) and first when the change is sorted, told by its counts
+        # rather than by a percentage.
+        size = size.fillna(moved).where(~bad, math.inf)
+        shown = rows.assign(change_size=size, _nonfinite=bad)
+        if bad.any():
+            change = shown["change"].astype(object)
+            change[bad] = [nonfinite_change(r) for _, r in rows[bad].iterrows()]
+            shown["change"] = change
         self.tree.show(rows.reset_index(drop=True))
-        self.table.show(rows.assign(change_size=size.fillna(moved)))
+        self.table.show(shown)
         self._show_bars()
 
     def _on_pick(self, change: Any) -> None:
@@ -298,13 +241,23 @@ class DiffView(w.VBox):
 
     def set_base(self, base: str | None, others: Sequence[tuple[str, str]]) -> None:
         """Compares from ``base``; ``others`` are the ``(name, path)`` choices offered."""
-        if base != self.base:
+        moved = base != self.base
+        if moved:
             self.clear()
         self.base = base
-        current = self.choice.value
+        # Another checkpoint open: nothing is compared. The same one: the comparison
+        # shown stays, and is not read again for new options.
+        current = "" if moved else self.choice.value
         options = [_PLACEHOLDER, *[(f"compare with {n}", p) for n, p in others if p != base]]
-        self.choice.options = options
-        self.choice.value = current if any(p == current for _, p in options) else ""
+        kept = current if any(p == current for _, p in options) else ""
+        self._choosing = True
+        try:
+            self.choice.options = options
+            self.choice.value = kept
+        finally:
+            self._choosing = False
+        if current and not kept:
+            self.clear()  # what it was compared with is gone from the run
 
     def clear(self) -> None:
         """Shows no comparison."""
@@ -342,13 +295,19 @@ class DiffView(w.VBox):
         self.other = other
         self.older, self.newer = older, newer
         self.diff = table
-        with self.depth.hold_trait_notifications():
-            self.depth.value = telling_depth(table)
+        # The choice names what is compared, however the comparison was asked for.
+        if any(p == other for _, p in self.choice.options) and self.choice.value != other:
+            self._choosing = True
+            try:
+                self.choice.value = other
+            finally:
+                self._choosing = False
         counts = table["status"].value_counts()
         self.title.value = (
             f"<b>Changes from <code>{html.escape(_name(older))}</code> to "
             f"<code>{html.escape(_name(newer))}</code></b>: "
             + html.escape(", ".join(f"{n} {s}" for s, n in counts.items()))
+            + _nonfinite_note(table)
             + "<br>"
             + note_html(
                 f"a is {_name(older)}, b is {_name(newer)}. The model first, then the "
@@ -361,6 +320,8 @@ class DiffView(w.VBox):
         self.result.layout.display = ""
 
     def _on_choice(self, change: Any) -> None:
+        if self._choosing:
+            return
         if change["new"]:
             self.compare(change["new"])
         else:
@@ -368,52 +329,18 @@ class DiffView(w.VBox):
 
     def _show_bars(self) -> None:
         rows = self.shown()
-        if rows.empty:
-            self.bars.children = ()
-            return
-        subtrees = subtree_changes(rows, int(self.depth.value))
-        # The model's subtrees before the optimizer's, as in the table.
-        optimizer = [
-            display.state_part(c, k)
-            for c, k in zip(subtrees["checkpointable"], subtrees["subtree"], strict=True)
-        ]
-        subtrees = (
-            subtrees.assign(_part=optimizer)
-            .sort_values("_part", kind="stable")
-            .drop(columns="_part")
-            .head(MAX_BARS)
-        )
-        finite = [r for r in subtrees["rel_change"] if math.isfinite(r)]
-        top = max(finite, default=0.0) or 1.0
-        rows = []
-        for name, subtree, rel, leaves in subtrees.itertuples(index=False):
-            exact = f"{name} {subtree}".strip()
-            label = f"{name} {_readable(subtree)}" if subtree else name
-            bar = w.FloatProgress(
-                value=min(1.0, rel / top) if math.isfinite(rel) else 1.0,
-                min=0.0,
-                max=1.0,
-                layout=w.Layout(width="16em"),
-            )
-            rows.append(
-                w.HBox(
-                    [
-                        w.Label(label, layout=w.Layout(width="20em"), tooltip=exact),
-                        bar,
-                        w.Label(
-                            f"{_percent(rel)} ({leaves:,} changed)",
-                            layout=w.Layout(flex="0 0 auto"),
-                        ),
-                    ],
-                    # On a narrow screen the numbers go under the bar, never cut.
-                    layout=w.Layout(flex_flow="row wrap"),
-                )
-            )
-        if rows:
-            rows.insert(
-                0,
-                w.HTML(note_html("relative change ‖b − a‖ / ‖a‖ of the floating-point leaves")),
-            )
-        else:
-            rows = [w.HTML(note_html("no floating-point leaf changed"))]
-        self.bars.children = tuple(rows)
+        self.bars.children = bar_rows(rows, int(self.depth.value)) if len(rows) else ()
+
+
+def _nonfinite_note(table: pd.DataFrame) -> str:
+    """The diff's title says how many changed leaves hold NaN or Inf, in their colour."""
+    bad = is_nonfinite_change(table)
+    if not bad.any():
+        return ""
+    nan, inf = nonfinite_counts(table[bad])
+    count = int(bad.sum())
+    return (
+        f' · <b class="tinax-diff-nonfinite" style="color:{NONFINITE_COLOR}">'
+        f"{count:,} lea{'f' if count == 1 else 'ves'} with NaN or Inf "
+        f"({int(nan.sum()):,} NaN, {int(inf.sum()):,} Inf)</b>"
+    )

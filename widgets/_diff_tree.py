@@ -14,11 +14,14 @@ import traitlets
 from tinax.vocabulary import CHANGED, SAME
 
 from ._guard import shown_in_widget
+from ._nonfinite import NONFINITE_BACKGROUND, NONFINITE_COLOR, is_nonfinite_change
 from ._table import Column, PagedTable, RowLook
 from ._tree import TREE_PAGE, LeafTree, Node
 
 
 def _percent(value: Any) -> str:
+    if isinstance(value, str):  # what a subtree holding NaN or Inf shows instead
+        return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return "∞ %" if math.isinf(value) else f"{value * 100:.3g} %"
@@ -37,6 +40,14 @@ _COLUMNS = (
 
 
 def _look(row: pd.Series) -> RowLook:
+    if row["nonfinite"]:
+        return RowLook(
+            depth=int(row["depth"]),
+            mark=str(row["mark"]),
+            color=NONFINITE_COLOR,
+            background=NONFINITE_BACKGROUND,
+            tooltip="NaN or Inf values",
+        )
     color = "#888888" if row["moved"] == 0 else None
     return RowLook(depth=int(row["depth"]), mark=str(row["mark"]), color=color)
 
@@ -60,6 +71,7 @@ class DiffTree(w.VBox):
         self._tree = LeafTree(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
         self._aa = self._dd = np.zeros(0)
         self._changed = np.zeros(0, bool)
+        self._nonfinite = np.zeros(0, bool)
         self._keys = pd.DataFrame(columns=["checkpointable", "key"])
         self.table = PagedTable(
             _COLUMNS,
@@ -87,7 +99,9 @@ class DiffTree(w.VBox):
         self._keys = frame[["checkpointable", "key"]]
         status = diff["status"].astype(str).to_numpy()
         self._changed = status != SAME
-        floating = (status == CHANGED) & diff["norm_a"].notna().to_numpy()
+        # Leaves holding NaN or Inf are counted apart: their ‖b − a‖ is no number.
+        self._nonfinite = is_nonfinite_change(diff)
+        floating = (status == CHANGED) & diff["norm_a"].notna().to_numpy() & ~self._nonfinite
         norm_a = pd.to_numeric(diff["norm_a"], errors="coerce").fillna(0).to_numpy(float)
         norm_d = pd.to_numeric(diff["norm_diff"], errors="coerce").fillna(0).to_numpy(float)
         self._aa = np.where(floating, norm_a**2, 0.0)
@@ -111,16 +125,22 @@ class DiffTree(w.VBox):
         self._redraw(keep_page=True)
 
     def rollup(self, checkpointable: str, key: str = "") -> tuple[int, float]:
-        """``(changed leaves, relative change)`` of a subtree (NaN: no float changed)."""
-        return self._rollup(self._tree.find(checkpointable, key))
+        """``(changed leaves, relative change)`` of a subtree (NaN: no float changed
+        with finite values on both sides)."""
+        return self._rollup(self._tree.find(checkpointable, key))[:2]
 
-    def _rollup(self, node: Node) -> tuple[int, float]:
+    def nonfinite(self, checkpointable: str, key: str = "") -> int:
+        """How many changed leaves of a subtree hold NaN or Inf."""
+        return self._rollup(self._tree.find(checkpointable, key))[2]
+
+    def _rollup(self, node: Node) -> tuple[int, float, int]:
         rows = node.rows
         changed = int(self._changed[rows].sum())
+        nonfinite = int(self._nonfinite[rows].sum())
         aa, dd = float(self._aa[rows].sum()), float(self._dd[rows].sum())
         if aa > 0.0:
-            return changed, math.sqrt(dd / aa)
-        return changed, math.nan if dd == 0.0 else math.inf
+            return changed, math.sqrt(dd / aa), nonfinite
+        return changed, math.nan if dd == 0.0 else math.inf, nonfinite
 
     def _on_pick(self, change: Any) -> None:
         index = change["new"]
@@ -157,9 +177,13 @@ class DiffTree(w.VBox):
                     " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")
                     for n in self.nodes
                 ],
-                "moved": [c for c, _ in rollups],
+                "moved": [c for c, _, _ in rollups],
                 "leaves": [n.leaves for n in self.nodes],
-                "rel_change": [r for _, r in rollups],
+                # A subtree holding NaN or Inf says so: its change is not a number.
+                "rel_change": pd.Series(
+                    [f"NaN/Inf in {n:,}" if n else r for _, r, n in rollups], dtype=object
+                ),
+                "nonfinite": [n for _, _, n in rollups],
             }
         )
         self.table.show(frame, keep_page=keep_page)

@@ -21,7 +21,8 @@ from ._data_check import DataCheck
 from ._diff import DiffView
 from ._guard import shown_in_widget
 from ._leaf_pane import LeafPane
-from ._run_list import DEFAULT_POLL_SECONDS, RunList, run_heading
+from ._run_list import DEFAULT_POLL_SECONDS, RunList
+from ._run_rows import run_heading
 from ._section import Section
 from ._services import Services
 from ._table import PagedTable
@@ -115,6 +116,7 @@ class CheckpointExplorer(w.VBox):
         self._lock = threading.RLock()
         self._background: list[threading.Thread] = []
         self._stop = threading.Event()
+        self._keep_place = False
         self.message = w.HTML("")
         self.services = Services(
             lock=self._lock,
@@ -268,6 +270,20 @@ class CheckpointExplorer(w.VBox):
         """
         self.runs.open_checkpoint(name_or_path)
 
+    def show_checkpoint(self, name_or_path: str | os.PathLike[str]) -> None:
+        """Opens a listed checkpoint and leaves the page where it is: the list of
+        checkpoints neither folds nor turns its page (the timeline's clicks, so that
+        what is under the pointer stays there).
+
+        Raises:
+          ValueError: If no listed checkpoint has that name or path.
+        """
+        self._keep_place = True
+        try:
+            self.runs.open_checkpoint(name_or_path, turn_page=False)
+        finally:
+            self._keep_place = False
+
     def open_leaf(self, checkpointable: str, key: str) -> None:
         """Picks a leaf of the open checkpoint, as if its row had been clicked.
 
@@ -335,8 +351,10 @@ class CheckpointExplorer(w.VBox):
         self.error = ""
         self.contents.open(path, name)
         # The list folds to one line naming what is open: the checkpoint, its diff
-        # and a leaf then fit two screens. Its heading unfolds it.
-        self.run_section.set_open(False)
+        # and a leaf then fit two screens. Its heading unfolds it. A step opened from
+        # the timeline (below the list) leaves it as it is.
+        if not self._keep_place:
+            self.run_section.set_open(False)
 
     def _on_open(self, path: str | None) -> None:
         self.leaf_pane.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,11 @@ import traitlets
 
 from tinax.explore import checkpoint_table, export_safetensors
 
+from ._caught import warnings_of_this_thread
 from ._guard import shown_in_widget
+from ._nonfinite import NONFINITE_COLOR
 from ._progress import RUNNING, AsyncProgress
+from ._soundness import nonfinite_metrics_note
 from ._task import Task
 from ._text import error_html, format_bytes, format_seconds, note_html
 
@@ -32,6 +36,27 @@ def _itemsize(name: str) -> int | None:
         return None if found is None else np.dtype(found).itemsize
 
 
+def free_destination(wanted: Path) -> Path:
+    """``wanted``, or the first of ``wanted_2``, ``wanted_3``… that does not exist: a
+    destination to propose, which an export will not refuse."""
+    if not wanted.exists() and not wanted.is_symlink():
+        return wanted
+    number = 2
+    while True:
+        found = wanted.with_name(f"{wanted.name}_{number}")
+        if not found.exists() and not found.is_symlink():
+            return found
+        number += 1
+
+
+def taken(destination: Path) -> bool:
+    """Whether an export would refuse ``destination``: it exists and is not an empty
+    directory."""
+    if destination.is_symlink() or (destination.exists() and not destination.is_dir()):
+        return True
+    return destination.is_dir() and any(destination.iterdir())
+
+
 def _is_float(name: str) -> bool:
     try:
         dtype = np.dtype(getattr(ml_dtypes, name, None) or name)
@@ -46,11 +71,17 @@ class ExportPanel(w.VBox):
     A checkpointable dropdown (those holding arrays), a dtype for the floating-point
     arrays, a destination directory and an Export button; the export streams the
     arrays from the checkpoint (``tinax.explore.export_safetensors``) in a background
-    thread behind an ``AsyncProgress``. A failure (a destination that exists, a
-    corrupt array) is shown in the panel.
+    thread behind an ``AsyncProgress``. The destination proposed never exists (a
+    number is added to the name, and the next one is proposed after an export); one
+    that exists and is not empty is refused at the click, before anything starts.
+    A failure (a corrupt array) is shown once in the panel.
+
+    Warnings the export raises (NaN or Inf in the tensors written) are shown in the
+    panel as they come, and kept in ``warnings``.
 
     Attributes:
       error: The last export's failure, or ``""``.
+      warnings: The warnings the last export raised.
       exporting: Whether an export started here is still running.
       files: The files the last export wrote.
       progress: The ``AsyncProgress`` of the last export, or ``None``.
@@ -59,11 +90,22 @@ class ExportPanel(w.VBox):
     error = traitlets.Unicode("")
     exporting = traitlets.Bool(False)
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        nonfinite: Mapping[str, tuple[int, int]] | None = None,
+        found_by: str = "",
+    ) -> None:
         """Reads the checkpoint's metadata and builds the panel.
 
         Args:
           path: A checkpoint directory, local or ``gs://``.
+          nonfinite: What is known of the checkpoint's NaN and Inf, per
+            checkpointable: ``(nan, inf)`` counts (the explorer passes what its data
+            check or the run's scan read). A checkpointable with any is warned of
+            before it is written, and its button reads "Export anyway".
+          found_by: What found them (``"the data check"``), for the warning.
 
         Raises:
           TypeError: If ``path`` is not a path.
@@ -77,7 +119,12 @@ class ExportPanel(w.VBox):
         if not names:
             raise ValueError(f"checkpoint {self.path!r} holds no arrays to export")
         self._arrays = arrays
+        self._nonfinite = dict(nonfinite or {})
+        self._found_by = found_by
+        # Without a data read: what the checkpoint's own metrics say (metadata only).
+        self._metrics_note = "" if self._nonfinite else nonfinite_metrics_note(self.path)
         self.files: list[str] = []
+        self.warnings: list[str] = []
         self.progress: AsyncProgress | None = None
         self._done = 0
         self._lock = threading.Lock()
@@ -98,12 +145,21 @@ class ExportPanel(w.VBox):
             layout=w.Layout(width="18em"),
         )
         name = self.path.rstrip("/").rsplit("/", 1)[-1]
+        self._proposed = Path.cwd() / f"{name}_safetensors"
         self.destination = w.Text(
-            value=str(Path.cwd() / f"{name}_safetensors"),
+            # Never one that exists: the export would refuse it.
+            value=str(free_destination(self._proposed)),
             description="to",
             layout=w.Layout(width="100%"),
         )
-        self.export_button = w.Button(description="Export", icon="download", button_style="primary")
+        self.export_button = w.Button(
+            description="Export",
+            icon="download",
+            button_style="primary",
+            # As wide as its words ("Export anyway"), never cut by the path beside it.
+            layout=w.Layout(width="auto", flex="0 0 auto"),
+        )
+        self.warning = w.HTML("")
         self.message = w.HTML("")
         self.progress_box = w.VBox([])
         super().__init__(
@@ -113,6 +169,7 @@ class ExportPanel(w.VBox):
                     [self.checkpointable, self.dtype, self.key_filter],
                     layout=w.Layout(flex_flow="row wrap"),
                 ),
+                self.warning,
                 w.HBox([self.destination, self.export_button]),
                 self.message,
                 self.progress_box,
@@ -120,6 +177,29 @@ class ExportPanel(w.VBox):
         )
         self.add_class("tinax-export-panel")
         self.export_button.on_click(shown_in_widget(self._show_error)(self._on_export))
+        self.checkpointable.observe(lambda _: self._show_warning(), names="value")
+        self._show_warning()
+
+    def _show_warning(self) -> None:
+        """Warns, before anything is written, of the NaN and Inf known to be in the
+        checkpointable chosen; the button then reads "Export anyway"."""
+        name = self.checkpointable.value
+        nan, inf = self._nonfinite.get(name, (0, 0))
+        if nan or inf:
+            by = f" ({self._found_by})" if self._found_by else ""
+            text = (
+                f"⚠ {name} holds {nan:,} NaN and {inf:,} Inf{by}: the safetensors files "
+                "would hold them too"
+            )
+            self.warning.value = note_html(text, color=NONFINITE_COLOR)
+            self.export_button.description = "Export anyway"
+            self.export_button.button_style = "warning"
+        else:
+            self.warning.value = (
+                note_html(self._metrics_note, color=NONFINITE_COLOR) if self._metrics_note else ""
+            )
+            self.export_button.description = "Export"
+            self.export_button.button_style = "primary"
 
     def _show_error(self, error: BaseException) -> None:
         self.error = f"{type(error).__name__}: {error}"
@@ -155,6 +235,14 @@ class ExportPanel(w.VBox):
         destination = self.destination.value.strip()
         if not destination:
             raise ValueError("choose a destination directory")
+        chosen = Path(destination).expanduser()
+        if not destination.startswith("gs://") and taken(chosen):
+            # Refused before any work starts, once, with a name that is free.
+            free = free_destination(chosen)
+            raise ValueError(
+                f"{destination} exists and is not empty; choose a new directory "
+                f"({free.name} is free)"
+            )
         checkpointable = self.checkpointable.value
         dtype = None if self.dtype.value == AS_STORED else self.dtype.value
         keys = self.key_filter.value.strip() or None
@@ -172,17 +260,29 @@ class ExportPanel(w.VBox):
         self.progress = progress
         self.progress_box.children = (progress,)
         progress.observe(self._on_status, names="status")
-        task.start(
-            lambda: export_safetensors(
-                self.path,
-                destination,
-                checkpointable=checkpointable,
-                keys=keys,
-                dtype=dtype,
-                progress=self._moved,
-            ),
-            in_thread=True,
+
+        def export() -> list[Path]:
+            # The library warns of NaN and Inf as it finds them, before the files take
+            # their name: said here, in the panel, at once.
+            with warnings_of_this_thread(self._warned):
+                return export_safetensors(
+                    self.path,
+                    destination,
+                    checkpointable=checkpointable,
+                    keys=keys,
+                    dtype=dtype,
+                    progress=self._moved,
+                )
+
+        self.warnings = []
+        task.start(export, in_thread=True)
+
+    def _warned(self, warning: Warning) -> None:
+        self.warnings.append(str(warning))
+        shown = "".join(
+            f"<div>{note_html('⚠ ' + text, color=NONFINITE_COLOR)}</div>" for text in self.warnings
         )
+        self.warning.value = shown
 
     def _on_status(self, _change: Any) -> None:
         progress = self.progress
@@ -198,6 +298,16 @@ class ExportPanel(w.VBox):
                 f"{Path(self.files[0]).parent} in {format_seconds(progress.elapsed)}",
                 color="#1b5e20",
             )
+            # The directory written is taken now: the next export is offered another
+            # (the next number of the name proposed, when it was one of those).
+            written = Path(self.files[0]).parent
+            numbered = written.parent == self._proposed.parent and (
+                written.name == self._proposed.name
+                or written.name.startswith(self._proposed.name + "_")
+            )
+            self.destination.value = str(free_destination(self._proposed if numbered else written))
         else:
+            # Said once, here: the bar, which would say it again, goes.
+            self.progress_box.children = ()
             self.error = progress.error
             self.message.value = error_html(progress.error, title="Export failed:")

@@ -16,10 +16,10 @@ from tinax.explore.display import readable_key
 from tinax.explore.toolkit import LeafStatistics, is_numeric, leaf_statistics
 from tinax.vocabulary import ARRAY_KINDS, SCALAR, STRING
 
-from ._checkpoint_pane import _format_value
 from ._guard import shown_in_widget
 from ._histogram import histogram_png
 from ._history import HISTORY_COLUMNS, history_png, leaf_history
+from ._leaf_columns import format_value
 from ._section import Section
 from ._services import Services
 from ._table import format_cell
@@ -236,7 +236,7 @@ class LeafPane:
                 f"{format_cell(tuple(array.shape))} {array.dtype}: values shown"
             )
         else:
-            self.stats_html.value = f"<pre>{html.escape(_format_value(repr(value)))}</pre>"
+            self.stats_html.value = f"<pre>{html.escape(format_value(repr(value)))}</pre>"
         self.leaf = (checkpointable, key)
 
     def show_history_of(self, listing: pd.DataFrame | None) -> None:
@@ -278,6 +278,10 @@ class LeafPane:
                 parts = [f"{len(table) - failed:,} checkpoints read"]
                 if failed:
                     parts.append(f"{failed:,} without this leaf or unreadable")
+                counts = table["nan"].fillna(0) + table["inf"].fillna(0)
+                if (counts > 0).any():
+                    first = int(table["step"][counts > 0].dropna().min())
+                    parts.append(f"NaN/Inf from step {first:,} (✕)")
                 self.history_status.value = " · ".join(parts)
                 if png:
                     self.history_image.value = png

@@ -60,6 +60,15 @@ def start_thread(
     return thread
 
 
+def joined(thread: threading.Thread | None, timeout: float | None = None) -> bool:
+    """Waits up to ``timeout`` seconds for ``thread`` (if any) to end; returns whether
+    it has ended (or there is none)."""
+    if thread is None:
+        return True
+    thread.join(timeout)
+    return not thread.is_alive()
+
+
 def running_threads() -> list[threading.Thread]:
     """The threads ``start_thread`` started that have not ended."""
     with _threads_lock:

@@ -4,7 +4,6 @@ where NaN appeared, against step; clicks open a step, diff two, or open a layer'
 
 from __future__ import annotations
 
-import math
 import os
 import pathlib
 import threading
@@ -17,38 +16,29 @@ import pandas as pd
 import traitlets
 
 from tinax import explore
-from tinax.explore.display import display_keys, human_bytes
 from tinax.explore.toolkit import existing_directory
-from tinax.vocabulary import COMPLETE, DIVERGED, NONFINITE
+from tinax.vocabulary import COMPLETE
 
 from ._guard import shown_in_widget
-from ._task import start_thread
+from ._jobs import BackgroundJob, notes_html
 from ._text import error_html, note_html
+from ._timeline_data import summary_html, timeline_data
 
 _HERE = pathlib.Path(__file__).parent
 # The metric shown first when the run has it.
 PREFERRED_METRICS = ("loss", "train_loss", "eval_loss", "accuracy")
-# Labels of the heatmap's rows: as wide as this in characters at most.
-LABEL_CHARS = 28
-
-
-def _floats(values: Any) -> list[float | None]:
-    """JSON numbers: NaN and infinities as ``None`` (the view draws them as gaps)."""
-    out: list[float | None] = []
-    for v in values:
-        try:
-            number = float(v)
-        except (TypeError, ValueError):
-            out.append(None)
-            continue
-        out.append(number if math.isfinite(number) else None)
-    return out
+# How the heatmap groups leaves: the model's layers (``drift_table``'s ``depth=None``),
+# or the first N key parts. The dropdown's values: 0 stands for the layers.
+DRIFT_DEPTHS = (("layers", 0), ("1 key deep", 1), ("2 keys deep", 2), ("3 keys deep", 3))
 
 
 class TimelineView(anywidget.AnyWidget):
     """The drawing (``timeline.js``): one SVG that fits its width; sends clicks back."""
 
     _esm = _HERE / "timeline.js"
+    # The jobs' thin bars under their buttons (``BackgroundJob``): the bar itself
+    # without ipywidgets' margins, which would leave it no height.
+    _css = ".tinax-job-bar .progress { margin-top: 0 !important; margin-bottom: 0 !important; }"
     data = traitlets.Dict({}).tag(sync=True)
     metric = traitlets.Unicode("").tag(sync=True)
     picked_steps: traitlets.List[int] = traitlets.List([]).tag(sync=True)
@@ -62,24 +52,35 @@ class RunTimeline(w.VBox):
     caller and took in all, each checkpoint's size, a heatmap of ``rel_update`` by
     layer between consecutive checkpoints (``drift_table``: the layer that moved
     most is one glance), the checkpoints holding NaN or Inf (red lines) and the
-    step to roll back to (green; ``scan_run``). The metadata is read at once; the
+    step to roll back to (green; ``scan_run``). The metadata is read at once, and a
+    metric that is NaN or infinite is marked then, before any array is read. The
     heatmap and the scan read array data, in the background, when asked for
-    ("layer drift", "scan for NaN/Inf", or ``drift``/``scan`` true), with progress
-    and a cancel button.
+    ("layer drift", "scan for NaN/Inf", or ``drift``/``scan`` true), each with its
+    own progress bar: the two run side by side, and "cancel" stops both. The
+    heatmap groups leaves by the model's layers or by the first 1 to 3 key parts
+    (``depth_choice``); a layer that held NaN or Inf, and one that could not be
+    read, has a colour of its own, apart from the scale of the values.
 
-    Clicking a step opens it in the explorer (``explorer``, when given) and picks
-    it; the second pick diffs the two. Clicking a heatmap cell opens the diff of
-    its two checkpoints narrowed to that layer. Without an explorer the picks are
-    only recorded (``picked_steps``, ``picked_cell``) and ``on_pick`` is called.
+    A click on a step opens it in the explorer (``explorer``, when given); the
+    next click on another step diffs the two, and the click after that opens one
+    step again. A shift-click, or any click while "2nd click diffs" is unticked,
+    only opens its step. Opening a step keeps the page where it is: the explorer's
+    list of checkpoints neither folds nor turns its page, and what opens comes
+    below the timeline. Clicking a heatmap cell opens the diff of its two
+    checkpoints narrowed to that layer. Without an explorer the picks are only
+    recorded (``picked_steps``, ``picked_cell``) and ``on_pick`` is called.
 
     Attributes:
       table: The ``run_table``.
       drift: The ``drift_table`` (empty until computed).
       scan: The ``scan_run`` table (empty until computed).
-      picked_steps: The steps picked, at most two, newest last.
+      picked_steps: The steps picked, at most two, older first.
       picked_cell: ``(subtree key, step)`` of the last heatmap cell clicked.
       error: The last error shown in the widget, or ``""``.
       view: The drawing (an anywidget).
+      drift_job, scan_job: The two background reads (``BackgroundJob``).
+      depth_choice: How the heatmap groups leaves.
+      diff_box: Whether a second click diffs (ticked) or opens its step alone.
     """
 
     error = traitlets.Unicode("")
@@ -116,58 +117,91 @@ class RunTimeline(w.VBox):
         self._explorer = explorer
         self._on_pick = on_pick
         self._lock = threading.RLock()
-        self._cancel = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._depth_changed = threading.Event()
         self.table = pd.DataFrame()
         self.drift = pd.DataFrame()
         self.scan = pd.DataFrame()
         self._layers: list[str] = []
+        self._error_text = ""
+        self._setting_depth = False
         self.view = TimelineView()
         self.view.layout = w.Layout(width="100%")
         self.message = w.HTML("")
+        guard = shown_in_widget(self._show_error)
         self.metric_choice = w.Dropdown(
             description="metric", options=[], layout=w.Layout(width="auto", max_width="260px")
         )
+        self.depth_choice = w.Dropdown(
+            description="drift by",
+            options=DRIFT_DEPTHS,
+            value=0,
+            tooltip="group the heatmap's rows by the model's layers, or by key parts",
+            layout=w.Layout(width="auto", max_width="220px"),
+        )
         self.drift_button = w.Button(
-            description="layer drift", tooltip="read every consecutive pair; rel_update by layer"
+            description="layer drift",
+            tooltip="read every consecutive pair; rel_update by layer",
+            layout=w.Layout(width="auto"),
         )
         self.scan_button = w.Button(
-            description="scan for NaN/Inf", tooltip="read every checkpoint; first NaN, roll back"
+            description="scan for NaN/Inf",
+            tooltip="read every checkpoint; first NaN, roll back",
+            layout=w.Layout(width="auto"),
         )
-        self.refresh_button = w.Button(description="refresh", tooltip="read the run again")
-        self.cancel_button = w.Button(description="cancel", disabled=True)
-        for button in (self.drift_button, self.scan_button, self.refresh_button):
-            button.layout = w.Layout(width="auto")
+        self.refresh_button = w.Button(
+            description="refresh", tooltip="read the run again", layout=w.Layout(width="auto")
+        )
+        self.cancel_button = w.Button(
+            description="cancel", disabled=True, tooltip="stop the reads in progress"
+        )
         self.cancel_button.layout = w.Layout(width="auto")
-        self.progress = w.FloatProgress(
-            value=0.0, min=0.0, max=1.0, layout=w.Layout(width="160px", visibility="hidden")
+        self.diff_box = w.Checkbox(
+            value=True,
+            description="2nd click diffs",
+            indent=False,
+            tooltip="a click on a second step diffs it with the one open; "
+            "untick to open each step clicked (a shift-click always only opens)",
+            layout=w.Layout(width="auto"),
+        )
+        self.drift_job = BackgroundJob(
+            "layer drift",
+            button=self.drift_button,
+            on_note=self._on_jobs,
+            on_error=self._show_error,
+        )
+        self.scan_job = BackgroundJob(
+            "scan", button=self.scan_button, on_note=self._on_jobs, on_error=self._show_error
         )
         self.summary = w.HTML("")
         self.picks = w.HTML("")
-        guard = shown_in_widget(self._show_error)
         self.metric_choice.observe(guard(self._on_metric), names="value")
-        self.drift_button.on_click(guard(lambda _: self.compute_drift()))
+        self.depth_choice.observe(guard(self._on_depth), names="value")
+        self.drift_button.on_click(guard(lambda _: self.compute_drift(depth=self._depth())))
         self.scan_button.on_click(guard(lambda _: self.compute_scan()))
         self.refresh_button.on_click(guard(lambda _: self.refresh()))
-        self.cancel_button.on_click(guard(lambda _: self._cancel.set()))
+        self.cancel_button.on_click(guard(lambda _: self.cancel()))
         self.view.on_msg(guard(self._on_click))
+        # What changes as work goes on (notes, the summary, the picks) sits below the
+        # drawing, and the bars keep their room while hidden: the drawing never
+        # moves under the pointer.
         super().__init__(
             children=[
                 w.HBox(
                     [
                         self.metric_choice,
-                        self.drift_button,
-                        self.scan_button,
-                        self.refresh_button,
+                        self.depth_choice,
+                        self.drift_job.box,
+                        self.scan_job.box,
                         self.cancel_button,
-                        self.progress,
+                        self.refresh_button,
+                        self.diff_box,
                     ],
                     layout=w.Layout(flex_flow="row wrap", align_items="center"),
                 ),
-                self.summary,
-                self.message,
                 self.view,
                 self.picks,
+                self.summary,
+                self.message,
             ]
         )
         self.add_class("tinax-run-timeline")
@@ -204,34 +238,89 @@ class RunTimeline(w.VBox):
         self._redraw()
 
     def compute_drift(self, *, depth: int | None = None) -> None:
-        """Computes ``drift_table`` in the background and draws its heatmap."""
-        self._start("drift", lambda progress: self._drift(depth, progress))
+        """Computes ``drift_table`` in the background and draws its heatmap.
+
+        Args:
+          depth: Key parts a heatmap row groups (``None``: the model's layers).
+
+        Raises:
+          TypeError: If ``depth`` is not an int or ``None``.
+          ValueError: If ``depth`` is not one the widget offers (1 to 3).
+        """
+        value = 0 if depth is None else depth
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"depth must be an int or None, got {type(depth).__name__}")
+        if value not in {v for _, v in DRIFT_DEPTHS}:
+            raise ValueError(f"depth must be None or 1 to 3, got {depth}")
+        self._clear_error()
+        self._setting_depth = True
+        try:
+            self.depth_choice.value = value
+        finally:
+            self._setting_depth = False
+        if not self.drift_job.start(self._drift):
+            # A change of depth while it runs: the read in progress moves on to it.
+            self._depth_changed.set()
 
     def compute_scan(self) -> None:
         """Scans every checkpoint for NaN/Inf in the background (``scan_run``)."""
-        self._start("scan", self._scan)
+        self._clear_error()
+        self.scan_job.start(self._scan)
 
-    def pick_step(self, step: int) -> None:
-        """As a click on ``step``: opens it in the explorer; a second pick diffs the two.
+    def cancel(self) -> None:
+        """Stops the drift and the scan in progress (each at its next checkpoint)."""
+        self.drift_job.cancel()
+        self.scan_job.cancel()
+
+    def pick_step(self, step: int, *, open_only: bool = False) -> None:
+        """As a click on ``step``: opens it in the explorer; with one other step open
+        (and ``diff_box`` ticked), diffs the two instead.
+
+        Args:
+          step: A step with a complete checkpoint.
+          open_only: Open the step alone whatever is picked (a shift-click).
+
+        Raises:
+          ValueError: If the run has no complete checkpoint of ``step``.
+        """
+        step = int(step)
+        self._clear_error()
+        held = self.picked_steps
+        if not open_only and self.diff_box.value and len(held) == 1 and held[0] != step:
+            self.diff_steps(held[0], step)
+        else:
+            self.open_step(step)
+
+    def open_step(self, step: int) -> None:
+        """Opens ``step`` alone in the explorer, and makes it the one picked.
 
         Raises:
           ValueError: If the run has no complete checkpoint of ``step``.
         """
         path = self._path_of(step)
-        picked = [*[s for s in self.picked_steps if s != step][-1:], int(step)]
-        self.picked_steps = picked
-        self.view.picked_steps = picked
-        explorer = self._explorer
-        if explorer is not None:
-            if len(picked) == 2:
-                first, second = (self._path_of(s) for s in sorted(picked))
-                explorer.open_checkpoint(first)
-                explorer.contents.diff_view.compare(second)
-            else:
-                explorer.open_checkpoint(path)
+        self._set_picks([int(step)], cell=None)
+        if self._explorer is not None:
+            self._explorer.show_checkpoint(path)
         self._show_picks()
         if self._on_pick is not None:
             self._on_pick("step", int(step))
+
+    def diff_steps(self, first: int, second: int) -> None:
+        """Opens the older of two steps in the explorer and diffs it with the newer.
+
+        Raises:
+          ValueError: If the run has no complete checkpoint of either step.
+        """
+        older, newer = sorted((int(first), int(second)))
+        paths = self._path_of(older), self._path_of(newer)
+        self._set_picks([older, newer], cell=None)
+        explorer = self._explorer
+        if explorer is not None:
+            explorer.show_checkpoint(paths[0])
+            explorer.contents.diff_view.compare(paths[1])
+        self._show_picks()
+        if self._on_pick is not None:
+            self._on_pick("step", int(second))
 
     def pick_cell(self, key: str, step: int) -> None:
         """As a click on a heatmap cell: the diff of ``step``'s checkpoint and the one
@@ -246,12 +335,10 @@ class RunTimeline(w.VBox):
             raise ValueError(f"the heatmap has no cell for {key} at step {step}")
         row = hit.iloc[0]
         previous = int(row["previous_step"])
-        self.picked_cell = (key, int(step))
-        self.picked_steps = [previous, int(step)]
-        self.view.picked_steps = self.picked_steps
+        self._set_picks([previous, int(step)], cell=(key, int(step)))
         explorer = self._explorer
         if explorer is not None:
-            explorer.open_checkpoint(self._path_of(previous))
+            explorer.show_checkpoint(self._path_of(previous))
             pane = explorer.contents
             pane.key_filter.value = str(row["subtree"])
             pane.diff_view.compare(self._path_of(step))
@@ -261,174 +348,116 @@ class RunTimeline(w.VBox):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits for background work; returns whether it has all finished."""
-        for thread in list(self._threads):
-            thread.join(timeout)
-        return not any(t.is_alive() for t in self._threads)
+        done = self.drift_job.wait(timeout)
+        return self.scan_job.wait(timeout) and done
 
     def close(self) -> None:
         """Cancels the work in the background and closes the widget."""
-        cancel = getattr(self, "_cancel", None)  # absent when __init__ failed early
-        if cancel is not None:
-            cancel.set()
+        for job in ("drift_job", "scan_job"):  # absent when __init__ failed early
+            found = getattr(self, job, None)
+            if found is not None:
+                found.cancel()
         super().close()
 
     # -- background work ------------------------------------------------------------
 
-    def _start(self, what: str, work: Callable[[Callable[[int, int], None]], None]) -> None:
-        if any(t.is_alive() for t in self._threads):
-            self._note(f"busy: wait for the {what} in progress, or cancel it", "#b35900")
-            return
-        self._cancel.clear()
-        self.cancel_button.disabled = False
-        self.drift_button.disabled = self.scan_button.disabled = True
-        self.progress.value = 0.0
-        self.progress.layout.visibility = "visible"
+    def _depth(self) -> int | None:
+        return int(self.depth_choice.value) or None
 
-        def progress(done: int, total: int) -> None:
-            self.progress.value = done / total if total else 1.0
-
-        def run() -> None:
-            try:
-                work(progress)
-            except Exception as e:  # shown in the widget, never a traceback
-                self._show_error(e)
-            finally:
-                self.cancel_button.disabled = True
-                self.drift_button.disabled = self.scan_button.disabled = False
-                self.progress.layout.visibility = "hidden"
-
-        self._threads = [start_thread(run, name=f"tinax-timeline-{what}", stop=self._cancel.set)]
-
-    def _drift(self, depth: int | None, progress: Callable[[int, int], None]) -> None:
-        self._note("reading every consecutive pair of checkpoints…", "#555")
-        table = explore.drift_table(self.root, depth=depth, progress=progress, cancel=self._cancel)
-        with self._lock:
-            self.drift = table
+    def _drift(self, progress: Callable[[int, int], None], cancel: threading.Event) -> str:
+        changed = self._depth_changed
+        while True:
+            changed.clear()
+            table = explore.drift_table(
+                self.root,
+                depth=self._depth(),
+                progress=progress,
+                cancel=lambda: cancel.is_set() or changed.is_set(),
+            )
+            # Pairs already read are kept by drift_table: a new depth reads none again.
+            if changed.is_set() and not cancel.is_set():
+                continue
+            with self._lock:
+                self.drift = table
+            self._redraw()
+            if not changed.is_set() or cancel.is_set():
+                break
         done = "cancelled: " if table.attrs.get("cancelled") else ""
-        self._note(f"{done}layer drift of {table.attrs.get('pairs', 0)} pairs", "#555")
-        self._redraw()
+        return f"{done}layer drift of {table.attrs.get('pairs', 0)} pairs"
 
-    def _scan(self, progress: Callable[[int, int], None]) -> None:
-        self._note("reading every checkpoint…", "#555")
-        table = explore.scan_run(self.root, progress=progress, cancel=self._cancel)
+    def _scan(self, progress: Callable[[int, int], None], cancel: threading.Event) -> str:
+        # With its leaves: the explorer's export warns of the NaN of the one it writes.
+        table = explore.scan_run(self.root, leaves=True, progress=progress, cancel=cancel)
         with self._lock:
             self.scan = table
+        self._redraw()
+        if self._explorer is not None:
+            # The open checkpoint's verdict (and each opened later) says what it found.
+            self._explorer.contents.show_scan(table)
         first, rollback = table.attrs["first_nonfinite_step"], table.attrs["rollback_step"]
         if first is None:
             text = "no NaN or Inf in any checkpoint read"
         else:
             text = f"NaN/Inf from step {first} on; roll back to step {rollback}"
-        done = "cancelled: " if table.attrs.get("cancelled") else ""
-        self._note(done + text, "#555")
-        self._redraw()
+        return ("cancelled: " if table.attrs.get("cancelled") else "") + text
+
+    def _on_jobs(self) -> None:
+        self.cancel_button.disabled = not (self.drift_job.running or self.scan_job.running)
+        self._show_message()
 
     # -- drawing --------------------------------------------------------------------
 
-    def _data(self) -> dict[str, Any]:
-        table = self.table
-        if table.empty:
-            return {"steps": [], "empty": "No checkpoint in this run yet."}
-        rows = table[(table["status"] == COMPLETE) & table["step"].notna()]
-        steps = [int(s) for s in rows["step"]]
-        data: dict[str, Any] = {
-            "steps": steps,
-            "metrics": {m: _floats(rows[m]) for m in table.attrs.get("metrics", [])},
-            "save_blocked_s": _floats(rows["save_blocked_s"]),
-            "save_total_s": _floats(rows["save_total_s"]),
-            "nbytes": _floats(rows["nbytes"]),
-        }
-        drift = self.drift
-        if len(drift):
-            keys = list(dict.fromkeys(drift["key"]))
-            subtrees = dict(zip(drift["key"], drift["subtree"], strict=True))
-            pairs = sorted(set(zip(drift["step"], drift["previous_step"], strict=True)))
-            column = {step: i for i, (step, _) in enumerate(pairs)}
-            row = {key: i for i, key in enumerate(keys)}
-            heat: list[list[float | None]] = [[None] * len(pairs) for _ in keys]
-            for key, step, value in zip(
-                drift["key"], drift["step"], drift["rel_update"], strict=True
-            ):
-                heat[row[key]][column[int(step)]] = _floats([value])[0]
-            self._layers = keys
-            data.update(
-                layers=display_keys(keys, width=LABEL_CHARS)
-                if len(keys) > 1
-                else [subtrees[k] for k in keys],
-                layer_keys=[subtrees[k] for k in keys],
-                heat=heat,
-                heat_steps=[int(s) for s, _ in pairs],
-                heat_previous=[int(p) for _, p in pairs],
-            )
-        scan = self.scan
-        if len(scan):
-            bad = scan[scan["verdict"].isin([DIVERGED, NONFINITE])]
-            data["nonfinite_steps"] = [int(s) for s in bad["step"] if not pd.isna(s)]
-            data["rollback_step"] = scan.attrs.get("rollback_step")
-        return data
-
     def _redraw(self) -> None:
         with self._lock:
-            data = self._data()
+            data, self._layers = timeline_data(self.table, self.drift, self.scan)
         self.view.metric = self.metric_choice.value or ""
         self.view.data = data
-        self.summary.value = self._summary_html()
-
-    def _summary_html(self) -> str:
-        table = self.table
-        if table.empty:
-            return ""
-        complete = int((table["status"] == COMPLETE).sum())
-        parts = [f"{len(table)} checkpoints, {complete} complete"]
-        total = table["nbytes"].dropna()
-        if len(total):
-            parts.append(human_bytes(int(total.sum())) + " on disk")
-        saves = table["save_total_s"].dropna()
-        if len(saves):
-            parts.append(f"saves {saves.median():.2g} s (median)")
-        if len(self.drift):
-            finite = self.drift[self.drift["rel_update"] > 0]
-            if len(finite):
-                top = finite.loc[finite["rel_update"].idxmax()]
-                parts.append(
-                    f"moved most: <b>{top['subtree']}</b> at step {int(top['step'])} "
-                    f"(rel_update {top['rel_update']:.3g})"
-                )
-        if len(self.scan):
-            first = self.scan.attrs.get("first_nonfinite_step")
-            if first is not None:
-                parts.append(
-                    f"<span style='color:#d62728'>NaN/Inf from step {first}</span>; roll back "
-                    f"to <b>{self.scan.attrs.get('rollback_step')}</b>"
-                )
-        return "<div style='line-height:1.4'>" + " · ".join(parts) + "</div>"
+        self.summary.value = summary_html(self.table, self.drift, self.scan)
 
     def _show_picks(self) -> None:
         steps = self.picked_steps
         text = ""
         if len(steps) == 1:
-            text = f"picked step {steps[0]}; pick another to diff the two"
+            text = f"step {steps[0]} open"
+            if self.diff_box.value:
+                text += "; click another step to diff the two (shift-click: open it alone)"
         elif len(steps) == 2:
             text = f"diff of steps {steps[0]} → {steps[1]}"
             if self.picked_cell is not None:
                 label = self.drift[self.drift["key"] == self.picked_cell[0]]["subtree"]
                 text += f", layer {label.iloc[0] if len(label) else self.picked_cell[0]}"
+            text += "; the next click opens one step"
         self.picks.value = note_html(text) if text else ""
+
+    def _set_picks(self, steps: list[int], *, cell: tuple[str, int] | None) -> None:
+        self.picked_cell = cell
+        self.picked_steps = steps
+        self.view.picked_steps = steps
+
+    def _show_message(self) -> None:
+        error = error_html(self._error_text) if self._error_text else ""
+        self.message.value = error + notes_html([self.drift_job, self.scan_job])
 
     # -- events ---------------------------------------------------------------------
 
     def _on_metric(self, change: Any) -> None:
         self.view.metric = change["new"] or ""
 
+    def _on_depth(self, change: Any) -> None:
+        if self._setting_depth:
+            return
+        if len(self.drift) or self.drift_job.running:
+            self.compute_drift(depth=int(change["new"]) or None)
+
     def _on_click(self, _widget: Any, content: Any, _buffers: Sequence[Any]) -> None:
         if not isinstance(content, dict):
             return
         if content.get("kind") == "step":
-            self.picked_cell = None
-            self.pick_step(int(content["step"]))
+            self.pick_step(int(content["step"]), open_only=bool(content.get("open_only")))
         elif content.get("kind") == "cell":
             column, layer = int(content["column"]), int(content["layer"])
-            steps = sorted(set(int(s) for s in self.drift["step"]))
-            self.pick_cell(self._layers[layer], steps[column])
+            steps = self.view.data.get("heat_steps", [])
+            self.pick_cell(self._layers[layer], int(steps[column]))
 
     def _path_of(self, step: int) -> str:
         table = self.table
@@ -437,9 +466,12 @@ class RunTimeline(w.VBox):
             raise ValueError(f"the run has no complete checkpoint of step {step}")
         return str(hit.iloc[0]["path"])
 
+    def _clear_error(self) -> None:
+        if self._error_text:
+            self._error_text = ""
+            self._show_message()
+
     def _show_error(self, error: BaseException) -> None:
         self.error = f"{type(error).__name__}: {error}"
-        self.message.value = error_html(self.error)
-
-    def _note(self, text: str, color: str) -> None:
-        self.message.value = note_html(text, color=color) if text else ""
+        self._error_text = self.error
+        self._show_message()

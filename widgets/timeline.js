@@ -1,9 +1,11 @@
 // The browser half of tinax's run timeline (widgets/_timeline.py): a run at a glance
 // as one SVG that fits the width it is given. Python sends the run's figures (steps,
-// metrics, save times and sizes, the rel_update of each layer between consecutive
-// checkpoints, the non-finite steps and the roll-back step); this draws them in
-// panels sharing one step axis, and sends back clicks: a step (any panel) or a cell
-// of the heatmap (a layer between two checkpoints).
+// metrics (and which of their values are NaN or infinite), save times and sizes, the
+// rel_update of each layer between consecutive checkpoints (and which layers held
+// NaN/Inf or could not be read), the non-finite steps and the roll-back step); this
+// draws them in panels sharing one step axis, and sends back clicks: a step (any
+// panel; a shift-click asks to open it alone) or a cell of the heatmap (a layer
+// between two checkpoints).
 
 const SVG = "http://www.w3.org/2000/svg";
 const LEFT_MIN = 64; // px for the y labels of the line panels
@@ -14,6 +16,14 @@ const ROW_MIN = 9; // px of a heatmap row, at least
 const ROW_MAX = 16;
 const FONT = 11;
 const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948"];
+// Non-finite values: red marks on the metric (as the scan's lines), and in the heatmap
+// a pattern of their own, never a colour of the value scale (blue … red).
+const NAN_RED = "#d62728";
+const CELL_PATTERNS = {
+  nonfinite: { id: "tinax-nonfinite", back: "#1a1a1a", line: "#e040fb", word: "NaN/Inf" },
+  unread: { id: "tinax-unread", back: "#f0f0f0", line: "#9e9e9e", word: "not read" },
+};
+let patternCount = 0;
 
 function el(name, attrs, parent) {
   const node = document.createElementNS(SVG, name);
@@ -85,6 +95,38 @@ function extent(values) {
   return [lo, hi];
 }
 
+// Hatched fills for the heatmap cells that hold no value, defined once per drawing
+// (ids made unique: several timelines may share a page).
+function patterns(svg) {
+  const defs = el("defs", {}, svg);
+  const ids = {};
+  patternCount += 1;
+  for (const [state, p] of Object.entries(CELL_PATTERNS)) {
+    const id = `${p.id}-${patternCount}`;
+    const pattern = el("pattern", { id, width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" }, defs);
+    el("rect", { width: 6, height: 6, fill: p.back }, pattern);
+    el("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: p.line, "stroke-width": 3 }, pattern);
+    ids[state] = `url(#${id})`;
+  }
+  return ids;
+}
+
+// The checkpoints' own steps to label on the axis: spread out, at least `gap` px
+// apart, the first and last always; a label never names a step without a checkpoint.
+function tickSteps(steps, x, gap) {
+  if (!steps.length) return [];
+  const out = [steps[0]];
+  const last = steps[steps.length - 1];
+  for (const s of steps) {
+    if (x(s) - x(out[out.length - 1]) >= gap && x(last) - x(s) >= gap) out.push(s);
+  }
+  if (last !== out[out.length - 1]) {
+    if (out.length > 1 && x(last) - x(out[out.length - 1]) < gap) out.pop();
+    out.push(last);
+  }
+  return out;
+}
+
 function draw(model, root) {
   const data = model.get("data") || {};
   const steps = data.steps || [];
@@ -107,12 +149,14 @@ function draw(model, root) {
   const span = hi - lo || 1;
   const x = (s) => left + ((s - lo) / span) * plotW;
   const svg = el("svg", { width, class: "tinax-timeline-svg", role: "img" });
+  // In the page from the start, so that text can be measured as it is laid out.
+  root.append(svg);
   let y = 8;
-  const marks = [];
+  const panels = [];
   const nonfinite = new Set(data.nonfinite_steps || []);
 
   // -- a line panel ----------------------------------------------------------------
-  function linePanel(title, series, height, format) {
+  function linePanel(title, series, height, format, marks) {
     const top = y + 16;
     text(svg, left, y + 11, title, { "font-weight": "bold" });
     const all = series.flatMap((s) => s.values);
@@ -132,10 +176,10 @@ function draw(model, root) {
         d += `${d && finite(s.values[i - 1]) ? "L" : "M"}${x(steps[i]).toFixed(1)},${yy(v).toFixed(1)}`;
       });
       el("path", { d, fill: "none", stroke: s.color || COLORS[k % COLORS.length], "stroke-width": 1.5 }, svg);
+      // A gap where a checkpoint's weights were found non-finite by the scan.
       s.values.forEach((v, i) => {
-        if (!finite(v)) {
-          if (v === null && !nonfinite.has(steps[i])) return;
-          const m = el("text", { x: x(steps[i]), y: top + height - 3, "font-size": 10, fill: "#d62728", "text-anchor": "middle" }, svg);
+        if (!finite(v) && nonfinite.has(steps[i]) && !(marks || []).length) {
+          const m = el("text", { x: x(steps[i]), y: top + height - 3, "font-size": 10, fill: NAN_RED, "text-anchor": "middle" }, svg);
           m.textContent = "✕";
         }
       });
@@ -143,14 +187,30 @@ function draw(model, root) {
         text(svg, left + 8 + k * 120, top + 12, s.label, { fill: s.color || COLORS[k % COLORS.length] });
       }
     });
-    marks.push([top, top + height]);
+    // Values the run itself recorded as NaN or ±Inf (run_table): a red mark at the
+    // top of the panel, where the line would leave it, and the first one named.
+    (marks || []).forEach(([step, word], k) => {
+      const m = el("text", { x: x(step), y: top + 11, "font-size": 11, fill: NAN_RED, "text-anchor": "middle", class: "tinax-timeline-metric-nonfinite" }, svg);
+      m.textContent = "✕";
+      el("title", {}, m).textContent = `${title} ${word} at step ${step}`;
+      if (k === 0) {
+        const right = x(step) > left + plotW * 0.6;
+        text(svg, x(step) + (right ? -7 : 7), top + 24, `${word} from ${step}`, {
+          fill: NAN_RED,
+          "text-anchor": right ? "end" : "start",
+          class: "tinax-timeline-metric-nonfinite-label",
+        });
+      }
+    });
+    panels.push([top, top + height]);
     y = top + height + 14;
   }
 
   const metric = model.get("metric");
   const metrics = data.metrics || {};
   if (metric && metrics[metric]) {
-    linePanel(metric, [{ label: metric, values: metrics[metric] }], LINE_H, short);
+    const marks = (data.metric_nonfinite || {})[metric] || [];
+    linePanel(metric, [{ label: metric, values: metrics[metric] }], LINE_H, short, marks);
   }
   const blocked = data.save_blocked_s || [];
   const total = data.save_total_s || [];
@@ -178,6 +238,9 @@ function draw(model, root) {
     const values = cells.flat().filter((v) => finite(v) && v > 0);
     const hlo = values.length ? Math.log10(Math.min(...values)) : -3;
     const hhi = values.length ? Math.log10(Math.max(...values)) : 0;
+    const states = data.heat_state || [];
+    const counts = data.heat_counts || [];
+    const fills = patterns(svg);
     const pairSteps = data.heat_steps || [];
     const previous = data.heat_previous || [];
     layers.forEach((label, r) => {
@@ -193,7 +256,8 @@ function draw(model, root) {
         const x0 = x(previous[c]);
         const x1 = x(s);
         const v = cells[r][c];
-        const fill = heat(v, hlo, hhi);
+        const state = (states[r] || [])[c] || null;
+        const fill = state ? fills[state] : heat(v, hlo, hhi) || fills.unread;
         const rect = el(
           "rect",
           {
@@ -201,43 +265,70 @@ function draw(model, root) {
             y: ry,
             width: Math.max(1, x1 - x0).toFixed(1),
             height: rowH - 1,
-            fill: fill || "#d62728",
-            "fill-opacity": fill ? 1 : 0.55,
-            class: "tinax-timeline-cell",
+            fill,
+            class: `tinax-timeline-cell${state ? ` tinax-timeline-${state}` : ""}`,
             "data-layer": r,
             "data-column": c,
           },
           svg,
         );
         const title = el("title", {}, rect);
-        title.textContent = `${label}, ${previous[c]} → ${s}: rel_update ${fill ? short(v) : "NaN/Inf"}`;
+        let says = `rel_update ${short(v)}`;
+        const [nan, inf, unreadable] = (counts[r] || [])[c] || [0, 0, 0];
+        if (state === "nonfinite") {
+          says = `NaN/Inf (${nan.toLocaleString()} NaN, ${inf.toLocaleString()} Inf)`;
+        } else if (state && unreadable) {
+          says = `${unreadable.toLocaleString()} ${unreadable === 1 ? "leaf" : "leaves"} not compared (damaged, or not on both sides)`;
+          if (finite(v)) says += `; rel_update of the rest ${short(v)}`;
+        } else if (state) {
+          says = "not known: part of it was not read";
+        }
+        title.textContent = `${label}, ${previous[c]} → ${s}: ${says}`;
       });
     });
     const bottom = top + layers.length * rowH;
-    marks.push([top, bottom]);
-    // The colour scale, in words: where the ends are.
-    text(svg, left, bottom + 12, `colour: log scale ${short(10 ** hlo)} (blue) … ${short(10 ** hhi)} (red); red haze: NaN/Inf`, { "font-size": 10 });
-    y = bottom + 18;
+    panels.push([top, bottom]);
+    // The colour scale, in words: where the ends are; then a swatch of each pattern
+    // the heatmap holds.
+    const scale = text(svg, left, bottom + 13, `log scale ${short(10 ** hlo)} (blue) … ${short(10 ** hhi)} (red)`, { "font-size": 10 });
+    let kx = left + scale.getComputedTextLength() + 14;
+    const shown = new Set(states.flat().filter(Boolean));
+    for (const [state, p] of Object.entries(CELL_PATTERNS)) {
+      if (!shown.has(state)) continue;
+      el("rect", { x: kx, y: bottom + 4, width: 14, height: 10, fill: fills[state], stroke: "#888", "stroke-width": 0.5, class: `tinax-timeline-key-${state}` }, svg);
+      const t = text(svg, kx + 18, bottom + 13, p.word, { "font-size": 10 });
+      kx += 18 + t.getComputedTextLength() + 12;
+    }
+    y = bottom + 20;
   }
 
   // -- the step axis, markers and the picks ------------------------------------------
-  // The checkpoints' own steps where they fit; else evenly spaced ones.
-  const room = Math.max(2, Math.floor(plotW / 50));
-  const ticks =
-    steps.length <= room
-      ? steps
-      : Array.from({ length: room }, (_, i) => Math.round(lo + (span * i) / (room - 1)));
-  for (const s of ticks) text(svg, x(s), y + 10, String(s), { "text-anchor": "middle" });
-  text(svg, left + plotW, y + 24, "step", { "text-anchor": "end" });
-  const top0 = marks.length ? marks[0][0] : 0;
-  const bottom0 = marks.length ? marks[marks.length - 1][1] : y;
+  // Only steps that have a checkpoint are labelled, a label's width apart.
+  const widest = Math.max(...steps.map((s) => String(s).length));
+  const ticks = tickSteps(steps, x, Math.max(36, 7 * widest + 14));
+  for (const s of ticks) {
+    text(svg, x(s), y + 10, String(s), { "text-anchor": "middle", class: "tinax-timeline-tick" });
+    el("line", { x1: x(s), x2: x(s), y1: y, y2: y - 3, stroke: "#999" }, svg);
+  }
+  // The axis is named in the left margin, so that the row under it is free for the
+  // roll-back step.
+  const first = String(steps[0]).length * 3.5;
+  text(svg, left - first - 8, y + 10, "step", { "text-anchor": "end" });
+  const top0 = panels.length ? panels[0][0] : 0;
+  const bottom0 = panels.length ? panels[panels.length - 1][1] : y;
   for (const s of data.nonfinite_steps || []) {
     el("line", { x1: x(s), x2: x(s), y1: top0, y2: bottom0, stroke: "#d62728", "stroke-width": 1, "stroke-opacity": 0.5 }, svg);
   }
   const rollback = data.rollback_step;
   if (finite(rollback)) {
     el("line", { x1: x(rollback), x2: x(rollback), y1: top0, y2: bottom0, stroke: "#2ca02c", "stroke-width": 2, "stroke-dasharray": "4 3" }, svg);
-    text(svg, x(rollback) + 3, top0 + 10, "roll back", { fill: "#2ca02c" });
+    // Named under the step axis, clear of the marks drawn at the top of the panels.
+    const right = x(rollback) > left + plotW * 0.75;
+    text(svg, x(rollback) + (right ? -3 : 3), y + 24, `roll back to ${rollback}`, {
+      fill: "#2ca02c",
+      "text-anchor": right ? "end" : "start",
+      class: "tinax-timeline-rollback",
+    });
   }
   for (const s of model.get("picked_steps") || []) {
     el("line", { x1: x(s), x2: x(s), y1: top0, y2: bottom0, stroke: "currentColor", "stroke-width": 1.5 }, svg);
@@ -259,9 +350,8 @@ function draw(model, root) {
     const at = lo + ((px - left) / plotW) * span;
     let best = steps[0];
     for (const s of steps) if (Math.abs(s - at) < Math.abs(best - at)) best = s;
-    model.send({ kind: "step", step: best });
+    model.send({ kind: "step", step: best, open_only: event.shiftKey });
   });
-  root.append(svg);
 }
 
 function render({ model, el: root }) {

@@ -5,8 +5,9 @@ dashboard, a script that watches a run.
 ``checkpoint_table``, ``diff_table``, ``verify``, …). What such a tool needs beside
 them lives here: a checkpoint's leaves staged for a large checkpoint, one leaf's
 statistics, the verification's parts, a run directory's names and sizes, the
-listing's cache, the human units, and what a derived or averaged checkpoint would
-hold before it is written. Like the rest of ``tinax.explore``, nothing
+listing's cache, where a model's layers are (``layer_depth``, ``layer_of``: the
+grouping ``drift_table`` uses by default), the human units, and what a derived or
+averaged checkpoint would hold before it is written. Like the rest of ``tinax.explore``, nothing
 here imports JAX, Orbax or ipywidgets.
 """
 
@@ -24,6 +25,7 @@ from tinax.explore._run_view.directory import (
     resolve_path,
     save_directory,
 )
+from tinax.explore._run_view.drift import layer_depth, layer_of
 from tinax.explore._staged import StagedLeaves, collector_paused, open_leaves
 from tinax.explore._summary import (
     HISTOGRAM_BINS,
@@ -65,6 +67,8 @@ __all__ = [
     "human_bytes",
     "human_duration",
     "is_numeric",
+    "layer_depth",
+    "layer_of",
     "leaf_key",
     "leaf_statistics",
     "leaf_summary",
