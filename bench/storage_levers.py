@@ -96,7 +96,9 @@ def disk_bytes(path: Path) -> int:
 
 
 def read_files(path: Path, threads: int) -> float:
-    """Seconds to read every data file under ``path`` in 64 MiB reads on ``threads``."""
+    """Seconds to read every data file under ``path`` in 64 MiB reads on ``threads``,
+    each into a fresh buffer: Python's ``read()``, which costs the touching of new
+    memory too (``bench/accelerator.py`` measures ``cat``, ``dd`` and reused buffers)."""
     files = [p for p in path.rglob("*") if p.is_file() and p.parent.name == "d"]
     pieces = []
     for f in files:
