@@ -40,6 +40,8 @@ from tinax._format.storage import Location
 # Codecs after ``bytes`` this reader decodes.
 ZSTD = "zstd"
 _MISSING = (1 << 64) - 1
+# A shard's index is read whole: shards of more inner chunks are Orbax's to read.
+MAX_INNER_CHUNKS = 1 << 20
 # Ranges of one data file closer than this are fetched in one request (gs://): a
 # request costs tens of milliseconds, this many bytes about as much.
 COALESCE_GAP_BYTES = 1 << 20
@@ -172,7 +174,8 @@ def plan(
     codec = _codec_chain(found.codecs, dtype)
     # Chunks left out (fill values) are Orbax's to read.
     values = found.grid_values(stored, path.encode("utf-8"))
-    if codec is False or values is None:
+    inner = math.prod(g // c for g, c in zip(found.grid_shape, found.chunk_shape, strict=True))
+    if codec is False or values is None or inner > MAX_INNER_CHUNKS:
         return None
     return StoredArray(
         directory=directory,
@@ -371,6 +374,10 @@ class BoxReader:
                     raise Unsupported("a chunk is not of the size its shape says")
                 self._bytes_into(value, start, into)
             else:
+                # zstd's worst case is a little over the bytes it stores: a stored length
+                # beyond it is damage, and is not read into memory.
+                if length > nbytes + nbytes // 128 + 1024:
+                    raise _Undecodable("a zstd chunk is longer than its values could need")
                 source = self._bytes(value, start, length, scratch)
                 _decompress_into(scratch, source, into)
             if not direct:
