@@ -148,6 +148,40 @@ def test_what_the_engine_does_not_read_loads_through_orbax(
     assert back["m"]["w"].dtype == jnp.float16
 
 
+def test_reused_host_buffers_hand_each_slice_to_one_part_at_a_time(
+    tmp_path: Path, state: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on an accelerator: parts read into slices of one small arena (parts larger
+    than it into memory of their own), copied to their devices, slices reused."""
+    from tinax.checkpointing import _fast_load
+
+    monkeypatch.setattr(_fast_load, "_copied_to_devices", lambda plans: True)
+    monkeypatch.setattr(_fast_load, "HOST_BUFFER_BYTES", 48 << 10)
+    taken: list[int] = []
+    real_take = _fast_load._Buffers.take
+
+    def take(self: Any, nbytes: int, *, own: bool = False) -> Any:
+        taken.append(nbytes)
+        return real_take(self, nbytes, own=own)
+
+    monkeypatch.setattr(_fast_load._Buffers, "take", take)
+    with tc.compression():
+        tc.save_checkpointables(tmp_path / "c", state).result()
+    back = tc.load_checkpointables(tmp_path / "c", tc.abstract_restore_target(state))
+    _identical(back, state)
+    assert max(taken) > 48 << 10 and sum(taken) > 4 * (48 << 10)  # both ways, slices reused
+    buffers = _fast_load._Buffers(1024, reuse=True)
+    a, ta = buffers.take(100)
+    b, tb = buffers.take(500)
+    assert a.ctypes.data % 64 == 0 and b.ctypes.data - a.ctypes.data == 128
+    buffers.give(ta, keep=True)
+    c, tc_ = buffers.take(64)
+    assert c.ctypes.data == a.ctypes.data  # first fit: the slice given back
+    buffers.give(tb, keep=True)
+    buffers.give(tc_, keep=True)
+    assert buffers._free == [(0, 1024)]
+
+
 @pytest.mark.parametrize("how", ["tinax", "orbax"])
 def test_boxes_that_cut_chunks_read_what_tensorstore_reads(tmp_path: Path, how: str) -> None:
     """Parts of an array stored in many inner chunks (and zstd frames), boxes that cut
@@ -235,6 +269,9 @@ def check(back, shardings):
         assert np.asarray(back[k]).tobytes() == v.tobytes(), k
         for shard in back[k].addressable_shards:
             assert np.asarray(shard.data).tobytes() == v[shard.index].tobytes(), k
+        # Replicas on CPU devices hold memory of their own (a donation writes in place).
+        held = [shard.data.unsafe_buffer_pointer() for shard in back[k].addressable_shards]
+        assert len(set(held)) == len(held), k
 
 def target(shardings):
     return {"m": {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k])

@@ -10,9 +10,10 @@ place, zstd chunks decoded straight into place), each part's checksums are check
 on the host as soon as it is whole, and it is put on its devices right away, so
 that reading, decoding, checking and the transfers overlap.
 
-Host memory: on an accelerator the parts are read into reused host buffers, at
-most ``HOST_BUFFER_BYTES`` (1 GiB) of them at a time, or one part if a part is
-larger; a buffer is reused once its transfer has completed. On a CPU the buffer a
+Host memory: on an accelerator the parts are read into slices of one reused
+buffer of ``HOST_BUFFER_BYTES`` (256 MiB), each taken back once its transfers have
+completed; a part larger than that waits for the buffer to be idle and gets memory
+of its own. On a CPU the buffer a
 part is read into becomes the array itself (``jax.device_put`` aliases 64-byte
 aligned host memory there), so the load holds the state and no copy of it; parts
 being read are bounded the same way. Each reading thread also keeps a scratch
@@ -55,8 +56,9 @@ _log = logging.getLogger(__name__)
 # Enough for the page cache or a disk's queue on a small machine, and for the
 # round trips of an object store; a large host decodes on up to 32 cores.
 THREADS = min(32, max(8, os.cpu_count() or 1))
-# Host memory for parts being read (and, on an accelerator, transferred).
-HOST_BUFFER_BYTES = 1 << 30
+# Host memory for parts being read (and, on an accelerator, transferred): about
+# what the threads read at once, and what a load touches of new host memory.
+HOST_BUFFER_BYTES = 256 << 20
 # Chunks of one part read by one task: parts of big arrays are read on several threads.
 TASK_BYTES = 8 << 20
 # jax.device_put aliases host memory aligned so on a CPU (no copy).
@@ -194,40 +196,71 @@ def plan(directory: Location, name: str, target: Any) -> _Plan | str:
 
 
 class _Buffers:
-    """Host memory for the parts being read: at most ``limit`` bytes at a time (or
-    one part, whatever its size). With ``reuse`` a buffer given back is handed out
-    again (kept while the buffers held stay within the limit); else each part gets
-    fresh memory, which the array it becomes keeps."""
+    """Host memory for the parts being read.
+
+    With ``reuse`` (an accelerator: parts are copied to their devices) every part is
+    a slice of one arena of ``limit`` bytes, handed out first fit and taken back once
+    the part's transfers have completed: the load touches at most ``limit`` bytes of
+    new host memory, however large the checkpoint (new memory costs page faults,
+    which on some virtual machines cost as much as reading the bytes). A part larger
+    than the arena waits for it to be idle and gets memory of its own. Without
+    ``reuse`` (a CPU: each buffer becomes its array) each part gets fresh memory, and
+    parts being read hold at most ``limit`` bytes (or one part) at a time.
+    """
 
     def __init__(self, limit: int, *, reuse: bool) -> None:
         self.limit = limit
         self.reuse = reuse
         self._busy = 0
-        self._free: list[np.ndarray] = []
+        self._arena: np.ndarray | None = None
+        # Free runs of the arena: (start, length), in order.
+        self._free: list[tuple[int, int]] = [(0, limit)]
         self._cond = threading.Condition()
 
-    def take(self, nbytes: int) -> np.ndarray:
-        """A buffer of at least ``nbytes`` (its whole, for ``give``); waits while the
-        buffers in use would exceed the limit."""
+    def take(self, nbytes: int, *, own: bool = False) -> tuple[np.ndarray, Any]:
+        """A buffer of ``nbytes``, and what ``give`` takes back; waits while there is
+        no room. ``own``: memory of its own (it becomes a NumPy result)."""
+        size = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
         with self._cond:
-            while self._busy and self._busy + nbytes > self.limit:
+            if not self.reuse or own or size > self.limit:
+                while self._busy and self._busy + size > self.limit:
+                    self._cond.wait()
+                self._busy += size
+                return _aligned(nbytes), (None, size)
+            while (start := self._first_fit(size)) is None:
                 self._cond.wait()
-            self._busy += nbytes
-            if self.reuse:
-                for i, buf in enumerate(self._free):
-                    if nbytes <= buf.nbytes <= 2 * nbytes:
-                        return self._free.pop(i)
-                # Kept buffers and busy ones within the limit: drop what does not fit.
-                while self._free and self._busy + sum(b.nbytes for b in self._free) > self.limit:
-                    self._free.pop(0)
-        return _aligned(nbytes)
+            if self._arena is None:
+                # Pages are touched only as parts land in them: a small load touches little.
+                self._arena = _aligned(self.limit)
+            self._busy += size
+            return self._arena[start : start + nbytes], (start, size)
 
-    def give(self, buf: np.ndarray, nbytes: int, *, keep: bool) -> None:
-        """Ends the use of ``buf`` (taken for ``nbytes``); ``keep``: it may be reused."""
+    def _first_fit(self, size: int) -> int | None:
+        for i, (start, length) in enumerate(self._free):
+            if length >= size:
+                if length == size:
+                    del self._free[i]
+                else:
+                    self._free[i] = (start + size, length - size)
+                return start
+        return None
+
+    def give(self, token: Any, *, keep: bool) -> None:
+        """Ends the use of a buffer; ``keep``: its memory may be handed out again (not
+        when it became a result, or transfers from it may not have ended)."""
+        start, size = token
         with self._cond:
-            self._busy -= nbytes
-            if self.reuse and keep:
-                self._free.append(buf)
+            self._busy -= size
+            if start is not None and keep:
+                self._free.append((start, size))
+                self._free.sort()
+                merged: list[tuple[int, int]] = []
+                for run in self._free:
+                    if merged and merged[-1][0] + merged[-1][1] == run[0]:
+                        merged[-1] = (merged[-1][0], merged[-1][1] + run[1])
+                    else:
+                        merged.append(run)
+                self._free = merged
             self._cond.notify_all()
 
 
@@ -266,6 +299,7 @@ class _Part:
         box: Box,
         devices: list[Any],
         buf: np.ndarray,
+        token: Any,
         nbytes: int,
         tasks: int,
     ) -> None:
@@ -273,8 +307,7 @@ class _Part:
         self.leaf = leaf
         self.box = box
         self.devices = devices
-        self.buf = buf
-        self.nbytes = nbytes
+        self.token = token
         shape = [s.stop - s.start for s in box]
         self.values = buf[:nbytes].view(leaf.stored.dtype).reshape(shape)
         self.left = tasks
@@ -315,7 +348,7 @@ def _read(
         # A buffer that became a NumPy result, or whose transfers may not have ended
         # (the load failed), is not handed out again.
         keep = plan.failed is None and part.devices != [None]
-        buffers.give(part.buf, part.nbytes, keep=keep)
+        buffers.give(part.token, keep=keep)
 
 
 def _check(part: _Part) -> None:
@@ -341,7 +374,8 @@ def _place(part: _Part, *, alias: bool) -> None:
     """Puts the part on its devices; returns once its host buffer may be reused.
 
     With ``alias`` the first device on a CPU keeps the buffer itself as its array
-    (``jax.device_put`` aliases aligned host memory there); other devices get copies."""
+    (``jax.device_put`` aliases aligned host memory there); other CPU devices get
+    copies of their own."""
     leaf = part.leaf
     if part.devices == [None]:
         leaf.values[None] = part.values
@@ -351,24 +385,34 @@ def _place(part: _Part, *, alias: bool) -> None:
     placed = []
     for i, device in enumerate(part.devices):
         single = jax.sharding.SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
-        may_alias = None if alias and i == 0 else False
-        placed.append(jax.device_put(part.values, single, may_alias=may_alias))
+        values = part.values
+        if device.platform == "cpu" and not (alias and i == 0):
+            # A CPU array aliases aligned host memory whatever ``may_alias`` says: each
+            # further device (a replica) and a reused buffer's part get copies.
+            values = _aligned(part.values.nbytes).view(values.dtype).reshape(values.shape)
+            np.copyto(values, part.values)
+        placed.append(jax.device_put(values, single))
     for device, value in zip(part.devices, placed, strict=True):
         if not alias:
             value.block_until_ready()
         leaf.values[device] = value
 
 
-def _run(plans: Sequence[_Plan]) -> None:
-    """Reads every part of every plan; a plan that fails has ``failed`` set."""
-    on_cpu = all(
+def _copied_to_devices(plans: Sequence[_Plan]) -> bool:
+    """Whether the parts are copied to their devices (host buffers may be reused), not
+    kept as the arrays themselves (every device a CPU)."""
+    return not all(
         device is None or device.platform == "cpu"
         for p in plans
         for leaf in p.leaves
         for _, devices in leaf.parts
         for device in devices
     )
-    buffers = _Buffers(HOST_BUFFER_BYTES, reuse=not on_cpu)
+
+
+def _run(plans: Sequence[_Plan]) -> None:
+    """Reads every part of every plan; a plan that fails has ``failed`` set."""
+    buffers = _Buffers(HOST_BUFFER_BYTES, reuse=_copied_to_devices(plans))
     work = [
         (i, p, leaf, box, devices)
         for i, p in enumerate(plans)
@@ -400,8 +444,8 @@ def _run(plans: Sequence[_Plan]) -> None:
             groups = [found[i : i + per_task] for i in range(0, len(found), per_task)]
         else:
             groups = [found]
-        buf = buffers.take(nbytes)
-        part = _Part(p, leaf, box, devices, buf, nbytes, len(groups))
+        buf, token = buffers.take(nbytes, own=devices == [None])
+        part = _Part(p, leaf, box, devices, buf, token, nbytes, len(groups))
         if small:
             together.append(part)
             together_bytes += nbytes
