@@ -6,10 +6,11 @@ else a byte range of a data file; a shard holds inner chunks, each the C-order
 bytes of its values (codec ``bytes``), compressed by zstd or not, and an index of
 where they are. Here a box of an array (the part one device holds) is read into a
 caller's buffer: an uncompressed chunk straight into place with ``preadv``, a
-compressed one read into a scratch buffer of the reading thread and decoded by
-zstd straight into place; a chunk that the box cuts is decoded into scratch and
-the box's part copied out. Every step releases the GIL, so several threads read,
-decode and copy side by side.
+compressed one streamed from its file (``DECODE_READ_BYTES`` at a time) through a
+zstd decoder (the ``zstandard`` library) straight into place; a chunk that the box
+cuts is decoded into one scratch chunk of the reading thread and the box's part
+copied out. Every step releases the GIL, so several threads read, decode and copy
+side by side.
 
 Only what is known to be byte for byte is read this way: zarr3 metadata whose
 codecs are ``bytes`` (little-endian), optionally followed by ``zstd``, alone or
@@ -273,18 +274,12 @@ class FileRanges:
 
 
 class Scratch(threading.local):
-    """Buffers each reading thread reuses: compressed bytes, one decoded chunk, and
-    its zstd decoder. Each is as large as the largest chunk the thread met."""
+    """What each reading thread reuses: one decoded chunk (for chunks a box cuts) and
+    its zstd decoder."""
 
     def __init__(self) -> None:
-        self.raw = np.empty(0, np.uint8)
         self.decoded = np.empty(0, np.uint8)
         self.decoder: object = None
-
-    def take_raw(self, nbytes: int) -> np.ndarray:
-        if self.raw.nbytes < nbytes:
-            self.raw = np.empty(nbytes, np.uint8)
-        return self.raw[:nbytes]
 
     def take_decoded(self, nbytes: int) -> np.ndarray:
         if self.decoded.nbytes < nbytes:
@@ -292,19 +287,56 @@ class Scratch(threading.local):
         return self.decoded[:nbytes]
 
 
-def _decompress_into(scratch: Scratch, source: memoryview | np.ndarray, into: np.ndarray) -> None:
+# Compressed bytes a decoder reads from a local file at a time: a zstd frame is
+# streamed from the file, never held whole.
+DECODE_READ_BYTES = 1 << 20
+# The longest zstd frame header.
+_ZSTD_HEADER_BYTES = 18
+
+
+class _FileRange:
+    """A byte range of an open file, read front to back as a zstd decoder asks."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        self.fd = fd
+        self.offset = offset
+        self.left = length
+
+    def head(self, nbytes: int) -> bytes:
+        return os.pread(self.fd, min(nbytes, self.left), self.offset)
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.left if size < 0 else min(size, self.left)
+        data = os.pread(self.fd, size, self.offset) if size else b""
+        if len(data) != size:
+            raise Unsupported("a data file is shorter than a chunk in it")
+        self.offset += size
+        self.left -= size
+        return data
+
+
+def _decompress_into(scratch: Scratch, source: memoryview | _FileRange, into: np.ndarray) -> None:
     """Decodes one zstd frame into ``into``, which it must fill exactly."""
     import zstandard
 
     if scratch.decoder is None:
         scratch.decoder = zstandard.ZstdDecompressor()
     decoder: zstandard.ZstdDecompressor = scratch.decoder  # type: ignore[assignment]
-    data = (source if isinstance(source, memoryview) else memoryview(source.data)).cast("B")
-    size = zstandard.frame_content_size(data)
+    head = source.head(_ZSTD_HEADER_BYTES) if isinstance(source, _FileRange) else source
+    try:
+        size = zstandard.frame_content_size(head)
+    except zstandard.ZstdError as e:
+        raise _Undecodable(f"zstd decompress failed: {e}") from None
     if size not in (into.nbytes, -1):
         raise _Undecodable(f"a zstd frame holds {size} bytes where {into.nbytes} are expected")
     try:
-        reader = decoder.stream_reader(data, read_size=max(1, len(data)), closefd=False)
+        read_size = DECODE_READ_BYTES if isinstance(source, _FileRange) else max(1, len(source))
+        # Any object with read() is a source (its annotation says IO).
+        reader = decoder.stream_reader(
+            source,  # type: ignore[arg-type]
+            read_size=read_size,
+            closefd=False,
+        )
         out = memoryview(into.reshape(-1).view(np.uint8).data).cast("B")
         done = 0
         while done < len(out):
@@ -378,8 +410,7 @@ class BoxReader:
                 # beyond it is damage, and is not read into memory.
                 if length > nbytes + nbytes // 128 + 1024:
                     raise _Undecodable("a zstd chunk is longer than its values could need")
-                source = self._bytes(value, start, length, scratch)
-                _decompress_into(scratch, source, into)
+                _decompress_into(scratch, self._source(value, start, length), into)
             if not direct:
                 decoded = into.view(array.dtype).reshape(array.chunk_shape)
                 out[chunk.within] = decoded[chunk.part]
@@ -439,17 +470,14 @@ class BoxReader:
             raise Unsupported("a chunk runs past its value")
         into[:] = np.frombuffer(data, np.uint8)
 
-    def _bytes(
-        self, held: bytes | ValueRef | memoryview, start: int, length: int, scratch: Scratch
-    ) -> memoryview | np.ndarray:
-        if isinstance(held, ValueRef):
-            raw = scratch.take_raw(length)
-            self._bytes_into(held, start, raw)
-            return raw
-        data = memoryview(held)[start : start + length]
-        if len(data) != length:
+    def _source(
+        self, held: bytes | ValueRef | memoryview, start: int, length: int
+    ) -> memoryview | _FileRange:
+        if start + length > (held.length if isinstance(held, ValueRef) else len(held)):
             raise Unsupported("a chunk runs past its value")
-        return data
+        if isinstance(held, ValueRef):
+            return _FileRange(self.files.fd(held.file), held.offset + start, length)
+        return memoryview(held)[start : start + length]
 
 
 def undecodable(error: BaseException) -> str | None:

@@ -13,11 +13,13 @@ that reading, decoding, checking and the transfers overlap.
 Host memory: on an accelerator the parts are read into slices of one reused
 buffer of ``HOST_BUFFER_BYTES`` (256 MiB), each taken back once its transfers have
 completed; a part larger than that waits for the buffer to be idle and gets memory
-of its own. On a CPU the buffer a
-part is read into becomes the array itself (``jax.device_put`` aliases 64-byte
-aligned host memory there), so the load holds the state and no copy of it; parts
-being read are bounded the same way. Each reading thread also keeps a scratch
-buffer of one stored chunk (compressed bytes) and one decoded chunk.
+of its own. On a CPU the buffer a part is read into becomes the array itself
+(``jax.device_put`` aliases 64-byte aligned host memory there), so the load holds
+the state and no copy of it; parts being read hold at most 256 MiB (or one part)
+at a time. Beyond that each of the ``THREADS`` reading threads holds 1 MiB of
+compressed bytes it is decoding and, when parts cut stored chunks (a load onto
+another mesh), one decoded chunk; on ``gs://`` a task holds the stored bytes it
+fetched for its parts (at most one part's, or 8 MiB of small parts').
 
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
 checkpointable with leaves other than arrays, targets without a sharding or with a
