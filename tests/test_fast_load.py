@@ -298,6 +298,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # a JAX process of its own, with four CPU devices
 def test_sharded_states_load_onto_their_meshes_through_the_engine(tmp_path: Path) -> None:
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     import os
