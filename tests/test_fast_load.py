@@ -153,24 +153,24 @@ def test_reused_host_buffers_hand_each_slice_to_one_part_at_a_time(
 ) -> None:
     """As on an accelerator: parts read into slices of one small arena (parts larger
     than it into memory of their own), copied to their devices, slices reused."""
-    from tinax.checkpointing import _fast_load
+    from tinax.checkpointing import _fast_load, _host_buffers
 
     monkeypatch.setattr(_fast_load, "_copied_to_devices", lambda plans: True)
     monkeypatch.setattr(_fast_load, "HOST_BUFFER_BYTES", 48 << 10)
     taken: list[int] = []
-    real_take = _fast_load._Buffers.take
+    real_take = _host_buffers.HostBuffers.take
 
     def take(self: Any, nbytes: int, *, own: bool = False) -> Any:
         taken.append(nbytes)
         return real_take(self, nbytes, own=own)
 
-    monkeypatch.setattr(_fast_load._Buffers, "take", take)
+    monkeypatch.setattr(_host_buffers.HostBuffers, "take", take)
     with tc.compression():
         tc.save_checkpointables(tmp_path / "c", state).result()
     back = tc.load_checkpointables(tmp_path / "c", tc.abstract_restore_target(state))
     _identical(back, state)
     assert max(taken) > 48 << 10 and sum(taken) > 4 * (48 << 10)  # both ways, slices reused
-    buffers = _fast_load._Buffers(1024, reuse=True)
+    buffers = _host_buffers.HostBuffers(1024, reuse=True)
     a, ta = buffers.take(100)
     b, tb = buffers.take(500)
     assert a.ctypes.data % 64 == 0 and b.ctypes.data - a.ctypes.data == 128

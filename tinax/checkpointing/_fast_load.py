@@ -51,6 +51,7 @@ from tinax._format.keys import format_key, key_parts
 from tinax._format.rawread import Box, Unsupported
 from tinax._format.storage import Location
 from tinax._targets import NumpyTarget, is_key_dtype
+from tinax.checkpointing._host_buffers import HostBuffers, aligned
 
 _log = logging.getLogger(__name__)
 
@@ -63,8 +64,6 @@ THREADS = min(32, max(8, os.cpu_count() or 1))
 HOST_BUFFER_BYTES = 256 << 20
 # Chunks of one part read by one task: parts of big arrays are read on several threads.
 TASK_BYTES = 8 << 20
-# jax.device_put aliases host memory aligned so on a CPU (no copy).
-_ALIGN = 64
 
 
 @dataclasses.dataclass
@@ -197,81 +196,6 @@ def plan(directory: Location, name: str, target: Any) -> _Plan | str:
     return _Plan(name, directory, treedef, leaves, files)
 
 
-class _Buffers:
-    """Host memory for the parts being read.
-
-    With ``reuse`` (an accelerator: parts are copied to their devices) every part is
-    a slice of one arena of ``limit`` bytes, handed out first fit and taken back once
-    the part's transfers have completed: the load touches at most ``limit`` bytes of
-    new host memory, however large the checkpoint (new memory costs page faults,
-    which on some virtual machines cost as much as reading the bytes). A part larger
-    than the arena waits for it to be idle and gets memory of its own. Without
-    ``reuse`` (a CPU: each buffer becomes its array) each part gets fresh memory, and
-    parts being read hold at most ``limit`` bytes (or one part) at a time.
-    """
-
-    def __init__(self, limit: int, *, reuse: bool) -> None:
-        self.limit = limit
-        self.reuse = reuse
-        self._busy = 0
-        self._arena: np.ndarray | None = None
-        # Free runs of the arena: (start, length), in order.
-        self._free: list[tuple[int, int]] = [(0, limit)]
-        self._cond = threading.Condition()
-
-    def take(self, nbytes: int, *, own: bool = False) -> tuple[np.ndarray, Any]:
-        """A buffer of ``nbytes``, and what ``give`` takes back; waits while there is
-        no room. ``own``: memory of its own (it becomes a NumPy result)."""
-        size = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
-        with self._cond:
-            if not self.reuse or own or size > self.limit:
-                while self._busy and self._busy + size > self.limit:
-                    self._cond.wait()
-                self._busy += size
-                return _aligned(nbytes), (None, size)
-            while (start := self._first_fit(size)) is None:
-                self._cond.wait()
-            if self._arena is None:
-                # Pages are touched only as parts land in them: a small load touches little.
-                self._arena = _aligned(self.limit)
-            self._busy += size
-            return self._arena[start : start + nbytes], (start, size)
-
-    def _first_fit(self, size: int) -> int | None:
-        for i, (start, length) in enumerate(self._free):
-            if length >= size:
-                if length == size:
-                    del self._free[i]
-                else:
-                    self._free[i] = (start + size, length - size)
-                return start
-        return None
-
-    def give(self, token: Any, *, keep: bool) -> None:
-        """Ends the use of a buffer; ``keep``: its memory may be handed out again (not
-        when it became a result, or transfers from it may not have ended)."""
-        start, size = token
-        with self._cond:
-            self._busy -= size
-            if start is not None and keep:
-                self._free.append((start, size))
-                self._free.sort()
-                merged: list[tuple[int, int]] = []
-                for run in self._free:
-                    if merged and merged[-1][0] + merged[-1][1] == run[0]:
-                        merged[-1] = (merged[-1][0], merged[-1][1] + run[1])
-                    else:
-                        merged.append(run)
-                self._free = merged
-            self._cond.notify_all()
-
-
-def _aligned(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start : start + nbytes]
-
-
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()
@@ -320,7 +244,7 @@ class _Part:
 def _read(
     part: _Part,
     group: Sequence[chunkload.Chunk],
-    buffers: _Buffers,
+    buffers: HostBuffers,
     scratch: chunkload.Scratch,
 ) -> None:
     plan = part.plan
@@ -391,7 +315,7 @@ def _place(part: _Part, *, alias: bool) -> None:
         if device.platform == "cpu" and not (alias and i == 0):
             # A CPU array aliases aligned host memory whatever ``may_alias`` says: each
             # further device (a replica) and a reused buffer's part get copies.
-            values = _aligned(part.values.nbytes).view(values.dtype).reshape(values.shape)
+            values = aligned(part.values.nbytes).view(values.dtype).reshape(values.shape)
             np.copyto(values, part.values)
         placed.append(jax.device_put(values, single))
     for device, value in zip(part.devices, placed, strict=True):
@@ -414,7 +338,7 @@ def _copied_to_devices(plans: Sequence[_Plan]) -> bool:
 
 def _run(plans: Sequence[_Plan]) -> None:
     """Reads every part of every plan; a plan that fails has ``failed`` set."""
-    buffers = _Buffers(HOST_BUFFER_BYTES, reuse=_copied_to_devices(plans))
+    buffers = HostBuffers(HOST_BUFFER_BYTES, reuse=_copied_to_devices(plans))
     work = [
         (i, p, leaf, box, devices)
         for i, p in enumerate(plans)
@@ -466,7 +390,9 @@ def _order(plan: _Plan, leaf: _Leaf, box: Box) -> tuple[Any, ...]:
     return (1, id(plan), ("", 0) if first is None else (first.file, first.offset))
 
 
-def _read_together(parts: Sequence[_Part], buffers: _Buffers, scratch: chunkload.Scratch) -> None:
+def _read_together(
+    parts: Sequence[_Part], buffers: HostBuffers, scratch: chunkload.Scratch
+) -> None:
     """Reads small parts of one remote checkpointable whose shards were fetched together:
     one request per run of adjacent bytes, whichever arrays they belong to."""
     plan = parts[0].plan
