@@ -180,6 +180,12 @@ def test_reused_host_buffers_hand_each_slice_to_one_part_at_a_time(
     buffers.give(tb, keep=True)
     buffers.give(tc_, keep=True)
     assert buffers._free == [(0, 1024)]
+    # A slice not given back (its transfers may go on) is not handed out again; with
+    # nothing else in use, a part that no longer fits gets memory of its own.
+    d, td = buffers.take(1000)
+    buffers.give(td, keep=False)
+    e, te = buffers.take(1000)
+    assert not np.shares_memory(d, e) and te[0] is None
 
 
 @pytest.mark.parametrize("how", ["tinax", "orbax"])

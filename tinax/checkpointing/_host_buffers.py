@@ -50,6 +50,10 @@ class HostBuffers:
                 self._busy += size
                 return aligned(nbytes), (None, size)
             while (start := self._first_fit(size)) is None:
+                if not self._busy:
+                    # Slices kept back by a failed read: nothing will come back to fit.
+                    self._busy += size
+                    return aligned(nbytes), (None, size)
                 self._cond.wait()
             if self._arena is None:
                 # Pages are touched only as parts land in them: a small load touches little.
