@@ -160,9 +160,9 @@ def test_reused_host_buffers_hand_each_slice_to_one_part_at_a_time(
     taken: list[int] = []
     real_take = _host_buffers.HostBuffers.take
 
-    def take(self: Any, nbytes: int, *, own: bool = False) -> Any:
+    def take(self: Any, nbytes: int, **kwargs: Any) -> Any:
         taken.append(nbytes)
-        return real_take(self, nbytes, own=own)
+        return real_take(self, nbytes, **kwargs)
 
     monkeypatch.setattr(_host_buffers.HostBuffers, "take", take)
     with tc.compression():

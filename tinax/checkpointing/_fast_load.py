@@ -352,34 +352,53 @@ def _run(plans: Sequence[_Plan]) -> None:
     pool = _executor()
     # Each thread's scratch buffers, freed with the load.
     scratch = chunkload.Scratch()
-    futures = []
+    futures: list[concurrent.futures.Future[None]] = []
     together: list[_Part] = []
     together_bytes = 0
-    for _, p, leaf, box, devices in work:
-        if p.failed is not None:
-            continue
-        stored = leaf.stored
-        found = stored.chunks_in(box)
-        nbytes = math.prod(s.stop - s.start for s in box) * stored.dtype.itemsize
-        small = not p.files.local and nbytes < TASK_BYTES
-        if together and (not small or together[0].plan is not p or together_bytes >= TASK_BYTES):
+    try:
+        for _, p, leaf, box, devices in work:
+            if p.failed is not None:
+                continue
+            stored = leaf.stored
+            found = stored.chunks_in(box)
+            nbytes = math.prod(s.stop - s.start for s in box) * stored.dtype.itemsize
+            small = not p.files.local and nbytes < TASK_BYTES
+            if together and (
+                not small or together[0].plan is not p or together_bytes >= TASK_BYTES
+            ):
+                futures.append(pool.submit(_read_together, together, buffers, scratch))
+                together, together_bytes = [], 0
+            if p.files.local:
+                per_task = max(1, TASK_BYTES // max(1, stored.chunk_bytes))
+                groups = [found[i : i + per_task] for i in range(0, len(found), per_task)]
+            else:
+                groups = [found]
+            own = devices == [None]
+            taken = buffers.take(nbytes, own=own, wait=False)
+            if taken is None:
+                # Parts held back to be fetched together go first: the wait may be
+                # for their memory.
+                if together:
+                    futures.append(pool.submit(_read_together, together, buffers, scratch))
+                    together, together_bytes = [], 0
+                taken = buffers.take(nbytes, own=own)
+            assert taken is not None
+            part = _Part(p, leaf, box, devices, *taken, nbytes, len(groups))
+            if small:
+                together.append(part)
+                together_bytes += nbytes
+                continue
+            futures += [pool.submit(_read, part, group, buffers, scratch) for group in groups]
+        if together:
             futures.append(pool.submit(_read_together, together, buffers, scratch))
-            together, together_bytes = [], 0
-        if p.files.local:
-            per_task = max(1, TASK_BYTES // max(1, stored.chunk_bytes))
-            groups = [found[i : i + per_task] for i in range(0, len(found), per_task)]
-        else:
-            groups = [found]
-        buf, token = buffers.take(nbytes, own=devices == [None])
-        part = _Part(p, leaf, box, devices, buf, token, nbytes, len(groups))
-        if small:
-            together.append(part)
-            together_bytes += nbytes
-            continue
-        futures += [pool.submit(_read, part, group, buffers, scratch) for group in groups]
-    if together:
-        futures.append(pool.submit(_read_together, together, buffers, scratch))
-    concurrent.futures.wait(futures)
+    except BaseException as e:
+        for p in plans:
+            if p.failed is None:
+                p.failed = e
+        raise
+    finally:
+        # Nothing is left reading from files about to be closed.
+        concurrent.futures.wait(futures)
 
 
 def _order(plan: _Plan, leaf: _Leaf, box: Box) -> tuple[Any, ...]:
@@ -430,6 +449,8 @@ def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     try:
         _run(plans)
+    except Exception:
+        pass  # every plan is marked failed: Orbax loads them
     finally:
         for p in plans:
             p.files.close()

@@ -39,13 +39,18 @@ class HostBuffers:
         self._free: list[tuple[int, int]] = [(0, limit)]
         self._cond = threading.Condition()
 
-    def take(self, nbytes: int, *, own: bool = False) -> tuple[np.ndarray, Any]:
+    def take(
+        self, nbytes: int, *, own: bool = False, wait: bool = True
+    ) -> tuple[np.ndarray, Any] | None:
         """A buffer of ``nbytes``, and what ``give`` takes back; waits while there is
-        no room. ``own``: memory of its own (it becomes a NumPy result)."""
+        no room (``None`` instead, unless ``wait``). ``own``: memory of its own (it
+        becomes a NumPy result)."""
         size = -(-max(nbytes, 1) // ALIGN) * ALIGN
         with self._cond:
             if not self.reuse or own or size > self.limit:
                 while self._busy and self._busy + size > self.limit:
+                    if not wait:
+                        return None
                     self._cond.wait()
                 self._busy += size
                 return aligned(nbytes), (None, size)
@@ -54,6 +59,8 @@ class HostBuffers:
                     # Slices kept back by a failed read: nothing will come back to fit.
                     self._busy += size
                     return aligned(nbytes), (None, size)
+                if not wait:
+                    return None
                 self._cond.wait()
             if self._arena is None:
                 # Pages are touched only as parts land in them: a small load touches little.
