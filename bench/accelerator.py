@@ -148,12 +148,19 @@ def rss() -> int:
 
 
 class Probe:
-    """Samples RSS and how late a thread that sleeps 1 ms wakes (the GIL held)."""
+    """Samples RSS and how late a thread that sleeps 1 ms wakes (the GIL held), and
+    times Python's cycle collections (the longest, in whichever thread it ran)."""
 
     def __init__(self) -> None:
+        import gc
+
         self.base = rss()
         self.peak = self.base
         self.late = 0.0
+        self.gc_pause = 0.0
+        self._gc_start = 0.0
+        self._gc = gc
+        gc.callbacks.append(self._collecting)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -165,10 +172,45 @@ class Probe:
             self.late = max(self.late, time.perf_counter() - t - 0.001)
             self.peak = max(self.peak, rss())
 
+    def _collecting(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_pause = max(self.gc_pause, time.perf_counter() - self._gc_start)
+
     def stop(self) -> tuple[float, float]:
         self._stop.set()
         self._thread.join()
+        self._gc.callbacks.remove(self._collecting)
         return (self.peak - self.base) / 1e6, self.late
+
+
+# With --step-s: the short step trained while saves run (the second configuration).
+SHORT_STEP: list[Any] = []
+
+
+def short_step(seconds: float, tokens: jax.Array) -> Any:
+    """A jitted step of about ``seconds`` on this backend: a small model's matrix work
+    (repeated products of a 256 x 256 matrix), calibrated here. The saved state is
+    not touched, so the saves run beside a loop whose steps are as short as a large
+    model's on an accelerator."""
+    x = jnp.ones((256, 256), jnp.float32)
+    reps = 4
+    while True:
+
+        def run(t: jax.Array, n: int = reps) -> jax.Array:
+            start = x + t[0].astype(jnp.float32) * 0
+            return jax.lax.fori_loop(0, n, lambda i, v: jnp.tanh(v @ v) * 0.5, start).mean()
+
+        fn = jax.jit(run)
+        fn(tokens).block_until_ready()
+        begin = time.perf_counter()
+        for _ in range(5):
+            fn(tokens).block_until_ready()
+        took = (time.perf_counter() - begin) / 5
+        if took >= seconds or reps >= 1 << 16:
+            return fn
+        reps = max(reps + 1, int(reps * seconds / max(took, 1e-6)))
 
 
 STACKS: Any = None
@@ -356,11 +398,16 @@ def save_round(
     steps = []
     params, opt = state["params"], state["opt"]
     watch = Watchdog(system) if STACKS is not None else None
+    short = SHORT_STEP[0] if SHORT_STEP else None
     while not done.is_set():
         t = time.perf_counter()
         if watch is not None:
             watch.started = t
-        params, opt, value = step(params, opt, tokens)
+        if short is not None:
+            # The second configuration: a short step, the saved state left alone.
+            value = short(tokens)
+        else:
+            params, opt, value = step(params, opt, tokens)
         value.block_until_ready()
         steps.append(time.perf_counter() - t)
         if steps[-1] > SLOW_S:
@@ -382,6 +429,7 @@ def save_round(
         "save_mb_s": total / seconds / 1e6,
         "rss_peak_mb": rss_peak,
         "probe_late_s": late,
+        "gc_pause_s": probe.gc_pause,
     }
     return {"params": params, "opt": opt}, figures
 
@@ -443,6 +491,78 @@ def floors(state: Any, scratch: Path) -> dict[str, float]:
     return {"device_get_mb_s": device_get, "device_put_mb_s": device_put, "dd_fsync_mb_s": dd}
 
 
+def data_files(checkpoint: Path) -> list[Path]:
+    """The array data files of a checkpoint (OCDBT's ``d/`` folders)."""
+    return sorted(p for p in checkpoint.rglob("*") if p.parent.name == "d" and p.is_file())
+
+
+def _mb_s(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e6
+
+
+def file_floors(checkpoint: Path) -> dict[str, float]:
+    """How fast this machine reads a checkpoint's data files, right after the save
+    that wrote them, each way a reader might: one ``cat`` of them all, ``dd`` with
+    64 MiB blocks, 8 ``dd`` processes side by side each reading an eighth of the
+    bytes, Python's ``readinto`` a reused 64 MiB buffer, and Python's ``read()``
+    of 64 MiB into a fresh buffer each time (what the memory costs to touch anew)."""
+    files = data_files(checkpoint)
+    total = sum(f.stat().st_size for f in files)
+    figures = {}
+    start = time.perf_counter()
+    subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
+    figures["cat_mb_s"] = _mb_s(total, time.perf_counter() - start)
+    start = time.perf_counter()
+    for f in files:
+        subprocess.run(["dd", f"if={f}", "of=/dev/null", "bs=64M"], check=True, capture_output=True)
+    figures["dd_64m_mb_s"] = _mb_s(total, time.perf_counter() - start)
+    # Eight readers, each a run of 1 MiB blocks of one file (the files cut in eighths).
+    block = 1 << 20
+    pieces = []
+    share = -(-total // 8)
+    for f in files:
+        size = f.stat().st_size
+        for offset in range(0, size, share):
+            pieces.append((f, offset, min(share, size - offset)))
+    start = time.perf_counter()
+    readers = []
+    for f, offset, length in pieces:
+        readers.append(
+            subprocess.Popen(
+                [
+                    "dd",
+                    f"if={f}",
+                    "of=/dev/null",
+                    f"bs={block}",
+                    f"skip={offset}",
+                    f"count={length}",
+                    "iflag=skip_bytes,count_bytes",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        if len(readers) >= 8:
+            readers.pop(0).wait()
+    for reader in readers:
+        reader.wait()
+    figures["dd_8_parallel_mb_s"] = _mb_s(total, time.perf_counter() - start)
+    buffer = bytearray(64 << 20)
+    start = time.perf_counter()
+    for f in files:
+        with open(f, "rb", buffering=0) as handle:
+            while handle.readinto(buffer):
+                pass
+    figures["readinto_reused_mb_s"] = _mb_s(total, time.perf_counter() - start)
+    start = time.perf_counter()
+    for f in files:
+        with open(f, "rb", buffering=0) as handle:
+            while handle.read(64 << 20):
+                pass
+    figures["read_fresh_mb_s"] = _mb_s(total, time.perf_counter() - start)
+    return figures
+
+
 def read_floors(state: Any, scratch: Path) -> dict[str, float]:
     """A tinax checkpoint of the state read to the host leaf by leaf on 8 threads
     (``tinax.explore.read_leaf``: tensorstore, checksums checked), then put on the
@@ -469,6 +589,73 @@ def read_floors(state: Any, scratch: Path) -> dict[str, float]:
         "read_leaf_host_mb_s": total / read / 1e6,
         "read_leaf_then_put_mb_s": total / (read + put) / 1e6,
     }
+
+
+def fresh_checkpoints(
+    size: str | None, scratch: Path, systems: list[str]
+) -> tuple[str, dict[str, Path]]:
+    """Has a process of its own make the state and save it with each system, then
+    exit: the loads that follow start in fresh processes, and on an accelerator only
+    one process may hold it at a time. Returns the state's size (``size``, or the
+    one for that process's backend) and where each system saved it."""
+    where = {system: scratch / f"fresh-{system.replace(' ', '_')}" for system in systems}
+    command = [sys.executable, __file__, "--phase", "save", "--dir", str(scratch)]
+    command += ["--systems", ",".join(systems)] + (["--size", size] if size else [])
+    done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
+    return done.stdout.strip().splitlines()[-1], where
+
+
+def fresh_load(size: str, system: str, path: Path) -> float:
+    """Load MB/s of ``path`` in a new process (imports and the state's shapes first,
+    untimed): what a job restarting from a checkpoint waits for."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--phase",
+            "load",
+            "--size",
+            size,
+            "--dir",
+            str(path),
+            "--systems",
+            system,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def phase(args: argparse.Namespace) -> int:
+    """One side of ``fresh_checkpoints`` or ``fresh_load``, in its own process."""
+    size = args.size or ("accelerator" if jax.default_backend() != "cpu" else "cpu")
+    params, opt, step = make_state(size)
+    tokens = jnp.arange(8) % SIZES[size][2]
+    params, opt, _ = step(params, opt, tokens)
+    state = {"params": params, "opt": opt}
+    jax.block_until_ready(state)
+    if args.phase == "save":
+        for system in args.systems.split(","):
+            where = Path(args.dir) / f"fresh-{system.replace(' ', '_')}"
+            if system.startswith("orbax"):
+                ocp.save_checkpointables(where, state)
+            else:
+                tc.save_checkpointables(where, state).result()
+        print(size)
+        return 0
+    want, total = targets(state), nbytes(state)
+    del state, params, opt
+    system = args.systems
+    start = time.perf_counter()
+    if system.startswith("orbax"):
+        loaded = ocp.load_checkpointables(args.dir, want)
+    else:
+        loaded = tc.load_checkpointables(args.dir, want)
+    jax.block_until_ready(loaded)
+    print(_mb_s(total, time.perf_counter() - start))
+    return 0
 
 
 def start_sampler(scratch: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -555,19 +742,52 @@ def main() -> int:
     )
     parser.add_argument("--stacks", default=None, help="write threads' stacks of slow steps here")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    parser.add_argument(
+        "--fresh-rounds",
+        type=int,
+        default=None,
+        help="loads of orbax's and tinax's checkpoints in fresh processes, each "
+        "(default: --rounds; 0: none)",
+    )
+    parser.add_argument(
+        "--step-s",
+        type=float,
+        default=None,
+        help="the second configuration: while saves run, train a step of about this "
+        "many seconds (0.02) instead of the model's own",
+    )
+    parser.add_argument("--phase", choices=("save", "load"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.phase is not None:
+        return phase(args)
     global STACKS
     if args.stacks:
         STACKS = open(args.stacks, "w")  # noqa: SIM115
 
-    backend = jax.default_backend()
-    accelerator = backend != "cpu"
-    size = args.size or ("smoke" if args.smoke else ("accelerator" if accelerator else "cpu"))
     rounds = 1 if args.smoke else args.rounds
+    fresh_rounds = (1 if args.smoke else rounds) if args.fresh_rounds is None else args.fresh_rounds
     scratch = Path(tempfile.mkdtemp(prefix="tinax-bench-", dir=args.dir))
     sampler = None
     explained: list[str] = []
+    fresh: dict[str, list[float]] = {"orbax": [], "tinax": []}
     try:
+        if fresh_rounds:
+            # The state's size is chosen by the saving process's backend, unless given.
+            given = args.size or ("smoke" if args.smoke else None)
+            fresh_size, paths = fresh_checkpoints(given, scratch, list(fresh))
+            for r in range(fresh_rounds):
+                for system in list(fresh)[r % 2 :] + list(fresh)[: r % 2]:
+                    fresh[system].append(fresh_load(fresh_size, system, paths[system]))
+            for path in paths.values():
+                shutil.rmtree(path)
+            print(
+                "fresh-process loads (MB/s): "
+                + "; ".join(f"{k} {', '.join(f'{v:.0f}' for v in vs)}" for k, vs in fresh.items()),
+                flush=True,
+            )
+        backend = jax.default_backend()
+        accelerator = backend != "cpu"
+        size = args.size or ("smoke" if args.smoke else ("accelerator" if accelerator else "cpu"))
         if args.diagnose:
             sampler, samples = start_sampler(scratch)
         params, opt, step = make_state(size)
@@ -576,6 +796,8 @@ def main() -> int:
         tokens = jnp.arange(128 if accelerator else 8) % SIZES[size][2]
         state = {"params": params, "opt": opt}
         params, opt, value = step(params, opt, tokens)  # compiled before any timing
+        if args.step_s is not None:
+            SHORT_STEP.append(short_step(args.step_s, tokens))
         state = {"params": params, "opt": opt}
         jax.block_until_ready(state)
         total = nbytes(state)
@@ -640,6 +862,12 @@ def main() -> int:
                     flush=True,
                 )
         floor = floors(state, scratch)
+        # The data files of a tinax checkpoint of the state, read right after its save.
+        where = scratch / "file-floor"
+        tc.save_checkpointables(where, state).result()
+        stored_fraction = sum(f.stat().st_size for f in data_files(where)) / total
+        floor.update(file_floors(where))
+        shutil.rmtree(where)
         if args.diagnose:
             floor.update(read_floors(state, scratch))
         if sampler is not None:
@@ -667,6 +895,8 @@ def main() -> int:
         "load_mb_s",
         "rss_peak_mb",
         "probe_late_s",
+        "gc_pause_s",
+        "steps",
     ):
         o, t = medians["orbax"][k], medians["tinax"][k]
         print(f"{k:22}{o:12.3f}{t:12.3f}{t / o if o else float('nan'):8.2f}")
@@ -678,6 +908,18 @@ def main() -> int:
         for line in explained or ["none"]:
             print("  " + line)
     print("floors: " + ", ".join(f"{k} {v:.0f}" for k, v in floor.items()))
+    load_of_files = medians["tinax"]["load_mb_s"] * stored_fraction
+    print(
+        f"tinax's load reads {stored_fraction:.3f} of the state's bytes: {load_of_files:.0f} MB/s "
+        f"of its files, {load_of_files / floor['dd_8_parallel_mb_s']:.2f} of 8 parallel dd's"
+    )
+    fresh_medians = {k: statistics.median(v) for k, v in fresh.items() if v}
+    if fresh_medians:
+        o, t = fresh_medians["orbax"], fresh_medians["tinax"]
+        print(
+            f"fresh-process load (medians of {fresh_rounds}): orbax {o:.0f} MB/s, "
+            f"tinax {t:.0f} MB/s, ratio {t / o:.2f}"
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -687,6 +929,8 @@ def main() -> int:
                     "rounds": results,
                     "medians": medians,
                     "floors": floor,
+                    "stored_fraction": stored_fraction,
+                    "fresh_load_mb_s": fresh,
                     "slow_steps": [list(x) for x in SLOW_STEPS],
                     "slow_steps_explained": explained,
                 },
@@ -702,12 +946,40 @@ def main() -> int:
                 ("slowest step <= 1.5x Orbax's", t["slowest_step_s"] <= 1.5 * o["slowest_step_s"]),
                 ("save >= 1.2x Orbax", t["save_mb_s"] >= 1.2 * o["save_mb_s"]),
                 ("load >= 2x Orbax", t["load_mb_s"] >= 2 * o["load_mb_s"]),
+                (
+                    "load >= 0.5x the parallel file-read rate",
+                    load_of_files >= 0.5 * floor["dd_8_parallel_mb_s"],
+                ),
             ]
+            if fresh_medians:
+                goals.append(
+                    (
+                        "fresh-process load >= 2x Orbax",
+                        fresh_medians["tinax"] >= 2 * fresh_medians["orbax"],
+                    )
+                )
         else:
             goals = [
                 ("save >= 1.5x Orbax", t["save_mb_s"] >= 1.5 * o["save_mb_s"]),
+                *(
+                    [
+                        (
+                            "slowest short step <= 1.5x Orbax's",
+                            t["slowest_step_s"] <= 1.5 * o["slowest_step_s"],
+                        )
+                    ]
+                    if args.step_s is not None
+                    else []
+                ),
                 ("load >= 1.5x Orbax", t["load_mb_s"] >= 1.5 * o["load_mb_s"]),
             ]
+            if fresh_medians:
+                goals.append(
+                    (
+                        "fresh-process load >= 1.5x Orbax",
+                        fresh_medians["tinax"] >= 1.5 * fresh_medians["orbax"],
+                    )
+                )
         problems += [f"goal missed: {name}" for name, met in goals if not met]
     for problem in problems:
         print("FAILED " + problem)

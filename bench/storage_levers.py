@@ -4,9 +4,11 @@ The state is ``bench/accelerator.py``'s (a flax NNX transformer and its optax ad
 state after a few steps: 2.8 GB on an accelerator, 0.4 GB on a CPU). Each variant
 saves it with tinax (checksums on) ``--rounds`` times and loads it back with tinax
 and with Orbax alone, and prints the medians: blocking and total save seconds, save
-and load MB/s, and the bytes on disk against the state's. Then the floors of this machine: reading the data files
-of a checkpoint (one thread, eight threads), ``jax.device_get`` and ``jax.device_put``
-of the state.
+and load MB/s, and the bytes on disk against the state's; beside them Python's
+``read()`` of the checkpoint's data files into fresh buffers (one thread, eight
+threads), which pays for touching new memory too and is no floor of a load
+(``bench/accelerator.py`` measures ``cat``, ``dd`` and reused buffers); then
+``jax.device_get`` and ``jax.device_put`` of the state.
 
 Variants change the codec inside Orbax's zarr3 shards (the ``codecs`` of
 ``sharding_indexed``), the chunk size, and the size of OCDBT's data files:
@@ -96,7 +98,9 @@ def disk_bytes(path: Path) -> int:
 
 
 def read_files(path: Path, threads: int) -> float:
-    """Seconds to read every data file under ``path`` in 64 MiB reads on ``threads``."""
+    """Seconds to read every data file under ``path`` in 64 MiB reads on ``threads``,
+    each into a fresh buffer: Python's ``read()``, which costs the touching of new
+    memory too (``bench/accelerator.py`` measures ``cat``, ``dd`` and reused buffers)."""
     files = [p for p in path.rglob("*") if p.is_file() and p.parent.name == "d"]
     pieces = []
     for f in files:

@@ -47,5 +47,8 @@ def test_the_smoke_run_restores_bit_identical_refuses_a_flipped_byte_and_prints_
         assert orbax > 0 and tinax > 0, figure
     assert "rss_peak_mb" in rows
     assert "floors: device_get_mb_s" in out and "device_put_mb_s" in out
+    for floor in ("cat", "dd_64m", "dd_8_parallel", "readinto_reused", "read_fresh"):
+        assert f"{floor}_mb_s" in out, floor
+    assert "fresh-process load (medians of 1): orbax" in out
     # Nothing is left behind where it wrote.
     assert list(tmp_path.iterdir()) == []

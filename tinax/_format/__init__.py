@@ -38,6 +38,8 @@ Arrays and their bytes:
 - ``budget``: the memory a read may claim; impossible shapes and chunks refused.
 - ``chunks``: which chunks are stored, and reading an array a region at a time.
 - ``checksums``: the checksums tinax saves, and checking values against them.
+- ``rawread``: uncompressed chunks read straight from an OCDBT store's data files.
+- ``chunkload``: a load's chunks read and decoded (zstd) straight into its buffers.
 
 Restores:
 

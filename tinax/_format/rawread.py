@@ -450,6 +450,111 @@ def may_read(directory: Location) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Chunking:
+    """How a zarr3 array's chunks are laid out, as its metadata says (checked).
+
+    Attributes:
+      shape: The array's shape (every extent positive).
+      data_type: zarr3's name of its dtype.
+      grid_shape: The shape stored under one key (shard or chunk).
+      chunk_shape: The shape of one inner chunk (the unit decoded).
+      sharded: Whether each key holds a shard (tensorstore's index at its end).
+      codecs: The codecs of one inner chunk, as stored.
+      separator: The chunk keys' separator.
+    """
+
+    shape: tuple[int, ...]
+    data_type: str
+    grid_shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    sharded: bool
+    codecs: list[object]
+    separator: str
+
+    def grid_values(
+        self, stored: Mapping[bytes, bytes | ValueRef], prefix: bytes
+    ) -> dict[tuple[int, ...], bytes | ValueRef] | None:
+        """Grid index → value, for every key of ``stored``; ``None`` if a key is not one
+        of this array's chunks (with ``prefix``) or a chunk is not stored."""
+        values: dict[tuple[int, ...], bytes | ValueRef] = {}
+        for key, value in stored.items():
+            if not key.startswith(prefix):
+                return None
+            index = _grid_index(key[len(prefix) :], len(self.shape), self.separator)
+            if index is None:
+                return None
+            values[index] = value
+        expected = math.prod(-(-s // g) for s, g in zip(self.shape, self.grid_shape, strict=True))
+        return values if len(values) == expected else None
+
+
+def chunking(metadata: bytes) -> Chunking | None:
+    """The chunk layout a ``zarr.json`` claims, if it is one this module and
+    ``chunkload`` read: a regular grid, default key encoding, and either a plain codec
+    chain or one sharding codec with tensorstore's index (``bytes`` + ``crc32c``, at
+    the end) over it; ``None`` for anything else."""
+    try:
+        meta = json.loads(metadata)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
+        return None
+    shape = meta.get("shape")
+    data_type = meta.get("data_type")
+    if (
+        not isinstance(shape, list)
+        or not all(type(s) is int and s > 0 for s in shape)
+        or not isinstance(data_type, str)
+    ):
+        return None
+    rank = len(shape)
+    grid = meta.get("chunk_grid")
+    if not (
+        isinstance(grid, dict)
+        and grid.get("name") == "regular"
+        and isinstance(grid.get("configuration"), dict)
+    ):
+        return None
+    grid_shape = _ints(grid["configuration"].get("chunk_shape"), rank)
+    encoding = meta.get("chunk_key_encoding")
+    if not isinstance(encoding, dict) or encoding.get("name") != "default":
+        return None
+    separator = (encoding.get("configuration") or {}).get("separator", "/")
+    codecs = meta.get("codecs")
+    if grid_shape is None or separator not in ("/", ".") or not isinstance(codecs, list):
+        return None
+    if not codecs or not all(isinstance(c, dict) for c in codecs):
+        return None
+    first = codecs[0]
+    if first.get("name") != "sharding_indexed":
+        return Chunking(tuple(shape), data_type, grid_shape, grid_shape, False, codecs, separator)
+    config = first.get("configuration")
+    if (
+        len(codecs) != 1
+        or not isinstance(config, dict)
+        or set(config)
+        - {
+            "chunk_shape",
+            "codecs",
+            "index_codecs",
+            "index_location",
+        }
+    ):
+        return None
+    inner = config.get("codecs")
+    chunk_shape = _ints(config.get("chunk_shape"), rank)
+    if (
+        chunk_shape is None
+        or not isinstance(inner, list)
+        or not _index_codecs(config.get("index_codecs"))
+        or config.get("index_location", "end") != "end"
+        or any(g % c for g, c in zip(grid_shape, chunk_shape, strict=True))
+    ):
+        return None
+    return Chunking(tuple(shape), data_type, grid_shape, chunk_shape, True, inner, separator)
+
+
 def raw_array(
     directory: Location,
     metadata: bytes,
@@ -468,87 +573,32 @@ def raw_array(
     """
     if not may_read(directory) or not _little(dtype):
         return None
-    try:
-        meta = json.loads(metadata)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
-        return None
-    shape = meta.get("shape")
-    if not isinstance(shape, list) or not all(type(s) is int and s > 0 for s in shape):
-        return None
-    rank = len(shape)
-    grid = meta.get("chunk_grid")
-    if not (
-        isinstance(grid, dict)
-        and grid.get("name") == "regular"
-        and isinstance(grid.get("configuration"), dict)
-    ):
-        return None
-    grid_shape = _ints(grid["configuration"].get("chunk_shape"), rank)
-    encoding = meta.get("chunk_key_encoding")
-    if not isinstance(encoding, dict) or encoding.get("name") != "default":
-        return None
-    separator = (encoding.get("configuration") or {}).get("separator", "/")
-    codecs = meta.get("codecs")
-    if grid_shape is None or separator not in ("/", ".") or not isinstance(codecs, list):
-        return None
-    if len(codecs) != 1 or not isinstance(codecs[0], dict):
-        return None
-    codec = codecs[0]
-    if _bytes_codec(codec, dtype):
-        sharded, chunk_shape = False, grid_shape
-    elif codec.get("name") == "sharding_indexed":
-        config = codec.get("configuration")
-        if not isinstance(config, dict) or set(config) - {
-            "chunk_shape",
-            "codecs",
-            "index_codecs",
-            "index_location",
-        }:
-            return None
-        inner = config.get("codecs")
-        chunk_shape = _ints(config.get("chunk_shape"), rank)  # type: ignore[assignment]
-        if (
-            chunk_shape is None
-            or not isinstance(inner, list)
-            or len(inner) != 1
-            or not _bytes_codec(inner[0], dtype)
-            or not _index_codecs(config.get("index_codecs"))
-            or config.get("index_location", "end") != "end"
-            or any(g % c for g, c in zip(grid_shape, chunk_shape, strict=True))
-        ):
-            return None
-        sharded = True
-    else:
-        return None
+    found = chunking(metadata)
     if (
-        directory.is_local
-        and math.prod(chunk_shape) * dtype.itemsize < MIN_CHUNK_BYTES
-        and math.prod(chunk_shape) < math.prod(shape)
+        found is None
+        or len(found.codecs) != 1
+        or not _bytes_codec(found.codecs[0], dtype)
+        or (
+            # On an object store a chunk read through tensorstore is a round trip of
+            # its own, which costs far more than the Python work here: every chunk is
+            # read raw there.
+            directory.is_local
+            and math.prod(found.chunk_shape) * dtype.itemsize < MIN_CHUNK_BYTES
+            and math.prod(found.chunk_shape) < math.prod(found.shape)
+        )
     ):
-        # On an object store a chunk read through tensorstore is a round trip of its
-        # own, which costs far more than the Python work here: every chunk is read raw.
         return None
-    values: dict[tuple[int, ...], ValueRef] = {}
-    for key, value in stored.items():
-        if not key.startswith(prefix) or not isinstance(value, ValueRef):
-            return None
-        index = _grid_index(key[len(prefix) :], rank, separator)
-        if index is None:
-            return None
-        values[index] = value
-    expected = math.prod(-(-s // g) for s, g in zip(shape, grid_shape, strict=True))
-    if len(values) != expected:
+    values = found.grid_values(stored, prefix)
+    if values is None or not all(isinstance(v, ValueRef) for v in values.values()):
         return None
     return RawArray(
         directory=directory,
-        shape=tuple(shape),
+        shape=found.shape,
         dtype=dtype,
-        grid_shape=grid_shape,
-        chunk_shape=chunk_shape,
-        sharded=sharded,
-        values=values,
+        grid_shape=found.grid_shape,
+        chunk_shape=found.chunk_shape,
+        sharded=found.sharded,
+        values=values,  # type: ignore[arg-type]
     )
 
 

@@ -22,6 +22,7 @@ from tinax.checkpointing import (
     _context,
     _destination,
     _failures,
+    _fast_load,
     _host_copies,
     _orbax,
     _pipeline,
@@ -359,6 +360,11 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
         name: target if is_stateful(target) else abstract_restore_target(target)
         for name, target in targets.items()
     }
+    # What the load engine reads byte for byte it loads; Orbax loads the rest.
+    restored = _fast_load.load(
+        src, {name: t for name, t in abstract.items() if not is_stateful(targets[name])}
+    )
+    rest = {name: t for name, t in abstract.items() if name not in restored}
     try:
         with (
             _context.context(),
@@ -368,7 +374,8 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
             # A target without a sharding (nnx.eval_shape's) is loaded with the one the
             # checkpoint records, as Orbax does; its warning says only that.
             warnings.filterwarnings("ignore", message="Sharding info not provided when restoring")
-            restored = ocp.load_checkpointables(orbax_path(src), abstract)
+            if rest:
+                restored.update(ocp.load_checkpointables(orbax_path(src), rest))
     except (TypeError, ValueError, KeyError, LookupError, OSError) as e:
         failure = load_error(src, targets, e)
         # A target problem is the caller's: Orbax's traceback would only hide it.
