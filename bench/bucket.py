@@ -122,7 +122,8 @@ report(time.perf_counter() - start)
 import jax
 import tinax.checkpointing as tc
 model, optimizer = abstract_state()
-iterator = iter(big_run.make_dataset(CONFIG))
+import grain
+iterator = iter(grain.MapDataset.range(10_000).batch(8).to_iter_dataset())
 start = time.perf_counter()
 tc.load_training_checkpoint({newest!r}, model, optimizer, jax.random.key(0),
                             {{"loss": 0.0}}, iterator)

@@ -500,8 +500,9 @@ def read_strings(layout: PyTreeLayout, params: list[str]) -> dict[str, str]:
     return out
 
 
-def read_shardings(layout: PyTreeLayout, params: list[str]) -> dict[str, dict[str, Any]]:
-    """Orbax's record of each array's sharding, by ``param`` (absent where unknown).
+def sharding_records(layout: PyTreeLayout) -> dict[str, str]:
+    """Orbax's ``_sharding`` records as stored, each array's JSON text by ``param``
+    (empty where there is no such file).
 
     Raises:
       ValueError: If ``_sharding`` exists but is unreadable.
@@ -515,12 +516,30 @@ def read_shardings(layout: PyTreeLayout, params: list[str]) -> dict[str, dict[st
             f"{str(path)!r} (Orbax array shardings) holds a JSON {type(stored).__name__}, "
             "not an object"
         )
+    # Orbax keys each record by the base64 of the array's name.
+    by_key = {
+        base64.b64encode(leaf.param.encode("utf-8")).decode("ascii"): leaf.param
+        for leaf in layout.leaves
+    }
+    return {
+        by_key[key]: record
+        for key, record in stored.items()
+        if key in by_key and isinstance(record, str)
+    }
+
+
+def read_shardings(layout: PyTreeLayout, params: list[str]) -> dict[str, dict[str, Any]]:
+    """Orbax's record of each array's sharding, by ``param`` (absent where unknown).
+
+    Raises:
+      ValueError: If ``_sharding`` exists but is unreadable.
+    """
+    stored = sharding_records(layout)
     parsed: dict[str, Any] = {}
     out = {}
     for param in params:
-        # Orbax keys each record by the base64 of the array's name.
-        record = stored.get(base64.b64encode(param.encode("utf-8")).decode("ascii"))
-        if not isinstance(record, str):
+        record = stored.get(param)
+        if record is None:
             continue
         # Most arrays share one of a few shardings.
         if record not in parsed:

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax._format import arrays, files, iterstate, jsonitems, layout, names
+from tinax._format import arrays, files, iterstate, jsonitems, layout, names, pytree
 from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import load_source
@@ -339,6 +339,43 @@ def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) 
     )
 
 
+def _with_recorded_shardings(directory: Location, target: Any) -> Any:
+    """``target`` with each array leaf that has no sharding (``nnx.eval_shape``'s) given
+    the one the checkpoint records for it, as Orbax would restore it.
+
+    Orbax reads that record once per such array, a request each on an object store; here
+    the ``_sharding`` file already read with the checkpoint's metadata answers them all,
+    and the load engine can read those arrays too. Leaves whose record is missing or
+    names devices this process lacks are left for Orbax to judge.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
+    wanted = [
+        (i, format_key(key_parts(path)))
+        for i, (path, leaf) in enumerate(leaves)
+        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None
+    ]
+    if not wanted:
+        return target
+    try:
+        tree = pytree.read_layout(directory)
+        records = pytree.sharding_records(tree)
+    except (ValueError, OSError):
+        return target
+    params = {leaf.key: leaf.param for leaf in tree.leaves}
+    made: dict[str, Any] = {}
+    values = [leaf for _, leaf in leaves]
+    for i, key in wanted:
+        record = records.get(params.get(key, ""))
+        if record is None:
+            continue
+        if record not in made:
+            made[record] = _orbax.recorded_sharding(record)
+        if made[record] is not None:
+            leaf = values[i]
+            values[i] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=made[record])
+    return jax.tree_util.tree_unflatten(treedef, values)
+
+
 def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
     """Restores ``targets`` from the checkpoint ``src`` and checks them against their targets.
 
@@ -357,7 +394,9 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
     # Live arrays are taken as their shape, dtype and sharding; a NumPy scalar as a
     # 0-d array (how it was saved).
     abstract = {
-        name: target if is_stateful(target) else abstract_restore_target(target)
+        name: target
+        if is_stateful(target)
+        else _with_recorded_shardings(src / name, abstract_restore_target(target))
         for name, target in targets.items()
     }
     # What the load engine reads byte for byte it loads; Orbax loads the rest.

@@ -36,6 +36,7 @@ __all__ = [
     "current_operation",
     "has_standard_leaf_handler",
     "observe_host_copies",
+    "recorded_sharding",
     "wait_for_writers",
     "write_while_copying",
 ]
@@ -58,6 +59,18 @@ def _standard_leaf_handlers() -> Any:
 def has_standard_leaf_handler(leaf_type: type) -> bool:
     """Whether Orbax's standard leaf handlers store leaves of ``leaf_type``."""
     return bool(_standard_leaf_handlers().is_handleable(leaf_type))
+
+
+def recorded_sharding(record: str) -> Any:
+    """The ``jax.sharding`` Orbax's ``_sharding`` record of an array describes (its JSON
+    string), as Orbax restores a target without one; ``None`` if it names devices or a
+    kind of sharding this process does not have."""
+    from orbax.checkpoint._src.metadata import sharding as sharding_metadata
+
+    try:
+        return sharding_metadata.from_serialized_string(record).to_jax_sharding()
+    except Exception:
+        return None
 
 
 def coordination_timeout() -> float:
