@@ -109,8 +109,29 @@ def test_bad_input(tmp_path):
         run_table(42)  # type: ignore[arg-type]
 
 
+def test_a_training_save_records_its_metrics_with_its_commit(tmp_path):
+    write_small_run(str(tmp_path / "run"))
+    commit = json.loads((tmp_path / "run" / "step_000003" / names.CHECKPOINT_METADATA).read_text())
+    recorded = commit["custom_metadata"][names.METRICS_RECORD]
+    assert recorded["checkpointable"] == "auxiliary"
+    assert recorded["values"]["loss"] == pytest.approx(1 / 3)
+    # The table reads them there, not the auxiliary state: a value that no longer
+    # matches it on disk is for a load or verify to find, the save's metrics stand.
+    records = tmp_path / "run" / "step_000003" / "auxiliary" / names.CHECKSUMS_DIR
+    shutil.rmtree(records.parent / "d")
+    table = run_table(tmp_path / "run")
+    assert table.set_index("step").loc[3, "loss"] == pytest.approx(1 / 3)
+    assert str(tmp_path / "run" / "step_000003") not in table.attrs["errors"]
+
+
 def test_an_auxiliary_value_that_differs_from_its_checksum_is_reported(tmp_path):
     write_small_run(str(tmp_path / "run"))
+    # As a save without tinax's record of its metrics (Orbax's, an older tinax's): the
+    # table reads the auxiliary state, checked against its checksums.
+    commit_file = tmp_path / "run" / "step_000002" / names.CHECKPOINT_METADATA
+    commit = json.loads(commit_file.read_text())
+    del commit["custom_metadata"][names.METRICS_RECORD]
+    commit_file.write_text(json.dumps(commit))
     records = tmp_path / "run" / "step_000002" / "auxiliary" / names.CHECKSUMS_DIR
     record_file = next(records.iterdir())
     record = json.loads(record_file.read_text())

@@ -96,6 +96,9 @@ CHECKSUMS_PROMISE = "tinax"
 # saved from, as Grain describes it (``pipeline``), so that a restore into another
 # pipeline is refused. {checkpointable name: {"format", "grain", "nodes": [...]}}.
 PIPELINES = "tinax_pipelines"
+# A training save's auxiliary metrics, as logged (``tinax._format.metrics``), under
+# ``custom_metadata``: a run's table reads them with the commit record.
+METRICS_RECORD = "tinax_metrics"
 PIPELINE_FORMAT = "tinax.pipeline/1"
 CHECKSUMS_FORMAT = "tinax.checksums/1"
 CHECKSUM_FILE = re.compile(r"^process_(\d+)\.json$")

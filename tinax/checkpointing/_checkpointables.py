@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax._format import arrays, files, iterstate, jsonitems, layout, names, pytree
+from tinax._format import arrays, files, iterstate, jsonitems, layout, metrics, names, pytree
 from tinax._format.keys import format_key, key_parts
 from tinax._format.storage import Location
 from tinax._paths import load_source
@@ -30,6 +30,7 @@ from tinax.checkpointing import (
 )
 from tinax.checkpointing._checkpointable_names import validate_distinct_names
 from tinax.checkpointing._checksummed_handler import CorruptDataError
+from tinax.checkpointing._metrics import logged_metrics
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._save_clock import SaveClock
 from tinax.checkpointing._storable import check_storable, is_stateful, numpy_scalars_as_arrays
@@ -92,9 +93,12 @@ def start_save(
     checkpointables: Mapping[str, Any],
     *,
     after_commit: Callable[[], None] | None = None,
+    metrics_of: tuple[str, Any] | None = None,
 ) -> SaveResponse[None]:
     """``save_checkpointables``, with ``after_commit`` run once the save has committed
-    and before its response gives the result out (see ``SaveResponse``)."""
+    and before its response gives the result out (see ``SaveResponse``); with
+    ``metrics_of`` (a checkpointable's name and the auxiliary state in it), its
+    metrics are recorded with the commit (``tinax._format.metrics``)."""
 
     if isinstance(checkpointables, Mapping):
         # Every process stores what it was given the same way (the checks run on one).
@@ -133,7 +137,7 @@ def start_save(
                 dict(checkpointables),
                 # Committed with the checkpoint: its checksums cannot be stripped unseen,
                 # and the input pipeline each iterator reads is known at restore.
-                custom_metadata=_custom_metadata(checkpointables),
+                custom_metadata=_custom_metadata(checkpointables, metrics_of),
             )
     except BaseException as e:
         try:
@@ -157,15 +161,21 @@ def start_save(
     return response
 
 
-def _custom_metadata(checkpointables: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What a save records in ``_CHECKPOINT_METADATA``: the promise of checksums, and
-    the input pipeline behind each Grain iterator (``_pipeline``)."""
+def _custom_metadata(
+    checkpointables: Mapping[str, Any], metrics_of: tuple[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """What a save records in ``_CHECKPOINT_METADATA``: the promise of checksums, the
+    input pipeline behind each Grain iterator (``_pipeline``), and a training save's
+    metrics (read after the host copies began: no second transfer)."""
     custom: dict[str, Any] = {}
     if _context.checksumming():
         custom[names.CHECKSUMS_PROMISE] = {"checksums": True}
     pipelines = _pipeline.records(dict(checkpointables))
     if pipelines:
         custom[names.PIPELINES] = pipelines
+    if metrics_of is not None:
+        name, auxiliary = metrics_of
+        custom[names.METRICS_RECORD] = metrics.record(name, logged_metrics(auxiliary))
     return custom or None
 
 

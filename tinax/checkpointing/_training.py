@@ -216,6 +216,7 @@ def start_training_save(
             names.iterator: iterator,
         },
         after_commit=after_commit,
+        metrics_of=(names.auxiliary, auxiliary),
     )
 
 

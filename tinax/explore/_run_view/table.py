@@ -24,6 +24,7 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format import arrays, checksums, files, layout, names, pytree, savetimes, words
+from tinax._format import metrics as metrics_record
 from tinax._format.storage import Location
 from tinax.explore import _listing
 from tinax.explore._run_view.retention import retention_table
@@ -48,27 +49,6 @@ _WRAPPED = ("state", "step")
 _THREADS = 8
 # Leaves that may hold a metric: Python numbers, and 0-d arrays.
 _VALUE_KINDS = frozenset({words.SCALAR, *words.ARRAY_KINDS})
-
-
-def _numeric(value: Any) -> float | None:
-    """``value`` as a float when it is a real number (not a bool): a Python or NumPy
-    number, a 0-d array of one, ml_dtypes' (``bfloat16``) included; else ``None``."""
-    if isinstance(value, bool | np.bool_):
-        return None
-    if isinstance(value, int | float | np.integer | np.floating):
-        return float(value)
-    if isinstance(value, np.generic | np.ndarray) and np.shape(value) == ():
-        dtype = value.dtype
-        if dtype.kind in "iuf" or (dtype.kind == "V" and dtype.names is None):
-            try:
-                return float(np.asarray(value).astype(np.float64))
-            except (TypeError, ValueError):
-                return None
-    return None
-
-
-def _metric_name(path: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in path) or "(root)"
 
 
 # -- a scalar decoded from the OCDBT manifest ------------------------------------------------
@@ -212,15 +192,22 @@ def _read_whole(
 
 
 def _fact_files(path: Location, auxiliary: str) -> list[str]:
-    """The small files ``_checkpoint_facts`` reads of the checkpoint ``path``, as listed."""
-    aux = path / auxiliary
-    candidates = [
-        path / names.CHECKPOINT_METADATA,
-        path / names.METRICS / names.METRICS,
-        path / names.SAVE_TIMES,
-        aux / names.PYTREE_METADATA,
-        *(aux / names.CHECKSUMS_DIR / name for name in (aux / names.CHECKSUMS_DIR).entries()),
-    ]
+    """The small files ``_checkpoint_facts`` reads of the checkpoint ``path``, as listed:
+    its auxiliary state's only where its commit record (read with the listing) does
+    not hold the metrics."""
+    candidates = [path / names.METRICS / names.METRICS, path / names.SAVE_TIMES]
+    try:
+        meta = files.read_json_object(
+            path / names.CHECKPOINT_METADATA, what="Orbax checkpoint metadata"
+        )
+    except (ValueError, OSError):
+        meta = {}
+    if metrics_record.recorded(meta.get("custom_metadata"), auxiliary) is None:
+        aux = path / auxiliary
+        candidates.append(aux / names.PYTREE_METADATA)
+        candidates.extend(
+            aux / names.CHECKSUMS_DIR / name for name in (aux / names.CHECKSUMS_DIR).entries()
+        )
     return [where.path for where in candidates]
 
 
@@ -237,11 +224,13 @@ def _checkpoint_facts(
         recorded = meta.get(names.METRICS)
         if isinstance(recorded, Mapping):
             for key, value in recorded.items():
-                number = _numeric(value)
+                number = metrics_record.numeric(value)
                 if isinstance(key, str) and number is not None:
                     metrics[key] = number
     except (ValueError, OSError) as e:
         problem = str(e)
+        meta = {}
+    logged = metrics_record.recorded(meta.get("custom_metadata"), auxiliary)
     # Orbax's MetricsHandler (V1 ``training.Checkpointer``, V0 ``CheckpointManager``)
     # writes them as a checkpointable of their own: ``metrics/metrics``.
     metrics_file = path / names.METRICS / names.METRICS
@@ -249,12 +238,17 @@ def _checkpoint_facts(
         try:
             recorded = files.read_json_object(metrics_file, what="Orbax metrics")
             for key, value in recorded.items():
-                number = _numeric(value)
+                number = metrics_record.numeric(value)
                 if number is not None:
                     metrics.setdefault(key, number)
         except (ValueError, OSError) as e:
             problem = str(e)
     aux = path / auxiliary
+    if logged is not None:
+        # Recorded by the save with its commit: the auxiliary state is not read.
+        for key, number in logged.items():
+            metrics.setdefault(key, number)
+        return metrics, savetimes.read_save_times(path), problem
     try:
         if aux.is_dir() and layout.classify(aux) == layout.PYTREE:
             values = _scalars(aux)
@@ -266,9 +260,9 @@ def _checkpoint_facts(
                     if key_path[:1] != ("state",):
                         continue  # the step the training checkpoint saves beside its state
                     key_path = key_path[1:]
-                number = _numeric(value)
+                number = metrics_record.numeric(value)
                 if number is not None:
-                    metrics.setdefault(_metric_name(key_path), number)
+                    metrics.setdefault(metrics_record.metric_name(key_path), number)
     except (ValueError, OSError, KeyError, TypeError) as e:
         problem = f"{auxiliary}: {e}"
     return metrics, savetimes.read_save_times(path), problem
