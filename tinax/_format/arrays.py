@@ -13,12 +13,14 @@ of messages; split, each half would import the other.)
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
 import os
 import posixpath
 import re
+import threading
 import urllib.parse
 from collections.abc import Collection, Iterator
 from typing import Any
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
+from tinax._format import names
 from tinax._format.storage import Location
 
 # B+tree nodes and array metadata are cached while one table is built; array
@@ -115,7 +118,48 @@ def _root_location(base: Any, ctx: ts.Context) -> str | None:
     return location
 
 
+# Walks kept, by store and the listing's stamp of its manifest (size, identity, time;
+# on a bucket its generation): a committed store never changes, and a new write of one
+# writes a new manifest. A verify, a diff, a scan and a table of one checkpoint walk
+# each store once, not once each (on a bucket, two round trips or more a walk).
+_WALKED: collections.OrderedDict[tuple[str, str], tuple[list[Any], list[str], int]] = (
+    collections.OrderedDict()
+)
+_WALKED_BYTES = 64 << 20
+_walked_lock = threading.Lock()
+
+
 def walk_ocdbt(
+    directory: Location, ctx: ts.Context, *, nodes: list[str] | None = None
+) -> Iterator[tuple[bytes, bytes | str]]:
+    """``_walk_ocdbt_store``, kept while the store's manifest is unchanged (the
+    arguments and results are the same)."""
+    manifest = (directory / names.OCDBT_MANIFEST).entry()
+    key = None if manifest is None or not manifest.stamp else (str(directory), manifest.stamp)
+    if key is not None:
+        with _walked_lock:
+            kept = _WALKED.get(key)
+            if kept is not None:
+                _WALKED.move_to_end(key)
+        if kept is not None:
+            if nodes is not None:
+                nodes.extend(kept[1])
+            yield from kept[0]
+            return
+    walked_nodes: list[str] = []
+    entries = list(_walk_ocdbt_store(directory, ctx, nodes=walked_nodes))
+    if nodes is not None:
+        nodes.extend(walked_nodes)
+    if key is not None:
+        size = sum(len(k) + (len(v) if isinstance(v, bytes) else 100) for k, v in entries)
+        with _walked_lock:
+            _WALKED[key] = (entries, walked_nodes, size)
+            while len(_WALKED) > 1 and sum(v[2] for v in _WALKED.values()) > _WALKED_BYTES:
+                _WALKED.popitem(last=False)
+    yield from entries
+
+
+def _walk_ocdbt_store(
     directory: Location, ctx: ts.Context, *, nodes: list[str] | None = None
 ) -> Iterator[tuple[bytes, bytes | str]]:
     """Every key of the OCDBT store in ``directory``, with its inline value or location.
