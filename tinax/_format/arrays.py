@@ -20,6 +20,7 @@ import json
 import os
 import posixpath
 import re
+import struct
 import threading
 import urllib.parse
 from collections.abc import Collection, Iterator
@@ -107,6 +108,74 @@ def parse_location(location: str) -> ValueRef:
     if not file or file.startswith("/") or ".." in posixpath.normpath(file).split("/"):
         raise ValueError(f"OCDBT location {location!r} names a file outside its store")
     return ValueRef(file=file, offset=int(parts[3]), length=int(parts[4]), location=location)
+
+
+def _little_bytes_codec(codec: object) -> bool:
+    if not isinstance(codec, dict) or codec.get("name") != "bytes":
+        return False
+    config = codec.get("configuration") or {}
+    return isinstance(config, dict) and config.get("endian", "little") == "little"
+
+
+# What ``inline_scalar`` says of an array that is not 0-d (not read at all).
+NOT_0D = object()
+
+
+def inline_scalar(metadata: bytes, chunk: bytes | None) -> Any:
+    """The value of a zarr3 scalar whose one chunk is stored inline in an OCDBT B+tree
+    (``walk_ocdbt`` gives both), as Orbax stores small ones: ``NOT_0D`` for an array
+    that is not 0-d; ``None`` when the array is not such a scalar (the caller then
+    reads it through tensorstore)."""
+    try:
+        meta = json.loads(metadata)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(meta, dict) and isinstance(meta.get("shape"), list) and meta["shape"]:
+        return NOT_0D
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 3 or meta.get("shape") != []:
+        return None
+    try:
+        dtype = numpy_dtype(str(meta.get("data_type")))
+    except TypeError:
+        return None
+    if dtype.kind not in "iufbV" or dtype.names is not None:
+        return None
+    codecs = meta.get("codecs")
+    if not isinstance(codecs, list) or len(codecs) != 1:
+        return None
+    codec = codecs[0]
+    if chunk is None:
+        fill = meta.get("fill_value")
+        return dtype.type(fill) if isinstance(fill, int | float) else None
+    if _little_bytes_codec(codec):
+        data = chunk
+    elif isinstance(codec, dict) and codec.get("name") == "sharding_indexed":
+        config = codec.get("configuration") or {}
+        inner, index = config.get("codecs"), config.get("index_codecs")
+        if not (
+            isinstance(inner, list)
+            and len(inner) == 1
+            and _little_bytes_codec(inner[0])
+            and isinstance(index, list)
+            and len(index) == 2
+            and _little_bytes_codec(index[0])
+            and index[1] == {"name": "crc32c"}
+            and config.get("index_location", "end") == "end"
+            and len(chunk) >= 20
+        ):
+            return None
+        offset, nbytes = struct.unpack("<QQ", chunk[-20:-4])
+        if offset == nbytes == 2**64 - 1:
+            fill = meta.get("fill_value")
+            return dtype.type(fill) if isinstance(fill, int | float) else None
+        if offset + nbytes > len(chunk) - 20:
+            return None
+        data = chunk[offset : offset + nbytes]
+    else:
+        return None
+    if len(data) != dtype.itemsize:
+        return None
+    return np.frombuffer(data, dtype=dtype)[0]
 
 
 def _root_location(base: Any, ctx: ts.Context) -> str | None:

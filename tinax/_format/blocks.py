@@ -37,6 +37,8 @@ AHEAD = 3
 THREADS = 8
 # Files whose last read is remembered, to tell a reader going through one.
 _FILES_FOLLOWED = 256
+# What is remembered of a file a reader is known to go through.
+_THROUGH = -1
 
 _Key = tuple[str, str, int]
 
@@ -96,11 +98,14 @@ class _Blocks:
         file = (str(where), entry.stamp)
         with self._lock:
             previous = self._ends.pop(file, None)
-            self._ends[file] = end
+            # A file read through (``read_through``) stays one: its end is not followed.
+            self._ends[file] = _THROUGH if previous == _THROUGH else end
             while len(self._ends) > _FILES_FOLLOWED:
                 self._ends.popitem(last=False)
             held = all((*file, i) in self._kept for i in range(first, last + 1))
-            following = previous is not None and previous <= offset < previous + BLOCK_BYTES
+            following = previous is not None and (
+                previous == _THROUGH or previous <= offset < previous + BLOCK_BYTES
+            )
         if not (held or following):
             # Not (yet) a reader going through the file: just the bytes asked for.
             data = where.read_range(offset, len(view))
@@ -135,6 +140,17 @@ class _Blocks:
         if done != len(view):
             raise OSError(f"{str(where)!r} is shorter than a chunk in it")
 
+    def read_through(self, files: list[Location]) -> None:
+        """Takes each of ``files`` for one a reader goes through from its start."""
+        for where in files:
+            entry = where.entry()
+            if entry is None:
+                continue
+            with self._lock:
+                self._ends[(str(where), entry.stamp)] = _THROUGH
+                while len(self._ends) > _FILES_FOLLOWED:
+                    self._ends.popitem(last=False)
+
     def clear(self) -> None:
         """Forgets every block."""
         with self._lock:
@@ -143,4 +159,5 @@ class _Blocks:
 
 _BLOCKS = _Blocks()
 read_into = _BLOCKS.read_into
+read_through = _BLOCKS.read_through
 clear = _BLOCKS.clear

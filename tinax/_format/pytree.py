@@ -558,8 +558,26 @@ def read_scalars(layout: PyTreeLayout, leaves: list[StoredLeaf], ctx: ts.Context
     Raises:
       ValueError: If one cannot be read.
     """
-    opened = arrays.open_arrays([layout.array_spec(leaf) for leaf in leaves], ctx)
     values: dict[str, Any] = {}
+    if layout.ocdbt and layout.zarr3 and leaves:
+        # Orbax keeps a scalar inline in the B+tree, which the store's (kept) walk
+        # holds: no array is opened, and on a bucket no request is made for it.
+        try:
+            stored = dict(arrays.walk_ocdbt(layout.directory, ctx))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            stored = {}  # read below, which says what is wrong in its own words
+        for leaf in leaves:
+            path = storage_path(leaf.param)
+            metadata = stored.get((path + names.ZARR3_METADATA).encode("utf-8"))
+            chunk = stored.get((path + "c").encode("utf-8"))
+            if isinstance(metadata, bytes) and isinstance(chunk, bytes | None):
+                value = arrays.inline_scalar(metadata, chunk)
+                if value is not None and value is not arrays.NOT_0D:
+                    values[leaf.param] = value.item()
+        leaves = [leaf for leaf in leaves if leaf.param not in values]
+        if not leaves:
+            return values
+    opened = arrays.open_arrays([layout.array_spec(leaf) for leaf in leaves], ctx)
     try:
         reads = [
             (leaf, future.result().read()) for leaf, future in zip(leaves, opened, strict=True)

@@ -34,7 +34,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -438,6 +438,18 @@ def _grid_index(name: bytes, rank: int, separator: str) -> tuple[int, ...] | Non
     if len(parts) != rank + 1 or parts[0] != "c" or not all(p.isdigit() for p in parts[1:]):
         return None
     return tuple(int(p) for p in parts[1:])
+
+
+def read_through(arrays: Sequence[RawArray]) -> None:
+    """Says that most of these arrays' data files are about to be read: on an object
+    store, they are read in large blocks from the first read on (``blocks``)."""
+    remote = {
+        str(where): where
+        for array in arrays
+        if not array.directory.is_local
+        for where in (array._file(value.file) for value in array.values.values())
+    }
+    blocks.read_through(list(remote.values()))
 
 
 def may_read(directory: Location) -> bool:

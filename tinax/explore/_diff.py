@@ -284,7 +284,7 @@ def _live_side(state: Mapping[str, Any]) -> _Side:
 def _side(value: object, which: str) -> _Side:
     if isinstance(value, Mapping):
         return _live_side(value)
-    if not isinstance(value, str | os.PathLike):
+    if not isinstance(value, str | os.PathLike | Checkpoint):
         raise TypeError(
             f"{which} must be a checkpoint path or a mapping of name to pytree, "
             f"got {type(value).__name__}"

@@ -200,6 +200,10 @@ def scan(pairs: Sequence[RawScan], progress: Callable[[int], None] | None = None
     ``progress`` is called on the calling thread with the bytes (of a pair, both
     sides') done so far. An error on any worker stops them all and is raised here.
     """
+    if len(pairs) > 1:
+        # Most of the arrays' data files are read: on an object store, in large blocks
+        # from their first read on (one array alone, ``read_leaf``, reads its bytes).
+        rawread.read_through([side for p in pairs for side in (p.left, p.right) if side])
     state = _Scan(pairs)
     helpers = min(workers(), len(state.items)) - 1
     pending = [rawread.executor().submit(_work, state, None) for _ in range(helpers)]

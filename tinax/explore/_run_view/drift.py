@@ -23,8 +23,9 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format import keys, words
+from tinax._format.layout import Checkpoint
+from tinax.explore import _listing
 from tinax.explore._diff import diff_table
-from tinax.explore._listing import list_checkpoints
 from tinax.explore.display import natural_key
 
 DRIFT_COLUMNS = (
@@ -97,15 +98,24 @@ def _number(value: Any) -> float:
     return math.nan if value is None or pd.isna(value) else float(value)
 
 
-def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDrift]:
+def pair_drift(
+    a: str | Checkpoint, b: str | Checkpoint, checkpointable: str | None = None
+) -> list[LeafDrift]:
     """The sums of every floating-point leaf of two checkpoints (``diff_table``'s), or of
     one checkpointable of each."""
     # A checkpointable is read alone where saves commit by a rename; where they
     # commit in place (object stores), only the checkpoint carries the commit
     # marker, and the whole checkpoint is read.
-    alone = checkpointable is not None and _paths.location(a).storage.commits_by_rename
-    if alone:
+    if (
+        checkpointable is not None
+        and isinstance(a, str)
+        and isinstance(b, str)
+        and _paths.location(a).storage.commits_by_rename
+    ):
+        alone = True
         a, b = f"{a.rstrip('/')}/{checkpointable}", f"{b.rstrip('/')}/{checkpointable}"
+    else:
+        alone = False
     diff = diff_table(a, b, sort=False)
     if checkpointable is not None and not alone:
         diff = diff[diff["checkpointable"] == checkpointable]
@@ -152,14 +162,19 @@ def pair_drift(a: str, b: str, checkpointable: str | None = None) -> list[LeafDr
     return out
 
 
-def _cached_pair(first: Any, second: Any, checkpointable: str | None) -> list[LeafDrift]:
+def _cached_pair(
+    first: Any,
+    second: Any,
+    checkpointable: str | None,
+    source: Callable[[Any], str | Checkpoint] = lambda row: str(row["path"]),
+) -> list[LeafDrift]:
     identity = (_identity(first), _identity(second), checkpointable)
     with _pairs_lock:
         found = _pairs.get(identity)
         if found is not None:
             _pairs.move_to_end(identity)
             return found
-    found = pair_drift(str(first["path"]), str(second["path"]), checkpointable)
+    found = pair_drift(source(first), source(second), checkpointable)
     with _pairs_lock:
         _pairs[identity] = found
         while len(_pairs) > _KEEP_PAIRS:
@@ -301,8 +316,25 @@ def drift_table(
         raise TypeError(
             f"checkpointable must be a name or None, got {type(checkpointable).__name__}"
         )
-    _paths.existing_directory(root)
-    listing = list_checkpoints(root, deep=False)
+    directory = _paths.listed_directory(root)
+    listing = _listing.listing(directory, deep=False)
+    opened: dict[str, str | Checkpoint] = {}
+
+    def source(row: Any) -> str | Checkpoint:
+        """A checkpoint of the run as a pair reads it: its path where a checkpointable
+        is read alone (local disk); else opened once, through the run's listing, for
+        both pairs it is in."""
+        path = str(row["path"])
+        where = directory if path == str(directory) else directory / str(row["name"])
+        if where.storage.commits_by_rename:
+            return path
+        if path not in opened:
+            try:
+                opened[path] = _paths.open_checkpoint(where)
+            except (ValueError, OSError):
+                opened[path] = path  # diff_table says what is wrong, in its words
+        return opened[path]
+
     complete = listing[(listing["status"] == words.COMPLETE) & listing["step"].notna()]
     complete = complete.sort_values("step", kind="stable")
     rows = [row for _, row in complete.iterrows()]
@@ -323,7 +355,7 @@ def drift_table(
         if _cancelled(cancel):
             cancelled = True
             break
-        found = _cached_pair(first, second, chosen)
+        found = _cached_pair(first, second, chosen, source)
         done.append((int(first["step"]), int(second["step"]), found))
         if progress is not None:
             progress(index + 1, len(pairs))

@@ -20,7 +20,8 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format import words
-from tinax.explore._listing import list_checkpoints
+from tinax._format.storage import Location
+from tinax.explore import _listing
 from tinax.explore._verify.verification import verify
 
 SCAN_COLUMNS = ("name", "path", "step", "status", "nan", "inf", "nonfinite_leaves", "verdict")
@@ -50,7 +51,7 @@ _scanned: collections.OrderedDict[tuple[str, str, int], _Scanned] = collections.
 _lock = threading.Lock()
 
 
-def _scan(path: str) -> _Scanned:
+def _scan(path: str | Location) -> _Scanned:
     found = verify(path, data=True)
     table = found.leaves
     nan = inf = 0
@@ -65,14 +66,14 @@ def _scan(path: str) -> _Scanned:
     return _Scanned(nan, inf, found.status, found.verdict, tuple(leaves))
 
 
-def _cached_scan(row: Any) -> _Scanned:
+def _cached_scan(row: Any, where: Location | None = None) -> _Scanned:
     identity = (str(row["path"]), str(row["committed"]), int(row["nbytes"]))
     with _lock:
         found = _scanned.get(identity)
         if found is not None:
             _scanned.move_to_end(identity)
             return found
-    found = _scan(str(row["path"]))
+    found = _scan(str(row["path"]) if where is None else where)
     with _lock:
         _scanned[identity] = found
         while len(_scanned) > _KEEP:
@@ -137,8 +138,9 @@ def scan_run(
     """
     if not isinstance(leaves, bool):
         raise TypeError(f"leaves must be a bool, got {type(leaves).__name__}")
-    _paths.existing_directory(root)
-    listing = list_checkpoints(root, deep=False)
+    # Listed once: each checkpoint is verified through the run's listing.
+    directory = _paths.listed_directory(root)
+    listing = _listing.listing(directory, deep=False)
     rows = [row for _, row in listing.iterrows()]
     todo = [i for i, row in enumerate(rows) if row["status"] == words.COMPLETE]
     results: dict[int, _Scanned] = {}
@@ -147,7 +149,9 @@ def scan_run(
         if _cancelled(cancel):
             cancelled = True
             break
-        results[index] = _cached_scan(rows[index])
+        row = rows[index]
+        where = directory if str(row["path"]) == str(directory) else directory / str(row["name"])
+        results[index] = _cached_scan(row, where)
         if progress is not None:
             progress(done + 1, len(todo))
     verdicts, problems = [], {}

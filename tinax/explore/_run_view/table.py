@@ -12,10 +12,8 @@ checked against its saved checksum; any other is read through tensorstore.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import math
 import os
-import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,74 +52,6 @@ _VALUE_KINDS = frozenset({words.SCALAR, *words.ARRAY_KINDS})
 # -- a scalar decoded from the OCDBT manifest ------------------------------------------------
 
 
-def _little_bytes_codec(codec: object) -> bool:
-    if not isinstance(codec, dict) or codec.get("name") != "bytes":
-        return False
-    config = codec.get("configuration") or {}
-    return isinstance(config, dict) and config.get("endian", "little") == "little"
-
-
-# What _inline_scalar says of an array that is no metric: its shape is not () (a
-# vector of the auxiliary state): not read at all.
-NOT_A_METRIC = object()
-
-
-def _inline_scalar(metadata: bytes, chunk: bytes | None) -> Any:
-    """The value of a zarr3 scalar whose one chunk is stored inline; ``NOT_A_METRIC``
-    for an array that is not 0-d; ``None`` when the array is not such a scalar (the
-    caller then reads it through tensorstore)."""
-    try:
-        meta = json.loads(metadata)
-    except (ValueError, RecursionError):
-        return None
-    if isinstance(meta, dict) and isinstance(meta.get("shape"), list) and meta["shape"]:
-        return NOT_A_METRIC
-    if not isinstance(meta, dict) or meta.get("zarr_format") != 3 or meta.get("shape") != []:
-        return None
-    try:
-        dtype = arrays.numpy_dtype(str(meta.get("data_type")))
-    except TypeError:
-        return None
-    if dtype.kind not in "iufbV" or dtype.names is not None:
-        return None
-    codecs = meta.get("codecs")
-    if not isinstance(codecs, list) or len(codecs) != 1:
-        return None
-    codec = codecs[0]
-    if chunk is None:
-        fill = meta.get("fill_value")
-        return dtype.type(fill) if isinstance(fill, int | float) else None
-    if _little_bytes_codec(codec):
-        data = chunk
-    elif isinstance(codec, dict) and codec.get("name") == "sharding_indexed":
-        config = codec.get("configuration") or {}
-        inner, index = config.get("codecs"), config.get("index_codecs")
-        if not (
-            isinstance(inner, list)
-            and len(inner) == 1
-            and _little_bytes_codec(inner[0])
-            and isinstance(index, list)
-            and len(index) == 2
-            and _little_bytes_codec(index[0])
-            and index[1] == {"name": "crc32c"}
-            and config.get("index_location", "end") == "end"
-            and len(chunk) >= 20
-        ):
-            return None
-        offset, nbytes = struct.unpack("<QQ", chunk[-20:-4])
-        if offset == nbytes == 2**64 - 1:
-            fill = meta.get("fill_value")
-            return dtype.type(fill) if isinstance(fill, int | float) else None
-        if offset + nbytes > len(chunk) - 20:
-            return None
-        data = chunk[offset : offset + nbytes]
-    else:
-        return None
-    if len(data) != dtype.itemsize:
-        return None
-    return np.frombuffer(data, dtype=dtype)[0]
-
-
 def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
     """The scalar leaves of a pytree checkpointable, by key path: from the manifest where
     they are inline (checked against their checksums), else through tensorstore."""
@@ -146,8 +76,8 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
             chunk = stored.get((path + "c").encode("utf-8"))
             if not isinstance(metadata, bytes) or not isinstance(chunk, bytes | None):
                 continue
-            value = _inline_scalar(metadata, chunk)
-            if value is NOT_A_METRIC:
+            value = arrays.inline_scalar(metadata, chunk)
+            if value is arrays.NOT_0D:
                 skipped.add(leaf.path)
                 continue
             if value is None:

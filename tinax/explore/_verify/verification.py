@@ -23,6 +23,7 @@ import pandas as pd
 from tinax import _paths
 from tinax._format import arrays, words
 from tinax._format.layout import Checkpoint
+from tinax._format.storage import Location
 from tinax.explore._leaf_rows import frame
 from tinax.explore._verify.checks import (
     Check,
@@ -183,7 +184,7 @@ _ORDER = {words.ERROR: 0, words.WARNING: 1, words.INFO: 2}
 
 
 def verify(
-    path: str | os.PathLike[str] | Checkpoint,
+    path: str | os.PathLike[str] | Checkpoint | Location,
     *,
     data: bool = False,
     progress: Progress | None = None,
@@ -241,6 +242,8 @@ def verify(
         raise TypeError(f"progress must be callable, got {type(progress).__name__}")
     if isinstance(path, Checkpoint):
         where = path.path
+    elif isinstance(path, Location):
+        where = path  # within a run's listing (``scan_run``): listed already
     else:
         where = _paths.location(path)
         # Listed once (one request per thousand objects on a bucket): every check
