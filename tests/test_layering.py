@@ -428,7 +428,9 @@ def test_explore_exports_its_tables_and_two_public_submodules() -> None:
         "scan_run",
     }
     documented = {"readable", "retention_table", "run_policy"}
-    assert set(explore.__all__) == tables | documented | {"display", "toolkit"}
+    # The opened checkpoint every table takes in place of a path, and its type.
+    opened = {"open_checkpoint", "Checkpoint"}
+    assert set(explore.__all__) == tables | documented | opened | {"display", "toolkit"}
     # Nothing else public: the widgets' helpers live in tinax.explore.toolkit. Each
     # name is imported when first used, and is then an attribute like any other.
     public = {name for name in vars(explore) if not name.startswith("_")}

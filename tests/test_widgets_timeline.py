@@ -156,8 +156,10 @@ def test_drift_and_scan_run_together_and_nan_cells_have_their_own_state(run):
     timeline = RunTimeline(run)
     timeline.compute_scan()
     timeline.compute_drift()
+    # The drift started while the scan runs, not refused because of it (either may
+    # have finished already: pairs and scans this process read before are kept).
     assert timeline.scan_job.running or not timeline.scan.empty
-    assert timeline.drift_job.running and timeline.drift_button.disabled
+    assert timeline.drift_job.running or not timeline.drift.empty
     assert timeline.wait(120)
     assert not timeline.drift.empty and not timeline.scan.empty
     assert "layer drift of 5 pairs" in timeline.message.value

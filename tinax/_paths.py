@@ -161,6 +161,8 @@ def listed_directory(path: object, *, what: str = "path") -> Location:
     Raises:
       As ``existing_directory``.
     """
+    if isinstance(path, layout.Checkpoint):
+        return path.path  # opened, so listed already
     if isinstance(path, Location):
         # Listed already by whoever found it (a run's listing): within that listing.
         return path.snapshot()

@@ -214,7 +214,10 @@ class CheckpointPane:
         # verify reads every metadata file again and walks the array stores: the
         # leaves are shown first, its verdict when it comes. Started last, because a
         # thread parsing metadata slows every widget update made beside it.
-        self._services.in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
+        opened = checkpoint.checkpoint
+        self._services.in_background(
+            lambda: self._show_verdict(path, opened), "tinax-explorer-verdict"
+        )
 
     def close(self) -> None:
         """Shows no checkpoint."""
@@ -315,7 +318,7 @@ class CheckpointPane:
                         self._fill(name, table)
             # The verdict after the fill: both parse metadata, and side by side each
             # would slow the other.
-            self._show_verdict(path)
+            self._show_verdict(path, checkpoint.checkpoint)
             if failed is not None:
                 raise failed
 
@@ -392,8 +395,8 @@ class CheckpointPane:
         self.tree_view.fill(table)
         self.size_bar.value = size_bar_html(size_breakdown(self.tree_view.tree))
 
-    def _show_verdict(self, path: str) -> None:
-        text = verdict_html(path)
+    def _show_verdict(self, path: str, opened: Any = None) -> None:
+        text = verdict_html(path if opened is None else opened)
         with self._services.lock:
             if self.checkpoint == path:
                 self._verdict_text = text

@@ -12,13 +12,12 @@ from typing import Any
 import ipywidgets as w
 import pandas as pd
 
-from tinax import explore
-from tinax.explore.toolkit import resolve_path
+from tinax.explore.toolkit import resolve_path, run_listing
 from tinax.vocabulary import COMPLETE
 
 from ._guard import shown_in_widget
 from ._interrupted import InterruptedSaves
-from ._run_rows import CHECKPOINT_COLUMNS, checkpoint_look, listing_summary, with_retention
+from ._run_rows import CHECKPOINT_COLUMNS, checkpoint_look, listing_summary, with_policy_text
 from ._services import Services
 from ._surgery import AveragePanel
 from ._table import PagedTable, RowLook
@@ -135,26 +134,33 @@ class RunList:
             layout=w.Layout(flex_flow="row wrap"),
         )
 
-    def refresh(self, *, deep: bool = True) -> None:
+    def refresh(self, *, deep: bool | None = None) -> None:
         """Re-lists the run's checkpoints, keeping the open checkpoint if it is still there.
 
         Args:
           deep: Whether checkpoints not read before are read (metadata only) to
             tell whether they can be opened. ``False`` lists at the speed of a
-            walk of the run and leaves that check to a background thread.
+            walk of the run and leaves that check to a background thread (which
+            lists as ``None`` does); ``None``, as ``list_checkpoints``: on a local
+            disk, yes; on a bucket, where each file is a round trip, each
+            checkpoint is checked when it is opened.
         """
         with self._services.lock:
             self._listings_started += 1
             number = self._listings_started
-        table = with_retention(explore.list_checkpoints(self.root, deep=deep), self.root)
+        table = with_policy_text(run_listing(self.root, deep=deep))
         listed_at = time.monotonic()
         with self._services.lock:
             if number < self._listing_shown:
                 return  # A listing started later is already shown.
             self._listing_shown = number
             self._listed_at = listed_at
-            self._show_listing(table)
-        if table.attrs.get("unchecked"):
+            # On a bucket, where each file is a round trip, a checkpoint is checked
+            # when it is opened, not all of them in the background.
+            checking = deep is False and bool(table.attrs.get("unchecked"))
+            checking = checking and not table.attrs.get("remote")
+            self._show_listing(table, checking=checking)
+        if checking:
             self._services.in_background(self._check_listing, "tinax-explorer-check")
 
     def go_to_step(self, step: int) -> None:
@@ -317,10 +323,11 @@ class RunList:
             guarded_refresh()
 
     def _check_listing(self) -> None:
-        # Deep, so it remembers each verdict: later listings are quick and exact.
-        self.refresh(deep=True)
+        # Deep where reading is cheap, so it remembers each verdict: later listings
+        # are quick and exact.
+        self.refresh(deep=None)
 
-    def _show_listing(self, table: pd.DataFrame) -> None:
+    def _show_listing(self, table: pd.DataFrame, *, checking: bool = False) -> None:
         table = table.set_index(table["path"].astype(str), drop=False)
         table.index.name = None
         changed = not self._same_listing(self.checkpoints, table)
@@ -330,7 +337,7 @@ class RunList:
         if table.attrs.get("policy"):
             parts.append(table.attrs["policy"])
         unchecked = len(table.attrs.get("unchecked", ()))
-        if unchecked:
+        if unchecked and checking:
             parts.append(f"checking {unchecked:,} that have not been read yet…")
         self.summary = " · ".join(parts)
         if changed:

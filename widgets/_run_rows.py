@@ -8,7 +8,6 @@ from typing import Any
 
 import pandas as pd
 
-from tinax import explore
 from tinax.vocabulary import COMPLETE, IN_PROGRESS, INTERRUPTED
 
 from ._table import Column, RowLook, format_cell
@@ -72,23 +71,17 @@ def _policy_text(policy: dict[str, Any]) -> str:
     return " · ".join([*parts, "keeps " + " + ".join(kept)])
 
 
-def with_retention(table: pd.DataFrame, root: str) -> pd.DataFrame:
-    """The listing with the run's reasons for keeping each checkpoint (``kept``) and
-    its policy (``attrs["policy"]``), where ``TrainingRun`` recorded them."""
-    try:
-        policy = explore.run_policy(root)
-        reasons = explore.retention_table(root) if policy is not None else None
-    except (OSError, ValueError):
-        # A single checkpoint, or a record that cannot be read: the listing says enough.
-        policy = reasons = None
-    kept = pd.Series("", index=table.index, dtype="string")
-    if reasons is not None and len(reasons) and len(table):
-        by_name = dict(zip(reasons["name"].astype(str), reasons["kept"].astype(str), strict=True))
-        kept = table["name"].astype(str).map(by_name).fillna("").astype("string")
-    table = table.assign(kept=kept)
+def with_policy_text(table: pd.DataFrame) -> pd.DataFrame:
+    """``run_listing``'s table as the run list shows it: ``kept`` blank where the run
+    recorded nothing, and its policy in words (``attrs["policy"]``)."""
+    shown = table.assign(kept=table["kept"].fillna("").astype("string"))
+    shown.attrs = dict(table.attrs)
+    policy = table.attrs.get("policy")
     if policy is not None:
-        table.attrs["policy"] = _policy_text(policy)
-    return table
+        shown.attrs["policy"] = _policy_text(policy)
+    else:
+        shown.attrs.pop("policy", None)
+    return shown
 
 
 def listing_summary(table: pd.DataFrame) -> str:

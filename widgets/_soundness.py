@@ -85,7 +85,7 @@ def scanned_html(row: pd.Series) -> str:
     )
 
 
-def nonfinite_metrics_note(path: str) -> str:
+def nonfinite_metrics_note(path: str | explore.Checkpoint) -> str:
     """A line when the checkpoint's own metrics (its auxiliary state, read from
     metadata) are NaN or infinite: its weights may be too; "check data" says."""
     try:
@@ -103,15 +103,16 @@ def nonfinite_metrics_note(path: str) -> str:
     )
 
 
-def metrics_html(path: str) -> str:
+def metrics_html(path: str | explore.Checkpoint) -> str:
     """``nonfinite_metrics_note`` in the colour of NaN, or ``""``."""
     note = nonfinite_metrics_note(path)
     return note_html(note, color=NONFINITE_COLOR) if note else ""
 
 
-def verdict_html(path: str) -> str:
+def verdict_html(path: str | explore.Checkpoint) -> str:
     """``verify(path)`` (metadata only) as a short coloured line, errors listed below
-    it, and a note when the checkpoint's recorded metrics are NaN or infinite."""
+    it, and a note when the checkpoint's recorded metrics are NaN or infinite; of an
+    opened checkpoint, nothing is listed or read again."""
     try:
         result = explore.verify(path)
     except Exception as e:

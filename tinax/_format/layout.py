@@ -121,7 +121,15 @@ class StoredCheckpointable:
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint directory that has been checked and whose layout is known.
+    """A checkpoint opened: listed once, checked, its layout and commit record read.
+
+    What ``tinax.checkpointing.open_checkpoint`` and ``tinax.explore.open_checkpoint``
+    give, and what every load, table, ``verify``, diff and export takes in place of a
+    path: none of them lists the checkpoint or reads its metadata again. On an object
+    store (``gs://``) it holds the listing of every file under the checkpoint and
+    the metadata files read so far (fetched side by side when it was opened), so a
+    checkpoint opened once costs its round trips once. Opened again, it is read
+    afresh: a checkpoint that changed since is seen as it is now.
 
     Attributes:
       path: The checkpoint directory.

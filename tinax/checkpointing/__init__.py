@@ -5,6 +5,8 @@ them into explicit abstract targets, and resume bit-exactly. Legacy Orbax V0
 support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
+from tinax._format.layout import Checkpoint
+from tinax._paths import load_source as open_checkpoint
 from tinax._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing._average import average_checkpoints
 from tinax.checkpointing._checkpointable_names import validate_checkpointable_name
@@ -26,6 +28,7 @@ from tinax.checkpointing._training import (
 from tinax.checkpointing._verdict import TargetMismatchError, allow_lossy_casts
 
 __all__ = [
+    "Checkpoint",
     "CorruptDataError",
     "NumpyTarget",
     "PipelineMismatchError",
@@ -43,6 +46,7 @@ __all__ = [
     "load_checkpointables",
     "load_safetensors",
     "load_training_checkpoint",
+    "open_checkpoint",
     "remove_interrupted_save",
     "save_checkpointables",
     "save_training_checkpoint",

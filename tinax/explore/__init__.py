@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
 if _TYPE_CHECKING:
+    from tinax._format.layout import Checkpoint
     from tinax.explore import display, toolkit
-    from tinax.explore._checkpoint import checkpoint_table, read_leaf
+    from tinax.explore._checkpoint import checkpoint_table, open_checkpoint, read_leaf
     from tinax.explore._compare import compare_table
     from tinax.explore._diff import diff_table
     from tinax.explore._export import export_safetensors
@@ -39,6 +40,8 @@ if _TYPE_CHECKING:
 
 # Where each public name lives.
 _HOMES = {
+    "Checkpoint": "tinax._format.layout",
+    "open_checkpoint": "tinax.explore._checkpoint",
     "checkpoint_table": "tinax.explore._checkpoint",
     "compare_table": "tinax.explore._compare",
     "diff_table": "tinax.explore._diff",
@@ -58,6 +61,7 @@ _HOMES = {
 _SUBMODULES = ("display", "toolkit")
 
 __all__ = [
+    "Checkpoint",
     "checkpoint_table",
     "compare_table",
     "diff_table",
@@ -66,6 +70,7 @@ __all__ = [
     "export_safetensors",
     "lineage",
     "list_checkpoints",
+    "open_checkpoint",
     "read_leaf",
     "readable",
     "retention_table",

@@ -267,7 +267,7 @@ def _array_problem(
 
 # The cache list_checkpoints uses unless told otherwise: the process's own, which
 # callers cannot swap or change (they pass a ListingCache of their own instead).
-_DEFAULT_CACHE = ListingCache()
+DEFAULT_CACHE = ListingCache()
 
 
 def _candidates(root: Location) -> list[tuple[Location, dict[str, Entry] | None]]:
@@ -657,7 +657,7 @@ def _rows(
 def list_checkpoints(
     root: str | os.PathLike[str],
     *,
-    cache: ListingCache | None = _DEFAULT_CACHE,
+    cache: ListingCache | None = DEFAULT_CACHE,
     deep: bool | None = None,
 ) -> pd.DataFrame:
     """One row per checkpoint under ``root``, or for ``root`` itself if it is one.
@@ -702,6 +702,8 @@ def list_checkpoints(
       ``<name>.tinax-corrupt``), kept for inspection and never loaded. Why each
       invalid or corrupt checkpoint cannot be read is in
       ``DataFrame.attrs["errors"]``, a dict of path to message.
+      ``DataFrame.attrs["remote"]`` says whether the run is on an object store
+      (``gs://``), where each file read is a round trip of its own.
 
     Raises:
       TypeError: If ``root`` is not a path, ``cache`` not a ``ListingCache`` or
@@ -717,7 +719,7 @@ def list_checkpoints(
 
 
 def listing(
-    directory: Location, cache: ListingCache | None = _DEFAULT_CACHE, deep: bool | None = None
+    directory: Location, cache: ListingCache | None = DEFAULT_CACHE, deep: bool | None = None
 ) -> pd.DataFrame:
     """``list_checkpoints`` of a run directory listed already (``_paths.listed_directory``):
     its rows' checkpoints are read through that listing (``directory / name``)."""
@@ -735,4 +737,5 @@ def listing(
     table = table.reset_index(drop=True)
     table.attrs["errors"] = state.errors
     table.attrs["unchecked"] = sorted(state.unchecked)
+    table.attrs["remote"] = directory.storage.parallel_reads
     return table

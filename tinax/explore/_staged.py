@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pandas as pd
 
 from tinax._format import files
+from tinax._format.layout import Checkpoint
 from tinax.explore import _checkpoint
 
 
@@ -18,6 +19,12 @@ class StagedLeaves:
 
     def __init__(self, path: object) -> None:
         self._checkpoint = _checkpoint.open_checkpoint(path)
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint as opened: every table, ``verify`` and ``diff_table`` take it
+        in place of its path, and read nothing of it again."""
+        return self._checkpoint
 
     def keys(self) -> pd.DataFrame:
         """The rows of ``checkpoint_table`` as far as the metadata already parsed tells:

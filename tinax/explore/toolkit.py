@@ -26,6 +26,7 @@ from tinax.explore._run_view.directory import (
     save_directory,
 )
 from tinax.explore._run_view.drift import layer_depth, layer_of
+from tinax.explore._run_view.retention import run_listing
 from tinax.explore._staged import StagedLeaves, collector_paused, open_leaves
 from tinax.explore._summary import (
     HISTOGRAM_BINS,
@@ -77,6 +78,7 @@ __all__ = [
     "open_leaves",
     "path_exists",
     "resolve_path",
+    "run_listing",
     "save_directory",
     "sort_by_change",
 ]

@@ -43,9 +43,8 @@ from tinax.explore._cli.terminal import Column, jsonable
 from tinax.explore._cli.verify import is_run
 from tinax.explore._diff import diff_table
 from tinax.explore._export import export_safetensors
-from tinax.explore._listing import listing as checkpoints_listed
 from tinax.explore._ranking import PRNG_KEY, value_kind
-from tinax.explore._run_view.retention import retention_table, run_policy
+from tinax.explore._run_view.retention import run_listing
 from tinax.explore._summary import leaf_summary
 
 __all__ = ["diff", "export", "jsonable", "show"]
@@ -102,19 +101,12 @@ _FILES = (
 
 
 def _listing(root: Location) -> pd.DataFrame:
-    """``list_checkpoints`` with the run's metric and why each checkpoint is kept."""
-    table = checkpoints_listed(root)
-    kept = retention_table(root) if is_run(root) else None
-    if kept is None or kept.empty:
-        return table
-    by_name = kept.set_index("name")
-    joined = table.copy()
-    joined["metric"] = pd.array(
-        [by_name["metric"].get(n, pd.NA) for n in table["name"]], dtype="Float64"
-    )
-    joined["kept"] = pd.array([by_name["kept"].get(n, pd.NA) for n in table["name"]], "string")
-    joined.attrs = dict(table.attrs)
-    return joined
+    """``list_checkpoints`` with the run's metric and why each checkpoint is kept (where
+    the run recorded them), read through one listing."""
+    table = run_listing(root)
+    if table["kept"].isna().all():
+        table = table.drop(columns=["kept", "metric"])
+    return table
 
 
 def _show_listing(path: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
@@ -137,8 +129,7 @@ def _show_listing(path: str, args: argparse.Namespace, out: TextIO, err: TextIO)
         print(f"{root}: no checkpoint and no run in it", file=err)
         return
     errors: dict[str, str] = table.attrs.get("errors", {})
-    policy = run_policy(root) if is_run(root) else None
-    metric = (policy or {}).get("best_by")
+    metric = (table.attrs.get("policy") or {}).get("best_by")
     if args.json or args.csv:
         table = table.assign(error=pd.array([errors.get(p) for p in table["path"]], dtype="string"))
         _machine(table, args.json, out)

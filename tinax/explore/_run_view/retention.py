@@ -11,6 +11,7 @@ from tinax import _paths
 from tinax._format import names
 from tinax._format.runrecord import read_run_record
 from tinax._format.storage import Location
+from tinax.explore import _listing
 
 RETENTION_COLUMNS = ("name", "step", "kept", "metric")
 
@@ -37,22 +38,8 @@ def run_policy(root: str | os.PathLike[str] | Location) -> dict[str, Any] | None
     return dict(record["policy"])
 
 
-def retention_table(root: str | os.PathLike[str] | Location) -> pd.DataFrame:
-    """Why the training run at ``root`` keeps each of its checkpoints.
-
-    One row per checkpoint the run's record keeps, as of the run's last
-    retention: ``name``, ``step`` (``Int64``), ``kept`` (the reasons, such as
-    ``"newest 2"`` or ``"best loss"``, joined by ``", "``) and ``metric`` (the
-    value of ``best_by`` saved with it, where the run has one). Joins
-    ``list_checkpoints(root)`` on ``name``; a checkpoint the record does not
-    mention has no row. Empty if ``root`` holds no run record.
-
-    Raises:
-      TypeError: If ``root`` is not a path.
-      FileNotFoundError: If ``root`` does not exist.
-      ValueError: If ``root`` is not a directory.
-    """
-    record = read_run_record(_paths.listed_directory(root))
+def _reasons(record: dict[str, Any] | None) -> list[tuple[str, int, str, float | None]]:
+    """``retention_table``'s rows, from the run record ``record``, by step."""
     kept = {} if record is None else record.get("kept")
     metrics = {} if record is None else record.get("metrics")
     kept = kept if isinstance(kept, dict) else {}
@@ -72,6 +59,25 @@ def retention_table(root: str | os.PathLike[str] | Location) -> pd.DataFrame:
             )
         )
     rows.sort(key=lambda row: row[1])
+    return rows
+
+
+def retention_table(root: str | os.PathLike[str] | Location) -> pd.DataFrame:
+    """Why the training run at ``root`` keeps each of its checkpoints.
+
+    One row per checkpoint the run's record keeps, as of the run's last
+    retention: ``name``, ``step`` (``Int64``), ``kept`` (the reasons, such as
+    ``"newest 2"`` or ``"best loss"``, joined by ``", "``) and ``metric`` (the
+    value of ``best_by`` saved with it, where the run has one). Joins
+    ``list_checkpoints(root)`` on ``name``; a checkpoint the record does not
+    mention has no row. Empty if ``root`` holds no run record.
+
+    Raises:
+      TypeError: If ``root`` is not a path.
+      FileNotFoundError: If ``root`` does not exist.
+      ValueError: If ``root`` is not a directory.
+    """
+    rows = _reasons(read_run_record(_paths.listed_directory(root)))
     dtypes = ("string", "Int64", "string", "Float64")
     cells = list(zip(*rows, strict=True)) if rows else [() for _ in RETENTION_COLUMNS]
     return pd.DataFrame(
@@ -80,3 +86,42 @@ def retention_table(root: str | os.PathLike[str] | Location) -> pd.DataFrame:
             for i, name in enumerate(RETENTION_COLUMNS)
         }
     )
+
+
+def run_listing(
+    root: str | os.PathLike[str] | Location,
+    *,
+    cache: _listing.ListingCache | None = _listing.DEFAULT_CACHE,
+    deep: bool | None = None,
+) -> pd.DataFrame:
+    """``list_checkpoints(root)`` with what a ``TrainingRun`` recorded of each checkpoint:
+    the run is listed once, and its record read through that listing.
+
+    Args:
+      root: A run directory or a checkpoint (local or ``gs://``).
+      cache, deep: As for ``list_checkpoints``.
+
+    Returns:
+      ``list_checkpoints``'s table with two more columns, ``kept`` (``string``: why
+      the run keeps it, as ``retention_table`` says; ``<NA>`` where the run has no
+      record of it) and ``metric`` (``Float64``: the ``best_by`` value saved with
+      it), and ``attrs["policy"]``: ``run_policy(root)`` (``None`` for a directory
+      without a run record).
+
+    Raises:
+      As ``list_checkpoints``.
+    """
+    directory = _paths.listed_directory(root)
+    table = _listing.listing(directory, cache, deep)
+    record = read_run_record(directory)
+    reasons = _reasons(record)
+    by_name = {row[0]: row for row in reasons}
+    names_ = [str(n) for n in table["name"]]
+    joined = table.assign(
+        kept=pd.array([by_name[n][2] if n in by_name else None for n in names_], "string"),
+        metric=pd.array([by_name[n][3] if n in by_name else None for n in names_], "Float64"),
+    )
+    joined.attrs = dict(table.attrs)
+    policy = None if record is None else record.get("policy")
+    joined.attrs["policy"] = dict(policy) if isinstance(policy, dict) else None
+    return joined

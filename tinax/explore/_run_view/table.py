@@ -23,6 +23,7 @@ import pandas as pd
 from tinax import _paths
 from tinax._format import arrays, checksums, files, layout, names, pytree, savetimes, words
 from tinax._format import metrics as metrics_record
+from tinax._format.layout import Checkpoint
 from tinax._format.storage import Location
 from tinax.explore import _listing
 from tinax.explore._run_view.retention import retention_table
@@ -198,7 +199,9 @@ def _checkpoint_facts(
     return metrics, savetimes.read_save_times(path), problem
 
 
-def run_table(root: str | os.PathLike[str], *, auxiliary: str = AUXILIARY) -> pd.DataFrame:
+def run_table(
+    root: str | os.PathLike[str] | Checkpoint, *, auxiliary: str = AUXILIARY
+) -> pd.DataFrame:
     """One row per checkpoint of a run: how it stands, what it measured, how its save went.
 
     Metadata only: no array is read. The checkpoints are those of
