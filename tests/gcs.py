@@ -16,6 +16,7 @@ import contextlib
 import http.client
 import http.server
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -217,7 +218,10 @@ class Emulator:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + (120 if self._data else 20)
+        # fake-gcs-server loads initial objects in time that grows faster than their
+        # number (some 12 minutes for 40,000): the deadline grows with them.
+        loading = sum(len(found) for _, _, found in os.walk(self._data)) if self._data else 0
+        deadline = time.monotonic() + 20 + loading / 20
         while True:
             try:
                 with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):

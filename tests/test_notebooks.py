@@ -19,6 +19,7 @@ from typing import Any
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from notebook_outputs import IN_BINDER, complaints
 from traitlets.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,9 +109,10 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, demo_run: Path, big_run:
     return root
 
 
-# Every notebook runs top to bottom in Binder's environment too (tests/test_binder.py); here,
-# in this one, each runs in a fresh kernel and notebook 03 once more.
+# The notebooks that read the demo runs run in Binder's environment (tests/test_binder.py);
+# here, in this one, each of the others runs in a fresh kernel, and notebook 03 once more.
 REPEATED = "03_restore_targets.ipynb"
+HERE = tuple(name for name in EXPECTED if name not in IN_BINDER)
 
 
 def _run(workspace: Path, name: str) -> nbformat.NotebookNode:
@@ -126,27 +128,12 @@ def _run(workspace: Path, name: str) -> nbformat.NotebookNode:
 
 @pytest.fixture(scope="module")
 def executed(workspace: Path) -> list[tuple[str, nbformat.NotebookNode]]:
-    """Every notebook executed once, and notebook 03 once more, in fresh kernels two at
-    a time (as two people working side by side would)."""
-    names = [*EXPECTED, REPEATED]
+    """Every notebook not run in Binder's environment executed once, and notebook 03
+    once more, in fresh kernels two at a time (as two people working side by side
+    would)."""
+    names = [*HERE, REPEATED]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         return list(zip(names, pool.map(lambda name: _run(workspace, name), names), strict=True))
-
-
-def _complaints(nb: nbformat.NotebookNode) -> list[str]:
-    """What a reader would see in red or as a warning: stderr streams, errors, warnings."""
-    found = []
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        for output in cell.outputs:
-            if output.output_type == "stream" and output.name == "stderr":
-                found.append(f"stderr after {cell.source[:60]!r}: {output.text[:500]}")
-            elif output.output_type == "error":
-                found.append(f"error after {cell.source[:60]!r}: {output.ename}")
-            elif output.output_type == "stream" and "Warning" in output.text:
-                found.append(f"warning after {cell.source[:60]!r}: {output.text[:500]}")
-    return found
 
 
 def test_every_notebook_runs_with_nothing_on_stderr_and_no_warnings(
@@ -155,11 +142,12 @@ def test_every_notebook_runs_with_nothing_on_stderr_and_no_warnings(
     # A refused load used to leave Orbax reading in the background, which printed
     # "Exception ignored in: <coroutine …>" into notebook 03 in some runs, not all;
     # flax's DeprecationWarnings printed red into notebook 05.
-    assert sorted({name for name, _ in executed}) == list(EXPECTED)
+    assert sorted({name for name, _ in executed}) == list(HERE)
+    assert sorted([*HERE, *IN_BINDER]) == list(EXPECTED)
     for name, nb in executed:
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert all(c.execution_count is not None for c in code), name
-        assert _complaints(nb) == [], name
+        assert complaints(nb) == [], name
 
 
 # What changes a builder's ticks, its load or its path.

@@ -102,10 +102,10 @@ def run_listing(
       cache, deep: As for ``list_checkpoints``.
 
     Returns:
-      ``list_checkpoints``'s table with two more columns, ``kept`` (``string``: why
-      the run keeps it, as ``retention_table`` says; ``<NA>`` where the run has no
-      record of it) and ``metric`` (``Float64``: the ``best_by`` value saved with
-      it), and ``attrs["policy"]``: ``run_policy(root)`` (``None`` for a directory
+      ``list_checkpoints``'s table with two more columns, ``metric`` (``Float64``:
+      the ``best_by`` value saved with it) and ``kept`` (``string``: why the run
+      keeps it, as ``retention_table`` says; ``<NA>`` where the run has no record
+      of it), and ``attrs["policy"]``: ``run_policy(root)`` (``None`` for a directory
       without a run record).
 
     Raises:
@@ -118,8 +118,8 @@ def run_listing(
     by_name = {row[0]: row for row in reasons}
     names_ = [str(n) for n in table["name"]]
     joined = table.assign(
-        kept=pd.array([by_name[n][2] if n in by_name else None for n in names_], "string"),
         metric=pd.array([by_name[n][3] if n in by_name else None for n in names_], "Float64"),
+        kept=pd.array([by_name[n][2] if n in by_name else None for n in names_], "string"),
     )
     joined.attrs = dict(table.attrs)
     policy = None if record is None else record.get("policy")
