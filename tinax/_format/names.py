@@ -141,6 +141,14 @@ def run_checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
+# -- promotions of a two-tier run --------------------------------------------------------
+
+# A file larger than one upload is sent to gs:// as parts named ``<file><suffix><i>``
+# beside it, composed into the file and deleted; a killed promotion leaves them inside
+# its uncommitted directory, which is removed as a whole.
+UPLOAD_PART_SUFFIX = ".tinax-part-"
+
+
 # -- checkpoints a run found corrupt ---------------------------------------------------------
 
 # A checkpoint that a run's restore could not load (and skipped for an older one) is moved

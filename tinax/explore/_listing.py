@@ -21,7 +21,7 @@ import tensorstore as ts
 from tinax import _claims, _paths
 from tinax._format import arrays, files, layout, names, preflight, pytree, runrecord, words
 from tinax._format.storage import DIRECTORY, Entry, Location
-from tinax.explore import _checkpoint
+from tinax.explore import _checkpoint, _tiers
 from tinax.explore._leaf_rows import frame
 
 LISTING_COLUMNS = (
@@ -665,6 +665,13 @@ def list_checkpoints(
       invalid or corrupt checkpoint cannot be read is in
       ``DataFrame.attrs["errors"]``, a dict of path to message.
 
+      For a tier of a two-tier run (``TrainingRun(..., local=...)``), from either
+      directory, the checkpoints of both tiers, with two more columns: ``tier``
+      (``local``, ``durable``, or ``both`` for a step committed in both, whose
+      ``path`` is then the local copy) and ``promotion`` (``waiting`` for a local
+      checkpoint the run will promote, ``promoting`` while it is being copied).
+      The local tier is listed where it is on this machine.
+
     Raises:
       TypeError: If ``root`` is not a path, ``cache`` not a ``ListingCache`` or
         ``deep`` not a bool.
@@ -675,8 +682,17 @@ def list_checkpoints(
         raise TypeError(f"cache must be a ListingCache or None, got {type(cache).__name__}")
     if not isinstance(deep, bool):
         raise TypeError(f"deep must be a bool, got {type(deep).__name__}")
+    found = _listed(_paths.existing_directory(root), cache, deep)
+    # A two-tier run's other tier is listed with it (``_tiers``).
+    return _tiers.with_tiers(
+        _paths.existing_directory(root), found, lambda other: _listed(other, cache, deep)
+    )
+
+
+def _listed(root: Location, cache: ListingCache | None, deep: bool) -> pd.DataFrame:
+    """``list_checkpoints`` of one directory."""
     # One listing of the whole run (on an object store, a request per thousand objects).
-    directory = _paths.existing_directory(root).snapshot()
+    directory = root.snapshot()
     # The listing makes objects by the hundred thousand, none in a cycle.
     with files.paused_gc():
         rows, state = _rows(directory, cache, deep)

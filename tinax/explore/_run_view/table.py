@@ -25,6 +25,7 @@ import pandas as pd
 from tinax import _paths
 from tinax._format import arrays, checksums, files, layout, names, pytree, savetimes, words
 from tinax._format.storage import Location
+from tinax.explore import _tiers
 from tinax.explore._listing import list_checkpoints
 from tinax.explore._run_view.retention import retention_table
 
@@ -39,6 +40,8 @@ RUN_COLUMNS = (
     "save_blocked_s",
     "save_total_s",
 )
+# Column names a metric is not given (it is prefixed with its checkpointable instead).
+_TAKEN = RUN_COLUMNS + _tiers.TIER_COLUMNS
 # The checkpointable ``TrainingRun`` and ``save_training_checkpoint`` save auxiliary state
 # in (``TrainingCheckpointNames().auxiliary``), and how they wrap it.
 AUXILIARY = "auxiliary"
@@ -237,7 +240,8 @@ def run_table(root: str | os.PathLike[str], *, auxiliary: str = AUXILIARY) -> pd
       ``nbytes``, ``committed`` (as ``list_checkpoints``); ``kept``, why a
       ``TrainingRun`` keeps it (``<NA>`` where the run has no record of it);
       ``save_blocked_s`` and ``save_total_s``, how long its save blocked the caller and
-      took until it committed, where tinax recorded them (else NaN); then one float
+      took until it committed, where tinax recorded them (else NaN); for a two-tier
+      run, ``tier`` and ``promotion`` as ``list_checkpoints`` gives them; then one float
       column per metric (NaN where a checkpoint has none), sorted by name: each numeric scalar of the ``auxiliary``
       checkpointable (dotted key paths, such as ``loss``; a training checkpoint's
       own ``step`` left out) and each number in Orbax's recorded ``metrics``.
@@ -267,6 +271,9 @@ def run_table(root: str | os.PathLike[str], *, auxiliary: str = AUXILIARY) -> pd
             facts = {i: future.result() for i, future in futures.items()}
     metric_names = sorted({name for m, _, _ in facts.values() for name in m})
     table = listing[["name", "path", "step", "status", "nbytes", "committed"]].copy()
+    for column in _tiers.TIER_COLUMNS:
+        if column in listing.columns:
+            table[column] = listing[column]
     kept = retention_table(root)
     by_name = dict(zip(kept["name"], kept["kept"], strict=True))
     table["kept"] = pd.array([by_name.get(n) for n in table["name"]], dtype="string")
@@ -277,14 +284,14 @@ def run_table(root: str | os.PathLike[str], *, auxiliary: str = AUXILIARY) -> pd
             values.append(None if times is None else times[pick])
         table[column] = np.array([math.nan if v is None else v for v in values], dtype=float)
     for name in metric_names:
-        column = name if name not in RUN_COLUMNS else f"{auxiliary}.{name}"
+        column = name if name not in _TAKEN else f"{auxiliary}.{name}"
         values = [facts.get(i, ({}, None, None))[0].get(name) for i in range(len(table))]
         table[column] = np.array([math.nan if v is None else v for v in values], dtype=float)
     for i, (_, _, problem) in facts.items():
         if problem is not None:
             errors[str(table["path"].iloc[i])] = problem
     table.attrs = {
-        "metrics": [n if n not in RUN_COLUMNS else f"{auxiliary}.{n}" for n in metric_names],
+        "metrics": [n if n not in _TAKEN else f"{auxiliary}.{n}" for n in metric_names],
         "errors": errors,
         "unchecked": listing.attrs.get("unchecked", []),
     }
