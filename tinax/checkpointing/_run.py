@@ -259,13 +259,19 @@ class TrainingRun:
         self._resumed_promotions = self._local is None or not self._primary
         self._durable_steps: set[int] = set()
         if self._primary:
-            # The record is written by saves only: opening a run to read it changes nothing.
+            # A run of one tier writes its record at saves only: opening it to read it
+            # changes nothing.
             self._clean_up()
             if self._local is not None:
                 # Promotions alone write the durable tier: whatever did not commit
                 # there was left by a killed one, whatever its step.
                 _run_files.clean_up(self._root, None, every_unfinished=True)
                 _run_files.clean_up(self._local.root, max(self._local.complete(), default=None))
+                # Each tier's record names the other from the start: a listing of either
+                # finds both, and no other run takes this local directory.
+                with self._lock:
+                    self._local.write_record(self._policy())
+                    self._write_record()
         if self._local is not None:
             self._durable_steps = set(self._complete())
         if handle_sigterm and self._sync is None and _sigterm_enabled():

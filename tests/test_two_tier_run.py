@@ -1,0 +1,419 @@
+"""Two-tier training runs: local saves, promotions to a durable directory (a path or
+gs://), retention per tier, restore across tiers, kills in promotions, SIGTERM, a new
+machine, listings.
+
+Loops that are killed or signalled run in real subprocesses (tests/two_tier_worker.py);
+the rest runs here. Every state is a fixed function of its step (the worker's
+``state``), so each restore is checked bit for bit, with the batch that follows.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+import two_tier_worker as worker
+from damage import biggest_data_file, flip_middle_byte
+from orbax.checkpoint import v1 as ocp
+
+import tinax.explore as ex
+from tinax import _paths
+from tinax._format import names, words
+from tinax.checkpointing import CorruptDataError, TrainingRun, _promotion, load_training_checkpoint
+from tinax.explore._cli.main import main
+
+WORKER = Path(worker.__file__)
+
+
+@pytest.fixture
+def durable(root: str) -> str:
+    """The durable directory: a gs:// prefix, or a directory beside the local tier."""
+    return root if root.startswith("gs://") else f"{root}/durable"
+
+
+def _run(durable: object, local: object, **policy: Any) -> TrainingRun:
+    options = {"save_every": 10, "keep": 2, "local_every": 2, "local_keep": 2, **policy}
+    return TrainingRun(durable, local=local, **options)
+
+
+def _loop(run: TrainingRun, steps: range, iterator: Any) -> None:
+    for step in steps:
+        batch = next(iterator)
+        run.save(step, *worker.state(step), {"loss": float(batch[0])}, iterator)
+
+
+def _exact(restored: Any, step: int) -> bool:
+    model, optimizer, rng = worker.state(step)
+    return (
+        restored.step == step
+        and np.array_equal(np.asarray(restored.model["w"]), np.asarray(model["w"]))
+        and np.array_equal(restored.model["b"], model["b"])
+        and np.array_equal(np.asarray(restored.optimizer["mu"]), np.asarray(optimizer["mu"]))
+        and np.array_equal(np.asarray(restored.rng), np.asarray(rng))
+        # The iterator continues with the batch after the step's.
+        and int(next(restored.iterator)[0]) == 4 * step
+    )
+
+
+def _restore(run: TrainingRun, **kwargs: Any) -> Any:
+    return run.restore(*worker.targets(), iter(worker.dataset()), **kwargs)
+
+
+def _names(root: object, status: str = words.COMPLETE) -> list[str]:
+    table = ex.list_checkpoints(root, cache=None)
+    return sorted(set(table.loc[table["status"] == status, "name"]))
+
+
+def _tiers(root: object) -> dict[str, str]:
+    table = ex.list_checkpoints(root, cache=None)
+    done = table[table["status"] == words.COMPLETE]
+    return dict(zip(done["name"], done["tier"], strict=True))
+
+
+def _worker(durable: str, local: Path, **options: Any) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, str(WORKER), durable, str(local), json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    events = [
+        json.loads(line[len(worker.PREFIX) :])
+        for line in done.stdout.splitlines()
+        if line.startswith(worker.PREFIX)
+    ]
+    events.append({"event": "exit", "code": done.returncode, "stderr": done.stderr[-3000:]})
+    return events
+
+
+def _event(events: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    found = [e for e in events if e["event"] == name]
+    assert found, events
+    return found[-1]
+
+
+# -- saves, promotions and retention per tier -------------------------------------------------
+
+
+def test_saves_go_local_and_every_save_every_th_is_promoted_and_each_tier_keeps_its_own(
+    durable, tmp_path
+):
+    local = tmp_path / "local"
+    iterator = iter(worker.dataset())
+    with _run(durable, local, keep_best=1, best_by="loss") as run:
+        _loop(run, range(1, 31), iterator)
+    # Locally the newest two; durably the newest two plus the best (step 10's loss,
+    # the batch's first value, is the smallest of the three promoted).
+    assert run.local_steps == [28, 30]
+    assert run.durable_steps == [10, 20, 30]
+    assert run.steps == [10, 20, 28, 30]
+    # The durable copy is bit for bit the local one, and loads as any checkpoint.
+    promoted = _paths.location(run.path(30))
+    for relative in ("model", "optimizer", "iterator", "auxiliary"):
+        for file in (local / "step_000030" / relative).rglob("*"):
+            if file.is_file():
+                copied = promoted / relative
+                for part in file.relative_to(local / "step_000030" / relative).parts:
+                    copied = copied / part
+                assert copied.storage.read(copied.path, 1 << 30) == file.read_bytes()
+    assert _exact(
+        load_training_checkpoint(run.path(20), *worker.targets(), iter(worker.dataset())), 20
+    )
+    # Committed the way Orbax commits on its storage: the marker names the durable path.
+    marker = promoted / names.COMMIT_SUCCESS
+    assert marker.storage.read(marker.path, 1000).decode().endswith(run.path(30))
+    # Nothing of the copy is left beside it (no temporary, no upload part, no claim).
+    listed = [entry for _, entry in _paths.location(durable).snapshot().walk()]
+    assert not any(
+        names.UPLOAD_PART_SUFFIX in e.name
+        or names.is_temporary_name(e.name)
+        or e.name.endswith(names.CLAIM_SUFFIX)
+        for e in listed
+    )
+    # Each tier's record says why it keeps what it keeps; listings show both tiers.
+    kept = ex.retention_table(durable)
+    assert dict(zip(kept["step"], kept["kept"], strict=True)) == {
+        10: "best loss",
+        20: "newest 2",
+        28: words.kept_local_newest(2),
+        30: f"newest 2, {words.kept_local_newest(2)}",
+    }
+    assert (
+        _tiers(durable)
+        == _tiers(local)
+        == {
+            "step_000010": words.TIER_DURABLE,
+            "step_000020": words.TIER_DURABLE,
+            "step_000028": words.TIER_LOCAL,
+            "step_000030": words.TIER_BOTH,
+        }
+    )
+    policy = ex.run_policy(durable)
+    assert policy is not None
+    assert (policy["local"], policy["local_every"], policy["local_keep"]) == (str(local), 2, 2)
+    table = ex.run_table(durable)
+    assert list(table["tier"]) == ["durable", "durable", "local", "both"]
+    assert list(table["loss"]) == [36.0, 76.0, 108.0, 116.0]
+
+
+def test_raw_orbax_loads_a_promoted_checkpoint(tmp_path):
+    iterator = iter(worker.dataset())
+    with _run(tmp_path / "durable", tmp_path / "local") as run:
+        _loop(run, range(1, 11), iterator)
+    model, optimizer, rng, _ = worker.targets()
+    loaded = ocp.load_checkpointables(
+        run.path(10), {"model": model, "optimizer": optimizer, "rng": rng}
+    )
+    assert np.array_equal(np.asarray(loaded["model"]["w"]), np.asarray(worker.state(10)[0]["w"]))
+
+
+def test_a_save_every_that_local_every_does_not_divide_still_promotes_its_steps(tmp_path):
+    iterator = iter(worker.dataset())
+    with _run(tmp_path / "d", tmp_path / "l", save_every=5, local_every=3, local_keep=1) as run:
+        decided = [step for step in range(1, 11) if run.should_save(step)]
+        _loop(run, range(1, 11), iterator)
+    assert decided == [3, 5, 6, 9, 10]
+    assert run.durable_steps == [5, 10] and run.local_steps == [10]
+
+
+def test_a_forced_save_is_promoted_and_close_waits_for_it(tmp_path):
+    iterator = iter(worker.dataset())
+    run = _run(tmp_path / "d", tmp_path / "l", save_every=None)
+    _loop(run, range(1, 4), iterator)
+    run.save(4, *worker.state(4), {"loss": 0.0}, iterator, force=True)
+    run.close()
+    assert run.durable_steps == [4]
+    assert run.local_steps == [2, 4]
+
+
+# -- restore across tiers ------------------------------------------------------------------
+
+
+def test_restore_takes_the_newest_of_either_tier_local_on_a_tie(tmp_path):
+    durable, local = tmp_path / "durable", tmp_path / "local"
+    iterator = iter(worker.dataset())
+    with _run(durable, local) as run:
+        _loop(run, range(1, 13), iterator)
+    assert run.local_steps == [10, 12] and run.durable_steps == [10]
+    # The newest is local.
+    assert _exact(_restore(_run(durable, local)), 12)
+    # A tie is read from the local copy (the durable one is made unreadable to tell).
+    shutil.rmtree(local / "step_000012")
+    flip_middle_byte(biggest_data_file(durable / "step_000010" / "model"))
+    assert _exact(_restore(_run(durable, local)), 10)
+
+
+def test_a_corrupt_local_step_falls_back_is_set_aside_and_the_run_goes_on(tmp_path):
+    durable, local = tmp_path / "durable", tmp_path / "local"
+    iterator = iter(worker.dataset())
+    with _run(durable, local) as run:
+        _loop(run, range(1, 13), iterator)
+    flip_middle_byte(biggest_data_file(local / "step_000012" / "model"))
+    resumed = _run(durable, local)
+    with pytest.warns(RuntimeWarning, match="step_000012"):
+        restored = _restore(resumed)
+    assert _exact(restored, 10)
+    assert (local / names.corrupt_name("step_000012")).is_dir()
+    assert _names(local, words.FOUND_CORRUPT) == [names.corrupt_name("step_000012")]
+    # The resumed job saves step 12 again, and goes on promoting.
+    iterator = iter(worker.dataset())
+    for _ in range(10):
+        next(iterator)
+    _loop(resumed, range(11, 21), iterator)
+    resumed.close()
+    assert resumed.durable_steps == [10, 20] and resumed.local_steps == [18, 20]
+    assert _exact(_restore(_run(durable, local)), 20)
+
+
+def test_a_corrupt_local_copy_of_a_promoted_step_falls_back_to_its_durable_copy(tmp_path):
+    durable, local = tmp_path / "durable", tmp_path / "local"
+    iterator = iter(worker.dataset())
+    with _run(durable, local) as run:
+        _loop(run, range(1, 11), iterator)
+    flip_middle_byte(biggest_data_file(local / "step_000010" / "optimizer"))
+    resumed = _run(durable, local)
+    with pytest.warns(RuntimeWarning, match="skipping checkpoint"):
+        assert _exact(_restore(resumed, step=10), 10)
+    assert _tiers(durable)["step_000010"] == words.TIER_DURABLE
+    resumed.close()
+
+
+def test_a_new_machine_resumes_from_the_durable_tier_at_the_right_batch(durable, tmp_path):
+    iterator = iter(worker.dataset())
+    with _run(durable, tmp_path / "old") as run:
+        _loop(run, range(1, 16), iterator)
+    assert run.durable_steps == [10] and run.local_steps == [12, 14]
+    # Another machine: its local directory does not exist yet.
+    fresh = tmp_path / "new" / "local"
+    fresh.parent.mkdir()
+    resumed = _run(durable, fresh)
+    assert fresh.is_dir()
+    assert _exact(_restore(resumed), 10)
+    resumed.close()
+    # The durable tier's record names the new local tier now: the old one is not listed.
+    assert _tiers(durable) == {"step_000010": words.TIER_DURABLE}
+    assert _tiers(fresh) == {"step_000010": words.TIER_DURABLE}
+
+
+# -- a corrupt checkpoint is never promoted -------------------------------------------------
+
+
+def test_a_promotion_refuses_a_local_checkpoint_that_is_not_what_was_saved(durable, tmp_path):
+    iterator = iter(worker.dataset())
+    with _run(tmp_path / "d", tmp_path / "l", save_every=None) as run:
+        _loop(run, range(1, 3), iterator)
+    source = tmp_path / "l" / "step_000002"
+    flip_middle_byte(biggest_data_file(source / "optimizer"))
+    if not durable.startswith("gs://"):
+        os.mkdir(durable)
+    destination = _paths.location(f"{durable}/step_000002")
+    with pytest.raises(CorruptDataError, match=r"not promoted: optimizer: leaf .*\['mu'\]"):
+        _promotion.promote(_paths.location(source), destination)
+    # Nothing was left in the durable directory.
+    assert not destination.exists() or not destination.snapshot().entries()
+    if not durable.startswith("gs://"):
+        assert os.listdir(durable) == []
+
+
+def test_a_local_checkpoint_damaged_before_its_promotion_is_set_aside_and_the_run_goes_on(
+    tmp_path, monkeypatch
+):
+    from tinax.checkpointing import _local_tier
+
+    retain = _local_tier.LocalTier.retain
+    damaged: list[int] = []
+
+    def damage_then_retain(self: Any, waiting: Any, policy: Any) -> None:
+        # Bit rot between the local commit and the promotion that follows it.
+        if 10 in waiting and not damaged:
+            damaged.append(10)
+            flip_middle_byte(biggest_data_file(Path(self.path(10).path) / "model"))
+        retain(self, waiting, policy)
+
+    monkeypatch.setattr(_local_tier.LocalTier, "retain", damage_then_retain)
+    iterator = iter(worker.dataset())
+    with (
+        pytest.warns(RuntimeWarning, match="was not promoted.*set aside"),
+        _run(tmp_path / "d", tmp_path / "l") as run,
+    ):
+        _loop(run, range(1, 21), iterator)
+    assert damaged == [10]
+    assert run.durable_steps == [20]
+    assert _names(tmp_path / "l", words.FOUND_CORRUPT) == [names.corrupt_name("step_000010")]
+
+
+# -- kills, SIGTERM ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["kill_in_copy", "kill_before_promotion"])
+def test_a_promotion_cut_short_by_a_kill_is_finished_by_the_resumed_run(durable, tmp_path, where):
+    local = tmp_path / "local"
+    events = _worker(durable, local, steps=40, **{where: True})
+    assert _event(events, "killed")["where"] in ("copy", "before promotion")
+    assert _event(events, "exit")["code"] == -9
+    # Step 10 is committed locally and waits for its promotion; nothing is committed
+    # durably, and a copy cut short is not complete.
+    table = ex.list_checkpoints(local, cache=None)
+    waiting = table[(table["step"] == 10) & (table["tier"] == words.TIER_LOCAL)]
+    assert list(waiting["promotion"]) == [
+        words.PROMOTION_RUNNING if where == "kill_in_copy" else words.PROMOTION_WAITING
+    ]
+    assert (
+        not (table["tier"] != words.TIER_LOCAL).any()
+        or (table.loc[table["tier"] == words.TIER_DURABLE, "status"] != words.COMPLETE).all()
+    )
+    resumed = _run(durable, local)
+    # The leftovers of the copy are gone as the run opens.
+    assert not [
+        e for _, e in _paths.location(durable).snapshot().walk() if e.name != names.RUN_RECORD
+    ]
+    assert _exact(_restore(resumed), 10)
+    resumed.close()
+    assert resumed.durable_steps == [10]
+    assert _tiers(durable)["step_000010"] == words.TIER_BOTH
+    assert _exact(
+        load_training_checkpoint(resumed.path(10), *worker.targets(), iter(worker.dataset())), 10
+    )
+
+
+def test_sigterm_saves_locally_promotes_at_once_and_ends_after_the_durable_commit(
+    durable, tmp_path
+):
+    events = _worker(durable, tmp_path / "local", steps=100, sigterm_at=7, save_every=50)
+    assert _event(events, "exit")["code"] == 0, events
+    # Step 7 is off both intervals: saved for the preemption, and durable when save returned.
+    assert _event(events, "preempted") == {"event": "preempted", "step": 7, "durable": [7]}
+    assert _exact(_restore(_run(durable, tmp_path / "local", save_every=50)), 7)
+
+
+# -- arguments, processes ------------------------------------------------------------------
+
+
+def test_bad_local_arguments_are_refused_with_clear_errors(tmp_path):
+    durable, local = tmp_path / "d", tmp_path / "l"
+    with pytest.raises(ValueError, match="local needs local_every"):
+        TrainingRun(durable, local=local)
+    with pytest.raises(ValueError, match="local_every needs local"):
+        TrainingRun(durable, local_every=2)
+    with pytest.raises(TypeError, match="local_every must be an integer"):
+        TrainingRun(durable, local=local, local_every=True)
+    with pytest.raises(ValueError, match="local_keep must be at least 1"):
+        TrainingRun(durable, local=local, local_every=2, local_keep=0)
+    with pytest.raises(TypeError, match="local must be a str or os.PathLike"):
+        TrainingRun(durable, local=3, local_every=2)
+    with pytest.raises(ValueError, match="not a bucket"):
+        TrainingRun(durable, local="gs://bucket/run", local_every=2)
+    for inside in (durable, durable / "local", tmp_path):
+        with pytest.raises(ValueError, match="must be apart"):
+            TrainingRun(durable, local=inside, local_every=2)
+    with pytest.raises(FileNotFoundError, match="parent does not exist"):
+        TrainingRun(durable, local=tmp_path / "no" / "local", local_every=2)
+    # A local directory that holds another run's checkpoints.
+    TrainingRun(tmp_path / "other", local=local, local_every=2).close()
+    with pytest.raises(ValueError, match="holds the checkpoints of the run in"):
+        TrainingRun(durable, local=local, local_every=2)
+    with pytest.raises(ValueError, match="of a run of its own"):
+        TrainingRun(durable, local=tmp_path / "other", local_every=2)
+
+
+def test_a_missing_local_tier_with_must_exist_resumes_from_the_durable_one(tmp_path, caplog):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
+        TrainingRun(tmp_path / "d", local=tmp_path / "l", local_every=2, must_exist=True)
+    iterator = iter(worker.dataset())
+    with _run(tmp_path / "d2", tmp_path / "l2") as run:
+        _loop(run, range(1, 3), iterator)
+    # Only local checkpoints: the run is not empty.
+    TrainingRun(tmp_path / "d2", local=tmp_path / "l2", local_every=2, must_exist=True).close()
+    with caplog.at_level(logging.WARNING, logger="tinax.checkpointing"):
+        assert _restore(_run(tmp_path / "d3", tmp_path / "l3")) is None
+    assert f"or its local tier {str(tmp_path / 'l3')!r}" in caplog.text
+
+
+def test_a_two_tier_listing_says_which_tier_when_the_other_is_unreachable(tmp_path):
+    iterator = iter(worker.dataset())
+    with _run(tmp_path / "d", tmp_path / "l") as run:
+        _loop(run, range(1, 11), iterator)
+    shutil.rmtree(tmp_path / "d")
+    # The local tier alone, its durable directory gone.
+    assert _tiers(tmp_path / "l") == {
+        "step_000008": words.TIER_LOCAL,
+        "step_000010": words.TIER_LOCAL,
+    }
+    out = io.StringIO()
+    with mock.patch.dict(os.environ, {"COLUMNS": "120"}):
+        assert main(["ls", str(tmp_path / "l")], out, io.StringIO()) == 0
+    # One tier in every row: said once, under the table.
+    text = " ".join(out.getvalue().split())
+    assert f"every row: tier {words.TIER_LOCAL}" in text and words.TIER_DURABLE not in text
