@@ -418,3 +418,37 @@ def test_a_two_tier_listing_says_which_tier_when_the_other_is_unreachable(tmp_pa
     text = " ".join(out.getvalue().split())
     said = text[text.index("every row:") :]
     assert f"tier {words.TIER_LOCAL}," in said and words.TIER_DURABLE not in text
+
+
+def test_processes_of_one_host_share_the_local_tier_and_several_hosts_are_refused(tmp_path):
+    import cluster
+    import two_tier_cluster_worker
+
+    script = Path(two_tier_cluster_worker.__file__)
+    durable, local = tmp_path / "durable", tmp_path / "local"
+    loop = cluster.launch(script, "loop", durable, local, processes=2)
+    assert loop.ok, str(loop)
+    reports = [loop.result(i, "loop") for i in range(2)]
+    # Process 1 alone got the SIGTERM (at step 25); both saved at the same later step,
+    # and that save was promoted before the loop ended, on both.
+    stop = reports[0]["preempted_at"]
+    assert stop is not None and stop >= 25 and stop == reports[1]["preempted_at"]
+    assert all(stop in loop.result(i, "preempted")["durable"] for i in range(2))
+    promoted = sorted(set(range(10, stop + 1, 10)) | {stop})
+    assert reports[0]["durable"] == reports[1]["durable"] == promoted[-2:]
+    assert reports[0]["local"] == reports[1]["local"] == sorted({*range(5, stop + 1, 5), stop})[-2:]
+    resume = cluster.launch(script, "resume", durable, local, processes=2)
+    assert resume.ok, str(resume)
+    for i in range(2):
+        # Each process's shard of the data: 1000 examples split by process, batches of 4.
+        first = 2 * 4 * stop + i
+        for phase in ("resume", "new machine"):
+            report = resume.result(i, phase)
+            assert report["restored"] == stop and report["exact"] is True
+            assert report["next"] == list(range(first, first + 8, 2))
+    refused = cluster.launch(script, "refused", durable, tmp_path / "other", processes=2)
+    assert refused.ok, str(refused)
+    for i in range(2):
+        report = refused.result(i, "refused")
+        assert "name 2 local directories" in report["paths"]
+        assert "run on 2 hosts" in report["hosts"] and "another-host" in report["hosts"]

@@ -81,6 +81,40 @@ def same_directory(a: Location, b: Location) -> bool:
     return str(a) == str(b)
 
 
+def overlapping(a: Location, b: Location) -> bool:
+    """Whether two directories are one, or one holds the other (local paths resolved;
+    directories on different storages never overlap)."""
+    if a.is_local != b.is_local:
+        return False
+    if a.is_local:
+        first, second = os.path.realpath(a.path), os.path.realpath(b.path)
+        sep = os.sep
+    else:
+        first, second = str(a).rstrip("/"), str(b).rstrip("/")
+        sep = "/"
+    return first == second or first.startswith(second + sep) or second.startswith(first + sep)
+
+
+def check_local_tier(local: Location, durable: Location) -> None:
+    """Refuses a local tier that is not on this machine's own storage, or not apart
+    from the durable tier.
+
+    Raises:
+      ValueError: Naming both directories and what is wrong.
+    """
+    if not local.is_local:
+        raise ValueError(
+            f"local {str(local)!r} must be a directory on this machine's own storage (a "
+            "local SSD, /dev/shm), not a bucket: the durable tier is the run's directory"
+        )
+    if overlapping(local, durable):
+        raise ValueError(
+            f"local {os.path.realpath(local.path)!r} and the run's directory {str(durable)!r} "
+            "must be apart: the local tier is neither the durable one nor inside it (nor "
+            "around it)"
+        )
+
+
 def _steps(value: object) -> frozenset[int]:
     if not isinstance(value, list):
         return frozenset()

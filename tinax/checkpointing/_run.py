@@ -999,19 +999,7 @@ def _local_location(local: object, directory: object) -> Location:
         or one holds the other.
     """
     where = _paths.location(local, what="local")
-    if not where.is_local:
-        raise ValueError(
-            f"local {str(where)!r} must be a directory on this machine's own storage (a "
-            "local SSD, /dev/shm), not a bucket: the durable tier is the run's directory"
-        )
-    durable = _paths.location(directory, what="directory")
-    if durable.is_local:
-        mine, theirs = os.path.realpath(where.path), os.path.realpath(durable.path)
-        if mine == theirs or mine.startswith(theirs + os.sep) or theirs.startswith(mine + os.sep):
-            raise ValueError(
-                f"local {mine!r} and the run's directory {theirs!r} must be apart: the "
-                "local tier is neither the durable one nor inside it (nor around it)"
-            )
+    tiers.check_local_tier(where, _paths.location(directory, what="directory"))
     return where
 
 
