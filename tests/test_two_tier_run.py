@@ -452,3 +452,27 @@ def test_processes_of_one_host_share_the_local_tier_and_several_hosts_are_refuse
         report = refused.result(i, "refused")
         assert "name 2 local directories" in report["paths"]
         assert "run on 2 hosts" in report["hosts"] and "another-host" in report["hosts"]
+
+
+def test_the_explorer_lists_both_tiers_and_opens_a_checkpoint_of_each(tmp_path):
+    from tinax.widgets import CheckpointExplorer
+
+    iterator = iter(worker.dataset())
+    with _run(tmp_path / "durable", tmp_path / "local", local_keep=1) as run:
+        _loop(run, range(1, 13), iterator)
+    explorer = CheckpointExplorer(str(tmp_path / "durable"))
+    assert explorer.wait(60)
+    listed = explorer.checkpoints
+    assert dict(zip(listed["name"], listed["tier"], strict=True)) == {
+        "step_000010": words.TIER_DURABLE,
+        "step_000012": words.TIER_LOCAL,
+    }
+    # The run list's table has the tier column, shown since the rows differ in it.
+    shown = explorer.checkpoint_view
+    assert "tier" in [column.field for column in shown.columns]
+    assert "tier" not in shown.quiet_columns()
+    for name, where in (("step_000010", "durable"), ("step_000012", "local")):
+        label = listed.index[listed["name"] == name][0]
+        explorer.checkpoint_view.click(label)
+        assert explorer.checkpoint == str(tmp_path / where / name)
+        assert "['w']" in set(explorer.leaves["key"])
