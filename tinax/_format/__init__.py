@@ -37,6 +37,13 @@ Arrays and their bytes:
 - ``budget``: the memory a read may claim; impossible shapes and chunks refused.
 - ``chunks``: which chunks are stored, and reading an array a region at a time.
 - ``checksums``: the checksums tinax saves, and checking values against them.
+- ``valuecheck``: every stored value of a checkpoint checked against its checksums.
+
+Copies:
+
+- ``transfer``: a checkpoint's files copied to a disk or a bucket, each read once.
+- ``tiers``: which directories a two-tier run's records name (its local and durable
+  tiers).
 
 Restores:
 
