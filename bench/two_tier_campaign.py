@@ -120,9 +120,10 @@ class _Reader:
                 self.times.append(time.monotonic())
                 self._changed.notify_all()
         with self._changed:
-            self.lines.append("")
-            self.times.append(time.monotonic())
+            self.ended = True
             self._changed.notify_all()
+
+    ended = False
 
     def wait_for(self, prefix: str, timeout: float = 300.0, after: int = 0) -> str:
         """The first line from the ``after``-th on starting with ``prefix`` (``""``: the
@@ -131,8 +132,10 @@ class _Reader:
         with self._changed:
             while True:
                 for line in self.lines[after:]:
-                    if line.startswith(prefix) or line == "":
+                    if line.startswith(prefix):
                         return line
+                if self.ended:
+                    return ""
                 if not self._changed.wait(max(0.0, deadline - time.monotonic())):
                     return ""
 
@@ -149,7 +152,7 @@ class _Reader:
 
     def finish(self) -> list[str]:
         self._thread.join(timeout=60)
-        return [line for line in self.lines if line]
+        return list(self.lines)
 
 
 def _exact(loaded: Any, step: int, nbytes: int) -> bool:

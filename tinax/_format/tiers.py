@@ -144,14 +144,16 @@ def _local_of(durable: Location, local_record: dict[str, Any]) -> bool:
         return False
 
 
-def two_tier_run(root: Location) -> TwoTierRun | None:
+def two_tier_run(root: Location, record: dict[str, Any] | None = None) -> TwoTierRun | None:
     """The two-tier run ``root`` is a tier of; ``None`` for any other directory.
 
     Args:
       root: A run directory: the durable or the local tier of a two-tier run (or
         anything else).
+      record: ``root``'s run record, if the caller has read it already.
     """
-    record = _read(root)
+    if record is None:
+        record = _read(root)
     if record is None:
         return None
     if record.get(TIER) == LOCAL_TIER:

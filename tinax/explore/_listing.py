@@ -682,17 +682,15 @@ def list_checkpoints(
         raise TypeError(f"cache must be a ListingCache or None, got {type(cache).__name__}")
     if not isinstance(deep, bool):
         raise TypeError(f"deep must be a bool, got {type(deep).__name__}")
-    found = _listed(_paths.existing_directory(root), cache, deep)
-    # A two-tier run's other tier is listed with it (``_tiers``).
-    return _tiers.with_tiers(
-        _paths.existing_directory(root), found, lambda other: _listed(other, cache, deep)
-    )
-
-
-def _listed(root: Location, cache: ListingCache | None, deep: bool) -> pd.DataFrame:
-    """``list_checkpoints`` of one directory."""
     # One listing of the whole run (on an object store, a request per thousand objects).
-    directory = root.snapshot()
+    directory = _paths.existing_directory(root).snapshot()
+    found = _listed(directory, cache, deep)
+    # A two-tier run's other tier is listed with it (``_tiers``).
+    return _tiers.with_tiers(directory, found, lambda other: _listed(other.snapshot(), cache, deep))
+
+
+def _listed(directory: Location, cache: ListingCache | None, deep: bool) -> pd.DataFrame:
+    """``list_checkpoints`` of one directory, as listed (``Location.snapshot``)."""
     # The listing makes objects by the hundred thousand, none in a cycle.
     with files.paused_gc():
         rows, state = _rows(directory, cache, deep)

@@ -54,9 +54,10 @@ def retention_table(root: str | os.PathLike[str]) -> pd.DataFrame:
       ValueError: If ``root`` is not a directory.
     """
     where = _paths.existing_directory(root)
-    run = tiers.two_tier_run(where)
+    record = read_run_record(where)
+    run = None if record is None else tiers.two_tier_run(where, record)
     # A two-tier run keeps a record in each tier: the durable one's reasons come first.
-    records = [read_run_record(where)] if run is None else [run.durable_record, run.local_record]
+    records = [record] if run is None else [run.durable_record, run.local_record]
     reasons_by_step: dict[int, list[str]] = {}
     metric_by_step: dict[int, float] = {}
     for record in records:
