@@ -34,19 +34,25 @@ def _wait_at_exit() -> None:
     waits forever for work that never runs). ``threading._register_atexit``
     callbacks run first, in reverse order of registration, when the main thread
     ends; this one is registered after ``concurrent.futures.thread``'s, so it runs
-    while every pool still works. Failures are already logged by each response.
+    while every pool still works. Failures are already logged by each response. A
+    save's end may start more work (a two-tier run promotes a local checkpoint once
+    it has committed): that is waited for too.
     """
-    with _in_flight_lock:
-        waiting = sorted(_in_flight, key=lambda response: response.path)
-    if not waiting:
-        return
-    _log.warning(
-        "waiting for %d tinax save(s) in flight to commit before exiting: %s",
-        len(waiting),
-        ", ".join(response.path for response in waiting),
-    )
-    for response in waiting:
-        response.wait_quietly()  # never raises the save's failure
+    told = False
+    while True:
+        with _in_flight_lock:
+            waiting = sorted(_in_flight, key=lambda response: response.path)
+        if not waiting:
+            return
+        if not told:
+            told = True
+            _log.warning(
+                "waiting for %d tinax save(s) in flight to commit before exiting: %s",
+                len(waiting),
+                ", ".join(response.path for response in waiting),
+            )
+        for response in waiting:
+            response.wait_quietly()  # never raises the save's failure
 
 
 def track(operation: Any) -> None:
