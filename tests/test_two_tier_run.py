@@ -23,6 +23,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import two_tier_worker as worker
+from conftest import BUCKET
 from damage import biggest_data_file, flip_middle_byte
 from orbax.checkpoint import v1 as ocp
 
@@ -63,6 +64,14 @@ def _exact(restored: Any, step: int) -> bool:
         # The iterator continues with the batch after the step's.
         and int(next(restored.iterator)[0]) == 4 * step
     )
+
+
+def _iterator_at(batches: int) -> Any:
+    """The stream after its first ``batches`` batches (where a restore of that step puts it)."""
+    iterator = iter(worker.dataset())
+    for _ in range(batches):
+        next(iterator)
+    return iterator
 
 
 def _restore(run: TrainingRun, **kwargs: Any) -> Any:
@@ -227,10 +236,7 @@ def test_a_corrupt_local_step_falls_back_is_set_aside_and_the_run_goes_on(tmp_pa
     assert (local / names.corrupt_name("step_000012")).is_dir()
     assert _names(local, words.FOUND_CORRUPT) == [names.corrupt_name("step_000012")]
     # The resumed job saves step 12 again, and goes on promoting.
-    iterator = iter(worker.dataset())
-    for _ in range(10):
-        next(iterator)
-    _loop(resumed, range(11, 21), iterator)
+    _loop(resumed, range(11, 21), _iterator_at(10))
     resumed.close()
     assert resumed.durable_steps == [10, 20] and resumed.local_steps == [18, 20]
     assert _exact(_restore(_run(durable, local)), 20)
@@ -264,6 +270,42 @@ def test_a_new_machine_resumes_from_the_durable_tier_at_the_right_batch(durable,
     # The durable tier's record names the new local tier now: the old one is not listed.
     assert _tiers(durable) == {"step_000010": words.TIER_DURABLE}
     assert _tiers(fresh) == {"step_000010": words.TIER_DURABLE}
+
+
+def _flip_durable_data_byte(durable: str, name: str) -> None:
+    """Flips the middle byte of the biggest data file of the model, on disk or in the bucket."""
+    if not durable.startswith("gs://"):
+        flip_middle_byte(biggest_data_file(Path(durable) / name / "model"))
+        return
+    from tinax._format import gcs
+
+    fs = gcs.GCS.filesystem()
+    found = fs.find(f"{durable[len('gs://') :]}/{name}/model", detail=True)
+    path = max((p for p in found if p.split("/")[-2] == "d"), key=lambda p: found[p]["size"])
+    data = bytearray(fs.cat_file(path))
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(path, bytes(data))
+
+
+def test_a_corrupt_durable_step_is_set_aside_and_its_step_promoted_again(durable, tmp_path):
+    iterator = iter(worker.dataset())
+    with _run(durable, tmp_path / "old") as run:
+        _loop(run, range(1, 21), iterator)
+    assert run.durable_steps == [10, 20]
+    _flip_durable_data_byte(durable, "step_000020")
+    # A new machine: the bucket alone.
+    (tmp_path / "new").mkdir()
+    resumed = _run(durable, tmp_path / "new" / "local")
+    with pytest.warns(RuntimeWarning, match="step_000020"):
+        restored = _restore(resumed)
+    assert _exact(restored, 10)
+    assert _names(durable, words.FOUND_CORRUPT)
+    _loop(resumed, range(11, 21), _iterator_at(10))
+    resumed.close()
+    assert resumed.durable_steps == [10, 20]
+    assert _exact(
+        load_training_checkpoint(resumed.path(20), *worker.targets(), iter(worker.dataset())), 20
+    )
 
 
 # -- a corrupt checkpoint is never promoted -------------------------------------------------
@@ -326,25 +368,67 @@ def test_a_promotion_cut_short_by_a_kill_is_finished_by_the_resumed_run(durable,
     # durably, and a copy cut short is not complete.
     table = ex.list_checkpoints(local, cache=None)
     waiting = table[(table["step"] == 10) & (table["tier"] == words.TIER_LOCAL)]
+    copy = table[(table["step"] == 10) & (table["tier"] == words.TIER_DURABLE)]
+    # A killed copy: an interrupted temporary directory on a disk (its claim is free);
+    # on gs://, where nothing tells a dead writer from a live one, in progress until
+    # it has been quiet for five minutes.
+    if where == "kill_in_copy":
+        assert list(copy["status"]) == [
+            words.IN_PROGRESS if durable.startswith("gs://") else words.INTERRUPTED
+        ]
+    busy = where == "kill_in_copy" and durable.startswith("gs://")
     assert list(waiting["promotion"]) == [
-        words.PROMOTION_RUNNING if where == "kill_in_copy" else words.PROMOTION_WAITING
+        words.PROMOTION_RUNNING if busy else words.PROMOTION_WAITING
     ]
     assert (
         not (table["tier"] != words.TIER_LOCAL).any()
         or (table.loc[table["tier"] == words.TIER_DURABLE, "status"] != words.COMPLETE).all()
     )
+    # The loop went on while step 10 was being promoted: its newest local step is the
+    # one to resume from.
+    newest = int(table.loc[table["status"] == words.COMPLETE, "step"].max())
+    assert newest >= 10
     resumed = _run(durable, local)
     # The leftovers of the copy are gone as the run opens.
     assert not [
         e for _, e in _paths.location(durable).snapshot().walk() if e.name != names.RUN_RECORD
     ]
-    assert _exact(_restore(resumed), 10)
+    assert _exact(_restore(resumed), newest)
     resumed.close()
-    assert resumed.durable_steps == [10]
-    assert _tiers(durable)["step_000010"] == words.TIER_BOTH
+    assert resumed.durable_steps[0] == 10
+    # Committed durably (and still locally, unless the local tier has moved on).
+    assert _tiers(durable)["step_000010"] in (words.TIER_BOTH, words.TIER_DURABLE)
     assert _exact(
         load_training_checkpoint(resumed.path(10), *worker.targets(), iter(worker.dataset())), 10
     )
+
+
+def test_a_promotion_to_gs_killed_before_its_marker_is_committed_by_the_resumed_run(gcs, tmp_path):
+    durable = f"gs://{BUCKET}/{tmp_path.name}"
+    local = tmp_path / "local"
+    events = _worker(durable, local, steps=40, kill_before_marker=True)
+    assert _event(events, "killed")["where"] == "before the marker"
+    step = _paths.location(f"{durable}/step_000010")
+    found = step.snapshot().entries()
+    # Every file is in, the commit record too: tinax takes it for committed, as Orbax's
+    # rule for a copied checkpoint does; the marker Orbax's own listing wants is missing.
+    assert names.CHECKPOINT_METADATA in found and names.COMMIT_SUCCESS not in found
+    newest = max(
+        int(p.name[len("step_") :])
+        for p in local.iterdir()
+        if names.RUN_CHECKPOINT.match(p.name) and (p / names.CHECKPOINT_METADATA).exists()
+    )
+    resumed = _run(durable, local)
+    assert names.COMMIT_SUCCESS in step.snapshot().entries()
+    assert _exact(_restore(resumed), newest)
+    resumed.close()
+    # Step 10's promotion committed; any the loop started later was finished too.
+    assert resumed.durable_steps[0] == 10
+    model, optimizer, rng, _ = worker.targets()
+    loaded = ocp.load_checkpointables(
+        str(step), {"model": model, "optimizer": optimizer, "rng": rng}
+    )
+    assert np.array_equal(np.asarray(loaded["model"]["w"]), np.asarray(worker.state(10)[0]["w"]))
 
 
 def test_sigterm_saves_locally_promotes_at_once_and_ends_after_the_durable_commit(

@@ -13,6 +13,8 @@ preemption, and the run's durable steps when the save returned), ``end``. Option
   copy, once half of the checkpoint's files are copied;
 - ``kill_before_promotion``: SIGKILL this process when its first promotion would
   start (the local checkpoint committed, its promotion recorded as waiting);
+- ``kill_before_marker``: SIGKILL this process when its first promotion to ``gs://``
+  has written the commit record but not yet ``commit_success.txt``;
 - ``sigterm_at``: at this step this process sends itself SIGTERM, and the loop ends
   when ``run.preempted``.
 
@@ -81,6 +83,21 @@ def _kill_in_copy() -> None:
     transfer.copy_files = copy_half_then_die
 
 
+def _kill_before_marker() -> None:
+    from tinax._format import names, transfer
+
+    copy = transfer.copy_files
+
+    def copy_then_die(source: Any, files: Any, destination: Any) -> None:
+        files = list(files)
+        copy(source, files, destination)
+        if [f.relative for f in files] == [(names.CHECKPOINT_METADATA,)]:
+            emit("killed", where="before the marker")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    transfer.copy_files = copy_then_die
+
+
 def _kill_before_promotion() -> None:
     from tinax.checkpointing import _promotion
 
@@ -96,6 +113,8 @@ def train(durable: str, local: str, options: dict[str, Any]) -> None:
         _kill_in_copy()
     if options.get("kill_before_promotion"):
         _kill_before_promotion()
+    if options.get("kill_before_marker"):
+        _kill_before_marker()
     run = TrainingRun(
         durable,
         save_every=options.get("save_every", 10),

@@ -15,6 +15,13 @@ import re
 CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
 # On object stores, where there is no rename, Orbax writes this file last.
 COMMIT_SUCCESS = "commit_success.txt"
+
+
+def commit_success_text(checkpoint: str) -> bytes:
+    """What Orbax writes in ``COMMIT_SUCCESS`` when the checkpoint at ``checkpoint`` commits."""
+    return f"Checkpoint commit was successful to {checkpoint}".encode()
+
+
 # An empty file Orbax V0 writes to mark a checkpoint directory.
 ORBAX_MARKER = "orbax.checkpoint"
 ROOT_METADATA = "_ROOT_METADATA"

@@ -34,18 +34,13 @@ from tinax import _claims, _paths
 from tinax._format import layout, names, preflight, transfer, valuecheck
 from tinax._format.checksums import CorruptDataError
 from tinax._format.storage import Location
-from tinax.checkpointing import _response
+from tinax.checkpointing import _response, _run_files
 
 _log = logging.getLogger("tinax.checkpointing")
 
 # The files a promotion writes after every other one, in this order: the commit record,
 # then (on object stores) the marker that the checkpoint is whole.
 _LAST = ((names.CHECKPOINT_METADATA,), (names.COMMIT_SUCCESS,))
-
-
-def _commit_text(destination: Location) -> bytes:
-    # What Orbax writes in its marker.
-    return f"Checkpoint commit was successful to {destination}".encode()
 
 
 def promote(source: Location, destination: Location) -> None:
@@ -109,7 +104,9 @@ def _promote_by_rename(
         temporary = destination.parent / (destination.name + names.TEMPORARY_SUFFIX)
         try:
             _checked_copy(checkpoint, files, temporary)
-            (temporary / names.COMMIT_SUCCESS).write_new(_commit_text(destination))
+            (temporary / names.COMMIT_SUCCESS).write_new(
+                names.commit_success_text(str(destination))
+            )
             os.rename(temporary.path, destination.path)
             fd = os.open(destination.parent.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
@@ -131,7 +128,13 @@ def _promote_in_place(
     destination: Location,
 ) -> None:
     found = destination.snapshot()
-    if found.entries():
+    entries = found.entries()
+    if names.CORRUPT_RECORD in entries:
+        # A restore found it corrupt and marked it in place (an object store cannot
+        # move it aside): the step's new checkpoint takes its place.
+        _log.warning("removing %s, marked corrupt by a restore, to promote its step again", found)
+        _run_files.remove_checkpoint(destination)
+    elif entries:
         if not layout.is_uncommitted(found):
             raise FileExistsError(
                 f"{str(destination)!r} holds a committed checkpoint: a promotion never overwrites"
@@ -143,7 +146,7 @@ def _promote_in_place(
         # Committed as Orbax commits on an object store: the record after every other
         # file, the marker last.
         transfer.copy_files(checkpoint.path, record, destination)
-        (destination / names.COMMIT_SUCCESS).write_new(_commit_text(destination))
+        (destination / names.COMMIT_SUCCESS).write_new(names.commit_success_text(str(destination)))
     except BaseException:
         with contextlib.suppress(OSError):
             destination.remove_tree()

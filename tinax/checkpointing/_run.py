@@ -327,8 +327,9 @@ class TrainingRun:
 
     def should_save(self, step: int) -> bool:
         """Whether ``save(step, ...)`` would save: the interval says so (either tier's,
-        with two), or the job is preempted. In a multi-process job every process answers alike at every step
-        (JAX's preemption sync point), so call it (or ``save``) at every step.
+        with two), or the job is preempted. In a multi-process job every process
+        answers alike at every step (JAX's preemption sync point), so call it (or
+        ``save``) at every step.
 
         After the preemption save has committed, a later step ends the process with
         ``on_preemption="exit"`` (see the class), and is judged by the interval alone
@@ -463,22 +464,18 @@ class TrainingRun:
         """Refuses a step the run has a checkpoint of, before anything is written, and
         says when a save goes back behind the run's newest checkpoint."""
         name = names.run_checkpoint_name(step)
-        tiers_here = [self._root] if self._local is None else [self._local.root]
-        for root in tiers_here:
-            where = root / name
-            if (where / names.CHECKPOINT_METADATA).exists() or (
-                where / names.COMMIT_SUCCESS
-            ).exists():
-                raise FileExistsError(
-                    f"run {self.directory!r} has a checkpoint of step {step} already "
-                    f"({where}; saves never overwrite): resume with run.restore(...) and "
-                    "go on from the restored step + 1"
-                )
-        # The durable tier, as this run last listed it: no request to a bucket on each save.
-        if self._local is not None and step in self._durable_steps:
+        where = (self._root if self._local is None else self._local.root) / name
+        # With two tiers, the durable tier as this run last listed it: no request to a
+        # bucket on each save.
+        if (
+            (where / names.CHECKPOINT_METADATA).exists()
+            or (where / names.COMMIT_SUCCESS).exists()
+            or (self._local is not None and step in self._durable_steps)
+        ):
+            tier = "" if self._local is None else ", in either tier"
             raise FileExistsError(
                 f"run {self.directory!r} has a checkpoint of step {step} already "
-                f"({name}; saves never overwrite): resume with run.restore(...) and "
+                f"({name}{tier}; saves never overwrite): resume with run.restore(...) and "
                 "go on from the restored step + 1"
             )
         # The records' kept steps, as of the last retention: no listing on each save.
@@ -579,9 +576,12 @@ class TrainingRun:
         with self._lock:
             if promote:
                 self._local.promote.add(step)
-            self._local.retain(self._waiting(), self._policy())
-            if promote:
-                self._start_promotion(step)
+            try:
+                self._local.retain(self._waiting(), self._policy())
+            finally:
+                # A retention that failed (it is logged) stops no promotion.
+                if promote:
+                    self._start_promotion(step)
 
     def _start_promotion(self, step: int) -> None:
         assert self._local is not None
@@ -633,10 +633,18 @@ class TrainingRun:
         with self._lock:
             self._local.promote.discard(step)
             source = self._local.path(step)
+            try:
+                self._settle_promotion(step, source, error)
+            finally:
+                self._local.retain(self._waiting(), self._policy())
+
+    def _settle_promotion(self, step: int, source: Location, error: BaseException | None) -> None:
+        """The durable tier's bookkeeping after a promotion (or its failure's)."""
+        with self._lock:
             if error is None:
                 _log.info("promoted %s to %s", source, self.path(step))
                 self._durable_steps.add(step)
-                metric = self._local.metrics.get(str(step))
+                metric = self._local.metrics.get(str(step)) if self._local else None
                 if metric is not None:
                     self._record["metrics"][str(step)] = metric
                 self._retain()
@@ -659,7 +667,6 @@ class TrainingRun:
                     error,
                 )
                 self._promotion_errors.append(error)
-            self._local.retain(self._waiting(), self._policy())
 
     def _wait_promotions(self) -> None:
         """Waits for every promotion started (primary); every process then agrees on
@@ -673,8 +680,7 @@ class TrainingRun:
             with self._lock:
                 failures, self._promotion_errors = self._promotion_errors, []
                 self._promotions = [p for p in self._promotions if not p.done()]
-            found = next((e for e in failures if isinstance(e, Exception)), None)
-            error = found
+            error = next((e for e in failures if isinstance(e, Exception)), None)
         _processes.agree(
             error, what=f"the end of the promotions to {self.directory!r}", timeout=_PROMOTION_WAIT
         )
@@ -847,7 +853,9 @@ class TrainingRun:
         if self._local is None:
             return
         with self._lock:
+            # What the restore set aside is no longer a step of either tier.
             self._local.promote &= set(self._local.complete())
+            self._durable_steps = set(self._complete())
         self._resume_promotions()
 
     def _load(

@@ -129,8 +129,10 @@ def clean_up(root: Location, newest: int | None, *, every_unfinished: bool = Fal
       root: The run directory.
       newest: Its newest complete step; interrupted saves older than it are removed.
       every_unfinished: Remove every save that has not committed, whatever its step,
-        and on object stores whatever its activity: the caller is the directory's
-        only writer (the durable tier of a two-tier run, written by promotions alone).
+        and on object stores whatever its activity, and finish the commit of one whose
+        marker alone is missing: the caller is the directory's only writer (the
+        durable tier of a two-tier run, written by promotions alone, each of which
+        writes its commit record after every other file).
     """
     removal.remove_stale_temporaries(root / names.RUN_RECORD)
     listed = root.snapshot()
@@ -158,6 +160,16 @@ def clean_up(root: Location, newest: int | None, *, every_unfinished: bool = Fal
         if not (older or every_unfinished):
             continue
         if final == name and _claims.uncommitted_status(listed / name) is None:
+            inside = (listed / name).entries()
+            if (
+                every_unfinished
+                and names.COMMIT_SUCCESS not in inside
+                and (not where.storage.commits_by_rename and names.CHECKPOINT_METADATA in inside)
+            ):
+                # A promotion killed between its last two writes: every file is in,
+                # the commit record too; its marker completes the commit as Orbax's.
+                _log.warning("finishing the commit of %s, left by an interrupted promotion", where)
+                (where / names.COMMIT_SUCCESS).write_new(names.commit_success_text(str(where)))
             continue  # committed
         if every_unfinished and final == name:
             # In place on an object store: a promotion killed before its commit.

@@ -58,8 +58,11 @@ def with_tiers(
     durable_done = set(
         steps[complete & (merged["tier"] == words.TIER_DURABLE)].dropna().astype(int)
     )
+    # A copy whose writer lives (an interrupted one is done again by the resumed run).
     durable_busy = set(
-        steps[~complete & (merged["tier"] == words.TIER_DURABLE)].dropna().astype(int)
+        steps[(merged["status"] == words.IN_PROGRESS) & (merged["tier"] == words.TIER_DURABLE)]
+        .dropna()
+        .astype(int)
     )
     both = local_done & durable_done
     keep = ~(complete & (merged["tier"] == words.TIER_DURABLE) & steps.isin(both))
