@@ -461,8 +461,12 @@ def test_bad_local_arguments_are_refused_with_clear_errors(tmp_path):
     for inside in (durable, durable / "local", tmp_path):
         with pytest.raises(ValueError, match="must be apart"):
             TrainingRun(durable, local=inside, local_every=2)
-    with pytest.raises(FileNotFoundError, match="parent does not exist"):
-        TrainingRun(durable, local=tmp_path / "no" / "local", local_every=2)
+    # A new machine's local directory is made, with its parents.
+    TrainingRun(durable, local=tmp_path / "new" / "ssd" / "local", local_every=2).close()
+    assert (tmp_path / "new" / "ssd" / "local" / names.RUN_RECORD).is_file()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError):
+        TrainingRun(tmp_path / "d2", local=tmp_path / "file" / "local", local_every=2)
     # A local directory that holds another run's checkpoints.
     TrainingRun(tmp_path / "other", local=local, local_every=2).close()
     with pytest.raises(ValueError, match="holds the checkpoints of the run in"):

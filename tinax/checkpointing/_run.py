@@ -110,6 +110,17 @@ class TrainingRun:
     (``on_preemption="exit"``), or goes on saving by its interval
     (``on_preemption="continue"``).
 
+    Two tiers: with ``local``, every save goes to that directory on fast storage of
+    this machine, every ``local_every`` steps, and the local checkpoint of every
+    ``save_every``-th step is promoted to ``directory`` (a path or ``gs://``) in the
+    background: its files copied (each read once), its values checked against their
+    saved checksums, committed as Orbax commits there. Each tier keeps its own
+    (``local_keep`` newest locally, besides those waiting for their promotion;
+    ``keep`` newest plus ``keep_best`` best in ``directory``); ``restore`` takes the
+    newest checkpoint that loads from either (the local copy of a step in both); a
+    SIGTERM's save is promoted before ``save`` returns; the run that resumes after a
+    kill removes what a killed promotion left and promotes again what was waiting.
+
     Example::
 
       with TrainingRun(root, save_every=50, keep=2, keep_best=1, best_by="loss") as run:
@@ -147,9 +158,9 @@ class TrainingRun:
       local: A directory on fast storage of this machine (a local SSD, ``/dev/shm``)
         for a second tier: the run saves there every ``local_every`` steps and
         promotes the local checkpoint of every ``save_every``-th step to
-        ``directory``, the durable tier (see "Two tiers" above). Created if
-        missing (its parent must exist). Every process of the job must run on this
-        one host and name the same directory.
+        ``directory``, the durable tier. Created (with its parents) if missing:
+        on a new machine the run resumes from ``directory``. Every process of the
+        job must run on this one host and name the same directory.
       local_every: Save to ``local`` when ``step % local_every == 0`` (and at the
         steps the durable tier takes). Required with ``local``.
       local_keep: How many of the newest local checkpoints to keep (those waiting
@@ -164,9 +175,9 @@ class TrainingRun:
         ``local_every`` without ``local``), ``local`` holds another run's
         checkpoints, or the job's processes run on several hosts (or name
         different local directories).
-      FileNotFoundError: If ``directory`` (or ``local``) cannot be created (its
-        parent is missing), or with ``must_exist`` if it is missing or has no
-        checkpoint.
+      FileNotFoundError: If ``directory`` cannot be created (its parent is
+        missing), or with ``must_exist`` if it is missing or has no checkpoint.
+      OSError: If ``local`` cannot be created.
     """
 
     def __init__(
@@ -234,7 +245,8 @@ class TrainingRun:
             assert every is not None and kept_locally is not None
             _one_host(local_location)
             made = not local_location.exists()
-            removal.make_directory(local_location)
+            # A new machine may lack the parents too (a freshly mounted disk).
+            os.makedirs(local_location.path, exist_ok=True)
             self._local = LocalTier(local_location, self._root, every, kept_locally, made)
         if must_exist and not (self._complete() or (self._local and self._local.complete())):
             raise FileNotFoundError(
