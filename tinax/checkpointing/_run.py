@@ -253,7 +253,11 @@ class TrainingRun:
                 f"run directory {str(self._root)!r} holds no complete checkpoint to resume "
                 "(must_exist=True); check the path"
             )
+        # ``_lock``: the local tier's record and the promotions; ``_durable_lock``: the
+        # run's record in ``directory`` and its retention, which on a bucket takes
+        # requests that no save call should wait for.
         self._lock = threading.RLock()
+        self._durable_lock = threading.RLock()
         self._pending: SaveResponse[None] | None = None
         self._preempted = False
         # The step whose save the preemption made, once that save has committed.
@@ -281,7 +285,7 @@ class TrainingRun:
                 _run_files.clean_up(self._local.root, max(self._local.complete(), default=None))
                 # Each tier's record names the other from the start: a listing of either
                 # finds both, and no other run takes this local directory.
-                with self._lock:
+                with self._lock, self._durable_lock:
                     self._local.write_record(self._policy())
                     self._write_record()
         if self._local is not None:
@@ -430,12 +434,13 @@ class TrainingRun:
         if self._primary:
             _run_files.clear_marked(where, step)
             self._check_new_step(step)
-            with self._lock:
-                if self._local is None:
+            if self._local is None:
+                with self._durable_lock:
                     if metric is not None:
                         self._record["metrics"][str(step)] = metric
                     self._write_record()
-                else:
+            else:
+                with self._lock:
                     if metric is not None:
                         self._local.metrics[str(step)] = metric
                     self._local.write_record(self._policy())
@@ -642,21 +647,25 @@ class TrainingRun:
         """After a promotion ends (on its thread, primary): the durable tier's record and
         retention; a local checkpoint that proved corrupt is set aside."""
         assert self._local is not None
+        source = self._local.path(step)
         with self._lock:
-            self._local.promote.discard(step)
-            source = self._local.path(step)
-            try:
-                self._settle_promotion(step, source, error)
-            finally:
+            metric = self._local.metrics.get(str(step))
+        try:
+            self._settle_promotion(step, source, error, metric)
+        finally:
+            with self._lock:
+                self._local.promote.discard(step)
                 self._local.retain(self._waiting(), self._policy())
 
-    def _settle_promotion(self, step: int, source: Location, error: BaseException | None) -> None:
-        """The durable tier's bookkeeping after a promotion (or its failure's)."""
-        with self._lock:
+    def _settle_promotion(
+        self, step: int, source: Location, error: BaseException | None, metric: Any
+    ) -> None:
+        """The durable tier's bookkeeping after a promotion (or its failure's); a save
+        call meanwhile waits for none of it."""
+        with self._durable_lock:
             if error is None:
                 _log.info("promoted %s to %s", source, self.path(step))
                 self._durable_steps.add(step)
-                metric = self._local.metrics.get(str(step)) if self._local else None
                 if metric is not None:
                     self._record["metrics"][str(step)] = metric
                 self._retain()
@@ -668,7 +677,8 @@ class TrainingRun:
                     RuntimeWarning,
                     stacklevel=1,
                 )
-                _run_files.set_aside(source, f"{type(error).__name__}: {error}")
+                with self._lock:
+                    _run_files.set_aside(source, f"{type(error).__name__}: {error}")
             else:
                 _log.warning(
                     "the promotion of %s to %s failed (%s: %s); the local checkpoint stays "
@@ -678,7 +688,8 @@ class TrainingRun:
                     type(error).__name__,
                     error,
                 )
-                self._promotion_errors.append(error)
+                with self._lock:
+                    self._promotion_errors.append(error)
 
     def _wait_promotions(self) -> None:
         """Waits for every promotion started (primary); every process then agrees on
@@ -867,6 +878,7 @@ class TrainingRun:
         with self._lock:
             # What the restore set aside is no longer a step of either tier.
             self._local.promote &= set(self._local.complete())
+        with self._durable_lock:
             self._durable_steps = set(self._complete())
         self._resume_promotions()
 
@@ -908,7 +920,7 @@ class TrainingRun:
 
     def _retain(self) -> None:
         """After a commit: keeps what the policy keeps, removes the rest, and records why."""
-        with self._lock:
+        with self._durable_lock:
             complete = self._complete()
             kept = self._kept(complete)
             for step in sorted(set(complete) - set(kept)):
