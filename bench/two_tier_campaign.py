@@ -40,6 +40,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -54,6 +55,8 @@ from tinax._format import words
 
 SAVE_EVERY, KEEP, LOCAL_KEEP = 3, 2, 2
 _BATCH = 32
+# Seconds a job may take from its start to its resume.
+_RESUME_DEADLINE_S = 300.0
 
 
 @dataclasses.dataclass
@@ -96,10 +99,21 @@ def _start(root: Path, mib: float, steps: int) -> subprocess.Popen[str]:
 
 
 def _why(root: Path, child: subprocess.Popen[str]) -> str:
-    """Why a job ended before it resumed: its exit status and the end of its stderr."""
-    child.wait(timeout=60)
-    text = (root / "job.stderr").read_text(errors="replace").strip().splitlines()
-    return f"exit {child.returncode}: " + " | ".join(text[-3:])
+    """Why a job did not resume: its exit status (or that it hung) and the end of its
+    stderr, the whole of which is kept in the temporary directory (the run's scratch
+    directory goes when the campaign ends)."""
+    try:
+        child.wait(timeout=30)
+        status = f"exit {child.returncode}"
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait(timeout=60)
+        status = "no resume within the deadline (the job's threads are on its stderr)"
+    text = (root / "job.stderr").read_text(errors="replace")
+    kept = Path(tempfile.gettempdir()) / f"tinax-two-tier-job-{time.time_ns()}.stderr"
+    kept.write_text(text)
+    lines = [line for line in text.strip().splitlines() if not line.startswith("I1")]
+    return f"{status} [{kept}]: " + " | ".join(lines[-3:])
 
 
 class _Reader:
@@ -234,8 +248,8 @@ def campaign(side: str, root: Path, kills: int, mib: float, rng: random.Random) 
         child = _start(root, mib, 0)
         reader = _Reader(child)
         try:
-            left = reader.wait_for("leftovers ")
-            resumed = reader.wait_for("resumed ")
+            left = reader.wait_for("leftovers ", timeout=_RESUME_DEADLINE_S)
+            resumed = reader.wait_for("resumed ", timeout=_RESUME_DEADLINE_S)
             counts.resumes += 1
             if not resumed.startswith("resumed "):
                 counts.refused += 1
@@ -279,6 +293,10 @@ def _child(side: str, root: str, mib: str, steps: str) -> None:
     """The training job: open, resume, then train and save every step until ``steps``
     more (0: forever)."""
     _campaign.quiet_logs()
+    import faulthandler
+
+    # A job that has not resumed by then says where each of its threads is.
+    faulthandler.dump_traceback_later(_RESUME_DEADLINE_S - 30, exit=False)
     from tinax._format import names
     from tinax.checkpointing import TrainingRun, _promotion, abstract_restore_target
 
@@ -321,6 +339,7 @@ def _child(side: str, root: str, mib: str, steps: str) -> None:
     local_steps = run.local_steps
     tier = words.TIER_LOCAL if start in local_steps else words.TIER_DURABLE
     batch = next(iterator)
+    faulthandler.cancel_dump_traceback_later()
     print(f"resumed {start} {tier} {int(np.asarray(batch)[0])}", flush=True)
     last = start + int(steps) if int(steps) else None
     for step in itertools.count(start + 1):
