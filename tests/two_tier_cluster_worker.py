@@ -33,10 +33,10 @@ from typing import Any
 import cluster
 import jax
 import numpy as np
-from multiprocess_worker import dataset, expected
-from run_cluster_worker import loss, model, rng
+from multiprocess_worker import dataset
+from run_cluster_worker import loss, model, restored, rng
 
-from tinax.checkpointing import TrainingRun, abstract_restore_target
+from tinax.checkpointing import TrainingRun
 
 
 def open_run(directory: Path, local: Path) -> TrainingRun:
@@ -72,23 +72,9 @@ def loop(directory: Path, local: Path) -> None:
 
 def _restore(directory: Path, local: Path) -> dict[str, Any]:
     run = open_run(directory, local)
-    iterator = iter(dataset())
-    restored = run.restore(
-        abstract_restore_target(model(0)),
-        {"count": abstract_restore_target(np.asarray(0))},
-        abstract_restore_target(rng(0)),
-        {"loss": 0.0},
-        iterator,
-    )
-    assert restored is not None
-    step = restored.step
-    exact = all(
-        np.array_equal(np.asarray(shard.data), expected(name, shape, step)[shard.index])
-        for name, shape in (("w", (8, 16)), ("b", (16,)))
-        for shard in restored.model[name].addressable_shards
-    )
+    report = restored(run)
     run.close()
-    return {"restored": step, "exact": exact, "next": np.asarray(next(iterator)).tolist()}
+    return report
 
 
 def resume(directory: Path, local: Path) -> None:
