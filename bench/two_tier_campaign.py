@@ -212,15 +212,16 @@ def _sound_steps(root: Path, nbytes: int, counts: Counts) -> list[int]:
             copies.append(f"{durable}/{row.name}")
         for path in copies:
             counts.listed_complete += 1
+            why = "it loads other values"
             try:
                 exact = _exact(_load(path, nbytes), int(row.step), nbytes)
-            except Exception:
-                exact = False
+            except Exception as e:
+                exact, why = False, f"{type(e).__name__}: {e}"[:300]
             if exact:
                 sound.append(int(row.step))
             else:
                 counts.partial_listed_complete += 1
-                counts.misses.append(f"{path} listed complete but does not load bit for bit")
+                counts.misses.append(f"{path} listed complete but does not load bit for bit: {why}")
     return sound
 
 
@@ -289,13 +290,32 @@ def campaign(side: str, root: Path, kills: int, mib: float, rng: random.Random) 
     return counts
 
 
+_said = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """Tells the parent one line. Promotions tell theirs from their own threads: a
+    print's text and its newline are two writes, which another thread's line could
+    come between, so each line is one write, under a lock."""
+    with _said:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def _stage(what: str) -> None:
+    """Says on stderr what the job is doing (a job that fails to resume shows where)."""
+    print(f"job: {what}", file=sys.stderr, flush=True)
+
+
 def _child(side: str, root: str, mib: str, steps: str) -> None:
     """The training job: open, resume, then train and save every step until ``steps``
     more (0: forever)."""
     _campaign.quiet_logs()
     import faulthandler
 
-    # A job that has not resumed by then says where each of its threads is.
+    # A job that has not resumed by then says where each of its threads is; one that
+    # crashes says where.
+    faulthandler.enable()
     faulthandler.dump_traceback_later(_RESUME_DEADLINE_S - 30, exit=False)
     from tinax._format import names
     from tinax.checkpointing import TrainingRun, _promotion, abstract_restore_target
@@ -305,12 +325,13 @@ def _child(side: str, root: str, mib: str, steps: str) -> None:
 
     def told(source: Any, destination: Any) -> None:
         step = names.step_from_name(destination.name)
-        print(f"promote-start {step}", flush=True)
+        _say(f"promote-start {step}")
         promote(source, destination)
-        print(f"promote-end {step}", flush=True)
+        _say(f"promote-end {step}")
 
     _promotion.promote = told
     durable = _durable(Path(root))
+    _stage("opening the run")
     try:
         run = TrainingRun(
             durable,
@@ -322,25 +343,27 @@ def _child(side: str, root: str, mib: str, steps: str) -> None:
             handle_sigterm=False,
         )
     except Exception as e:
-        print(f"refused {type(e).__name__}: {e}".replace("\n", " "), flush=True)
+        _say(f"refused {type(e).__name__}: {e}".replace("\n", " "))
         sys.exit(2)
+    _stage("listing it")
     # What did not commit in the durable tier once the run has opened (no promotion has
     # started yet): a killed promotion's leftovers, which opening the run removes.
     listing = ex.list_checkpoints(Path(root) / "local", cache=None)
     leftovers = listing[
         (listing["tier"] == words.TIER_DURABLE) & (listing["status"] != words.COMPLETE)
     ]
-    print(f"leftovers {len(leftovers)}", flush=True)
+    _say(f"leftovers {len(leftovers)}")
     shapes = _campaign.live_state(0, nbytes)
     targets = [abstract_restore_target(shapes[k]) for k in ("model", "optimizer", "rng")]
     iterator = iter(_campaign.dataset())
+    _stage("restoring")
     restored = run.restore(*targets, {"seed": 0, "loss": 0.0}, iterator)
     start = 0 if restored is None else restored.step
     local_steps = run.local_steps
     tier = words.TIER_LOCAL if start in local_steps else words.TIER_DURABLE
     batch = next(iterator)
     faulthandler.cancel_dump_traceback_later()
-    print(f"resumed {start} {tier} {int(np.asarray(batch)[0])}", flush=True)
+    _say(f"resumed {start} {tier} {int(np.asarray(batch)[0])}")
     last = start + int(steps) if int(steps) else None
     for step in itertools.count(start + 1):
         if last is not None and step > last:

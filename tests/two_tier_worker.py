@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -63,8 +64,15 @@ def dataset() -> grain.IterDataset:
     return grain.MapDataset.range(100_000).batch(4).to_iter_dataset()
 
 
+_emitting = threading.Lock()
+
+
 def emit(event: str, **values: object) -> None:
-    print(PREFIX + json.dumps({"event": event, **values}), flush=True)
+    # One write per line, under a lock: a promotion's thread emits too, and a print's
+    # text and newline are two writes another thread's line could come between.
+    with _emitting:
+        sys.stdout.write(PREFIX + json.dumps({"event": event, **values}) + "\n")
+        sys.stdout.flush()
 
 
 def _kill_in_copy() -> None:
