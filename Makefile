@@ -12,7 +12,7 @@ LOCK_DATE := 2026-12-02
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 
-.PHONY: install lock chromium lint check test bench wheels mutants campaigns preemption-campaign race-campaign run-campaign demo demo-data big-run screenshot clean
+.PHONY: install lock chromium lint check test bench wheels mutants campaigns preemption-campaign race-campaign run-campaign two-tier-campaign demo demo-data big-run screenshot clean
 
 # uv installs the lock (hashes checked) in seconds where pip takes over a minute; the
 # venv itself is a plain one, with pip, for whoever works in it.
@@ -106,7 +106,7 @@ wheels: install
 # runs a small sample): jobs SIGKILLed mid-save then resumed, and two writers racing
 # for one checkpoint, and a training run (saving and pruning) SIGKILLed at random
 # moments then resumed. Each exits non-zero when tinax misses a goal.
-campaigns: preemption-campaign race-campaign run-campaign
+campaigns: preemption-campaign race-campaign run-campaign two-tier-campaign
 
 preemption-campaign: install
 	$(PY) bench/preemption.py --kills 30 --mib 256
@@ -117,6 +117,11 @@ race-campaign: install
 
 run-campaign: install
 	$(PY) bench/run_campaign.py --kills 30 --mib 32
+
+# A run with a local tier and a gs:// one (the emulator at 30 ms a request), killed 100
+# times, half of them within a promotion.
+two-tier-campaign: install
+	$(PY) bench/two_tier_campaign.py --kills 100 --mib 8
 
 # The whole mutant campaign (tests/mutants.py): hundreds of damaged and hostile
 # checkpoints against every read path; make test runs a sample of it.

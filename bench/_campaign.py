@@ -281,6 +281,7 @@ def run_kill_campaign(
     rows: tuple[tuple[str, str], ...],
     goals: Any,
     notes: tuple[str, ...] = ("refusals",),
+    default_sides: str = "tinax,orbax",
 ) -> int:
     """The command line both kill campaigns share: run each side, print a table, judge tinax.
 
@@ -294,6 +295,8 @@ def run_kill_campaign(
       rows: ``(label, field)`` of the table, one row per field of the counts.
       goals: ``goals(counts) -> [(goal, how many times it was missed)]`` for tinax.
       notes: Fields of the counts holding lists of lines; the first three of each are shown.
+      default_sides: What ``--sides`` is when not given (a campaign with no Orbax
+        counterpart runs tinax alone).
 
     Returns:
       The exit status: 1 when a goal is missed.
@@ -307,7 +310,7 @@ def run_kill_campaign(
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--mib", type=float, default=default_mib, help="size of a checkpoint")
-    parser.add_argument("--sides", default="tinax,orbax")
+    parser.add_argument("--sides", default=default_sides)
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -227,6 +227,7 @@ SLOW_FILES = frozenset(
         "test_notebooks.py",
         "test_readme.py",
         "test_real_states.py",
+        "test_two_tier_run.py",
         "test_widgets_explorer_scale.py",
     }
 )

@@ -75,25 +75,32 @@ def loop(directory: Path) -> None:
     cluster.report("loop", preempted_at=saved_for_preemption, steps=run.steps)
 
 
-def resume(directory: Path) -> None:
-    run = open_run(directory)
+def restored(run: TrainingRun) -> dict[str, Any]:
+    """Restores ``run``: the step, whether every shard holds that step's values, and
+    the next batch of this process's iterator."""
     iterator = iter(dataset())
-    restored = run.restore(
+    found = run.restore(
         abstract_restore_target(model(0)),
         {"count": abstract_restore_target(np.asarray(0))},
         abstract_restore_target(rng(0)),
         {"loss": 0.0},
         iterator,
     )
-    assert restored is not None
-    step = restored.step
+    assert found is not None
+    step = found.step
     exact = all(
         np.array_equal(np.asarray(shard.data), expected(name, shape, step)[shard.index])
         for name, shape in (("w", (8, 16)), ("b", (16,)))
-        for shard in restored.model[name].addressable_shards
+        for shard in found.model[name].addressable_shards
     )
+    return {"restored": step, "exact": exact, "next": np.asarray(next(iterator)).tolist()}
+
+
+def resume(directory: Path) -> None:
+    run = open_run(directory)
+    report = restored(run)
     run.close()
-    cluster.report("resume", restored=step, exact=exact, next=np.asarray(next(iterator)).tolist())
+    cluster.report("resume", **report)
 
 
 if __name__ == "__main__":

@@ -52,3 +52,12 @@ def test_a_training_run_killed_while_saving_and_pruning_resumes_from_its_newest_
     assert tinax["refused"] == 0 and tinax["not_from_newest"] == 0
     # Every checkpoint listed complete after each kill was loaded and checked bit for bit.
     assert tinax["listed_complete"] >= 1 and tinax["partial_listed_complete"] == 0
+
+
+def test_a_two_tier_job_killed_in_local_saves_and_promotions_resumes_from_its_newest_sound_step():
+    tinax = _campaign("two_tier_campaign.py", "--kills", "2", "--mib", "1", "--seed", "1")["tinax"]
+    assert tinax["kills"] == 2 and tinax["resumes"] == 2 and tinax["refused"] == 0
+    # Every copy listed complete in either tier, after each kill, was loaded bit for bit.
+    assert tinax["listed_complete"] >= 2 and tinax["partial_listed_complete"] == 0
+    assert tinax["not_from_newest"] == 0 and tinax["wrong_next_batch"] == 0
+    assert tinax["half_copied_left"] == 0 and tinax["promotions_finished"] >= 1

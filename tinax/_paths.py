@@ -177,6 +177,20 @@ def listed_directory(path: object, *, what: str = "path") -> Location:
     return existing_directory(path, what=what).snapshot()
 
 
+def listed_in(directory: Location, name: object, path: object) -> Location:
+    """The checkpoint of a row of ``directory``'s listing (its ``name`` and ``path``),
+    within that listing where it is there: ``directory`` itself (a checkpoint listed
+    alone) or ``directory / name``. A row from elsewhere (a two-tier run's other tier)
+    is its own ``path``."""
+    text = str(path)
+    if text == str(directory):
+        return directory
+    inside = directory / str(name)
+    if text == str(inside):
+        return inside
+    return location(text)
+
+
 def open_checkpoint(path: object, *, what: str = "path") -> layout.Checkpoint:
     """The checkpoint at ``path``, opened: listed once, checked by the preflight every
     read passes first (``tinax._format.preflight``), its layout and commit record read.

@@ -54,6 +54,9 @@ CHECKPOINT_COLUMNS = (
     Column("status", "status"),
     Column("nbytes", "size on disk", format_bytes, align="right", descending_first=True),
     Column("kept", "kept because", essential=False),
+    # A two-tier run's rows only (blank, so hidden, elsewhere).
+    Column("tier", "tier", essential=False),
+    Column("promotion", "promotion", essential=False, priority=1),
     Column("age", "age", format_age, align="right", essential=False, priority=1),
     Column("committed", "committed (UTC)", _format_time, essential=False, priority=3),
     Column("checkpointables", "checkpointables", _format_names, essential=False, priority=2),

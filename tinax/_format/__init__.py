@@ -40,6 +40,13 @@ Arrays and their bytes:
 - ``checksums``: the checksums tinax saves, and checking values against them.
 - ``rawread``: uncompressed chunks read straight from an OCDBT store's data files.
 - ``chunkload``: a load's chunks read and decoded (zstd) straight into its buffers.
+- ``valuecheck``: every stored value of a checkpoint checked against its checksums.
+
+Copies:
+
+- ``transfer``: a checkpoint's files copied to a disk or a bucket, each read once.
+- ``tiers``: which directories a two-tier run's records name (its local and durable
+  tiers).
 
 Restores:
 

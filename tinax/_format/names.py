@@ -15,6 +15,13 @@ import re
 CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
 # On object stores, where there is no rename, Orbax writes this file last.
 COMMIT_SUCCESS = "commit_success.txt"
+
+
+def commit_success_text(checkpoint: str) -> bytes:
+    """What Orbax writes in ``COMMIT_SUCCESS`` when the checkpoint at ``checkpoint`` commits."""
+    return f"Checkpoint commit was successful to {checkpoint}".encode()
+
+
 # An empty file Orbax V0 writes to mark a checkpoint directory.
 ORBAX_MARKER = "orbax.checkpoint"
 ROOT_METADATA = "_ROOT_METADATA"
@@ -152,6 +159,14 @@ RUN_CHECKPOINT = re.compile(r"^step_(\d+)$")
 def run_checkpoint_name(step: int) -> str:
     """The name a training run gives the checkpoint of ``step``."""
     return f"step_{step:06d}"
+
+
+# -- promotions of a two-tier run --------------------------------------------------------
+
+# A file larger than one upload is sent to gs:// as parts named ``<file><suffix><i>``
+# beside it, composed into the file and deleted; a killed promotion leaves them inside
+# its uncommitted directory, which is removed as a whole.
+UPLOAD_PART_SUFFIX = ".tinax-part-"
 
 
 # -- checkpoints a run found corrupt ---------------------------------------------------------

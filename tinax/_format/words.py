@@ -38,6 +38,21 @@ BEING_REMOVED = "being removed"
 # kept for inspection; never loadable, never counted as its step's checkpoint.
 FOUND_CORRUPT = "corrupt (found by restore)"
 
+# -- where a checkpoint of a two-tier run is (``list_checkpoints``' ``tier``) ---------------
+
+# A training run with a local tier (``TrainingRun(..., local=...)``) keeps checkpoints on
+# fast local storage and promotes some to its durable directory; a listing of such a run
+# says where each checkpoint is.
+TIER_LOCAL = "local"
+TIER_DURABLE = "durable"
+# The same step committed in both tiers (a promoted checkpoint still kept locally).
+TIER_BOTH = "both"
+TIERS = (TIER_LOCAL, TIER_DURABLE, TIER_BOTH)
+# A local checkpoint the run will copy to its durable tier (``list_checkpoints``'
+# ``promotion``), and one being copied now.
+PROMOTION_WAITING = "waiting"
+PROMOTION_RUNNING = "promoting"
+
 # -- why a run keeps a checkpoint (``retention_table``'s ``kept``) -------------------------
 
 
@@ -51,6 +66,13 @@ def kept_best(metric: str, count: int = 1) -> str:
     return f"best {metric}" if count == 1 else f"best {count} by {metric}"
 
 
+def kept_local_newest(count: int) -> str:
+    """A local checkpoint of a two-tier run kept as one of the ``count`` newest there."""
+    return f"newest {count} local"
+
+
+# A local checkpoint kept until the run has copied it to its durable tier.
+KEPT_FOR_PROMOTION = "waiting for promotion"
 # Kept whatever the policy says: the newest checkpoint whose metadata reads.
 KEPT_NEWEST_SOUND = "newest sound"
 # Kept because no policy removes anything (``keep=None``).

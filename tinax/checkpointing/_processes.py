@@ -120,30 +120,10 @@ def agree(
         if error is not None:
             raise error
         return
-    participants = _participants(active_processes)
-    counter = _rounds.setdefault(participants, itertools.count())
-    number = next(counter)
-    tag = "-".join(map(str, participants))
-    base = f"{_KEY_PREFIX}/{tag}/{number}"
     verdict = None if error is None else {"type": type(error).__name__, "message": str(error)}
-    client.key_value_set(f"{base}/{process_index()}", json.dumps(verdict))
-    try:
-        client.wait_at_barrier(base, int(timeout * 1000), process_ids=list(participants))
-    except Exception as e:
-        raise TimeoutError(
-            f"not every process ({len(participants)} of them) reached {what} within "
-            f"{timeout:.0f} s: {e}"
-        ) from error
-    found = dict(client.key_value_dir_get(f"{base}/"))
-    if process_index() == participants[0] and number > 0:
-        # Everyone has passed this round's barrier, so the previous round has been
-        # read everywhere; its keys can go.
-        client.key_value_delete(f"{_KEY_PREFIX}/{tag}/{number - 1}/")
-    failures = []
-    for key, value in found.items():
-        record = json.loads(value)
-        if record is not None:
-            failures.append((int(key.rsplit("/", 1)[1]), record))
+    participants = _participants(active_processes)
+    found = _exchange(verdict, what=what, timeout=timeout, participants=participants, cause=error)
+    failures = [(index, record) for index, record in found.items() if record is not None]
     if not failures:
         return
     index, record = min(failures, key=lambda item: item[0])
@@ -152,3 +132,51 @@ def agree(
     if kind.__name__ != record["type"]:
         message = f"{record['type']}: {message}"
     raise kind(f"{message} [process {index} of {process_count()}]") from error
+
+
+def gather(value: Any, *, what: str, timeout: float) -> list[Any]:
+    """Every process's ``value`` (JSON-able), in process order; all processes call it.
+
+    Args:
+      value: What this process contributes.
+      what: The occasion, for the timeout message.
+      timeout: Seconds to wait for the other processes.
+
+    Raises:
+      TimeoutError: If not every process arrived within ``timeout``.
+    """
+    if process_count() == 1 or _client() is None:
+        return [value]
+    participants = _participants(None)
+    found = _exchange(value, what=what, timeout=timeout, participants=participants, cause=None)
+    return [found[index] for index in participants]
+
+
+def _exchange(
+    value: Any,
+    *,
+    what: str,
+    timeout: float,
+    participants: tuple[int, ...],
+    cause: BaseException | None,
+) -> dict[int, Any]:
+    """One round through the coordination service: every participant's ``value``."""
+    client = _client()
+    counter = _rounds.setdefault(participants, itertools.count())
+    number = next(counter)
+    tag = "-".join(map(str, participants))
+    base = f"{_KEY_PREFIX}/{tag}/{number}"
+    client.key_value_set(f"{base}/{process_index()}", json.dumps(value))
+    try:
+        client.wait_at_barrier(base, int(timeout * 1000), process_ids=list(participants))
+    except Exception as e:
+        raise TimeoutError(
+            f"not every process ({len(participants)} of them) reached {what} within "
+            f"{timeout:.0f} s: {e}"
+        ) from cause
+    found = dict(client.key_value_dir_get(f"{base}/"))
+    if process_index() == participants[0] and number > 0:
+        # Everyone has passed this round's barrier, so the previous round has been
+        # read everywhere; its keys can go.
+        client.key_value_delete(f"{_KEY_PREFIX}/{tag}/{number - 1}/")
+    return {int(key.rsplit("/", 1)[1]): json.loads(text) for key, text in found.items()}

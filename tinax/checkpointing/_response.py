@@ -20,7 +20,7 @@ _log = logging.getLogger("tinax.checkpointing")
 
 # Every save of this process that has not ended yet, so that the interpreter's exit
 # can wait for them (see ``_wait_at_exit``).
-_in_flight: set[SaveResponse[Any]] = set()
+_in_flight: set[Any] = set()
 _in_flight_lock = threading.Lock()
 _exit_hook_registered = False
 
@@ -34,19 +34,40 @@ def _wait_at_exit() -> None:
     waits forever for work that never runs). ``threading._register_atexit``
     callbacks run first, in reverse order of registration, when the main thread
     ends; this one is registered after ``concurrent.futures.thread``'s, so it runs
-    while every pool still works. Failures are already logged by each response.
+    while every pool still works. Failures are already logged by each response. A
+    save's end may start more work (a two-tier run promotes a local checkpoint once
+    it has committed): that is waited for too.
     """
+    told = False
+    while True:
+        with _in_flight_lock:
+            waiting = sorted(_in_flight, key=lambda response: response.path)
+        if not waiting:
+            return
+        if not told:
+            told = True
+            _log.warning(
+                "waiting for %d tinax save(s) in flight to commit before exiting: %s",
+                len(waiting),
+                ", ".join(response.path for response in waiting),
+            )
+        for response in waiting:
+            response.wait_quietly()  # never raises the save's failure
+
+
+def track(operation: Any) -> None:
+    """Has the interpreter's exit wait for a background operation of this process (a
+    save, a promotion): anything with a ``path`` and a ``wait_quietly()`` that waits
+    for its end without raising."""
+    _register_exit_hook()
     with _in_flight_lock:
-        waiting = sorted(_in_flight, key=lambda response: response.path)
-    if not waiting:
-        return
-    _log.warning(
-        "waiting for %d tinax save(s) in flight to commit before exiting: %s",
-        len(waiting),
-        ", ".join(response.path for response in waiting),
-    )
-    for response in waiting:
-        response._future.exception()  # waits; never raises the save's failure
+        _in_flight.add(operation)
+
+
+def untrack(operation: Any) -> None:
+    """The operation has ended: the exit no longer waits for it."""
+    with _in_flight_lock:
+        _in_flight.discard(operation)
 
 
 def _register_exit_hook() -> None:
@@ -100,9 +121,7 @@ class SaveResponse(ocp.AsyncResponse[T]):
         self._claimed = destination
         self._destination = destination.location
         self._future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        _register_exit_hook()
-        with _in_flight_lock:
-            _in_flight.add(self)
+        track(self)
         self._thread = threading.Thread(
             target=self._watch, name=f"tinax-save:{self._destination.name}", daemon=True
         )
@@ -112,8 +131,7 @@ class SaveResponse(ocp.AsyncResponse[T]):
         try:
             self._settle()
         finally:
-            with _in_flight_lock:
-                _in_flight.discard(self)
+            untrack(self)
 
     def _settle(self) -> None:
         try:
@@ -169,6 +187,10 @@ class SaveResponse(ocp.AsyncResponse[T]):
             raise TimeoutError(
                 f"save to {str(self._destination)!r} not finished after {timeout} s"
             ) from None
+
+    def wait_quietly(self) -> None:
+        """Waits for the save to end; never raises its failure."""
+        self._future.exception()
 
     def done(self) -> bool:
         """Whether the save has finished, successfully or not."""

@@ -1,40 +1,39 @@
 """A training run: the save interval, retention, resume and preemption in one object.
 
-(Over 500 lines: one class, whose interval, retention, resume and preemption share
-the run's state and its record; split, each part would reach into the others.)
+(Over 500 lines: one class, whose interval, retention, resume, preemption and two
+tiers share the run's state and its record; split, each part would reach into the
+others. What a run directory needs, whichever tier it is, is in ``_run_files``; the
+local tier in ``_local_tier``; a promotion in ``_promotion``.)
 
 A run is a directory of checkpoints named ``step_<step>`` (``names.run_checkpoint_name``)
 and one small JSON record beside them (``names.RUN_RECORD``): the run's policy, the
 metric of every step saved, and why each checkpoint is kept. The record is a file,
-so no listing takes it for a checkpoint, and it is replaced atomically.
+so no listing takes it for a checkpoint, and it is replaced atomically. Removal is
+crash-safe, and a checkpoint a restore could not load is set aside (``_run_files``).
+The steps after the one restored belong to the resumed job, which saves them again
+under their own names.
 
-Removal is crash-safe. A checkpoint is removed by first writing the deletion marker
-(``names.DELETION_MARKER``) into it, then its commit records, then everything else,
-the marker last. From the marker's first byte on, listings show it as
-``being removed`` and no load accepts it; a kill at any instant leaves either a
-complete checkpoint or one marked as being removed, never a half-removed one that
-looks complete. The next run finishes what a killed one left.
+A two-tier run (``local=``) saves to a local directory every ``local_every`` steps and
+promotes a local checkpoint to the run's directory, its durable tier, every
+``save_every`` steps: in the background, after the local save has committed, one
+promotion at a time (``_promotion``). Each tier has its record and its retention;
+restore takes the newest checkpoint that loads from either.
 
-A checkpoint that ``restore`` skips because its data does not load is set aside once
-an older one has loaded: the record ``names.CORRUPT_RECORD`` (why, and when) is written
-into it, then it is renamed ``<name>.tinax-corrupt`` (``names.corrupt_name``), kept for
-inspection. The steps after the one restored belong to the resumed job, which saves them
-again under their own names. (On object stores, which cannot rename, it stays marked in
-place, and the save of its step removes it first.) Listings call it ``corrupt (found by
-restore)`` and loads refuse it.
-
-On several processes the primary process (process 0) alone writes the record and
-removes checkpoints; every process saves, restores and decides to save alike.
+On several processes the primary process (process 0) alone writes the records,
+removes checkpoints and promotes; every process saves, restores and decides to save
+alike.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -45,11 +44,13 @@ from typing import Any
 
 import grain
 
-from tinax import _claims, _paths
-from tinax._format import names, preflight, removal, words
+from tinax import _paths
+from tinax._format import names, preflight, removal, tiers, words
 from tinax._format.runrecord import read_run_record
-from tinax._format.storage import FILE, Location
-from tinax.checkpointing import _processes
+from tinax._format.storage import Location
+from tinax.checkpointing import _processes, _run_files
+from tinax.checkpointing._local_tier import LocalTier
+from tinax.checkpointing._promotion import Promotion
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._training import (
     TrainingCheckpoint,
@@ -67,6 +68,9 @@ _MODES = ("min", "max")
 EXIT = "exit"
 CONTINUE = "continue"
 _PREEMPTION_CHOICES = (EXIT, CONTINUE)
+# Seconds the other processes of a job wait for the primary's promotions to end (a
+# promotion copies a whole checkpoint to a bucket).
+_PROMOTION_WAIT = 3600.0
 
 
 def _check_count(value: object, *, what: str, minimum: int, allow_none: bool) -> int | None:
@@ -127,6 +131,17 @@ class TrainingRun:
     SIGTERM would have ended it (``on_preemption="exit"``), or goes on saving by
     its interval (``on_preemption="continue"``).
 
+    Two tiers: with ``local``, every save goes to that directory on fast storage of
+    this machine, every ``local_every`` steps, and the local checkpoint of every
+    ``save_every``-th step is promoted to ``directory`` (a path or ``gs://``) in the
+    background: its files copied (each read once), its values checked against their
+    saved checksums, committed as Orbax commits there. Each tier keeps its own
+    (``local_keep`` newest locally, besides those waiting for their promotion;
+    ``keep`` newest plus ``keep_best`` best in ``directory``); ``restore`` takes the
+    newest checkpoint that loads from either (the local copy of a step in both); a
+    SIGTERM's save is promoted before ``save`` returns; the run that resumes after a
+    kill removes what a killed promotion left and promotes again what was waiting.
+
     Example::
 
       with TrainingRun(root, save_every=50, keep=2, keep_best=1, best_by="loss") as run:
@@ -159,15 +174,31 @@ class TrainingRun:
         ignored), ``SystemExit(143)`` is raised from that call. ``"continue"``:
         the loop goes on and saves by its interval again.
       must_exist: Refuse a directory that does not exist or holds no complete
-        checkpoint (a job that must resume, not start afresh from a mistyped path).
+        checkpoint (a job that must resume, not start afresh from a mistyped path;
+        with ``local``, a checkpoint in either tier will do).
+      local: A directory on fast storage of this machine (a local SSD, ``/dev/shm``)
+        for a second tier: the run saves there every ``local_every`` steps and
+        promotes the local checkpoint of every ``save_every``-th step to
+        ``directory``, the durable tier. Created (with its parents) if missing:
+        on a new machine the run resumes from ``directory``. Every process of the
+        job must run on this one host and name the same directory.
+      local_every: Save to ``local`` when ``step % local_every == 0`` (and at the
+        steps the durable tier takes). Required with ``local``.
+      local_keep: How many of the newest local checkpoints to keep (those waiting
+        for their promotion are kept besides).
 
     Raises:
       TypeError: If an argument is of the wrong kind.
       ValueError: If a count is out of range, ``best_mode`` is not ``"min"`` or
-        ``"max"``, ``on_preemption`` not ``"exit"`` or ``"continue"``, or
-        ``keep_best`` > 0 without ``best_by``.
+        ``"max"``, ``on_preemption`` not ``"exit"`` or ``"continue"``,
+        ``keep_best`` > 0 without ``best_by``, ``local`` is not a local directory
+        apart from ``directory``, ``local`` comes without ``local_every`` (or
+        ``local_every`` without ``local``), ``local`` holds another run's
+        checkpoints, or the job's processes run on several hosts (or name
+        different local directories).
       FileNotFoundError: If ``directory`` cannot be created (its parent is
         missing), or with ``must_exist`` if it is missing or has no checkpoint.
+      OSError: If ``local`` cannot be created.
     """
 
     def __init__(
@@ -183,6 +214,9 @@ class TrainingRun:
         handle_sigterm: bool = True,
         on_preemption: str = EXIT,
         must_exist: bool = False,
+        local: str | os.PathLike[str] | None = None,
+        local_every: int | None = None,
+        local_keep: int = 2,
     ) -> None:
         self._save_every = _check_count(save_every, what="save_every", minimum=1, allow_none=True)
         self._keep = _check_count(keep, what="keep", minimum=1, allow_none=True)
@@ -210,6 +244,13 @@ class TrainingRun:
             raise ValueError(f"on_preemption must be 'exit' or 'continue', got {on_preemption!r}")
         if not isinstance(must_exist, bool):
             raise TypeError(f"must_exist must be a bool, got {type(must_exist).__name__}")
+        every = _check_count(local_every, what="local_every", minimum=1, allow_none=True)
+        kept_locally = _check_count(local_keep, what="local_keep", minimum=1, allow_none=False)
+        if local is None and every is not None:
+            raise ValueError("local_every needs local: the directory of the local tier")
+        if local is not None and every is None:
+            raise ValueError("local needs local_every: how many steps apart the local saves are")
+        local_location = None if local is None else _local_location(local, directory)
         self._best_by = best_by
         self._best_mode = best_mode
         self._on_preemption = on_preemption
@@ -220,12 +261,24 @@ class TrainingRun:
         else:
             self._root, self._made = _run_directory(directory)
         self._primary = _processes.process_index() == 0
-        if must_exist and not self._complete():
+        self._local: LocalTier | None = None
+        if local_location is not None:
+            assert every is not None and kept_locally is not None
+            _one_host(local_location)
+            made = not local_location.exists()
+            # A new machine may lack the parents too (a freshly mounted disk).
+            os.makedirs(local_location.path, exist_ok=True)
+            self._local = LocalTier(local_location, self._root, every, kept_locally, made)
+        if must_exist and not (self._complete() or (self._local and self._local.complete())):
             raise FileNotFoundError(
                 f"run directory {str(self._root)!r} holds no complete checkpoint to resume "
                 "(must_exist=True); check the path"
             )
+        # ``_lock``: the local tier's record and the promotions; ``_durable_lock``: the
+        # run's record in ``directory`` and its retention, which on a bucket takes
+        # requests that no save call should wait for.
         self._lock = threading.RLock()
+        self._durable_lock = threading.RLock()
         self._pending: SaveResponse[None] | None = None
         self._preempted = False
         # The step whose save the preemption made, once that save has committed.
@@ -236,9 +289,28 @@ class TrainingRun:
         self._handler_installed = False
         self._closed = False
         self._record = self._read_record()
+        # Two tiers: the promotions started by this process (the primary), the
+        # failures not yet reported, and whether the ones a killed run left are started.
+        self._promotions: list[Promotion] = []
+        self._promotion_errors: list[BaseException] = []
+        self._resumed_promotions = self._local is None or not self._primary
+        self._durable_steps: set[int] = set()
         if self._primary:
-            # The record is written by saves only: opening a run to read it changes nothing.
+            # A run of one tier writes its record at saves only: opening it to read it
+            # changes nothing.
             self._clean_up()
+            if self._local is not None:
+                # Promotions alone write the durable tier: whatever did not commit
+                # there was left by a killed one, whatever its step.
+                _run_files.clean_up(self._root, None, every_unfinished=True)
+                _run_files.clean_up(self._local.root, max(self._local.complete(), default=None))
+                # Each tier's record names the other from the start: a listing of either
+                # finds both, and no other run takes this local directory.
+                with self._lock, self._durable_lock:
+                    self._local.write_record(self._policy())
+                    self._write_record()
+        if self._local is not None:
+            self._durable_steps = set(self._complete())
         if handle_sigterm and self._sync is None and _sigterm_enabled():
             # In a multi-process job JAX's preemption service owns SIGTERM (its
             # notifier tells every process); replacing its handler would blind it.
@@ -275,39 +347,42 @@ class TrainingRun:
 
     @property
     def steps(self) -> list[int]:
-        """The steps of the run's complete checkpoints, ascending."""
+        """The steps of the run's complete checkpoints (in either tier), ascending."""
+        found = set(self._complete())
+        if self._local is not None:
+            found |= set(self._local.complete())
+        return sorted(found)
+
+    @property
+    def durable_steps(self) -> list[int]:
+        """The steps of the complete checkpoints in ``directory``, ascending."""
         return sorted(self._complete())
 
+    @property
+    def local_steps(self) -> list[int]:
+        """The steps of the complete checkpoints in the local tier (none without one)."""
+        return [] if self._local is None else sorted(self._local.complete())
+
+    @property
+    def local_directory(self) -> str | None:
+        """The local tier's directory, or ``None`` for a run of one tier."""
+        return None if self._local is None else str(self._local.root)
+
     def path(self, step: int) -> str:
-        """Where the checkpoint of ``step`` is (or would be)."""
+        """Where the checkpoint of ``step`` is (or would be) in ``directory``."""
         return str(self._root / names.run_checkpoint_name(check_step(step)))
 
     def _complete(self) -> dict[int, Location]:
-        """The run's committed checkpoints by step: named as the run names them, not
-        being removed, and with a commit record."""
-        found: dict[int, Location] = {}
-        root = self._root.snapshot()
-        for name, entry in root.entries().items():
-            match = names.RUN_CHECKPOINT.match(name)
-            if match is None or entry.kind == FILE:
-                continue
-            where = root / name
-            inside = where.entries()
-            if (
-                names.DELETION_MARKER in inside
-                or names.CORRUPT_RECORD in inside
-                or names.CHECKPOINT_METADATA not in inside
-            ):
-                continue
-            found[int(match.group(1))] = self._root / name
-        return found
+        """The committed checkpoints of ``directory`` by step."""
+        return _run_files.complete_checkpoints(self._root)
 
     # -- saving ------------------------------------------------------------------------
 
     def should_save(self, step: int) -> bool:
-        """Whether ``save(step, ...)`` would save: the interval says so, or the job is
-        preempted. In a multi-process job every process answers alike at every step
-        (JAX's preemption sync point), so call it (or ``save``) at every step.
+        """Whether ``save(step, ...)`` would save: the interval says so (either tier's,
+        with two), or the job is preempted. In a multi-process job every process
+        answers alike at every step (JAX's preemption sync point), so call it (or
+        ``save``) at every step.
 
         After the preemption save has committed, a later step ends the process with
         ``on_preemption="exit"`` (see the class), and is judged by the interval alone
@@ -319,7 +394,9 @@ class TrainingRun:
         if self._sync is not None and not self._preempted and self._sync.reached_sync_point(step):
             self._preempted = True
             _log.warning("preempted: every process saves at step %d", step)
-        interval = self._save_every is not None and step % self._save_every == 0
+        interval = self._promotes(step) or (
+            self._local is not None and step % self._local.every == 0
+        )
         if self._preemption_saved is not None and step != self._preemption_saved:
             if self._on_preemption == EXIT:
                 self._end_after_preemption(step)
@@ -346,12 +423,19 @@ class TrainingRun:
         the save commits, retention runs (before the response gives its result
         out). After a preemption the save is waited for before this returns.
 
+        With two tiers the save goes to the local tier; once it has committed, the
+        local checkpoint of a step on the ``save_every`` interval (or a forced or
+        preemption save) is promoted to ``directory`` in the background. One
+        promotion runs at a time and one more may wait behind it: a save that
+        would queue a third waits first for the running one to end. After a
+        preemption the promotion, too, is waited for before this returns.
+
         Args:
           step: The training step (a non-negative integer).
           model, optimizer, rng, auxiliary, iterator: As for
             ``save_training_checkpoint``. With ``best_by``, ``auxiliary`` carries
             the metric.
-          force: Save whatever the interval says.
+          force: Save whatever the interval says (with two tiers: and promote).
 
         Returns:
           The save's response (an Orbax ``AsyncResponse``), or ``None`` if the step
@@ -361,7 +445,8 @@ class TrainingRun:
           TypeError, ValueError: As ``save_training_checkpoint`` does, or if the
             metric cannot be found in ``auxiliary``.
           FileExistsError: If the step has a checkpoint already.
-          Exception: The failure of the previous save, if it failed.
+          Exception: The failure of the previous save, if it failed; after a
+            preemption, the failure of its promotion.
           RuntimeError: If the run is closed.
         """
         if self._closed:
@@ -372,17 +457,32 @@ class TrainingRun:
         if not (self.should_save(step) or force):
             return None
         metric = self._metric(auxiliary)
-        self.wait()
+        self._wait_save()
+        if self._local is None:
+            where, after = self._root, self._retain
+        else:
+            promote = force or self._preempted or self._promotes(step)
+            where = self._local.root
+            after = functools.partial(self._after_local_commit, step, promote)
+            if self._primary:
+                self._resume_promotions()
+                if promote:
+                    self._make_room()
         if self._primary:
-            self._clear_marked(step)
+            _run_files.clear_marked(where, step)
             self._check_new_step(step)
-        if self._primary:
-            with self._lock:
-                if metric is not None:
-                    self._record["metrics"][str(step)] = metric
-                self._write_record()
+            if self._local is None:
+                with self._durable_lock:
+                    if metric is not None:
+                        self._record["metrics"][str(step)] = metric
+                    self._write_record()
+            else:
+                with self._lock:
+                    if metric is not None:
+                        self._local.metrics[str(step)] = metric
+                    self._local.write_record(self._policy())
         response = start_training_save(
-            self.path(step),
+            str(where / names.run_checkpoint_name(step)),
             step,
             model,
             optimizer,
@@ -390,34 +490,53 @@ class TrainingRun:
             auxiliary,
             iterator,
             names=self._names,
-            after_commit=self._retain if self._primary else None,
+            after_commit=after if self._primary else None,
         )
         self._pending = response
         if self._preempted and self._preemption_saved is None:
             _log.warning("preempted: waiting for the save of step %d to commit", step)
-            self.wait()
+            self._wait_save()
+            if self._local is not None:
+                _log.warning("preempted: waiting for the promotion of step %d to commit", step)
+                self._wait_promotions()
             self._preemption_saved = step
             _log.warning(
-                "preempted: the save of step %d has committed; the loop can end (%s)",
+                "preempted: the save of step %d has committed%s; the loop can end (%s)",
                 step,
+                "" if self._local is None else f" in {self.directory!r}",
                 "a later save ends the process"
                 if self._on_preemption == EXIT
                 else "the run saves by its interval again",
             )
         return response
 
+    def _promotes(self, step: int) -> bool:
+        """Whether the interval of ``directory`` takes ``step``."""
+        return self._save_every is not None and step % self._save_every == 0
+
     def _check_new_step(self, step: int) -> None:
         """Refuses a step the run has a checkpoint of, before anything is written, and
         says when a save goes back behind the run's newest checkpoint."""
-        where = self._root / names.run_checkpoint_name(step)
-        if (where / names.CHECKPOINT_METADATA).exists() or (where / names.COMMIT_SUCCESS).exists():
+        name = names.run_checkpoint_name(step)
+        where = (self._root if self._local is None else self._local.root) / name
+        # With two tiers, the durable tier as this run last listed it: no request to a
+        # bucket on each save.
+        if (
+            (where / names.CHECKPOINT_METADATA).exists()
+            or (where / names.COMMIT_SUCCESS).exists()
+            or (self._local is not None and step in self._durable_steps)
+        ):
+            tier = "" if self._local is None else ", in either tier"
             raise FileExistsError(
                 f"run {self.directory!r} has a checkpoint of step {step} already "
-                f"({where.name}; saves never overwrite): resume with run.restore(...) and "
+                f"({name}{tier}; saves never overwrite): resume with run.restore(...) and "
                 "go on from the restored step + 1"
             )
-        # The record's kept steps, as of the last retention: no listing on each save.
-        newest = max((int(k) for k in self._record["kept"] if str(k).isdigit()), default=None)
+        # The records' kept steps, as of the last retention: no listing on each save.
+        kept = list(self._record["kept"])
+        if self._local is not None:
+            kept.extend(self._local.kept)
+        newest = max((int(k) for k in kept if str(k).isdigit()), default=None)
         if newest is not None and step < newest:
             _log.warning(
                 "saving step %d of run %r, whose newest checkpoint is step %d: did this job "
@@ -456,11 +575,20 @@ class TrainingRun:
         return number
 
     def wait(self) -> None:
-        """Waits for the save in flight (and its retention) to end.
+        """Waits for the save in flight (and its retention) to end; with two tiers, for
+        every promotion started too.
 
         Raises:
-          Exception: That save's failure.
+          Exception: That save's failure, or the first promotion failure since the
+            last ``wait`` (a local checkpoint whose values are corrupt is not
+            reported: it is set aside, with a warning, and the run goes on).
         """
+        self._wait_save()
+        if self._local is not None:
+            self._wait_promotions()
+
+    def _wait_save(self) -> None:
+        """Waits for the save in flight (and its retention) to end."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -474,17 +602,150 @@ class TrainingRun:
         _processes.agree(error, what=f"the end of the save to {pending.path!r}", timeout=300.0)
 
     def close(self) -> None:
-        """Waits for the save in flight and puts the previous SIGTERM handler back."""
+        """Waits for the save in flight (and every promotion) and puts the previous
+        SIGTERM handler back."""
         if self._closed:
             return
         self._closed = True
         try:
+            if self._local is not None and self._primary:
+                self._resume_promotions()
             self.wait()
         finally:
             if self._handler_installed:
                 self._handler_installed = False
                 with contextlib.suppress(ValueError, TypeError):
                     signal.signal(signal.SIGTERM, self._previous_handler)
+
+    # -- two tiers ---------------------------------------------------------------------
+
+    def _waiting(self) -> set[int]:
+        """Local steps waiting for their promotion or being promoted (primary)."""
+        assert self._local is not None
+        # A step is recorded from its enqueueing until its promotion has ended.
+        return set(self._local.promote)
+
+    def _after_local_commit(self, step: int, promote: bool) -> None:
+        """After a local save commits (primary): the local tier's retention, then the
+        promotion of that checkpoint if it is due."""
+        assert self._local is not None
+        with self._lock:
+            if promote:
+                self._local.promote.add(step)
+            try:
+                self._local.retain(self._waiting(), self._policy())
+            finally:
+                # A retention that failed (it is logged) stops no promotion.
+                if promote:
+                    self._start_promotion(step)
+
+    def _start_promotion(self, step: int) -> None:
+        assert self._local is not None
+        with self._lock:
+            previous = next((p for p in reversed(self._promotions) if not p.done()), None)
+            self._promotions = [p for p in self._promotions if not p.done()]
+            self._promotions.append(
+                Promotion(
+                    step,
+                    self._local.path(step),
+                    self._root / names.run_checkpoint_name(step),
+                    after=functools.partial(self._after_promotion, step),
+                    previous=previous,
+                )
+            )
+
+    def _make_room(self) -> None:
+        """Before a save that will be promoted: at most one promotion may wait behind
+        the one running, so a third waits here for the running one to end."""
+        while True:
+            with self._lock:
+                live = [p for p in self._promotions if not p.done()]
+            if len(live) < 2:
+                return
+            live[0].wait_quietly()
+
+    def _resume_promotions(self) -> None:
+        """Starts the promotions a killed run left unfinished (primary, once)."""
+        if self._resumed_promotions:
+            return
+        self._resumed_promotions = True
+        assert self._local is not None
+        with self._lock:
+            pending = self._local.pending(self._durable_steps, self._save_every)
+            for step in pending:
+                _log.warning(
+                    "promoting the local checkpoint of step %d to %r: the run that saved it "
+                    "did not finish its promotion",
+                    step,
+                    self.directory,
+                )
+                self._local.promote.add(step)
+                self._start_promotion(step)
+
+    def _after_promotion(self, step: int, error: BaseException | None) -> None:
+        """After a promotion ends (on its thread, primary): the durable tier's record and
+        retention; a local checkpoint that proved corrupt is set aside."""
+        assert self._local is not None
+        source = self._local.path(step)
+        with self._lock:
+            metric = self._local.metrics.get(str(step))
+        try:
+            self._settle_promotion(step, source, error, metric)
+        finally:
+            with self._lock:
+                self._local.promote.discard(step)
+                self._local.retain(self._waiting(), self._policy())
+
+    def _settle_promotion(
+        self, step: int, source: Location, error: BaseException | None, metric: Any
+    ) -> None:
+        """The durable tier's bookkeeping after a promotion (or its failure's); a save
+        call meanwhile waits for none of it."""
+        with self._durable_lock:
+            if error is None:
+                _log.info("promoted %s to %s", source, self.path(step))
+                self._durable_steps.add(step)
+                if metric is not None:
+                    self._record["metrics"][str(step)] = metric
+                self._retain()
+            elif isinstance(error, ValueError):
+                # The local checkpoint is not what was saved (or not a checkpoint at all).
+                warnings.warn(
+                    f"the local checkpoint {str(source)!r} was not promoted: {error}; it is "
+                    "set aside and the run goes on",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
+                with self._lock:
+                    _run_files.set_aside(source, f"{type(error).__name__}: {error}")
+            else:
+                _log.warning(
+                    "the promotion of %s to %s failed (%s: %s); the local checkpoint stays "
+                    "and the run goes on",
+                    source,
+                    self.path(step),
+                    type(error).__name__,
+                    error,
+                )
+                with self._lock:
+                    self._promotion_errors.append(error)
+
+    def _wait_promotions(self) -> None:
+        """Waits for every promotion started (primary); every process then agrees on
+        the first failure not yet reported."""
+        error: Exception | None = None
+        if self._primary:
+            with self._lock:
+                running = list(self._promotions)
+            for promotion in running:
+                promotion.wait_quietly()
+            with self._lock:
+                failures, self._promotion_errors = self._promotion_errors, []
+                self._promotions = [p for p in self._promotions if not p.done()]
+            error = next((e for e in failures if isinstance(e, Exception)), None)
+        _processes.agree(
+            error, what=f"the end of the promotions to {self.directory!r}", timeout=_PROMOTION_WAIT
+        )
 
     def __enter__(self) -> TrainingRun:
         return self
@@ -547,19 +808,22 @@ class TrainingRun:
     ) -> TrainingCheckpoint | None:
         """Loads the newest checkpoint that loads (or the one of ``step``).
 
-        Checkpoints are tried newest first. One whose data does not load (corrupt,
+        Checkpoints are tried newest first (with two tiers: of either, the local one
+        first of a step in both). One whose data does not load (corrupt,
         unreadable, parts missing) is skipped with a warning naming it and why,
         and the next older one is tried; ``iterator`` moves only with the one that
         loads. Once one has loaded, the ones skipped are set aside (renamed
         ``<name>.tinax-corrupt``, kept for inspection; see the module docstring),
         so that the resumed job can save their steps again. The targets are as for
         ``load_training_checkpoint``. A fresh start (no checkpoint) is logged,
-        naming the directory.
+        naming the directory. With two tiers, the promotions a killed run left
+        unfinished start once the restore has ended.
 
         Args:
           model_target, optimizer_target, rng_target, auxiliary_target: Restore targets.
           iterator: The Grain iterator to restore in place.
-          step: Restore exactly this step (no fallback).
+          step: Restore exactly this step (no older one; with two tiers, the durable
+            copy if the local one does not load).
 
         Returns:
           The restored ``TrainingCheckpoint``, or ``None`` if the run has no
@@ -571,25 +835,27 @@ class TrainingRun:
           ValueError: If no checkpoint loads (each one's reason is named), or the
             one of ``step`` does not.
         """
-        complete = self._complete()
+        candidates = self._candidates()
         if step is not None:
             step = check_step(step)
-            if step not in complete:
+            chosen = [(s, where) for s, where in candidates if s == step]
+            if not chosen:
                 raise FileNotFoundError(
                     f"run {self.directory!r} has no complete checkpoint of step {step} "
-                    f"(it has {sorted(complete)})"
+                    f"(it has {sorted({s for s, _ in candidates})})"
                 )
-            return self._load(
-                complete[step],
-                model_target,
-                optimizer_target,
-                rng_target,
-                auxiliary_target,
-                iterator,
-            )
+            if len(chosen) == 1:
+                return self._load(
+                    chosen[0][1],
+                    model_target,
+                    optimizer_target,
+                    rng_target,
+                    auxiliary_target,
+                    iterator,
+                )
+            candidates = chosen
         failures: list[tuple[Location, str]] = []
-        for candidate in sorted(complete, reverse=True):
-            where = complete[candidate]
+        for _, where in candidates:
             try:
                 restored = self._load(
                     where, model_target, optimizer_target, rng_target, auxiliary_target, iterator
@@ -608,72 +874,52 @@ class TrainingRun:
                 continue
             if self._primary:
                 for skipped, reason in failures:
-                    self._set_aside(skipped, reason)
+                    _run_files.set_aside(skipped, reason)
+                self._after_restore()
             return restored
         if failures:
             raise ValueError(
                 f"no checkpoint of run {self.directory!r} loads: "
-                + "; ".join(f"{where.name}: {reason}" for where, reason in failures)
+                + "; ".join(f"{self._described(where)}: {reason}" for where, reason in failures)
             )
+        searched = repr(self.directory)
+        if self._local is not None:
+            searched += f" or its local tier {self.local_directory!r}"
         _log.warning(
-            "no checkpoint to resume in the run directory %r%s: a fresh start "
+            "no checkpoint to resume in the run directory %s%s: a fresh start "
             "(TrainingRun(..., must_exist=True) refuses one)",
-            self.directory,
+            searched,
             ", which this run has just created" if self._made else "",
         )
+        if self._primary:
+            self._after_restore()
         return None
 
-    def _set_aside(self, where: Location, reason: str) -> None:
-        """Marks a checkpoint the restore refused, then moves it out of its step's way."""
-        try:
-            held = _claims.claim(where)
-        except FileExistsError as e:
-            _log.warning("not setting %s aside: %s", where, e)
-            return
-        try:
-            record = {
-                "format": names.CORRUPT_RECORD_FORMAT,
-                "name": where.name,
-                "reason": reason,
-                "found_ns": time.time_ns(),
-            }
-            removal.replace_file(
-                where / names.CORRUPT_RECORD, json.dumps(record, indent=1).encode("utf-8")
-            )
-            if not where.storage.commits_by_rename:
-                _log.warning(
-                    "checkpoint %s does not load (%s): marked corrupt in place; the save "
-                    "of its step removes it",
-                    where,
-                    reason,
-                )
-                return
-            for attempt in range(1, 1000):
-                aside = where.parent / names.corrupt_name(where.name, attempt)
-                if aside.exists():
-                    continue
-                os.rename(where.path, aside.path)
-                _log.warning(
-                    "checkpoint %s does not load (%s): moved aside to %s, kept for "
-                    "inspection; the resumed job saves its step again",
-                    where,
-                    reason,
-                    aside.name,
-                )
-                return
-        except OSError as e:
-            _log.warning("could not set %s aside: %s", where, e)
-        finally:
-            if held is not None:
-                held.release()
+    def _candidates(self) -> list[tuple[int, Location]]:
+        """Every complete checkpoint by step, newest first; of a step in both tiers, the
+        local one first."""
+        found = [(step, 1, where) for step, where in self._complete().items()]
+        if self._local is not None:
+            found += [(step, 0, where) for step, where in self._local.complete().items()]
+        found.sort(key=lambda item: (-item[0], item[1]))
+        return [(step, where) for step, _, where in found]
 
-    def _clear_marked(self, step: int) -> None:
-        """Removes a checkpoint of ``step`` marked corrupt in place (object stores)."""
-        where = self._root / names.run_checkpoint_name(step)
-        if not (where / names.CORRUPT_RECORD).exists():
+    def _described(self, where: Location) -> str:
+        if self._local is None:
+            return where.name
+        tier = tiers.LOCAL_TIER if where.parent == self._local.root else tiers.DURABLE_TIER
+        return f"{where.name} ({tier})"
+
+    def _after_restore(self) -> None:
+        """Once a restore has ended (primary): the promotions a killed run left."""
+        if self._local is None:
             return
-        _log.warning("removing %s, marked corrupt by a restore, to save its step again", where)
-        self._remove(where)
+        with self._lock:
+            # What the restore set aside is no longer a step of either tier.
+            self._local.promote &= set(self._local.complete())
+        with self._durable_lock:
+            self._durable_steps = set(self._complete())
+        self._resume_promotions()
 
     def _load(
         self,
@@ -713,7 +959,7 @@ class TrainingRun:
 
     def _retain(self) -> None:
         """After a commit: keeps what the policy keeps, removes the rest, and records why."""
-        with self._lock:
+        with self._durable_lock:
             complete = self._complete()
             kept = self._kept(complete)
             for step in sorted(set(complete) - set(kept)):
@@ -724,6 +970,7 @@ class TrainingRun:
                 key: value for key, value in metrics.items() if int(key) in kept
             }
             self._record["kept"] = {str(step): reasons for step, reasons in sorted(kept.items())}
+            self._durable_steps = set(kept)
             self._write_record()
 
     def _kept(self, complete: dict[int, Location]) -> dict[int, list[str]]:
@@ -759,79 +1006,45 @@ class TrainingRun:
         return kept
 
     def _remove(self, where: Location) -> None:
-        """Removes one checkpoint, marker first and last (see the module docstring)."""
-        try:
-            held = _claims.claim(where)
-        except FileExistsError as e:
-            _log.warning("not removing %s: %s", where, e)
-            return
-        try:
-            removal.mark_for_removal(where)
-            _log.info("removing %s (the run keeps it no longer)", where)
-            removal.finish_removal(where)
-        finally:
-            if held is not None:
-                held.release()
+        _run_files.remove_checkpoint(where)
 
     def _clean_up(self, newest: int | None = None) -> None:
         """Finishes removals a killed run left, and removes interrupted saves older
         than the newest complete checkpoint."""
         if newest is None:
             newest = max(self._complete(), default=None)
-        removal.remove_stale_temporaries(self._root / names.RUN_RECORD)
-        root = self._root.snapshot()
-        for name, entry in sorted(root.entries().items()):
-            if entry.kind == FILE:
-                continue
-            final = names.final_name(name)
-            match = names.RUN_CHECKPOINT.match(final)
-            if match is None:
-                continue
-            where = self._root / name
-            if final == name and (root / name / names.DELETION_MARKER).exists():
-                held = None
-                try:
-                    held = _claims.claim(where)
-                    _log.info("finishing the removal of %s", where)
-                    removal.finish_removal(where)
-                except FileExistsError as e:
-                    _log.warning("not removing %s: %s", where, e)
-                finally:
-                    if held is not None:
-                        held.release()
-                continue
-            if newest is None or int(match.group(1)) >= newest:
-                continue
-            unfinished = final != name or _claims.uncommitted_status(where) is not None
-            if not unfinished:
-                continue
-            try:
-                _claims.remove_interrupted(where)
-                _log.info("removed %s, left by an interrupted save", where)
-            except (FileExistsError, ValueError, FileNotFoundError):
-                pass  # A save still runs there, or it has gone meanwhile.
+        _run_files.clean_up(self._root, newest)
 
     # -- the run's record --------------------------------------------------------------
 
     def _policy(self) -> dict[str, Any]:
-        return {
+        policy: dict[str, Any] = {
             "save_every": self._save_every,
             "keep": self._keep,
             "keep_best": self._keep_best,
             "best_by": _metric_label(self._best_by),
             "best_mode": self._best_mode,
         }
+        if self._local is not None:
+            policy[tiers.LOCAL] = self._local.root.path
+            policy[tiers.LOCAL_HOST] = socket.gethostname()
+            policy[tiers.LOCAL_EVERY] = self._local.every
+            policy[tiers.LOCAL_KEEP] = self._local.keep
+        return policy
 
     def _read_record(self) -> dict[str, Any]:
-        record = read_run_record(self._root)
-        metrics = {} if record is None else record.get("metrics", {})
-        kept = {} if record is None else record.get("kept", {})
-        return {
+        found = read_run_record(self._root)
+        metrics = {} if found is None else found.get("metrics", {})
+        kept = {} if found is None else found.get("kept", {})
+        record = {
             "format": names.RUN_RECORD_FORMAT,
             "policy": self._policy(),
             "metrics": dict(metrics) if isinstance(metrics, dict) else {},
             "kept": dict(kept) if isinstance(kept, dict) else {},
         }
+        if self._local is not None:
+            record[tiers.TIER] = tiers.DURABLE_TIER
+        return record
 
     def _write_record(self) -> None:
         self._record["policy"] = self._policy()
@@ -846,3 +1059,44 @@ def _run_directory(directory: object) -> tuple[Location, bool]:
     made = not where.storage.implicit_directories and not where.exists()
     removal.make_directory(where)
     return _paths.save_directory(directory, what="directory"), made
+
+
+def _local_location(local: object, directory: object) -> Location:
+    """The local tier's directory, checked: on this machine, and apart from ``directory``.
+
+    Raises:
+      TypeError: If ``local`` is not a path.
+      ValueError: If it is a ``gs://`` URL, or it and ``directory`` are one directory
+        or one holds the other.
+    """
+    where = _paths.location(local, what="local")
+    tiers.check_local_tier(where, _paths.location(directory, what="directory"))
+    return where
+
+
+def _one_host(local: Location) -> None:
+    """Refuses a job whose processes run on several hosts or name different local
+    directories: the local tier is one directory that every process shares.
+
+    Raises:
+      ValueError: On every process alike, saying which hosts or directories.
+    """
+    if _processes.process_count() == 1:
+        return
+    mine = [socket.gethostname(), os.path.realpath(local.path)]
+    every = _processes.gather(mine, what="the start of a two-tier run", timeout=300.0)
+    hosts = sorted({host for host, _ in every})
+    paths = sorted({path for _, path in every})
+    if len(hosts) > 1:
+        raise ValueError(
+            f"TrainingRun(local=...) keeps one local tier that every process of the job "
+            f"shares, on one host; this job's {len(every)} processes run on {len(hosts)} "
+            f"hosts ({', '.join(hosts)}). A local tier per host is not supported: on several "
+            "hosts, save to the run's directory alone (without local=)"
+        )
+    if len(paths) > 1:
+        raise ValueError(
+            f"TrainingRun(local=...) keeps one local tier that every process of the job "
+            f"shares; this job's processes name {len(paths)} local directories "
+            f"({', '.join(paths)}): give every process the same one"
+        )

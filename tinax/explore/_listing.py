@@ -21,7 +21,7 @@ import tensorstore as ts
 from tinax import _claims, _paths
 from tinax._format import arrays, files, layout, names, preflight, pytree, runrecord, words
 from tinax._format.storage import DIRECTORY, Entry, Location
-from tinax.explore import _checkpoint
+from tinax.explore import _checkpoint, _tiers
 from tinax.explore._leaf_rows import frame
 
 LISTING_COLUMNS = (
@@ -705,6 +705,13 @@ def list_checkpoints(
       ``DataFrame.attrs["remote"]`` says whether the run is on an object store
       (``gs://``), where each file read is a round trip of its own.
 
+      For a tier of a two-tier run (``TrainingRun(..., local=...)``), from either
+      directory, the checkpoints of both tiers, with two more columns: ``tier``
+      (``local``, ``durable``, or ``both`` for a step committed in both, whose
+      ``path`` is then the local copy) and ``promotion`` (``waiting`` for a local
+      checkpoint the run will promote, ``promoting`` while it is being copied).
+      The local tier is listed where it is on this machine.
+
     Raises:
       TypeError: If ``root`` is not a path, ``cache`` not a ``ListingCache`` or
         ``deep`` not a bool.
@@ -723,6 +730,16 @@ def listing(
 ) -> pd.DataFrame:
     """``list_checkpoints`` of a run directory listed already (``_paths.listed_directory``):
     its rows' checkpoints are read through that listing (``directory / name``)."""
+    found = _listed(directory, cache, deep)
+    # A two-tier run's other tier is listed with it (``_tiers``), each as deep as its
+    # storage makes cheap.
+    return _tiers.with_tiers(
+        directory, found, lambda other: _listed(_paths.listed_directory(other), cache, deep)
+    )
+
+
+def _listed(directory: Location, cache: ListingCache | None, deep: bool | None) -> pd.DataFrame:
+    """``list_checkpoints`` of one directory, as listed (``Location.snapshot``)."""
     if deep is None:
         deep = not directory.storage.parallel_reads
     # The listing makes objects by the hundred thousand, none in a cycle.

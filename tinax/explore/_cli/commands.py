@@ -63,6 +63,8 @@ _LISTING = (
     Column("committed", "committed", term.human_age, priority=4),
     Column("metric", "metric", term.number, priority=1, right=True),
     Column("kept", "kept", priority=1),
+    Column("tier", "tier", priority=1),
+    Column("promotion", "promotion", priority=2),
     Column("checkpointables", "checkpointables", priority=5),
     Column("path", "path", priority=9),
 )

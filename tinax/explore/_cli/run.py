@@ -28,6 +28,8 @@ def _run_columns(table: pd.DataFrame) -> list[Column]:
         "kept": Column("kept", "kept", priority=2),
         "save_blocked_s": Column("save_blocked_s", "blocked", _seconds, priority=5, right=True),
         "save_total_s": Column("save_total_s", "save", _seconds, priority=4, right=True),
+        "tier": Column("tier", "tier", priority=2),
+        "promotion": Column("promotion", "promotion", priority=3),
     }
     columns = []
     for name in table.columns:

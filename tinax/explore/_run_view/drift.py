@@ -325,7 +325,7 @@ def drift_table(
         is read alone (local disk); else opened once, through the run's listing, for
         both pairs it is in."""
         path = str(row["path"])
-        where = directory if path == str(directory) else directory / str(row["name"])
+        where = _paths.listed_in(directory, row["name"], row["path"])
         if where.storage.commits_by_rename:
             return path
         if path not in opened:

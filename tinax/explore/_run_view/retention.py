@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from tinax import _paths
-from tinax._format import names
+from tinax._format import names, tiers
 from tinax._format.runrecord import read_run_record
 from tinax._format.storage import Location
 from tinax.explore import _listing
@@ -38,26 +38,40 @@ def run_policy(root: str | os.PathLike[str] | Location) -> dict[str, Any] | None
     return dict(record["policy"])
 
 
-def _reasons(record: dict[str, Any] | None) -> list[tuple[str, int, str, float | None]]:
-    """``retention_table``'s rows, from the run record ``record``, by step."""
-    kept = {} if record is None else record.get("kept")
-    metrics = {} if record is None else record.get("metrics")
-    kept = kept if isinstance(kept, dict) else {}
-    metrics = metrics if isinstance(metrics, dict) else {}
-    rows = []
-    for key, reasons in kept.items():
-        if not (isinstance(key, str) and key.isdigit()) or not isinstance(reasons, list):
-            continue
-        step = int(key)
-        metric = metrics.get(key)
-        rows.append(
-            (
-                names.run_checkpoint_name(step),
-                step,
-                ", ".join(str(reason) for reason in reasons),
-                float(metric) if isinstance(metric, int | float) else None,
-            )
+def _reasons(
+    where: Location, record: dict[str, Any] | None
+) -> list[tuple[str, int, str, float | None]]:
+    """``retention_table``'s rows, from the run record ``record`` of ``where``, by step.
+
+    A two-tier run keeps a record in each tier: both are read, the durable one's
+    reasons first."""
+    run = None if record is None else tiers.two_tier_run(where, record)
+    records = [record] if run is None else [run.durable_record, run.local_record]
+    reasons_by_step: dict[int, list[str]] = {}
+    metric_by_step: dict[int, float] = {}
+    for one in records:
+        kept = {} if one is None else one.get("kept")
+        metrics = {} if one is None else one.get("metrics")
+        kept = kept if isinstance(kept, dict) else {}
+        metrics = metrics if isinstance(metrics, dict) else {}
+        for key, reasons in kept.items():
+            if not (isinstance(key, str) and key.isdigit()) or not isinstance(reasons, list):
+                continue
+            step = int(key)
+            listed = reasons_by_step.setdefault(step, [])
+            listed.extend(str(r) for r in reasons if str(r) not in listed)
+            metric = metrics.get(key)
+            if isinstance(metric, int | float) and not isinstance(metric, bool):
+                metric_by_step.setdefault(step, float(metric))
+    rows = [
+        (
+            names.run_checkpoint_name(step),
+            step,
+            ", ".join(reasons),
+            metric_by_step.get(step),
         )
+        for step, reasons in reasons_by_step.items()
+    ]
     rows.sort(key=lambda row: row[1])
     return rows
 
@@ -70,14 +84,17 @@ def retention_table(root: str | os.PathLike[str] | Location) -> pd.DataFrame:
     ``"newest 2"`` or ``"best loss"``, joined by ``", "``) and ``metric`` (the
     value of ``best_by`` saved with it, where the run has one). Joins
     ``list_checkpoints(root)`` on ``name``; a checkpoint the record does not
-    mention has no row. Empty if ``root`` holds no run record.
+    mention has no row. Empty if ``root`` holds no run record. For a two-tier run
+    (either of its directories), the reasons of both tiers' records (``"newest 2
+    local"``, ``"waiting for promotion"`` for the local tier's).
 
     Raises:
       TypeError: If ``root`` is not a path.
       FileNotFoundError: If ``root`` does not exist.
       ValueError: If ``root`` is not a directory.
     """
-    rows = _reasons(read_run_record(_paths.listed_directory(root)))
+    where = _paths.listed_directory(root)
+    rows = _reasons(where, read_run_record(where))
     dtypes = ("string", "Int64", "string", "Float64")
     cells = list(zip(*rows, strict=True)) if rows else [() for _ in RETENTION_COLUMNS]
     return pd.DataFrame(
@@ -114,7 +131,7 @@ def run_listing(
     directory = _paths.listed_directory(root)
     table = _listing.listing(directory, cache, deep)
     record = read_run_record(directory)
-    reasons = _reasons(record)
+    reasons = _reasons(directory, record)
     by_name = {row[0]: row for row in reasons}
     names_ = [str(n) for n in table["name"]]
     joined = table.assign(

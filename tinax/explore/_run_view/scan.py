@@ -150,7 +150,7 @@ def scan_run(
             cancelled = True
             break
         row = rows[index]
-        where = directory if str(row["path"]) == str(directory) else directory / str(row["name"])
+        where = _paths.listed_in(directory, row["name"], row["path"])
         results[index] = _cached_scan(row, where)
         if progress is not None:
             progress(done + 1, len(todo))

@@ -25,7 +25,7 @@ from tinax._format import arrays, checksums, files, layout, names, pytree, savet
 from tinax._format import metrics as metrics_record
 from tinax._format.layout import Checkpoint
 from tinax._format.storage import Location
-from tinax.explore import _listing
+from tinax.explore import _listing, _tiers
 from tinax.explore._run_view.retention import retention_table
 
 RUN_COLUMNS = (
@@ -40,6 +40,8 @@ RUN_COLUMNS = (
     "save_total_s",
     "nonfinite_metrics",
 )
+# Column names a metric is not given (it is prefixed with its checkpointable instead).
+_TAKEN = RUN_COLUMNS + _tiers.TIER_COLUMNS
 # The checkpointable ``TrainingRun`` and ``save_training_checkpoint`` save auxiliary state
 # in (``TrainingCheckpointNames().auxiliary``), and how they wrap it.
 AUXILIARY = "auxiliary"
@@ -219,7 +221,8 @@ def run_table(
       ``nbytes``, ``committed`` (as ``list_checkpoints``); ``kept``, why a
       ``TrainingRun`` keeps it (``<NA>`` where the run has no record of it);
       ``save_blocked_s`` and ``save_total_s``, how long its save blocked the caller and
-      took until it committed, where tinax recorded them (else NaN);
+      took until it committed, where tinax recorded them (else NaN); for a two-tier
+      run, ``tier`` and ``promotion`` as ``list_checkpoints`` gives them;
       ``nonfinite_metrics``, the metric columns whose value in that checkpoint is
       NaN or infinite, joined by ``", "`` (``<NA>`` where none: a NaN in a metric
       column of such a row means no value was recorded); then one float column
@@ -247,7 +250,7 @@ def run_table(
     # Read through the run's listing: nothing is listed again, and on an object store
     # the files read are fetched side by side first.
     complete = [
-        (i, directory if p == str(directory) else directory / name)
+        (i, _paths.listed_in(directory, name, p))
         for i, (name, p, s) in enumerate(
             zip(listing["name"], listing["path"], listing["status"], strict=True)
         )
@@ -265,6 +268,9 @@ def run_table(
             facts = {i: future.result() for i, future in futures.items()}
     metric_names = sorted({name for m, _, _ in facts.values() for name in m})
     table = listing[["name", "path", "step", "status", "nbytes", "committed"]].copy()
+    for column in _tiers.TIER_COLUMNS:
+        if column in listing.columns:
+            table[column] = listing[column]
     kept = retention_table(directory)
     by_name = dict(zip(kept["name"], kept["kept"], strict=True))
     table["kept"] = pd.array([by_name.get(n) for n in table["name"]], dtype="string")
@@ -277,7 +283,7 @@ def run_table(
     nonfinite: list[list[str]] = [[] for _ in range(len(table))]
     metric_columns: dict[str, np.ndarray] = {}
     for name in metric_names:
-        column = name if name not in RUN_COLUMNS else f"{auxiliary}.{name}"
+        column = name if name not in _TAKEN else f"{auxiliary}.{name}"
         values = [facts.get(i, ({}, None, None))[0].get(name) for i in range(len(table))]
         for i, value in enumerate(values):
             if value is not None and not math.isfinite(value):
@@ -295,7 +301,7 @@ def run_table(
         if problem is not None:
             errors[str(table["path"].iloc[i])] = problem
     table.attrs = {
-        "metrics": [n if n not in RUN_COLUMNS else f"{auxiliary}.{n}" for n in metric_names],
+        "metrics": [n if n not in _TAKEN else f"{auxiliary}.{n}" for n in metric_names],
         "errors": errors,
         "unchecked": listing.attrs.get("unchecked", []),
     }

@@ -1,0 +1,183 @@
+"""The checkpoints of a run directory: which are complete, and crash-safe removal.
+
+A run's checkpoints are named ``step_<step>`` (``names.run_checkpoint_name``). A
+training run (``TrainingRun``) keeps them in one directory, or in two (a local tier and
+a durable one); this module does what each directory needs, whichever tier it is.
+
+Removal is crash-safe. A checkpoint is removed by first writing the deletion marker
+(``names.DELETION_MARKER``) into it, then its commit records, then everything else,
+the marker last. From the marker's first byte on, listings show it as
+``being removed`` and no load accepts it; a kill at any instant leaves either a
+complete checkpoint or one marked as being removed, never a half-removed one that
+looks complete. The next run finishes what a killed one left.
+
+A checkpoint that a restore skips because its data does not load is set aside once
+an older one has loaded: the record ``names.CORRUPT_RECORD`` (why, and when) is written
+into it, then it is renamed ``<name>.tinax-corrupt`` (``names.corrupt_name``), kept for
+inspection. (On object stores, which cannot rename, it stays marked in place, and the
+save of its step removes it first.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from tinax import _claims
+from tinax._format import names, removal
+from tinax._format.storage import FILE, Location
+
+_log = logging.getLogger("tinax.checkpointing")
+
+
+def complete_checkpoints(root: Location) -> dict[int, Location]:
+    """The committed checkpoints of the run directory ``root`` by step: named as a run
+    names them, not being removed or set aside, and with a commit record."""
+    found: dict[int, Location] = {}
+    listed = root.snapshot()
+    for name, entry in listed.entries().items():
+        match = names.RUN_CHECKPOINT.match(name)
+        if match is None or entry.kind == FILE:
+            continue
+        inside = (listed / name).entries()
+        if (
+            names.DELETION_MARKER in inside
+            or names.CORRUPT_RECORD in inside
+            or names.CHECKPOINT_METADATA not in inside
+        ):
+            continue
+        found[int(match.group(1))] = root / name
+    return found
+
+
+def remove_checkpoint(where: Location) -> None:
+    """Removes one checkpoint, marker first and last (see the module docstring)."""
+    try:
+        held = _claims.claim(where)
+    except FileExistsError as e:
+        _log.warning("not removing %s: %s", where, e)
+        return
+    try:
+        removal.mark_for_removal(where)
+        _log.info("removing %s (the run keeps it no longer)", where)
+        removal.finish_removal(where)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def set_aside(where: Location, reason: str) -> None:
+    """Marks a checkpoint a restore refused, then moves it out of its step's way."""
+    try:
+        held = _claims.claim(where)
+    except FileExistsError as e:
+        _log.warning("not setting %s aside: %s", where, e)
+        return
+    try:
+        record = {
+            "format": names.CORRUPT_RECORD_FORMAT,
+            "name": where.name,
+            "reason": reason,
+            "found_ns": time.time_ns(),
+        }
+        removal.replace_file(
+            where / names.CORRUPT_RECORD, json.dumps(record, indent=1).encode("utf-8")
+        )
+        if not where.storage.commits_by_rename:
+            _log.warning(
+                "checkpoint %s does not load (%s): marked corrupt in place; the save "
+                "of its step removes it",
+                where,
+                reason,
+            )
+            return
+        for attempt in range(1, 1000):
+            aside = where.parent / names.corrupt_name(where.name, attempt)
+            if aside.exists():
+                continue
+            os.rename(where.path, aside.path)
+            _log.warning(
+                "checkpoint %s does not load (%s): moved aside to %s, kept for "
+                "inspection; the resumed job saves its step again",
+                where,
+                reason,
+                aside.name,
+            )
+            return
+    except OSError as e:
+        _log.warning("could not set %s aside: %s", where, e)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def clear_marked(root: Location, step: int) -> None:
+    """Removes a checkpoint of ``step`` marked corrupt in place (object stores)."""
+    where = root / names.run_checkpoint_name(step)
+    if not (where / names.CORRUPT_RECORD).exists():
+        return
+    _log.warning("removing %s, marked corrupt by a restore, to save its step again", where)
+    remove_checkpoint(where)
+
+
+def clean_up(root: Location, newest: int | None, *, every_unfinished: bool = False) -> None:
+    """Finishes removals a killed run left, and removes interrupted saves.
+
+    Args:
+      root: The run directory.
+      newest: Its newest complete step; interrupted saves older than it are removed.
+      every_unfinished: Remove every save that has not committed, whatever its step,
+        and on object stores whatever its activity, and finish the commit of one whose
+        marker alone is missing: the caller is the directory's only writer (the
+        durable tier of a two-tier run, written by promotions alone, each of which
+        writes its commit record after every other file).
+    """
+    removal.remove_stale_temporaries(root / names.RUN_RECORD)
+    listed = root.snapshot()
+    for name, entry in sorted(listed.entries().items()):
+        if entry.kind == FILE:
+            continue
+        final = names.final_name(name)
+        match = names.RUN_CHECKPOINT.match(final)
+        if match is None:
+            continue
+        where = root / name
+        if final == name and (listed / name / names.DELETION_MARKER).exists():
+            held = None
+            try:
+                held = _claims.claim(where)
+                _log.info("finishing the removal of %s", where)
+                removal.finish_removal(where)
+            except FileExistsError as e:
+                _log.warning("not removing %s: %s", where, e)
+            finally:
+                if held is not None:
+                    held.release()
+            continue
+        older = newest is not None and int(match.group(1)) < newest
+        if not (older or every_unfinished):
+            continue
+        if final == name and _claims.uncommitted_status(listed / name) is None:
+            inside = (listed / name).entries()
+            if (
+                every_unfinished
+                and names.COMMIT_SUCCESS not in inside
+                and (not where.storage.commits_by_rename and names.CHECKPOINT_METADATA in inside)
+            ):
+                # A promotion killed between its last two writes: every file is in,
+                # the commit record too; its marker completes the commit as Orbax's.
+                _log.warning("finishing the commit of %s, left by an interrupted promotion", where)
+                (where / names.COMMIT_SUCCESS).write_new(names.commit_success_text(str(where)))
+            continue  # committed
+        if every_unfinished and final == name:
+            # In place on an object store: a promotion killed before its commit.
+            _log.warning("removing %s, left by an interrupted promotion", where)
+            where.remove_tree()
+            continue
+        try:
+            _claims.remove_interrupted(where)
+            _log.info("removed %s, left by an interrupted save", where)
+        except (FileExistsError, ValueError, FileNotFoundError):
+            pass  # A save still runs there, or it has gone meanwhile.
