@@ -13,7 +13,8 @@ import sys
 import textwrap
 import time
 import uuid
-from urllib.parse import unquote
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from gcs import DENIED_BUCKET, free_port, is_listing, object_name
 
 import tinax.explore as ex
 from tinax import _claims
-from tinax._format import words
+from tinax._format import gcs_listing, words
 from tinax._paths import location
 from tinax.checkpointing import (
     load_checkpointables,
@@ -49,7 +50,12 @@ def _data_reads(made: list[tuple[str, str, int]]) -> list[tuple[str, int]]:
 
 
 def _recursive_listings(made: list[tuple[str, str, int]]) -> int:
-    return sum(1 for r in made if is_listing(r) and "delimiter=&" in r[1])
+    return sum(
+        1
+        for r in made
+        if is_listing(r)
+        and parse_qs(urlsplit(r[1]).query, keep_blank_values=True).get("delimiter") == [""]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +243,51 @@ def test_an_endpoint_that_never_answers_is_an_error_within_the_deadline(gcs):
     kind, message = result.stdout.split(" ", 1)
     assert kind == "TimeoutError", result.stdout + result.stderr
     assert "'gs://tinax-test/run'" in message and "within 2 s" in message
+
+
+def _objects(gcs, root: str, names: list[str]) -> Any:
+    """``names`` written under ``root`` (``bucket/key``), each holding its own name."""
+    import gcsfs
+
+    fs = gcsfs.GCSFileSystem(use_listings_cache=False)
+    fs.pipe({f"{root}/{name}": name.encode() for name in names})
+    return fs
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["folders", "one folder", "small", "a file"],
+)
+def test_a_tree_of_many_pages_is_listed_whole_in_a_few_round_trips(gcs, monkeypatch, shape):
+    root = _prefix().removeprefix("gs://")
+    # Pages of 10 objects: a run of 23 folders of 3 to 7 objects, files among them, is
+    # 12 pages.
+    if shape == "folders":
+        names = [f"step_{i:03d}/f{j}" for i in range(23) for j in range(3 + i % 5)]
+        names += ["record.json", "step_005.json", "zz/deep/er/file"]
+    elif shape == "one folder":
+        names = [f"only/f{j:02d}" for j in range(35)]
+    else:
+        names = ["a/b", "c"]
+    fs = _objects(gcs, root, names)
+    path = f"{root}/c" if shape == "a file" else root
+    monkeypatch.setattr(gcs_listing, "PAGE", 10)
+    with gcs.counting() as made:
+        found = gcs_listing.list_tree(fs, path, 30)
+    expected = fs.find(path, detail=True)
+    assert sorted(found) == sorted(expected)
+    assert all(found[k]["size"] == expected[k]["size"] for k in found)
+    listings = [r for r in made if is_listing(r)]
+    pages = -(-len(expected) // 10)
+    if shape == "folders":
+        # The first page, the folders, and the ranges (each some pages' worth, read at
+        # once): pages of 10 make the ranges short, so their ends cost more than they
+        # would at 1,000 a page.
+        assert len(listings) <= 1.5 * pages + 2
+        assert sum("startOffset=" in unquote(r[1]) for r in listings) >= 5
+    elif shape == "one folder":
+        assert len(listings) == pages
+    elif shape == "small":
+        assert len(listings) == 1
+    else:
+        assert list(found) == [path]

@@ -16,6 +16,7 @@ Where bytes come from:
 
 - ``storage``: local disk behind a small interface; a ``Location`` in it.
 - ``gcs``: Google Cloud Storage (``gs://``) behind the same interface, through gcsfs.
+- ``gcs_listing``: a large tree of a bucket listed in a few round trips at once.
 - ``locate``: the ``Location`` a user's path or URL names (local or ``gs://``).
 - ``files``: bounded, no-follow, JSON-only reads; the safety scan of a checkpoint.
 

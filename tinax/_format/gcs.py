@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from tinax._format import gcs_listing
 from tinax._format.storage import DIRECTORY, FILE, GCS_SCHEME, Entry, Location
 
 # Seconds a listing, a metadata request or a small read may take, retries included.
@@ -243,7 +244,8 @@ class GcsStorage:
 
     def snapshot(self, path: str) -> Location:
         def listing(fs: Any) -> dict[str, dict[str, Any]]:
-            return dict(fs.find(path, detail=True, timeout=REQUEST_TIMEOUT))
+            # A large tree's pages are read side by side (``gcs_listing``).
+            return gcs_listing.list_tree(fs, path, REQUEST_TIMEOUT)
 
         found = self._call(path, "list", listing, seconds=REQUEST_TIMEOUT)
         return Location(Snapshot(self, path, found), path)
