@@ -493,7 +493,11 @@ def floors(state: Any, scratch: Path) -> dict[str, float]:
 
 def data_files(checkpoint: Path) -> list[Path]:
     """The array data files of a checkpoint (OCDBT's ``d/`` folders)."""
-    return sorted(p for p in checkpoint.rglob("*") if p.parent.name == "d" and p.is_file())
+    return sorted(
+        p
+        for p in checkpoint.rglob("*")
+        if "d" in p.relative_to(checkpoint).parts[:-1] and p.is_file()
+    )
 
 
 def _mb_s(nbytes: int, seconds: float) -> float:
@@ -866,6 +870,14 @@ def main() -> int:
         where = scratch / "file-floor"
         tc.save_checkpointables(where, state).result()
         stored_fraction = sum(f.stat().st_size for f in data_files(where)) / total
+        largest = sorted(
+            (p for p in where.rglob("*") if p.is_file()), key=lambda p: -p.stat().st_size
+        )[:3]
+        print(
+            "largest files of its checkpoint: "
+            + ", ".join(f"{p.relative_to(where)} {p.stat().st_size:,}" for p in largest),
+            flush=True,
+        )
         floor.update(file_floors(where))
         shutil.rmtree(where)
         if args.diagnose:

@@ -45,7 +45,9 @@ Arrays and their bytes:
 
 Copies:
 
+- ``copied_files``: the files of a local checkpoint being copied, read safely.
 - ``transfer``: a checkpoint's files copied to a disk or a bucket, each read once.
+- ``gcs_upload``: the copy to a bucket: large requests at once, each CRC32C-checked.
 - ``tiers``: which directories a two-tier run's records name (its local and durable
   tiers).
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from orbax.checkpoint import v1 as ocp
 
 from tinax import _claims, _paths
-from tinax._format import layout, names, preflight, transfer, valuecheck
+from tinax._format import copied_files, layout, names, preflight, transfer, valuecheck
 from tinax._format.checksums import CorruptDataError
 from tinax._format.storage import Location
 from tinax.checkpointing import _response, _run_files
@@ -61,7 +61,7 @@ def promote(source: Location, destination: Location) -> None:
       OSError: If a file cannot be read or written, or arrived corrupt.
     """
     checkpoint = preflight.check(source)
-    files = transfer.source_files(source)
+    files = copied_files.source_files(source)
     body = [f for f in files if f.relative not in _LAST]
     record = [f for f in files if f.relative == _LAST[0]]
     if not record:
@@ -73,7 +73,7 @@ def promote(source: Location, destination: Location) -> None:
 
 
 def _checked_copy(
-    checkpoint: layout.Checkpoint, files: list[transfer.SourceFile], target: Location
+    checkpoint: layout.Checkpoint, files: list[copied_files.SourceFile], target: Location
 ) -> None:
     """Checks the values, then copies ``files`` to ``target``: a corrupt checkpoint
     sends nothing. (Side by side, the check and the copy contend for the processor
@@ -93,7 +93,7 @@ def _checked_copy(
 
 
 def _promote_by_rename(
-    checkpoint: layout.Checkpoint, files: list[transfer.SourceFile], destination: Location
+    checkpoint: layout.Checkpoint, files: list[copied_files.SourceFile], destination: Location
 ) -> None:
     held = _claims.claim(destination)
     try:
@@ -126,8 +126,8 @@ def _promote_by_rename(
 
 def _promote_in_place(
     checkpoint: layout.Checkpoint,
-    body: list[transfer.SourceFile],
-    record: list[transfer.SourceFile],
+    body: list[copied_files.SourceFile],
+    record: list[copied_files.SourceFile],
     destination: Location,
 ) -> None:
     found = destination.snapshot()
