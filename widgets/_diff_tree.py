@@ -15,8 +15,8 @@ from tinax.vocabulary import CHANGED, SAME
 
 from ._guard import shown_in_widget
 from ._nonfinite import NONFINITE_BACKGROUND, NONFINITE_COLOR, is_nonfinite_change
-from ._table import Column, PagedTable, RowLook
-from ._tree import TREE_PAGE, LeafTree, Node, NodeId, open_mark, shown_nodes, toggled
+from ._table import Column, RowLook
+from ._tree import LeafTree, Node, NodeId, open_mark, shown_nodes, toggled, tree_table
 
 
 def _percent(value: Any) -> str:
@@ -73,14 +73,7 @@ class DiffTree(w.VBox):
         self._changed = np.zeros(0, bool)
         self._nonfinite = np.zeros(0, bool)
         self._keys = pd.DataFrame(columns=["checkpointable", "key"])
-        self.table = PagedTable(
-            _COLUMNS,
-            page_size=TREE_PAGE,
-            scroll_rows=page_size,
-            look=_look,
-            sortable=False,
-            empty_text="no leaves",
-        )
+        self.table = tree_table(_COLUMNS, _look, page_size)
         guard = shown_in_widget(self.table._show_error)
         self.table.observe(guard(self._on_pick), names="selected")
         super().__init__([self.table])

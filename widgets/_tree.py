@@ -242,6 +242,22 @@ def open_mark(node: Node, opened: Set[NodeId]) -> str:
     return " " if node.leaf is not None else ("▾" if node.id in opened else "▸")
 
 
+def tree_table(
+    columns: Sequence[Column], look: Callable[[pd.Series], RowLook], page_size: int
+) -> PagedTable:
+    """The table a tree view draws its nodes in: one page of up to ``TREE_PAGE`` rows
+    that scrolls within itself, ``page_size`` rows in view, in the tree's own order
+    (not sortable: a sort would tear children from their parents)."""
+    return PagedTable(
+        columns,
+        page_size=TREE_PAGE,
+        scroll_rows=page_size,
+        look=look,
+        empty_text="no leaves",
+        sortable=False,
+    )
+
+
 def size_breakdown(tree: LeafTree) -> list[tuple[str, int]]:
     """The checkpoint's bytes by part: by checkpointable, and where one holds nearly
     all of them, by its subtrees (``params`` and ``opt_state`` of a single state);
@@ -357,14 +373,7 @@ class TreeView(w.VBox):
         self.collapse_button.on_click(guard(lambda _: self.collapse()))
         self._all = self.tree.leaves
         self._only: pd.Index | None = None
-        self.table = PagedTable(
-            TREE_COLUMNS,
-            page_size=TREE_PAGE,
-            scroll_rows=page_size,
-            look=_tree_look,
-            empty_text="no leaves",
-            sortable=False,
-        )
+        self.table = tree_table(TREE_COLUMNS, _tree_look, page_size)
         self.table.observe(guard(self._on_pick), names="selected")
         super().__init__([w.HBox([self.order, self.collapse_button]), self.table])
         self.add_class("tinax-leaf-tree")
