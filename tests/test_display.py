@@ -299,9 +299,7 @@ def test_the_project_has_one_byte_formatter() -> None:
 
     from tinax.explore import _readable
     from tinax.explore._cli import terminal as _terminal
-    from tinax.explore.toolkit import human_bytes as exported
 
-    assert exported is display.human_bytes
     assert _readable.human_bytes is display.human_bytes
     assert _terminal.human_bytes is display.human_bytes
     assert _text.format_bytes(1536) == "1.5 KiB"

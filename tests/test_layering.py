@@ -443,3 +443,27 @@ def test_explore_exports_its_tables_and_two_public_submodules() -> None:
     for name in explore.toolkit.__all__:
         assert getattr(explore.toolkit, name) is not None
         assert name not in explore.__all__
+        assert name not in explore.display.__all__, f"{name} is display's, not the toolkit's"
+
+
+def test_every_toolkit_name_has_a_user_outside_explore() -> None:
+    """A name ``tinax.explore.toolkit`` exports is used, through the toolkit, by the
+    widgets, a benchmark, a demo, a notebook or a test of it as public API; else it
+    stays in its private module."""
+    import re
+
+    import tinax.explore as explore
+
+    users = [
+        path.read_text(encoding="utf-8")
+        for folder in ("widgets", "bench", "demo", "notebooks", "tests")
+        for path in sorted((REPO / folder).rglob("*"))
+        if path.suffix in (".py", ".ipynb") and path.resolve() != Path(__file__).resolve()
+    ]
+    through = [text for text in users if "toolkit" in text]
+    unused = [
+        name
+        for name in explore.toolkit.__all__
+        if not any(re.search(rf"\b{re.escape(name)}\b", text) for text in through)
+    ]
+    assert not unused, f"exported by tinax.explore.toolkit with no user outside: {unused}"

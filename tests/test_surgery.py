@@ -416,9 +416,11 @@ def test_the_command_line_derives_averages_and_shows_the_lineage(run, tmp_path):
         "--only", "model",
     )  # fmt: skip
     assert status == 0, err
-    assert "average of 3" in out and "weight 0.5" in out
+    # Read as one line: the paths in it wrap it at the terminal's width.
+    said = " ".join(out.split())
+    assert "average of 3" in said and "weight 0.5" in said
     status, out, _ = _tinax("show", tmp_path / "d")
-    assert status == 0 and out.startswith(f"derived from {run['paths'][0]}")
+    assert status == 0 and " ".join(out.split()).startswith(f"derived from {run['paths'][0]}")
     status, _, err = _tinax("derive", run["paths"][0], tmp_path / "d")
     assert status == 2 and "already exists" in err
 

@@ -291,6 +291,14 @@ def test_the_run_at_a_glance(big_run):
     assert list(rows.columns) == list(ex.drift_table(big_run).columns)
     both = tinax("run", big_run, "--drift", "--scan", "--csv")
     assert both.returncode == 2 and "one table" in both.stderr
+    # --top cuts both drift tables and counts what it left out.
+    table = ex.drift_table(big_run)
+    nonfinite = (table["nan"].fillna(0) > 0) | (table["inf"].fillna(0) > 0)
+    pairs = table[nonfinite].groupby(["previous_step", "step"]).ngroups
+    top = tinax("run", big_run, "--drift", "--top", "1", columns=200).stdout
+    assert f"… {int((~nonfinite).sum()) - 1} more (--top 0 shows all, --csv prints all)" in top
+    assert pairs >= 2 and f"… {pairs - 1} more pairs (--top 0 shows all)" in top
+    assert "more" not in tinax("run", big_run, "--drift", "--top", "0", columns=200).stdout
 
 
 def test_every_command_speaks_json(big_run, newest, tmp_path):

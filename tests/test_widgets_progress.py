@@ -163,6 +163,23 @@ def test_count_bytes_callable_drives_the_bar() -> None:
     assert progress.bar.value == 1.0
 
 
+def test_bytes_moved_carries_a_thread_s_progress_to_the_bar() -> None:
+    """The work's ``progress(done, total)`` callback, in its own thread, moves the bar."""
+    from tinax.widgets._progress import BytesMoved
+
+    moved = BytesMoved()
+    assert moved.count() == 0
+    response = FutureResponse()
+    progress = AsyncProgress(response, total_bytes=100, count_bytes=moved.count, interval=0.005)
+    worker = threading.Thread(target=moved.moved, args=(40, 100))
+    worker.start()
+    worker.join()
+    _until(lambda: "40 B / 100 B" in progress.info.value)
+    assert moved.count() == progress.bytes_done == 40
+    response.future.set_result(None)
+    assert progress.wait(10) == "done"
+
+
 def test_a_sample_taken_while_the_operation_ends_does_not_overwrite_the_end() -> None:
     """The watcher counts bytes while the response completes in another thread."""
     response = FutureResponse()

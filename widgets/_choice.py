@@ -19,7 +19,7 @@ from tinax.vocabulary import KeyPath, is_within, key_parts, parse_key
 
 from ._table import Column, PagedTable, RowLook
 from ._text import format_bytes
-from ._tree import LeafTree, Node
+from ._tree import LeafTree, Node, open_mark, shown_nodes, toggled
 
 # Orbax skips a leaf whose restore target is this placeholder.
 LEFT_OUT = ...
@@ -286,14 +286,7 @@ class TargetChoice(w.VBox):
         node = self.nodes[index]
         if node.leaf is not None:
             return
-        if node.id in self._open:
-            self._open = {
-                i
-                for i in self._open
-                if not (i[0] == node.checkpointable and i[1][: len(node.path)] == node.path)
-            }
-        else:
-            self._open.add(node.id)
+        self._open = toggled(self._open, node)
         self._redraw(keep_page=True)
 
     def expand(self, checkpointable: str, key: str = "") -> None:
@@ -304,23 +297,14 @@ class TargetChoice(w.VBox):
         self._redraw(keep_page=True)
 
     def _redraw(self, *, keep_page: bool = True) -> None:
-        out: list[tuple[Node, int]] = []
-        stack = [(n, 0) for n in reversed(self.tree.roots)]
-        while stack:
-            node, depth = stack.pop()
-            out.append((node, depth))
-            if node.id in self._open and node.leaf is None:
-                stack.extend((c, depth + 1) for c in reversed(self.tree.children(node)))
+        out = shown_nodes(self.tree.roots, self.tree.children, self._open)
         self.nodes = [n for n, _ in out]
         frame = pd.DataFrame(
             {
                 "label": [n.label for n in self.nodes],
                 "exact": [n.key or n.checkpointable for n in self.nodes],
                 "depth": [d for _, d in out],
-                "mark": [
-                    " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")
-                    for n in self.nodes
-                ],
+                "mark": [open_mark(n, self._open) for n in self.nodes],
                 "state": pd.Series([self._state(n) for n in self.nodes], dtype=object),
                 "leaves": [n.leaves for n in self.nodes],
                 "nbytes": [n.nbytes for n in self.nodes],

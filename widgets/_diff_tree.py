@@ -15,8 +15,8 @@ from tinax.vocabulary import CHANGED, SAME
 
 from ._guard import shown_in_widget
 from ._nonfinite import NONFINITE_BACKGROUND, NONFINITE_COLOR, is_nonfinite_change
-from ._table import Column, PagedTable, RowLook
-from ._tree import TREE_PAGE, LeafTree, Node
+from ._table import Column, RowLook
+from ._tree import LeafTree, Node, NodeId, open_mark, shown_nodes, toggled, tree_table
 
 
 def _percent(value: Any) -> str:
@@ -67,20 +67,13 @@ class DiffTree(w.VBox):
 
     def __init__(self, *, page_size: int = 20) -> None:
         self.nodes: list[Node] = []
-        self._open: set[tuple[str, tuple[str, ...]]] = set()
+        self._open: set[NodeId] = set()
         self._tree = LeafTree(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
         self._aa = self._dd = np.zeros(0)
         self._changed = np.zeros(0, bool)
         self._nonfinite = np.zeros(0, bool)
         self._keys = pd.DataFrame(columns=["checkpointable", "key"])
-        self.table = PagedTable(
-            _COLUMNS,
-            page_size=TREE_PAGE,
-            scroll_rows=page_size,
-            look=_look,
-            sortable=False,
-            empty_text="no leaves",
-        )
+        self.table = tree_table(_COLUMNS, _look, page_size)
         guard = shown_in_widget(self.table._show_error)
         self.table.observe(guard(self._on_pick), names="selected")
         super().__init__([self.table])
@@ -114,14 +107,7 @@ class DiffTree(w.VBox):
         node = self._tree.find(checkpointable, key)
         if node.leaf is not None:
             raise ValueError(f"{checkpointable!r} {key} is a leaf, not a subtree")
-        if node.id in self._open:
-            self._open = {
-                i
-                for i in self._open
-                if not (i[0] == node.checkpointable and i[1][: len(node.path)] == node.path)
-            }
-        else:
-            self._open.add(node.id)
+        self._open = toggled(self._open, node)
         self._redraw(keep_page=True)
 
     def rollup(self, checkpointable: str, key: str = "") -> tuple[int, float]:
@@ -156,13 +142,7 @@ class DiffTree(w.VBox):
             self.picked = (str(row["checkpointable"]), str(row["key"]))
 
     def _redraw(self, *, keep_page: bool) -> None:
-        out: list[tuple[Node, int]] = []
-        stack = [(n, 0) for n in reversed(self._tree.roots)]
-        while stack:
-            node, depth = stack.pop()
-            out.append((node, depth))
-            if node.id in self._open and node.leaf is None:
-                stack.extend((c, depth + 1) for c in reversed(self._tree.children(node)))
+        out = shown_nodes(self._tree.roots, self._tree.children, self._open)
         self.nodes = [n for n, _ in out]
         rollups = [self._rollup(n) for n in self.nodes]
         frame = pd.DataFrame(
@@ -173,10 +153,7 @@ class DiffTree(w.VBox):
                     for n in self.nodes
                 ],
                 "depth": [d for _, d in out],
-                "mark": [
-                    " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")
-                    for n in self.nodes
-                ],
+                "mark": [open_mark(n, self._open) for n in self.nodes],
                 "moved": [c for c, _, _ in rollups],
                 "leaves": [n.leaves for n in self.nodes],
                 # A subtree holding NaN or Inf says so: its change is not a number.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from tinax.explore import checkpoint_table, export_safetensors
 from ._caught import warnings_of_this_thread
 from ._guard import shown_in_widget
 from ._nonfinite import NONFINITE_COLOR
-from ._progress import RUNNING, AsyncProgress
+from ._progress import RUNNING, AsyncProgress, BytesMoved
 from ._soundness import nonfinite_metrics_note
 from ._task import Task
 from ._text import error_html, format_bytes, format_seconds, note_html
@@ -126,8 +125,7 @@ class ExportPanel(w.VBox):
         self.files: list[str] = []
         self.warnings: list[str] = []
         self.progress: AsyncProgress | None = None
-        self._done = 0
-        self._lock = threading.Lock()
+        self._bytes = BytesMoved()
 
         self.checkpointable = w.Dropdown(
             options=names,
@@ -219,14 +217,6 @@ class ExportPanel(w.VBox):
                 total += int(nbytes)
         return total
 
-    def _count(self) -> int:
-        with self._lock:
-            return self._done
-
-    def _moved(self, done: int, total: int) -> None:
-        with self._lock:
-            self._done = done
-
     def _on_export(self, _button: Any = None) -> None:
         if self.exporting:
             return
@@ -246,7 +236,7 @@ class ExportPanel(w.VBox):
         checkpointable = self.checkpointable.value
         dtype = None if self.dtype.value == AS_STORED else self.dtype.value
         keys = self.key_filter.value.strip() or None
-        self._done = 0
+        self._bytes = BytesMoved()
         self.exporting = True
         self.export_button.disabled = True
         self.message.value = note_html(f"exporting {checkpointable}…")
@@ -254,7 +244,7 @@ class ExportPanel(w.VBox):
         progress = AsyncProgress(
             task,
             total_bytes=None if keys else self.total_bytes(),
-            count_bytes=self._count,
+            count_bytes=self._bytes.count,
             description=f"exporting {checkpointable}",
         )
         self.progress = progress
@@ -271,7 +261,7 @@ class ExportPanel(w.VBox):
                     checkpointable=checkpointable,
                     keys=keys,
                     dtype=dtype,
-                    progress=self._moved,
+                    progress=self._bytes.moved,
                 )
 
         self.warnings = []

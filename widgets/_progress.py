@@ -40,6 +40,24 @@ _PULSE_HTML = (
 )
 
 
+class BytesMoved:
+    """The bytes a job running in another thread has moved so far: its ``progress(done,
+    total)`` callback is ``moved``, and an ``AsyncProgress`` reads ``count`` as its
+    ``count_bytes``. One for each run, so that a run that ended writes into its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = 0
+
+    def moved(self, done: int, total: int) -> None:
+        with self._lock:
+            self._done = done
+
+    def count(self) -> int:
+        with self._lock:
+            return self._done
+
+
 def _check_response(response: object) -> Any:
     for method in ("result", "on_complete"):
         if not callable(getattr(response, method, None)):

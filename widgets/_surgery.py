@@ -4,7 +4,6 @@ what the result will hold and a progress bar bound to the work."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,7 +16,7 @@ from tinax.explore import checkpoint_table, display
 from tinax.explore.toolkit import average_preview, derive_preview
 
 from ._guard import shown_in_widget
-from ._progress import DONE, RUNNING, AsyncProgress
+from ._progress import DONE, RUNNING, AsyncProgress, BytesMoved
 from ._task import Task
 from ._text import error_html, format_bytes, format_seconds, note_html
 
@@ -79,8 +78,7 @@ class _SurgeryPanel(w.VBox):
 
     def _build(self, title: str, controls: list[Any], button: str, default: str) -> None:
         self.progress: AsyncProgress | None = None
-        self._done = 0
-        self._lock = threading.Lock()
+        self._bytes = BytesMoved()
         self.destination = w.Text(value=default, description="to", layout=w.Layout(width="100%"))
         self.run_button = w.Button(description=button, button_style="primary")
         self.preview = w.HTML("")
@@ -134,14 +132,6 @@ class _SurgeryPanel(w.VBox):
         self.running = False
         self.run_button.disabled = False
 
-    def _count(self) -> int:
-        with self._lock:
-            return self._done
-
-    def _moved(self, done: int, total: int) -> None:
-        with self._lock:
-            self._done = done
-
     def _on_run(self, _button: Any = None) -> None:
         if self.running:
             return
@@ -153,7 +143,7 @@ class _SurgeryPanel(w.VBox):
             return
         self.error = ""
         self.written = ""
-        self._done = 0
+        self._bytes = BytesMoved()
         self.running = True
         self.run_button.disabled = True
         self.message.value = note_html(f"writing {destination}…")
@@ -161,7 +151,7 @@ class _SurgeryPanel(w.VBox):
         progress = AsyncProgress(
             task,
             total_bytes=int(table.attrs["read_bytes"]),
-            count_bytes=self._count,
+            count_bytes=self._bytes.count,
             description=self.run_button.description.lower().rstrip("…"),
         )
         self.progress = progress
@@ -169,7 +159,8 @@ class _SurgeryPanel(w.VBox):
         self._destination = destination
         self._started = time.monotonic()
         progress.observe(shown_in_widget(self._show_error)(self._on_status), names="status")
-        task.start(lambda: self._work(destination, self._moved), in_thread=True)
+        moved = self._bytes.moved
+        task.start(lambda: self._work(destination, moved), in_thread=True)
 
     def _on_status(self, _change: Any) -> None:
         progress = self.progress

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Set
 from typing import Any
 
 import ipywidgets as w
@@ -207,6 +207,57 @@ class LeafTree:
         return node
 
 
+NodeId = tuple[str, tuple[str, ...]]
+
+
+def toggled(opened: set[NodeId], node: Node) -> set[NodeId]:
+    """The open subtrees once ``node`` is clicked: ``node`` opened if it was closed,
+    else closed with every subtree under it (so that it opens again one level deep)."""
+    if node.id not in opened:
+        return opened | {node.id}
+    return {
+        i
+        for i in opened
+        if not (i[0] == node.checkpointable and i[1][: len(node.path)] == node.path)
+    }
+
+
+def shown_nodes(
+    roots: Sequence[Node], children: Callable[[Node], list[Node]], opened: Set[NodeId]
+) -> list[tuple[Node, int]]:
+    """The nodes a tree view shows, in order, with their depths: the roots, and under
+    each open subtree its children."""
+    out: list[tuple[Node, int]] = []
+    stack = [(n, 0) for n in reversed(roots)]
+    while stack:
+        node, depth = stack.pop()
+        out.append((node, depth))
+        if node.id in opened and node.leaf is None:
+            stack.extend((c, depth + 1) for c in reversed(children(node)))
+    return out
+
+
+def open_mark(node: Node, opened: Set[NodeId]) -> str:
+    """The mark before a node's name: ``▾`` open, ``▸`` closed, blank for a leaf."""
+    return " " if node.leaf is not None else ("▾" if node.id in opened else "▸")
+
+
+def tree_table(
+    columns: Sequence[Column], look: Callable[[pd.Series], RowLook], page_size: int
+) -> PagedTable:
+    """The table a tree view draws its nodes in: one page of up to ``TREE_PAGE`` rows
+    that scrolls within itself, ``page_size`` rows in view, in the tree's own order
+    (not sortable: a sort would tear children from their parents)."""
+    return PagedTable(
+        columns,
+        page_size=TREE_PAGE,
+        scroll_rows=page_size,
+        look=look,
+        empty_text="no leaves",
+        sortable=False,
+    )
+
+
 def size_breakdown(tree: LeafTree) -> list[tuple[str, int]]:
     """The checkpoint's bytes by part: by checkpointable, and where one holds nearly
     all of them, by its subtrees (``params`` and ``opt_state`` of a single state);
@@ -311,7 +362,7 @@ class TreeView(w.VBox):
         self.tree = LeafTree(pd.DataFrame(columns=["checkpointable", "key", "nbytes"]))
         self.nodes: list[Node] = []
         self.sized = True
-        self._open: set[tuple[str, tuple[str, ...]]] = set()
+        self._open: set[NodeId] = set()
         self.order = w.ToggleButtons(
             options=[("by name", BY_NAME), ("by size", BY_SIZE)],
             value=BY_NAME,
@@ -322,14 +373,7 @@ class TreeView(w.VBox):
         self.collapse_button.on_click(guard(lambda _: self.collapse()))
         self._all = self.tree.leaves
         self._only: pd.Index | None = None
-        self.table = PagedTable(
-            TREE_COLUMNS,
-            page_size=TREE_PAGE,
-            scroll_rows=page_size,
-            look=_tree_look,
-            empty_text="no leaves",
-            sortable=False,
-        )
+        self.table = tree_table(TREE_COLUMNS, _tree_look, page_size)
         self.table.observe(guard(self._on_pick), names="selected")
         super().__init__([w.HBox([self.order, self.collapse_button]), self.table])
         self.add_class("tinax-leaf-tree")
@@ -391,14 +435,7 @@ class TreeView(w.VBox):
         """Opens a closed subtree, closes an open one (and everything under it)."""
         if node.leaf is not None:
             raise ValueError(f"{node.checkpointable!r} {node.key} is a leaf, not a subtree")
-        if node.id in self._open:
-            self._open = {
-                i
-                for i in self._open
-                if not (i[0] == node.checkpointable and i[1][: len(node.path)] == node.path)
-            }
-        else:
-            self._open.add(node.id)
+        self._open = toggled(self._open, node)
         self._redraw(keep_page=True, reveal=node)
 
     def expand(self, checkpointable: str, key: str = "") -> Node:
@@ -417,14 +454,9 @@ class TreeView(w.VBox):
 
     def _visible(self) -> list[tuple[Node, int]]:
         by = self.order.value if self.sized else BY_NAME
-        out: list[tuple[Node, int]] = []
-        stack = [(n, 0) for n in reversed(self.tree.sorted_roots(by=by))]
-        while stack:
-            node, depth = stack.pop()
-            out.append((node, depth))
-            if node.id in self._open and node.leaf is None:
-                stack.extend((c, depth + 1) for c in reversed(self.tree.children(node, by=by)))
-        return out
+        return shown_nodes(
+            self.tree.sorted_roots(by=by), lambda n: self.tree.children(n, by=by), self._open
+        )
 
     def _redraw(self, *, keep_page: bool, reveal: Node | None = None) -> None:
         visible = self._visible()
@@ -435,10 +467,7 @@ class TreeView(w.VBox):
                 "label": [node.label for node in self.nodes],
                 "exact": [self._exact(node) for node in self.nodes],
                 "depth": [depth for _, depth in visible],
-                "mark": [
-                    " " if n.leaf is not None else ("▾" if n.id in self._open else "▸")
-                    for n in self.nodes
-                ],
+                "mark": [open_mark(n, self._open) for n in self.nodes],
                 "leaves": [n.leaves for n in self.nodes],
                 "nbytes": [n.nbytes if self.sized else PENDING for n in self.nodes],
                 "share": [n.nbytes / total if self.sized else PENDING for n in self.nodes],

@@ -4,18 +4,17 @@ dashboard, a script that watches a run.
 ``tinax.explore`` itself exports the tables (``list_checkpoints``,
 ``checkpoint_table``, ``diff_table``, ``verify``, …). What such a tool needs beside
 them lives here: a checkpoint's leaves staged for a large checkpoint, one leaf's
-statistics, the verification's parts, a run directory's names and sizes, the
-listing's cache, where a model's layers are (``layer_depth``, ``layer_of``: the
-grouping ``drift_table`` uses by default), the human units, and what a derived or
-averaged checkpoint would hold before it is written. Like the rest of ``tinax.explore``, nothing
-here imports JAX, Orbax or ipywidgets.
+statistics, the verification's parts (to write a check of one's own), a run
+directory's names and sizes, the listing's cache, where a model's layers are
+(``layer_depth``, ``layer_of``: the grouping ``drift_table`` uses by default), a
+checkpoint's lineage in a line, and what a derived or averaged checkpoint would hold
+before it is written. Sizes and keys are shown as ``tinax.explore.display`` shows
+them. Like the rest of ``tinax.explore``, nothing here imports JAX, Orbax or ipywidgets.
 """
 
 from tinax.explore._lineage import lineage_summary
 from tinax.explore._listing import ListingCache
 from tinax.explore._live import leaf_key
-from tinax.explore._ranking import sort_by_change
-from tinax.explore._readable import human_duration
 from tinax.explore._run_view.directory import (
     bytes_written,
     check_new_checkpoint_name,
@@ -42,10 +41,8 @@ from tinax.explore._verify.verification import (
     Finding,
     LeafScan,
     StoredArray,
-    Verification,
     VerifyTarget,
 )
-from tinax.explore.display import human_bytes
 
 __all__ = [
     "DEFAULT_CHECKS",
@@ -57,7 +54,6 @@ __all__ = [
     "ListingCache",
     "StagedLeaves",
     "StoredArray",
-    "Verification",
     "VerifyTarget",
     "average_preview",
     "bytes_written",
@@ -65,8 +61,6 @@ __all__ = [
     "collector_paused",
     "derive_preview",
     "existing_directory",
-    "human_bytes",
-    "human_duration",
     "is_numeric",
     "layer_depth",
     "layer_of",
@@ -80,5 +74,4 @@ __all__ = [
     "resolve_path",
     "run_listing",
     "save_directory",
-    "sort_by_change",
 ]

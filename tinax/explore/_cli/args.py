@@ -67,6 +67,34 @@ class _Parser(argparse.ArgumentParser):
         return _Formatter(self.prog, width=min(_width(), 100))
 
 
+def _command(prog: str, name: str, description: str, **positionals: str) -> argparse.ArgumentParser:
+    """The parser of ``prog name``: its description, its positional arguments (name →
+    help, in order)."""
+    parser = _Parser(prog=f"{prog} {name}", description=description)
+    for argument, said in positionals.items():
+        parser.add_argument(argument, help=said)
+    return parser
+
+
+def _add_switches(
+    parser: argparse.ArgumentParser, switches: dict[str | tuple[str, ...], str]
+) -> None:
+    """Options that are on or off: flag (or flags, the first naming it) → help."""
+    for flags, said in switches.items():
+        names = (flags,) if isinstance(flags, str) else flags
+        parser.add_argument(*names, action="store_true", help=said)
+
+
+def _add_cast(parser: argparse.ArgumentParser, flag: str, said: str) -> None:
+    """``flag DTYPE``: the floating-point type arrays are written as; ``said`` is its
+    help, to which the types offered are added."""
+    from tinax._format.safetensors import CAST_DTYPES  # NumPy: only for these commands
+
+    parser.add_argument(
+        flag, choices=CAST_DTYPES, metavar="DTYPE", help=f"{said} ({', '.join(CAST_DTYPES)})"
+    )
+
+
 def _add_output(parser: argparse.ArgumentParser, *, csv_too: bool = True) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -114,80 +142,72 @@ def _version() -> str:
 
 
 def _ls_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} ls",
-        description=(
-            "List a run's checkpoints: step, status, size, age, and for a run written "
-            "by TrainingRun its metric and why each checkpoint is kept; of a folder of "
-            "runs, its runs. Metadata only."
-        ),
+    parser = _command(
+        prog,
+        "ls",
+        "List a run's checkpoints: step, status, size, age, and for a run written "
+        "by TrainingRun its metric and why each checkpoint is kept; of a folder of "
+        "runs, its runs. Metadata only.",
+        root="a run directory (local or gs://)",
     )
-    parser.add_argument("root", help="a run directory (local or gs://)")
     _add_output(parser)
     return parser
 
 
 def _show_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} show",
-        description=(
-            "Show a checkpoint's leaves (metadata only), or with --leaf one leaf's "
-            "statistics (reads that leaf's bytes only)."
-        ),
+    parser = _command(
+        prog,
+        "show",
+        "Show a checkpoint's leaves (metadata only), or with --leaf one leaf's "
+        "statistics (reads that leaf's bytes only).",
+        path="a checkpoint directory (local or gs://)",
     )
-    parser.add_argument("path", help="a checkpoint directory (local or gs://)")
     _add_leaf(parser)
     _add_output(parser)
     return parser
 
 
 def _diff_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} diff",
-        description=(
-            "Compare two checkpoints leaf by leaf, leaves that went NaN or Inf first, "
-            "then the largest change. Arrays are read region by region in bounded "
-            "memory. Exits 0 when every leaf is the same, 1 when they differ, 2 on "
-            "trouble (as diff does)."
-        ),
+    parser = _command(
+        prog,
+        "diff",
+        "Compare two checkpoints leaf by leaf, leaves that went NaN or Inf first, "
+        "then the largest change. Arrays are read region by region in bounded "
+        "memory. Exits 0 when every leaf is the same, 1 when they differ, 2 on "
+        "trouble (as diff does).",
+        a="the checkpoint compared from (the older one)",
+        b="the checkpoint compared to",
     )
-    parser.add_argument("a", help="the checkpoint compared from (the older one)")
-    parser.add_argument("b", help="the checkpoint compared to")
-    parser.add_argument(
-        "--key-order",
-        "--stored-order",
-        dest="key_order",
-        action="store_true",
-        help="rows in key order (layers by number) instead of by change",
-    )
-    parser.add_argument(
-        "--changed", action="store_true", help="show only leaves that are not the same"
+    _add_switches(
+        parser,
+        {
+            ("--key-order", "--stored-order"): (
+                "rows in key order (layers by number) instead of by change"
+            ),
+            "--changed": "show only leaves that are not the same",
+        },
     )
     _add_output(parser)
     return parser
 
 
 def _verify_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} verify",
-        description=(
-            "Check that a checkpoint is whole and loadable, or every checkpoint of a "
-            "run; with --data, also that its model and optimizer state hold no NaN or "
-            "Inf (else it is diverged). Exits 0 when all are sound, 1 when one is not "
-            "or diverged, 2 when one cannot be checked."
-        ),
+    parser = _command(
+        prog,
+        "verify",
+        "Check that a checkpoint is whole and loadable, or every checkpoint of a "
+        "run; with --data, also that its model and optimizer state hold no NaN or "
+        "Inf (else it is diverged). Exits 0 when all are sound, 1 when one is not "
+        "or diverged, 2 when one cannot be checked.",
+        path="a checkpoint directory, or a run directory",
     )
-    parser.add_argument("path", help="a checkpoint directory, or a run directory")
-    parser.add_argument(
-        "--data", action="store_true", help="also read every chunk and count NaN/Inf values"
-    )
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="warnings (NaN/Inf values among them) and interrupted saves fail too",
-    )
-    parser.add_argument(
-        "--quiet", action="store_true", help="print the verdicts only, one line each"
+    _add_switches(
+        parser,
+        {
+            "--data": "also read every chunk and count NaN/Inf values",
+            "--strict": "warnings (NaN/Inf values among them) and interrupted saves fail too",
+            "--quiet": "print the verdicts only, one line each",
+        },
     )
     _add_output(parser)
     return parser
@@ -223,19 +243,16 @@ def parse_size(text: str) -> int:
 
 
 def _export_parser(prog: str) -> argparse.ArgumentParser:
-    from tinax._format.safetensors import CAST_DTYPES  # NumPy: only for export
-
-    parser = _Parser(
-        prog=f"{prog} export",
-        description=(
-            "Write a checkpointable's arrays as .safetensors files named after it, "
-            "streamed from the checkpoint with its checksums checked. Over "
-            "--max-file-size, several files and an index in the Hugging Face hub's "
-            "layout."
-        ),
+    parser = _command(
+        prog,
+        "export",
+        "Write a checkpointable's arrays as .safetensors files named after it, "
+        "streamed from the checkpoint with its checksums checked. Over "
+        "--max-file-size, several files and an index in the Hugging Face hub's "
+        "layout.",
+        checkpoint="a checkpoint directory (local or gs://)",
+        out="a new directory for the files",
     )
-    parser.add_argument("checkpoint", help="a checkpoint directory (local or gs://)")
-    parser.add_argument("out", help="a new directory for the files")
     parser.add_argument("--checkpointable", default="model", help="what to export (model)")
     parser.add_argument(
         "--keys",
@@ -243,38 +260,31 @@ def _export_parser(prog: str) -> argparse.ArgumentParser:
         metavar="KEY",
         help="only leaves whose key or tensor name contains one of these",
     )
-    parser.add_argument(
-        "--dtype",
-        choices=CAST_DTYPES,
-        metavar="DTYPE",
-        help=f"cast floating-point arrays to DTYPE ({', '.join(CAST_DTYPES)})",
-    )
+    _add_cast(parser, "--dtype", "cast floating-point arrays to DTYPE")
     parser.add_argument(
         "--max-file-size", type=parse_size, metavar="SIZE", help="e.g. 5GB: split the files"
     )
-    parser.add_argument(
-        "--verify", action="store_true", help="read the written files back and compare"
-    )
+    _add_switches(parser, {"--verify": "read the written files back and compare"})
     _add_output(parser)
     return parser
 
 
 def _run_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} run",
-        description=(
-            "The run at a glance: one row per checkpoint with its metrics, save times "
-            "and why it is kept (metadata only). --drift adds how far each layer moved "
-            "between consecutive checkpoints, --scan the NaN/Inf counts and where to "
-            "roll back to (both read array data)."
-        ),
+    parser = _command(
+        prog,
+        "run",
+        "The run at a glance: one row per checkpoint with its metrics, save times "
+        "and why it is kept (metadata only). --drift adds how far each layer moved "
+        "between consecutive checkpoints, --scan the NaN/Inf counts and where to "
+        "roll back to (both read array data).",
+        root="a run directory (local or gs://)",
     )
-    parser.add_argument("root", help="a run directory (local or gs://)")
-    parser.add_argument(
-        "--drift", action="store_true", help="relative update of each layer, pair by pair"
-    )
-    parser.add_argument(
-        "--scan", action="store_true", help="NaN/Inf counts per checkpoint, the roll-back step"
+    _add_switches(
+        parser,
+        {
+            "--drift": "relative update of each layer, pair by pair",
+            "--scan": "NaN/Inf counts per checkpoint, the roll-back step",
+        },
     )
     parser.add_argument(
         "--depth",

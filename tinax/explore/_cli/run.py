@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import pandas as pd
@@ -142,14 +143,7 @@ def _show_drift(drift: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
             Column("max_abs_diff", "max_abs_diff", term.number, priority=4, right=True),
             Column("unreadable", "unreadable", term.count_if_any, priority=5, right=True),
         )
-        shown = ranked if top <= 0 else ranked.head(top)
-        term.render(shown, columns, out, total)
-        if len(shown) < len(ranked):
-            _say(
-                f"… {len(ranked) - len(shown)} more (--top 0 shows all, --csv prints all)",
-                out,
-                total,
-            )
+        _render_top(ranked, columns, out, total, top, "more (--top 0 shows all, --csv prints all)")
     if nonfinite.any():
         _show_nonfinite_pairs(drift[nonfinite], out, total, top)
     unreadable = drift.attrs.get("unreadable") or []
@@ -193,10 +187,23 @@ def _show_nonfinite_pairs(rows: pd.DataFrame, out: TextIO, total: int, top: int)
         Column("nan", "nan", term.number, priority=0, right=True),
         Column("inf", "inf", term.number, priority=0, right=True),
     )
-    shown = pairs if top <= 0 else pairs.head(top)
+    _render_top(pairs, columns, out, total, top, "more pairs (--top 0 shows all)")
+
+
+def _render_top(
+    rows: pd.DataFrame,
+    columns: Sequence[Column],
+    out: TextIO,
+    total: int,
+    top: int,
+    more: str,
+) -> None:
+    """The first ``top`` rows (all for ``top`` ≤ 0), then a line counting the rest:
+    ``… N`` and ``more``."""
+    shown = rows if top <= 0 else rows.head(top)
     term.render(shown, columns, out, total)
-    if len(shown) < len(pairs):
-        _say(f"… {len(pairs) - len(shown)} more pairs (--top 0 shows all)", out, total)
+    if len(shown) < len(rows):
+        _say(f"… {len(rows) - len(shown)} {more}", out, total)
 
 
 def _show_scan(scan: pd.DataFrame, out: TextIO, total: int) -> None:

@@ -4,6 +4,7 @@ line ``tinax show`` gives a checkpoint's lineage."""
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -13,38 +14,24 @@ import pandas as pd
 from tinax._format.layout import Checkpoint
 from tinax.explore._checkpoint import checkpoint_table
 from tinax.explore._cli import terminal as term
-from tinax.explore._cli.args import _add_output, _Parser
+from tinax.explore._cli.args import _add_cast, _add_output, _command
 from tinax.explore._cli.output import _dump, _progress, _records, _say
-from tinax.explore._export import CAST_DTYPES
 from tinax.explore._lineage import lineage, lineage_summary
 
 
 def _derive_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} derive",
-        description=(
-            "Write a new checkpoint made from one: only some checkpointables (--only), "
-            "only the leaves whose dotted key a regular expression finds (--keys), "
-            "floating-point arrays cast (--cast), keys rewritten (--rename). Streamed, "
-            "checked against the source's checksums, written atomically, with its lineage."
-        ),
+    parser = _command(
+        prog,
+        "derive",
+        "Write a new checkpoint made from one: only some checkpointables (--only), "
+        "only the leaves whose dotted key a regular expression finds (--keys), "
+        "floating-point arrays cast (--cast), keys rewritten (--rename). Streamed, "
+        "checked against the source's checksums, written atomically, with its lineage.",
+        source="a checkpoint directory (local or gs://)",
+        destination="the new checkpoint's directory (must not exist)",
     )
-    parser.add_argument("source", help="a checkpoint directory (local or gs://)")
-    parser.add_argument("destination", help="the new checkpoint's directory (must not exist)")
-    parser.add_argument(
-        "--only", nargs="+", metavar="NAME", help="only these checkpointables (e.g. model)"
-    )
-    parser.add_argument(
-        "--keys",
-        metavar="REGEX",
-        help="only leaves whose dotted key (blocks.0.up.kernel) this regular expression finds",
-    )
-    parser.add_argument(
-        "--cast",
-        choices=CAST_DTYPES,
-        metavar="DTYPE",
-        help=f"store floating-point arrays as DTYPE ({', '.join(CAST_DTYPES)})",
-    )
+    _add_selection(parser, "(blocks.0.up.kernel) this regular expression finds")
+    _add_cast(parser, "--cast", "store floating-point arrays as DTYPE")
     parser.add_argument(
         "--rename",
         nargs="+",
@@ -57,14 +44,13 @@ def _derive_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _average_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=f"{prog} average",
-        description=(
-            "Write a new checkpoint whose floating-point leaves are the (weighted) mean of "
-            "several checkpoints of one structure; every other leaf must be equal in all. "
-            "Streamed, checked against the sources' checksums, written atomically, with "
-            "its lineage."
-        ),
+    parser = _command(
+        prog,
+        "average",
+        "Write a new checkpoint whose floating-point leaves are the (weighted) mean of "
+        "several checkpoints of one structure; every other leaf must be equal in all. "
+        "Streamed, checked against the sources' checksums, written atomically, with "
+        "its lineage.",
     )
     parser.add_argument("sources", nargs="+", help="two or more checkpoint directories")
     parser.add_argument(
@@ -77,17 +63,22 @@ def _average_parser(prog: str) -> argparse.ArgumentParser:
         metavar="W",
         help="one non-negative weight per source (normalised); equal by default",
     )
-    parser.add_argument(
-        "--only", nargs="+", metavar="NAME", help="only these checkpointables (e.g. model)"
-    )
-    parser.add_argument(
-        "--keys",
-        metavar="REGEX",
-        help="only leaves whose dotted key this regular expression finds (an RNG "
-        "counter that differs between steps can be left out so)",
+    _add_selection(
+        parser,
+        "this regular expression finds (an RNG counter that differs between steps can "
+        "be left out so)",
     )
     _add_output(parser, csv_too=False)
     return parser
+
+
+def _add_selection(parser: argparse.ArgumentParser, keys: str) -> None:
+    """``--only NAME…`` and ``--keys REGEX``: what of the sources the new checkpoint
+    holds (``keys`` ends the help of ``--keys``)."""
+    parser.add_argument(
+        "--only", nargs="+", metavar="NAME", help="only these checkpointables (e.g. model)"
+    )
+    parser.add_argument("--keys", metavar="REGEX", help=f"only leaves whose dotted key {keys}")
 
 
 def run(command: str, argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
@@ -98,29 +89,18 @@ def run(command: str, argv: Sequence[str], out: TextIO, err: TextIO, prog: str) 
     start = time.perf_counter()
     if command == "derive":
         args = _derive_parser(prog).parse_args(argv)
-        destination = args.destination
-        with _progress(err, "deriving") as progress:
-            derive_checkpoint(
-                args.source,
-                destination,
-                checkpointables=args.only,
-                keys=args.keys,
-                cast=args.cast,
-                rename=args.rename,
-                progress=progress,
-            )
+        destination, doing = args.destination, "deriving"
+        work = functools.partial(
+            derive_checkpoint, args.source, destination, cast=args.cast, rename=args.rename
+        )
     else:
         args = _average_parser(prog).parse_args(argv)
-        destination = args.out
-        with _progress(err, "averaging") as progress:
-            average_checkpoints(
-                args.sources,
-                destination,
-                weights=args.weights,
-                checkpointables=args.only,
-                keys=args.keys,
-                progress=progress,
-            )
+        destination, doing = args.out, "averaging"
+        work = functools.partial(
+            average_checkpoints, args.sources, destination, weights=args.weights
+        )
+    with _progress(err, doing) as progress:
+        work(checkpointables=args.only, keys=args.keys, progress=progress)
     _report(destination, time.perf_counter() - start, args.json, out)
     return 0
 
