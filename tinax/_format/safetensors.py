@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from tinax._format.keys import without_nnx_value
+
 SUFFIX = ".safetensors"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -339,10 +341,7 @@ def tensor_name(path: Sequence[int | str]) -> str:
 
     ``('dense1', 'kernel', 'value')`` → ``dense1.kernel``; ``(0, 'mu', 'w')`` → ``0.mu.w``.
     """
-    parts = [str(part) for part in path]
-    if len(parts) > 1 and parts[-1] == "value":
-        parts.pop()
-    return ".".join(parts)
+    return ".".join(without_nnx_value(tuple(str(part) for part in path)))
 
 
 def split_file_name(number: int, count: int) -> str:
