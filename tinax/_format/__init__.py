@@ -61,4 +61,8 @@ New checkpoints made from others (derived, averaged):
 - ``new_checkpoint``: the new directory, its root files, and its commit.
 - ``durable``: the files written synced, in the background and before the commit.
 - ``lineage``: the record of what a checkpoint was made from.
+
+Shared by the layers above:
+
+- ``progress``: the callbacks long operations report progress to and stop by.
 """

@@ -36,6 +36,7 @@ from tinax._format.checksums import Bounds, LeafRecord
 from tinax._format.chunks import Box
 from tinax._format.keys import KeyPath
 from tinax._format.layout import Checkpoint
+from tinax._format.progress import Progress
 from tinax.explore._checkpoint import open_checkpoint
 from tinax.explore._numeric import ValueCounts
 
@@ -45,7 +46,6 @@ IN_FLIGHT_BYTES = 16 << 20
 # The float types an export can cast to (``dtype=``), by the names NumPy gives them.
 CAST_DTYPES = st.CAST_DTYPES
 
-Progress = Callable[[int, int], None]
 KeyFilter = str | Sequence[str] | Callable[[str], bool]
 NameFunction = Callable[[KeyPath], str]
 

@@ -24,6 +24,7 @@ import pandas as pd
 from tinax import _paths
 from tinax._format import keys, words
 from tinax._format.layout import Checkpoint
+from tinax._format.progress import Cancel, Progress
 from tinax.explore import _listing
 from tinax.explore._diff import diff_table
 from tinax.explore.display import natural_key
@@ -51,9 +52,6 @@ LINEN_COLLECTIONS = frozenset({"params", "batch_stats", "cache", "intermediates"
 MODEL_NAMES = ("model", "params", "pytree", "state", "default")
 # Pairs whose sums are kept; about 100 bytes a leaf each.
 _KEEP_PAIRS = 4096
-
-Progress = Callable[[int, int], None]
-Cancel = Callable[[], bool] | threading.Event
 
 
 @dataclasses.dataclass(frozen=True)

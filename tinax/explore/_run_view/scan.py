@@ -13,13 +13,13 @@ import collections
 import dataclasses
 import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
 from tinax import _paths
 from tinax._format import words
+from tinax._format.progress import Cancel, Progress
 from tinax._format.storage import Location
 from tinax.explore import _listing
 from tinax.explore._verify.verification import verify
@@ -33,9 +33,6 @@ NOT_SOUND = words.NOT_SOUND
 NOT_COMPLETE = words.NOT_COMPLETE
 NOT_SCANNED = words.NOT_SCANNED
 _KEEP = 4096
-
-Progress = Callable[[int, int], None]
-Cancel = Callable[[], bool] | threading.Event
 
 
 @dataclasses.dataclass(frozen=True)
