@@ -65,4 +65,5 @@ New checkpoints made from others (derived, averaged):
 Shared by the layers above:
 
 - ``progress``: the callbacks long operations report progress to and stop by.
+- ``lru``: the bounded, thread-safe cache that keeps parsed layouts, walks and verdicts.
 """
