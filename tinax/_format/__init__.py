@@ -66,4 +66,5 @@ Shared by the layers above:
 
 - ``progress``: the callbacks long operations report progress to and stop by.
 - ``lru``: the bounded, thread-safe cache that keeps parsed layouts, walks and verdicts.
+- ``pools``: thread pools started on first use, and again in a forked child.
 """
