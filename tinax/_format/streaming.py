@@ -149,18 +149,20 @@ def plan_boxes(bounds: Bounds, units: Sequence[Sequence[int] | None], itemsize: 
     step = _step(shapes, s, extents[s])
     row = math.prod(extents[s + 1 :]) * itemsize
     along = max(step, (REGION_BYTES // max(row, 1)) // step * step)
+    return runs_along(bounds, s, along)
+
+
+def runs_along(bounds: Bounds, axis: int, along: int) -> list[Box]:
+    """The piece at ``bounds`` as boxes in C order: one index of each dimension before
+    ``axis``, runs of ``along`` indices along it, the whole extent of those after it.
+    """
     boxes: list[Box] = []
-    for corner in _corners([range(a, b) for a, b in bounds[:s]]):
+    lo, hi = bounds[axis]
+    after = tuple(slice(a, b) for a, b in bounds[axis + 1 :])
+    for corner in _corners([range(a, b) for a, b in bounds[:axis]]):
         lead = tuple(slice(i, i + 1) for i in corner)
-        lo, hi = bounds[s]
         for start in range(lo, hi, along):
-            boxes.append(
-                (
-                    *lead,
-                    slice(start, min(start + along, hi)),
-                    *(slice(a, b) for a, b in bounds[s + 1 :]),
-                )
-            )
+            boxes.append((*lead, slice(start, min(start + along, hi)), *after))
     return boxes
 
 

@@ -30,7 +30,7 @@ import tensorstore as ts
 import xxhash
 
 from tinax import _paths
-from tinax._format import arrays, checksums, chunks, layout, names, pytree, words
+from tinax._format import arrays, checksums, chunks, layout, names, pytree, streaming, words
 from tinax._format import safetensors as st
 from tinax._format.checksums import Bounds, LeafRecord
 from tinax._format.chunks import Box
@@ -170,20 +170,7 @@ def _boxes(bounds: Bounds, chunk_shape: tuple[int, ...] | None, itemsize: int) -
     chunk = 1 if chunk_shape is None or len(chunk_shape) != rank else max(1, chunk_shape[d])
     if along >= chunk:
         along -= along % chunk
-    boxes: list[Box] = []
-    outer = [range(a, b) for a, b in bounds[:d]]
-    for corner in itertools.product(*outer):
-        lead = tuple(slice(i, i + 1) for i in corner)
-        lo, hi = bounds[d]
-        for start in range(lo, hi, along):
-            boxes.append(
-                (
-                    *lead,
-                    slice(start, min(start + along, hi)),
-                    *(slice(a, b) for a, b in bounds[d + 1 :]),
-                )
-            )
-    return boxes
+    return streaming.runs_along(bounds, d, along)
 
 
 def _runs(box: Box, shape: tuple[int, ...]) -> tuple[int, list[int]]:
