@@ -100,12 +100,7 @@ def write_chunk_shape(
     ):
         return tuple(max(1, min(c, s)) for c, s in zip(stored, shape, strict=True))
     piece = tuple(max(1, p) for p in piece)
-    rank = len(piece)
-    d = rank - 1
-    for axis in range(rank):
-        if math.prod(piece[axis + 1 :]) * itemsize <= SLAB_BYTES:
-            d = axis
-            break
+    d = split_axis(piece, itemsize, SLAB_BYTES)
     row = math.prod(piece[d + 1 :]) * itemsize
     k = max(1, min(piece[d], SLAB_BYTES // max(row, 1)))
     if piece != shape and piece[d] % k:
@@ -150,6 +145,15 @@ def plan_boxes(bounds: Bounds, units: Sequence[Sequence[int] | None], itemsize: 
     row = math.prod(extents[s + 1 :]) * itemsize
     along = max(step, (REGION_BYTES // max(row, 1)) // step * step)
     return runs_along(bounds, s, along)
+
+
+def split_axis(extents: Sequence[int], itemsize: int, limit: int) -> int:
+    """The first dimension whose trailing dimensions, whole, hold at most ``limit``
+    bytes (the last one if none do): a piece is cut along it, one index of those before."""
+    for axis in range(len(extents)):
+        if math.prod(extents[axis + 1 :]) * itemsize <= limit:
+            return axis
+    return len(extents) - 1
 
 
 def runs_along(bounds: Bounds, axis: int, along: int) -> list[Box]:

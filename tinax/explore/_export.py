@@ -160,11 +160,7 @@ def _boxes(bounds: Bounds, chunk_shape: tuple[int, ...] | None, itemsize: int) -
     if 0 in extents:
         return []
     rank = len(extents)
-    d = rank - 1
-    for axis in range(rank):
-        if math.prod(extents[axis + 1 :]) * itemsize <= REGION_BYTES:
-            d = axis
-            break
+    d = streaming.split_axis(extents, itemsize, REGION_BYTES)
     row = math.prod(extents[d + 1 :]) * itemsize
     along = max(1, REGION_BYTES // max(row, 1))
     chunk = 1 if chunk_shape is None or len(chunk_shape) != rank else max(1, chunk_shape[d])
