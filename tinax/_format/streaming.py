@@ -123,11 +123,9 @@ def plan_boxes(bounds: Bounds, units: Sequence[Sequence[int] | None], itemsize: 
         for an array read whole.
       itemsize: The largest bytes per element among them.
     """
-    if not bounds:
-        return [()]
     extents = [b - a for a, b in bounds]
-    if 0 in extents:
-        return []
+    if not bounds or 0 in extents:
+        return [] if bounds else [()]  # no elements; or a scalar, one box
     rank = len(extents)
     shapes = [
         tuple(extents) if u is None or len(u) != rank else tuple(max(1, int(n)) for n in u)

@@ -154,11 +154,9 @@ def _boxes(bounds: Bounds, chunk_shape: tuple[int, ...] | None, itemsize: int) -
     index of those before it and a run along ``d`` (whole chunks where they fit),
     so the boxes' bytes, one after another, are the piece's bytes in C order.
     """
-    if not bounds:
-        return [()]
     extents = [b - a for a, b in bounds]
-    if 0 in extents:
-        return []
+    if not bounds or 0 in extents:
+        return [] if bounds else [()]
     rank = len(extents)
     d = streaming.split_axis(extents, itemsize, REGION_BYTES)
     row = math.prod(extents[d + 1 :]) * itemsize
