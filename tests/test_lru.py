@@ -32,6 +32,8 @@ def test_a_bytes_bound_keeps_the_newest_entry_even_alone_over_it() -> None:
     assert list(cache) == ["a", "b", "c"]
     cache.put("a", b"x")  # replaced, not counted twice
     assert cache.nbytes == 7 and list(cache) == ["b", "c", "a"]
+    assert cache.pop("b") == b"5678" and cache.pop("b") is None
+    assert cache.nbytes == 3 and list(cache) == ["c", "a"]
     cache.put("d", b"y" * 20)
     assert list(cache) == ["d"] and cache.nbytes == 20
     cache.clear()

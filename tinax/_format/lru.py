@@ -80,6 +80,15 @@ class LruCache(Generic[_K, _V]):
             self._bytes += nbytes
             self._trim()
 
+    def pop(self, key: _K, default: _V | None = None) -> _V | None:
+        """Forgets ``key``: its value, else ``default``."""
+        with self._lock:
+            found = self._entries.pop(key, None)
+            if found is None:
+                return default
+            self._bytes -= found[1]
+            return found[0]
+
     def get_or_compute(self, key: _K, compute: Callable[[], _V]) -> _V:
         """The value kept under ``key``, else what ``compute()`` returns, kept.
 
