@@ -48,7 +48,7 @@ class _Blocks:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # The least recently used blocks go past the budget (in flight ones included).
+        # Past the budget (blocks in flight included), the least recently used go first.
         self._kept: LruCache[_Key, concurrent.futures.Future[bytes]] = LruCache(
             max(1, KEPT_BYTES // BLOCK_BYTES)
         )

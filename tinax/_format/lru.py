@@ -1,7 +1,7 @@
 """A bounded, thread-safe cache that forgets the least recently used entries first.
 
 Reads of a checkpoint keep what they parsed or walked (layouts, store walks, listing
-verdicts, drift sums, scans) so that the next call on an unchanged checkpoint does
+verdicts, drift sums, scans, blocks read ahead) so that the next call on an unchanged checkpoint does
 not read it again; each keeps it here, bounded by a number of entries, a number of
 bytes, or both.
 """
