@@ -11,6 +11,7 @@ Vocabulary:
   iterator files, steps in names, the checksum record and its promise).
 - ``words``: the kinds and statuses tables show.
 - ``keys``: leaf key paths, their one spelling, and subtree membership.
+- ``dtypes``: NumPy dtypes by the names checkpoints and exports store them under.
 
 Where bytes come from:
 

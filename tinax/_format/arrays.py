@@ -28,6 +28,7 @@ import numpy as np
 import tensorstore as ts
 
 from tinax._format import names
+from tinax._format.dtypes import numpy_dtype as numpy_dtype  # re-exported
 from tinax._format.lru import LruCache
 from tinax._format.storage import Location
 
@@ -423,21 +424,6 @@ def dtype_name(name: str) -> tuple[str, int | None]:
         except (AttributeError, TypeError):
             return name, None
     return dtype.name, dtype.itemsize
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The NumPy dtype of a stored dtype name (ml_dtypes' through tensorstore).
-
-    Raises:
-      TypeError: If neither NumPy nor tensorstore knows it.
-    """
-    try:
-        return np.dtype(name)
-    except TypeError:
-        try:
-            return np.dtype(getattr(ts, name).numpy_dtype)
-        except AttributeError:
-            raise TypeError(f"unknown dtype {name!r}") from None
 
 
 def int_tuple(value: object) -> tuple[int, ...] | None:
