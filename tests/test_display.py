@@ -327,3 +327,24 @@ def test_key_filters_find_keys_typed_dotted_or_as_keystr() -> None:
     assert display.key_matches(["not a key"], "key") == [True]
     with pytest.raises(TypeError, match="a filter is a str, got int"):
         display.key_matches(keys, 7)  # type: ignore[arg-type]
+
+
+def test_one_duration_formatter_is_coarse_for_ages_and_precise_for_timings() -> None:
+    import datetime
+
+    from tinax.explore.toolkit import human_duration
+
+    coarse = [5, 75.5, 4000, 90000, pd.Timedelta("3min"), np.timedelta64(120, "s")]
+    assert [human_duration(v) for v in coarse] == ["5 s", "1 min", "1 h", "1 d", "3 min", "2 min"]
+    precise = [0.25, 12.34, 75, 7380, datetime.timedelta(seconds=3)]
+    assert [human_duration(v, precise=True) for v in precise] == [
+        "0.25 s",
+        "12.3 s",
+        "1 min 15 s",
+        "2 h 3 min",
+        "3.00 s",
+    ]
+    for missing in (None, math.nan, pd.NaT, pd.NA, np.timedelta64("NaT")):
+        assert human_duration(missing) == human_duration(missing, precise=True) == ""
+    with pytest.raises(ValueError):
+        human_duration("soon")

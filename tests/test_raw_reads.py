@@ -14,6 +14,7 @@ import tensorstore as ts
 
 import tinax.explore as ex
 from tinax._format import arrays, chunks, names, pytree, rawread
+from tinax._format.lru import LruCache
 from tinax._format.storage import local
 from tinax.checkpointing import save_checkpointables
 from tinax.explore._checkpoint import open_checkpoint
@@ -210,7 +211,7 @@ def test_leaf_after_leaf_of_one_checkpoint_walks_its_store_once(tmp_path, monkey
     walks = []
     walk = chunks.store_contents
     monkeypatch.setattr(chunks, "store_contents", lambda *a, **k: walks.append(a) or walk(*a, **k))
-    monkeypatch.setattr(_array_read, "_WALKS", type(_array_read._WALKS)())
+    monkeypatch.setattr(_array_read, "_WALKS", LruCache(_array_read._WALKS_KEPT))
     state = _state(0)
     save_checkpointables(tmp_path / "a", {"model": state}).result()
     for name in ("w", "v", "b", "w"):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-import pandas as pd
-
 from tinax.explore.display import human_bytes
+from tinax.explore.toolkit import human_duration
 
 
 def format_bytes(n: object) -> str:
@@ -19,32 +18,16 @@ def format_bytes(n: object) -> str:
 
 
 def format_seconds(seconds: float) -> str:
-    """``0.25`` → ``'0.25 s'``; ``75`` → ``'1 min 15 s'``."""
-    if seconds < 10:
-        return f"{seconds:.2f} s"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, rest = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {rest} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min"
+    """``0.25`` → ``'0.25 s'``; ``75`` → ``'1 min 15 s'`` (``human_duration``, precise)."""
+    return human_duration(seconds, precise=True)
 
 
 def format_age(value: Any) -> str:
     """A listing's ``age`` as ``'42 s'``, ``'7 min'``, ``'3 h'`` or ``'2 d'``; ``''`` if unknown."""
-    if value is None or value is pd.NaT:
-        return ""
     try:
-        seconds = pd.Timedelta(value).total_seconds()
+        return human_duration(value)
     except (TypeError, ValueError):
         return ""
-    if seconds != seconds:  # NaT as a float
-        return ""
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)} {unit}"
-    return f"{int(seconds)} s"
 
 
 def format_rate(nbytes: float, seconds: float) -> str:

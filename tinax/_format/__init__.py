@@ -11,6 +11,7 @@ Vocabulary:
   iterator files, steps in names, the checksum record and its promise).
 - ``words``: the kinds and statuses tables show.
 - ``keys``: leaf key paths, their one spelling, and subtree membership.
+- ``dtypes``: NumPy dtypes by the names checkpoints and exports store them under.
 
 Where bytes come from:
 
@@ -64,4 +65,10 @@ New checkpoints made from others (derived, averaged):
 - ``new_checkpoint``: the new directory, its root files, and its commit.
 - ``durable``: the files written synced, in the background and before the commit.
 - ``lineage``: the record of what a checkpoint was made from.
+
+Shared by the layers above:
+
+- ``progress``: the callbacks long operations report progress to and stop by.
+- ``lru``: the bounded, thread-safe cache that keeps parsed layouts, walks and verdicts.
+- ``pools``: thread pools started on first use, and again in a forked child.
 """

@@ -13,7 +13,6 @@ of messages; split, each half would import the other.)
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import json
@@ -21,7 +20,6 @@ import os
 import posixpath
 import re
 import struct
-import threading
 import urllib.parse
 from collections.abc import Collection, Iterator
 from typing import Any
@@ -30,6 +28,8 @@ import numpy as np
 import tensorstore as ts
 
 from tinax._format import names
+from tinax._format.dtypes import numpy_dtype as numpy_dtype  # re-exported
+from tinax._format.lru import LruCache
 from tinax._format.storage import Location
 
 # B+tree nodes and array metadata are cached while one table is built; array
@@ -191,11 +191,13 @@ def _root_location(base: Any, ctx: ts.Context) -> str | None:
 # on a bucket its generation): a committed store never changes, and a new write of one
 # writes a new manifest. A verify, a diff, a scan and a table of one checkpoint walk
 # each store once, not once each (on a bucket, two round trips or more a walk).
-_WALKED: collections.OrderedDict[tuple[str, str], tuple[list[Any], list[str], int]] = (
-    collections.OrderedDict()
-)
 _WALKED_BYTES = 64 << 20
-_walked_lock = threading.Lock()
+# Each walk as its entries and the B+tree nodes read for them.
+_WALKED: LruCache[tuple[str, str], tuple[list[Any], list[str]]] = LruCache(
+    max_bytes=_WALKED_BYTES,
+    # About what a walk holds: its keys, its inline values, 100 bytes a location.
+    size=lambda walk: sum(len(k) + (len(v) if isinstance(v, bytes) else 100) for k, v in walk[0]),
+)
 
 
 def walk_ocdbt(
@@ -206,10 +208,7 @@ def walk_ocdbt(
     manifest = (directory / names.OCDBT_MANIFEST).entry()
     key = None if manifest is None or not manifest.stamp else (str(directory), manifest.stamp)
     if key is not None:
-        with _walked_lock:
-            kept = _WALKED.get(key)
-            if kept is not None:
-                _WALKED.move_to_end(key)
+        kept = _WALKED.get(key)
         if kept is not None:
             if nodes is not None:
                 nodes.extend(kept[1])
@@ -220,11 +219,7 @@ def walk_ocdbt(
     if nodes is not None:
         nodes.extend(walked_nodes)
     if key is not None:
-        size = sum(len(k) + (len(v) if isinstance(v, bytes) else 100) for k, v in entries)
-        with _walked_lock:
-            _WALKED[key] = (entries, walked_nodes, size)
-            while len(_WALKED) > 1 and sum(v[2] for v in _WALKED.values()) > _WALKED_BYTES:
-                _WALKED.popitem(last=False)
+        _WALKED.put(key, (entries, walked_nodes))
     yield from entries
 
 
@@ -429,21 +424,6 @@ def dtype_name(name: str) -> tuple[str, int | None]:
         except (AttributeError, TypeError):
             return name, None
     return dtype.name, dtype.itemsize
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The NumPy dtype of a stored dtype name (ml_dtypes' through tensorstore).
-
-    Raises:
-      TypeError: If neither NumPy nor tensorstore knows it.
-    """
-    try:
-        return np.dtype(name)
-    except TypeError:
-        try:
-            return np.dtype(getattr(ts, name).numpy_dtype)
-        except AttributeError:
-            raise TypeError(f"unknown dtype {name!r}") from None
 
 
 def int_tuple(value: object) -> tuple[int, ...] | None:

@@ -18,12 +18,12 @@ more than any other read: callers check chunks against their checksums.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import threading
 
 import numpy as np
 
+from tinax._format.lru import LruCache
 from tinax._format.storage import Location
 
 # One ranged request each: large enough that the round trip is a small part of its
@@ -48,12 +48,13 @@ class _Blocks:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._kept: collections.OrderedDict[_Key, concurrent.futures.Future[bytes]] = (
-            collections.OrderedDict()
+        # Past the budget (blocks in flight included), the least recently used go first.
+        self._kept: LruCache[_Key, concurrent.futures.Future[bytes]] = LruCache(
+            max(1, KEPT_BYTES // BLOCK_BYTES)
         )
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # Where the last read of each file ended, for the files read recently.
-        self._ends: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+        self._ends: LruCache[tuple[str, str], int] = LruCache(_FILES_FOLLOWED)
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None:
@@ -69,15 +70,11 @@ class _Blocks:
         key = (str(where), stamp, index)
         found = self._kept.get(key)
         if found is not None:
-            self._kept.move_to_end(key)
             return found
         start = index * BLOCK_BYTES
         length = min(BLOCK_BYTES, size - start)
         future = self._executor().submit(where.read_range, start, length)
-        self._kept[key] = future
-        # Forget the least recently used blocks past the budget (never the new one).
-        while len(self._kept) * BLOCK_BYTES > KEPT_BYTES and len(self._kept) > 1:
-            self._kept.popitem(last=False)
+        self._kept.put(key, future)
         return future
 
     def read_into(self, where: Location, into: np.ndarray, offset: int) -> None:
@@ -97,11 +94,9 @@ class _Blocks:
         blocks_in_file = -(-entry.size // BLOCK_BYTES)
         file = (str(where), entry.stamp)
         with self._lock:
-            previous = self._ends.pop(file, None)
+            previous = self._ends.get(file)
             # A file read through (``read_through``) stays one: its end is not followed.
-            self._ends[file] = _THROUGH if previous == _THROUGH else end
-            while len(self._ends) > _FILES_FOLLOWED:
-                self._ends.popitem(last=False)
+            self._ends.put(file, _THROUGH if previous == _THROUGH else end)
             held = all((*file, i) in self._kept for i in range(first, last + 1))
             following = previous is not None and (
                 previous == _THROUGH or previous <= offset < previous + BLOCK_BYTES
@@ -128,7 +123,7 @@ class _Blocks:
                 with self._lock:
                     key = (str(where), entry.stamp, index)
                     if self._kept.get(key) is future:
-                        del self._kept[key]
+                        self._kept.pop(key)
                 raise
             start = index * BLOCK_BYTES
             lo = max(offset, start) - start
@@ -147,9 +142,7 @@ class _Blocks:
             if entry is None:
                 continue
             with self._lock:
-                self._ends[(str(where), entry.stamp)] = _THROUGH
-                while len(self._ends) > _FILES_FOLLOWED:
-                    self._ends.popitem(last=False)
+                self._ends.put((str(where), entry.stamp), _THROUGH)
 
     def clear(self) -> None:
         """Forgets every block."""

@@ -150,15 +150,22 @@ def _leaf(key: str, entry: object, where: str) -> LeafRecord:
     return LeafRecord(kind, dtype, tuple(shape), tuple(parsed))
 
 
+# The layouts of the checkpointables a tinax save records checksums for: a pytree's
+# stored values and an iterator's state files.
+CHECKSUMMED_LAYOUTS = (layout.PYTREE, layout.ITERATOR)
+
+
+def checksummed(checkpoint: layout.Checkpoint) -> list[layout.StoredCheckpointable]:
+    """The checkpointables of ``checkpoint`` a tinax save records checksums for (whether
+    or not this one did: Orbax's own saves record none)."""
+    return [item for item in checkpoint.checkpointables if item.layout in CHECKSUMMED_LAYOUTS]
+
+
 def missing_promised(checkpoint: layout.Checkpoint) -> list[str]:
     """Checkpointables a checksummed save promised checksums for that have none."""
     if not checkpoint.checksummed:
         return []
-    return [
-        item.name
-        for item in checkpoint.checkpointables
-        if item.layout in (layout.PYTREE, layout.ITERATOR) and not has_checksums(item.directory)
-    ]
+    return [item.name for item in checksummed(checkpoint) if not has_checksums(item.directory)]
 
 
 def check_promise(checkpoint: layout.Checkpoint) -> None:

@@ -196,7 +196,7 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
             if item.layout == layout.PYTREE
             else None
         )
-        if item.layout in (layout.PYTREE, layout.ITERATOR):
+        if item.layout in checksums.CHECKSUMMED_LAYOUTS:
             # The walk tells whether there is a record to read.
             records = (
                 checksums.read_checksums(item.directory)

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import base64
 import codecs
-import collections
 import dataclasses
 import json
 import math
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -30,6 +28,7 @@ from tinax._format.arrays import (  # re-exported: zarr parsing lives with the a
     parse_array_metadata,
 )
 from tinax._format.keys import KeyPart, KeyPath
+from tinax._format.lru import LruCache
 from tinax._format.storage import FILE, Entry, Location
 
 # Orbax's key types in ``key_metadata``.
@@ -285,20 +284,18 @@ def storage_path(param: str) -> str:
 # checkpoint opened in the explorer is checked, tabled, verified and read from by
 # separate calls, and its _METADATA (megabytes for tens of thousands of leaves) is
 # parsed once for all of them.
-_LAYOUTS: collections.OrderedDict[tuple[str, str, str], PyTreeLayout] = collections.OrderedDict()
 _LAYOUTS_KEPT = 8
-_LAYOUTS_LOCK = threading.Lock()
+_LAYOUTS: LruCache[tuple[str, str, str], PyTreeLayout] = LruCache(_LAYOUTS_KEPT)
 
 
 # Parsed ``_sharding`` files, likewise: checked before anything is read, then tabled.
-_SHARDING_FILES: collections.OrderedDict[tuple[str, str], Any] = collections.OrderedDict()
+_SHARDING_FILES: LruCache[tuple[str, str], Any] = LruCache(_LAYOUTS_KEPT)
 
 
 def clear_layouts() -> None:
     """Forgets every parsed layout kept by ``read_layout`` (and ``sharding_file``)."""
-    with _LAYOUTS_LOCK:
-        _LAYOUTS.clear()
-        _SHARDING_FILES.clear()
+    _LAYOUTS.clear()
+    _SHARDING_FILES.clear()
 
 
 def sharding_file(path: Location) -> Any:
@@ -311,25 +308,13 @@ def sharding_file(path: Location) -> Any:
     """
     entry = path.entry()
     key = None if entry is None or not entry.stamp else (str(path), entry.stamp)
-    if key is not None:
-        with _LAYOUTS_LOCK:
-            if key in _SHARDING_FILES:
-                _SHARDING_FILES.move_to_end(key)
-                return _SHARDING_FILES[key]
-    stored = files.read_json(
-        path, what="Orbax array shardings", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
-    )
-    if key is not None:
-        _keep(_SHARDING_FILES, key, stored)
-    return stored
 
+    def read() -> Any:
+        return files.read_json(
+            path, what="Orbax array shardings", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
+        )
 
-def _keep(store: collections.OrderedDict[Any, Any], key: Any, value: Any) -> None:
-    """Keeps ``value`` under ``key``, forgetting the oldest past ``_LAYOUTS_KEPT``."""
-    with _LAYOUTS_LOCK:
-        store[key] = value
-        while len(store) > _LAYOUTS_KEPT:
-            store.popitem(last=False)
+    return read() if key is None else _SHARDING_FILES.get_or_compute(key, read)
 
 
 def read_layout(directory: Location, entries: dict[str, Entry] | None = None) -> PyTreeLayout:
@@ -357,20 +342,18 @@ def read_layout(directory: Location, entries: dict[str, Entry] | None = None) ->
             "" if manifest_entry is None else manifest_entry.kind + manifest_entry.stamp
         )
         key = (str(directory), meta_entry.stamp, manifest_stamp)
-        with _LAYOUTS_LOCK:
-            if key in _LAYOUTS:
-                _LAYOUTS.move_to_end(key)
-                kept = _LAYOUTS[key]
-                if kept.directory == directory:
-                    return kept
-                # The same files, read through the location asked about.
-                return dataclasses.replace(kept, directory=directory)
+        kept = _LAYOUTS.get(key)
+        if kept is not None:
+            if kept.directory == directory:
+                return kept
+            # The same files, read through the location asked about.
+            return dataclasses.replace(kept, directory=directory)
     with files.paused_gc():
         layout = _parse_layout(
             directory, manifest_entry is not None and manifest_entry.kind == FILE
         )
     if key is not None:
-        _keep(_LAYOUTS, key, layout)
+        _LAYOUTS.put(key, layout)
     return layout
 
 

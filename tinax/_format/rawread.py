@@ -40,6 +40,7 @@ import numpy as np
 
 from tinax._format import blocks
 from tinax._format.arrays import ValueRef
+from tinax._format.pools import ProcessPool
 from tinax._format.storage import Location
 
 Box = tuple[slice, ...]
@@ -61,20 +62,12 @@ class Unsupported(Exception):
     """This array (or one of its chunks) cannot be read here; read it through tensorstore."""
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_pid = 0
-_pool_lock = threading.Lock()
+_readers = ProcessPool(THREADS, "tinax-read")
 
 
 def executor() -> concurrent.futures.ThreadPoolExecutor:
     """The ``THREADS`` reading threads, started on first use."""
-    global _pool, _pool_pid
-    with _pool_lock:
-        # A forked child has the pool but not its threads: it starts its own.
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="tinax-read")
-            _pool_pid = os.getpid()
-        return _pool
+    return _readers.executor()
 
 
 @dataclasses.dataclass(frozen=True)

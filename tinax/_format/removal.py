@@ -18,7 +18,7 @@ import shutil
 import threading
 
 from tinax._format import names
-from tinax._format.storage import FILE, Location
+from tinax._format.storage import FILE, Location, write_synced
 
 # ``replace_file`` writes ``<name>.<pid>-<thread>.tmp`` first.
 _TEMPORARY = ".tmp"
@@ -53,15 +53,7 @@ def replace_file(where: Location, data: bytes) -> None:
         return
     temporary = f"{where.path}.{os.getpid()}-{threading.get_ident()}{_TEMPORARY}"
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(temporary, flags, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_synced(temporary, data, os.O_TRUNC | os.O_NOFOLLOW)
         os.replace(temporary, where.path)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from tinax._format.dtypes import numpy_dtype as numpy_dtype  # re-exported
+from tinax._format.keys import without_nnx_value
+
 SUFFIX = ".safetensors"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -65,23 +68,6 @@ CAST_DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "fl
 CODE_OF = {name: code for code, name in _CODES}
 NAME_OF = {code: name for code, name in _CODES}
 _RANK = {code: rank for rank, (code, _) in enumerate(_CODES)}
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The NumPy dtype named ``name`` (ml_dtypes' for ``bfloat16`` and the float8s).
-
-    Raises:
-      TypeError: If neither NumPy nor ml_dtypes knows it.
-    """
-    try:
-        return np.dtype(name)
-    except TypeError:
-        import ml_dtypes  # about a second: only where a dtype NumPy lacks is named
-
-        found = getattr(ml_dtypes, name, None)
-        if found is None:
-            raise TypeError(f"unknown dtype {name!r}") from None
-        return np.dtype(found)
 
 
 def is_floating(dtype: np.dtype) -> bool:
@@ -339,10 +325,7 @@ def tensor_name(path: Sequence[int | str]) -> str:
 
     ``('dense1', 'kernel', 'value')`` → ``dense1.kernel``; ``(0, 'mu', 'w')`` → ``0.mu.w``.
     """
-    parts = [str(part) for part in path]
-    if len(parts) > 1 and parts[-1] == "value":
-        parts.pop()
-    return ".".join(parts)
+    return ".".join(without_nnx_value(tuple(str(part) for part in path)))
 
 
 def split_file_name(number: int, count: int) -> str:

@@ -269,15 +269,7 @@ class LocalStorage:
 
     def write_new(self, path: str, data: bytes) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(path, flags, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_synced(path, data, os.O_EXCL)
 
     def prefetch(self, paths: Sequence[str], max_bytes: int) -> None:
         pass
@@ -422,3 +414,25 @@ def local(path: str | os.PathLike[str]) -> Location:
     absolute locations.
     """
     return Location(LOCAL, os.path.abspath(os.fspath(path)))
+
+
+def write_synced(path: str, data: bytes, flags: int = 0) -> None:
+    """Writes ``data`` to the local file ``path`` (created, mode 0644) and syncs it.
+
+    Args:
+      path: The file.
+      data: Its bytes.
+      flags: ``os.open`` flags beyond writing, creating and close-on-exec
+        (``O_EXCL``, ``O_TRUNC``, ``O_NOFOLLOW``).
+
+    Raises:
+      OSError: As ``os.open`` and ``os.write`` raise it.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)

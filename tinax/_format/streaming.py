@@ -100,12 +100,7 @@ def write_chunk_shape(
     ):
         return tuple(max(1, min(c, s)) for c, s in zip(stored, shape, strict=True))
     piece = tuple(max(1, p) for p in piece)
-    rank = len(piece)
-    d = rank - 1
-    for axis in range(rank):
-        if math.prod(piece[axis + 1 :]) * itemsize <= SLAB_BYTES:
-            d = axis
-            break
+    d = split_axis(piece, itemsize, SLAB_BYTES)
     row = math.prod(piece[d + 1 :]) * itemsize
     k = max(1, min(piece[d], SLAB_BYTES // max(row, 1)))
     if piece != shape and piece[d] % k:
@@ -128,11 +123,9 @@ def plan_boxes(bounds: Bounds, units: Sequence[Sequence[int] | None], itemsize: 
         for an array read whole.
       itemsize: The largest bytes per element among them.
     """
-    if not bounds:
-        return [()]
     extents = [b - a for a, b in bounds]
-    if 0 in extents:
-        return []
+    if not bounds or 0 in extents:
+        return [] if bounds else [()]  # no elements; or a scalar, one box
     rank = len(extents)
     shapes = [
         tuple(extents) if u is None or len(u) != rank else tuple(max(1, int(n)) for n in u)
@@ -149,18 +142,29 @@ def plan_boxes(bounds: Bounds, units: Sequence[Sequence[int] | None], itemsize: 
     step = _step(shapes, s, extents[s])
     row = math.prod(extents[s + 1 :]) * itemsize
     along = max(step, (REGION_BYTES // max(row, 1)) // step * step)
+    return runs_along(bounds, s, along)
+
+
+def split_axis(extents: Sequence[int], itemsize: int, limit: int) -> int:
+    """The first dimension whose trailing dimensions, whole, hold at most ``limit``
+    bytes (the last one if none do): a piece is cut along it, one index of those before."""
+    for axis in range(len(extents)):
+        if math.prod(extents[axis + 1 :]) * itemsize <= limit:
+            return axis
+    return len(extents) - 1
+
+
+def runs_along(bounds: Bounds, axis: int, along: int) -> list[Box]:
+    """The piece at ``bounds`` as boxes in C order: one index of each dimension before
+    ``axis``, runs of ``along`` indices along it, the whole extent of those after it.
+    """
     boxes: list[Box] = []
-    for corner in _corners([range(a, b) for a, b in bounds[:s]]):
+    lo, hi = bounds[axis]
+    after = tuple(slice(a, b) for a, b in bounds[axis + 1 :])
+    for corner in _corners([range(a, b) for a, b in bounds[:axis]]):
         lead = tuple(slice(i, i + 1) for i in corner)
-        lo, hi = bounds[s]
         for start in range(lo, hi, along):
-            boxes.append(
-                (
-                    *lead,
-                    slice(start, min(start + along, hi)),
-                    *(slice(a, b) for a, b in bounds[s + 1 :]),
-                )
-            )
+            boxes.append((*lead, slice(start, min(start + along, hi)), *after))
     return boxes
 
 

@@ -28,12 +28,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from tinax._format import arrays, layout, pytree, words
-from tinax._format.keys import KeyPart, KeyPath, format_key
+from tinax._format.keys import NNX_VALUE, KeyPart, KeyPath, ends_with_nnx_value, format_key
 from tinax._format.pytree import StoredLeaf
 from tinax._format.safetensors import is_floating, tensor_name
-
-# NNX keeps a variable's array under this name; dotted keys leave it out.
-_NNX_VALUE = "value"
 
 Rename = tuple[re.Pattern[str], str]
 
@@ -86,8 +83,8 @@ def _renamed_path(leaf: StoredLeaf, name: str, new_name: str, checkpointable: st
         index = isinstance(before, int) and part.isascii() and part.isdigit()
         path.append(int(part) if index else part)
     # NNX's array name, left out of the dotted key, goes back where it was.
-    if len(leaf.path) > 1 and leaf.path[-1] == _NNX_VALUE:
-        path.append(_NNX_VALUE)
+    if ends_with_nnx_value(leaf.path):
+        path.append(NNX_VALUE)
     return tuple(path)
 
 

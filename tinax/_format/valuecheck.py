@@ -90,9 +90,7 @@ def check_values(checkpoint: layout.Checkpoint) -> list[str]:
             "(their data cannot be trusted)"
         )
     ctx = arrays.context()
-    for item in checkpoint.checkpointables:
-        if item.layout not in (layout.PYTREE, layout.ITERATOR):
-            continue
+    for item in checksums.checksummed(checkpoint):
         try:
             records = checksums.read_checksums(item.directory)
         except ValueError as e:

@@ -22,10 +22,11 @@ from tinax._format import (
 from tinax._format.copy_source import PyTreeSource
 from tinax._format.layout import Checkpoint
 from tinax._format.new_checkpoint import NewCheckpoint
+from tinax._format.progress import Progress
 from tinax._format.safetensors import is_floating
 from tinax._format.streaming import SourceArray
 from tinax.checkpointing import _surgery
-from tinax.checkpointing._surgery import ArrayJob, OpenedSource, Progress
+from tinax.checkpointing._surgery import ArrayJob, OpenedSource
 
 
 def check_weights(weights: object, count: int) -> list[float]:

@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -36,6 +35,7 @@ from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 from tinax._format import checksums, files, names, pytree
 from tinax._format.checksums import Bounds, CorruptDataError, LeafRecord, Piece
 from tinax._format.keys import format_key, key_parts
+from tinax._format.pools import ProcessPool
 from tinax._format.storage import Location
 from tinax._paths import location
 from tinax._targets import is_key_dtype
@@ -90,21 +90,8 @@ def _is_scalar(leaf: Any) -> bool:
 # Digests of saved arrays run on these threads, beside Orbax's writes. xxhash
 # releases the GIL while it hashes, so they do not hold up the caller's thread.
 DIGEST_THREADS = 2
-_digest_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_digest_pid = 0
+_digesters = ProcessPool(DIGEST_THREADS, "tinax-digest")
 _registry_lock = threading.Lock()
-
-
-def _digester() -> concurrent.futures.ThreadPoolExecutor:
-    global _digest_pool, _digest_pid
-    with _registry_lock:
-        # A forked child has the pool but not its threads: it starts its own.
-        if _digest_pool is None or _digest_pid != os.getpid():
-            _digest_pool = concurrent.futures.ThreadPoolExecutor(
-                DIGEST_THREADS, thread_name_prefix="tinax-digest"
-            )
-            _digest_pid = os.getpid()
-        return _digest_pool
 
 
 class _SaveDigests:
@@ -126,7 +113,7 @@ class _SaveDigests:
             _expected.setdefault(id(array), []).append((array, self, key))
 
     def copied(self, key: str, shape: tuple[int, ...], parts: Sequence[_orbax.HostPart]) -> None:
-        pool = _digester()
+        pool = _digesters.executor()
         seen = self.parts.setdefault(key, [])
         known = {bounds for bounds, _ in seen}
         for index, values in parts:

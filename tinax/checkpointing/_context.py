@@ -17,6 +17,7 @@ from tinax.checkpointing._checksummed_handler import (
 )
 from tinax.checkpointing._empty import EmptyPyTreeHandler
 from tinax.checkpointing._orbax import active_context, chunk_shape
+from tinax.checkpointing._switches import switched
 
 # ``None``: the default for the backend (``default_compression``); a bool: what a
 # ``with compression(...)`` block asked for.
@@ -56,23 +57,15 @@ def compression(enabled: bool = True) -> Iterator[None]:
     Raises:
       TypeError: If ``enabled`` is not a ``bool``.
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
-    token = _COMPRESS.set(enabled)
-    try:
+    with switched(_COMPRESS, enabled, argument="enabled"):
         yield
-    finally:
-        _COMPRESS.reset(token)
 
 
 @contextlib.contextmanager
 def without_checksums() -> Iterator[None]:
     """Saves in this block record no checksums (for measuring their cost)."""
-    token = _CHECKSUMS.set(False)
-    try:
+    with switched(_CHECKSUMS, False):
         yield
-    finally:
-        _CHECKSUMS.reset(token)
 
 
 def checksumming() -> bool:

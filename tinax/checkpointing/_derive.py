@@ -13,9 +13,10 @@ from tinax._format import chunks, files, lineage, streaming, treeplan, words
 from tinax._format.copy_source import PyTreeSource
 from tinax._format.layout import Checkpoint
 from tinax._format.new_checkpoint import NewCheckpoint
+from tinax._format.progress import Progress
 from tinax._format.treeplan import PlannedLeaf
 from tinax.checkpointing import _surgery
-from tinax.checkpointing._surgery import ArrayJob, OpenedSource, Progress
+from tinax.checkpointing._surgery import ArrayJob, OpenedSource
 
 
 def _combine(dtype: np.dtype, cast: bool) -> _surgery.Combine:

@@ -48,6 +48,7 @@ import numpy as np
 from tinax._format import arrays, checksums, chunkload, chunks, names, pytree, words
 from tinax._format.checksums import Bounds, LeafRecord
 from tinax._format.keys import format_key, key_parts
+from tinax._format.pools import ProcessPool
 from tinax._format.rawread import Box, Unsupported
 from tinax._format.storage import Location
 from tinax._targets import NumpyTarget, is_key_dtype
@@ -196,19 +197,7 @@ def plan(directory: Location, name: str, target: Any) -> _Plan | str:
     return _Plan(name, directory, treedef, leaves, files)
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_pid = 0
-_pool_lock = threading.Lock()
-
-
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool, _pool_pid
-    with _pool_lock:
-        # A forked child has the pool but not its threads: it starts its own.
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="tinax-load")
-            _pool_pid = os.getpid()
-        return _pool
+_loaders = ProcessPool(THREADS, "tinax-load")
 
 
 class _Mismatch(Unsupported):
@@ -349,7 +338,7 @@ def _run(plans: Sequence[_Plan]) -> None:
     # remote, the small ones then in the order of their bytes in the files, fetched
     # together (``_read_together``).
     work.sort(key=lambda w: _order(w[1], w[2], w[3]))
-    pool = _executor()
+    pool = _loaders.executor()
     # Each thread's scratch buffers, freed with the load.
     scratch = chunkload.Scratch()
     futures: list[concurrent.futures.Future[None]] = []

@@ -103,12 +103,7 @@ def observe_host_copies(
     """
     from orbax.checkpoint._src.serialization import replica_slices
 
-    with _hooks_lock:
-        current = replica_slices.transfer_arrays_to_host
-        if getattr(current, "tinax_observer", None) is observer:
-            return
-        original = getattr(current, "__wrapped__", current)
-
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def transfer(arrays: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
             on_host = original(arrays, *args, **kwargs)
@@ -121,8 +116,22 @@ def observe_host_copies(
             )
             return on_host
 
-        transfer.tinax_observer = observer  # type: ignore[attr-defined]
-        replica_slices.transfer_arrays_to_host = transfer
+        return transfer
+
+    _replace(replica_slices, "transfer_arrays_to_host", "tinax_observer", observer, wrap)
+
+
+def _replace(owner: Any, name: str, marker: str, value: object, wrap: Callable[[Any], Any]) -> None:
+    """Puts ``wrap(original)`` in place of Orbax's ``owner.name``, tagged with ``value``
+    under ``marker``: once per value (the same value again does nothing), and always
+    around Orbax's own function, never around an earlier wrapper of tinax's."""
+    with _hooks_lock:
+        current = getattr(owner, name)
+        if getattr(current, marker, None) is value:
+            return
+        wrapper = wrap(getattr(current, "__wrapped__", current))
+        setattr(wrapper, marker, value)
+        setattr(owner, name, wrapper)
 
 
 class HostReads(Protocol):
@@ -177,12 +186,7 @@ def check_host_reads(hooks: HostReads) -> None:
     """
     from orbax.checkpoint._src.serialization import serialization
 
-    with _hooks_lock:
-        current = serialization._read_shard
-        if getattr(current, "tinax_hooks", None) is hooks:
-            return
-        original = getattr(current, "__wrapped__", current)
-
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         async def read_shard(t: Any, *, dtype: Any, **kwargs: Any) -> np.ndarray:
             path = _array_path(t)
@@ -225,8 +229,9 @@ def check_host_reads(hooks: HostReads) -> None:
                 values = await asyncio.to_thread(values.astype, dtype, copy=False)
             return values
 
-        read_shard.tinax_hooks = hooks  # type: ignore[attr-defined]
-        serialization._read_shard = read_shard
+        return read_shard
+
+    _replace(serialization, "_read_shard", "tinax_hooks", hooks, wrap)
 
 
 # Orbax asks for every leaf's storage options twice per save, in the save call;

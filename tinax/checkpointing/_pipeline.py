@@ -29,6 +29,7 @@ import grain
 from tinax._format import layout
 from tinax._format import pipeline as recorded
 from tinax.checkpointing import _processes
+from tinax.checkpointing._switches import switched
 from tinax.checkpointing._verdict import TargetMismatchError
 
 _ALLOW_CHANGE = contextvars.ContextVar("tinax_allow_pipeline_change", default=False)
@@ -67,13 +68,8 @@ def allow_pipeline_change(allow: bool = True) -> Iterator[None]:
     Args:
       allow: ``False`` refuses changed pipelines again inside an outer permission.
     """
-    if not isinstance(allow, bool):
-        raise TypeError(f"allow must be a bool, got {type(allow).__name__}")
-    token = _ALLOW_CHANGE.set(allow)
-    try:
+    with switched(_ALLOW_CHANGE, allow, argument="allow"):
         yield
-    finally:
-        _ALLOW_CHANGE.reset(token)
 
 
 def _is_dataset(value: object) -> bool:

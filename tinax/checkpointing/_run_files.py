@@ -20,10 +20,12 @@ save of its step removes it first.)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 
 from tinax import _claims
 from tinax._format import names, removal
@@ -52,29 +54,40 @@ def complete_checkpoints(root: Location) -> dict[int, Location]:
     return found
 
 
-def remove_checkpoint(where: Location) -> None:
-    """Removes one checkpoint, marker first and last (see the module docstring)."""
+@contextlib.contextmanager
+def _claimed(where: Location, refused: str) -> Iterator[bool]:
+    """Holds the claim on ``where`` for the block: ``True`` if taken, ``False`` if a live
+    save holds it, logged as ``refused % (where, why)``; then the block does nothing."""
     try:
         held = _claims.claim(where)
     except FileExistsError as e:
-        _log.warning("not removing %s: %s", where, e)
+        _log.warning(refused, where, e)
+        yield False
         return
     try:
-        removal.mark_for_removal(where)
-        _log.info("removing %s (the run keeps it no longer)", where)
-        removal.finish_removal(where)
+        yield True
     finally:
         if held is not None:
             held.release()
 
 
+def remove_checkpoint(where: Location) -> None:
+    """Removes one checkpoint, marker first and last (see the module docstring)."""
+    with _claimed(where, "not removing %s: %s") as claimed:
+        if claimed:
+            removal.mark_for_removal(where)
+            _log.info("removing %s (the run keeps it no longer)", where)
+            removal.finish_removal(where)
+
+
 def set_aside(where: Location, reason: str) -> None:
     """Marks a checkpoint a restore refused, then moves it out of its step's way."""
-    try:
-        held = _claims.claim(where)
-    except FileExistsError as e:
-        _log.warning("not setting %s aside: %s", where, e)
-        return
+    with _claimed(where, "not setting %s aside: %s") as claimed:
+        if claimed:
+            _set_aside(where, reason)
+
+
+def _set_aside(where: Location, reason: str) -> None:
     try:
         record = {
             "format": names.CORRUPT_RECORD_FORMAT,
@@ -108,9 +121,6 @@ def set_aside(where: Location, reason: str) -> None:
             return
     except OSError as e:
         _log.warning("could not set %s aside: %s", where, e)
-    finally:
-        if held is not None:
-            held.release()
 
 
 def clear_marked(root: Location, step: int) -> None:

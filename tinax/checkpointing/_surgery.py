@@ -39,11 +39,11 @@ from tinax._format.chunks import Box
 from tinax._format.copy_source import PyTreeSource, open_pytree_source, sharding_key
 from tinax._format.keys import KeyPath, format_key
 from tinax._format.new_checkpoint import NewCheckpoint
+from tinax._format.progress import Progress
 from tinax._format.storage import Location
 from tinax.checkpointing import _destination
 from tinax.checkpointing._training import STEP_KEY, TrainingCheckpointNames
 
-Progress = Callable[[int, int], None]
 Combine = Callable[[list[np.ndarray], streaming.Scratch], np.ndarray]
 # The layouts a new checkpoint can copy file by file.
 _COPIED_LAYOUTS = frozenset({layout.ITERATOR, layout.JSON, layout.EMPTY})

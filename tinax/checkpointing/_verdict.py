@@ -14,6 +14,7 @@ from typing import Any
 
 from tinax._format import fit, layout
 from tinax._targets import refuse_flax_objects, target_leaves, target_spec
+from tinax.checkpointing._switches import switched
 
 _ALLOW_LOSSY = contextvars.ContextVar("tinax_allow_lossy_casts", default=False)
 
@@ -49,13 +50,8 @@ def allow_lossy_casts(allow: bool = True) -> Iterator[None]:
     Args:
       allow: ``False`` refuses lossy casts again inside an outer permission.
     """
-    if not isinstance(allow, bool):
-        raise TypeError(f"allow must be a bool, got {type(allow).__name__}")
-    token = _ALLOW_LOSSY.set(allow)
-    try:
+    with switched(_ALLOW_LOSSY, allow, argument="allow"):
         yield
-    finally:
-        _ALLOW_LOSSY.reset(token)
 
 
 def lossy_casts_allowed() -> bool:

@@ -4,14 +4,13 @@ tensorstore."""
 
 from __future__ import annotations
 
-import collections
-import threading
 from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
 from tinax._format import arrays, checksums, chunks, files, names, pytree, rawread, words
+from tinax._format.lru import LruCache
 from tinax.explore import _raw_scan
 from tinax.explore._verify.integrity import PiecesCheck
 
@@ -91,13 +90,12 @@ def array_record(directory: Any, key: str) -> checksums.LeafRecord | None:
 _WalkKey = tuple[str, bytes]
 # Each kept walk with the leaves it was walked for (``read_layout`` hands the same
 # tuple back while the checkpoint's metadata is unchanged) and their storage paths.
-_WALKS: collections.OrderedDict[
-    _WalkKey, tuple[tuple[pytree.StoredLeaf, ...], tuple[str, ...], chunks.StoreContents]
-] = collections.OrderedDict()
 _WALKS_KEPT = 2
+_WALKS: LruCache[
+    _WalkKey, tuple[tuple[pytree.StoredLeaf, ...], tuple[str, ...], chunks.StoreContents]
+] = LruCache(_WALKS_KEPT)
 # A walk larger than this (inline values, and about 200 bytes a key) is not kept.
 _WALK_MAX_BYTES = 64 << 20
-_walks_lock = threading.Lock()
 # A manifest names the B+tree's root and its files: a few hundred bytes.
 _MANIFEST_MAX_BYTES = 1 << 16
 
@@ -125,23 +123,16 @@ def _walk(tree: pytree.PyTreeLayout, ctx: Any) -> chunks.StoreContents:
     key = None if before is None else (tree.directory.path, before)
     paths: tuple[str, ...] | None = None
     if key is not None:
-        with _walks_lock:
-            kept = _WALKS.get(key)
+        kept = _WALKS.get(key)
         if kept is not None:
             leaves, kept_paths, contents = kept
             if leaves is tree.leaves or kept_paths == (paths := _array_paths(tree)):
-                with _walks_lock:
-                    if key in _WALKS:
-                        _WALKS.move_to_end(key)
                 return contents
     paths = _array_paths(tree) if paths is None else paths
     contents = chunks.store_contents(tree.directory, paths, zarr3=True, ctx=ctx)
     small = _held_bytes(contents) <= _WALK_MAX_BYTES
     if key is not None and small and before == _manifest(tree.directory):
-        with _walks_lock:
-            _WALKS[key] = (tree.leaves, paths, contents)
-            while len(_WALKS) > _WALKS_KEPT:
-                _WALKS.popitem(last=False)
+        _WALKS.put(key, (tree.leaves, paths, contents))
     return contents
 
 

@@ -272,9 +272,7 @@ def check_values(checkpoint: Checkpoint, leaves: list[Leaf]) -> None:
     Raises:
       CorruptDataError: Naming the checkpoint, the checkpointable and the leaf or file.
     """
-    for item in checkpoint.checkpointables:
-        if item.layout not in (layout.PYTREE, layout.ITERATOR):
-            continue
+    for item in checksums.checksummed(checkpoint):
         records = checksums.read_checksums(item.directory)
         if records is None:
             continue
@@ -340,8 +338,7 @@ def checksum_presence(checkpoint: Checkpoint) -> dict[str, bool]:
     """Whether each checkpointable carries tinax checksums of what it stores."""
     return {
         item.name: checksums.has_checksums(item.directory)
-        for item in checkpoint.checkpointables
-        if item.layout in (layout.PYTREE, layout.ITERATOR)
+        for item in checksums.checksummed(checkpoint)
     }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from tinax._format import (
     words,
 )
 from tinax._format.layout import Checkpoint
+from tinax._format.progress import Progress
 from tinax.explore import _checkpoint, _live, _raw_scan
 from tinax.explore._leaf_rows import Leaf, frame
 from tinax.explore._numeric import PairStats
@@ -79,8 +80,6 @@ BY_METADATA = "metadata"
 BY_CHECKSUM = "checksum"
 BY_STORED_BYTES = "stored bytes"
 BY_DATA = "data"
-
-Progress = Callable[[int, int], None]
 
 
 def _family(kind: str) -> str:

@@ -30,12 +30,13 @@ import tensorstore as ts
 import xxhash
 
 from tinax import _paths
-from tinax._format import arrays, checksums, chunks, layout, names, pytree, words
+from tinax._format import arrays, checksums, chunks, layout, names, pytree, streaming, words
 from tinax._format import safetensors as st
 from tinax._format.checksums import Bounds, LeafRecord
 from tinax._format.chunks import Box
 from tinax._format.keys import KeyPath
 from tinax._format.layout import Checkpoint
+from tinax._format.progress import Progress
 from tinax.explore._checkpoint import open_checkpoint
 from tinax.explore._numeric import ValueCounts
 
@@ -45,7 +46,6 @@ IN_FLIGHT_BYTES = 16 << 20
 # The float types an export can cast to (``dtype=``), by the names NumPy gives them.
 CAST_DTYPES = st.CAST_DTYPES
 
-Progress = Callable[[int, int], None]
 KeyFilter = str | Sequence[str] | Callable[[str], bool]
 NameFunction = Callable[[KeyPath], str]
 
@@ -154,36 +154,17 @@ def _boxes(bounds: Bounds, chunk_shape: tuple[int, ...] | None, itemsize: int) -
     index of those before it and a run along ``d`` (whole chunks where they fit),
     so the boxes' bytes, one after another, are the piece's bytes in C order.
     """
-    if not bounds:
-        return [()]
     extents = [b - a for a, b in bounds]
-    if 0 in extents:
-        return []
+    if not bounds or 0 in extents:
+        return [] if bounds else [()]
     rank = len(extents)
-    d = rank - 1
-    for axis in range(rank):
-        if math.prod(extents[axis + 1 :]) * itemsize <= REGION_BYTES:
-            d = axis
-            break
+    d = streaming.split_axis(extents, itemsize, REGION_BYTES)
     row = math.prod(extents[d + 1 :]) * itemsize
     along = max(1, REGION_BYTES // max(row, 1))
     chunk = 1 if chunk_shape is None or len(chunk_shape) != rank else max(1, chunk_shape[d])
     if along >= chunk:
         along -= along % chunk
-    boxes: list[Box] = []
-    outer = [range(a, b) for a, b in bounds[:d]]
-    for corner in itertools.product(*outer):
-        lead = tuple(slice(i, i + 1) for i in corner)
-        lo, hi = bounds[d]
-        for start in range(lo, hi, along):
-            boxes.append(
-                (
-                    *lead,
-                    slice(start, min(start + along, hi)),
-                    *(slice(a, b) for a, b in bounds[d + 1 :]),
-                )
-            )
-    return boxes
+    return streaming.runs_along(bounds, d, along)
 
 
 def _runs(box: Box, shape: tuple[int, ...]) -> tuple[int, list[int]]:

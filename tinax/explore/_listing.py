@@ -11,15 +11,14 @@ import concurrent.futures
 import os
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
 import pandas as pd
 import tensorstore as ts
 
 from tinax import _claims, _paths
 from tinax._format import arrays, files, layout, names, preflight, pytree, runrecord, words
+from tinax._format.lru import LruCache, check_bound
 from tinax._format.storage import DIRECTORY, Entry, Location
 from tinax.explore import _checkpoint, _tiers
 from tinax.explore._leaf_rows import frame
@@ -36,7 +35,6 @@ LISTING_COLUMNS = (
 )
 # The last two columns are times (nanoseconds), turned into pandas types at the end.
 _TIME_COLUMNS = 2
-_T = TypeVar("_T")
 # Checkpoints read at once by a listing of an object store, where each read is a round trip.
 _READERS = 16
 # Checkpoints whose array stores a listing of an object store reads together, on a
@@ -59,13 +57,13 @@ class ListingCache:
     """
 
     def __init__(self, max_entries: int = 1024) -> None:
-        self._lock = threading.Lock()
+        check_bound("max_entries", max_entries)
+        self._max_entries = max_entries
         # Each verdict, and whether it is the preflight check's refusal (whose rows
         # show nothing of the checkpoint) rather than a problem found past it.
-        self._verdicts: OrderedDict[tuple[str, str], tuple[str | None, bool]] = OrderedDict()
-        self._checked: OrderedDict[tuple[str, str], layout.Checkpoint] = OrderedDict()
-        self._records: OrderedDict[tuple[str, str], layout.CheckpointRecord] = OrderedDict()
-        self.max_entries = max_entries
+        self._verdicts: LruCache[tuple[str, str], tuple[str | None, bool]] = LruCache(max_entries)
+        self._checked: LruCache[tuple[str, str], layout.Checkpoint] = LruCache(max_entries)
+        self._records: LruCache[tuple[str, str], layout.CheckpointRecord] = LruCache(max_entries)
 
     @property
     def max_entries(self) -> int:
@@ -73,43 +71,21 @@ class ListingCache:
 
     @max_entries.setter
     def max_entries(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"max_entries must be an int, got {type(value).__name__}")
-        if value < 0:
-            raise ValueError(f"max_entries must be non-negative, got {value}")
-        with self._lock:
-            self._max_entries = value
-            self._trim()
+        check_bound("max_entries", value)
+        self._max_entries = value
+        for store in self._stores():
+            store.max_entries = value
 
-    def _trim(self) -> None:
-        for store in (self._verdicts, self._checked, self._records):
-            while len(store) > self._max_entries:
-                store.popitem(last=False)
+    def _stores(self) -> tuple[LruCache[tuple[str, str], Any], ...]:
+        return (self._verdicts, self._checked, self._records)
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._verdicts)
+        return len(self._verdicts)
 
     def clear(self) -> None:
         """Forgets every verdict."""
-        with self._lock:
-            for store in (self._verdicts, self._checked, self._records):
-                store.clear()
-
-    def _kept(
-        self, store: OrderedDict[tuple[str, str], _T], key: tuple[str, str], read: Callable[[], _T]
-    ) -> _T:
-        """What ``store`` keeps under ``key``, else what ``read`` returns, kept there
-        (``read`` runs outside the lock; what it raises is not kept)."""
-        with self._lock:
-            if key in store:
-                store.move_to_end(key)
-                return store[key]
-        value = read()
-        with self._lock:
-            store[key] = value
-            self._trim()
-        return value
+        for store in self._stores():
+            store.clear()
 
     def record(self, path: Location, fingerprint: str) -> layout.CheckpointRecord:
         """``path``'s commit record, kept while nothing under ``path`` changes.
@@ -117,8 +93,8 @@ class ListingCache:
         Raises:
           ValueError: As ``layout.read_checkpoint_record`` does (refusals are not kept).
         """
-        return self._kept(
-            self._records, (str(path), fingerprint), lambda: layout.read_checkpoint_record(path)
+        return self._records.get_or_compute(
+            (str(path), fingerprint), lambda: layout.read_checkpoint_record(path)
         )
 
     def checked(self, path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
@@ -131,16 +107,14 @@ class ListingCache:
         """
         scan = files.scan(path) if scan is None else scan
         key = (str(path), scan.fingerprint)
-        return self._kept(self._checked, key, lambda: preflight.check(path, scan))
+        return self._checked.get_or_compute(key, lambda: preflight.check(path, scan))
 
     def _holds_check(self, path: str, fingerprint: str) -> bool:
-        with self._lock:
-            return (path, fingerprint) in self._checked
+        return (path, fingerprint) in self._checked
 
     def _holds_record(self, path: str, fingerprint: str) -> bool:
-        with self._lock:
-            key = (path, fingerprint)
-            return key in self._checked or key in self._records
+        key = (path, fingerprint)
+        return key in self._checked or key in self._records
 
     def verdict(self, checkpoint: layout.Checkpoint) -> str | None:
         """``None`` if every checkpointable's metadata reads, else what is wrong."""
@@ -155,20 +129,13 @@ class ListingCache:
     def lookup(self, path: str, fingerprint: str) -> tuple[str | None, bool] | None:
         """The verdict kept on ``path`` as ``fingerprint`` found it, if any, and
         whether it was a refusal by the check every read passes first."""
-        with self._lock:
-            key = (path, fingerprint)
-            if key in self._verdicts:
-                self._verdicts.move_to_end(key)
-                return self._verdicts[key]
-        return None
+        return self._verdicts.get((path, fingerprint))
 
     def store(
         self, path: str, fingerprint: str, problem: str | None, *, refused: bool = False
     ) -> None:
         """Keeps the verdict on ``path`` as ``fingerprint`` found it."""
-        with self._lock:
-            self._verdicts[(path, fingerprint)] = (problem, refused)
-            self._trim()
+        self._verdicts.put((path, fingerprint), (problem, refused))
 
 
 def _problem(checkpoint: layout.Checkpoint) -> str | None:

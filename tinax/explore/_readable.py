@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tinax.explore.display import human_bytes
@@ -22,11 +23,38 @@ _BYTE_COLUMNS = frozenset({"nbytes", "nbytes_a", "nbytes_b", "bytes"})
 MAX_CHARS = 48
 
 
-def human_duration(value: Any) -> str:
-    """A timedelta (or seconds) as ``'42 s'``, ``'7 min'``, ``'3 h'`` or ``'2 d'``."""
+def human_duration(value: Any, *, precise: bool = False) -> str:
+    """A duration as people read it, from a timedelta or a number of seconds.
+
+    Coarse by default, for ages and intervals: the largest whole unit, ``'42 s'``,
+    ``'7 min'``, ``'3 h'`` or ``'2 d'``. ``precise``, for how long something took or
+    will take: ``'0.25 s'``, ``'12.3 s'``, ``'1 min 15 s'`` or ``'2 h 3 min'``.
+
+    Args:
+      value: A ``timedelta`` (Python's, NumPy's or pandas'), or seconds as a number.
+      precise: Whether to show fractions of a second and the next smaller unit.
+
+    Returns:
+      The text; ``''`` for a missing value (``None``, NaN, NaT, NA).
+
+    Raises:
+      TypeError, ValueError: If ``value`` is neither a timedelta nor a number.
+    """
     if _missing(value):
         return ""
+    if isinstance(value, np.timedelta64):  # a NumPy integer: its count is not seconds
+        value = pd.Timedelta(value)
     seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value)
+    if precise:
+        if seconds < 10:
+            return f"{seconds:.2f} s"
+        if seconds < 60:
+            return f"{seconds:.1f} s"
+        minutes, rest = divmod(round(seconds), 60)
+        if minutes < 60:
+            return f"{minutes} min {rest} s"
+        hours, minutes = divmod(minutes, 60)
+        return f"{hours} h {minutes} min"
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
             return f"{int(seconds // size)} {unit}"

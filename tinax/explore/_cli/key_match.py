@@ -21,7 +21,6 @@ from tinax.explore import display
 SUGGESTIONS = 5
 # Table widths tried either side of a shortened label's length (see ``_shown_as``).
 _WIDTHS_TRIED = 40
-_NNX_VALUE = "value"
 
 
 class LeafNotFoundError(ValueError, KeyError):
@@ -53,14 +52,11 @@ def _parts(text: str) -> tuple[str, ...] | None:
         parts = tuple(text.split("."))
         if any(not p for p in parts):
             return None
-    if len(parts) > 1 and parts[-1] == _NNX_VALUE:
-        parts = parts[:-1]
-    return parts
+    return _keys.without_nnx_value(parts)
 
 
 def _key_parts(key: str) -> tuple[str, ...]:
-    parts = tuple(str(p) for p in _keys.parse_key(key))
-    return parts[:-1] if len(parts) > 1 and parts[-1] == _NNX_VALUE else parts
+    return _keys.without_nnx_value(tuple(str(p) for p in _keys.parse_key(key)))
 
 
 def _elided(text: str, *, loose: bool = False) -> re.Pattern[str]:

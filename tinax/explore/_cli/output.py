@@ -15,13 +15,12 @@ import pandas as pd
 from tinax.explore import display
 from tinax.explore._cli import terminal as term
 from tinax.explore._cli.terminal import jsonable
+from tinax.explore._readable import human_duration
 
 
 def _seconds(value: Any) -> str:
-    if term.is_missing(value):
-        return ""
-    seconds = float(value)
-    return f"{seconds:.3g} s" if seconds < 100 else f"{seconds:.0f} s"
+    """Seconds a save took, as the widgets show them (``'0.25 s'``, ``'1 min 15 s'``)."""
+    return human_duration(value, precise=True)
 
 
 def _records(table: pd.DataFrame) -> list[dict[str, Any]]:

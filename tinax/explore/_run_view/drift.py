@@ -24,6 +24,8 @@ import pandas as pd
 from tinax import _paths
 from tinax._format import keys, words
 from tinax._format.layout import Checkpoint
+from tinax._format.lru import LruCache
+from tinax._format.progress import Cancel, Progress
 from tinax.explore import _listing
 from tinax.explore._diff import diff_table
 from tinax.explore.display import natural_key
@@ -52,9 +54,6 @@ MODEL_NAMES = ("model", "params", "pytree", "state", "default")
 # Pairs whose sums are kept; about 100 bytes a leaf each.
 _KEEP_PAIRS = 4096
 
-Progress = Callable[[int, int], None]
-Cancel = Callable[[], bool] | threading.Event
-
 
 @dataclasses.dataclass(frozen=True)
 class LeafDrift:
@@ -82,8 +81,7 @@ class LeafDrift:
     read: bool = True
 
 
-_pairs: collections.OrderedDict[tuple[Any, ...], list[LeafDrift]] = collections.OrderedDict()
-_pairs_lock = threading.Lock()
+_pairs: LruCache[tuple[Any, ...], list[LeafDrift]] = LruCache(_KEEP_PAIRS)
 
 
 def _identity(row: Any) -> tuple[Any, ...]:
@@ -169,23 +167,14 @@ def _cached_pair(
     source: Callable[[Any], str | Checkpoint] = lambda row: str(row["path"]),
 ) -> list[LeafDrift]:
     identity = (_identity(first), _identity(second), checkpointable)
-    with _pairs_lock:
-        found = _pairs.get(identity)
-        if found is not None:
-            _pairs.move_to_end(identity)
-            return found
-    found = pair_drift(source(first), source(second), checkpointable)
-    with _pairs_lock:
-        _pairs[identity] = found
-        while len(_pairs) > _KEEP_PAIRS:
-            _pairs.popitem(last=False)
-    return found
+    return _pairs.get_or_compute(
+        identity, lambda: pair_drift(source(first), source(second), checkpointable)
+    )
 
 
 def cached_pairs() -> int:
     """How many pairs' sums this process keeps."""
-    with _pairs_lock:
-        return len(_pairs)
+    return len(_pairs)
 
 
 def _parts(key: str) -> keys.KeyPath:

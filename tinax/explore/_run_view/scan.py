@@ -9,17 +9,17 @@ already scanned is not read again.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
 from tinax import _paths
 from tinax._format import words
+from tinax._format.lru import LruCache
+from tinax._format.progress import Cancel, Progress
 from tinax._format.storage import Location
 from tinax.explore import _listing
 from tinax.explore._verify.verification import verify
@@ -34,9 +34,6 @@ NOT_COMPLETE = words.NOT_COMPLETE
 NOT_SCANNED = words.NOT_SCANNED
 _KEEP = 4096
 
-Progress = Callable[[int, int], None]
-Cancel = Callable[[], bool] | threading.Event
-
 
 @dataclasses.dataclass(frozen=True)
 class _Scanned:
@@ -47,8 +44,7 @@ class _Scanned:
     leaves: tuple[tuple[str, str, int, int], ...]  # (checkpointable, key, nan, inf) non-finite
 
 
-_scanned: collections.OrderedDict[tuple[str, str, int], _Scanned] = collections.OrderedDict()
-_lock = threading.Lock()
+_scanned: LruCache[tuple[str, str, int], _Scanned] = LruCache(_KEEP)
 
 
 def _scan(path: str | Location) -> _Scanned:
@@ -68,23 +64,14 @@ def _scan(path: str | Location) -> _Scanned:
 
 def _cached_scan(row: Any, where: Location | None = None) -> _Scanned:
     identity = (str(row["path"]), str(row["committed"]), int(row["nbytes"]))
-    with _lock:
-        found = _scanned.get(identity)
-        if found is not None:
-            _scanned.move_to_end(identity)
-            return found
-    found = _scan(str(row["path"]) if where is None else where)
-    with _lock:
-        _scanned[identity] = found
-        while len(_scanned) > _KEEP:
-            _scanned.popitem(last=False)
-    return found
+    return _scanned.get_or_compute(
+        identity, lambda: _scan(str(row["path"]) if where is None else where)
+    )
 
 
 def scanned_checkpoints() -> int:
     """How many checkpoints' scans this process keeps."""
-    with _lock:
-        return len(_scanned)
+    return len(_scanned)
 
 
 def _cancelled(cancel: Cancel | None) -> bool:

@@ -11,6 +11,7 @@ import numpy as np
 import tensorstore as ts
 
 from tinax._format import arrays, checksums, chunks, names, pytree, rawread, words
+from tinax._format.progress import Progress
 from tinax.explore import _raw_scan
 from tinax.explore._numeric import ValueCounts
 from tinax.explore._verify.checks import (
@@ -22,8 +23,6 @@ from tinax.explore._verify.checks import (
     VerifyTarget,
 )
 from tinax.explore._verify.integrity import ChecksumCheck, _ChecksumScan
-
-Progress = Callable[[int, int], None]
 
 
 class _NonFiniteScan(LeafScan):

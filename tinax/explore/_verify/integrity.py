@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 import xxhash
 
-from tinax._format import arrays, checksums, layout, pytree, words
+from tinax._format import arrays, checksums, pytree, words
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.chunks import Box
 from tinax.explore._verify.checks import (
@@ -166,9 +166,7 @@ class ChecksumCheck(Check):
         if checkpoint is None or not target.safe:
             return
         unrecorded = []
-        for item in checkpoint.checkpointables:
-            if item.layout not in (layout.PYTREE, layout.ITERATOR):
-                continue
+        for item in checksums.checksummed(checkpoint):
             try:
                 records = checksums.read_checksums(item.directory)
             except ValueError as e:

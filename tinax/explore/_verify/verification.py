@@ -23,6 +23,7 @@ import pandas as pd
 from tinax import _paths
 from tinax._format import arrays, words
 from tinax._format.layout import Checkpoint
+from tinax._format.progress import Progress
 from tinax._format.storage import Location
 from tinax.explore._leaf_rows import frame
 from tinax.explore._verify.checks import (
@@ -32,7 +33,7 @@ from tinax.explore._verify.checks import (
     StoredArray,
     VerifyTarget,
 )
-from tinax.explore._verify.data import NonFiniteCheck, Progress, read_data
+from tinax.explore._verify.data import NonFiniteCheck, read_data
 from tinax.explore._verify.integrity import ChecksumCheck
 from tinax.explore._verify.pytree import PyTreeCheck
 from tinax.explore._verify.structure import (
