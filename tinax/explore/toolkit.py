@@ -9,12 +9,13 @@ directory's names and sizes, the listing's cache, where a model's layers are
 (``layer_depth``, ``layer_of``: the grouping ``drift_table`` uses by default), a
 checkpoint's lineage in a line, and what a derived or averaged checkpoint would hold
 before it is written. Sizes and keys are shown as ``tinax.explore.display`` shows
-them. Like the rest of ``tinax.explore``, nothing here imports JAX, Orbax or ipywidgets.
+them, durations as ``human_duration`` does. Like the rest of ``tinax.explore``, nothing here imports JAX, Orbax or ipywidgets.
 """
 
 from tinax.explore._lineage import lineage_summary
 from tinax.explore._listing import ListingCache
 from tinax.explore._live import leaf_key
+from tinax.explore._readable import human_duration
 from tinax.explore._run_view.directory import (
     bytes_written,
     check_new_checkpoint_name,
@@ -61,6 +62,7 @@ __all__ = [
     "collector_paused",
     "derive_preview",
     "existing_directory",
+    "human_duration",
     "is_numeric",
     "layer_depth",
     "layer_of",
