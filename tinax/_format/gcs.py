@@ -353,7 +353,10 @@ class Snapshot(GcsStorage):
                 sizes.append(entry.size)
         if not wanted:
             return
-        seconds = REQUEST_TIMEOUT + sum(sizes) * _SECONDS_PER_BYTE
+        # A deadline for each batch of requests made at once: a run of 1,000 checkpoints
+        # is 10 of them, one after another.
+        batches = -(-len(wanted) // _PREFETCH_BATCH)
+        seconds = REQUEST_TIMEOUT * batches + sum(sizes) * _SECONDS_PER_BYTE
 
         def fetch(fs: Any) -> list[Any]:
             # Ranges, not ``cat``: a name is never taken for a pattern to expand.
