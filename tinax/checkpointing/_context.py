@@ -143,12 +143,9 @@ def context(*, directories_first: bool = False, reading: bool = False) -> ocp.Co
         registry.add(ChecksummedStatefulHandler)
     # Last, so that pytrees without leaves go to it rather than to a pytree handler.
     registry.add(EmptyPyTreeHandler)
-    atomicity = None
+    ctx = ocp.Context(active)  # Its options are copies: the caller's stay as they are.
     if reading:
-        atomicity = ocp.options.AtomicityOptions(
-            mode=active.atomicity.mode, allow_legacy_atomic_rename=True
-        )
-    ctx = ocp.Context(active, atomicity_options=atomicity)
+        ctx.atomicity.allow_legacy_atomic_rename = True
     ctx.checkpointables.registry = registry
     ctx.array.saving.use_compression = compressing()
     if directories_first:
