@@ -413,11 +413,6 @@ def test_a_promotion_to_gs_killed_before_its_marker_is_committed_by_the_resumed_
     # Every file is in, the commit record too: tinax takes it for committed, as Orbax's
     # rule for a copied checkpoint does; the marker Orbax's own listing wants is missing.
     assert names.CHECKPOINT_METADATA in found and names.COMMIT_SUCCESS not in found
-    # Taken for complete, it loads as it is, every part (Orbax's handlers read the RNG,
-    # the auxiliary state and the iterator), before any run has finished its commit.
-    assert _exact(
-        load_training_checkpoint(str(step), *worker.targets(), iter(worker.dataset())), 10
-    )
     newest = max(
         int(p.name[len("step_") :])
         for p in local.iterdir()

@@ -416,7 +416,7 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
     rest = {name: t for name, t in abstract.items() if name not in restored}
     try:
         with (
-            _context.context(reading=True),
+            _context.context(),
             _checksummed_handler.reading_from(src),
             warnings.catch_warnings(),
         ):

@@ -104,7 +104,7 @@ _NamedChecksummedPyTreeHandler.__module__ = ChecksummedPyTreeHandler.__module__
 _NamedChecksummedPyTreeHandler.__qualname__ = ChecksummedPyTreeHandler.__qualname__
 
 
-def context(*, directories_first: bool = False, reading: bool = False) -> ocp.Context:
+def context(*, directories_first: bool = False) -> ocp.Context:
     """The caller's active Orbax context, with tinax's handlers and storage choice.
 
     Options the caller set with ``with ocp.Context(...)`` stay in force, except
@@ -115,13 +115,6 @@ def context(*, directories_first: bool = False, reading: bool = False) -> ocp.Co
     ``directories_first``: the save call makes the checkpoint's directories before
     it copies arrays to the host, instead of Orbax's background thread after it,
     so that arrays can be written while the next ones are copied (``_host_copies``).
-
-    ``reading``: for a load of a checkpoint tinax's preflight has taken for committed.
-    On an object store that is a directory with its commit record or its marker, as
-    the listings say; Orbax's loader wants the marker (``commit_success.txt``), which a
-    copy made without it, or a promotion cut between the two, lacks. Orbax is told to
-    take a directory whose name is not a temporary one (its ``allow_legacy_atomic_rename``),
-    so that what is listed complete loads.
     """
     active = active_context()
     checksummed = _CHECKSUMS.get()
@@ -143,9 +136,7 @@ def context(*, directories_first: bool = False, reading: bool = False) -> ocp.Co
         registry.add(ChecksummedStatefulHandler)
     # Last, so that pytrees without leaves go to it rather than to a pytree handler.
     registry.add(EmptyPyTreeHandler)
-    ctx = ocp.Context(active)  # Its options are copies: the caller's stay as they are.
-    if reading:
-        ctx.atomicity.allow_legacy_atomic_rename = True
+    ctx = ocp.Context(active)
     ctx.checkpointables.registry = registry
     ctx.array.saving.use_compression = compressing()
     if directories_first:
