@@ -413,6 +413,12 @@ def test_a_promotion_to_gs_killed_before_its_marker_is_committed_by_the_resumed_
     # Every file is in, the commit record too: tinax takes it for committed, as Orbax's
     # rule for a copied checkpoint does; the marker Orbax's own listing wants is missing.
     assert names.CHECKPOINT_METADATA in found and names.COMMIT_SUCCESS not in found
+    # Orbax's loader wants the marker: until the run finishes the commit, that copy is
+    # never listed complete, and the listing says why.
+    listed = ex.list_checkpoints(durable)
+    row = listed[listed["path"] == str(step)]
+    assert list(row["status"]) == [words.INVALID]
+    assert names.COMMIT_SUCCESS in listed.attrs["errors"][str(step)]
     newest = max(
         int(p.name[len("step_") :])
         for p in local.iterdir()

@@ -211,6 +211,22 @@ def is_uncommitted(directory: Location) -> bool:
     return names.COMMIT_SUCCESS not in entries and names.CHECKPOINT_METADATA not in entries
 
 
+def lacks_commit_marker(directory: Location, entries: dict[str, Entry] | None = None) -> bool:
+    """Whether ``directory``, on storage without renames, holds its commit record but
+    not Orbax's commit marker (``commit_success.txt``), which Orbax's loader wants.
+
+    Such a directory is a save or a copy cut short between its last two files (a
+    promotion of a two-tier run killed there, which the resumed run finishes), or a
+    checkpoint copied without its marker: it is no unfinished save
+    (``is_uncommitted``), but Orbax does not load it as it is. ``entries`` are its
+    entries, if the caller has listed them already.
+    """
+    if directory.storage.commits_by_rename:
+        return False
+    entries = directory.entries() if entries is None else entries
+    return names.CHECKPOINT_METADATA in entries and names.COMMIT_SUCCESS not in entries
+
+
 def looks_like_checkpoint(directory: Location, entries: dict[str, Entry] | None = None) -> bool:
     """Whether ``directory`` is meant to be a checkpoint (readable or not).
 

@@ -364,6 +364,15 @@ def _read_row(
         found = unfinished or _claims.temporary_status(path, now_ns=now_ns)
         age = None if found.started_ns is None else max(0, now_ns - found.started_ns)
         return (name, str(path), step, found.status, _subdirectories(path), nbytes, None, age)
+    if layout.lacks_commit_marker(path, inside):
+        # Orbax's loader refuses it: never listed complete, and no unfinished save to remove.
+        errors[str(path)] = (
+            f"{str(path)!r} has its commit record but not the commit marker "
+            f"{names.COMMIT_SUCCESS!r}, without which Orbax does not load it: a save or a "
+            "copy cut short before its last file (a two-tier run that resumes finishes "
+            "its promotion)"
+        )
+        return (name, str(path), step, words.INVALID, _subdirectories(path), None, None, None)
     if top is not None and names.CHECKPOINT_METADATA not in top:
         return _checked_row(path, name, step, state, None)
     try:
