@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,10 @@ def open_run(directory: Path) -> TrainingRun:
     return TrainingRun(directory, save_every=10, keep=2, keep_best=1, best_by="loss")
 
 
-def loop(directory: Path) -> None:
-    run = open_run(directory)
+def train(run: TrainingRun, on_preempted: Callable[[int], None] | None = None) -> int | None:
+    """Trains ``run`` until it is preempted (process 1 signals itself at step 25);
+    returns the step its preemption save committed (``on_preempted`` is told it)."""
     iterator = iter(dataset())
-    saved_for_preemption = None
     for step in range(1, 200):
         next(iterator)
         if step == 25 and jax.process_index() == 1:
@@ -69,8 +70,15 @@ def loop(directory: Path) -> None:
             iterator,
         )
         if run.preempted:
-            saved_for_preemption = step
-            break
+            if on_preempted is not None:
+                on_preempted(step)
+            return step
+    return None
+
+
+def loop(directory: Path) -> None:
+    run = open_run(directory)
+    saved_for_preemption = train(run)
     run.close()
     cluster.report("loop", preempted_at=saved_for_preemption, steps=run.steps)
 

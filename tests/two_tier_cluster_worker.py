@@ -22,9 +22,7 @@ replicated RNG key and one Grain iterator per process, each a fixed function of 
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -32,9 +30,7 @@ from typing import Any
 
 import cluster
 import jax
-import numpy as np
-from multiprocess_worker import dataset
-from run_cluster_worker import loss, model, restored, rng
+from run_cluster_worker import restored, train
 
 from tinax.checkpointing import TrainingRun
 
@@ -45,25 +41,11 @@ def open_run(directory: Path, local: Path) -> TrainingRun:
 
 def loop(directory: Path, local: Path) -> None:
     run = open_run(directory, local)
-    iterator = iter(dataset())
-    saved_for_preemption = None
-    for step in range(1, 200):
-        next(iterator)
-        if step == 25 and jax.process_index() == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-        run.save(
-            step,
-            model(step),
-            {"count": np.asarray(step)},
-            rng(step),
-            {"loss": loss(step)},
-            iterator,
-        )
-        if run.preempted:
-            saved_for_preemption = step
-            # The durable commit is in before the loop ends, on every process.
-            cluster.report("preempted", at=step, durable=run.durable_steps)
-            break
+    # The durable commit is in before the loop ends, on every process.
+    saved_for_preemption = train(
+        run,
+        lambda step: cluster.report("preempted", at=step, durable=run.durable_steps),
+    )
     run.close()
     cluster.report(
         "loop", preempted_at=saved_for_preemption, durable=run.durable_steps, local=run.local_steps
