@@ -35,7 +35,7 @@ import numpy as np
 
 from tinax._format import arrays, rawread
 from tinax._format.arrays import ValueRef
-from tinax._format.rawread import Box, Unsupported
+from tinax._format.rawread import Box, ChunkGrid, Unsupported
 from tinax._format.storage import Location
 
 # Codecs after ``bytes`` this reader decodes.
@@ -49,33 +49,16 @@ COALESCE_GAP_BYTES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
-class StoredArray:
+class StoredArray(ChunkGrid):
     """A zarr3 array of an OCDBT store whose chunks this module reads.
 
     Attributes:
-      directory: The store's directory.
-      shape: The array's shape.
-      dtype: Its NumPy dtype (little-endian, or of single bytes).
-      grid_shape: The shape stored under one key (a shard, or a chunk).
-      chunk_shape: The shape of one inner chunk (the unit decoded).
-      sharded: Whether each key holds a shard (inner chunks and their index).
       codec: ``"zstd"`` or ``None`` (the bytes as they are).
       values: Grid index → the value's inline bytes or where it is kept.
     """
 
-    directory: Location
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    grid_shape: tuple[int, ...]
-    chunk_shape: tuple[int, ...]
-    sharded: bool
     codec: str | None
     values: Mapping[tuple[int, ...], bytes | ValueRef]
-
-    @property
-    def chunk_bytes(self) -> int:
-        """Decoded bytes of one inner chunk."""
-        return math.prod(self.chunk_shape) * self.dtype.itemsize
 
     def chunks_in(self, box: Box) -> list[Chunk]:
         """The inner chunks ``box`` needs, each with where it lands in the box."""
@@ -99,24 +82,6 @@ class StoredArray:
                 )
             )
         return found
-
-    def grid_of(self, index: tuple[int, ...]) -> tuple[int, ...]:
-        """The grid index of the shard holding inner chunk ``index``."""
-        return tuple(
-            i // (g // c) for i, g, c in zip(index, self.grid_shape, self.chunk_shape, strict=True)
-        )
-
-    def position_in_shard(self, index: tuple[int, ...]) -> int:
-        """Inner chunk ``index``'s entry in its shard's index (C order)."""
-        position = 0
-        for i, g, c in zip(index, self.grid_shape, self.chunk_shape, strict=True):
-            position = position * (g // c) + i % (g // c)
-        return position
-
-    @property
-    def inner_count(self) -> int:
-        """Inner chunks per shard."""
-        return math.prod(g // c for g, c in zip(self.grid_shape, self.chunk_shape, strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,15 +143,8 @@ def plan(
     inner = math.prod(g // c for g, c in zip(found.grid_shape, found.chunk_shape, strict=True))
     if codec is False or values is None or inner > MAX_INNER_CHUNKS:
         return None
-    return StoredArray(
-        directory=directory,
-        shape=found.shape,
-        dtype=dtype,
-        grid_shape=found.grid_shape,
-        chunk_shape=found.chunk_shape,
-        sharded=found.sharded,
-        codec=codec if isinstance(codec, str) else None,
-        values=values,
+    return StoredArray.laid_out(
+        directory, found, dtype, codec=codec if isinstance(codec, str) else None, values=values
     )
 
 

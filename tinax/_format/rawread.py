@@ -35,6 +35,7 @@ import stat
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Self
 
 import numpy as np
 
@@ -71,17 +72,17 @@ def executor() -> concurrent.futures.ThreadPoolExecutor:
 
 
 @dataclasses.dataclass(frozen=True)
-class RawArray:
-    """An uncompressed zarr3 array whose chunks can be read as raw bytes.
+class ChunkGrid:
+    """How a zarr3 array of an OCDBT store is cut into chunks, and where the store is.
 
     Attributes:
-      directory: The OCDBT store's directory (local).
+      directory: The store's directory.
       shape: The array's shape.
-      dtype: Its dtype (little-endian, or of single bytes).
-      grid_shape: The shape of the unit stored under one key (shard or chunk).
-      chunk_shape: The shape of the unit stored as one byte range (inner chunk).
-      sharded: Whether each key holds a shard (inner chunks and an index).
-      values: Grid index → where that key's bytes are.
+      dtype: Its NumPy dtype (little-endian, or of single bytes).
+      grid_shape: The shape stored under one key (a shard, or a chunk).
+      chunk_shape: The shape of one inner chunk (the unit decoded, one byte range
+        when stored raw).
+      sharded: Whether each key holds a shard (inner chunks and their index).
     """
 
     directory: Location
@@ -90,11 +91,56 @@ class RawArray:
     grid_shape: tuple[int, ...]
     chunk_shape: tuple[int, ...]
     sharded: bool
-    values: Mapping[tuple[int, ...], ValueRef]
+
+    @classmethod
+    def laid_out(cls, directory: Location, found: Chunking, dtype: np.dtype, **rest: Any) -> Self:
+        """An array of ``cls`` with ``found``'s chunks; ``rest`` are its own fields."""
+        return cls(
+            directory=directory,
+            shape=found.shape,
+            dtype=dtype,
+            grid_shape=found.grid_shape,
+            chunk_shape=found.chunk_shape,
+            sharded=found.sharded,
+            **rest,
+        )
 
     @property
-    def _inner(self) -> tuple[int, ...]:
+    def chunk_bytes(self) -> int:
+        """Decoded bytes of one inner chunk."""
+        return math.prod(self.chunk_shape) * self.dtype.itemsize
+
+    @property
+    def inner(self) -> tuple[int, ...]:
+        """Inner chunks per shard, along each axis."""
         return tuple(g // c for g, c in zip(self.grid_shape, self.chunk_shape, strict=True))
+
+    @property
+    def inner_count(self) -> int:
+        """Inner chunks per shard."""
+        return math.prod(self.inner)
+
+    def grid_of(self, index: tuple[int, ...]) -> tuple[int, ...]:
+        """The grid index of the shard holding inner chunk ``index``."""
+        return tuple(i // n for i, n in zip(index, self.inner, strict=True))
+
+    def position_in_shard(self, index: tuple[int, ...]) -> int:
+        """Inner chunk ``index``'s entry in its shard's index (C order)."""
+        position = 0
+        for i, n in zip(index, self.inner, strict=True):
+            position = position * n + i % n
+        return position
+
+
+@dataclasses.dataclass(frozen=True)
+class RawArray(ChunkGrid):
+    """An uncompressed zarr3 array whose chunks can be read as raw bytes.
+
+    Attributes:
+      values: Grid index → where that key's bytes are.
+    """
+
+    values: Mapping[tuple[int, ...], ValueRef]
 
     @property
     def unit(self) -> tuple[int, ...]:
@@ -126,7 +172,7 @@ class RawArray:
         if any(s.start % c for s, c in zip(box, chunk, strict=True)):
             raise Unsupported("the region does not start at a chunk")
         ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(box, chunk, strict=True)]
-        nbytes = math.prod(chunk) * self.dtype.itemsize
+        nbytes = self.chunk_bytes
         scratch: np.ndarray | None = None
         fds: dict[str, int] = {}
         try:
@@ -139,7 +185,7 @@ class RawArray:
                 local = tuple(
                     slice(a - s.start, b - s.start) for a, b, s in zip(lo, hi, box, strict=True)
                 )
-                file = self.values[self._grid(index)].file
+                file = self.values[self.grid_of(index)].file
                 # The chunk's rows land contiguously in ``out`` when it spans the
                 # region's trailing extent and is cut, if at all, along the first axis.
                 trailing = all(hi[d] - lo[d] == chunk[d] == out.shape[d] for d in range(1, rank))
@@ -172,7 +218,7 @@ class RawArray:
                     raise Unsupported("a chunk is not of the size its shape says")
                 first, last = max(i * rows, start), min((i + 1) * rows, stop)
                 self._read_at(
-                    self.values[self._grid(index)].file,
+                    self.values[self.grid_of(index)].file,
                     flat[(first - start) * row_bytes : (last - start) * row_bytes],
                     offset + (first - i * rows) * row_bytes,
                     fds,
@@ -180,9 +226,6 @@ class RawArray:
         finally:
             for fd in fds.values():
                 os.close(fd)
-
-    def _grid(self, index: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(i // n for i, n in zip(index, self._inner, strict=True))
 
     def _file(self, file: str) -> Location:
         where = self.directory
@@ -214,23 +257,19 @@ class RawArray:
         self, index: tuple[int, ...], nbytes: int, fds: dict[str, int]
     ) -> tuple[int, int]:
         """Where inner chunk ``index``'s bytes are: file offset and length."""
-        value = self.values.get(self._grid(index))
+        value = self.values.get(self.grid_of(index))
         if value is None:
             raise Unsupported("a chunk is not stored")
         if not self.sharded:
             return value.offset, value.length
-        inner = self._inner
-        count = math.prod(inner)
+        count = self.inner_count
         index_bytes = 16 * count + 4
         if value.length < index_bytes:
             raise Unsupported("a shard is shorter than its index")
         table = np.empty(index_bytes, np.uint8)
         self._read_at(value.file, table, value.offset + value.length - index_bytes, fds)
         entries = table[: 16 * count].view("<u8").reshape(count, 2)
-        position = 0
-        for i, n in zip(index, inner, strict=True):
-            position = position * n + i % n
-        start, length = (int(v) for v in entries[position])
+        start, length = (int(v) for v in entries[self.position_in_shard(index)])
         if start == _MISSING or start + length > value.length - index_bytes:
             raise Unsupported("a shard's index entry is out of range")
         return value.offset + start, length
@@ -596,15 +635,7 @@ def raw_array(
     values = found.grid_values(stored, prefix)
     if values is None or not all(isinstance(v, ValueRef) for v in values.values()):
         return None
-    return RawArray(
-        directory=directory,
-        shape=found.shape,
-        dtype=dtype,
-        grid_shape=found.grid_shape,
-        chunk_shape=found.chunk_shape,
-        sharded=found.sharded,
-        values=values,  # type: ignore[arg-type]
-    )
+    return RawArray.laid_out(directory, found, dtype, values=values)
 
 
 def plan(

@@ -714,6 +714,21 @@ def listing(
     )
 
 
+def run_listing(root: object) -> tuple[Location, pd.DataFrame]:
+    """A run directory listed once, and its checkpoints as ``list_checkpoints`` finds
+    them without reading their metadata (``deep=False``), for a reader that goes on to
+    read each complete one itself, through that listing
+    (``_paths.listed_in(directory, name, path)``).
+
+    Raises:
+      TypeError: If ``root`` is not a path.
+      FileNotFoundError: If ``root`` does not exist.
+      ValueError: If ``root`` is not a directory.
+    """
+    directory = _paths.listed_directory(root)
+    return directory, listing(directory, deep=False)
+
+
 def _listed(directory: Location, cache: ListingCache | None, deep: bool | None) -> pd.DataFrame:
     """``list_checkpoints`` of one directory, as listed (``Location.snapshot``)."""
     if deep is None:

@@ -305,8 +305,7 @@ def drift_table(
         raise TypeError(
             f"checkpointable must be a name or None, got {type(checkpointable).__name__}"
         )
-    directory = _paths.listed_directory(root)
-    listing = _listing.listing(directory, deep=False)
+    directory, listing = _listing.run_listing(root)
     opened: dict[str, str | Checkpoint] = {}
 
     def source(row: Any) -> str | Checkpoint:

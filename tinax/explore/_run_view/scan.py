@@ -126,8 +126,7 @@ def scan_run(
     if not isinstance(leaves, bool):
         raise TypeError(f"leaves must be a bool, got {type(leaves).__name__}")
     # Listed once: each checkpoint is verified through the run's listing.
-    directory = _paths.listed_directory(root)
-    listing = _listing.listing(directory, deep=False)
+    directory, listing = _listing.run_listing(root)
     rows = [row for _, row in listing.iterrows()]
     todo = [i for i, row in enumerate(rows) if row["status"] == words.COMPLETE]
     results: dict[int, _Scanned] = {}

@@ -244,8 +244,7 @@ def run_table(
     if not isinstance(auxiliary, str):
         raise TypeError(f"auxiliary must be a checkpointable name, got {type(auxiliary).__name__}")
 
-    directory = _paths.listed_directory(root)
-    listing = _listing.listing(directory, deep=False)
+    directory, listing = _listing.run_listing(root)
     errors: dict[str, str] = dict(listing.attrs.get("errors", {}))
     # Read through the run's listing: nothing is listed again, and on an object store
     # the files read are fetched side by side first.
