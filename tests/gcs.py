@@ -34,6 +34,8 @@ DENIED_BUCKET = "tinax-denied"
 _REQUESTS_PATH = "/_tinax_requests"
 # Where the proxy is told how long to hold each request from now on (``?s=SECONDS``).
 _LATENCY_PATH = "/_tinax_latency"
+# Where the proxy is told to flip a byte in the body of the next uploads (``?n=COUNT``).
+_DAMAGE_PATH = "/_tinax_damage"
 
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
@@ -51,6 +53,8 @@ class _Counter:
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, int]] = []
         self.latency_s = latency_s
+        # Uploads whose body the proxy still damages on the way.
+        self.damage = 0
 
     def add(self, method: str, path: str, nbytes: int) -> None:
         with self.lock:
@@ -91,7 +95,18 @@ def _proxy_handler(
                 counter.latency_s = float(self.path.partition("?s=")[2])
                 self._reply(b"{}")
                 return
+            if self.path.startswith(_DAMAGE_PATH):
+                counter.damage = int(self.path.partition("?n=")[2])
+                self._reply(b"{}")
+                return
             body = self._body()
+            if len(body) > 4096 and "/upload/" in self.path:
+                with counter.lock:
+                    damaged, counter.damage = counter.damage > 0, max(0, counter.damage - 1)
+                if damaged:
+                    # A byte in the middle: inside the data, past any multipart header.
+                    middle = len(body) // 2
+                    body = body[:middle] + bytes([body[middle] ^ 0xFF]) + body[middle + 1 :]
             if counter.latency_s:
                 time.sleep(counter.latency_s)
             if f"/b/{DENIED_BUCKET}" in self.path:
@@ -243,6 +258,12 @@ class Emulator:
                 process.kill()
                 process.wait()
         self._process = self._proxy = None
+
+    def damage_uploads(self, count: int) -> None:
+        """Flips a byte in the middle of the next ``count`` uploads' data (over 4 KiB) on
+        its way to the bucket, as a faulty network or host might."""
+        with urllib.request.urlopen(f"{self.url}{_DAMAGE_PATH}?n={count}", timeout=10):
+            pass
 
     def cpu_seconds(self) -> float:
         """Processor seconds the server and its proxy have used so far (Linux), as a

@@ -403,6 +403,28 @@ def test_a_promotion_cut_short_by_a_kill_is_finished_by_the_resumed_run(durable,
     )
 
 
+def test_a_byte_damaged_on_its_way_to_the_bucket_fails_the_promotion_and_commits_nothing(
+    gcs, tmp_path
+):
+    iterator = iter(worker.dataset())
+    with _run(tmp_path / "d", tmp_path / "l", save_every=None) as run:
+        _loop(run, range(1, 3), iterator)
+    source = _paths.location(tmp_path / "l" / "step_000002")
+    destination = _paths.location(f"gs://{BUCKET}/{tmp_path.name}/step_000002")
+    gcs.damage_uploads(1)
+    try:
+        with pytest.raises(OSError, match=r"arrived corrupt: the bucket stored CRC32C"):
+            _promotion.promote(source, destination)
+    finally:
+        gcs.damage_uploads(0)
+    # What was copied is gone; the local checkpoint is whole, and promoted again.
+    assert not destination.snapshot().entries()
+    _promotion.promote(source, destination)
+    model, optimizer, rng, _ = worker.targets()
+    loaded = ocp.load_checkpointables(str(destination), {"model": model, "optimizer": optimizer})
+    assert np.array_equal(np.asarray(loaded["model"]["w"]), np.asarray(worker.state(2)[0]["w"]))
+
+
 def test_a_promotion_to_gs_killed_before_its_marker_is_committed_by_the_resumed_run(gcs, tmp_path):
     durable = f"gs://{BUCKET}/{tmp_path.name}"
     local = tmp_path / "local"

@@ -21,6 +21,7 @@ import math
 import os
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 from tinax._format import names
 from tinax._format.copied_files import SourceFile, changed, open_regular, within
@@ -100,6 +101,10 @@ class _Budget:
             self._changed.notify_all()
 
 
+class _Stopped(Exception):
+    """An upload not made because another failed first."""
+
+
 @dataclasses.dataclass
 class _Upload:
     """What one copy to a bucket shares: the filesystem, where, and its limits."""
@@ -109,14 +114,26 @@ class _Upload:
     prefix: str
     budget: _Budget
     requests: asyncio.Semaphore
+    # Set once an upload has failed: no request starts after it.
+    failed: bool = False
 
     def url(self, key: str) -> str:
         return f"gs://{self.bucket}/{key}"
 
-    async def request(self, key: str, what: str, nbytes: int, call: Any) -> Any:
-        """Runs one request, with a deadline, its failure an ``OSError`` naming ``key``."""
+    async def request(
+        self, key: str, what: str, nbytes: int, call: Any, *, cleanup: bool = False
+    ) -> Any:
+        """Runs one request, with a deadline, its failure an ``OSError`` naming ``key``.
+
+        Raises:
+          _Stopped: If another upload has failed (``call`` is not made), unless the
+            request cleans up (``cleanup``: a deletion).
+        """
         seconds = _REQUEST_SECONDS + nbytes * _SECONDS_PER_BYTE
         async with self.requests:
+            if self.failed and not cleanup:
+                call.close()
+                raise _Stopped(key)
             try:
                 return await asyncio.wait_for(call, seconds)
             except TimeoutError as e:
@@ -142,20 +159,30 @@ class _Upload:
         one request up to ``SINGLE_UPLOAD_BYTES``, else as a resumable upload in chunks
         (the next chunk read while one is sent), checking that the bucket stored what
         was read."""
-        from gcsfs.core import simple_upload
-
         if length <= SINGLE_UPLOAD_BYTES:
             data, held = await self.read(path, offset, length)
             try:
                 crc = await asyncio.to_thread(_crc32c, data)
-                stored = await self.request(
-                    key, "upload", length, simple_upload(self.fs, self.bucket, key, data)
-                )
+                stored = await self.request(key, "upload", length, self._media(key, data))
             finally:
                 await self.budget.give(held)
             _check_stored(self.url(key), stored, length, crc)
             return
         await self._resumable(key, path, offset, length)
+
+    async def _media(self, key: str, data: bytes) -> Any:
+        """Stores ``data`` as the object ``key`` in one request whose body is the bytes
+        alone (an upload of type ``media``): no copy of them is made to wrap them with
+        the object's metadata, which it does not need (its name is in the query)."""
+        return await self.fs._call(
+            "POST",
+            f"{self.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o",
+            uploadType="media",
+            name=key,
+            data=data,
+            headers={"Content-Type": "application/octet-stream"},
+            json_out=True,
+        )
 
     async def _resumable(self, key: str, path: str, offset: int, length: int) -> None:
         import google_crc32c
@@ -225,7 +252,7 @@ class _Upload:
         return found
 
     async def delete(self, key: str) -> None:
-        await self.request(key, "delete", 0, self.fs._rm_file(f"{self.bucket}/{key}"))
+        await self.request(key, "delete", 0, self.fs._rm_file(f"{self.bucket}/{key}"), cleanup=True)
 
 
 def _check_stored(url: str, stored: object, size: int, crc: str | None) -> None:
@@ -301,14 +328,16 @@ def copy_to_bucket(source: Location, files: Sequence[SourceFile], destination: L
             asyncio.Semaphore(MAX_REQUESTS),
         )
         tasks = [asyncio.ensure_future(_upload_file(upload, source, f)) for f in files]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            # The first failure is raised once every other upload has ended: nothing
-            # is still writing when the caller removes what was copied.
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        if all(task.exception() is None for task in done) and len(done) == len(tasks):
+            return
+        # After the first failure no request starts, and the failure is raised once
+        # every request made has been answered. None is cancelled: a request cut short
+        # here may still be stored by the bucket, after the caller has removed what was
+        # copied, and stay there.
+        upload.failed = True
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+        errors = [e for e in ended if isinstance(e, BaseException) and not isinstance(e, _Stopped)]
+        raise errors[0]
 
     fsspec.asyn.sync(fs.loop, run)
