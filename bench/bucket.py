@@ -208,20 +208,25 @@ report(listed, rows=rows, opened_s=opened, leaves=leaves, verdict_s=verdict)
     "list many": """
 import tinax.explore as ex
 ex.list_checkpoints
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 rows = len(ex.list_checkpoints({many!r}))
-report(time.perf_counter() - start, rows=rows)
+report(time.perf_counter() - start, rows=rows, client_cpu_s=time.process_time() - cpu)
 """,
     # The floor of the one above, with a bare client: gcsfs lists the same tree (every
     # object, page after page) and reads every commit record, 64 at a time.
     "gcsfs many": """
 import asyncio, gcsfs
 fs = gcsfs.GCSFileSystem()
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 found = fs.find({many!r})
 records = [f for f in found if f.endswith("/_CHECKPOINT_METADATA")]
 fs.cat(records, batch_size=64)
-report(time.perf_counter() - start, objects=len(found), records=len(records))
+report(
+    time.perf_counter() - start,
+    objects=len(found),
+    records=len(records),
+    client_cpu_s=time.process_time() - cpu,
+)
 """,
 }
 
@@ -368,7 +373,7 @@ def main() -> int:
                 "seconds": statistics.median(seconds),
                 **{k: v for k, v in result.items() if k != "seconds"},
             }
-            for extra in ("opened_s", "verdict_s", "server_cpu_s"):
+            for extra in ("opened_s", "verdict_s", "server_cpu_s", "client_cpu_s"):
                 if extra in result:
                     measured[name][extra] = statistics.median(r[extra] for r in results)
             _log(f"  {name}: {measured[name]}")

@@ -112,6 +112,8 @@ class Scan:
 
 def is_utf8(name: str) -> bool:
     """Whether a file name (as ``os`` decodes it) is UTF-8."""
+    if name.isascii():
+        return True
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:

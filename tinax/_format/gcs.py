@@ -81,7 +81,8 @@ def _mtime_ns(info: dict[str, Any]) -> int | None:
     if not isinstance(stamp, str):
         return None
     try:
-        moment = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        # RFC 3339 with a trailing "Z", which fromisoformat reads since Python 3.11.
+        moment = datetime.datetime.fromisoformat(stamp)
     except ValueError:
         return None
     return int(moment.timestamp() * 1e9)
@@ -90,6 +91,10 @@ def _mtime_ns(info: dict[str, Any]) -> int | None:
 def _entry(name: str, info: dict[str, Any]) -> Entry:
     if info.get("type") == "directory":
         return Entry(name=name, kind=DIRECTORY)
+    return _file_entry(name, info)
+
+
+def _file_entry(name: str, info: dict[str, Any]) -> Entry:
     size = int(info.get("size") or 0)
     return Entry(
         name=name,
@@ -307,7 +312,7 @@ class Snapshot(GcsStorage):
                     tree.setdefault(up, {}).setdefault(leaf, Entry(leaf, DIRECTORY))
                     tree.setdefault(where, {})
                 else:
-                    tree.setdefault(up, {})[leaf] = _entry(leaf, {**info, "type": "file"})
+                    tree.setdefault(up, {})[leaf] = _file_entry(leaf, info)
                 if up == root:
                     break
                 where = up

@@ -64,6 +64,9 @@ class ListingCache:
         self._verdicts: LruCache[tuple[str, str], tuple[str | None, bool]] = LruCache(max_entries)
         self._checked: LruCache[tuple[str, str], layout.Checkpoint] = LruCache(max_entries)
         self._records: LruCache[tuple[str, str], layout.CheckpointRecord] = LruCache(max_entries)
+        # The paths something was kept of (as a fingerprint) at some time: a listing
+        # fingerprints only those, never a checkpoint this cache has not seen.
+        self._paths: LruCache[str, bool] = LruCache(3 * max_entries)
 
     @property
     def max_entries(self) -> int:
@@ -74,10 +77,10 @@ class ListingCache:
         check_bound("max_entries", value)
         self._max_entries = value
         for store in self._stores():
-            store.max_entries = value
+            store.max_entries = 3 * value if store is self._paths else value
 
-    def _stores(self) -> tuple[LruCache[tuple[str, str], Any], ...]:
-        return (self._verdicts, self._checked, self._records)
+    def _stores(self) -> tuple[LruCache[Any, Any], ...]:
+        return (self._verdicts, self._checked, self._records, self._paths)
 
     def __len__(self) -> int:
         return len(self._verdicts)
@@ -93,6 +96,7 @@ class ListingCache:
         Raises:
           ValueError: As ``layout.read_checkpoint_record`` does (refusals are not kept).
         """
+        self._paths.put(str(path), True)
         return self._records.get_or_compute(
             (str(path), fingerprint), lambda: layout.read_checkpoint_record(path)
         )
@@ -107,7 +111,12 @@ class ListingCache:
         """
         scan = files.scan(path) if scan is None else scan
         key = (str(path), scan.fingerprint)
+        self._paths.put(key[0], True)
         return self._checked.get_or_compute(key, lambda: preflight.check(path, scan))
+
+    def may_hold(self, path: str) -> bool:
+        """Whether anything may be kept of ``path``, whatever its fingerprint."""
+        return path in self._paths
 
     def _holds_check(self, path: str, fingerprint: str) -> bool:
         return (path, fingerprint) in self._checked
@@ -135,6 +144,7 @@ class ListingCache:
         self, path: str, fingerprint: str, problem: str | None, *, refused: bool = False
     ) -> None:
         """Keeps the verdict on ``path`` as ``fingerprint`` found it."""
+        self._paths.put(path, True)
         self._verdicts.put((path, fingerprint), (problem, refused))
 
 
@@ -569,7 +579,9 @@ def _remember_refusal(
 
 def _known(path: Location, cache: ListingCache | None, deep: bool) -> bool:
     """Whether ``cache`` holds what a listing reads of ``path`` as it is now."""
-    if cache is None:
+    if cache is None or not cache.may_hold(str(path)):
+        # Nothing to fingerprint it for (a walk of its listing: on a large run, most
+        # of a first listing's processor time).
         return False
     try:
         fingerprint = files.scan(path).fingerprint
