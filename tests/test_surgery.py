@@ -475,6 +475,20 @@ def test_arrays_kept_as_they_are_are_copied_as_stored_and_read_back_exactly(wide
     assert list(ex.lineage(part)["source"]) == [str(source)]
 
 
+def test_a_store_with_too_many_arrays_for_one_node_copies_its_chunks_through_tensorstore(
+    wide, tmp_path, monkeypatch
+):
+    from tinax._format import ocdbt_root
+
+    source, state = wide
+    monkeypatch.setattr(ocdbt_root, "MAX_ARRAYS", 2)
+    derive_checkpoint(source, tmp_path / "out")
+    assert _versions(tmp_path / "out" / "model") > 1
+    raw = _flat(ocp.load_checkpointables(str(tmp_path / "out"))["model"])
+    assert all(_same_bits(raw[k], v) for k, v in _flat(state).items())
+    assert ex.verify(tmp_path / "out", data=True).ok
+
+
 def test_a_copy_of_damaged_stored_chunks_is_refused_naming_the_leaf_and_leaves_nothing(
     wide, tmp_path
 ):

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tensorstore as ts
 
 from tinax._format import arrays, names
@@ -44,19 +45,42 @@ _UNCOMPRESSED = 0
 MAX_NODE_ENTRIES = 1 << 20
 # Under the store's ``max_decoded_node_bytes`` (Orbax sets 100 MB), with room to spare.
 MAX_NODE_BYTES = 64 << 20
+# The most arrays, and stored chunks, a store may have for its keys to be given a
+# version here (one node: each array's metadata is up to a KiB, inline).
+MAX_ARRAYS = 20_000
+MAX_ADDED = 500_000
 DATA_DIR = "d"
 # Bytes written between two syncs of a data file.
 SYNC_BYTES = 64 << 20
 
 
 def _crc32c(data: bytes) -> int:
-    try:
-        import google_crc32c  # the gcs extra's; C speed
-    except ImportError:  # pragma: no cover - the extra is installed in development
-        from tinax._format.store_writer import crc32c
-
-        return crc32c(data)
-    return int(google_crc32c.value(data))
+    """The CRC-32C of ``data``, computed by tensorstore: the bytes stored as a zarr3 chunk
+    whose codecs append it (in memory), at C speed whatever the node's size."""
+    if not data:
+        return 0
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "memory"},
+        "metadata": {
+            "shape": [len(data)],
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [len(data)]}},
+            "chunk_key_encoding": {"name": "default"},
+            "data_type": "uint8",
+            "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
+            "fill_value": 0,
+        },
+        "store_data_equal_to_fill_value": True,
+        "create": True,
+    }
+    array = ts.open(spec).result()
+    array.write(np.frombuffer(data, np.uint8)).result()
+    kvstore = array.kvstore
+    assert kvstore is not None  # a zarr3 array opened on a kvstore
+    stored = kvstore.read("c/0").result().value
+    if len(stored) != len(data) + 4:
+        raise AssertionError("tensorstore's crc32c codec stored an unexpected chunk")
+    return int(struct.unpack("<I", stored[-4:])[0])
 
 
 def _varint(n: int) -> bytes:

@@ -365,7 +365,12 @@ class PyTreeWriter:
         the kernel to copy them from there onto a local disk.
         """
         array = self._arrays[key]
-        if not self.directory.is_local:
+        if (
+            not self.directory.is_local
+            or len(self._arrays) > ocdbt_root.MAX_ARRAYS
+            or len(self._added) >= ocdbt_root.MAX_ADDED
+        ):
+            # On an object store, or too many keys for one B+tree node: tensorstore's.
             store = self._kvstore.with_transaction(self._txn)
             self._writes.append(store.write(array.prefix + chunk_key, bytes(value)))
             self._pending += len(value)
