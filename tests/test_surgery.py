@@ -425,6 +425,117 @@ def test_the_command_line_derives_averages_and_shows_the_lineage(run, tmp_path):
     assert status == 2 and "already exists" in err
 
 
+# -- arrays copied as stored ------------------------------------------------------------
+
+
+class _Wide(nnx.Module):
+    """Arrays large enough to be read raw: chunks of 6 MiB and 1 MiB, and a small bias."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.embed = nnx.Embed(3000, 1024, rngs=rngs)
+        self.head = nnx.Linear(1024, 256, rngs=rngs)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> tuple[Path, Any]:
+    state = nnx.state(_Wide(nnx.Rngs(3)))
+    path = tmp_path_factory.mktemp("wide") / "step_000005"
+    save_checkpointables(path, {"model": state}).result()
+    return path, state
+
+
+def _copied_as_stored(checkpointable: Path) -> bool:
+    """Whether the checkpointable's OCDBT store got its copied chunks in a version of
+    tinax's: its root B+tree node is uncompressed (tensorstore's are zstd-compressed, as
+    Orbax configures the store)."""
+    import tensorstore as ts
+
+    from tinax._format.arrays import parse_location
+
+    base = ts.KvStore.open({"driver": "file", "path": f"{checkpointable}/"}).result()
+    root = parse_location(ts.ocdbt.dump(base).result()["versions"][-1]["root"]["location"])
+    with open(checkpointable / root.file, "rb") as f:
+        f.seek(root.offset)
+        header = f.read(14)  # magic, length, version, compression format
+    return header[13] == 0
+
+
+def test_arrays_kept_as_they_are_are_copied_as_stored_and_read_back_exactly(wide, tmp_path):
+    source, state = wide
+    live = _flat(state)
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    derive_checkpoint(source, whole)
+    derive_checkpoint(source, part, keys=r"^(embed|head\.kernel)", rename=[(r"^head\.", "out.")])
+    for out in (whole, part):
+        assert _copied_as_stored(out / "model")
+        assert ex.verify(out, data=True).ok
+    raw = _flat(ocp.load_checkpointables(str(whole))["model"])
+    assert sorted(raw) == sorted(live)
+    assert all(_same_bits(raw[k], live[k]) for k in live)
+    target = {"model": abstract_restore_target(state)}
+    loaded = _flat(load_checkpointables(whole, target)["model"])
+    assert all(_same_bits(loaded[k], live[k]) for k in live)
+    raw = _flat(ocp.load_checkpointables(str(part))["model"])
+    assert sorted(raw) == ["embed.embedding", "out.kernel"]
+    assert _same_bits(raw["embed.embedding"], live["embed.embedding"])
+    assert _same_bits(raw["out.kernel"], live["head.kernel"])
+    assert list(ex.lineage(part)["source"]) == [str(source)]
+
+
+def test_a_store_with_too_many_arrays_for_one_node_copies_its_chunks_through_tensorstore(
+    wide, tmp_path, monkeypatch
+):
+    from tinax._format import ocdbt_root
+
+    source, state = wide
+    monkeypatch.setattr(ocdbt_root, "MAX_ARRAYS", 2)
+    derive_checkpoint(source, tmp_path / "out")
+    assert not _copied_as_stored(tmp_path / "out" / "model")
+    raw = _flat(ocp.load_checkpointables(str(tmp_path / "out"))["model"])
+    assert all(_same_bits(raw[k], v) for k, v in _flat(state).items())
+    assert ex.verify(tmp_path / "out", data=True).ok
+
+
+def test_a_copy_of_damaged_stored_chunks_is_refused_naming_the_leaf_and_leaves_nothing(
+    wide, tmp_path
+):
+    import shutil
+
+    source = tmp_path / "step_000005"
+    shutil.copytree(wide[0], source)
+    where, at = stored_value(source / "model", "embed.embedding.value/c/1/0")
+    before = set(os.listdir(tmp_path))
+    leaf = r"checkpointable 'model': leaf \['embed'\]\['embedding'\]\['value'\]"
+    flip_bits(where, at + 100)
+    with pytest.raises(CorruptDataError, match=f"{leaf}: the stored data is corrupt: its checksum"):
+        derive_checkpoint(source, tmp_path / "out", keys="embed")
+    _nothing_left(tmp_path, before)
+    flip_bits(where, at + 100)
+    # The shard's index, after the 6 MiB of values: its CRC-32C no longer matches.
+    flip_bits(where, at + 1500 * 1024 * 4 + 3)
+    with pytest.raises(CorruptDataError, match=f"{leaf}: the stored data is corrupt: a shard"):
+        derive_checkpoint(source, tmp_path / "out")
+    _nothing_left(tmp_path, before)
+
+
+def test_arrays_are_copied_as_stored_into_and_out_of_a_bucket(wide, gcs, tmp_path):
+    import uuid
+
+    from conftest import BUCKET
+
+    source, state = wide
+    live = _flat(state)
+    bucket = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}/copy"
+    derive_checkpoint(source, bucket)
+    assert ex.verify(bucket, data=True).ok
+    back = tmp_path / "back"
+    derive_checkpoint(bucket, back)
+    assert _copied_as_stored(back / "model")
+    assert ex.verify(back, data=True).ok
+    raw = _flat(ocp.load_checkpointables(str(back))["model"])
+    assert all(_same_bits(raw[k], live[k]) for k in live)
+
+
 # -- gs:// --------------------------------------------------------------------------------
 
 
@@ -479,6 +590,12 @@ def test_a_checkpoint_orbax_stored_in_whole_compressed_chunks_is_restored_in_sla
     assert all(_same_bits(loaded[k], v) for k, v in tree.items())
     assert _same_bits(ex.read_leaf(tmp_path / "copy", "model", "['w']"), tree["w"])
     assert ex.verify(tmp_path / "copy", data=True).ok
+    # Its slabs, the last one past the array's end, are copied again as they are stored.
+    derive_checkpoint(tmp_path / "copy", tmp_path / "again")
+    assert _copied_as_stored(tmp_path / "again" / "model")
+    again = _flat(ocp.load_checkpointables(str(tmp_path / "again"))["model"])
+    assert all(_same_bits(again[k], v) for k, v in tree.items())
+    assert ex.verify(tmp_path / "again", data=True).ok
 
 
 def test_the_previews_say_what_the_result_will_hold_from_metadata_alone(run, tmp_path):

@@ -62,6 +62,9 @@ New checkpoints made from others (derived, averaged):
 - ``copy_source``: a source pytree's metadata, as a writer stores it again.
 - ``streaming``: arrays read box by box, boxes planned, checksums taken as they go.
 - ``store_writer``: a pytree checkpointable written in Orbax's layout, box by box.
+- ``stored_copy``: arrays kept as they are, copied as their stored chunks, checked.
+- ``ocdbt_root``: an OCDBT store's new version, pointing at data files written beside
+  tensorstore (the copied chunks).
 - ``new_checkpoint``: the new directory, its root files, and its commit.
 - ``durable``: the files written synced, in the background and before the commit.
 - ``lineage``: the record of what a checkpoint was made from.

@@ -201,11 +201,15 @@ _WALKED: LruCache[tuple[str, str], tuple[list[Any], list[str]]] = LruCache(
 
 
 def walk_ocdbt(
-    directory: Location, ctx: ts.Context, *, nodes: list[str] | None = None
+    directory: Location,
+    ctx: ts.Context,
+    *,
+    nodes: list[str] | None = None,
+    fresh: bool = False,
 ) -> Iterator[tuple[bytes, bytes | str]]:
     """``_walk_ocdbt_store``, kept while the store's manifest is unchanged (the
-    arguments and results are the same)."""
-    manifest = (directory / names.OCDBT_MANIFEST).entry()
+    arguments and results are the same); ``fresh`` walks it again, for a writer."""
+    manifest = None if fresh else (directory / names.OCDBT_MANIFEST).entry()
     key = None if manifest is None or not manifest.stamp else (str(directory), manifest.stamp)
     if key is not None:
         kept = _WALKED.get(key)

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays, checksums, durable, names
+from tinax._format import arrays, checksums, durable, names, ocdbt_root
+from tinax._format.arrays import ValueRef
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.chunks import Box
 from tinax._format.keys import KeyPath, format_key
@@ -221,6 +222,10 @@ class PyTreeWriter:
         self._writes: list[Any] = []
         self._committing: Any = None
         self._sync = durable.BackgroundSync(directory)
+        # Stored chunks copied on a local disk: written into data files here, and
+        # added to the store's B+tree once tensorstore has committed the rest.
+        self._data_file: ocdbt_root.DataFile | None = None
+        self._added: dict[bytes, ValueRef] = {}
 
     # -- leaves ---------------------------------------------------------------------
 
@@ -255,6 +260,7 @@ class PyTreeWriter:
         chunk: tuple[int, ...],
         ext_metadata: Any = None,
         sharding: str | None = None,
+        zarr_json: bytes | None = None,
     ) -> str:
         """An array (or a scalar, of ``shape`` ``()``) whose boxes ``write`` then writes.
 
@@ -267,6 +273,9 @@ class PyTreeWriter:
           chunk: The chunk shape it is stored with.
           ext_metadata: Orbax's extra array metadata (a PRNG key's implementation).
           sharding: Orbax's record of its sharding (a JSON text), if any.
+          zarr_json: Its zarr metadata as stored by the checkpoint it is copied
+            from, whose chunks ``write_stored`` then copies; by default the metadata
+            of ``zarr3_metadata``, whose chunks ``write`` encodes.
 
         Returns:
           Its key (keystr), by which ``write`` and ``set_digests`` name it.
@@ -278,8 +287,11 @@ class PyTreeWriter:
         self._entry(path, metadata)
         param = param_name(path)
         prefix = storage_path(param)
-        zarr = zarr3_metadata(shape, chunk, dtype)
-        encoded = json.dumps(zarr, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        if zarr_json is None:
+            zarr = zarr3_metadata(shape, chunk, dtype)
+            encoded = json.dumps(zarr, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        else:
+            zarr, encoded = json.loads(zarr_json), zarr_json
         self._writes.append(
             self._kvstore.with_transaction(self._txn).write(prefix + names.ZARR3_METADATA, encoded)
         )
@@ -339,6 +351,39 @@ class PyTreeWriter:
         self._pending += nbytes
         if self._pending >= self._batch_bytes:
             self._commit()
+
+    def write_stored(
+        self,
+        key: str,
+        chunk_key: str,
+        value: bytes | memoryview,
+        origin: tuple[int, int] | None = None,
+    ) -> None:
+        """Writes one stored chunk of array ``key`` as it is: ``value`` under its chunk
+        key (``c/3/0``), the array added with the metadata the bytes were stored with.
+        ``origin``: where the same bytes are in a local file (descriptor, offset), for
+        the kernel to copy them from there onto a local disk.
+        """
+        array = self._arrays[key]
+        if (
+            not self.directory.is_local
+            or len(self._arrays) > ocdbt_root.MAX_ARRAYS
+            or len(self._added) >= ocdbt_root.MAX_ADDED
+        ):
+            # On an object store, or too many keys for one B+tree node: tensorstore's.
+            store = self._kvstore.with_transaction(self._txn)
+            self._writes.append(store.write(array.prefix + chunk_key, bytes(value)))
+            self._pending += len(value)
+            if self._pending >= self._batch_bytes:
+                self._commit()
+            return
+        if self._data_file is not None and self._data_file.size + len(value) > _DATA_FILE_BYTES:
+            self._data_file.close()
+            self._data_file = None
+        if self._data_file is None:
+            self._data_file = ocdbt_root.DataFile(self.directory)
+        where = self._data_file.append(value, origin)
+        self._added[(array.prefix + chunk_key).encode("utf-8")] = where
 
     def _zarr(self, array: _Array) -> Any:
         if array.store is None:
@@ -400,6 +445,11 @@ class PyTreeWriter:
         self._committing = None
         self._sync.written()
         self._sync.close()
+        if self._data_file is not None:
+            self._data_file.close()
+            self._data_file = None
+        if self._added:
+            ocdbt_root.add_version(self.directory, self._added)
         meta = {
             "tree_metadata": self._entries,
             "use_ocdbt": True,
@@ -436,3 +486,7 @@ class PyTreeWriter:
             self._committing = None
         with contextlib.suppress(OSError):
             self._sync.close()
+        if self._data_file is not None:
+            with contextlib.suppress(OSError):
+                self._data_file.close()
+            self._data_file = None

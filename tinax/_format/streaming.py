@@ -256,6 +256,7 @@ class SourceArray:
         read raw.
       opened: The tensorstore array (or its open future).
       raw: The raw reader of its chunks, where one applies.
+      metadata: Its ``zarr.json`` as stored, where it is read raw.
     """
 
     key: str
@@ -266,6 +267,7 @@ class SourceArray:
     unit: tuple[int, ...] | None
     opened: Any
     raw: rawread.RawArray | None = None
+    metadata: bytes | None = None
 
     def read(self, box: Box, pool: rawread.BufferPool | None = None) -> Any:
         """Starts reading ``box`` (a raw read into a buffer of ``pool``, if given);
@@ -325,7 +327,7 @@ def source_arrays(
         record = None if records is None else records.get(leaf.key)
         if record is not None and (record.kind != checksums.ARRAY or record.shape != info.shape):
             record = None if record.kind == checksums.ARRAY else record
-        raw = None
+        raw = metadata = None
         if contents is not None and record is not None and record.dtype == str(dtype):
             path = pytree.storage_path(leaf.param)
             metadata = contents.other.get((path + _ZARR3).encode("utf-8"))
@@ -343,6 +345,7 @@ def source_arrays(
             unit=raw.unit if raw is not None else chunk,
             opened=ts.open(tree.array_spec(leaf), context=ctx, read=True),
             raw=raw,
+            metadata=metadata if raw is not None and isinstance(metadata, bytes) else None,
         )
     return found
 

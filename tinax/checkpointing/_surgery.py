@@ -30,6 +30,7 @@ from tinax._format import (
     names,
     pytree,
     store_writer,
+    stored_copy,
     streaming,
     treeplan,
     words,
@@ -226,6 +227,7 @@ class ArrayJob:
         result may be a ``scratch`` array, valid until the next box).
       same_bytes: Whether what is written is the first source's bytes unchanged
         (its digests then serve as the new ones).
+      stored: Set where the source's stored chunks are copied as they are.
     """
 
     key: str
@@ -237,6 +239,7 @@ class ArrayJob:
     dtype: np.dtype
     combine: Combine
     same_bytes: bool
+    stored: stored_copy.StoredArray | None = None
 
 
 def plan_job(
@@ -259,7 +262,8 @@ def plan_job(
         (piece, box) for piece in pieces for box in streaming.plan_boxes(piece, units, itemsize)
     ]
     same = len(sources) == 1 and dtype == first.dtype
-    return ArrayJob(key, sources, wheres, pieces, boxes, chunk, dtype, combine, same)
+    stored = stored_copy.plan(first) if same else None
+    return ArrayJob(key, sources, wheres, pieces, boxes, chunk, dtype, combine, same, stored)
 
 
 def _read_failure(where: str, error: BaseException) -> ValueError:
@@ -318,6 +322,10 @@ def stream(
         decode, naming the checkpoint, checkpointable and leaf.
       ValueError: If a box cannot be read, or ``combine`` refuses it.
     """
+    for job in jobs:
+        if job.stored is not None:  # kept as it is: its stored chunks are copied
+            stored_copy.copy(writer, job.key, job.stored, job.wheres[0], progress=progress)
+    jobs = [job for job in jobs if job.stored is None]
     budget = max(
         streaming.IN_FLIGHT_BYTES,
         3 * streaming.REGION_BYTES * max((len(j.sources) for j in jobs), default=1),
@@ -395,9 +403,10 @@ def write_pytree(
                     value_metadata,
                     shape=job.sources[0].shape,
                     dtype=job.dtype,
-                    chunk=job.chunk,
+                    chunk=job.chunk if job.stored is None else job.stored.grid_shape,
                     ext_metadata=tree.ext_metadata.get(source.param),
                     sharding=tree.shardings.get(sharding_key(source.param)),
+                    zarr_json=None if job.stored is None else job.stored.metadata,
                 )
             elif source.kind == words.STRING and source.stored:
                 writer.add_string(path, value_metadata, tree.string(source))

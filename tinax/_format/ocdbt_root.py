@@ -1,0 +1,293 @@
+"""An OCDBT store given one more version: its keys, and values written beside tensorstore.
+
+A new checkpoint that copies stored chunks as they are (``stored_copy``) writes their
+bytes into a data file of its own, straight from the bytes read, on a local disk:
+handing each 8 MiB chunk to tensorstore's key-value store instead costs a copy into
+4 KiB buffers and a write of each, several times what the bytes cost to read. The
+store's other keys (array metadata, arrays that were cast or encoded) are written by
+tensorstore as usual; once it has committed them, ``add_version`` commits a new
+version of the store whose B+tree is one leaf node holding every key the store has
+and the copied chunks, each pointing at its bytes in the new data file, and a
+manifest that names it. Tensorstore, Orbax and every tinax reader read the store as
+any other: the format lets a B+tree point at any file under the store.
+
+The node and its entries are encoded as tensorstore's format specifies them (the
+``ocdbt`` driver's "B+tree node format": a header, a table of data files, the keys
+prefix-compressed, value lengths and kinds, out-of-line references, inline values, a
+CRC-32C), uncompressed; the manifest is encoded by tensorstore itself
+(``ts.ocdbt.undump_manifest``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import itertools
+import os
+import struct
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from tinax._format import arrays, names
+from tinax._format.arrays import ValueRef
+from tinax._format.storage import Location
+
+# The B+tree node's magic value and format version (tensorstore's ``btree.h``).
+_BTREE_MAGIC = 0x0CDB20DE
+_FORMAT_VERSION = 0
+_UNCOMPRESSED = 0
+# The most entries one node may hold (``kMaxNodeArity``).
+MAX_NODE_ENTRIES = 1 << 20
+# Under the store's ``max_decoded_node_bytes`` (Orbax sets 100 MB), with room to spare.
+MAX_NODE_BYTES = 64 << 20
+# The most arrays, and stored chunks, a store may have for its keys to be given a
+# version here (one node: each array's metadata is up to a KiB, inline).
+MAX_ARRAYS = 20_000
+MAX_ADDED = 500_000
+DATA_DIR = "d"
+# Bytes written between two syncs of a data file.
+SYNC_BYTES = 64 << 20
+
+
+def _crc32c(data: bytes) -> int:
+    """The CRC-32C of ``data``, computed by tensorstore: the bytes stored as a zarr3 chunk
+    whose codecs append it (in memory), at C speed whatever the node's size."""
+    if not data:
+        return 0
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "memory"},
+        "metadata": {
+            "shape": [len(data)],
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [len(data)]}},
+            "chunk_key_encoding": {"name": "default"},
+            "data_type": "uint8",
+            "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
+            "fill_value": 0,
+        },
+        "store_data_equal_to_fill_value": True,
+        "create": True,
+    }
+    array = ts.open(spec).result()
+    array.write(np.frombuffer(data, np.uint8)).result()
+    kvstore = array.kvstore
+    assert kvstore is not None  # a zarr3 array opened on a kvstore
+    stored = kvstore.read("c/0").result().value
+    if len(stored) != len(data) + 4:
+        raise AssertionError("tensorstore's crc32c codec stored an unexpected chunk")
+    return int(struct.unpack("<I", stored[-4:])[0])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _common(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _data_file_table(files: Sequence[str]) -> bytes:
+    """The node's table of data files (all with an empty base path), prefix-compressed."""
+    paths = [f.encode("utf-8") for f in files]
+    prefixes = [_common(a, b) for a, b in itertools.pairwise(paths)]
+    suffixes = [p[n:] for p, n in zip(paths, [0, *prefixes], strict=True)]
+    return b"".join(
+        [
+            _varint(len(paths)),
+            *map(_varint, prefixes),
+            *(_varint(len(s)) for s in suffixes),
+            *(_varint(0) for _ in paths),
+            *suffixes,
+        ]
+    )
+
+
+def encode_leaf(entries: Mapping[bytes, bytes | ValueRef]) -> bytes:
+    """One B+tree leaf node holding ``entries``: key → inline value or where it is stored.
+
+    Raises:
+      ValueError: If there are no entries, or more than one node may hold.
+    """
+    if not entries or len(entries) > MAX_NODE_ENTRIES:
+        raise ValueError(f"a B+tree leaf holds 1 to {MAX_NODE_ENTRIES} keys, not {len(entries)}")
+    keys = sorted(entries)
+    files = sorted({v.file for v in entries.values() if isinstance(v, ValueRef)})
+    file_index = {f: i for i, f in enumerate(files)}
+    prefixes = [_common(a, b) for a, b in itertools.pairwise(keys)]
+    suffixes = [k[n:] for k, n in zip(keys, [0, *prefixes], strict=True)]
+    values = [entries[k] for k in keys]
+    indirect = [v for v in values if isinstance(v, ValueRef)]
+    body = b"".join(
+        [
+            bytes([0]),  # height: a leaf
+            _data_file_table(files),
+            _varint(len(keys)),
+            *map(_varint, prefixes),
+            *(_varint(len(s)) for s in suffixes),
+            *suffixes,
+            *(_varint(v.length if isinstance(v, ValueRef) else len(v)) for v in values),
+            *(_varint(1 if isinstance(v, ValueRef) else 0) for v in values),
+            *(_varint(file_index[v.file]) for v in indirect),
+            *(_varint(v.offset) for v in indirect),
+            *(v for v in values if isinstance(v, bytes)),
+        ]
+    )
+    head = _varint(_FORMAT_VERSION) + _varint(_UNCOMPRESSED)
+    length = 4 + 8 + len(head) + len(body) + 4
+    node = struct.pack(">I", _BTREE_MAGIC) + struct.pack("<Q", length) + head + body
+    return node + struct.pack("<I", _crc32c(node))
+
+
+class DataFile:
+    """A data file of the store written here, value after value (local disk).
+
+    A value read from a file on the same machine is copied by the kernel from that
+    file (``copy_file_range``), never through this process's memory: copying the
+    bytes from a buffer into the page cache costs several times more. What is
+    written is handed to the disk as it goes (``fdatasync`` on a thread of its own
+    every ``SYNC_BYTES``), so that the sync before the commit finds little left.
+
+    Attributes:
+      name: Its path under the store (``d/…``).
+      size: The bytes written so far.
+    """
+
+    def __init__(self, directory: Location) -> None:
+        self.name = f"{DATA_DIR}/{uuid.uuid4().hex}"
+        os.makedirs(os.path.join(directory.path, DATA_DIR), exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        self._fd = os.open(os.path.join(directory.path, self.name), flags, 0o666)
+        self.size = 0
+        self._unsynced = 0
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tinax-sync")
+        self._syncing: concurrent.futures.Future[None] | None = None
+
+    def append(self, value: bytes | memoryview, origin: tuple[int, int] | None = None) -> ValueRef:
+        """Writes ``value`` at the file's end; returns where it is.
+
+        Args:
+          value: The bytes.
+          origin: Where the same bytes are in a local file (its descriptor and
+            offset): the kernel copies them from there.
+
+        Raises:
+          OSError: If it cannot be written.
+        """
+        offset = self.size
+        length = len(value)
+        done = 0
+        if origin is not None:
+            done = _copy_range(origin[0], origin[1], self._fd, offset, length)
+        view = memoryview(value).cast("B")[done:]
+        while view:
+            n = os.pwrite(self._fd, view, offset + length - len(view))
+            view = view[n:]
+        self.size += length
+        self._unsynced += length
+        if self._unsynced >= SYNC_BYTES and (self._syncing is None or self._syncing.done()):
+            if self._syncing is not None:
+                self._syncing.result()
+            self._unsynced = 0
+            self._syncing = self._pool.submit(os.fdatasync, self._fd)
+        return ValueRef(self.name, offset, length, "")
+
+    def close(self) -> None:
+        """Waits for the sync in flight and closes the file.
+
+        Raises:
+          OSError: If the sync failed.
+        """
+        if self._fd < 0:
+            return
+        try:
+            if self._syncing is not None:
+                self._syncing.result()
+        finally:
+            self._pool.shutdown(wait=True)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _copy_range(source: int, offset: int, target: int, at: int, length: int) -> int:
+    """Copies up to ``length`` bytes by ``copy_file_range``; returns how many it copied
+    (fewer where the kernel cannot: another filesystem, an old kernel)."""
+    done = 0
+    while done < length:
+        try:
+            n = os.copy_file_range(source, target, length - done, offset + done, at + done)
+        except OSError as e:
+            if e.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                return done
+            raise
+        if n <= 0:
+            return done
+        done += n
+    return done
+
+
+def add_version(directory: Location, added: Mapping[bytes, ValueRef]) -> None:
+    """Commits a new version of the OCDBT store in ``directory`` (local, written by
+    tensorstore and committed, nothing writing it): every key it has, and ``added``.
+
+    Raises:
+      ValueError: If a key of ``added`` is in the store already, or the store cannot
+        be read or is too large for one node.
+      OSError: If a file cannot be written.
+    """
+    ctx = arrays.context()
+    entries: dict[bytes, bytes | ValueRef] = {}
+    for key, value in arrays.walk_ocdbt(directory, ctx, fresh=True):
+        entries[key] = value if isinstance(value, bytes) else arrays.parse_location(value)
+    both = set(entries) & set(added)
+    if both:
+        raise ValueError(f"keys written twice into {str(directory)!r}: {sorted(both)[:3]}")
+    entries.update(added)
+    node = encode_leaf(entries)
+    if len(node) > MAX_NODE_BYTES:
+        raise ValueError(f"the keys of {str(directory)!r} do not fit one B+tree node")
+    node_file = f"{DATA_DIR}/{uuid.uuid4().hex}"
+    (directory / DATA_DIR / node_file.split("/", 1)[1]).write_new(node)
+    base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
+    manifest: dict[str, Any] = ts.ocdbt.dump(base, context=ctx).result()
+    last = manifest["versions"][-1]
+    manifest["versions"] = [
+        {
+            "commit_time": max(time.time_ns(), int(last["commit_time"]) + 1),
+            "generation_number": int(last["generation_number"]) + 1,
+            "root": {
+                "location": f"btreenode::{node_file}:0:{len(node)}",
+                "statistics": {
+                    "num_indirect_value_bytes": sum(
+                        v.length for v in entries.values() if isinstance(v, ValueRef)
+                    ),
+                    "num_keys": len(entries),
+                    "num_tree_bytes": len(node),
+                },
+            },
+            "root_height": 0,
+        }
+    ]
+    manifest["version_tree_nodes"] = []
+    encoded = ts.ocdbt.undump_manifest(manifest)
+    # Written beside the old one, then renamed over it: a reader sees one or the other.
+    target = os.path.join(directory.path, names.OCDBT_MANIFEST)
+    staging = target + ".new"
+    (directory / (names.OCDBT_MANIFEST + ".new")).write_new(encoded)
+    os.replace(staging, target)
