@@ -28,6 +28,11 @@ and the end, and beside each run: the machine may be shared, and a figure measur
 against a floor in the same run (``of cat``, ``x floor``) holds up under load better
 than seconds do. Each run's own output is kept in ``--workdir`` (a temporary
 directory, removed at the end, unless given). Exits 1 when a figure got worse.
+
+With few rounds on a busy machine (a load average above its cores) a side that ran
+its rounds while the load peaked can look worse beyond the noise when it is not:
+rerun the benchmarks that flagged a figure, with more rounds or on a quieter machine,
+before looking for a cause.
 """
 
 from __future__ import annotations
@@ -292,11 +297,9 @@ def main() -> int:
         parser.error("--rounds must be at least 1")
     rev = _git("rev-parse", "--verify", f"{args.base}^{{commit}}")
     head = _git("rev-parse", "HEAD")
-    dirty = (
-        " with changes not committed"
-        if _git("status", "--porcelain", "--", "tinax", "widgets", "bench")
-        else ""
-    )
+    # What the head runs: the library and the benchmarks' code (not their results).
+    changed = _git("status", "--porcelain", "--", "tinax", "widgets", "bench/*.py")
+    dirty = " with changes not committed" if changed else ""
     work = args.workdir or Path(tempfile.mkdtemp(prefix="tinax-against-"))
     (work / "logs").mkdir(parents=True, exist_ok=True)
     checkout = Path(tempfile.mkdtemp(prefix="tinax-base-")) / "tree"
