@@ -21,12 +21,13 @@ Orbax alone are shared), so only the first round pays for writing them.
 For every figure both sides print, it prints the medians over the rounds of the base
 and of the head, head/base, and whether that is better or worse: lower is better for
 seconds, higher for throughput and for the ``of cat`` shares. The noise of a figure is
-the larger of the two sides' spreads between rounds ((max - min) / median); a figure
-counts as worse when its median moved the wrong way by more than that noise and every
-head round is worse than every base round. The load average is printed at the start
-and the end, and beside each run: the machine may be shared, and a figure measured
-against a floor in the same run (``of cat``, ``x floor``) holds up under load better
-than seconds do. Each run's own output is kept in ``--workdir`` (a temporary
+the larger of the two sides' spreads between rounds ((max - min) / median, at least
+5%); a figure counts as worse when its median moved the wrong way by more than that
+noise and every head round is worse than every base round. The load average is
+printed at the start and the end, and beside each run: the machine may be shared. A
+figure measured against a floor in the same run (``of cat``, ``x floor``) follows the
+machine's load more closely than seconds do, but the floor varies too: read it beside
+the seconds, and beside the figures of what both sides share (``dd``, raw Orbax). Each run's own output is kept in ``--workdir`` (a temporary
 directory, removed at the end, unless given). Exits 1 when a figure got worse.
 
 With few rounds on a busy machine (a load average above its cores) a side that ran
@@ -259,7 +260,8 @@ def report(name: str, base: list[Figures], head: list[Figures]) -> list[str]:
         h = [r[figure][0] for r in head]
         mb, mh = statistics.median(b), statistics.median(h)
         ratio = mh / mb if mb else float("nan")
-        noise = max(_spread(b), _spread(h))
+        # At least 5%: figures printed to one or two digits look steady when they are not.
+        noise = max(_spread(b), _spread(h), 0.05)
         change = (mb / mh if mh else float("inf")) if higher_better else ratio
         separated = min(h) > max(b) if not higher_better else max(h) < min(b)
         if change > 1 + noise and separated and len(b) > 1:
