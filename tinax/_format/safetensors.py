@@ -325,7 +325,8 @@ def tensor_name(path: Sequence[int | str]) -> str:
 
     ``('dense1', 'kernel', 'value')`` → ``dense1.kernel``; ``(0, 'mu', 'w')`` → ``0.mu.w``.
     """
-    return ".".join(without_nnx_value(tuple(str(part) for part in path)))
+    # NNX's "value" is a name, never an index: it is dropped before the parts are strings.
+    return ".".join(map(str, without_nnx_value(tuple(path))))
 
 
 def split_file_name(number: int, count: int) -> str:
