@@ -187,6 +187,51 @@ def _root_location(base: Any, ctx: ts.Context) -> str | None:
     return location
 
 
+# CRC-32C (Castagnoli: reflected, polynomial 0x82F63B78), as zarr3's crc32c codec and
+# OCDBT's B+tree nodes append it.
+_CRC32C_TABLE: list[int] = []
+for _n in range(256):
+    _c = _n
+    for _ in range(8):
+        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
+    _CRC32C_TABLE.append(_c)
+# Bytes up to which the table is used: beyond, tensorstore's codec is faster.
+_CRC32C_TABLE_BYTES = 4096
+
+
+def crc32c(data: bytes) -> int:
+    """The CRC-32C of ``data``: by a table for a few bytes (a shard's index), else by
+    tensorstore (a zarr3 chunk of the bytes stored in memory with its crc32c codec,
+    which appends it), at C speed whatever the size (a B+tree node)."""
+    if len(data) <= _CRC32C_TABLE_BYTES:
+        crc = 0xFFFFFFFF
+        for byte in data:
+            crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+        return crc ^ 0xFFFFFFFF
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "memory"},
+        "metadata": {
+            "shape": [len(data)],
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [len(data)]}},
+            "chunk_key_encoding": {"name": "default"},
+            "data_type": "uint8",
+            "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
+            "fill_value": 0,
+        },
+        "store_data_equal_to_fill_value": True,
+        "create": True,
+    }
+    array = ts.open(spec).result()
+    array.write(np.frombuffer(data, np.uint8)).result()
+    kvstore = array.kvstore
+    assert kvstore is not None  # a zarr3 array opened on a kvstore
+    stored = kvstore.read("c/0").result().value
+    if len(stored) != len(data) + 4:
+        raise AssertionError("tensorstore's crc32c codec stored an unexpected chunk")
+    return int(struct.unpack("<I", stored[-4:])[0])
+
+
 # Walks kept, by store and the listing's stamp of its manifest (size, identity, time;
 # on a bucket its generation): a committed store never changes, and a new write of one
 # writes a new manifest. A verify, a diff, a scan and a table of one checkpoint walk

@@ -30,7 +30,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import tensorstore as ts
 
 from tinax._format import arrays, names
@@ -52,35 +51,6 @@ MAX_ADDED = 500_000
 DATA_DIR = "d"
 # Bytes written between two syncs of a data file.
 SYNC_BYTES = 64 << 20
-
-
-def _crc32c(data: bytes) -> int:
-    """The CRC-32C of ``data``, computed by tensorstore: the bytes stored as a zarr3 chunk
-    whose codecs append it (in memory), at C speed whatever the node's size."""
-    if not data:
-        return 0
-    spec = {
-        "driver": "zarr3",
-        "kvstore": {"driver": "memory"},
-        "metadata": {
-            "shape": [len(data)],
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [len(data)]}},
-            "chunk_key_encoding": {"name": "default"},
-            "data_type": "uint8",
-            "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
-            "fill_value": 0,
-        },
-        "store_data_equal_to_fill_value": True,
-        "create": True,
-    }
-    array = ts.open(spec).result()
-    array.write(np.frombuffer(data, np.uint8)).result()
-    kvstore = array.kvstore
-    assert kvstore is not None  # a zarr3 array opened on a kvstore
-    stored = kvstore.read("c/0").result().value
-    if len(stored) != len(data) + 4:
-        raise AssertionError("tensorstore's crc32c codec stored an unexpected chunk")
-    return int(struct.unpack("<I", stored[-4:])[0])
 
 
 def _varint(n: int) -> bytes:
@@ -152,7 +122,7 @@ def encode_leaf(entries: Mapping[bytes, bytes | ValueRef]) -> bytes:
     head = _varint(_FORMAT_VERSION) + _varint(_UNCOMPRESSED)
     length = 4 + 8 + len(head) + len(body) + 4
     node = struct.pack(">I", _BTREE_MAGIC) + struct.pack("<Q", length) + head + body
-    return node + struct.pack("<I", _crc32c(node))
+    return node + struct.pack("<I", arrays.crc32c(node))
 
 
 class DataFile:

@@ -191,11 +191,11 @@ class RawArray(ChunkGrid):
                 trailing = all(hi[d] - lo[d] == chunk[d] == out.shape[d] for d in range(1, rank))
                 target = out[local] if rank else out
                 if (rank == 0 or trailing) and target.flags.c_contiguous:
-                    self._read_at(file, target.reshape(-1).view(np.uint8), offset, fds)
+                    self.read_at(file, target.reshape(-1).view(np.uint8), offset, fds)
                 else:
                     if scratch is None:
                         scratch = np.empty(chunk, self.dtype)
-                    self._read_at(file, scratch.reshape(-1).view(np.uint8), offset, fds)
+                    self.read_at(file, scratch.reshape(-1).view(np.uint8), offset, fds)
                     out[local] = scratch[
                         tuple(slice(0, b - a) for a, b in zip(lo, hi, strict=True))
                     ]
@@ -217,7 +217,7 @@ class RawArray(ChunkGrid):
                 if length != nbytes:
                     raise Unsupported("a chunk is not of the size its shape says")
                 first, last = max(i * rows, start), min((i + 1) * rows, stop)
-                self._read_at(
+                self.read_at(
                     self.values[self.grid_of(index)].file,
                     flat[(first - start) * row_bytes : (last - start) * row_bytes],
                     offset + (first - i * rows) * row_bytes,
@@ -227,29 +227,36 @@ class RawArray(ChunkGrid):
             for fd in fds.values():
                 os.close(fd)
 
-    def _file(self, file: str) -> Location:
+    def file(self, file: str) -> Location:
+        """The data file ``file`` (as a value names it: ``d/…``) of the store."""
         where = self.directory
         for part in filter(None, file.split("/")):
             where = where / part
         return where
 
-    def _fd(self, file: str, fds: dict[str, int]) -> int:
+    def open_file(self, file: str, fds: dict[str, int]) -> int:
+        """The descriptor of the local data file ``file``, opened into ``fds`` if it is
+        not there yet (a regular file, links not followed).
+
+        Raises:
+          Unsupported: If it cannot be opened.
+        """
         fd = fds.get(file)
         if fd is None:
             try:
-                fd = fds[file] = _open_regular(self._file(file).path)
+                fd = fds[file] = _open_regular(self.file(file).path)
             except OSError as e:
                 raise Unsupported(str(e)) from None
         return fd
 
-    def _read_at(self, file: str, into: np.ndarray, offset: int, fds: dict[str, int]) -> None:
+    def read_at(self, file: str, into: np.ndarray, offset: int, fds: dict[str, int]) -> None:
         """Fills ``into`` from the data file ``file`` at ``offset``: by ``pread`` on a local
         disk, from blocks read ahead on an object store."""
         if self.directory.is_local:
-            _pread(self._fd(file, fds), into, offset)
+            _pread(self.open_file(file, fds), into, offset)
             return
         try:
-            blocks.read_into(self._file(file), into, offset)
+            blocks.read_into(self.file(file), into, offset)
         except OSError as e:
             raise Unsupported(str(e)) from None
 
@@ -267,7 +274,7 @@ class RawArray(ChunkGrid):
         if value.length < index_bytes:
             raise Unsupported("a shard is shorter than its index")
         table = np.empty(index_bytes, np.uint8)
-        self._read_at(value.file, table, value.offset + value.length - index_bytes, fds)
+        self.read_at(value.file, table, value.offset + value.length - index_bytes, fds)
         entries = table[: 16 * count].view("<u8").reshape(count, 2)
         start, length = (int(v) for v in entries[self.position_in_shard(index)])
         if start == _MISSING or start + length > value.length - index_bytes:
@@ -479,7 +486,7 @@ def read_through(arrays: Sequence[RawArray]) -> None:
         str(where): where
         for array in arrays
         if not array.directory.is_local
-        for where in (array._file(value.file) for value in array.values.values())
+        for where in (array.file(value.file) for value in array.values.values())
     }
     blocks.read_through(list(remote.values()))
 

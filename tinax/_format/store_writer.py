@@ -131,22 +131,6 @@ class _Array:
 
 # -- the bytes of a chunk --------------------------------------------------------------------
 
-# CRC-32C (Castagnoli), which checks a shard's index: reflected, polynomial 0x82F63B78.
-_CRC32C_TABLE = []
-for _n in range(256):
-    _c = _n
-    for _ in range(8):
-        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
-    _CRC32C_TABLE.append(_c)
-
-
-def crc32c(data: bytes) -> int:
-    """The CRC-32C of ``data`` (only ever a few bytes here: a shard's index)."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
 
 def encode_shard(values: np.ndarray) -> bytes:
     """The stored bytes of one chunk written as Orbax writes it (``zarr3_metadata``): a
@@ -158,7 +142,7 @@ def encode_shard(values: np.ndarray) -> bytes:
         data = data.astype(data.dtype.newbyteorder("<"))
     raw = memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     index = struct.pack("<QQ", 0, raw.nbytes)
-    return b"".join([raw, index, struct.pack("<I", crc32c(index))])
+    return b"".join([raw, index, struct.pack("<I", arrays.crc32c(index))])
 
 
 def _aligned(box: Box, chunk: tuple[int, ...], shape: tuple[int, ...]) -> bool:

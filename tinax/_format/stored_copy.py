@@ -26,17 +26,15 @@ import contextlib
 import dataclasses
 import math
 import os
-import stat
 import struct
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from tinax._format import blocks, checksums, rawread, streaming
+from tinax._format import arrays, checksums, rawread, streaming
 from tinax._format.arrays import ValueRef
 from tinax._format.checksums import Bounds, CorruptDataError
-from tinax._format.storage import Location
-from tinax._format.store_writer import PyTreeWriter, crc32c
+from tinax._format.store_writer import PyTreeWriter
 
 # The largest stored chunk copied whole: larger ones are streamed in regions.
 MAX_VALUE_BYTES = 16 << 20
@@ -140,7 +138,7 @@ def _inner_ranges(
     if len(value) < index_bytes:
         raise CorruptDataError("a shard is shorter than its index")
     index = bytes(value[len(value) - index_bytes :])
-    if struct.unpack("<I", index[-4:])[0] != crc32c(index[:-4]):
+    if struct.unpack("<I", index[-4:])[0] != arrays.crc32c(index[:-4]):
         raise CorruptDataError("a shard's index does not match its CRC-32C")
     entries = struct.unpack(f"<{2 * count}Q", index[:-4])
     for j in range(count):
@@ -241,33 +239,22 @@ class _Ahead:
         self._fds: dict[str, int] = {}
         if array.raw.directory.is_local:
             for value in array.raw.values.values():
-                if value.file not in self._fds:
-                    self._fds[value.file] = _open(_file(array.raw.directory, value.file))
+                array.raw.open_file(value.file, self._fds)
 
     def _read(self, value: ValueRef) -> _Read:
-        where = _file(self.array.raw.directory, value.file)
-        if not self.array.raw.directory.is_local:
+        raw = self.array.raw
+        if not raw.directory.is_local:
             into = np.empty(value.length, np.uint8)
-            try:
-                blocks.read_into(where, into, value.offset)
-            except OSError as e:
-                raise rawread.Unsupported(str(e)) from None
-            return _Read(memoryview(into.tobytes()), None, None)
+            raw.read_at(value.file, into, value.offset, self._fds)
+            return _Read(memoryview(into.data).cast("B"), None, None)
         buffer = self._buffers.take(value.length)
-        view = memoryview(buffer.data).cast("B")[: value.length]
-        fd = self._fds[value.file]
-        done = 0
-        while done < value.length:
-            try:
-                n = os.preadv(fd, [view[done:]], value.offset + done)
-            except OSError as e:
-                self._buffers.give(buffer)
-                raise rawread.Unsupported(str(e)) from None
-            if n <= 0:
-                self._buffers.give(buffer)
-                raise rawread.Unsupported(f"{str(where)!r} is shorter than a chunk in it")
-            done += n
-        return _Read(view, (fd, value.offset), buffer)
+        into = buffer.reshape(-1).view(np.uint8)[: value.length]
+        try:
+            raw.read_at(value.file, into, value.offset, self._fds)
+        except rawread.Unsupported:
+            self._buffers.give(buffer)
+            raise
+        return _Read(memoryview(into.data).cast("B"), (self._fds[value.file], value.offset), buffer)
 
     def give(self, read: _Read) -> None:
         """Takes back the buffer of a read the caller is done with."""
@@ -310,21 +297,3 @@ class _Ahead:
         for fd in self._fds.values():
             os.close(fd)
         self._fds = {}
-
-
-def _file(directory: Location, relative: str) -> Location:
-    where = directory
-    for part in filter(None, relative.split("/")):
-        where = where / part
-    return where
-
-
-def _open(where: Location) -> int:
-    try:
-        fd = os.open(where.path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise rawread.Unsupported(str(e)) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise rawread.Unsupported(f"{str(where)!r} is not a regular file")
-    return fd
