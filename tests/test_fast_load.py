@@ -78,14 +78,31 @@ def _save(path: Path, values: dict[str, Any], how: str) -> None:
             tc.save_checkpointables(path, values).result()
 
 
-@pytest.mark.parametrize("how", ["tinax", "tinax zstd", "orbax"])
+@pytest.mark.parametrize("how", ["tinax", "tinax zstd", "tinax zstd streamed", "orbax"])
 def test_nnx_and_adamw_states_load_through_the_engine_bit_identical(
-    tmp_path: Path, state: dict[str, Any], orbax_loads: list[list[str]], how: str
+    tmp_path: Path,
+    state: dict[str, Any],
+    orbax_loads: list[list[str]],
+    how: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    streamed: list[int] = []
+    if how.endswith(" streamed"):
+        # Compressed chunks longer than this are streamed from their files, not read whole.
+        monkeypatch.setattr(chunkload, "WHOLE_READ_BYTES", 0)
+
+        class Counted(chunkload._FileRange):
+            def __init__(self, fd: int, offset: int, length: int) -> None:
+                streamed.append(length)
+                super().__init__(fd, offset, length)
+
+        monkeypatch.setattr(chunkload, "_FileRange", Counted)
+        how = how.removesuffix(" streamed")
     _save(tmp_path / "c", state, how)
     back = tc.load_checkpointables(tmp_path / "c", tc.abstract_restore_target(state))
     assert orbax_loads == []
     _identical(back, state)
+    assert bool(streamed) == (chunkload.WHOLE_READ_BYTES == 0)
 
 
 def test_numpy_leaves_load_through_the_engine_as_numpy_arrays(
@@ -156,7 +173,7 @@ def test_reused_host_buffers_hand_each_slice_to_one_part_at_a_time(
     from tinax.checkpointing import _fast_load, _host_buffers
 
     monkeypatch.setattr(_fast_load, "_copied_to_devices", lambda plans: True)
-    monkeypatch.setattr(_fast_load, "HOST_BUFFER_BYTES", 48 << 10)
+    monkeypatch.setattr(_fast_load, "DEVICE_HOST_BUFFER_BYTES", 48 << 10)
     taken: list[int] = []
     real_take = _host_buffers.HostBuffers.take
 

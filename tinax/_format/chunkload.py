@@ -6,10 +6,11 @@ else a byte range of a data file; a shard holds inner chunks, each the C-order
 bytes of its values (codec ``bytes``), compressed by zstd or not, and an index of
 where they are. Here a box of an array (the part one device holds) is read into a
 caller's buffer: an uncompressed chunk straight into place with ``preadv``, a
-compressed one streamed from its file (``DECODE_READ_BYTES`` at a time) through a
-zstd decoder (the ``zstandard`` library) straight into place; a chunk that the box
-cuts is decoded into one scratch chunk of the reading thread and the box's part
-copied out. Every step releases the GIL, so several threads read, decode and copy
+compressed one read whole into a buffer the reading thread reuses (chunks of up to
+``WHOLE_READ_BYTES``; larger ones are streamed from the file ``DECODE_READ_BYTES``
+at a time) and decoded by zstd (the ``zstandard`` library) straight into place; a
+chunk that the box cuts is decoded into one scratch chunk of the reading thread and
+the box's part copied out. Every step releases the GIL, so several threads read, decode and copy
 side by side.
 
 Only what is known to be byte for byte is read this way: zarr3 metadata whose
@@ -232,11 +233,12 @@ class FileRanges:
 
 
 class Scratch(threading.local):
-    """What each reading thread reuses: one decoded chunk (for chunks a box cuts) and
-    its zstd decoder."""
+    """What each reading thread reuses: one decoded chunk (for chunks a box cuts), one
+    compressed chunk read whole, and its zstd decoder."""
 
     def __init__(self) -> None:
         self.decoded = np.empty(0, np.uint8)
+        self.compressed = np.empty(0, np.uint8)
         self.decoder: object = None
 
     def take_decoded(self, nbytes: int) -> np.ndarray:
@@ -244,9 +246,19 @@ class Scratch(threading.local):
             self.decoded = np.empty(nbytes, np.uint8)
         return self.decoded[:nbytes]
 
+    def take_compressed(self, nbytes: int) -> np.ndarray:
+        if self.compressed.nbytes < nbytes:
+            # Whole MiB: chunks a little longer than the last do not make another.
+            self.compressed = np.empty(-(-nbytes // (1 << 20)) << 20, np.uint8)
+        return self.compressed[:nbytes]
 
-# Compressed bytes a decoder reads from a local file at a time: a zstd frame is
-# streamed from the file, never held whole.
+
+# A compressed chunk of a local file up to this long is read whole, in one call,
+# into the reading thread's reused buffer, and decoded from memory: a frame read in
+# small pieces costs a system call and a fresh Python bytes object for each. Longer
+# ones (chunks of writers other than tinax) are streamed from the file, never held
+# whole, ``DECODE_READ_BYTES`` at a time.
+WHOLE_READ_BYTES = 16 << 20
 DECODE_READ_BYTES = 1 << 20
 # The longest zstd frame header.
 _ZSTD_HEADER_BYTES = 18
@@ -368,7 +380,7 @@ class BoxReader:
                 # beyond it is damage, and is not read into memory.
                 if length > nbytes + nbytes // 128 + 1024:
                     raise _Undecodable("a zstd chunk is longer than its values could need")
-                _decompress_into(scratch, self._source(value, start, length), into)
+                _decompress_into(scratch, self._source(value, start, length, scratch), into)
             if not direct:
                 decoded = into.view(array.dtype).reshape(array.chunk_shape)
                 out[chunk.within] = decoded[chunk.part]
@@ -429,11 +441,15 @@ class BoxReader:
         into[:] = np.frombuffer(data, np.uint8)
 
     def _source(
-        self, held: bytes | ValueRef | memoryview, start: int, length: int
+        self, held: bytes | ValueRef | memoryview, start: int, length: int, scratch: Scratch
     ) -> memoryview | _FileRange:
         if start + length > (held.length if isinstance(held, ValueRef) else len(held)):
             raise Unsupported("a chunk runs past its value")
         if isinstance(held, ValueRef):
+            if length <= WHOLE_READ_BYTES:
+                whole = scratch.take_compressed(length)
+                self.files.read_into(held.file, held.offset + start, whole)
+                return memoryview(whole.data)
             return _FileRange(self.files.fd(held.file), held.offset + start, length)
         return memoryview(held)[start : start + length]
 

@@ -11,15 +11,19 @@ on the host as soon as it is whole, and it is put on its devices right away, so
 that reading, decoding, checking and the transfers overlap.
 
 Host memory: on an accelerator the parts are read into slices of one reused
-buffer of ``HOST_BUFFER_BYTES`` (256 MiB), each taken back once its transfers have
-completed; a part larger than that waits for the buffer to be idle and gets memory
-of its own. On a CPU the buffer a part is read into becomes the array itself
-(``jax.device_put`` aliases 64-byte aligned host memory there), so the load holds
-the state and no copy of it; parts being read hold at most 256 MiB (or one part)
-at a time. Beyond that each of the ``THREADS`` reading threads holds 1 MiB of
-compressed bytes it is decoding and, when parts cut stored chunks (a load onto
-another mesh), one decoded chunk; on ``gs://`` a task holds the stored bytes it
-fetched for its parts (at most one part's, or 8 MiB of small parts').
+buffer of ``DEVICE_HOST_BUFFER_BYTES`` (512 MiB), each taken back once its
+transfers have completed (waited for on threads of their own, so that the reading
+threads go on reading); a part larger than that waits for the buffer to be idle and
+gets memory of its own. On a CPU the buffer a part is read into becomes the array
+itself (``jax.device_put`` aliases 64-byte aligned host memory there), so the load
+holds the state and no copy of it; parts being read hold at most
+``HOST_BUFFER_BYTES`` (256 MiB, or one part) at a time. Beyond that each of the
+``THREADS`` reading threads holds one compressed chunk it is decoding (up to
+16 MiB: a tinax chunk is at most 8 MiB, and longer ones are streamed 1 MiB at a
+time) and, when parts
+cut stored chunks (a load onto another mesh), one decoded chunk; on ``gs://`` a task
+holds the stored bytes it fetched for its parts (at most one part's, or 8 MiB of
+small parts').
 
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
 checkpointable with leaves other than arrays, targets without a sharding or with a
@@ -60,9 +64,13 @@ _log = logging.getLogger(__name__)
 # Enough for the page cache or a disk's queue on a small machine, and for the
 # round trips of an object store; a large host decodes on up to 32 cores.
 THREADS = min(32, max(8, os.cpu_count() or 1))
-# Host memory for parts being read (and, on an accelerator, transferred): about
-# what the threads read at once, and what a load touches of new host memory.
+# Host memory for parts being read: about what the threads read at once. On an
+# accelerator, where parts are read into one reused buffer and copied to their
+# devices from it, ``DEVICE_HOST_BUFFER_BYTES``: with parts of big arrays 64-128 MiB
+# each, 256 MiB held too few of them in flight for the threads to stay busy while
+# others wait for their transfers (``bench/load_stages.py``).
 HOST_BUFFER_BYTES = 256 << 20
+DEVICE_HOST_BUFFER_BYTES = 512 << 20
 # Chunks of one part read by one task: parts of big arrays are read on several threads.
 TASK_BYTES = 8 << 20
 
@@ -198,6 +206,10 @@ def plan(directory: Location, name: str, target: Any) -> _Plan | str:
 
 
 _loaders = ProcessPool(THREADS, "tinax-load")
+# Whether the transfers from reused buffers are waited for on threads of their own
+# (``_waiters``), not on the reading threads.
+WAIT_APART = True
+_waiters = ProcessPool(2, "tinax-load-wait")
 
 
 class _Mismatch(Unsupported):
@@ -228,6 +240,8 @@ class _Part:
         self.left = tasks
         self.lock = threading.Lock()
         self.fetched: chunkload.FileRanges | None = None
+        # The wait for its transfers to end, where another thread waits.
+        self.waiting: concurrent.futures.Future[None] | None = None
 
 
 def _read(
@@ -251,15 +265,36 @@ def _read(
         last = part.left == 0
     if not last:
         return
+    placed: list[jax.Array] = []
     try:
         if plan.failed is None:
             _check(part)
-            _place(part, alias=not buffers.reuse)
+            placed = _place(part, alias=not buffers.reuse)
     except BaseException as e:
         if plan.failed is None:
             plan.failed = e
     finally:
         part.fetched = None
+    if placed and buffers.reuse and WAIT_APART:
+        # The transfers end on a thread of their own, which then hands the buffer
+        # back: this one goes on reading.
+        part.waiting = _waiters.executor().submit(_release, part, placed, buffers)
+    else:
+        _release(part, placed, buffers)
+
+
+def _release(part: _Part, placed: Sequence[jax.Array], buffers: HostBuffers) -> None:
+    """Waits for the part's transfers from a reused buffer to end, then gives the
+    buffer back."""
+    plan = part.plan
+    try:
+        if buffers.reuse:
+            for value in placed:
+                value.block_until_ready()
+    except BaseException as e:
+        if plan.failed is None:
+            plan.failed = e
+    finally:
         # A buffer that became a NumPy result, or whose transfers may not have ended
         # (the load failed), is not handed out again.
         keep = plan.failed is None and part.devices != [None]
@@ -285,8 +320,9 @@ def _check(part: _Part) -> None:
         raise _Mismatch(checksums.mismatch_message(part.leaf.key, record, bad))
 
 
-def _place(part: _Part, *, alias: bool) -> None:
-    """Puts the part on its devices; returns once its host buffer may be reused.
+def _place(part: _Part, *, alias: bool) -> list[jax.Array]:
+    """Puts the part on its devices; returns the arrays, whose transfers from its host
+    buffer may still be under way (``block_until_ready`` says when they have ended).
 
     With ``alias`` the first device on a CPU keeps the buffer itself as its array
     (``jax.device_put`` aliases aligned host memory there); other CPU devices get
@@ -294,7 +330,7 @@ def _place(part: _Part, *, alias: bool) -> None:
     leaf = part.leaf
     if part.devices == [None]:
         leaf.values[None] = part.values
-        return
+        return []
     sharding = leaf.sharding
     assert sharding is not None
     placed = []
@@ -308,9 +344,8 @@ def _place(part: _Part, *, alias: bool) -> None:
             np.copyto(values, part.values)
         placed.append(jax.device_put(values, single))
     for device, value in zip(part.devices, placed, strict=True):
-        if not alias:
-            value.block_until_ready()
         leaf.values[device] = value
+    return placed
 
 
 def _copied_to_devices(plans: Sequence[_Plan]) -> bool:
@@ -327,7 +362,8 @@ def _copied_to_devices(plans: Sequence[_Plan]) -> bool:
 
 def _run(plans: Sequence[_Plan]) -> None:
     """Reads every part of every plan; a plan that fails has ``failed`` set."""
-    buffers = HostBuffers(HOST_BUFFER_BYTES, reuse=_copied_to_devices(plans))
+    reuse = _copied_to_devices(plans)
+    buffers = HostBuffers(DEVICE_HOST_BUFFER_BYTES if reuse else HOST_BUFFER_BYTES, reuse=reuse)
     work = [
         (i, p, leaf, box, devices)
         for i, p in enumerate(plans)
@@ -342,6 +378,7 @@ def _run(plans: Sequence[_Plan]) -> None:
     # Each thread's scratch buffers, freed with the load.
     scratch = chunkload.Scratch()
     futures: list[concurrent.futures.Future[None]] = []
+    parts: list[_Part] = []
     together: list[_Part] = []
     together_bytes = 0
     try:
@@ -373,6 +410,7 @@ def _run(plans: Sequence[_Plan]) -> None:
                 taken = buffers.take(nbytes, own=own)
             assert taken is not None
             part = _Part(p, leaf, box, devices, *taken, nbytes, len(groups))
+            parts.append(part)
             if small:
                 together.append(part)
                 together_bytes += nbytes
@@ -386,8 +424,10 @@ def _run(plans: Sequence[_Plan]) -> None:
                 p.failed = e
         raise
     finally:
-        # Nothing is left reading from files about to be closed.
+        # Nothing is left reading from files about to be closed, nor being copied
+        # from buffers about to be freed.
         concurrent.futures.wait(futures)
+        concurrent.futures.wait([p.waiting for p in parts if p.waiting is not None])
 
 
 def _order(plan: _Plan, leaf: _Leaf, box: Box) -> tuple[Any, ...]:

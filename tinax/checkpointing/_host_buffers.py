@@ -63,7 +63,8 @@ class HostBuffers:
                     return None
                 self._cond.wait()
             if self._arena is None:
-                # Pages are touched only as parts land in them: a small load touches little.
+                # Pages are touched only as parts land in them: a small load touches
+                # little, and a large one faults them in on all its threads at once.
                 self._arena = aligned(self.limit)
             self._busy += size
             return self._arena[start : start + nbytes], (start, size)

@@ -1,0 +1,453 @@
+"""Where a tinax load's time goes, stage by stage, beside the machine's floors.
+
+Saves ``bench/accelerator.py``'s state (the NNX transformer and its adamw state) with
+tinax, zstd on (``--uncompressed`` for the bytes as they are), then times, on the
+same checkpoint's stored chunks, each stage of a load alone and added up, on 1, 8
+and the load's own number of threads, every thread with buffers of its own that it
+reuses:
+
+- ``read``: each stored chunk read by offset (``preadv``) into a reused buffer;
+- ``+ decode``: and decoded (zstd) into a reused buffer;
+- ``+ digest``: and its xxh3 digested, as a load checks checksums;
+- ``+ put``: and ``jax.device_put`` on the first device, waited for;
+
+then tinax's whole load (``load_checkpointables`` onto the state's shardings), and
+the same load with its checks left out, with its transfers left out, and on other
+numbers of threads; beside the floors ``bench/accelerator.py`` measures (one
+``cat``, ``dd``, 8 ``dd`` side by side, ``readinto``, fresh ``read()``) and
+``device_put`` of the state's host copy. Rates are MB/s of the state's bytes
+(``state``) and of the bytes stored in the data files (``stored``), medians of
+``--rounds``.
+
+    python3 bench/load_stages.py [--size cpu|accelerator] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import xxhash
+import zstandard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import accelerator as bench
+
+import tinax.checkpointing as tc
+from tinax._format import chunkload
+from tinax._format.pools import ProcessPool
+from tinax._format.storage import local
+from tinax.checkpointing import _fast_load
+
+# One stored chunk: its file, where its bytes lie, and how many bytes it decodes to.
+Job = tuple[str, int, int, int]
+
+
+def stored_chunks(checkpoint: Path, state: dict[str, Any]) -> tuple[list[Job], bool]:
+    """Every stored chunk a load of ``state`` reads, and whether they are zstd's."""
+    jobs: list[Job] = []
+    zstd = False
+    for name, tree in state.items():
+        found = _fast_load.plan(local(checkpoint) / name, name, bench.targets(tree))
+        if isinstance(found, str):
+            raise SystemExit(f"{name}: not read by tinax's engine: {found}")
+        for leaf in found.leaves:
+            zstd = zstd or leaf.stored.codec is not None
+            for box, _ in leaf.parts:
+                for chunk in leaf.stored.chunks_in(box):
+                    held, start, length = leaf.reader._where(chunk.index, None)
+                    if not isinstance(held, chunkload.ValueRef):
+                        continue  # kept inline, in the store's manifest
+                    path = str(checkpoint / name / held.file)
+                    jobs.append((path, held.offset + start, length, leaf.stored.chunk_bytes))
+        found.files.close()
+    return jobs, zstd
+
+
+class Stage:
+    """One thread's reused buffers, and the stages it runs on a chunk."""
+
+    def __init__(self, biggest_stored: int, biggest: int, fds: dict[str, int]) -> None:
+        self.raw = np.empty(biggest_stored, np.uint8)
+        self.out = np.empty(biggest, np.uint8)
+        self.fds = fds
+        self.decoder = zstandard.ZstdDecompressor()
+
+    def read(self, job: Job) -> memoryview:
+        path, offset, length, _ = job
+        view = memoryview(self.raw)[:length]
+        done = os.preadv(self.fds[path], [view], offset)
+        assert done == length, (done, length)
+        return view
+
+    def decode(self, job: Job, zstd: bool) -> np.ndarray:
+        raw = self.read(job)
+        if not zstd:
+            return self.raw[: job[2]]
+        out = self.out[: job[3]]
+        reader = self.decoder.stream_reader(raw, read_size=len(raw))
+        view = memoryview(out)
+        done = 0
+        while done < len(view):
+            n = reader.readinto(view[done:])
+            if not n:
+                break
+            done += n
+        assert done == job[3]
+        return out
+
+    def decode_cold(self, job: Job, zstd: bool, ring: np.ndarray, at: int) -> None:
+        """Decodes the chunk into ``ring`` at ``at``, memory no thread has touched lately."""
+        raw = self.read(job)
+        out = ring[at : at + job[3]]
+        if not zstd:
+            out[:] = self.raw[: job[2]]
+            return
+        reader = self.decoder.stream_reader(raw, read_size=len(raw))
+        view = memoryview(out)
+        done = 0
+        while done < len(view):
+            n = reader.readinto(view[done:])
+            if not n:
+                break
+            done += n
+
+    def digest(self, job: Job, zstd: bool) -> np.ndarray:
+        out = self.decode(job, zstd)
+        xxhash.xxh3_64_hexdigest(out.data)
+        return out
+
+    def put(self, job: Job, zstd: bool, device: Any) -> None:
+        out = self.digest(job, zstd)
+        jax.device_put(out, device).block_until_ready()
+
+
+def timed_threads(jobs: list[Job], threads: int, work: Callable[[Stage, Job], Any]) -> float:
+    """Seconds for ``threads`` threads to run ``work`` on every job, each thread with
+    its own reused ``Stage``."""
+    fds = {path: os.open(path, os.O_RDONLY) for path in {j[0] for j in jobs}}
+    biggest_stored = max(j[2] for j in jobs)
+    biggest = max(j[3] for j in jobs)
+    local = threading.local()
+    # Jobs handed out largest first, as the load does.
+    order = sorted(jobs, key=lambda j: -j[3])
+
+    def run(job: Job) -> None:
+        stage = getattr(local, "stage", None)
+        if stage is None:
+            stage = local.stage = Stage(biggest_stored, biggest, fds)
+        work(stage, job)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            # Warm the threads' buffers first: their first touch is not a stage's.
+            list(pool.map(lambda _: time.sleep(0.01) or run(order[0]), range(threads)))
+            start = time.perf_counter()
+            list(pool.map(run, order, chunksize=1))
+            return time.perf_counter() - start
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+# A process of ``decoded_by_processes``: reads its share of the chunks (JSON on its
+# first line of input), says it is ready, waits for a line, reads and decodes them
+# into reused buffers, and says it is done.
+_DECODER = r"""
+import json, os, sys, zstandard
+import numpy as np
+jobs = json.loads(sys.stdin.readline())
+fds = {p: os.open(p, os.O_RDONLY) for p in {j[0] for j in jobs}}
+raw = np.ones(max([j[2] for j in jobs] + [1]), np.uint8)
+out = np.ones(max([j[3] for j in jobs] + [1]), np.uint8)
+decoder = zstandard.ZstdDecompressor()
+print("ready", flush=True)
+sys.stdin.readline()
+for path, offset, length, size in jobs:
+    view = memoryview(raw)[:length]
+    assert os.preadv(fds[path], [view], offset) == length
+    if zstd:
+        reader = decoder.stream_reader(view, read_size=length)
+        target = memoryview(out)[:size]
+        done = 0
+        while done < size:
+            n = reader.readinto(target[done:])
+            if not n:
+                break
+            done += n
+        assert done == size
+print("done", flush=True)
+"""
+
+
+def decoded_by_processes(jobs: list[Job], processes: int, zstd: bool) -> float:
+    """Seconds for ``processes`` processes, each with its share of the chunks (dealt
+    round, largest first), to read and decode them all: the same work as the
+    ``read + decode`` stage, with no thread of one process beside another."""
+    import json
+    import subprocess
+
+    shares: list[list[Job]] = [[] for _ in range(processes)]
+    for i, job in enumerate(sorted(jobs, key=lambda j: -j[3])):
+        shares[i % processes].append(job)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", f"zstd = {zstd!r}\n" + _DECODER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for child, share in zip(children, shares, strict=True):
+            assert child.stdin is not None
+            child.stdin.write(json.dumps(share) + "\n")
+            child.stdin.flush()
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        start = time.perf_counter()
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline().strip() == "done"
+        return time.perf_counter() - start
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+
+
+def decoded_into_ring(jobs: list[Job], threads: int, zstd: bool) -> float:
+    """The ``read + decode`` stage with each chunk decoded into a 256 MiB ring by turn,
+    as into the load's host buffer, not into a buffer its thread reuses."""
+    size = _fast_load.HOST_BUFFER_BYTES
+    ring = np.ones(size + max(j[3] for j in jobs), np.uint8)
+    counter = iter(range(1 << 30))
+    lock = threading.Lock()
+
+    def cold(stage: Stage, job: Job) -> None:
+        with lock:
+            at = (next(counter) * (8 << 20)) % size
+        stage.decode_cold(job, zstd, ring, at)
+
+    return timed_threads(jobs, threads, cold)
+
+
+def populate_floor(nbytes: int, threads: int) -> dict[str, float]:
+    """Seconds to make ``nbytes`` of fresh host memory usable: faulted in page by
+    page by one thread, by ``threads`` threads, and mapped at once (``MAP_POPULATE``)."""
+    import mmap
+
+    figures = {}
+    start = time.perf_counter()
+    a = np.empty(nbytes, np.uint8)
+    a[::4096] = 1
+    figures["faulted, 1 thread"] = time.perf_counter() - start
+    del a
+    b = np.empty(nbytes, np.uint8)
+    share = -(-nbytes // threads)
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda i: b[i * share : (i + 1) * share : 4096].fill(1), range(threads)))
+    figures[f"faulted, {threads} threads"] = time.perf_counter() - start
+    start = time.perf_counter()
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
+    c = np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), np.uint8)
+    c[::4096] = 1
+    figures["MAP_POPULATE"] = time.perf_counter() - start
+    del c
+    return figures
+
+
+@contextlib.contextmanager
+def engine(
+    threads: int | None = None,
+    check: bool = True,
+    place: bool = True,
+    streamed: bool = False,
+    buffer: int | None = None,
+    wait_on_readers: bool = False,
+) -> Iterator[None]:
+    """tinax's load engine with ``threads``, its checks or its transfers left out,
+    compressed chunks ``streamed`` from their files 1 MiB at a time instead of read
+    whole, a host ``buffer`` of another size, or the transfers waited for on the
+    reading threads."""
+    saved = _fast_load._loaders, _fast_load._check, _fast_load._place
+    saved_sizes = chunkload.WHOLE_READ_BYTES, _fast_load.DEVICE_HOST_BUFFER_BYTES
+    saved_wait = _fast_load.WAIT_APART
+    if streamed:
+        chunkload.WHOLE_READ_BYTES = 0
+    if buffer is not None:
+        _fast_load.DEVICE_HOST_BUFFER_BYTES = buffer
+    if wait_on_readers:
+        _fast_load.WAIT_APART = False
+    if threads is not None:
+        _fast_load._loaders = ProcessPool(threads, "tinax-load-bench")
+    if not check:
+        _fast_load._check = lambda part: None  # type: ignore[assignment]
+    if not place:
+        _fast_load._place = lambda part, *, alias: []  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _fast_load._loaders, _fast_load._check, _fast_load._place = saved
+        chunkload.WHOLE_READ_BYTES, _fast_load.DEVICE_HOST_BUFFER_BYTES = saved_sizes
+        _fast_load.WAIT_APART = saved_wait
+
+
+def engine_alone(where: Path, want: dict[str, Any]) -> float:
+    """Seconds for the engine to read, check and place every part (its plans made
+    first, untimed; the arrays not assembled)."""
+    plans = []
+    for name, target in want.items():
+        found = _fast_load.plan(local(where) / name, name, target)
+        assert not isinstance(found, str), found
+        plans.append(found)
+    start = time.perf_counter()
+    try:
+        _fast_load._run(plans)
+        for p in plans:
+            for leaf in p.leaves:
+                jax.block_until_ready(list(leaf.values.values()))
+        seconds = time.perf_counter() - start
+    finally:
+        for p in plans:
+            p.files.close()
+    failed = [p.failed for p in plans if p.failed is not None]
+    assert not failed, failed
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=tuple(bench.SIZES), default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--uncompressed", action="store_true")
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--quick", action="store_true", help="the load's own threads only")
+    args = parser.parse_args()
+    size = args.size or ("accelerator" if jax.default_backend() != "cpu" else "cpu")
+    params, opt, step = bench.make_state(size)
+    tokens = jax.numpy.arange(8) % bench.SIZES[size][2]
+    params, opt, _ = step(params, opt, tokens)
+    state = {"params": params, "opt_state": opt}
+    total = bench.nbytes(state)
+    device = jax.devices()[0]
+    threads = _fast_load.THREADS
+    scratch = Path(tempfile.mkdtemp(dir=args.dir, prefix="load-stages-"))
+    where = scratch / "ckpt"
+    with tc.compression(not args.uncompressed):
+        tc.save_checkpointables(where, state).result()
+    jobs, zstd = stored_chunks(where, state)
+    stored = sum(j[2] for j in jobs)
+    print(
+        f"{total / 1e9:.2f} GB state on {jax.default_backend()} ({os.cpu_count()} cores), "
+        f"{len(jobs)} chunks, {stored / 1e9:.2f} GB stored{' (zstd)' if zstd else ''}; "
+        f"the load's threads: {threads}"
+    )
+    rows: list[tuple[str, float]] = []
+
+    def report(name: str, seconds: list[float]) -> None:
+        s = statistics.median(seconds)
+        rows.append((name, s))
+        print(
+            f"{name:40} {s:7.3f} s  state {total / s / 1e6:8.0f} MB/s  "
+            f"stored {stored / s / 1e6:8.0f} MB/s",
+            flush=True,
+        )
+
+    floors = bench.file_floors(where)
+    print("floors: " + ", ".join(f"{k} {v:.0f}" for k, v in floors.items()))
+    host = jax.device_get(state)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    puts = []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        jax.block_until_ready(jax.device_put(host, shardings))
+        puts.append(time.perf_counter() - start)
+    report("device_put of the host copy", puts)
+    del host
+    stages: list[tuple[str, Callable[[Stage, Job], Any]]] = [
+        ("read", lambda s, j: s.read(j)),
+        ("read + decode", lambda s, j: s.decode(j, zstd)),
+        ("read + decode + digest", lambda s, j: s.digest(j, zstd)),
+        ("read + decode + digest + put", lambda s, j: s.put(j, zstd, device)),
+    ]
+    for n in sorted({1, 8, threads}) if not args.quick else [threads]:
+        for name, work in stages:
+            report(
+                f"{name}, {n} thread(s)",
+                [timed_threads(jobs, n, work) for _ in range(args.rounds)],
+            )
+    report(
+        f"read + decode into a 256 MiB ring, {threads} threads",
+        [decoded_into_ring(jobs, threads, zstd) for _ in range(args.rounds)],
+    )
+    for n in sorted({8, threads}) if not args.quick else []:
+        report(
+            f"read + decode, {n} processes",
+            [decoded_by_processes(jobs, n, zstd) for _ in range(args.rounds)],
+        )
+    for how, took in populate_floor(_fast_load.HOST_BUFFER_BYTES, threads).items():
+        print(f"{_fast_load.HOST_BUFFER_BYTES >> 20} MiB of fresh memory, {how}: {took:.3f} s")
+    want = bench.targets(state)
+    seconds = []
+    for _ in range(args.rounds + 1):
+        start = time.perf_counter()
+        jax.block_until_ready(tc.load_checkpointables(where, want))
+        seconds.append(time.perf_counter() - start)
+    report("tinax load (load_checkpointables)", seconds[1:])
+    loaded = tc.load_checkpointables(where, want)
+    if not bench.identical(loaded, state):
+        raise SystemExit("FAILED: a loaded leaf differs from the state")
+    print("every leaf of a load bit-identical on its device and sharding")
+    del loaded
+    for label, settings in [
+        ("engine alone", {}),
+        ("engine, no checks", {"check": False}),
+        ("engine, no transfers", {"place": False}),
+        ("engine, neither", {"check": False, "place": False}),
+        ("engine, chunks streamed 1 MiB at a time", {"streamed": True}),
+        ("engine, transfers waited for on the readers", {"wait_on_readers": True}),
+        (
+            "engine as before (both)",
+            {"streamed": True, "wait_on_readers": True},
+        ),
+        ("engine, 256 MiB host buffer", {"buffer": 256 << 20}),
+        ("engine, 1 GiB host buffer", {"buffer": 1 << 30}),
+        ("engine, 64 MiB host buffer", {"buffer": 64 << 20}),
+        *[(f"engine, {n} threads", {"threads": n}) for n in (4, 8, 2 * threads) if not args.quick],
+    ]:
+        seconds = []
+        with engine(**settings):  # type: ignore[arg-type]
+            for _ in range(args.rounds + 1):
+                seconds.append(engine_alone(where, want))
+        report(label, seconds[1:])
+    best = min(s for name, s in rows if name.startswith(("tinax load", "engine alone")))
+    print(
+        f"tinax load at its best: {stored / best / floors['dd_8_parallel_mb_s'] / 1e6:.2f} of "
+        f"8 parallel dd, {stored / best / floors['cat_mb_s'] / 1e6:.2f} of one cat"
+    )
+    import shutil
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
