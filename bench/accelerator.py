@@ -101,7 +101,7 @@ class Transformer(nnx.Module):
         x = self.embed(tokens).astype(jnp.float32)
         for block in self.blocks:
             x = block(x)
-        return (x @ self.embed.embedding[...].astype(jnp.float32).T).mean()
+        return x @ self.embed.embedding[...].astype(jnp.float32).T
 
 
 def make_state(size: str) -> tuple[Any, Any, Any]:
@@ -113,7 +113,11 @@ def make_state(size: str) -> tuple[Any, Any, Any]:
     opt_state = optimizer.init(params)
 
     def loss(p: Any, tokens: jax.Array) -> jax.Array:
-        return nnx.merge(graph, p)(tokens)
+        # Each token predicts the next: a bounded loss, so that the state stays finite
+        # (and as incompressible as a real one) however many steps the rounds take.
+        logits = nnx.merge(graph, p)(tokens)
+        labels = (tokens + 1) % vocabulary
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
     def step(p: Any, o: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
         value, grads = jax.value_and_grad(loss)(p, tokens)
@@ -865,6 +869,15 @@ def main() -> int:
                     + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()),
                     flush=True,
                 )
+        # A state that diverged (inf, NaN) compresses to almost nothing and makes every
+        # save and load figure meaningless.
+        finite = all(
+            bool(jnp.isfinite(x).all())
+            for x in jax.tree.leaves(state)
+            if jnp.issubdtype(x.dtype, jnp.floating)
+        )
+        if not finite:
+            problems.append("the state is no longer finite: its saves and loads are not a model's")
         floor = floors(state, scratch)
         # The data files of a tinax checkpoint of the state, read right after its save.
         where = scratch / "file-floor"
@@ -878,6 +891,11 @@ def main() -> int:
             + ", ".join(f"{p.relative_to(where)} {p.stat().st_size:,}" for p in largest),
             flush=True,
         )
+        if not args.smoke and stored_fraction < 0.25:
+            problems.append(
+                f"the state's checkpoint stores {stored_fraction:.3f} of its bytes: "
+                "not a trained model's (a diverged state?)"
+            )
         floor.update(file_floors(where))
         shutil.rmtree(where)
         if args.diagnose:
