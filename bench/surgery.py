@@ -15,7 +15,9 @@ Each is timed with its sources evicted from the page cache (``posix_fadvise``), 
 ``cat`` of the same files evicted too, and with them cached; the CPU seconds of each
 side are printed too (on a machine shared with other work they tell more than the
 clock), and the floor of the writes: ``dd`` of as many bytes with ``conv=fsync`` (a
-new checkpoint is synced before it commits, as Orbax's are). Goals: the evicted rate at
+new checkpoint is synced before it commits, as Orbax's are). Beside the copy, ``cp``
+of the same files, evicted, each synced once written: the system's own durable copy
+on a disk where the reads and the writes share the device. Goals: the evicted rate at
 least half of ``cat``'s (``ratio``, bytes of the sources read per second), and the peak
 memory above the level before the call (``VmHWM`` after ``clear_refs``, glibc's mmap
 threshold fixed at 1 MiB as in ``tests/test_explore_memory.py``) within 2 leaves +
@@ -154,6 +156,25 @@ def _dd_seconds(work: Path, nbytes: int) -> float:
     return seconds
 
 
+def _cp_seconds(sources: list[Path], target: Path) -> float:
+    """Seconds for ``cp`` to copy ``sources`` under ``target`` and for every file it
+    wrote to be synced: what the system's own copy takes to make a durable copy of the
+    same files on this disk, where reading and writing share it."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir()
+    started = time.perf_counter()
+    subprocess.run(["cp", "-r", *map(str, sources), str(target)], check=True)
+    for path in _files(target):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    seconds = time.perf_counter() - started
+    shutil.rmtree(target)
+    return seconds
+
+
 def _run(operation: str, out: Path, warm: Path, sources: list[Path]) -> dict[str, float]:
     for path in (out, Path(f"{out}.warm")):
         shutil.rmtree(path, ignore_errors=True)
@@ -202,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         bound = leaves_bound + SLACK_BYTES
         out = work / "out"
         line = {}
+        cps: list[float] = []
         for cached in (False, True):
             cats, runs = [], []
             for _ in range(args.rounds if not cached else 1):
@@ -212,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                 if not cached:
                     _evict(everything)
                 runs.append(_run(operation, out, work / "warm", sources))
+                if name == "copy" and not cached:
+                    _evict(everything)
+                    cps.append(_cp_seconds(sources, work / "cp"))
             cat_s = min(c[0] for c in cats)
             cat_cpu = min(c[1] for c in cats)
             run_s = min(r["seconds"] for r in runs)
@@ -234,6 +259,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{run_cpu:.2f} s (cat {cat_cpu:.2f} s); peak memory "
                 f"+{growth / MIB:.0f} MiB (bound {bound / MIB:.0f} MiB)"
             )
+            if cps and not cached:
+                print(
+                    f"  beside it, cp of the same files with each synced: "
+                    f"{nbytes / MIB / min(cps):.0f} MiB/s, {cat_s / min(cps):.2f} of cat; "
+                    f"the copy {min(cps) / run_s:.2f}x cp's speed"
+                )
+                line[key]["cp_ratio"] = cat_s / min(cps)
             if goal and ratio < GOAL_RATIO:
                 missed.append(f"{name} throughput")
             if growth > bound:
