@@ -93,10 +93,15 @@ class Stage:
         return view
 
     def decode(self, job: Job, zstd: bool) -> np.ndarray:
+        """Reads and decodes the chunk into this thread's reused buffer."""
+        return self.decode_into(job, zstd, self.out[: job[3]])
+
+    def decode_into(self, job: Job, zstd: bool, out: np.ndarray) -> np.ndarray:
+        """Reads and decodes the chunk into ``out`` (for a chunk stored as it is, its
+        bytes where they were read)."""
         raw = self.read(job)
         if not zstd:
             return self.raw[: job[2]]
-        out = self.out[: job[3]]
         reader = self.decoder.stream_reader(raw, read_size=len(raw))
         view = memoryview(out)
         done = 0
@@ -107,22 +112,6 @@ class Stage:
             done += n
         assert done == job[3]
         return out
-
-    def decode_cold(self, job: Job, zstd: bool, ring: np.ndarray, at: int) -> None:
-        """Decodes the chunk into ``ring`` at ``at``, memory no thread has touched lately."""
-        raw = self.read(job)
-        out = ring[at : at + job[3]]
-        if not zstd:
-            out[:] = self.raw[: job[2]]
-            return
-        reader = self.decoder.stream_reader(raw, read_size=len(raw))
-        view = memoryview(out)
-        done = 0
-        while done < len(view):
-            n = reader.readinto(view[done:])
-            if not n:
-                break
-            done += n
 
     def digest(self, job: Job, zstd: bool) -> np.ndarray:
         out = self.decode(job, zstd)
@@ -243,7 +232,9 @@ def decoded_into_ring(jobs: list[Job], threads: int, zstd: bool) -> float:
     def cold(stage: Stage, job: Job) -> None:
         with lock:
             at = (next(counter) * (8 << 20)) % size
-        stage.decode_cold(job, zstd, ring, at)
+        out = ring[at : at + job[3]]
+        if stage.decode_into(job, zstd, out) is not out:
+            out[:] = stage.raw[: job[2]]  # stored as it is: copied in
 
     return timed_threads(jobs, threads, cold)
 
