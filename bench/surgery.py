@@ -5,7 +5,10 @@ chunks, uncompressed), three checkpoints of ``--size-mib`` (512 by default) in
 ``--leaves`` float32 arrays each (8 by default: 64 MiB leaves), and one more with raw
 Orbax's defaults (each array one zstd chunk), then times, each in a fresh process:
 
-- ``copy``: ``derive_checkpoint(src, dst)``, the whole checkpoint;
+- ``copy``: ``derive_checkpoint(src, dst)``, the whole checkpoint (its data files,
+  kept whole, are hard-linked once every chunk is read and checked);
+- ``copy without links``: the same, every stored chunk written again (as onto
+  another file system), beside ``cp`` of the same files, each synced;
 - ``bfloat16``: ``derive_checkpoint(src, dst, cast="bfloat16")``;
 - ``average``: ``average_checkpoints([a, b, c], dst)``;
 - ``copy, orbax zstd source``: the copy of Orbax's checkpoint, whose arrays can only
@@ -15,9 +18,9 @@ Each is timed with its sources evicted from the page cache (``posix_fadvise``), 
 ``cat`` of the same files evicted too, and with them cached; the CPU seconds of each
 side are printed too (on a machine shared with other work they tell more than the
 clock), and the floor of the writes: ``dd`` of as many bytes with ``conv=fsync`` (a
-new checkpoint is synced before it commits, as Orbax's are). Beside the copy, ``cp``
-of the same files, evicted, each synced once written: the system's own durable copy
-on a disk where the reads and the writes share the device. Goals: the evicted rate at
+new checkpoint is synced before it commits, as Orbax's are). Beside the copy without
+links, ``cp`` of the same files, evicted, each synced once written: the system's own
+durable copy on a disk where the reads and the writes share the device. Goals: the evicted rate at
 least half of ``cat``'s (``ratio``, bytes of the sources read per second), and the peak
 memory above the level before the call (``VmHWM`` after ``clear_refs``, glibc's mmap
 threshold fixed at 1 MiB as in ``tests/test_explore_memory.py``) within 2 leaves +
@@ -71,6 +74,10 @@ if operation == "average":
 elif operation == "bfloat16":
     tc.derive_checkpoint(sources[0], out, cast="bfloat16")
 else:
+    if operation == "copy without links":
+        from tinax._format import stored_copy
+
+        stored_copy.LINK_FILES = False
     tc.derive_checkpoint(sources[0], out)
 seconds = time.perf_counter() - started
 usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -204,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     leaf = args.size_mib * MIB // args.leaves
     operations = [
         ("copy", [work / "a"], 2 * leaf, True),
+        ("copy without links", [work / "a"], 2 * leaf, False),
         ("bfloat16", [work / "a"], 2 * leaf, True),
         ("average", [work / "a", work / "b", work / "c"], 4 * leaf, True),
         ("copy, orbax zstd source", [work / "orbax"], 2 * leaf, False),
@@ -234,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not cached:
                     _evict(everything)
                 runs.append(_run(operation, out, work / "warm", sources))
-                if name == "copy" and not cached:
+                if name == "copy without links" and not cached:
                     _evict(everything)
                     cps.append(_cp_seconds(sources, work / "cp"))
             cat_s = min(c[0] for c in cats)

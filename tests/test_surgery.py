@@ -482,6 +482,49 @@ def test_arrays_kept_as_they_are_are_copied_as_stored_and_read_back_exactly(wide
     assert list(ex.lineage(part)["source"]) == [str(source)]
 
 
+def _data_inodes(checkpoint: Path) -> set[int]:
+    return {p.stat().st_ino for p in checkpoint.rglob("*") if p.is_file() and p.parent.name == "d"}
+
+
+def test_data_files_kept_whole_are_linked_and_one_kept_in_part_is_copied(wide, tmp_path):
+    import shutil
+
+    source, state = wide
+    live = _flat(state)
+    mine = tmp_path / "step_000005"
+    shutil.copytree(source, mine)
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    derive_checkpoint(mine, whole)
+    derive_checkpoint(mine, part, keys=r"^head\.kernel")  # 1 MiB of a 13 MiB file
+    linked = _data_inodes(whole) & _data_inodes(mine)
+    assert linked and not _data_inodes(part) & _data_inodes(mine)
+    # The source goes; what was linked stays, whole and checked.
+    shutil.rmtree(mine)
+    for out in (whole, part):
+        assert ex.verify(out, data=True).ok
+    raw = _flat(ocp.load_checkpointables(str(whole))["model"])
+    assert sorted(raw) == sorted(live) and all(_same_bits(raw[k], live[k]) for k in live)
+    raw = _flat(ocp.load_checkpointables(str(part))["model"])
+    assert list(raw) == ["head.kernel"] and _same_bits(raw["head.kernel"], live["head.kernel"])
+
+
+def test_a_link_the_file_system_refuses_is_a_copy_instead(wide, tmp_path, monkeypatch):
+    import errno
+
+    from tinax._format import store_writer
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(store_writer.os, "link", refuse)
+    source, state = wide
+    derive_checkpoint(source, tmp_path / "out")
+    assert not _data_inodes(tmp_path / "out") & _data_inodes(source)
+    assert ex.verify(tmp_path / "out", data=True).ok
+    raw = _flat(ocp.load_checkpointables(str(tmp_path / "out"))["model"])
+    assert all(_same_bits(raw[k], v) for k, v in _flat(state).items())
+
+
 def test_a_store_with_too_many_arrays_for_one_node_copies_its_chunks_through_tensorstore(
     wide, tmp_path, monkeypatch
 ):

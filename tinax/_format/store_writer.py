@@ -28,6 +28,7 @@ import base64
 import contextlib
 import dataclasses
 import json
+import os
 import struct
 import sys
 from collections.abc import Sequence
@@ -210,6 +211,10 @@ class PyTreeWriter:
         # added to the store's B+tree once tensorstore has committed the rest.
         self._data_file: ocdbt_root.DataFile | None = None
         self._added: dict[bytes, ValueRef] = {}
+        # Source data files to link rather than copy (``link_files``): path → the name
+        # of the link under this store, once made.
+        self._linkable: set[str] = set()
+        self._links: dict[str, str] = {}
 
     # -- leaves ---------------------------------------------------------------------
 
@@ -336,17 +341,43 @@ class PyTreeWriter:
         if self._pending >= self._batch_bytes:
             self._commit()
 
+    def link_files(self, paths: set[str]) -> None:
+        """Has the stored chunks ``write_stored`` is given from these local data files
+        kept where they are: each file is hard-linked into this store's data directory
+        (where the file system allows) and the chunks referenced at their offsets in
+        it, not copied. Only for files of committed checkpoints, which never change."""
+        self._linkable = set(paths)
+
+    def _linked(self, path: str) -> str | None:
+        """The name under this store of the link to data file ``path``, made on first
+        use; ``None`` where no link can be made (another file system, a name taken)."""
+        name = self._links.get(path)
+        if name is None:
+            name = f"{ocdbt_root.DATA_DIR}/{os.path.basename(path)}"
+            if name in self._links.values():
+                return None
+            os.makedirs(os.path.join(self.directory.path, ocdbt_root.DATA_DIR), exist_ok=True)
+            try:
+                os.link(path, os.path.join(self.directory.path, name), follow_symlinks=False)
+            except OSError:
+                self._linkable.discard(path)
+                return None
+            self._links[path] = name
+        return name
+
     def write_stored(
         self,
         key: str,
         chunk_key: str,
         value: bytes | memoryview,
         origin: tuple[int, int] | None = None,
+        source: tuple[str, int] | None = None,
     ) -> None:
         """Writes one stored chunk of array ``key`` as it is: ``value`` under its chunk
         key (``c/3/0``), the array added with the metadata the bytes were stored with.
         ``origin``: where the same bytes are in a local file (descriptor, offset), for
-        the kernel to copy them from there onto a local disk.
+        the kernel to copy them from there onto a local disk. ``source``: that file's
+        path and the offset, for a file ``link_files`` named, to reference them there.
         """
         array = self._arrays[key]
         if (
@@ -361,6 +392,12 @@ class PyTreeWriter:
             if self._pending >= self._batch_bytes:
                 self._commit()
             return
+        if source is not None and source[0] in self._linkable:
+            linked = self._linked(source[0])
+            if linked is not None:
+                chunk = (array.prefix + chunk_key).encode("utf-8")
+                self._added[chunk] = ValueRef(linked, source[1], len(value), "")
+                return
         if self._data_file is not None and self._data_file.size + len(value) > _DATA_FILE_BYTES:
             self._data_file.close()
             self._data_file = None

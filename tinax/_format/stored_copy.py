@@ -9,7 +9,10 @@ metadata copied as it is. What was saved is what is written, byte for byte, so t
 source's checksums are the copy's, and the copy is refused, naming the leaf, when
 the bytes read do not match them. On a local disk the writer has the kernel copy
 the bytes from the source's file (``ocdbt_root.DataFile``) once they are checked:
-checkpoints are never changed once committed, so those are the bytes checked.
+checkpoints are never changed once committed, so those are the bytes checked. A
+source data file the copy keeps (nearly) whole (``whole_files``) is not copied at
+all: the writer hard-links it into the new store and references the chunks where
+they are in it (``PyTreeWriter.link_files``).
 
 Only arrays whose stored chunks hold their values in C order, one after another,
 qualify: read raw (``rawread``: uncompressed, little-endian, every chunk out of
@@ -36,6 +39,10 @@ from tinax._format.arrays import ValueRef
 from tinax._format.checksums import Bounds, CorruptDataError
 from tinax._format.store_writer import PyTreeWriter
 
+# Whether data files a copy keeps (nearly) whole are hard-linked, not copied
+# (``whole_files``), and the share of a file's bytes its kept values must make up.
+LINK_FILES = True
+LINK_SHARE = 0.9
 # The largest stored chunk copied whole: larger ones are streamed in regions.
 MAX_VALUE_BYTES = 16 << 20
 # Bytes of stored chunks read ahead of the one being written.
@@ -151,6 +158,33 @@ def _inner_ranges(
         yield start, (min(row + array.inner_rows, last_row) - row) * array.row_bytes, row
 
 
+def whole_files(copied: list[StoredArray]) -> set[str]:
+    """The local data files of which the stored chunks of ``copied`` make up at least
+    ``LINK_SHARE`` of the bytes: a new checkpoint that keeps them may link them whole
+    (``PyTreeWriter.link_files``), writing none of their bytes again, with little of a
+    file kept alive that it does not use."""
+    if not LINK_FILES:
+        return set()
+    kept: dict[str, int] = {}
+    for array in copied:
+        raw = array.raw
+        if not raw.directory.is_local:
+            continue
+        for _, grid in array.chunks:
+            value = raw.values[grid]
+            path = raw.file(value.file).path
+            kept[path] = kept.get(path, 0) + value.length
+    found = set()
+    for path, nbytes in kept.items():
+        try:
+            size = os.stat(path, follow_symlinks=False).st_size
+        except OSError:
+            continue
+        if size and nbytes >= LINK_SHARE * size:
+            found.add(path)
+    return found
+
+
 def _piece_of(array: StoredArray, row: int) -> Bounds:
     for bounds in array.pieces:
         if bounds[0][0] <= row < bounds[0][1]:
@@ -192,7 +226,7 @@ def copy(
                     digests.update(_piece_of(array, row), values)
             except CorruptDataError as e:
                 raise CorruptDataError(f"{where}: the stored data is corrupt: {e}") from None
-            writer.write_stored(key, suffix, read.value, read.origin)
+            writer.write_stored(key, suffix, read.value, read.origin, read.source)
             reading.give(read)
             if progress is not None:
                 rows = min(array.grid_rows, array.source.shape[0] - first_row)
@@ -214,11 +248,12 @@ def copy(
 @dataclasses.dataclass(frozen=True)
 class _Read:
     """One stored chunk read: its bytes, where they are in a local file (descriptor and
-    offset), and the pooled buffer they are in."""
+    offset; the file's path and offset), and the pooled buffer they are in."""
 
     value: memoryview
     origin: tuple[int, int] | None
     buffer: np.ndarray | None
+    source: tuple[str, int] | None = None
 
 
 class _Ahead:
@@ -254,7 +289,12 @@ class _Ahead:
         except rawread.Unsupported:
             self._buffers.give(buffer)
             raise
-        return _Read(memoryview(into.data).cast("B"), (self._fds[value.file], value.offset), buffer)
+        return _Read(
+            memoryview(into.data).cast("B"),
+            (self._fds[value.file], value.offset),
+            buffer,
+            (raw.file(value.file).path, value.offset),
+        )
 
     def give(self, read: _Read) -> None:
         """Takes back the buffer of a read the caller is done with."""

@@ -53,6 +53,15 @@ def derive_checkpoint(
     nothing). It records its lineage (``tinax.explore.lineage``): the source, its
     step, the digest of its checksum records, and these arguments.
 
+    An array kept as it is (no cast) is copied as the chunks it is stored in, checked
+    on the way. On a local disk, a data file of the source whose chunks the new
+    checkpoint keeps nine tenths of or more (a checkpointable kept whole, say) is
+    hard-linked into it rather than written again (every chunk is still read and
+    checked before the new checkpoint commits): committed checkpoints never change,
+    the two share the file's blocks, and either may be removed without the other
+    (the space goes with the last). Where the file system refuses a link (another
+    one), the bytes are copied.
+
     Keys are matched and rewritten as ``tinax.explore.display`` shows them: dotted,
     NNX's trailing ``value`` left out (``blocks.0.up.kernel``), the tree rebuilt
     from the new keys (a part that was a sequence index stays one).

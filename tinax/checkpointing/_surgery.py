@@ -322,6 +322,10 @@ def stream(
         decode, naming the checkpoint, checkpointable and leaf.
       ValueError: If a box cannot be read, or ``combine`` refuses it.
     """
+    kept = [job.stored for job in jobs if job.stored is not None]
+    if writer.directory.is_local:
+        # Data files kept whole are linked, not written again (checked all the same).
+        writer.link_files(stored_copy.whole_files(kept))
     for job in jobs:
         if job.stored is not None:  # kept as it is: its stored chunks are copied
             stored_copy.copy(writer, job.key, job.stored, job.wheres[0], progress=progress)
