@@ -312,6 +312,7 @@ class PyTreeWriter:
         """
         array = self._arrays[key]
         values = np.asarray(values, dtype=array.dtype)
+        direct = self._direct()
         if _aligned(box, array.chunk, array.shape):
             store = self._kvstore.with_transaction(self._txn)
             fill = None
@@ -329,7 +330,13 @@ class PyTreeWriter:
                     padded[tuple(slice(0, n) for n in chunk_values.shape)] = chunk_values
                     chunk_values = padded
                 name = array.prefix + "/".join(["c", *map(str, index)])
-                self._writes.append(store.write(name, encode_shard(chunk_values)))
+                if direct:
+                    # Into this store's own data files: no copy through tensorstore.
+                    self._append(name.encode("utf-8"), encode_shard(chunk_values))
+                else:
+                    self._writes.append(store.write(name, encode_shard(chunk_values)))
+            if direct:
+                return
         else:
             target = self._zarr(array).with_transaction(self._txn)
             write = (target[box] if box else target).write(values)
@@ -380,11 +387,7 @@ class PyTreeWriter:
         path and the offset, for a file ``link_files`` named, to reference them there.
         """
         array = self._arrays[key]
-        if (
-            not self.directory.is_local
-            or len(self._arrays) > ocdbt_root.MAX_ARRAYS
-            or len(self._added) >= ocdbt_root.MAX_ADDED
-        ):
+        if not self._direct():
             # On an object store, or too many keys for one B+tree node: tensorstore's.
             store = self._kvstore.with_transaction(self._txn)
             self._writes.append(store.write(array.prefix + chunk_key, bytes(value)))
@@ -398,13 +401,29 @@ class PyTreeWriter:
                 chunk = (array.prefix + chunk_key).encode("utf-8")
                 self._added[chunk] = ValueRef(linked, source[1], len(value), "")
                 return
+        self._append((array.prefix + chunk_key).encode("utf-8"), value, origin)
+
+    def _direct(self) -> bool:
+        """Whether chunks are written into this store's data files here (a local disk,
+        few enough keys for one B+tree node), added to its B+tree by ``finish``,
+        rather than through tensorstore."""
+        return (
+            self.directory.is_local
+            and len(self._arrays) <= ocdbt_root.MAX_ARRAYS
+            and len(self._added) < ocdbt_root.MAX_ADDED
+        )
+
+    def _append(
+        self, chunk: bytes, value: bytes | memoryview, origin: tuple[int, int] | None = None
+    ) -> None:
+        """Writes one chunk's stored bytes at the end of this store's data file (a new
+        one past ``_DATA_FILE_BYTES``) and keeps where, for the B+tree."""
         if self._data_file is not None and self._data_file.size + len(value) > _DATA_FILE_BYTES:
             self._data_file.close()
             self._data_file = None
         if self._data_file is None:
             self._data_file = ocdbt_root.DataFile(self.directory)
-        where = self._data_file.append(value, origin)
-        self._added[(array.prefix + chunk_key).encode("utf-8")] = where
+        self._added[chunk] = self._data_file.append(value, origin)
 
     def _zarr(self, array: _Array) -> Any:
         if array.store is None:
