@@ -511,12 +511,12 @@ def test_data_files_kept_whole_are_linked_and_one_kept_in_part_is_copied(wide, t
 def test_a_link_the_file_system_refuses_is_a_copy_instead(wide, tmp_path, monkeypatch):
     import errno
 
-    from tinax._format import store_writer
+    from tinax._format import ocdbt_root
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    monkeypatch.setattr(store_writer.os, "link", refuse)
+    monkeypatch.setattr(ocdbt_root.os, "link", refuse)
     source, state = wide
     derive_checkpoint(source, tmp_path / "out")
     assert not _data_inodes(tmp_path / "out") & _data_inodes(source)

@@ -195,6 +195,85 @@ class DataFile:
             self._fd = -1
 
 
+class NewValues:
+    """The values a new version of a local store adds: written into data files of its
+    own (``DataFile``, a new one past ``file_bytes``), or referenced where they are in
+    a source's data file linked into the store (``link_files``).
+
+    Attributes:
+      added: Each value's key and where it is, for ``add_version``.
+    """
+
+    def __init__(self, directory: Location, file_bytes: int) -> None:
+        self.directory = directory
+        self.file_bytes = file_bytes
+        self.added: dict[bytes, ValueRef] = {}
+        self._file: DataFile | None = None
+        # Source data files to link rather than copy: path → the link's name, once made.
+        self._linkable: set[str] = set()
+        self._links: dict[str, str] = {}
+
+    def link_files(self, paths: set[str]) -> None:
+        """Has the values ``append`` is given from these local data files kept where
+        they are: each file hard-linked into the store's data directory (where the
+        file system allows), its values referenced at their offsets in it. Only for
+        files of committed checkpoints, which never change."""
+        self._linkable = set(paths) if self.directory.is_local else set()
+
+    def _linked(self, path: str) -> str | None:
+        """The name in the store of the link to ``path``, made on first use; ``None``
+        where none can be made (another file system, a name taken)."""
+        name = self._links.get(path)
+        if name is None:
+            name = f"{DATA_DIR}/{os.path.basename(path)}"
+            if name in self._links.values():
+                return None
+            os.makedirs(os.path.join(self.directory.path, DATA_DIR), exist_ok=True)
+            try:
+                os.link(path, os.path.join(self.directory.path, name), follow_symlinks=False)
+            except OSError:
+                self._linkable.discard(path)
+                return None
+            self._links[path] = name
+        return name
+
+    def append(
+        self,
+        key: bytes,
+        value: bytes | memoryview,
+        origin: tuple[int, int] | None = None,
+        source: tuple[str, int] | None = None,
+    ) -> None:
+        """Adds ``value`` under ``key``. ``origin``: where the same bytes are in a local
+        file (descriptor, offset), for the kernel to copy them; ``source``: that file's
+        path and the offset, to reference them there if ``link_files`` named it.
+
+        Raises:
+          OSError: If it cannot be written.
+        """
+        if source is not None and source[0] in self._linkable:
+            linked = self._linked(source[0])
+            if linked is not None:
+                self.added[key] = ValueRef(linked, source[1], len(value), "")
+                return
+        if self._file is not None and self._file.size + len(value) > self.file_bytes:
+            self._file.close()
+            self._file = None
+        if self._file is None:
+            self._file = DataFile(self.directory)
+        self.added[key] = self._file.append(value, origin)
+
+    def close(self) -> None:
+        """Closes the data file being written (synced).
+
+        Raises:
+          OSError: If the sync failed.
+        """
+        if self._file is not None:
+            file, self._file = self._file, None
+            file.close()
+
+
 def _copy_range(source: int, offset: int, target: int, at: int, length: int) -> int:
     """Copies up to ``length`` bytes by ``copy_file_range``; returns how many it copied
     (fewer where the kernel cannot: another filesystem, an old kernel)."""

@@ -28,7 +28,6 @@ import base64
 import contextlib
 import dataclasses
 import json
-import os
 import struct
 import sys
 from collections.abc import Sequence
@@ -38,7 +37,6 @@ import numpy as np
 import tensorstore as ts
 
 from tinax._format import arrays, checksums, durable, names, ocdbt_root
-from tinax._format.arrays import ValueRef
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.chunks import Box
 from tinax._format.keys import KeyPath, format_key
@@ -209,12 +207,7 @@ class PyTreeWriter:
         self._sync = durable.BackgroundSync(directory)
         # Stored chunks copied on a local disk: written into data files here, and
         # added to the store's B+tree once tensorstore has committed the rest.
-        self._data_file: ocdbt_root.DataFile | None = None
-        self._added: dict[bytes, ValueRef] = {}
-        # Source data files to link rather than copy (``link_files``): path → the name
-        # of the link under this store, once made.
-        self._linkable: set[str] = set()
-        self._links: dict[str, str] = {}
+        self._values = ocdbt_root.NewValues(directory, _DATA_FILE_BYTES)
 
     # -- leaves ---------------------------------------------------------------------
 
@@ -332,7 +325,7 @@ class PyTreeWriter:
                 name = array.prefix + "/".join(["c", *map(str, index)])
                 if direct:
                     # Into this store's own data files: no copy through tensorstore.
-                    self._append(name.encode("utf-8"), encode_shard(chunk_values))
+                    self._values.append(name.encode("utf-8"), encode_shard(chunk_values))
                 else:
                     self._writes.append(store.write(name, encode_shard(chunk_values)))
             if direct:
@@ -350,27 +343,9 @@ class PyTreeWriter:
 
     def link_files(self, paths: set[str]) -> None:
         """Has the stored chunks ``write_stored`` is given from these local data files
-        kept where they are: each file is hard-linked into this store's data directory
-        (where the file system allows) and the chunks referenced at their offsets in
-        it, not copied. Only for files of committed checkpoints, which never change."""
-        self._linkable = set(paths)
-
-    def _linked(self, path: str) -> str | None:
-        """The name under this store of the link to data file ``path``, made on first
-        use; ``None`` where no link can be made (another file system, a name taken)."""
-        name = self._links.get(path)
-        if name is None:
-            name = f"{ocdbt_root.DATA_DIR}/{os.path.basename(path)}"
-            if name in self._links.values():
-                return None
-            os.makedirs(os.path.join(self.directory.path, ocdbt_root.DATA_DIR), exist_ok=True)
-            try:
-                os.link(path, os.path.join(self.directory.path, name), follow_symlinks=False)
-            except OSError:
-                self._linkable.discard(path)
-                return None
-            self._links[path] = name
-        return name
+        referenced where they are, each file hard-linked into this store
+        (``ocdbt_root.NewValues.link_files``), not copied."""
+        self._values.link_files(paths)
 
     def write_stored(
         self,
@@ -395,13 +370,7 @@ class PyTreeWriter:
             if self._pending >= self._batch_bytes:
                 self._commit()
             return
-        if source is not None and source[0] in self._linkable:
-            linked = self._linked(source[0])
-            if linked is not None:
-                chunk = (array.prefix + chunk_key).encode("utf-8")
-                self._added[chunk] = ValueRef(linked, source[1], len(value), "")
-                return
-        self._append((array.prefix + chunk_key).encode("utf-8"), value, origin)
+        self._values.append((array.prefix + chunk_key).encode("utf-8"), value, origin, source)
 
     def _direct(self) -> bool:
         """Whether chunks are written into this store's data files here (a local disk,
@@ -410,20 +379,8 @@ class PyTreeWriter:
         return (
             self.directory.is_local
             and len(self._arrays) <= ocdbt_root.MAX_ARRAYS
-            and len(self._added) < ocdbt_root.MAX_ADDED
+            and len(self._values.added) < ocdbt_root.MAX_ADDED
         )
-
-    def _append(
-        self, chunk: bytes, value: bytes | memoryview, origin: tuple[int, int] | None = None
-    ) -> None:
-        """Writes one chunk's stored bytes at the end of this store's data file (a new
-        one past ``_DATA_FILE_BYTES``) and keeps where, for the B+tree."""
-        if self._data_file is not None and self._data_file.size + len(value) > _DATA_FILE_BYTES:
-            self._data_file.close()
-            self._data_file = None
-        if self._data_file is None:
-            self._data_file = ocdbt_root.DataFile(self.directory)
-        self._added[chunk] = self._data_file.append(value, origin)
 
     def _zarr(self, array: _Array) -> Any:
         if array.store is None:
@@ -485,11 +442,9 @@ class PyTreeWriter:
         self._committing = None
         self._sync.written()
         self._sync.close()
-        if self._data_file is not None:
-            self._data_file.close()
-            self._data_file = None
-        if self._added:
-            ocdbt_root.add_version(self.directory, self._added)
+        self._values.close()
+        if self._values.added:
+            ocdbt_root.add_version(self.directory, self._values.added)
         meta = {
             "tree_metadata": self._entries,
             "use_ocdbt": True,
@@ -526,7 +481,5 @@ class PyTreeWriter:
             self._committing = None
         with contextlib.suppress(OSError):
             self._sync.close()
-        if self._data_file is not None:
-            with contextlib.suppress(OSError):
-                self._data_file.close()
-            self._data_file = None
+        with contextlib.suppress(OSError):
+            self._values.close()

@@ -64,11 +64,8 @@ _log = logging.getLogger(__name__)
 # Enough for the page cache or a disk's queue on a small machine, and for the
 # round trips of an object store; a large host decodes on up to 32 cores.
 THREADS = min(32, max(8, os.cpu_count() or 1))
-# Host memory for parts being read: about what the threads read at once. On an
-# accelerator, where parts are read into one reused buffer and copied to their
-# devices from it, ``DEVICE_HOST_BUFFER_BYTES``: with parts of big arrays 64-128 MiB
-# each, 256 MiB held too few of them in flight for the threads to stay busy while
-# others wait for their transfers (``bench/load_stages.py``).
+# Host memory for parts being read; on an accelerator (one reused buffer) more: 256 MiB
+# held too few 64-128 MiB parts to keep the threads busy (``bench/load_stages.py``).
 HOST_BUFFER_BYTES = 256 << 20
 DEVICE_HOST_BUFFER_BYTES = 512 << 20
 # Chunks of one part read by one task: parts of big arrays are read on several threads.
@@ -206,8 +203,7 @@ def plan(directory: Location, name: str, target: Any) -> _Plan | str:
 
 
 _loaders = ProcessPool(THREADS, "tinax-load")
-# Whether the transfers from reused buffers are waited for on threads of their own
-# (``_waiters``), not on the reading threads.
+# Whether transfers from reused buffers are waited for on threads of their own.
 WAIT_APART = True
 _waiters = ProcessPool(2, "tinax-load-wait")
 

@@ -1,6 +1,5 @@
-"""What deriving and averaging checkpoints share: the sources opened and checked, the
-destination claimed, arrays streamed box by box into the new store, and the commit
-with its lineage.
+"""What deriving and averaging checkpoints share: sources opened and checked, the
+destination claimed, arrays streamed into the new store, the commit with its lineage.
 
 A new checkpoint is written without JAX or Orbax (``tinax._format.store_writer``),
 in Orbax's own layout, so that the restore verdict, every tinax reader and raw Orbax
@@ -322,12 +321,10 @@ def stream(
         decode, naming the checkpoint, checkpointable and leaf.
       ValueError: If a box cannot be read, or ``combine`` refuses it.
     """
-    kept = [job.stored for job in jobs if job.stored is not None]
-    if writer.directory.is_local:
-        # Data files kept whole are linked, not written again (checked all the same).
-        writer.link_files(stored_copy.whole_files(kept))
+    # Arrays kept as they are: their stored chunks copied (files kept whole, linked).
+    writer.link_files(stored_copy.whole_files([j.stored for j in jobs if j.stored]))
     for job in jobs:
-        if job.stored is not None:  # kept as it is: its stored chunks are copied
+        if job.stored is not None:
             stored_copy.copy(writer, job.key, job.stored, job.wheres[0], progress=progress)
     jobs = [job for job in jobs if job.stored is None]
     budget = max(
@@ -460,8 +457,7 @@ def write_checkpoint(
     new: NewCheckpoint | None = None
     try:
         new = NewCheckpoint(destination)
-        # Boxes allocate little, but the collector would walk the whole heap again and
-        # again as they stream (3% of a copy's time).
+        # Boxes allocate little, but the collector would walk the heap as they stream.
         with files.paused_gc():
             handlers = fill(new)
         record = lineage.encode(made)
