@@ -525,6 +525,31 @@ def test_a_link_the_file_system_refuses_is_a_copy_instead(wide, tmp_path, monkey
     assert all(_same_bits(raw[k], v) for k, v in _flat(state).items())
 
 
+def test_a_write_that_fails_behind_the_cast_fails_it_and_leaves_nothing(
+    wide, tmp_path, monkeypatch
+):
+    import errno
+
+    from tinax._format import ocdbt_root
+
+    real, calls = os.pwrite, []
+
+    def full(fd: int, data: Any, offset: int) -> int:
+        calls.append(offset)
+        if len(calls) == 2:  # the second chunk's, written on the data file's own thread
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(ocdbt_root.os, "pwrite", full)
+    source, _ = wide
+    out = tmp_path / "out"
+    before = set(os.listdir(tmp_path))
+    with pytest.raises(OSError, match="No space left on device"):
+        derive_checkpoint(source, out, cast="bfloat16")
+    assert len(calls) >= 2
+    _nothing_left(tmp_path, before)
+
+
 def test_a_store_with_too_many_arrays_for_one_node_copies_its_chunks_through_tensorstore(
     wide, tmp_path, monkeypatch
 ):

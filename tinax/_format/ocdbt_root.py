@@ -20,6 +20,7 @@ CRC-32C), uncompressed; the manifest is encoded by tensorstore itself
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import errno
 import itertools
@@ -51,6 +52,8 @@ MAX_ADDED = 500_000
 DATA_DIR = "d"
 # Bytes written between two syncs of a data file.
 SYNC_BYTES = 64 << 20
+# Bytes a data file writes behind its caller (``DataFile.append``).
+WRITE_BEHIND_BYTES = 64 << 20
 
 
 def _varint(n: int) -> bytes:
@@ -130,9 +133,11 @@ class DataFile:
 
     A value read from a file on the same machine is copied by the kernel from that
     file (``copy_file_range``), never through this process's memory: copying the
-    bytes from a buffer into the page cache costs several times more. What is
-    written is handed to the disk as it goes (``fdatasync`` on a thread of its own
-    every ``SYNC_BYTES``), so that the sync before the commit finds little left.
+    bytes from a buffer into the page cache costs several times more. Other values
+    given as ``bytes`` (which nothing can change) are written on a thread of the
+    file's own while the caller goes on, at most ``WRITE_BEHIND_BYTES`` of them at a
+    time. What is written is handed to the disk as it goes (``fdatasync`` on that
+    thread every ``SYNC_BYTES``), so that the sync before the commit finds little left.
 
     Attributes:
       name: Its path under the store (``d/…``).
@@ -148,6 +153,11 @@ class DataFile:
         self._unsynced = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tinax-sync")
         self._syncing: concurrent.futures.Future[None] | None = None
+        # Writes behind the caller, in order: each one's future and length.
+        self._behind: collections.deque[tuple[concurrent.futures.Future[None], int]] = (
+            collections.deque()
+        )
+        self._behind_bytes = 0
 
     def append(self, value: bytes | memoryview, origin: tuple[int, int] | None = None) -> ValueRef:
         """Writes ``value`` at the file's end; returns where it is.
@@ -162,13 +172,16 @@ class DataFile:
         """
         offset = self.size
         length = len(value)
-        done = 0
-        if origin is not None:
-            done = _copy_range(origin[0], origin[1], self._fd, offset, length)
-        view = memoryview(value).cast("B")[done:]
-        while view:
-            n = os.pwrite(self._fd, view, offset + length - len(view))
-            view = view[n:]
+        if origin is None and isinstance(value, bytes):
+            self._behind.append((self._pool.submit(self._write, value, offset), length))
+            self._behind_bytes += length
+            while self._behind_bytes > WRITE_BEHIND_BYTES:
+                self._wait_oldest()
+        else:
+            done = 0
+            if origin is not None:
+                done = _copy_range(origin[0], origin[1], self._fd, offset, length)
+            self._write(memoryview(value).cast("B")[done:], offset + done)
         self.size += length
         self._unsynced += length
         if self._unsynced >= SYNC_BYTES and (self._syncing is None or self._syncing.done()):
@@ -178,15 +191,28 @@ class DataFile:
             self._syncing = self._pool.submit(os.fdatasync, self._fd)
         return ValueRef(self.name, offset, length, "")
 
+    def _write(self, value: bytes | memoryview, offset: int) -> None:
+        view = memoryview(value).cast("B")
+        while view:
+            n = os.pwrite(self._fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def _wait_oldest(self) -> None:
+        future, length = self._behind.popleft()
+        self._behind_bytes -= length
+        future.result()
+
     def close(self) -> None:
-        """Waits for the sync in flight and closes the file.
+        """Waits for the writes and the sync in flight and closes the file.
 
         Raises:
-          OSError: If the sync failed.
+          OSError: If a write or the sync failed.
         """
         if self._fd < 0:
             return
         try:
+            while self._behind:
+                self._wait_oldest()
             if self._syncing is not None:
                 self._syncing.result()
         finally:
