@@ -600,13 +600,24 @@ def test_mypy_catches_a_misspelt_attribute_of_the_explorer_s_panes(tmp_path: Pat
     assert 'maybe "leaf_view"' in errors[0] and 'maybe "refresh"' in errors[1]
 
 
-def test_ages_tick_without_a_refresh(tmp_path: Path) -> None:
+def test_ages_tick_without_a_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from tinax.widgets import _run_list
+
     _save(tmp_path / "step-1", {"model": {"w": np.ones(2, np.float32)}})
     explorer = CheckpointExplorer(tmp_path)
     try:
+        # The run's check in the background lists it again when it ends, which sets the
+        # ages afresh: it must not land between the ticks below.
+        assert explorer.wait(timeout=60)
+        # The run list's clock stands still between the ticks, however slow the machine.
+        now = time.monotonic()
+        monkeypatch.setattr(_run_list, "time", types.SimpleNamespace(monotonic=lambda: now))
+        explorer.runs.tick_ages()
         view = explorer.checkpoint_view
         assert view.visible_text("age")[0].endswith(" s")
-        assert not explorer.runs.tick_ages()  # nothing shown has changed yet
+        assert not explorer.runs.tick_ages()  # nothing shown has changed since
         explorer.runs._listed_at -= 125  # two minutes on
         assert explorer.runs.tick_ages()
         assert view.visible_text("age") == ["2 min"]
