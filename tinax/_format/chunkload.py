@@ -10,8 +10,8 @@ compressed one read whole into a buffer the reading thread reuses (chunks of up 
 ``WHOLE_READ_BYTES``; larger ones are streamed from the file ``DECODE_READ_BYTES``
 at a time) and decoded by zstd (the ``zstandard`` library) straight into place; a
 chunk that the box cuts is decoded into one scratch chunk of the reading thread and
-the box's part copied out. Every step releases the GIL, so several threads read, decode and copy
-side by side.
+the box's part copied out. Every step releases the GIL, so several threads read,
+decode and copy side by side.
 
 Only what is known to be byte for byte is read this way: zarr3 metadata whose
 codecs are ``bytes`` (little-endian), optionally followed by ``zstd``, alone or

@@ -205,7 +205,7 @@ class PyTreeWriter:
         self._writes: list[Any] = []
         self._committing: Any = None
         self._sync = durable.BackgroundSync(directory)
-        # Stored chunks copied on a local disk: written into data files here, and
+        # Chunks stored on a local disk (``_put``): written into data files here, and
         # added to the store's B+tree once tensorstore has committed the rest.
         self._values = ocdbt_root.NewValues(directory, _DATA_FILE_BYTES)
 
@@ -305,9 +305,7 @@ class PyTreeWriter:
         """
         array = self._arrays[key]
         values = np.asarray(values, dtype=array.dtype)
-        direct = self._direct()
         if _aligned(box, array.chunk, array.shape):
-            store = self._kvstore.with_transaction(self._txn)
             fill = None
             for index, part in _chunk_boxes(box, array.chunk):
                 inner = tuple(
@@ -323,21 +321,14 @@ class PyTreeWriter:
                     padded[tuple(slice(0, n) for n in chunk_values.shape)] = chunk_values
                     chunk_values = padded
                 name = array.prefix + "/".join(["c", *map(str, index)])
-                if direct:
-                    # Into this store's own data files: no copy through tensorstore.
-                    self._values.append(name.encode("utf-8"), encode_shard(chunk_values))
-                else:
-                    self._writes.append(store.write(name, encode_shard(chunk_values)))
-            if direct:
-                return
-        else:
-            target = self._zarr(array).with_transaction(self._txn)
-            write = (target[box] if box else target).write(values)
-            # Copied before returning: the caller may reuse ``values`` at once.
-            write.copy.result()
-            self._writes.append(write)
-        nbytes = values.size * values.itemsize
-        self._pending += nbytes
+                self._put(name, encode_shard(chunk_values))
+            return
+        target = self._zarr(array).with_transaction(self._txn)
+        write = (target[box] if box else target).write(values)
+        # Copied before returning: the caller may reuse ``values`` at once.
+        write.copy.result()
+        self._writes.append(write)
+        self._pending += values.size * values.itemsize
         if self._pending >= self._batch_bytes:
             self._commit()
 
@@ -361,26 +352,31 @@ class PyTreeWriter:
         the kernel to copy them from there onto a local disk. ``source``: that file's
         path and the offset, for a file ``link_files`` named, to reference them there.
         """
-        array = self._arrays[key]
-        if not self._direct():
-            # On an object store, or too many keys for one B+tree node: tensorstore's.
-            store = self._kvstore.with_transaction(self._txn)
-            self._writes.append(store.write(array.prefix + chunk_key, bytes(value)))
-            self._pending += len(value)
-            if self._pending >= self._batch_bytes:
-                self._commit()
-            return
-        self._values.append((array.prefix + chunk_key).encode("utf-8"), value, origin, source)
+        self._put(self._arrays[key].prefix + chunk_key, value, origin, source)
 
-    def _direct(self) -> bool:
-        """Whether chunks are written into this store's data files here (a local disk,
-        few enough keys for one B+tree node), added to its B+tree by ``finish``,
-        rather than through tensorstore."""
-        return (
+    def _put(
+        self,
+        name: str,
+        value: bytes | memoryview,
+        origin: tuple[int, int] | None = None,
+        source: tuple[str, int] | None = None,
+    ) -> None:
+        """Stores one chunk's bytes under ``name``: into this store's own data files on
+        a local disk (added to its B+tree by ``finish``, with ``origin`` and ``source``
+        as ``write_stored`` says); through tensorstore's transaction on an object
+        store, or with too many keys for one B+tree node."""
+        if (
             self.directory.is_local
             and len(self._arrays) <= ocdbt_root.MAX_ARRAYS
             and len(self._values.added) < ocdbt_root.MAX_ADDED
-        )
+        ):
+            self._values.append(name.encode("utf-8"), value, origin, source)
+            return
+        store = self._kvstore.with_transaction(self._txn)
+        self._writes.append(store.write(name, bytes(value)))
+        self._pending += len(value)
+        if self._pending >= self._batch_bytes:
+            self._commit()
 
     def _zarr(self, array: _Array) -> Any:
         if array.store is None:

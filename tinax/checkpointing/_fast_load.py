@@ -20,10 +20,9 @@ holds the state and no copy of it; parts being read hold at most
 ``HOST_BUFFER_BYTES`` (256 MiB, or one part) at a time. Beyond that each of the
 ``THREADS`` reading threads holds one compressed chunk it is decoding (up to
 16 MiB: a tinax chunk is at most 8 MiB, and longer ones are streamed 1 MiB at a
-time) and, when parts
-cut stored chunks (a load onto another mesh), one decoded chunk; on ``gs://`` a task
-holds the stored bytes it fetched for its parts (at most one part's, or 8 MiB of
-small parts').
+time) and, when parts cut stored chunks (a load onto another mesh), one decoded
+chunk; on ``gs://`` a task holds the stored bytes it fetched for its parts (at most
+one part's, or 8 MiB of small parts').
 
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
 checkpointable with leaves other than arrays, targets without a sharding or with a
