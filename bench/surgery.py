@@ -182,6 +182,26 @@ def _cp_seconds(sources: list[Path], target: Path) -> float:
     return seconds
 
 
+def _cat_beside_dd_seconds(files: list[Path], work: Path, nbytes: int) -> float:
+    """Seconds for ``cat`` of ``files`` and, at the same time, ``dd`` writing ``nbytes``
+    durably: the disk's own floor for anything that reads those files and writes that
+    much (a cast to a type of half the width), reads and writes sharing the device."""
+    target = work / "dd.out"
+    started = time.perf_counter()
+    count = f"count={nbytes // (8 * MIB)}"
+    writer = subprocess.Popen(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=8M", count, "conv=fsync"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
+    if writer.wait() != 0:
+        raise RuntimeError("dd failed")
+    seconds = time.perf_counter() - started
+    target.unlink()
+    return seconds
+
+
 def _run(operation: str, out: Path, warm: Path, sources: list[Path]) -> dict[str, float]:
     for path in (out, Path(f"{out}.warm")):
         shutil.rmtree(path, ignore_errors=True)
@@ -232,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         out = work / "out"
         line = {}
         cps: list[float] = []
+        both: list[float] = []
         for cached in (False, True):
             cats, runs = [], []
             for _ in range(args.rounds if not cached else 1):
@@ -245,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "copy without links" and not cached:
                     _evict(everything)
                     cps.append(_cp_seconds(sources, work / "cp"))
+                if name == "bfloat16" and not cached:
+                    _evict(everything)
+                    both.append(_cat_beside_dd_seconds(files, work, nbytes // 2))
             cat_s = min(c[0] for c in cats)
             cat_cpu = min(c[1] for c in cats)
             run_s = min(r["seconds"] for r in runs)
@@ -274,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"the copy {min(cps) / run_s:.2f}x cp's speed"
                 )
                 line[key]["cp_ratio"] = cat_s / min(cps)
+            if both and not cached:
+                print(
+                    f"  beside it, cat of the sources while dd writes {nbytes / MIB / 2:.0f} MiB "
+                    f"with fsync: {min(both):.2f} s, {cat_s / min(both):.2f} of cat alone; "
+                    f"the cast {min(both) / run_s:.2f}x their speed"
+                )
+                line[key]["cat_beside_dd_ratio"] = cat_s / min(both)
             if goal and ratio < GOAL_RATIO:
                 missed.append(f"{name} throughput")
             if growth > bound:

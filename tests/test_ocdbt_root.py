@@ -67,3 +67,36 @@ def test_a_new_version_adds_values_written_in_a_data_file_of_its_own(tmp_path):
     assert fresh["m/c/1"] == b"z" * 4000
     assert fresh["m/c/2"] == b"k" * 3000
     assert fresh["m/zarr.json"] == b'{"a": 1}'
+
+
+def test_lent_buffers_are_written_behind_and_used_again_once_written(tmp_path):
+    ring = ocdbt_root.BufferRing(keep_bytes=3 * 4096)
+    where = location(str(tmp_path))
+    data = ocdbt_root.DataFile(where)
+    refs, seen = [], set()
+    for i in range(6):
+        lent = ring.lend(4096)
+        seen.add(id(lent._buffer))
+        memoryview(lent.view)[:] = bytes([65 + i]) * 4096
+        refs.append(data.append(lent))
+        data._wait_oldest()  # written: the buffer is back in the ring
+    data.close()
+    # Each buffer came back once written: the six writes needed one.
+    assert len(seen) == 1
+    with open(tmp_path / refs[0].file, "rb") as f:
+        written = f.read()
+    assert written == b"".join(bytes([65 + i]) * 4096 for i in range(6))
+    assert [r.offset for r in refs] == [4096 * i for i in range(6)]
+
+
+def test_a_ring_keeps_no_more_free_than_it_may():
+    ring = ocdbt_root.BufferRing(keep_bytes=10_000)
+    lent = [ring.lend(n) for n in (4000, 4000, 4000, 100)]
+    for each in lent:
+        each.give_back()
+        each.give_back()  # a second time does nothing
+    free = sorted(b.nbytes for b in ring._free)
+    assert sum(free) <= 10_000 and 4000 in free
+    # A buffer is lent again only to a request it fits without wasting half of it.
+    assert len(ring.lend(4000).view) == 4000
+    assert ring.lend(1000).view.nbytes == 1000 and len(ring._free) == 2

@@ -28,6 +28,7 @@ import base64
 import contextlib
 import dataclasses
 import json
+import math
 import struct
 import sys
 from collections.abc import Sequence
@@ -131,17 +132,45 @@ class _Array:
 # -- the bytes of a chunk --------------------------------------------------------------------
 
 
-def encode_shard(values: np.ndarray) -> bytes:
-    """The stored bytes of one chunk written as Orbax writes it (``zarr3_metadata``): a
-    shard of one inner chunk, its values little-endian in C order, then the shard's
-    index (the chunk's offset and length, two little-endian uint64) and the index's
-    CRC-32C."""
+def _shard_trailer(nbytes: int) -> bytes:
+    """What follows a shard's one inner chunk of ``nbytes``: the shard's index (the
+    chunk's offset and length, two little-endian uint64) and the index's CRC-32C."""
+    index = struct.pack("<QQ", 0, nbytes)
+    return index + struct.pack("<I", arrays.crc32c(index))
+
+
+def _little_endian(dtype: np.dtype) -> bool:
+    return not (dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"))
+
+
+def encode_shard(values: np.ndarray, ring: ocdbt_root.BufferRing) -> ocdbt_root.Lent:
+    """The stored bytes of one chunk written as Orbax writes it (``zarr3_metadata``), in
+    a buffer lent by ``ring``: a shard of one inner chunk, its values little-endian in C
+    order, then the shard's index and its checksum (``_shard_trailer``)."""
     data = np.ascontiguousarray(values)
-    if data.dtype.byteorder == ">" or (data.dtype.byteorder == "=" and sys.byteorder == "big"):
+    if not _little_endian(data.dtype):
         data = data.astype(data.dtype.newbyteorder("<"))
-    raw = memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-    index = struct.pack("<QQ", 0, raw.nbytes)
-    return b"".join([raw, index, struct.pack("<I", arrays.crc32c(index))])
+    raw = data.reshape(-1).view(np.uint8)
+    trailer = _shard_trailer(raw.nbytes)
+    lent = ring.lend(raw.nbytes + len(trailer))
+    out = np.frombuffer(lent.view, np.uint8)
+    out[: raw.nbytes] = raw
+    out[raw.nbytes :] = np.frombuffer(trailer, np.uint8)
+    return lent
+
+
+@dataclasses.dataclass
+class ChunkOut:
+    """One whole chunk's stored bytes, made in place (``PyTreeWriter.chunk_out``).
+
+    Attributes:
+      values: Where the chunk's values go (the caller fills it).
+    """
+
+    values: np.ndarray
+    key: str
+    name: str
+    lent: ocdbt_root.Lent
 
 
 def _aligned(box: Box, chunk: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -208,6 +237,7 @@ class PyTreeWriter:
         # Chunks stored on a local disk (``_put``): written into data files here, and
         # added to the store's B+tree once tensorstore has committed the rest.
         self._values = ocdbt_root.NewValues(directory, _DATA_FILE_BYTES)
+        self._ring = ocdbt_root.BufferRing()
 
     # -- leaves ---------------------------------------------------------------------
 
@@ -321,7 +351,7 @@ class PyTreeWriter:
                     padded[tuple(slice(0, n) for n in chunk_values.shape)] = chunk_values
                     chunk_values = padded
                 name = array.prefix + "/".join(["c", *map(str, index)])
-                self._put(name, encode_shard(chunk_values))
+                self._put(name, encode_shard(chunk_values, self._ring))
             return
         target = self._zarr(array).with_transaction(self._txn)
         write = (target[box] if box else target).write(values)
@@ -331,6 +361,32 @@ class PyTreeWriter:
         self._pending += values.size * values.itemsize
         if self._pending >= self._batch_bytes:
             self._commit()
+
+    def chunk_out(self, key: str, box: Box) -> ChunkOut | None:
+        """Room for ``box`` of array ``key``'s values in the bytes it is stored as, when
+        ``box`` is one whole chunk: filled by the caller and given to ``write_out``, they
+        are stored without another copy. None for any other box (``write`` it)."""
+        array = self._arrays[key]
+        shape = tuple(s.stop - s.start for s in box)
+        if (
+            shape != array.chunk
+            or not _aligned(box, array.chunk, array.shape)
+            or not _little_endian(array.dtype)
+        ):
+            return None
+        nbytes = math.prod(shape) * array.dtype.itemsize
+        lent = self._ring.lend(nbytes + len(_shard_trailer(nbytes)))
+        values = np.frombuffer(lent.view, array.dtype, math.prod(shape)).reshape(shape)
+        index = tuple(s.start // c for s, c in zip(box, array.chunk, strict=True))
+        name = array.prefix + "/".join(["c", *map(str, index)])
+        return ChunkOut(values, key, name, lent)
+
+    def write_out(self, out: ChunkOut) -> None:
+        """Stores a chunk ``chunk_out`` gave, its values filled in (and not touched after)."""
+        nbytes = out.values.nbytes
+        trailer = _shard_trailer(nbytes)
+        np.frombuffer(out.lent.view, np.uint8)[nbytes:] = np.frombuffer(trailer, np.uint8)
+        self._put(out.name, out.lent)
 
     def link_files(self, paths: set[str]) -> None:
         """Has the stored chunks ``write_stored`` is given from these local data files
@@ -357,7 +413,7 @@ class PyTreeWriter:
     def _put(
         self,
         name: str,
-        value: bytes | memoryview,
+        value: bytes | memoryview | ocdbt_root.Lent,
         origin: tuple[int, int] | None = None,
         source: tuple[str, int] | None = None,
     ) -> None:
@@ -373,8 +429,13 @@ class PyTreeWriter:
             self._values.append(name.encode("utf-8"), value, origin, source)
             return
         store = self._kvstore.with_transaction(self._txn)
-        self._writes.append(store.write(name, bytes(value)))
-        self._pending += len(value)
+        if isinstance(value, ocdbt_root.Lent):
+            data = bytes(value.view)
+            value.give_back()
+        else:
+            data = bytes(value)
+        self._writes.append(store.write(name, data))
+        self._pending += len(data)
         if self._pending >= self._batch_bytes:
             self._commit()
 

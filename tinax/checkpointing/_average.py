@@ -12,6 +12,7 @@ import numpy as np
 
 from tinax._format import (
     chunks,
+    dtypes,
     files,
     layout,
     lineage,
@@ -77,7 +78,9 @@ def _mean(dtype: np.dtype, weights: list[float], where: str) -> _surgery.Combine
     total = math.fsum(weights)
     equal = len(set(weights)) == 1
 
-    def combine(values: list[np.ndarray], scratch: streaming.Scratch) -> np.ndarray:
+    def combine(
+        values: list[np.ndarray], scratch: streaming.Scratch, into: np.ndarray | None
+    ) -> np.ndarray:
         shape = np.shape(values[0])
         acc = scratch.get("sum", shape, acc_dtype)
         # Each pass reads the sources as they are and widens them on the way (numpy
@@ -93,22 +96,19 @@ def _mean(dtype: np.dtype, weights: list[float], where: str) -> _surgery.Combine
                 if weight:
                     np.multiply(value, acc_dtype.type(weight), out=wide, dtype=acc_dtype)
                     acc += wide
-        out = scratch.get("mean", shape, dtype)
+        out = scratch.get("mean", shape, dtype) if into is None else into
         # Divided at the full width, rounded once into the leaf's dtype.
-        np.divide(
-            acc,
-            acc_dtype.type(len(weights) if equal else total),
-            out=out,
-            dtype=acc_dtype,
-            casting="unsafe",
-        )
+        np.divide(acc, acc_dtype.type(len(weights) if equal else total), out=acc)
+        dtypes.convert_into(out, acc)
         return out
 
     return combine
 
 
 def _agree(wheres: list[str]) -> _surgery.Combine:
-    def combine(values: list[np.ndarray], scratch: streaming.Scratch) -> np.ndarray:
+    def combine(
+        values: list[np.ndarray], scratch: streaming.Scratch, into: np.ndarray | None
+    ) -> np.ndarray:
         first = values[0]
         for where, value in zip(wheres[1:], values[1:], strict=True):
             if not np.array_equal(first, value):
@@ -117,7 +117,10 @@ def _agree(wheres: list[str]) -> _surgery.Combine:
                     "only floating-point leaves are averaged, the others must be equal in "
                     "every source (leave it out with keys=… or checkpointables=[…])"
                 )
-        return first
+        if into is None:
+            return first
+        np.copyto(into, first)
+        return into
 
     return combine
 

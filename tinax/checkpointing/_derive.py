@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format import chunks, files, lineage, streaming, treeplan, words
+from tinax._format import chunks, dtypes, files, lineage, streaming, treeplan, words
 from tinax._format.copy_source import PyTreeSource
 from tinax._format.layout import Checkpoint
 from tinax._format.new_checkpoint import NewCheckpoint
@@ -20,13 +20,15 @@ from tinax.checkpointing._surgery import ArrayJob, OpenedSource
 
 
 def _combine(dtype: np.dtype, cast: bool) -> _surgery.Combine:
-    if not cast:
-        return lambda values, scratch: values[0]
-
-    def combine(values: list[np.ndarray], scratch: streaming.Scratch) -> np.ndarray:
+    def combine(
+        values: list[np.ndarray], scratch: streaming.Scratch, out: np.ndarray | None
+    ) -> np.ndarray:
         value = np.asarray(values[0])
-        out = scratch.get("cast", value.shape, dtype)
-        np.copyto(out, value, casting="unsafe")
+        if out is None:
+            if not cast:
+                return value
+            out = scratch.get("cast", value.shape, dtype)
+        dtypes.convert_into(out, value)
         return out
 
     return combine

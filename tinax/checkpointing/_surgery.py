@@ -12,6 +12,7 @@ renamed at the end (local disk) or in place with ``commit_success.txt`` last
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -44,7 +45,9 @@ from tinax._format.storage import Location
 from tinax.checkpointing import _destination
 from tinax.checkpointing._training import STEP_KEY, TrainingCheckpointNames
 
-Combine = Callable[[list[np.ndarray], streaming.Scratch], np.ndarray]
+# Makes the values written from each source's values of one box: into the array given
+# (where the box's stored bytes are being made) or, given None, into a ``scratch`` array.
+Combine = Callable[[list[np.ndarray], streaming.Scratch, np.ndarray | None], np.ndarray]
 # The layouts a new checkpoint can copy file by file.
 _COPIED_LAYOUTS = frozenset({layout.ITERATOR, layout.JSON, layout.EMPTY})
 
@@ -222,8 +225,8 @@ class ArrayJob:
       boxes: ``(piece, box)`` in the order they are read.
       chunk: The chunk shape written.
       dtype: The dtype written.
-      combine: Makes the values written from each source's values of one box (its
-        result may be a ``scratch`` array, valid until the next box).
+      combine: Makes the values written from each source's values of one box (into
+        the array given, or one of its own, valid until the next box: ``Combine``).
       same_bytes: Whether what is written is the first source's bytes unchanged
         (its digests then serve as the new ones).
       stored: Set where the source's stored chunks are copied as they are.
@@ -338,6 +341,28 @@ def stream(
             reads.add((job, piece, box, last), [(source, box) for source in job.sources])
     digests: dict[int, tuple[list[streaming.PieceDigests], streaming.PieceDigests | None]] = {}
     scratch = streaming.Scratch()
+    # The digests of what was read, and of what is written, are taken on a thread while
+    # the caller's thread combines and writes (xxh3 lets go of the interpreter); both
+    # end before the box's buffers are used again.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tinax-digest") as digester:
+        _stream_boxes(writer, reads, digests, scratch, digester, progress)
+
+
+def _digest_all(
+    digests: Sequence[streaming.PieceDigests], piece: Any, values: Sequence[Any]
+) -> None:
+    for digest, value in zip(digests, values, strict=True):
+        digest.update(piece, value)
+
+
+def _stream_boxes(
+    writer: store_writer.PyTreeWriter,
+    reads: streaming.Reads,
+    digests: dict[int, tuple[list[streaming.PieceDigests], streaming.PieceDigests | None]],
+    scratch: streaming.Scratch,
+    digester: concurrent.futures.Executor,
+    progress: Callable[[int], None] | None,
+) -> None:
     for (job, piece, box, last), values in reads:
         state = digests.get(id(job))
         if state is None:
@@ -349,19 +374,35 @@ def stream(
         for where, value in zip(job.wheres, values, strict=True):
             if isinstance(value, BaseException):
                 raise _read_failure(where, value)
-        for digest, value in zip(read, values, strict=True):
-            digest.update(piece, value)  # type: ignore[arg-type]
-        for part in streaming.split_box(
-            box, job.chunk, job.dtype.itemsize, store_writer.BATCH_BYTES
-        ):
-            inner = tuple(
-                slice(p.start - b.start, p.stop - b.start) for p, b in zip(part, box, strict=True)
-            )
-            out = job.combine([value[inner] for value in values], scratch)  # type: ignore[index]
-            if written is not None:
-                written.update(piece, out)
-            writer.write(job.key, part, out)
-            del out
+        pending = [digester.submit(_digest_all, read, piece, values)]
+        try:
+            for part in streaming.split_box(
+                box, job.chunk, job.dtype.itemsize, store_writer.BATCH_BYTES
+            ):
+                inner = tuple(
+                    slice(p.start - b.start, p.stop - b.start)
+                    for p, b in zip(part, box, strict=True)
+                )
+                # Made where it is stored from, when the part is one whole chunk.
+                made = writer.chunk_out(job.key, part)
+                out = job.combine(
+                    [value[inner] for value in values],  # type: ignore[index]
+                    scratch,
+                    None if made is None else made.values,
+                )
+                if written is not None:
+                    pending.append(digester.submit(written.update, piece, out))
+                if made is None:
+                    writer.write(job.key, part, out)
+                else:
+                    writer.write_out(made)
+                # The scratch ``out`` is in may be used again by the next part.
+                for future in pending[1:]:
+                    future.result()
+                del pending[1:], out
+        finally:
+            for future in pending:
+                future.result()
         nbytes = sum(np.asarray(v).nbytes for v in values)  # type: ignore[arg-type]
         del values
         if progress is not None:
