@@ -515,14 +515,7 @@ def parse_array_metadata(data: bytes, *, zarr3: bool) -> ArrayInfo | None:
         chunks = grid_shape = int_tuple(meta.get("chunks"))
         compressed = meta.get("compressor") is not None or bool(meta.get("filters"))
     dtype, itemsize = dtype_name(raw_dtype)
-    return ArrayInfo(
-        shape=shape,
-        dtype=dtype,
-        itemsize=itemsize,
-        chunk_shape=chunks,
-        grid_shape=grid_shape,
-        compressed=compressed,
-    )
+    return ArrayInfo(shape, dtype, itemsize, chunks, grid_shape, compressed)
 
 
 # zarr3 codecs that store exactly the bytes they decode to (plus a fixed-size suffix).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -80,21 +81,12 @@ def regions(
     along = chunks[split] * max(1, max_bytes // max(unit, 1))
     outer = [range(0, shape[d], chunks[d]) for d in range(split)]
     boxes: list[Box] = []
-    for corner in _product(outer):
+    for corner in itertools.product(*outer):
         lead = tuple(slice(c, min(c + chunks[d], shape[d])) for d, c in enumerate(corner))
         for start in range(0, shape[split], along):
             middle = slice(start, min(start + along, shape[split]))
             boxes.append((*lead, middle, *(slice(0, s) for s in shape[split + 1 :])))
     return boxes
-
-
-def _product(ranges: list[range]) -> Iterator[tuple[int, ...]]:
-    if not ranges:
-        yield ()
-        return
-    for first in ranges[0]:
-        for rest in _product(ranges[1:]):
-            yield (first, *rest)
 
 
 def box_size(box: Box) -> int:

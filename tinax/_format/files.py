@@ -316,6 +316,19 @@ def read_json_object(
     return parse_json_object(data, path=path, what=what, max_depth=max_depth)
 
 
+def read_record(path: Location, *, what: str, format: str, max_bytes: int) -> dict[str, Any] | None:
+    """The JSON object at ``path`` whose ``"format"`` is ``format``; None where there is
+    none, it cannot be read or parsed, or it is another thing (a record tinax wrote for
+    itself, whose absence or damage is never an error)."""
+    try:
+        record = read_json(path, what=what, max_bytes=max_bytes)
+    except (ValueError, OSError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != format:
+        return None
+    return record
+
+
 def parse_json_object(
     data: bytes, *, path: Location, what: str, max_depth: int | None
 ) -> dict[str, Any]:

@@ -15,3 +15,10 @@ from collections.abc import Callable
 Progress = Callable[[int, int], None]
 # A request to stop: a function asked between units of work, or an event set.
 Cancel = Callable[[], bool] | threading.Event
+
+
+def cancelled(cancel: Cancel | None) -> bool:
+    """Whether ``cancel`` (None: never) asks to stop now."""
+    if cancel is None:
+        return False
+    return cancel.is_set() if isinstance(cancel, threading.Event) else bool(cancel())

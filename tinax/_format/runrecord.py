@@ -20,13 +20,9 @@ def read_run_record(root: Location) -> dict[str, Any] | None:
     where = root / names.RUN_RECORD
     if not where.is_file():
         return None
-    try:
-        record = files.read_json(where, what="tinax run record", max_bytes=MAX_RECORD_BYTES)
-    except (ValueError, OSError):
-        return None
-    if not isinstance(record, dict) or record.get("format") != names.RUN_RECORD_FORMAT:
-        return None
-    return record
+    return files.read_record(
+        where, what="tinax run record", format=names.RUN_RECORD_FORMAT, max_bytes=MAX_RECORD_BYTES
+    )
 
 
 # The record of a checkpoint found corrupt holds one reason and a time.

@@ -39,11 +39,13 @@ def read_save_times(checkpoint: Location) -> SaveTimes | None:
     """The save times recorded in ``checkpoint``; ``None`` where there are none, or the
     record is not one (unreadable, another format, numbers missing or negative)."""
     where = checkpoint / names.SAVE_TIMES
-    try:
-        record = files.read_json(where, what="tinax save times", max_bytes=MAX_SAVE_TIMES_BYTES)
-    except (ValueError, OSError):
-        return None
-    if not isinstance(record, dict) or record.get("format") != names.SAVE_TIMES_FORMAT:
+    record = files.read_record(
+        where,
+        what="tinax save times",
+        format=names.SAVE_TIMES_FORMAT,
+        max_bytes=MAX_SAVE_TIMES_BYTES,
+    )
+    if record is None:
         return None
     values = [record.get("blocked_s"), record.get("total_s")]
     if not all(

@@ -23,8 +23,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -161,7 +162,7 @@ def runs_along(bounds: Bounds, axis: int, along: int) -> list[Box]:
     boxes: list[Box] = []
     lo, hi = bounds[axis]
     after = tuple(slice(a, b) for a, b in bounds[axis + 1 :])
-    for corner in _corners([range(a, b) for a, b in bounds[:axis]]):
+    for corner in itertools.product(*(range(a, b) for a, b in bounds[:axis])):
         lead = tuple(slice(i, i + 1) for i in corner)
         for start in range(lo, hi, along):
             boxes.append((*lead, slice(start, min(start + along, hi)), *after))
@@ -173,15 +174,6 @@ def _step(shapes: Sequence[tuple[int, ...]], axis: int, extent: int) -> int:
     for unit in shapes:
         step = math.lcm(step, min(unit[axis], extent))
     return min(step, extent)
-
-
-def _corners(ranges: list[range]) -> Iterator[tuple[int, ...]]:
-    if not ranges:
-        yield ()
-        return
-    for first in ranges[0]:
-        for rest in _corners(ranges[1:]):
-            yield (first, *rest)
 
 
 def split_box(box: Box, chunk: tuple[int, ...], itemsize: int, limit: int) -> list[Box]:

@@ -13,8 +13,8 @@ it passes as far as its metadata reads.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import tensorstore as ts
@@ -54,22 +54,12 @@ def slabs(bounds: Bounds, itemsize: int, chunk_shape: tuple[int, ...] | None) ->
             step = step // along * along
     trailing = tuple(slice(a, b) for a, b in bounds[split + 1 :])
     boxes: list[chunks.Box] = []
-    for corner in _corners(bounds[:split]):
+    for corner in itertools.product(*(range(a, b) for a, b in bounds[:split])):
         lead = tuple(slice(i, i + 1) for i in corner)
         start, stop = bounds[split]
         for s in range(start, stop, step):
             boxes.append((*lead, slice(s, min(s + step, stop)), *trailing))
     return boxes
-
-
-def _corners(bounds: Bounds) -> Iterator[tuple[int, ...]]:
-    if not bounds:
-        yield ()
-        return
-    (start, stop), rest = bounds[0], bounds[1:]
-    for i in range(start, stop):
-        for tail in _corners(rest):
-            yield (i, *tail)
 
 
 def check_values(checkpoint: layout.Checkpoint) -> list[str]:

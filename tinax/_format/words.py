@@ -130,37 +130,27 @@ DIFF_STATUSES = (
 
 # -- what ``verify`` found (a finding's ``severity``) ------------------------------------------
 
-# The checkpoint cannot be trusted to load as saved.
-ERROR = "error"
-# Unusual but not in the way of a load.
-WARNING = "warning"
-# Said for the record: what was checked, what could not be.
-INFO = "info"
-
-SEVERITIES = (ERROR, WARNING, INFO)
+# ERROR: the checkpoint cannot be trusted to load as saved. WARNING: unusual but not in
+# the way of a load. INFO: said for the record (what was checked, what could not be).
+SEVERITIES = ERROR, WARNING, INFO = ("error", "warning", "info")
 
 # -- non-finite values (``diff_table``'s ``nonfinite``; ``verify`` and ``scan_run``) ----------
 
-# A leaf finite everywhere in ``a`` that holds NaN or Inf in ``b``.
-BECAME_NONFINITE = "became non-finite"
-# A leaf that held NaN or Inf in ``a`` and is finite everywhere in ``b``.
-BECAME_FINITE = "became finite"
-# A leaf holding NaN or Inf on both sides.
-NONFINITE_BOTH = "non-finite in both"
-
-NONFINITE_CHANGES = (BECAME_NONFINITE, NONFINITE_BOTH, BECAME_FINITE)
+# A leaf finite everywhere in ``a`` that holds NaN or Inf in ``b``; one holding NaN or
+# Inf on both sides; one that held NaN or Inf in ``a`` and is finite everywhere in ``b``.
+NONFINITE_CHANGES = BECAME_NONFINITE, NONFINITE_BOTH, BECAME_FINITE = (
+    "became non-finite",
+    "non-finite in both",
+    "became finite",
+)
 
 # -- a checkpoint's verdict (``Verification.status``, ``scan_run``'s ``verdict``) -------------
 
-# Whole, loadable, and (with data read) no NaN or Inf in its model or optimizer state.
-SOUND = "sound"
-# Whole and loadable, but its model or optimizer state holds NaN or Inf: the run
-# diverged before this save. Never called sound.
-DIVERGED = "diverged"
-# Something in the way of a load (an error finding).
-NOT_SOUND = "not sound"
-
-VERIFY_STATUSES = (SOUND, DIVERGED, NOT_SOUND)
+# SOUND: whole, loadable, and (with data read) no NaN or Inf in its model or optimizer
+# state. DIVERGED: whole and loadable, but its model or optimizer state holds NaN or
+# Inf: the run diverged before this save (never called sound). NOT_SOUND: something in
+# the way of a load (an error finding).
+VERIFY_STATUSES = SOUND, DIVERGED, NOT_SOUND = ("sound", "diverged", "not sound")
 
 # ``scan_run``'s verdicts besides ``DIVERGED`` and ``NOT_SOUND``: read and finite
 # everywhere; NaN or Inf only outside the model and optimizer state (a metric in the

@@ -483,12 +483,7 @@ class TrainingRun:
                     self._local.write_record(self._policy())
         response = start_training_save(
             str(where / names.run_checkpoint_name(step)),
-            step,
-            model,
-            optimizer,
-            rng,
-            auxiliary,
-            iterator,
+            TrainingCheckpoint(step, model, optimizer, rng, auxiliary, iterator),
             names=self._names,
             after_commit=after if self._primary else None,
         )

@@ -187,36 +187,31 @@ def save_training_checkpoint(
         object rather than its state (``nnx.state(model)``).
       ValueError: If ``step`` is negative.
     """
-    return start_training_save(path, step, model, optimizer, rng, auxiliary, iterator, names=names)
+    state = TrainingCheckpoint(step, model, optimizer, rng, auxiliary, iterator)
+    return start_training_save(path, state, names=names)
 
 
 def start_training_save(
     path: str | os.PathLike[str],
-    step: int,
-    model: Any,
-    optimizer: Any,
-    rng: Any,
-    auxiliary: Any,
-    iterator: grain.DatasetIterator,
+    state: TrainingCheckpoint,
     *,
     names: TrainingCheckpointNames | None = None,
     after_commit: Callable[[], None] | None = None,
 ) -> SaveResponse[None]:
-    """``save_training_checkpoint``, with ``after_commit`` as in ``start_save``."""
-    step = check_step(step)
-    check_iterator(iterator)
+    """``save_training_checkpoint`` of ``state`` (its step and iterator checked as it
+    was made), with ``after_commit`` as in ``start_save``."""
     names = _check_names(names)
     return start_save(
         path,
         {
-            names.model: model,
-            names.optimizer: optimizer,
-            names.rng: rng,
-            names.auxiliary: {STEP_KEY: step, STATE_KEY: auxiliary},
-            names.iterator: iterator,
+            names.model: state.model,
+            names.optimizer: state.optimizer,
+            names.rng: state.rng,
+            names.auxiliary: {STEP_KEY: state.step, STATE_KEY: state.auxiliary},
+            names.iterator: state.iterator,
         },
         after_commit=after_commit,
-        metrics_of=(names.auxiliary, auxiliary),
+        metrics_of=(names.auxiliary, state.auxiliary),
     )
 
 

@@ -67,10 +67,46 @@ class _Parser(argparse.ArgumentParser):
         return _Formatter(self.prog, width=min(_width(), 100))
 
 
-def _command(prog: str, name: str, description: str, **positionals: str) -> argparse.ArgumentParser:
-    """The parser of ``prog name``: its description, its positional arguments (name →
-    help, in order)."""
-    parser = _Parser(prog=f"{prog} {name}", description=description)
+# What each command does, as its help begins (wrapped to the terminal).
+_ABOUT = {
+    "ls": """List a run's checkpoints: step, status, size, age, and for a run written by
+        TrainingRun its metric and why each checkpoint is kept; of a folder of runs, its
+        runs. Metadata only.""",
+    "show": """Show a checkpoint's leaves (metadata only), or with --leaf one leaf's
+        statistics (reads that leaf's bytes only).""",
+    "diff": """Compare two checkpoints leaf by leaf, leaves that went NaN or Inf first,
+        then the largest change. Arrays are read region by region in bounded memory.
+        Exits 0 when every leaf is the same, 1 when they differ, 2 on trouble (as diff
+        does).""",
+    "verify": """Check that a checkpoint is whole and loadable, or every checkpoint of a
+        run; with --data, also that its model and optimizer state hold no NaN or Inf
+        (else it is diverged). Exits 0 when all are sound, 1 when one is not or
+        diverged, 2 when one cannot be checked.""",
+    "export": """Write a checkpointable's arrays as .safetensors files named after it,
+        streamed from the checkpoint with its checksums checked. Over --max-file-size,
+        several files and an index in the Hugging Face hub's layout.""",
+    "run": """The run at a glance: one row per checkpoint with its metrics, save times
+        and why it is kept (metadata only). --drift adds how far each layer moved
+        between consecutive checkpoints, --scan the NaN/Inf counts and where to roll
+        back to (both read array data).""",
+    "derive": """Write a new checkpoint made from one: only some checkpointables
+        (--only), only the leaves whose dotted key a regular expression finds (--keys),
+        floating-point arrays cast (--cast), keys rewritten (--rename). Streamed,
+        checked against the source's checksums, written atomically, with its
+        lineage.""",
+    "average": """Write a new checkpoint whose floating-point leaves are the (weighted)
+        mean of several checkpoints of one structure; every other leaf must be equal in
+        all. Streamed, checked against the sources' checksums, written atomically, with
+        its lineage.""",
+}
+_CHECKPOINT = "a checkpoint directory (local or gs://)"
+_RUN = "a run directory (local or gs://)"
+
+
+def _command(prog: str, name: str, **positionals: str) -> argparse.ArgumentParser:
+    """The parser of ``prog name``: its description (``_ABOUT``), its positional
+    arguments (name → help, in order)."""
+    parser = _Parser(prog=f"{prog} {name}", description=" ".join(_ABOUT[name].split()))
     for argument, said in positionals.items():
         parser.add_argument(argument, help=said)
     return parser
@@ -103,17 +139,11 @@ def _add_output(parser: argparse.ArgumentParser, *, csv_too: bool = True) -> Non
 
 
 def _add_leaf(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--leaf",
-        nargs="+",
-        metavar="KEY",
-        help=(
-            "summarise one leaf: [CHECKPOINTABLE] KEY, the key as a table shows it "
-            "(blocks.2.mlp.kernel, (root)) or as keystr (\"['blocks'][2]...\"); "
-            "without CHECKPOINTABLE, a key that names one leaf in the checkpoint "
-            "(model.blocks.2.mlp.kernel)"
-        ),
-    )
+    said = """summarise one leaf: [CHECKPOINTABLE] KEY, the key as a table shows it
+        (blocks.2.mlp.kernel, (root)) or as keystr ("['blocks'][2]..."); without
+        CHECKPOINTABLE, a key that names one leaf in the checkpoint
+        (model.blocks.2.mlp.kernel)"""
+    parser.add_argument("--leaf", nargs="+", metavar="KEY", help=" ".join(said.split()))
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -142,26 +172,13 @@ def _version() -> str:
 
 
 def _ls_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _command(
-        prog,
-        "ls",
-        "List a run's checkpoints: step, status, size, age, and for a run written "
-        "by TrainingRun its metric and why each checkpoint is kept; of a folder of "
-        "runs, its runs. Metadata only.",
-        root="a run directory (local or gs://)",
-    )
+    parser = _command(prog, "ls", root=_RUN)
     _add_output(parser)
     return parser
 
 
 def _show_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _command(
-        prog,
-        "show",
-        "Show a checkpoint's leaves (metadata only), or with --leaf one leaf's "
-        "statistics (reads that leaf's bytes only).",
-        path="a checkpoint directory (local or gs://)",
-    )
+    parser = _command(prog, "show", path=_CHECKPOINT)
     _add_leaf(parser)
     _add_output(parser)
     return parser
@@ -171,10 +188,6 @@ def _diff_parser(prog: str) -> argparse.ArgumentParser:
     parser = _command(
         prog,
         "diff",
-        "Compare two checkpoints leaf by leaf, leaves that went NaN or Inf first, "
-        "then the largest change. Arrays are read region by region in bounded "
-        "memory. Exits 0 when every leaf is the same, 1 when they differ, 2 on "
-        "trouble (as diff does).",
         a="the checkpoint compared from (the older one)",
         b="the checkpoint compared to",
     )
@@ -192,15 +205,7 @@ def _diff_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _verify_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _command(
-        prog,
-        "verify",
-        "Check that a checkpoint is whole and loadable, or every checkpoint of a "
-        "run; with --data, also that its model and optimizer state hold no NaN or "
-        "Inf (else it is diverged). Exits 0 when all are sound, 1 when one is not "
-        "or diverged, 2 when one cannot be checked.",
-        path="a checkpoint directory, or a run directory",
-    )
+    parser = _command(prog, "verify", path="a checkpoint directory, or a run directory")
     _add_switches(
         parser,
         {
@@ -243,42 +248,20 @@ def parse_size(text: str) -> int:
 
 
 def _export_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _command(
-        prog,
-        "export",
-        "Write a checkpointable's arrays as .safetensors files named after it, "
-        "streamed from the checkpoint with its checksums checked. Over "
-        "--max-file-size, several files and an index in the Hugging Face hub's "
-        "layout.",
-        checkpoint="a checkpoint directory (local or gs://)",
-        out="a new directory for the files",
-    )
+    parser = _command(prog, "export", checkpoint=_CHECKPOINT, out="a new directory for the files")
     parser.add_argument("--checkpointable", default="model", help="what to export (model)")
-    parser.add_argument(
-        "--keys",
-        nargs="+",
-        metavar="KEY",
-        help="only leaves whose key or tensor name contains one of these",
-    )
+    keys = "only leaves whose key or tensor name contains one of these"
+    parser.add_argument("--keys", nargs="+", metavar="KEY", help=keys)
     _add_cast(parser, "--dtype", "cast floating-point arrays to DTYPE")
-    parser.add_argument(
-        "--max-file-size", type=parse_size, metavar="SIZE", help="e.g. 5GB: split the files"
-    )
+    split = "e.g. 5GB: split the files"
+    parser.add_argument("--max-file-size", type=parse_size, metavar="SIZE", help=split)
     _add_switches(parser, {"--verify": "read the written files back and compare"})
     _add_output(parser)
     return parser
 
 
 def _run_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _command(
-        prog,
-        "run",
-        "The run at a glance: one row per checkpoint with its metrics, save times "
-        "and why it is kept (metadata only). --drift adds how far each layer moved "
-        "between consecutive checkpoints, --scan the NaN/Inf counts and where to "
-        "roll back to (both read array data).",
-        root="a run directory (local or gs://)",
-    )
+    parser = _command(prog, "run", root=_RUN)
     _add_switches(
         parser,
         {
@@ -286,21 +269,10 @@ def _run_parser(prog: str) -> argparse.ArgumentParser:
             "--scan": "NaN/Inf counts per checkpoint, the roll-back step",
         },
     )
-    parser.add_argument(
-        "--depth",
-        type=_positive,
-        metavar="N",
-        help=(
-            "with --drift, subtrees N key parts deep, counted below wrappers such as "
-            "Linen's params (default: the model's layers)"
-        ),
-    )
-    parser.add_argument(
-        "--top",
-        type=int,
-        default=DRIFT_ROWS,
-        metavar="N",
-        help=f"with --drift, the N largest moves in text ({DRIFT_ROWS}; 0: all)",
-    )
+    depth = """with --drift, subtrees N key parts deep, counted below wrappers such as
+        Linen's params (default: the model's layers)"""
+    parser.add_argument("--depth", type=_positive, metavar="N", help=" ".join(depth.split()))
+    top = f"with --drift, the N largest moves in text ({DRIFT_ROWS}; 0: all)"
+    parser.add_argument("--top", type=int, default=DRIFT_ROWS, metavar="N", help=top)
     _add_output(parser)
     return parser

@@ -14,60 +14,35 @@ import pandas as pd
 from tinax._format.layout import Checkpoint
 from tinax.explore._checkpoint import checkpoint_table
 from tinax.explore._cli import terminal as term
-from tinax.explore._cli.args import _add_cast, _add_output, _command
+from tinax.explore._cli.args import _CHECKPOINT, _add_cast, _add_output, _command
 from tinax.explore._cli.output import _dump, _progress, _records, _say
 from tinax.explore._lineage import lineage, lineage_summary
 
 
 def _derive_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _command(
-        prog,
-        "derive",
-        "Write a new checkpoint made from one: only some checkpointables (--only), "
-        "only the leaves whose dotted key a regular expression finds (--keys), "
-        "floating-point arrays cast (--cast), keys rewritten (--rename). Streamed, "
-        "checked against the source's checksums, written atomically, with its lineage.",
-        source="a checkpoint directory (local or gs://)",
-        destination="the new checkpoint's directory (must not exist)",
-    )
+    destination = "the new checkpoint's directory (must not exist)"
+    parser = _command(prog, "derive", source=_CHECKPOINT, destination=destination)
     _add_selection(parser, "(blocks.0.up.kernel) this regular expression finds")
     _add_cast(parser, "--cast", "store floating-point arrays as DTYPE")
+    rename = """rewrite dotted keys: a regular expression, =, its replacement (\\1 for a
+        group; split at the last =)"""
     parser.add_argument(
-        "--rename",
-        nargs="+",
-        metavar="PATTERN=REPLACEMENT",
-        help="rewrite dotted keys: a regular expression, =, its replacement (\\1 for a "
-        "group; split at the last =)",
+        "--rename", nargs="+", metavar="PATTERN=REPLACEMENT", help=" ".join(rename.split())
     )
     _add_output(parser, csv_too=False)
     return parser
 
 
 def _average_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _command(
-        prog,
-        "average",
-        "Write a new checkpoint whose floating-point leaves are the (weighted) mean of "
-        "several checkpoints of one structure; every other leaf must be equal in all. "
-        "Streamed, checked against the sources' checksums, written atomically, with "
-        "its lineage.",
-    )
+    parser = _command(prog, "average")
     parser.add_argument("sources", nargs="+", help="two or more checkpoint directories")
-    parser.add_argument(
-        "--out", required=True, metavar="DST", help="the new checkpoint's directory"
-    )
-    parser.add_argument(
-        "--weights",
-        nargs="+",
-        type=float,
-        metavar="W",
-        help="one non-negative weight per source (normalised); equal by default",
-    )
-    _add_selection(
-        parser,
-        "this regular expression finds (an RNG counter that differs between steps can "
-        "be left out so)",
-    )
+    out = "the new checkpoint's directory"
+    parser.add_argument("--out", required=True, metavar="DST", help=out)
+    weights = "one non-negative weight per source (normalised); equal by default"
+    parser.add_argument("--weights", nargs="+", type=float, metavar="W", help=weights)
+    left_out = """this regular expression finds (an RNG counter that differs between
+        steps can be left out so)"""
+    _add_selection(parser, " ".join(left_out.split()))
     _add_output(parser, csv_too=False)
     return parser
 

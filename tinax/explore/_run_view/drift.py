@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 import math
 import os
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format import keys, words
+from tinax._format import progress as progress_types
 from tinax._format.layout import Checkpoint
 from tinax._format.lru import LruCache
 from tinax._format.progress import Cancel, Progress
@@ -231,12 +231,6 @@ def _label(path: keys.KeyPath) -> str:
     return ".".join(str(part) for part in path) if path else "(root)"
 
 
-def _cancelled(cancel: Cancel | None) -> bool:
-    if cancel is None:
-        return False
-    return cancel.is_set() if isinstance(cancel, threading.Event) else bool(cancel())
-
-
 def drift_table(
     root: str | os.PathLike[str],
     *,
@@ -340,7 +334,7 @@ def drift_table(
     done: list[tuple[int, int, list[LeafDrift]]] = []
     cancelled = False
     for index, (first, second) in enumerate(pairs):
-        if _cancelled(cancel):
+        if progress_types.cancelled(cancel):
             cancelled = True
             break
         found = _cached_pair(first, second, chosen, source)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 from typing import Any
 
 import pandas as pd
 
 from tinax import _paths
+from tinax._format import progress as progress_types
 from tinax._format import words
 from tinax._format.lru import LruCache
 from tinax._format.progress import Cancel, Progress
@@ -74,12 +74,6 @@ def scanned_checkpoints() -> int:
     return len(_scanned)
 
 
-def _cancelled(cancel: Cancel | None) -> bool:
-    if cancel is None:
-        return False
-    return cancel.is_set() if isinstance(cancel, threading.Event) else bool(cancel())
-
-
 def scan_run(
     root: str | os.PathLike[str],
     *,
@@ -132,7 +126,7 @@ def scan_run(
     results: dict[int, _Scanned] = {}
     cancelled = False
     for done, index in enumerate(todo):
-        if _cancelled(cancel):
+        if progress_types.cancelled(cancel):
             cancelled = True
             break
         row = rows[index]
