@@ -29,15 +29,13 @@ import contextlib
 import dataclasses
 import json
 import math
-import struct
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays, checksums, durable, names, ocdbt_root
+from tinax._format import arrays, checksums, durable, names, ocdbt_root, shards
 from tinax._format.checksums import Bounds, LeafRecord, Piece
 from tinax._format.chunks import Box
 from tinax._format.keys import KeyPath, format_key
@@ -127,70 +125,6 @@ class _Array:
     dtype: np.dtype
     chunk: tuple[int, ...]
     store: Any = None  # tensorstore's zarr3 driver, opened for a box off the chunk grid
-
-
-# -- the bytes of a chunk --------------------------------------------------------------------
-
-
-def _shard_trailer(nbytes: int) -> bytes:
-    """What follows a shard's one inner chunk of ``nbytes``: the shard's index (the
-    chunk's offset and length, two little-endian uint64) and the index's CRC-32C."""
-    index = struct.pack("<QQ", 0, nbytes)
-    return index + struct.pack("<I", arrays.crc32c(index))
-
-
-def _little_endian(dtype: np.dtype) -> bool:
-    return not (dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"))
-
-
-def encode_shard(values: np.ndarray, ring: ocdbt_root.BufferRing) -> ocdbt_root.Lent:
-    """The stored bytes of one chunk written as Orbax writes it (``zarr3_metadata``), in
-    a buffer lent by ``ring``: a shard of one inner chunk, its values little-endian in C
-    order, then the shard's index and its checksum (``_shard_trailer``)."""
-    data = np.ascontiguousarray(values)
-    if not _little_endian(data.dtype):
-        data = data.astype(data.dtype.newbyteorder("<"))
-    raw = data.reshape(-1).view(np.uint8)
-    trailer = _shard_trailer(raw.nbytes)
-    lent = ring.lend(raw.nbytes + len(trailer))
-    out = np.frombuffer(lent.view, np.uint8)
-    out[: raw.nbytes] = raw
-    out[raw.nbytes :] = np.frombuffer(trailer, np.uint8)
-    return lent
-
-
-@dataclasses.dataclass
-class ChunkOut:
-    """One whole chunk's stored bytes, made in place (``PyTreeWriter.chunk_out``).
-
-    Attributes:
-      values: Where the chunk's values go (the caller fills it).
-    """
-
-    values: np.ndarray
-    key: str
-    name: str
-    lent: ocdbt_root.Lent
-
-
-def _aligned(box: Box, chunk: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    """Whether ``box`` covers whole chunks (those at the array's end clipped)."""
-    return all(
-        s.start % c == 0 and (s.stop % c == 0 or s.stop == n)
-        for s, c, n in zip(box, chunk, shape, strict=True)
-    )
-
-
-def _chunk_boxes(box: Box, chunk: tuple[int, ...]) -> list[tuple[tuple[int, ...], Box]]:
-    """The chunks a chunk-aligned ``box`` covers, in C order: grid index and box."""
-    found: list[tuple[tuple[int, ...], Box]] = [((), ())]
-    for s, c in zip(box, chunk, strict=True):
-        found = [
-            ((*index, i), (*part, slice(i * c, min((i + 1) * c, s.stop))))
-            for index, part in found
-            for i in range(s.start // c, -(-s.stop // c))
-        ]
-    return found
 
 
 class PyTreeWriter:
@@ -335,9 +269,9 @@ class PyTreeWriter:
         """
         array = self._arrays[key]
         values = np.asarray(values, dtype=array.dtype)
-        if _aligned(box, array.chunk, array.shape):
+        if shards.aligned(box, array.chunk, array.shape):
             fill = None
-            for index, part in _chunk_boxes(box, array.chunk):
+            for index, part in shards.chunk_boxes(box, array.chunk):
                 inner = tuple(
                     slice(p.start - b.start, p.stop - b.start)
                     for p, b in zip(part, box, strict=True)
@@ -351,7 +285,7 @@ class PyTreeWriter:
                     padded[tuple(slice(0, n) for n in chunk_values.shape)] = chunk_values
                     chunk_values = padded
                 name = array.prefix + "/".join(["c", *map(str, index)])
-                self._put(name, encode_shard(chunk_values, self._ring))
+                self._put(name, shards.encode_shard(chunk_values, self._ring))
             return
         target = self._zarr(array).with_transaction(self._txn)
         write = (target[box] if box else target).write(values)
@@ -362,7 +296,7 @@ class PyTreeWriter:
         if self._pending >= self._batch_bytes:
             self._commit()
 
-    def chunk_out(self, key: str, box: Box) -> ChunkOut | None:
+    def chunk_out(self, key: str, box: Box) -> shards.ChunkOut | None:
         """Room for ``box`` of array ``key``'s values in the bytes it is stored as, when
         ``box`` is one whole chunk: filled by the caller and given to ``write_out``, they
         are stored without another copy. None for any other box (``write`` it)."""
@@ -370,21 +304,21 @@ class PyTreeWriter:
         shape = tuple(s.stop - s.start for s in box)
         if (
             shape != array.chunk
-            or not _aligned(box, array.chunk, array.shape)
-            or not _little_endian(array.dtype)
+            or not shards.aligned(box, array.chunk, array.shape)
+            or not shards.little_endian(array.dtype)
         ):
             return None
         nbytes = math.prod(shape) * array.dtype.itemsize
-        lent = self._ring.lend(nbytes + len(_shard_trailer(nbytes)))
+        lent = self._ring.lend(nbytes + len(shards.shard_trailer(nbytes)))
         values = np.frombuffer(lent.view, array.dtype, math.prod(shape)).reshape(shape)
         index = tuple(s.start // c for s, c in zip(box, array.chunk, strict=True))
         name = array.prefix + "/".join(["c", *map(str, index)])
-        return ChunkOut(values, key, name, lent)
+        return shards.ChunkOut(values, key, name, lent)
 
-    def write_out(self, out: ChunkOut) -> None:
+    def write_out(self, out: shards.ChunkOut) -> None:
         """Stores a chunk ``chunk_out`` gave, its values filled in (and not touched after)."""
         nbytes = out.values.nbytes
-        trailer = _shard_trailer(nbytes)
+        trailer = shards.shard_trailer(nbytes)
         np.frombuffer(out.lent.view, np.uint8)[nbytes:] = np.frombuffer(trailer, np.uint8)
         self._put(out.name, out.lent)
 
