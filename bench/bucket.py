@@ -212,6 +212,15 @@ start, cpu = time.perf_counter(), time.process_time()
 rows = len(ex.list_checkpoints({many!r}))
 report(time.perf_counter() - start, rows=rows, client_cpu_s=time.process_time() - cpu)
 """,
+    # The listing alone, as tinax lists a tree (``gcs_listing``: pages side by side).
+    "list tree many": """
+import gcsfs
+from tinax._format import gcs_listing
+fs = gcsfs.GCSFileSystem()
+start, cpu = time.perf_counter(), time.process_time()
+found = gcs_listing.list_tree(fs, {many!r}[len("gs://"):], timeout=600)
+report(time.perf_counter() - start, objects=len(found), client_cpu_s=time.process_time() - cpu)
+""",
     # The floor of the one above, with a bare client: gcsfs lists the same tree (every
     # object, page after page) and reads every commit record, 64 at a time.
     "gcsfs many": """

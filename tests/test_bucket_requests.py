@@ -105,11 +105,12 @@ def test_a_load_asks_no_more_than_orbax_s_own(gcs: Any, run: dict[str, Any]) -> 
 def test_a_run_is_listed_from_prefix_listings(gcs: Any, run: dict[str, Any]) -> None:
     from tinax.explore._cli.main import main
 
+    # The listing alone tells: not a request per checkpoint, however many there are.
     listing = _count(gcs, lambda: ex.list_checkpoints(run["run"]))
-    assert listing <= 3 * CHECKPOINTS, listing
+    assert listing <= 3, listing
     shown = io.StringIO()
     ls = _count(gcs, lambda: main(["ls", run["run"]], shown, io.StringIO()))
-    assert "step_000004" in shown.getvalue() and ls <= 3 * CHECKPOINTS, ls
+    assert "step_000004" in shown.getvalue() and ls <= 3, ls
     table = _count(gcs, lambda: ex.run_table(run["run"]))
     assert table <= 4 * CHECKPOINTS, table
 

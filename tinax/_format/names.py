@@ -22,6 +22,10 @@ def commit_success_text(checkpoint: str) -> bytes:
     return f"Checkpoint commit was successful to {checkpoint}".encode()
 
 
+# A training save's checkpointables, in the order it saves them
+# (``TrainingCheckpointNames``' defaults).
+TRAINING_CHECKPOINTABLES = ("model", "optimizer", "rng", "auxiliary", "iterator")
+
 # An empty file Orbax V0 writes to mark a checkpoint directory.
 ORBAX_MARKER = "orbax.checkpoint"
 ROOT_METADATA = "_ROOT_METADATA"

@@ -12,6 +12,7 @@ import numpy as np
 
 from tinax._format import files, pytree
 from tinax._format.layout import Checkpoint
+from tinax._format.names import TRAINING_CHECKPOINTABLES
 from tinax._format.storage import Location
 from tinax._paths import load_source
 from tinax._targets import refuse_flax_objects
@@ -93,11 +94,11 @@ class TrainingCheckpointNames:
         or the names are not portable and distinct.
     """
 
-    model: str = "model"
-    optimizer: str = "optimizer"
-    rng: str = "rng"
-    auxiliary: str = "auxiliary"
-    iterator: str = "iterator"
+    model: str = TRAINING_CHECKPOINTABLES[0]
+    optimizer: str = TRAINING_CHECKPOINTABLES[1]
+    rng: str = TRAINING_CHECKPOINTABLES[2]
+    auxiliary: str = TRAINING_CHECKPOINTABLES[3]
+    iterator: str = TRAINING_CHECKPOINTABLES[4]
 
     def __post_init__(self) -> None:
         validate_distinct_names(

@@ -400,9 +400,18 @@ def _read_row(
         and state.cache._holds_check(str(path), scan.fingerprint)
     ):
         return _checked_row(path, name, step, state, scan)  # All of it kept: no reads.
-    record = _quick_record(path, scan, state.cache)
-    if record is None:
+    if kept is None and top is not None and path.storage.parallel_reads:
+        # On an object store the listing says it all: not a request per checkpoint.
+        listed = _listed_record(top)
+    else:
+        record = _quick_record(path, scan, state.cache)
+        listed = None
+        if record is not None:
+            assert isinstance(record.item_handlers, dict)  # as _quick_record gives it
+            listed = (tuple(record.item_handlers), record.committed_nsecs)
+    if listed is None:
         return _checked_row(path, name, step, state, scan)
+    item_names, committed = listed
     problem = None
     if kept is None:
         state.unchecked.append(str(path))
@@ -412,18 +421,38 @@ def _read_row(
         errors[str(path)] = problem
         if refused:
             return (name, str(path), step, words.INVALID, (), None, None, None)
-    assert isinstance(record.item_handlers, dict)
-    committed = record.committed_nsecs
     return (
         name,
         str(path),
         step,
         words.COMPLETE if problem is None else words.INVALID,
-        tuple(record.item_handlers),
+        item_names,
         scan.nbytes,
         committed,
         None if committed is None else max(0, now_ns - committed),
     )
+
+
+def _listed_record(top: dict[str, Entry]) -> tuple[tuple[str, ...], int | None] | None:
+    """A committed checkpoint's checkpointables and commit time as a listing of its
+    top level shows them on an object store: its folders, and the time of the commit
+    marker Orbax writes last there; ``None`` where only its commit record tells (no
+    marker, or no folder)."""
+    marker = top.get(names.COMMIT_SUCCESS)
+    folders = tuple(entry.name for entry in top.values() if entry.kind == DIRECTORY)
+    if marker is None or not folders:
+        return None
+    return folders, marker.mtime_ns
+
+
+_TRAINING_ORDER = {name: i for i, name in enumerate(names.TRAINING_CHECKPOINTABLES)}
+
+
+def _in_order(checkpointables: tuple[str, ...]) -> tuple[str, ...]:
+    """A row's checkpointables in one order however they were found (a commit record,
+    a listing): a training save's in the order it saves them, any others after them by
+    name."""
+    return tuple(sorted(checkpointables, key=lambda n: (_TRAINING_ORDER.get(n, 99), n)))
 
 
 def _quick_record(
@@ -604,17 +633,20 @@ def _rows(
     # at the end in this thread: a thread of their own only contends for the interpreter.
     reader = _ArrayReader(_READERS, _BATCH) if parallel else _ArrayReader(0, len(candidates) + 1)
     if parallel:
-        # Every commit record (and, for a deep listing, every metadata file) fetched
-        # side by side at once, rather than a round trip each as the rows are made.
+        # Every metadata file read (deep) fetched side by side at once, rather than a
+        # round trip each as the rows are made. A shallow listing reads the commit
+        # record only of a checkpoint without the commit marker (``_listed_record``).
         directory.storage.prefetch(
             [
                 wanted
-                for path, _ in candidates
+                for path, top in candidates
                 if not _known(path, cache, deep)
                 for wanted in (
                     preflight.metadata_files(path)
                     if deep
                     else [(path / names.CHECKPOINT_METADATA).path]
+                    if top is None or names.COMMIT_SUCCESS not in top
+                    else []
                 )
             ],
             files.MAX_METADATA_BYTES,
@@ -664,18 +696,21 @@ def list_checkpoints(
       deep: Whether checkpoints without a remembered verdict are read (metadata
         only) to tell whether they are readable. ``False`` lists a run as fast as
         its files can be walked: a checkpoint whose commit record names its
-        checkpointables and reads is listed ``complete`` without its other
-        metadata being parsed, and its path is added to
+        checkpointables and reads (on an object store: that holds the commit
+        marker Orbax writes last there, and folders) is listed ``complete``
+        without its other metadata being parsed, and its path is added to
         ``DataFrame.attrs["unchecked"]``; a deep listing later tells (and
         remembers) whether it really is. ``None`` (the default) is ``True`` on a
         local disk and ``False`` on an object store (``gs://``), where every file
         read is a round trip of its own: there the listing costs one request per
-        thousand objects and one per checkpoint, its commit record, fetched side
-        by side; ``verify`` or opening a checkpoint reads the rest.
+        thousand objects and none per checkpoint (its checkpointables are its
+        folders, its commit time the commit marker's, as listed); ``verify`` or
+        opening a checkpoint reads the rest.
 
     Returns:
       A DataFrame with columns ``name``, ``path``, ``step`` (``Int64``, from the
-      name), ``status``, ``checkpointables`` (tuple of names), ``nbytes`` (size of
+      name), ``status``, ``checkpointables`` (tuple of names: a training save's in
+      the order it saves them, then any others by name), ``nbytes`` (size of
       its files), ``committed`` (UTC commit time, or ``NaT``) and ``age`` (a
       ``Timedelta``: since the commit, or for a save not yet committed, since it
       started; ``NaT`` where unknown), sorted by step, then name. ``status`` is
@@ -748,7 +783,10 @@ def _listed(directory: Location, cache: ListingCache | None, deep: bool | None) 
     # The listing makes objects by the hundred thousand, none in a cycle.
     with files.paused_gc():
         rows, state = _rows(directory, cache, deep)
-    table = frame(LISTING_COLUMNS[:-_TIME_COLUMNS], (row[:-_TIME_COLUMNS] for row in rows))
+    table = frame(
+        LISTING_COLUMNS[:-_TIME_COLUMNS],
+        ((*row[:4], _in_order(row[4]), *row[5:-_TIME_COLUMNS]) for row in rows),  # type: ignore[arg-type]
+    )
     table["committed"] = pd.to_datetime(
         pd.Series([row[-2] for row in rows], dtype="Int64"), unit="ns", utc=True
     )
