@@ -56,8 +56,11 @@ def _flip_in_chunk(path: Path, key: str) -> None:
 def test_uncompressed_arrays_read_raw_as_saved(tmp_path: Path) -> None:
     state = _state(0)
     save_checkpointables(tmp_path / "a", {"model": state}).result()
-    assert _raw(tmp_path / "a", "['b']") is None  # kept inline in the B+tree
-    for key, name in (("['w']", "w"), ("['v']", "v")):
+    # 'b' is kept inline in the B+tree: read from the bytes its walk brought, no file.
+    inline = _raw(tmp_path / "a", "['b']")
+    assert inline is not None and len(inline.inline) == 1
+    assert all(ref.file in inline.inline for ref in inline.values.values())
+    for key, name in (("['w']", "w"), ("['v']", "v"), ("['b']", "b")):
         raw = _raw(tmp_path / "a", key)
         assert raw is not None, key
         out = np.empty(raw.shape, raw.dtype)
@@ -183,7 +186,17 @@ def test_raw_plans_refuse_what_is_not_byte_for_byte(tmp_path: Path) -> None:
     assert rawread.plan(directory, meta % b"little", {b"x/c/0": ref}, "x/", f4, (4,)) is not None
     assert rawread.plan(directory, meta % b"little", {b"x/c/0": ref}, "x/", f4, (2, 2)) is None
     assert rawread.plan(directory, meta % b"big", {b"x/c/0": ref}, "x/", f4) is None
-    assert rawread.plan(directory, meta % b"little", {b"x/c/0": b"inline"}, "x/", f4) is None
+    # Inline bytes of the wrong size plan, and are refused when read.
+    short = rawread.plan(directory, meta % b"little", {b"x/c/0": b"inline"}, "x/", f4)
+    assert short is not None
+    with pytest.raises(rawread.Unsupported, match="not of the size"):
+        short.read_into((slice(0, 4),), np.empty(4, np.float32))
+    whole = np.arange(4, dtype="<f4").tobytes()
+    kept = rawread.plan(directory, meta % b"little", {b"x/c/0": whole}, "x/", f4)
+    assert kept is not None
+    out = np.empty(4, np.float32)
+    kept.read_into((slice(0, 4),), out)
+    np.testing.assert_array_equal(out, np.arange(4, dtype=np.float32))
     assert rawread.plan(directory, meta % b"little", {}, "x/", f4) is None
     zstd = meta.replace(b"}}]}", b'}},{"name":"zstd"}]}')
     assert rawread.plan(directory, zstd % b"little", {b"x/c/0": ref}, "x/", f4) is None
@@ -363,10 +376,11 @@ def test_a_checkpoint_against_live_values_is_compared_raw_either_way_round(
         _raw_scan, "scan", lambda arrays, *a: scanned.extend(arrays) or scan(arrays, *a)
     )
     forward = ex.diff_table(tmp_path / "a", {"model": live}).set_index("key")
-    assert sorted(s.swapped for s in scanned) == [False, False]  # w and v, read raw
+    # w, v and b (inline in the B+tree), read raw
+    assert sorted(s.swapped for s in scanned) == [False, False, False]
     scanned.clear()
     backward = ex.diff_table({"model": live}, tmp_path / "a").set_index("key")
-    assert sorted(s.swapped for s in scanned) == [True, True]
+    assert sorted(s.swapped for s in scanned) == [True, True, True]
     w = stored["w"].astype(np.float64)
     for table, (a, b) in ((forward, (w, 2 * w)), (backward, (2 * w, w))):
         row = table.loc["['w']"]

@@ -57,6 +57,8 @@ REGION_BYTES = 2 << 20
 # each does all of a region's work beside the caller's thread doing the same).
 THREADS = 2
 _MISSING = (1 << 64) - 1
+# The file name a ``RawArray`` gives a value kept inline (no data file has it).
+INLINE = "\0inline/"
 
 
 class Unsupported(Exception):
@@ -138,9 +140,13 @@ class RawArray(ChunkGrid):
 
     Attributes:
       values: Grid index → where that key's bytes are.
+      inline: The bytes of keys the store keeps inline in its B+tree (small arrays),
+        by the name their ``values`` give as a file (``INLINE`` and a number): read
+        from here, without a request.
     """
 
     values: Mapping[tuple[int, ...], ValueRef]
+    inline: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
 
     @property
     def unit(self) -> tuple[int, ...]:
@@ -252,6 +258,12 @@ class RawArray(ChunkGrid):
     def read_at(self, file: str, into: np.ndarray, offset: int, fds: dict[str, int]) -> None:
         """Fills ``into`` from the data file ``file`` at ``offset``: by ``pread`` on a local
         disk, from blocks read ahead on an object store."""
+        kept = self.inline.get(file)
+        if kept is not None:
+            if offset < 0 or offset + into.nbytes > len(kept):
+                raise Unsupported("a read goes past an inline value's end")
+            into[...] = np.frombuffer(kept, np.uint8, into.nbytes, offset)
+            return
         if self.directory.is_local:
             _pread(self.open_file(file, fds), into, offset)
             return
@@ -640,9 +652,21 @@ def raw_array(
     ):
         return None
     values = found.grid_values(stored, prefix)
-    if values is None or not all(isinstance(v, ValueRef) for v in values.values()):
+    if values is None:
         return None
-    return RawArray.laid_out(directory, found, dtype, values=values)
+    inline: dict[str, bytes] = {}
+    refs: dict[tuple[int, ...], ValueRef] = {}
+    for grid, value in values.items():
+        if isinstance(value, bytes):
+            # Already in hand from the B+tree's leaves: read from memory.
+            name = f"{INLINE}{len(inline)}"
+            inline[name] = value
+            refs[grid] = ValueRef(name, 0, len(value), "")
+        elif isinstance(value, ValueRef):
+            refs[grid] = value
+        else:
+            return None
+    return RawArray.laid_out(directory, found, dtype, values=refs, inline=inline)
 
 
 def plan(

@@ -93,6 +93,7 @@ def plan(source: streaming.SourceArray) -> StoredArray | None:
     shape = raw.shape
     if (
         layout is None
+        or raw.inline  # kept in the B+tree: no data file to copy from
         or raw.grid_shape[1:] != shape[1:]
         or raw.chunk_shape[1:] != shape[1:]
         or any(v.length > MAX_VALUE_BYTES for v in raw.values.values())
