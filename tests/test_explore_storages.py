@@ -73,6 +73,13 @@ def test_list_checkpoints(run):
     )
     # A checkpoint itself lists as its one row.
     assert list(ex.list_checkpoints(f"{run}/5")["name"]) == ["5"]
+    # What a quick listing of a bucket takes from the listing alone (the folders, the
+    # commit marker's time) agrees with what the full check reads from each commit
+    # record: the same checkpointables, commit times within the commit's own seconds.
+    deep = ex.list_checkpoints(run, cache=None, deep=True)
+    assert list(deep["checkpointables"]) == list(table["checkpointables"])
+    apart = (deep["committed"] - table["committed"]).abs()
+    assert (apart < pd.Timedelta(seconds=5)).all(), apart
 
 
 def test_checkpoint_table_joins_the_live_state(run):
