@@ -230,13 +230,8 @@ class DataFile:
         """
         offset = self.size
         length = len(value)
-        if isinstance(value, Lent):
-            self._behind.append((self._pool.submit(self._write_lent, value, offset), length))
-            self._behind_bytes += length
-            while self._behind_bytes > WRITE_BEHIND_BYTES:
-                self._wait_oldest()
-        elif origin is None and isinstance(value, bytes):
-            self._behind.append((self._pool.submit(self._write, value, offset), length))
+        if isinstance(value, Lent) or (origin is None and isinstance(value, bytes)):
+            self._behind.append((self._pool.submit(self._write_behind, value, offset), length))
             self._behind_bytes += length
             while self._behind_bytes > WRITE_BEHIND_BYTES:
                 self._wait_oldest()
@@ -260,7 +255,10 @@ class DataFile:
             n = os.pwrite(self._fd, view, offset)
             view, offset = view[n:], offset + n
 
-    def _write_lent(self, value: Lent, offset: int) -> None:
+    def _write_behind(self, value: bytes | Lent, offset: int) -> None:
+        if not isinstance(value, Lent):
+            self._write(value, offset)
+            return
         try:
             self._write(value.view, offset)
         finally:
