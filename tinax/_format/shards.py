@@ -13,12 +13,17 @@ import numpy as np
 from tinax._format import arrays, ocdbt_root
 from tinax._format.chunks import Box
 
+# What follows a shard's one inner chunk: the shard's index (the chunk's offset and
+# length, two little-endian uint64) and the index's CRC-32C.
+TRAILER_BYTES = 20
 
-def shard_trailer(nbytes: int) -> bytes:
-    """What follows a shard's one inner chunk of ``nbytes``: the shard's index (the
-    chunk's offset and length, two little-endian uint64) and the index's CRC-32C."""
+
+def seal(lent: ocdbt_root.Lent, nbytes: int) -> None:
+    """Writes the trailer of a shard whose one inner chunk fills the first ``nbytes`` of
+    ``lent`` (lent ``nbytes + TRAILER_BYTES`` long)."""
     index = struct.pack("<QQ", 0, nbytes)
-    return index + struct.pack("<I", arrays.crc32c(index))
+    trailer = index + struct.pack("<I", arrays.crc32c(index))
+    np.frombuffer(lent.view, np.uint8)[nbytes:] = np.frombuffer(trailer, np.uint8)
 
 
 def little_endian(dtype: np.dtype) -> bool:
@@ -30,16 +35,14 @@ def little_endian(dtype: np.dtype) -> bool:
 def encode_shard(values: np.ndarray, ring: ocdbt_root.BufferRing) -> ocdbt_root.Lent:
     """The stored bytes of one chunk written as Orbax writes it (``zarr3_metadata``), in
     a buffer lent by ``ring``: a shard of one inner chunk, its values little-endian in C
-    order, then the shard's index and its checksum (``shard_trailer``)."""
+    order, then the shard's index and its checksum (``seal``)."""
     data = np.ascontiguousarray(values)
     if not little_endian(data.dtype):
         data = data.astype(data.dtype.newbyteorder("<"))
     raw = data.reshape(-1).view(np.uint8)
-    trailer = shard_trailer(raw.nbytes)
-    lent = ring.lend(raw.nbytes + len(trailer))
-    out = np.frombuffer(lent.view, np.uint8)
-    out[: raw.nbytes] = raw
-    out[raw.nbytes :] = np.frombuffer(trailer, np.uint8)
+    lent = ring.lend(raw.nbytes + TRAILER_BYTES)
+    np.frombuffer(lent.view, np.uint8)[: raw.nbytes] = raw
+    seal(lent, raw.nbytes)
     return lent
 
 
@@ -52,7 +55,6 @@ class ChunkOut:
     """
 
     values: np.ndarray
-    key: str
     name: str
     lent: ocdbt_root.Lent
 

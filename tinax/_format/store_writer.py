@@ -127,6 +127,11 @@ class _Array:
     store: Any = None  # tensorstore's zarr3 driver, opened for a box off the chunk grid
 
 
+def _chunk_name(array: _Array, index: tuple[int, ...]) -> str:
+    """The store key of ``array``'s chunk at grid ``index`` (zarr3's default encoding)."""
+    return array.prefix + "/".join(["c", *map(str, index)])
+
+
 class PyTreeWriter:
     """Writes one pytree checkpointable into a new directory.
 
@@ -284,8 +289,7 @@ class PyTreeWriter:
                     padded = fill.copy()
                     padded[tuple(slice(0, n) for n in chunk_values.shape)] = chunk_values
                     chunk_values = padded
-                name = array.prefix + "/".join(["c", *map(str, index)])
-                self._put(name, shards.encode_shard(chunk_values, self._ring))
+                self._put(_chunk_name(array, index), shards.encode_shard(chunk_values, self._ring))
             return
         target = self._zarr(array).with_transaction(self._txn)
         write = (target[box] if box else target).write(values)
@@ -308,18 +312,15 @@ class PyTreeWriter:
             or not shards.little_endian(array.dtype)
         ):
             return None
-        nbytes = math.prod(shape) * array.dtype.itemsize
-        lent = self._ring.lend(nbytes + len(shards.shard_trailer(nbytes)))
-        values = np.frombuffer(lent.view, array.dtype, math.prod(shape)).reshape(shape)
+        count = math.prod(shape)
+        lent = self._ring.lend(count * array.dtype.itemsize + shards.TRAILER_BYTES)
+        values = np.frombuffer(lent.view, array.dtype, count).reshape(shape)
         index = tuple(s.start // c for s, c in zip(box, array.chunk, strict=True))
-        name = array.prefix + "/".join(["c", *map(str, index)])
-        return shards.ChunkOut(values, key, name, lent)
+        return shards.ChunkOut(values, _chunk_name(array, index), lent)
 
     def write_out(self, out: shards.ChunkOut) -> None:
         """Stores a chunk ``chunk_out`` gave, its values filled in (and not touched after)."""
-        nbytes = out.values.nbytes
-        trailer = shards.shard_trailer(nbytes)
-        np.frombuffer(out.lent.view, np.uint8)[nbytes:] = np.frombuffer(trailer, np.uint8)
+        shards.seal(out.lent, out.values.nbytes)
         self._put(out.name, out.lent)
 
     def link_files(self, paths: set[str]) -> None:
