@@ -452,7 +452,8 @@ def _in_order(checkpointables: tuple[str, ...]) -> tuple[str, ...]:
     """A row's checkpointables in one order however they were found (a commit record,
     a listing): a training save's in the order it saves them, any others after them by
     name."""
-    return tuple(sorted(checkpointables, key=lambda n: (_TRAINING_ORDER.get(n, 99), n)))
+    last = len(_TRAINING_ORDER)
+    return tuple(sorted(checkpointables, key=lambda n: (_TRAINING_ORDER.get(n, last), n)))
 
 
 def _quick_record(
@@ -783,10 +784,8 @@ def _listed(directory: Location, cache: ListingCache | None, deep: bool | None) 
     # The listing makes objects by the hundred thousand, none in a cycle.
     with files.paused_gc():
         rows, state = _rows(directory, cache, deep)
-    table = frame(
-        LISTING_COLUMNS[:-_TIME_COLUMNS],
-        ((*row[:4], _in_order(row[4]), *row[5:-_TIME_COLUMNS]) for row in rows),  # type: ignore[arg-type]
-    )
+    table = frame(LISTING_COLUMNS[:-_TIME_COLUMNS], (row[:-_TIME_COLUMNS] for row in rows))
+    table["checkpointables"] = table["checkpointables"].map(_in_order)
     table["committed"] = pd.to_datetime(
         pd.Series([row[-2] for row in rows], dtype="Int64"), unit="ns", utc=True
     )
