@@ -284,10 +284,35 @@ def test_a_tree_of_many_pages_is_listed_whole_in_a_few_round_trips(gcs, monkeypa
         # once): pages of 10 make the ranges short, so their ends cost more than they
         # would at 1,000 a page.
         assert len(listings) <= 1.5 * pages + 2
-        assert sum("startOffset=" in unquote(r[1]) for r in listings) >= 5
+        queries = [parse_qs(urlsplit(r[1]).query) for r in listings]
+        ranges = [q for q in queries if "startOffset" in q and "delimiter" not in q]
+        assert len(ranges) >= 5
+        # Each range is asked for under its folders' own prefix, not the whole tree's:
+        # an emulator scans every name under the prefix for each page.
+        key = root.partition("/")[2]
+        assert all(len(q["prefix"][0]) > len(f"{key}/") for q in ranges), ranges
     elif shape == "one folder":
         assert len(listings) == pages
     elif shape == "small":
         assert len(listings) == 1
     else:
         assert list(found) == [path]
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_large_tree_s_folders_are_grouped_where_their_names_branch(padded):
+    # 1,000 checkpoints at about 40 objects each: groups of at most 23 folders, in
+    # order, none spanning two hundreds of zero-padded steps (where the prefix a group
+    # is asked under would widen to all of them).
+    folders = sorted(f"run/step_{i:06d}/" if padded else f"run/{i}/" for i in range(1, 1001))
+    groups = gcs_listing._groups(folders, 23)
+    assert [name for group in groups for name in group] == folders
+    assert all(0 < len(group) <= 23 for group in groups)
+    assert len(groups) <= 1.3 * len(folders) / 23
+    shared = [gcs_listing._shared(group[0], group[-1]) for group in groups]
+    if padded:
+        assert all(len(prefix) >= len("run/step_0001") for prefix in shared)
+    else:
+        # "run/1/", "run/10/", "run/100/", "run/1000/", "run/101/", ...: a ninth of the
+        # names under each group's prefix.
+        assert all(len(prefix) >= len("run/1") for prefix in shared)

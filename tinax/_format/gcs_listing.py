@@ -4,11 +4,12 @@ A page of Google Cloud Storage's object listing holds at most 1,000 objects, and
 page is a round trip (10-150 ms). Read one after another, the pages of a run of 1,000
 checkpoints of some 40 objects each (40 pages) take seconds. So the first page is read
 alone: a tree of up to 1,000 objects is then listed, in one request, as before. A larger
-tree is cut at its top-level folders (a run's checkpoints) into ranges of about a page
+tree is cut at its top-level folders (a run's checkpoints) into groups of about a page
 each, by the objects a folder holds on the first page; the folders are listed once
-(one request for up to 1,000 of them) and the ranges read side by side
-(``startOffset``/``endOffset``). A tree of any size is listed in about three round
-trips, for one or two requests more than its pages one after another.
+(one request for up to 1,000 of them) and the groups read side by side, each under the
+longest prefix its folders share and within the range they span
+(``prefix``/``startOffset``/``endOffset``). A tree of any size is listed in about three
+round trips, for a few requests more than its pages one after another.
 
 The objects are given as gcsfs's ``find(path, detail=True)`` gives them: the full name
 (``bucket/key``) of each object under ``path`` (folder markers included) → its
@@ -18,6 +19,7 @@ information (``name``, ``size``, ``type``, ``generation``, ``updated``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 # The most objects a listing page holds.
@@ -104,6 +106,44 @@ def _folder(name: str, prefix: str) -> str | None:
     return prefix + part + "/" if slash else None
 
 
+def _shared(first: str, last: str) -> str:
+    """The characters ``first`` and ``last`` begin with alike: every name sorted between
+    them begins with them too."""
+    n = 0
+    for a, b in zip(first, last, strict=False):
+        if a != b:
+            break
+        n += 1
+    return first[:n]
+
+
+def _groups(folders: list[str], size: int) -> list[list[str]]:
+    """``folders`` (sorted) cut into runs of at most ``size`` that each share as long a
+    prefix as they can: cut where the names branch (``step_0004…`` | ``step_0005…``),
+    the branches too small to fill a run put together."""
+    if len(folders) <= size:
+        return [folders]
+    shared = len(_shared(folders[0], folders[-1]))
+    groups: list[list[str]] = []
+    pending: list[str] = []
+    for _, branch in itertools.groupby(folders, key=lambda name: name[: shared + 1]):
+        names = list(branch)
+        if len(names) > size:
+            if pending:
+                groups.append(pending)
+                pending = []
+            groups.extend(_groups(names, size))
+        elif len(pending) + len(names) <= size:
+            pending += names
+        else:
+            if pending:
+                groups.append(pending)
+            pending = names
+    if pending:
+        groups.append(pending)
+    return groups
+
+
 async def _tree(fs: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
     first = await _page(fs, bucket, prefix=prefix or None, delimiter="")
     items: list[dict[str, Any]] = first.get("items", [])
@@ -118,24 +158,25 @@ async def _tree(fs: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
         # One folder fills the first page (or the tree has few): the pages in turn.
         rest, _ = await _pages(fs, bucket, prefix, token=token)
         return items + rest
-    # The folders from the cut on, and ranges of folders of about a page each.
-    _, names = await _pages(fs, bucket, prefix, start=cut, delimiter="/")
+    # The folders from the cut on (and the files beside them), and the folders read in
+    # groups of about a page each.
+    files, names = await _pages(fs, bucket, prefix, start=cut, delimiter="/")
     per_folder = len(before) / len(folders)
-    # Folders differ in size: a range is sized to fill nine tenths of a page.
-    group = max(1, int(0.9 * PAGE / max(per_folder, 1.0)))
-    later = sorted(name for name in names if name > cut)
-    bounds = [cut, *later[group - 1 :: group]]
+    # Folders differ in size: a group is sized to fill nine tenths of a page.
+    size = max(1, int(0.9 * PAGE / max(per_folder, 1.0)))
     limit = asyncio.Semaphore(_AT_ONCE)
 
-    async def read(start: str, end: str | None) -> list[dict[str, Any]]:
+    async def read(group: list[str]) -> list[dict[str, Any]]:
+        # Each group is asked for under the prefix its folders share: a bucket then
+        # looks at those names alone (an emulator scans every name under the prefix
+        # for each page it serves), and the range ends where its last folder does.
+        start, last = group[0], group[-1]
+        shared = _shared(start, last)
+        end = last[:-1] + chr(ord("/") + 1)
         async with limit:
-            found, _ = await _pages(fs, bucket, prefix, start=start, end=end)
-            return found
+            found, _ = await _pages(fs, bucket, shared, start=start, end=end)
+        # Files beside the folders come from the folders' listing, once.
+        return [item for item in found if _folder(item["name"], prefix) is not None]
 
-    parts = await asyncio.gather(
-        *(
-            read(start, bounds[i + 1] if i + 1 < len(bounds) else None)
-            for i, start in enumerate(bounds)
-        )
-    )
-    return before + [item for part in parts for item in part]
+    parts = await asyncio.gather(*(read(group) for group in _groups(sorted(names), size)))
+    return before + files + [item for part in parts for item in part]
