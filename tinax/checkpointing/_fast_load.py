@@ -211,32 +211,23 @@ class _Mismatch(Unsupported):
     """A part that does not match its checksums: the Orbax load reports it."""
 
 
+@dataclasses.dataclass(eq=False)
 class _Part:
     """One part being read: its buffer, and the tasks still reading into it."""
 
-    def __init__(
-        self,
-        plan: _Plan,
-        leaf: _Leaf,
-        box: Box,
-        devices: list[Any],
-        buf: np.ndarray,
-        token: Any,
-        nbytes: int,
-        tasks: int,
-    ) -> None:
-        self.plan = plan
-        self.leaf = leaf
-        self.box = box
-        self.devices = devices
-        self.token = token
-        shape = [s.stop - s.start for s in box]
-        self.values = buf[:nbytes].view(leaf.stored.dtype).reshape(shape)
-        self.left = tasks
-        self.lock = threading.Lock()
-        self.fetched: chunkload.FileRanges | None = None
-        # The wait for its transfers to end, where another thread waits.
-        self.waiting: concurrent.futures.Future[None] | None = None
+    plan: _Plan
+    leaf: _Leaf
+    box: Box
+    devices: list[Any]
+    # The part's values: a view of its buffer, shaped as its box.
+    values: np.ndarray
+    token: Any
+    # Reading tasks still to end.
+    left: int
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    fetched: chunkload.FileRanges | None = None
+    # The wait for its transfers to end, where another thread waits.
+    waiting: concurrent.futures.Future[None] | None = None
 
 
 def _read(
@@ -404,7 +395,10 @@ def _run(plans: Sequence[_Plan]) -> None:
                     together, together_bytes = [], 0
                 taken = buffers.take(nbytes, own=own)
             assert taken is not None
-            part = _Part(p, leaf, box, devices, *taken, nbytes, len(groups))
+            buf, token = taken
+            shape = [s.stop - s.start for s in box]
+            values = buf[:nbytes].view(leaf.stored.dtype).reshape(shape)
+            part = _Part(p, leaf, box, devices, values, token, len(groups))
             parts.append(part)
             if small:
                 together.append(part)

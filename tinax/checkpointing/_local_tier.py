@@ -14,6 +14,7 @@ the others, crash-safe (``_run_files``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Collection
@@ -25,6 +26,7 @@ from tinax._format.storage import Location
 from tinax.checkpointing import _run_files
 
 
+@dataclasses.dataclass(eq=False)
 class LocalTier:
     """The local directory of a two-tier run.
 
@@ -40,14 +42,18 @@ class LocalTier:
         the local tier of another durable directory).
     """
 
-    def __init__(
-        self, root: Location, durable: Location, every: int, keep: int, made: bool
-    ) -> None:
-        self.root = root
-        self.durable = durable
-        self.every = every
-        self.keep = keep
-        self.made = made
+    root: Location
+    durable: Location
+    every: int
+    keep: int
+    made: bool
+    # What the tier's record says (empty for a new tier).
+    metrics: dict[str, Any] = dataclasses.field(init=False)
+    kept: dict[str, Any] = dataclasses.field(init=False)
+    promote: set[int] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        root, durable = self.root, self.durable
         found = read_run_record(root) or {}
         named = found.get(tiers.DURABLE)
         if found and not (
@@ -60,10 +66,10 @@ class LocalTier:
                 f"local directory {str(root)!r} holds the checkpoints {theirs}, not of "
                 f"{str(durable)!r}: give each run a local directory of its own"
             )
-        self.metrics: dict[str, Any] = dict(found.get("metrics") or {})
-        self.kept: dict[str, Any] = dict(found.get("kept") or {})
+        self.metrics = dict(found.get("metrics") or {})
+        self.kept = dict(found.get("kept") or {})
         promote = found.get(tiers.PROMOTE)
-        self.promote: set[int] = {
+        self.promote = {
             s for s in (promote if isinstance(promote, list) else []) if type(s) is int and s >= 0
         }
 
