@@ -67,6 +67,22 @@ def test_read_leaf_refuses_what_is_not_there(saved):
         ex.read_leaf(path / "absent", "model", "")
 
 
+def test_read_leaf_takes_a_key_as_the_tables_show_it(saved, tmp_path):
+    path, state = saved
+    model = state["model"]
+    np.testing.assert_array_equal(ex.read_leaf(path, "model", "dense.w"), model["dense"]["w"])
+    np.testing.assert_array_equal(ex.read_leaf(path, "model", "layers.10"), model["layers"][10])
+    assert ex.read_leaf(path, "model", "step") == 7
+    with pytest.raises(ValueError, match=r"ckpt.*no leaf 'dense\.v'.*nearest: dense\.w"):
+        ex.read_leaf(path, "model", "dense.v")
+    # NNX keeps an array under "value": the tables leave it out, and so may the name.
+    kernel = np.arange(12, dtype=np.float32).reshape(3, 4)
+    nnx_like = {"blocks": {"3": {"down": {"kernel": {"value": kernel}}}}, "step": 1}
+    saved_nnx = save_v1(tmp_path / "nnx", {"model": nnx_like})
+    for name in ("blocks.3.down.kernel", "blocks.3.down.kernel.value", "down.kernel"):
+        np.testing.assert_array_equal(ex.read_leaf(saved_nnx, "model", name), kernel)
+
+
 @pytest.fixture
 def three_big(tmp_path):
     rng = np.random.default_rng(1)

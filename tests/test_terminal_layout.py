@@ -10,7 +10,7 @@ import pytest
 
 from tinax._format.keys import format_key
 from tinax.explore._cli import terminal as term
-from tinax.explore._cli.key_match import LeafNotFoundError, exact_key, match_key
+from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
 
 
 def nnx_keys(blocks: int = 12) -> list[str]:

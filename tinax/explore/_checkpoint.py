@@ -25,6 +25,7 @@ from tinax._format.keys import ROOT_KEY, format_key
 from tinax._format.layout import Checkpoint, StoredCheckpointable
 from tinax._format.storage import tree_bytes
 from tinax.explore._array_read import array_record, read_array
+from tinax.explore._key_match import LeafNotFoundError, match_key
 from tinax.explore._leaf_rows import (
     LEAF_COLUMNS,
     Leaf,
@@ -348,7 +349,10 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
     Args:
       path: A checkpoint directory (see ``checkpoint_table``).
       checkpointable: The checkpointable's name, as in ``checkpoint_table``.
-      key: The leaf's key, as in ``checkpoint_table``.
+      key: The leaf's key: its ``keystr`` as in ``checkpoint_table``
+        (``"['blocks']['3']['down']['kernel']['value']"``), or dotted as the tables
+        and the widgets show it (``"blocks.3.down.kernel"``, NNX's ``value`` left
+        out or not, the parts every row shares left out where that leaves one leaf).
 
     Returns:
       A ``np.ndarray`` for a stored array (``jax.Array`` leaves too, whole: every
@@ -361,7 +365,8 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
       TypeError: If an argument has the wrong type.
       FileNotFoundError: If ``path`` does not exist.
       ValueError: If the checkpoint, checkpointable or leaf does not exist or
-        cannot be read; the message names the path and what is wrong.
+        cannot be read; the message names the path and what is wrong (a key that
+        names no leaf, or several, the nearest or the candidates).
     """
     checkpoint = open_checkpoint(path)
     item = checkpoint.get(checkpointable)
@@ -369,6 +374,11 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
         raise TypeError(f"key must be a str, got {type(key).__name__}")
     if item.layout == layout.PYTREE:
         tree = pytree.read_layout(item.directory)
+        try:
+            # Named as a table shows it (dotted) or as its keystr.
+            key = match_key([leaf.key for leaf in tree.leaves], key, checkpointable=item.name)
+        except LeafNotFoundError as e:
+            raise LeafNotFoundError(f"checkpoint {str(checkpoint.path)!r}: {e}") from None
         leaf = tree.find(key, name=item.name)
         try:
             checked = False

@@ -29,7 +29,6 @@ from tinax.explore._checkpoint import checkpoint_table, open_checkpoint, read_le
 from tinax.explore._cli import runs
 from tinax.explore._cli import terminal as term
 from tinax.explore._cli.args import EXIT_NO, EXIT_OK
-from tinax.explore._cli.key_match import LeafNotFoundError, exact_key, match_key
 from tinax.explore._cli.output import (
     _csv,
     _dump,
@@ -43,6 +42,7 @@ from tinax.explore._cli.terminal import Column, jsonable
 from tinax.explore._cli.verify import is_run
 from tinax.explore._diff import diff_table
 from tinax.explore._export import export_safetensors
+from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
 from tinax.explore._ranking import PRNG_KEY, value_kind
 from tinax.explore._run_view.retention import run_listing
 from tinax.explore._summary import leaf_summary

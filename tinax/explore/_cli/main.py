@@ -18,8 +18,9 @@ command line and imports what a command needs only when it runs it, so that
 ``commands`` (``ls``, ``show``, ``diff``, ``export``), ``verify``, ``run``,
 ``surgery`` (``derive``, ``average``); with
 ``args`` (every command's arguments), ``output`` (JSON, CSV, progress bars),
-``terminal`` (the tables' layout), ``findings`` (``verify``'s findings grouped) and
-``key_match`` (the leaf a name given to ``--leaf`` means).
+``terminal`` (the tables' layout) and ``findings`` (``verify``'s findings grouped);
+the leaf a name given to ``--leaf`` means is ``tinax.explore._key_match``'s, as for
+``read_leaf``.
 """
 
 from __future__ import annotations
