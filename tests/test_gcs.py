@@ -307,6 +307,8 @@ def test_a_large_tree_s_folders_are_grouped_where_their_names_branch(padded):
     folders = sorted(f"run/step_{i:06d}/" if padded else f"run/{i}/" for i in range(1, 1001))
     groups = gcs_listing._groups(folders, 23)
     assert [name for group in groups for name in group] == folders
+    # None left (removed since the first page was read): nothing to ask for.
+    assert gcs_listing._groups([], 23) == []
     assert all(0 < len(group) <= 23 for group in groups)
     assert len(groups) <= 1.3 * len(folders) / 23
     shared = [gcs_listing._shared(group[0], group[-1]) for group in groups]

@@ -122,7 +122,7 @@ def _groups(folders: list[str], size: int) -> list[list[str]]:
     prefix as they can: cut where the names branch (``step_0004…`` | ``step_0005…``),
     the branches too small to fill a run put together."""
     if len(folders) <= size:
-        return [folders]
+        return [folders] if folders else []
     shared = len(_shared(folders[0], folders[-1]))
     groups: list[list[str]] = []
     pending: list[str] = []
