@@ -4,6 +4,7 @@ the leaf, and what it cannot read byte for byte still loads, through Orbax."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -141,19 +142,74 @@ def test_a_flipped_byte_is_refused_naming_the_leaf(
     )
 
 
+def test_scalars_and_prng_keys_load_through_the_engine_as_orbax_gives_them(
+    tmp_path: Path, orbax_loads: list[list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A training checkpoint's auxiliary state and RNG: Python scalars and typed keys.
+    values = {"w": jnp.arange(16.0).reshape(4, 4), "step": 3, "loss": 0.25, "done": True}
+    keys = {
+        "key": jax.random.key(0),
+        "rbg": jax.random.key(1, impl="rbg"),
+        "split": jax.random.split(jax.random.key(2), 4),
+    }
+    tc.save_checkpointables(tmp_path / "c", {"mixed": values, "rng": keys}).result()
+    targets = {"mixed": tc.abstract_restore_target(values), "rng": keys}
+    caplog.set_level("DEBUG", logger="tinax.checkpointing._fast_load")
+    back = tc.load_checkpointables(tmp_path / "c", targets)
+    assert orbax_loads == [] and "left to Orbax" not in caplog.text
+    theirs = ocp.load_checkpointables(tmp_path / "c", targets)
+    assert back["mixed"] == {k: v for k, v in theirs["mixed"].items() if k != "w"} | {
+        "w": back["mixed"]["w"]
+    }
+    for k in ("step", "loss", "done"):
+        assert type(back["mixed"][k]) is type(theirs["mixed"][k]) is type(values[k])
+    assert np.asarray(back["mixed"]["w"]).tobytes() == np.asarray(values["w"]).tobytes()
+    for name, key in keys.items():
+        got = back["rng"][name]
+        assert got.dtype == key.dtype == theirs["rng"][name].dtype, name
+        assert got.shape == key.shape and got.sharding == key.sharding
+        assert np.asarray(jax.random.key_data(got)).tobytes() == (
+            np.asarray(jax.random.key_data(key)).tobytes()
+        )
+
+
+def test_a_scalar_or_key_that_does_not_match_its_checksum_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    values = {"step": 3, "key": jax.random.key(4)}
+    tc.save_checkpointables(tmp_path / "c", {"extra": values}).result()
+    record_file = tmp_path / "c" / "extra" / "tinax_checksums" / "process_0.json"
+    pristine = record_file.read_text()
+    for leaf in ("['step']", "['key']"):
+        record = json.loads(pristine)
+        pieces = record["leaves"][leaf]["pieces"]
+        pieces[0][1] = f"{int(pieces[0][1], 16) ^ 1:016x}"
+        record_file.write_text(json.dumps(record))
+        with pytest.raises(tc.CorruptDataError, match=rf"'extra'.*leaf {re.escape(leaf)}"):
+            tc.load_checkpointables(tmp_path / "c", {"extra": tc.abstract_restore_target(values)})
+    record_file.write_text(pristine)
+    back = tc.load_checkpointables(tmp_path / "c", {"extra": tc.abstract_restore_target(values)})
+    assert back["extra"]["step"] == 3
+
+
 def test_what_the_engine_does_not_read_loads_through_orbax(
     tmp_path: Path, orbax_loads: list[list[str]]
 ) -> None:
-    values = {"w": jnp.arange(16.0).reshape(4, 4), "step": 3}
-    keys = {"key": jax.random.key(0)}
-    tc.save_checkpointables(tmp_path / "c", {"mixed": values, "rng": keys}).result()
-    back = tc.load_checkpointables(
-        tmp_path / "c", {"mixed": tc.abstract_restore_target(values), "rng": keys}
-    )
-    assert orbax_loads == [["mixed", "rng"]]
-    assert back["mixed"]["step"] == 3
+    values = {"w": jnp.arange(16.0).reshape(4, 4), "name": "tiny"}
+    tc.save_checkpointables(tmp_path / "c", {"mixed": values}).result()
+    back = tc.load_checkpointables(tmp_path / "c", {"mixed": tc.abstract_restore_target(values)})
+    assert orbax_loads == [["mixed"]]
+    assert back["mixed"]["name"] == "tiny"
     assert np.asarray(back["mixed"]["w"]).tobytes() == np.asarray(values["w"]).tobytes()
-    assert (jax.random.key_data(back["rng"]["key"]) == jax.random.key_data(keys["key"])).all()
+    # A scalar asked for as another kind (a number saved, a bool asked for) too.
+    orbax_loads.clear()
+    tc.save_checkpointables(tmp_path / "n", {"extra": {"flag": 1}}).result()
+    with tc.allow_lossy_casts():
+        back = tc.load_checkpointables(tmp_path / "n", {"extra": {"flag": True}})
+    assert orbax_loads == [["extra"]]
+    assert back["extra"]["flag"] is True
     # A cast the target asks for is Orbax's too.
     orbax_loads.clear()
     only = {"w": values["w"]}

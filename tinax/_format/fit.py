@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 from tinax._format import arrays, files, jsonitems, layout, names, pytree, words
 from tinax._format.keys import ROOT, KeyPath, format_key
+from tinax._format.storage import Location
 
 # A target leaf that asks for nothing to be restored (Orbax's placeholder ``...``).
 PLACEHOLDER = "placeholder"
@@ -349,10 +350,11 @@ def refusal_message(path: str, refused: Sequence[LeafVerdict]) -> str:
 _KEY_DATA_DTYPES = frozenset({"uint32", "uint8", "uint16", "uint64"})
 
 
-def key_impls(item: layout.StoredCheckpointable) -> dict[str, str] | None:
-    """Orbax V1's record of which arrays are typed PRNG keys: param name to the key's
-    implementation (``""`` for an array that is not a key); ``None`` if not recorded."""
-    folder = item.directory / names.ARRAY_METADATAS
+def key_impls(directory: Location) -> dict[str, str] | None:
+    """Orbax V1's record of which arrays of the pytree checkpointable at ``directory``
+    are typed PRNG keys: param name to the key's implementation (``""`` for an array
+    that is not a key); ``None`` if not recorded."""
+    folder = directory / names.ARRAY_METADATAS
     if not folder.exists():
         return None
     out: dict[str, str] = {}
@@ -379,7 +381,7 @@ def _pytree_specs(item: layout.StoredCheckpointable) -> list[tuple[KeyPath, Spec
     infos = pytree.leaf_infos(tree, arrays.context())
     # Only arrays of key data's dtypes can be keys: most checkpoints need no more reading.
     impls = (
-        key_impls(item)
+        key_impls(item.directory)
         if any(info is not None and info.dtype in _KEY_DATA_DTYPES for _, info in infos)
         else None
     )

@@ -24,10 +24,16 @@ time) and, when parts cut stored chunks (a load onto another mesh), one decoded
 chunk; on ``gs://`` a task holds the stored bytes it fetched for its parts (at most
 one part's, or 8 MiB of small parts').
 
+A Python ``int``, ``float`` or ``bool`` target comes back as the stored 0-d value's
+own Python type (``.item()``, as Orbax's scalar handler gives it), when the stored
+dtype is of the target's kind. A typed PRNG key target is read as its stored key
+data on the host, made a key with the implementation Orbax recorded for it
+(``array_metadatas``), which must be the target's, and put on the target's sharding.
+
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
-checkpointable with leaves other than arrays, targets without a sharding or with a
-layout or memory kind of their own, a dtype or shape other than the stored one,
-typed PRNG keys, codecs other than ``bytes`` and ``zstd``, chunks not stored,
+checkpointable with other leaves (strings, say), targets without a sharding or with
+a layout or memory kind of their own, a dtype or shape other than the stored one,
+codecs other than ``bytes`` and ``zstd``, chunks not stored,
 checksum pieces that the parts to read cut across, several processes. A part
 whose checksum does not match, or a chunk that does not decode, sends its
 checkpointable to Orbax too, whose load reports the damage as every load does
@@ -48,7 +54,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tinax._format import arrays, checksums, chunkload, chunks, names, pytree, words
+from tinax._format import arrays, checksums, chunkload, chunks, fit, names, pytree, words
 from tinax._format.checksums import Bounds, LeafRecord
 from tinax._format.keys import format_key, key_parts
 from tinax._format.pools import ProcessPool
@@ -84,6 +90,11 @@ class _Leaf:
     # Each distinct part to read, with the devices that hold it.
     parts: list[tuple[Box, list[Any]]]
     values: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    # What the bytes read on the host become: for a Python scalar target its value
+    # (``SCALAR``), for a typed PRNG key target the key its data makes, put where
+    # the target's sharding says (``KEY``); otherwise the array itself.
+    becomes: str = ""
+    key_target: jax.ShapeDtypeStruct | None = None
 
 
 @dataclasses.dataclass
@@ -114,14 +125,20 @@ def _overlaps(a: Bounds, b: Bounds) -> bool:
     return all(max(a0, b0) < min(a1, b1) for (a0, a1), (b0, b1) in zip(a, b, strict=True))
 
 
+# What a leaf's bytes become besides an array: a Python scalar, a typed PRNG key.
+SCALAR = "scalar"
+KEY = "key"
+# A Python scalar target comes back as the stored 0-d value's own Python type: the
+# stored dtype's kind must be the target's (a number saved for a bool is Orbax's).
+_SCALAR_KINDS = {bool: "b", int: "iu", float: "f"}
+
+
 def _why_not_target(leaf: Any) -> str | None:
     """Why a target leaf is left to Orbax, or ``None``."""
-    if isinstance(leaf, NumpyTarget):
+    if isinstance(leaf, NumpyTarget) or type(leaf) in _SCALAR_KINDS:
         return None
     if not isinstance(leaf, jax.ShapeDtypeStruct):
         return f"a {type(leaf).__name__} leaf"
-    if is_key_dtype(leaf.dtype):
-        return "a typed PRNG key"
     sharding = leaf.sharding
     if not isinstance(sharding, jax.sharding.Sharding):
         return "a target without a sharding"
@@ -131,6 +148,10 @@ def _why_not_target(leaf: Any) -> str | None:
     if sharding.memory_kind not in (None, "device"):
         return f"a target in {sharding.memory_kind} memory"
     return None
+
+
+def _is_key(leaf: Any) -> bool:
+    return isinstance(leaf, jax.ShapeDtypeStruct) and is_key_dtype(leaf.dtype)
 
 
 def plan(directory: Location, name: str, target: Any) -> _Plan | str:
@@ -151,11 +172,12 @@ def plan(directory: Location, name: str, target: Any) -> _Plan | str:
     stored = {leaf.key: leaf for leaf in layout.leaves if leaf.kind != words.EMPTY}
     if set(stored) != set(wanted):
         return "the target's leaves are not the stored ones"
-    if any(
-        leaf.kind not in (words.JAX_ARRAY, words.NUMPY_ARRAY) or not leaf.stored
-        for leaf in stored.values()
-    ):
-        return "leaves other than arrays"
+    for key, leaf in stored.items():
+        scalar = type(wanted[key]) in _SCALAR_KINDS
+        kinds = (words.SCALAR,) if scalar else (words.JAX_ARRAY, words.NUMPY_ARRAY)
+        if leaf.kind not in kinds or not leaf.stored:
+            return f"leaf {key}: stored as a {leaf.kind}, not as its target"
+    impls = fit.key_impls(directory) if any(map(_is_key, wanted.values())) else None
     paths = {key: pytree.storage_path(leaf.param) for key, leaf in stored.items()}
     contents = chunks.store_contents(
         directory, sorted(set(paths.values())), zarr3=True, ctx=arrays.context()
@@ -171,7 +193,23 @@ def plan(directory: Location, name: str, target: Any) -> _Plan | str:
         array = chunkload.plan(directory, metadata, contents.chunks.get(storage, {}), storage)
         if array is None:
             return f"leaf {key}: stored in a way not read here"
-        if array.shape != tuple(target_leaf.shape) or array.dtype != np.dtype(target_leaf.dtype):
+        becomes, key_target = "", None
+        if type(target_leaf) in _SCALAR_KINDS:
+            if array.shape != () or array.dtype.kind not in _SCALAR_KINDS[type(target_leaf)]:
+                return f"leaf {key}: stored as {array.dtype} {array.shape}, not as its target"
+            becomes = SCALAR
+        elif _is_key(target_leaf):
+            impl = target_leaf.dtype._impl.name
+            data = jax.eval_shape(jax.random.key_data, target_leaf)
+            if (
+                impls is None
+                or impls.get(stored[key].param) != impl
+                or array.shape != tuple(data.shape)
+                or array.dtype != np.dtype(data.dtype)
+            ):
+                return f"leaf {key}: not the data of a {impl} key of the target's shape"
+            becomes, key_target = KEY, target_leaf
+        elif array.shape != tuple(target_leaf.shape) or array.dtype != np.dtype(target_leaf.dtype):
             return f"leaf {key}: the target asks for another shape or dtype"
         record = None
         if records is not None:
@@ -182,7 +220,8 @@ def plan(directory: Location, name: str, target: Any) -> _Plan | str:
                 or (record.dtype, record.shape) != (str(array.dtype), array.shape)
             ):
                 return f"leaf {key}: no checksum for it"
-        sharding = None if isinstance(target_leaf, NumpyTarget) else target_leaf.sharding
+        # A scalar and a key's data are read on the host: a key is made, then put.
+        sharding = None if becomes or isinstance(target_leaf, NumpyTarget) else target_leaf.sharding
         if sharding is None:
             parts: list[tuple[Box, list[Any]]] = [(tuple(slice(0, n) for n in array.shape), [None])]
         else:
@@ -197,7 +236,18 @@ def plan(directory: Location, name: str, target: Any) -> _Plan | str:
             for piece in record.pieces:
                 if any(_overlaps(b, piece.bounds) and not _inside(b, piece.bounds) for b in boxes):
                     return f"leaf {key}: its parts cut across the pieces it was saved in"
-        leaves.append(_Leaf(key, array, chunkload.BoxReader(array, files), record, sharding, parts))
+        leaves.append(
+            _Leaf(
+                key,
+                array,
+                chunkload.BoxReader(array, files),
+                record,
+                sharding,
+                parts,
+                becomes=becomes,
+                key_target=key_target,
+            )
+        )
     return _Plan(name, directory, treedef, leaves, files)
 
 
@@ -479,7 +529,13 @@ def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
             continue
         values = []
         for leaf in p.leaves:
-            if leaf.sharding is None:
+            if leaf.becomes == SCALAR:
+                values.append(leaf.values[None].item())
+            elif leaf.key_target is not None:
+                impl = leaf.key_target.dtype._impl.name
+                made = jax.random.wrap_key_data(leaf.values[None], impl=impl)
+                values.append(jax.device_put(made, leaf.key_target.sharding))
+            elif leaf.sharding is None:
                 values.append(leaf.values[None])
             else:
                 shape = leaf.stored.shape

@@ -200,7 +200,7 @@ def typed_keys(path: str | Checkpoint) -> dict[tuple[str, str], str]:
         if item.layout != layout.PYTREE:
             continue
         try:
-            impls = fit.key_impls(item)
+            impls = fit.key_impls(item.directory)
         except (ValueError, OSError):
             continue
         if not impls or not any(impls.values()):
