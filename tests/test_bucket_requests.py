@@ -127,3 +127,26 @@ def test_a_run_scanned_and_its_drift(gcs: Any, run: dict[str, Any]) -> None:
     assert scanned <= 40 * CHECKPOINTS, scanned
     drift = _count(gcs, lambda: ex.drift_table(run["run"]))
     assert drift <= 40 * CHECKPOINTS, drift
+
+
+def test_a_resume_asks_little_more_than_its_model_and_optimizer(
+    gcs: Any, run: dict[str, Any]
+) -> None:
+    # The RNG key, the auxiliary state and the iterator are a few small files more.
+    targets = run["targets"]
+    load = _count(gcs, lambda: tc.load_checkpointables(run["newest"], targets))
+    iterator = iter(grain.MapDataset.range(100).batch(4).to_iter_dataset())
+    resume = _count(
+        gcs,
+        lambda: tc.load_training_checkpoint(
+            run["newest"],
+            targets["model"],
+            targets["optimizer"],
+            jax.random.key(0),
+            {"loss": 0.0},
+            iterator,
+        ),
+    )
+    # Through Orbax, the three took some 145 requests more (existence checks).
+    assert resume <= load + 10, (resume, load)
+    assert next(iterator).tolist() == [16, 17, 18, 19]  # where the saved run's was
