@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tinax.checkpointing import (
+    CorruptDataError,
     TargetMismatchError,
     TrainingCheckpoint,
     TrainingCheckpointNames,
@@ -175,6 +176,48 @@ def test_restored_iterator_is_the_one_passed_in_with_prefetch_started(tmp_path):
     assert out.iterator is mine
     assert mine.set_state_calls == 1
     assert mine.prefetch_calls >= 1
+    _assert_bitwise_equal(next(mine), next(it))
+
+
+def test_an_iterator_state_file_that_does_not_match_its_checksum_leaves_the_iterator_as_it_was(
+    tmp_path,
+):
+    params, momentum, rng, aux = _init()
+    it = iter(_dataset())
+    for _ in range(3):
+        next(it)
+    save_training_checkpoint(tmp_path / "c", 3, params, momentum, rng, aux, it).result()
+    state_file = tmp_path / "c" / "iterator" / "process_0-of-1.json"
+    # Still a state Grain resumes from: only its checksum tells.
+    state_file.write_text(state_file.read_text().replace('"next_index": 3', '"next_index": 5'))
+    targets = map(abstract_restore_target, (params, momentum, rng, aux))
+    mine = CountingIterator(iter(_dataset()))
+    with pytest.raises(CorruptDataError, match=r"'process_0-of-1\.json' is corrupt.*checksum"):
+        load_training_checkpoint(tmp_path / "c", *targets, mine)
+    assert mine.set_state_calls == 0
+    _assert_bitwise_equal(next(mine), next(iter(_dataset())))
+
+
+class OwnLoadIterator(CountingIterator):
+    """An iterator whose class loads its state in a way of its own."""
+
+    loads = 0
+
+    async def load(self, directory):
+        OwnLoadIterator.loads += 1
+        return await super().load(directory)
+
+
+def test_an_iterator_with_a_load_of_its_own_is_restored_by_it(tmp_path):
+    params, momentum, rng, aux = _init()
+    it = iter(_dataset())
+    for _ in range(4):
+        next(it)
+    save_training_checkpoint(tmp_path / "c", 4, params, momentum, rng, aux, it).result()
+    mine = OwnLoadIterator(iter(_dataset()))
+    targets = map(abstract_restore_target, (params, momentum, rng, aux))
+    load_training_checkpoint(tmp_path / "c", *targets, mine)
+    assert OwnLoadIterator.loads == 1 and mine.set_state_calls == 1
     _assert_bitwise_equal(next(mine), next(it))
 
 
