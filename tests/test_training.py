@@ -163,16 +163,21 @@ class CountingIterator(grain.DatasetIterator):
         super().start_prefetch()
 
 
-def test_restored_iterator_is_the_one_passed_in_with_prefetch_started(tmp_path):
+def _saved_after(tmp_path, batches):
+    """A training checkpoint saved after ``batches`` batches at ``tmp_path / "c"``: its
+    restore targets, and the iterator it was saved from."""
     params, momentum, rng, aux = _init()
     it = iter(_dataset())
-    for _ in range(5):
+    for _ in range(batches):
         next(it)
-    save_training_checkpoint(tmp_path / "c", 5, params, momentum, rng, aux, it).result()
+    save_training_checkpoint(tmp_path / "c", batches, params, momentum, rng, aux, it).result()
+    return [abstract_restore_target(x) for x in (params, momentum, rng, aux)], it
+
+
+def test_restored_iterator_is_the_one_passed_in_with_prefetch_started(tmp_path):
+    targets, it = _saved_after(tmp_path, 5)
     mine = CountingIterator(iter(_dataset()))
-    out = load_training_checkpoint(
-        tmp_path / "c", *map(abstract_restore_target, (params, momentum, rng, aux)), mine
-    )
+    out = load_training_checkpoint(tmp_path / "c", *targets, mine)
     assert out.iterator is mine
     assert mine.set_state_calls == 1
     assert mine.prefetch_calls >= 1
@@ -182,15 +187,10 @@ def test_restored_iterator_is_the_one_passed_in_with_prefetch_started(tmp_path):
 def test_an_iterator_state_file_that_does_not_match_its_checksum_leaves_the_iterator_as_it_was(
     tmp_path,
 ):
-    params, momentum, rng, aux = _init()
-    it = iter(_dataset())
-    for _ in range(3):
-        next(it)
-    save_training_checkpoint(tmp_path / "c", 3, params, momentum, rng, aux, it).result()
+    targets, _ = _saved_after(tmp_path, 3)
     state_file = tmp_path / "c" / "iterator" / "process_0-of-1.json"
     # Still a state Grain resumes from: only its checksum tells.
     state_file.write_text(state_file.read_text().replace('"next_index": 3', '"next_index": 5'))
-    targets = map(abstract_restore_target, (params, momentum, rng, aux))
     mine = CountingIterator(iter(_dataset()))
     with pytest.raises(CorruptDataError, match=r"'process_0-of-1\.json' is corrupt.*checksum"):
         load_training_checkpoint(tmp_path / "c", *targets, mine)
@@ -209,13 +209,8 @@ class OwnLoadIterator(CountingIterator):
 
 
 def test_an_iterator_with_a_load_of_its_own_is_restored_by_it(tmp_path):
-    params, momentum, rng, aux = _init()
-    it = iter(_dataset())
-    for _ in range(4):
-        next(it)
-    save_training_checkpoint(tmp_path / "c", 4, params, momentum, rng, aux, it).result()
+    targets, it = _saved_after(tmp_path, 4)
     mine = OwnLoadIterator(iter(_dataset()))
-    targets = map(abstract_restore_target, (params, momentum, rng, aux))
     load_training_checkpoint(tmp_path / "c", *targets, mine)
     assert OwnLoadIterator.loads == 1 and mine.set_state_calls == 1
     _assert_bitwise_equal(next(mine), next(it))
