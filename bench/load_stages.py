@@ -49,7 +49,7 @@ import tinax.checkpointing as tc
 from tinax._format import chunkload
 from tinax._format.pools import ProcessPool
 from tinax._format.storage import local
-from tinax.checkpointing import _fast_load
+from tinax.checkpointing import _fast_load, _load_plan
 
 # One stored chunk: its file, where its bytes lie, and how many bytes it decodes to.
 Job = tuple[str, int, int, int]
@@ -60,7 +60,7 @@ def stored_chunks(checkpoint: Path, state: dict[str, Any]) -> tuple[list[Job], b
     jobs: list[Job] = []
     zstd = False
     for name, tree in state.items():
-        found = _fast_load.plan(local(checkpoint) / name, name, bench.targets(tree))
+        found = _load_plan.plan(local(checkpoint) / name, name, bench.targets(tree))
         if isinstance(found, str):
             raise SystemExit(f"{name}: not read by tinax's engine: {found}")
         for leaf in found.leaves:
@@ -306,7 +306,7 @@ def engine_alone(where: Path, want: dict[str, Any]) -> float:
     first, untimed; the arrays not assembled)."""
     plans = []
     for name, target in want.items():
-        found = _fast_load.plan(local(where) / name, name, target)
+        found = _load_plan.plan(local(where) / name, name, target)
         assert not isinstance(found, str), found
         plans.append(found)
     start = time.perf_counter()

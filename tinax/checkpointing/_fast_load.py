@@ -24,11 +24,7 @@ time) and, when parts cut stored chunks (a load onto another mesh), one decoded
 chunk; on ``gs://`` a task holds the stored bytes it fetched for its parts (at most
 one part's, or 8 MiB of small parts').
 
-A Python ``int``, ``float`` or ``bool`` target comes back as the stored 0-d value's
-own Python type (``.item()``, as Orbax's scalar handler gives it), when the stored
-dtype is of the target's kind. A typed PRNG key target is read as its stored key
-data on the host, made a key with the implementation Orbax recorded for it
-(``array_metadatas``), which must be the target's, and put on the target's sharding.
+Which leaves it reads, and how each becomes a value, ``_load_plan`` says.
 
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
 checkpointable with other leaves (strings, say), targets without a sharding or with
@@ -54,14 +50,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from tinax._format import arrays, checksums, chunkload, chunks, fit, names, pytree, words
-from tinax._format.checksums import Bounds, LeafRecord
-from tinax._format.keys import format_key, key_parts
+from tinax._format import checksums, chunkload
 from tinax._format.pools import ProcessPool
 from tinax._format.rawread import Box, Unsupported
 from tinax._format.storage import Location
-from tinax._targets import NumpyTarget, is_key_dtype
+from tinax.checkpointing import _load_plan
 from tinax.checkpointing._host_buffers import HostBuffers, aligned
+from tinax.checkpointing._load_plan import Leaf, Plan, bounds_of, inside
 
 _log = logging.getLogger(__name__)
 
@@ -75,180 +70,6 @@ HOST_BUFFER_BYTES = 256 << 20
 DEVICE_HOST_BUFFER_BYTES = 512 << 20
 # Chunks of one part read by one task: parts of big arrays are read on several threads.
 TASK_BYTES = 8 << 20
-
-
-@dataclasses.dataclass
-class _Leaf:
-    """One array leaf to load: where it is stored and what its target asks for."""
-
-    key: str
-    stored: chunkload.StoredArray
-    reader: chunkload.BoxReader
-    record: LeafRecord | None
-    # For a jax.Array target its sharding, else None (a NumPy array).
-    sharding: jax.sharding.Sharding | None
-    # Each distinct part to read, with the devices that hold it.
-    parts: list[tuple[Box, list[Any]]]
-    values: dict[Any, Any] = dataclasses.field(default_factory=dict)
-    # What the bytes read on the host become: for a Python scalar target its value
-    # (``SCALAR``), for a typed PRNG key target the key its data makes, put where
-    # the target's sharding says (``KEY``); otherwise the array itself.
-    becomes: str = ""
-    key_target: jax.ShapeDtypeStruct | None = None
-
-
-@dataclasses.dataclass
-class _Plan:
-    """One checkpointable to load: its leaves and the target's structure."""
-
-    name: str
-    directory: Location
-    treedef: Any
-    leaves: list[_Leaf]
-    files: chunkload.Files
-    failed: BaseException | None = None
-
-
-def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
-    return tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
-
-
-def _bounds(box: Box) -> Bounds:
-    return tuple((s.start, s.stop) for s in box)
-
-
-def _inside(outer: Bounds, inner: Bounds) -> bool:
-    return all(o0 <= i0 and i1 <= o1 for (o0, o1), (i0, i1) in zip(outer, inner, strict=True))
-
-
-def _overlaps(a: Bounds, b: Bounds) -> bool:
-    return all(max(a0, b0) < min(a1, b1) for (a0, a1), (b0, b1) in zip(a, b, strict=True))
-
-
-# What a leaf's bytes become besides an array: a Python scalar, a typed PRNG key.
-SCALAR = "scalar"
-KEY = "key"
-# A Python scalar target comes back as the stored 0-d value's own Python type: the
-# stored dtype's kind must be the target's (a number saved for a bool is Orbax's).
-_SCALAR_KINDS = {bool: "b", int: "iu", float: "f"}
-
-
-def _why_not_target(leaf: Any) -> str | None:
-    """Why a target leaf is left to Orbax, or ``None``."""
-    if isinstance(leaf, NumpyTarget) or type(leaf) in _SCALAR_KINDS:
-        return None
-    if not isinstance(leaf, jax.ShapeDtypeStruct):
-        return f"a {type(leaf).__name__} leaf"
-    sharding = leaf.sharding
-    if not isinstance(sharding, jax.sharding.Sharding):
-        return "a target without a sharding"
-    layout = getattr(getattr(leaf, "format", None), "layout", None)
-    if layout is not None:
-        return "a target with a layout of its own"
-    if sharding.memory_kind not in (None, "device"):
-        return f"a target in {sharding.memory_kind} memory"
-    return None
-
-
-def _is_key(leaf: Any) -> bool:
-    return isinstance(leaf, jax.ShapeDtypeStruct) and is_key_dtype(leaf.dtype)
-
-
-def plan(directory: Location, name: str, target: Any) -> _Plan | str:
-    """What loading ``target`` from the checkpointable at ``directory`` would read, or
-    why it is left to Orbax."""
-    if jax.process_count() != 1:
-        return "several processes"
-    layout = pytree.read_layout(directory)
-    if not (layout.ocdbt and layout.zarr3):
-        return "not a zarr3 OCDBT store"
-    flat, treedef = jax.tree_util.tree_flatten_with_path(target)
-    wanted: dict[str, Any] = {}
-    for path, leaf in flat:
-        why = _why_not_target(leaf)
-        if why is not None:
-            return why
-        wanted[format_key(key_parts(path))] = leaf
-    stored = {leaf.key: leaf for leaf in layout.leaves if leaf.kind != words.EMPTY}
-    if set(stored) != set(wanted):
-        return "the target's leaves are not the stored ones"
-    for key, leaf in stored.items():
-        scalar = type(wanted[key]) in _SCALAR_KINDS
-        kinds = (words.SCALAR,) if scalar else (words.JAX_ARRAY, words.NUMPY_ARRAY)
-        if leaf.kind not in kinds or not leaf.stored:
-            return f"leaf {key}: stored as a {leaf.kind}, not as its target"
-    impls = fit.key_impls(directory) if any(map(_is_key, wanted.values())) else None
-    paths = {key: pytree.storage_path(leaf.param) for key, leaf in stored.items()}
-    contents = chunks.store_contents(
-        directory, sorted(set(paths.values())), zarr3=True, ctx=arrays.context()
-    )
-    records = checksums.read_checksums(directory)
-    files = chunkload.Files(directory)
-    leaves = []
-    for key, target_leaf in wanted.items():
-        storage = paths[key]
-        metadata = contents.other.get((storage + names.ZARR3_METADATA).encode("utf-8"))
-        if not isinstance(metadata, bytes):
-            return f"leaf {key}: metadata not inline"
-        array = chunkload.plan(directory, metadata, contents.chunks.get(storage, {}), storage)
-        if array is None:
-            return f"leaf {key}: stored in a way not read here"
-        becomes, key_target = "", None
-        if type(target_leaf) in _SCALAR_KINDS:
-            if array.shape != () or array.dtype.kind not in _SCALAR_KINDS[type(target_leaf)]:
-                return f"leaf {key}: stored as {array.dtype} {array.shape}, not as its target"
-            becomes = SCALAR
-        elif _is_key(target_leaf):
-            impl = target_leaf.dtype._impl.name
-            data = jax.eval_shape(jax.random.key_data, target_leaf)
-            if (
-                impls is None
-                or impls.get(stored[key].param) != impl
-                or array.shape != tuple(data.shape)
-                or array.dtype != np.dtype(data.dtype)
-            ):
-                return f"leaf {key}: not the data of a {impl} key of the target's shape"
-            becomes, key_target = KEY, target_leaf
-        elif array.shape != tuple(target_leaf.shape) or array.dtype != np.dtype(target_leaf.dtype):
-            return f"leaf {key}: the target asks for another shape or dtype"
-        record = None
-        if records is not None:
-            record = records.get(key)
-            if (
-                record is None
-                or record.kind != checksums.ARRAY
-                or (record.dtype, record.shape) != (str(array.dtype), array.shape)
-            ):
-                return f"leaf {key}: no checksum for it"
-        # A scalar and a key's data are read on the host: a key is made, then put.
-        sharding = None if becomes or isinstance(target_leaf, NumpyTarget) else target_leaf.sharding
-        if sharding is None:
-            parts: list[tuple[Box, list[Any]]] = [(tuple(slice(0, n) for n in array.shape), [None])]
-        else:
-            # Keyed by bounds: slices are not hashable before Python 3.12.
-            by_box: dict[Bounds, tuple[Box, list[Any]]] = {}
-            for device, index in sharding.addressable_devices_indices_map(array.shape).items():
-                box = _box(index, array.shape)
-                by_box.setdefault(_bounds(box), (box, []))[1].append(device)
-            parts = list(by_box.values())
-        if record is not None:
-            boxes = [_bounds(box) for box, _ in parts]
-            for piece in record.pieces:
-                if any(_overlaps(b, piece.bounds) and not _inside(b, piece.bounds) for b in boxes):
-                    return f"leaf {key}: its parts cut across the pieces it was saved in"
-        leaves.append(
-            _Leaf(
-                key,
-                array,
-                chunkload.BoxReader(array, files),
-                record,
-                sharding,
-                parts,
-                becomes=becomes,
-                key_target=key_target,
-            )
-        )
-    return _Plan(name, directory, treedef, leaves, files)
 
 
 _loaders = ProcessPool(THREADS, "tinax-load")
@@ -265,8 +86,8 @@ class _Mismatch(Unsupported):
 class _Part:
     """One part being read: its buffer, and the tasks still reading into it."""
 
-    plan: _Plan
-    leaf: _Leaf
+    plan: Plan
+    leaf: Leaf
     box: Box
     devices: list[Any]
     # The part's values: a view of its buffer, shaped as its box.
@@ -341,10 +162,10 @@ def _check(part: _Part) -> None:
     record = part.leaf.record
     if record is None:
         return
-    box = _bounds(part.box)
+    box = bounds_of(part.box)
     bad = []
     for piece in record.pieces:
-        if not _inside(box, piece.bounds):
+        if not inside(box, piece.bounds):
             continue
         window = tuple(
             slice(p0 - b0, p1 - b0) for (b0, _), (p0, p1) in zip(box, piece.bounds, strict=True)
@@ -384,7 +205,7 @@ def _place(part: _Part, *, alias: bool) -> list[jax.Array]:
     return placed
 
 
-def _copied_to_devices(plans: Sequence[_Plan]) -> bool:
+def _copied_to_devices(plans: Sequence[Plan]) -> bool:
     """Whether the parts are copied to their devices (host buffers may be reused), not
     kept as the arrays themselves (every device a CPU)."""
     return not all(
@@ -396,7 +217,7 @@ def _copied_to_devices(plans: Sequence[_Plan]) -> bool:
     )
 
 
-def _run(plans: Sequence[_Plan]) -> None:
+def _run(plans: Sequence[Plan]) -> None:
     """Reads every part of every plan; a plan that fails has ``failed`` set."""
     reuse = _copied_to_devices(plans)
     buffers = HostBuffers(DEVICE_HOST_BUFFER_BYTES if reuse else HOST_BUFFER_BYTES, reuse=reuse)
@@ -469,7 +290,7 @@ def _run(plans: Sequence[_Plan]) -> None:
         concurrent.futures.wait([p.waiting for p in parts if p.waiting is not None])
 
 
-def _order(plan: _Plan, leaf: _Leaf, box: Box) -> tuple[Any, ...]:
+def _order(plan: Plan, leaf: Leaf, box: Box) -> tuple[Any, ...]:
     nbytes = math.prod(s.stop - s.start for s in box) * leaf.stored.dtype.itemsize
     if plan.files.local or nbytes >= TASK_BYTES:
         return (0, -nbytes)
@@ -506,7 +327,7 @@ def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
     plans = []
     for name, target in targets.items():
         try:
-            found = plan(src / name, name, target)
+            found = _load_plan.plan(src / name, name, target)
         except (ValueError, OSError, TypeError, KeyError) as e:
             found = f"{type(e).__name__}: {e}"
         if isinstance(found, str):
@@ -529,7 +350,7 @@ def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
             continue
         values = []
         for leaf in p.leaves:
-            if leaf.becomes == SCALAR:
+            if leaf.becomes == _load_plan.SCALAR:
                 values.append(leaf.values[None].item())
             elif leaf.key_target is not None:
                 impl = leaf.key_target.dtype._impl.name

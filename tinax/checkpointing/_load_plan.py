@@ -1,0 +1,199 @@
+"""What a load engine (``_fast_load``) reads of one checkpointable, planned before a
+byte of array data is read: its leaves, where each is stored, its checksums, and the
+parts each device needs; or why the checkpointable is left to Orbax.
+
+A Python ``int``, ``float`` or ``bool`` target comes back as the stored 0-d value's
+own Python type (``.item()``, as Orbax's scalar handler gives it), when the stored
+dtype is of the target's kind. A typed PRNG key target is read as its stored key
+data on the host, made a key with the implementation Orbax recorded for it
+(``array_metadatas``), which must be the target's, and put on the target's sharding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from tinax._format import arrays, checksums, chunkload, chunks, fit, names, pytree, words
+from tinax._format.checksums import Bounds, LeafRecord
+from tinax._format.keys import format_key, key_parts
+from tinax._format.rawread import Box
+from tinax._format.storage import Location
+from tinax._targets import NumpyTarget, is_key_dtype
+
+
+@dataclasses.dataclass
+class Leaf:
+    """One array leaf to load: where it is stored and what its target asks for."""
+
+    key: str
+    stored: chunkload.StoredArray
+    reader: chunkload.BoxReader
+    record: LeafRecord | None
+    # For a jax.Array target its sharding, else None (a NumPy array).
+    sharding: jax.sharding.Sharding | None
+    # Each distinct part to read, with the devices that hold it.
+    parts: list[tuple[Box, list[Any]]]
+    values: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    # What the bytes read on the host become: for a Python scalar target its value
+    # (``SCALAR``), for a typed PRNG key target the key its data makes, put where
+    # the target's sharding says (``KEY``); otherwise the array itself.
+    becomes: str = ""
+    key_target: jax.ShapeDtypeStruct | None = None
+
+
+@dataclasses.dataclass
+class Plan:
+    """One checkpointable to load: its leaves and the target's structure."""
+
+    name: str
+    directory: Location
+    treedef: Any
+    leaves: list[Leaf]
+    files: chunkload.Files
+    failed: BaseException | None = None
+
+
+def box_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
+    return tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
+
+
+def bounds_of(box: Box) -> Bounds:
+    return tuple((s.start, s.stop) for s in box)
+
+
+def inside(outer: Bounds, inner: Bounds) -> bool:
+    return all(o0 <= i0 and i1 <= o1 for (o0, o1), (i0, i1) in zip(outer, inner, strict=True))
+
+
+def _overlaps(a: Bounds, b: Bounds) -> bool:
+    return all(max(a0, b0) < min(a1, b1) for (a0, a1), (b0, b1) in zip(a, b, strict=True))
+
+
+# What a leaf's bytes become besides an array: a Python scalar, a typed PRNG key.
+SCALAR = "scalar"
+KEY = "key"
+# A Python scalar target comes back as the stored 0-d value's own Python type: the
+# stored dtype's kind must be the target's (a number saved for a bool is Orbax's).
+_SCALAR_KINDS = {bool: "b", int: "iu", float: "f"}
+
+
+def _why_not_target(leaf: Any) -> str | None:
+    """Why a target leaf is left to Orbax, or ``None``."""
+    if isinstance(leaf, NumpyTarget) or type(leaf) in _SCALAR_KINDS:
+        return None
+    if not isinstance(leaf, jax.ShapeDtypeStruct):
+        return f"a {type(leaf).__name__} leaf"
+    sharding = leaf.sharding
+    if not isinstance(sharding, jax.sharding.Sharding):
+        return "a target without a sharding"
+    layout = getattr(getattr(leaf, "format", None), "layout", None)
+    if layout is not None:
+        return "a target with a layout of its own"
+    if sharding.memory_kind not in (None, "device"):
+        return f"a target in {sharding.memory_kind} memory"
+    return None
+
+
+def _is_key(leaf: Any) -> bool:
+    return isinstance(leaf, jax.ShapeDtypeStruct) and is_key_dtype(leaf.dtype)
+
+
+def plan(directory: Location, name: str, target: Any) -> Plan | str:
+    """What loading ``target`` from the checkpointable at ``directory`` would read, or
+    why it is left to Orbax."""
+    if jax.process_count() != 1:
+        return "several processes"
+    layout = pytree.read_layout(directory)
+    if not (layout.ocdbt and layout.zarr3):
+        return "not a zarr3 OCDBT store"
+    flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+    wanted: dict[str, Any] = {}
+    for path, leaf in flat:
+        why = _why_not_target(leaf)
+        if why is not None:
+            return why
+        wanted[format_key(key_parts(path))] = leaf
+    stored = {leaf.key: leaf for leaf in layout.leaves if leaf.kind != words.EMPTY}
+    if set(stored) != set(wanted):
+        return "the target's leaves are not the stored ones"
+    for key, leaf in stored.items():
+        scalar = type(wanted[key]) in _SCALAR_KINDS
+        kinds = (words.SCALAR,) if scalar else (words.JAX_ARRAY, words.NUMPY_ARRAY)
+        if leaf.kind not in kinds or not leaf.stored:
+            return f"leaf {key}: stored as a {leaf.kind}, not as its target"
+    impls = fit.key_impls(directory) if any(map(_is_key, wanted.values())) else None
+    paths = {key: pytree.storage_path(leaf.param) for key, leaf in stored.items()}
+    contents = chunks.store_contents(
+        directory, sorted(set(paths.values())), zarr3=True, ctx=arrays.context()
+    )
+    records = checksums.read_checksums(directory)
+    files = chunkload.Files(directory)
+    leaves = []
+    for key, target_leaf in wanted.items():
+        storage = paths[key]
+        metadata = contents.other.get((storage + names.ZARR3_METADATA).encode("utf-8"))
+        if not isinstance(metadata, bytes):
+            return f"leaf {key}: metadata not inline"
+        array = chunkload.plan(directory, metadata, contents.chunks.get(storage, {}), storage)
+        if array is None:
+            return f"leaf {key}: stored in a way not read here"
+        becomes, key_target = "", None
+        if type(target_leaf) in _SCALAR_KINDS:
+            if array.shape != () or array.dtype.kind not in _SCALAR_KINDS[type(target_leaf)]:
+                return f"leaf {key}: stored as {array.dtype} {array.shape}, not as its target"
+            becomes = SCALAR
+        elif _is_key(target_leaf):
+            impl = target_leaf.dtype._impl.name
+            data = jax.eval_shape(jax.random.key_data, target_leaf)
+            if (
+                impls is None
+                or impls.get(stored[key].param) != impl
+                or array.shape != tuple(data.shape)
+                or array.dtype != np.dtype(data.dtype)
+            ):
+                return f"leaf {key}: not the data of a {impl} key of the target's shape"
+            becomes, key_target = KEY, target_leaf
+        elif array.shape != tuple(target_leaf.shape) or array.dtype != np.dtype(target_leaf.dtype):
+            return f"leaf {key}: the target asks for another shape or dtype"
+        record = None
+        if records is not None:
+            record = records.get(key)
+            if (
+                record is None
+                or record.kind != checksums.ARRAY
+                or (record.dtype, record.shape) != (str(array.dtype), array.shape)
+            ):
+                return f"leaf {key}: no checksum for it"
+        # A scalar and a key's data are read on the host: a key is made, then put.
+        sharding = None if becomes or isinstance(target_leaf, NumpyTarget) else target_leaf.sharding
+        if sharding is None:
+            parts: list[tuple[Box, list[Any]]] = [(tuple(slice(0, n) for n in array.shape), [None])]
+        else:
+            # Keyed by bounds: slices are not hashable before Python 3.12.
+            by_box: dict[Bounds, tuple[Box, list[Any]]] = {}
+            for device, index in sharding.addressable_devices_indices_map(array.shape).items():
+                box = box_of(index, array.shape)
+                by_box.setdefault(bounds_of(box), (box, []))[1].append(device)
+            parts = list(by_box.values())
+        if record is not None:
+            boxes = [bounds_of(box) for box, _ in parts]
+            for piece in record.pieces:
+                if any(_overlaps(b, piece.bounds) and not inside(b, piece.bounds) for b in boxes):
+                    return f"leaf {key}: its parts cut across the pieces it was saved in"
+        leaves.append(
+            Leaf(
+                key,
+                array,
+                chunkload.BoxReader(array, files),
+                record,
+                sharding,
+                parts,
+                becomes=becomes,
+                key_target=key_target,
+            )
+        )
+    return Plan(name, directory, treedef, leaves, files)
