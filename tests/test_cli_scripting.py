@@ -101,9 +101,10 @@ def test_the_exit_status_is_kept_when_the_reader_stops_early(pair, tmp_path):
 
 def test_ctrl_c_exits_130_with_one_line():
     # SIGINT arrives while the command works (the diff is made to wait for it). The
-    # command starts as a terminal starts it, SIGINT at its default and not blocked:
-    # a child inherits both from the test process, where once (a fresh-clone run) the
-    # child slept its 30 s through the signal and exited 0.
+    # command starts as a terminal starts it, SIGINT at its default and not blocked: a
+    # child inherits both from the test process, and a suite run as a background job
+    # of a non-interactive shell has SIGINT ignored (bash starts such jobs so), where
+    # the child slept its 30 s through the signal and exited 0.
     code = textwrap.dedent(
         """
         import os, signal, sys, time
