@@ -311,7 +311,7 @@ def test_a_large_tree_s_folders_are_grouped_where_their_names_branch(padded):
     assert gcs_listing._groups([], 23) == []
     assert all(0 < len(group) <= 23 for group in groups)
     assert len(groups) <= 1.3 * len(folders) / 23
-    shared = [gcs_listing._shared(group[0], group[-1]) for group in groups]
+    shared = [gcs_listing._common_start(group[0], group[-1]) for group in groups]
     if padded:
         assert all(len(prefix) >= len("run/step_0001") for prefix in shared)
     else:

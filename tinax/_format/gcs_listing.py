@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from typing import Any
 
 # The most objects a listing page holds.
@@ -106,15 +107,10 @@ def _folder(name: str, prefix: str) -> str | None:
     return prefix + part + "/" if slash else None
 
 
-def _shared(first: str, last: str) -> str:
+def _common_start(first: str, last: str) -> str:
     """The characters ``first`` and ``last`` begin with alike: every name sorted between
-    them begins with them too."""
-    n = 0
-    for a, b in zip(first, last, strict=False):
-        if a != b:
-            break
-        n += 1
-    return first[:n]
+    them begins with them too. (Characters, not path parts: ``commonprefix``.)"""
+    return os.path.commonprefix([first, last])  # noqa: RUF071
 
 
 def _groups(folders: list[str], size: int) -> list[list[str]]:
@@ -123,7 +119,7 @@ def _groups(folders: list[str], size: int) -> list[list[str]]:
     the branches too small to fill a run put together."""
     if len(folders) <= size:
         return [folders] if folders else []
-    shared = len(_shared(folders[0], folders[-1]))
+    shared = len(_common_start(folders[0], folders[-1]))
     groups: list[list[str]] = []
     pending: list[str] = []
     for _, branch in itertools.groupby(folders, key=lambda name: name[: shared + 1]):
@@ -171,7 +167,7 @@ async def _tree(fs: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
         # looks at those names alone (an emulator scans every name under the prefix
         # for each page it serves), and the range ends where its last folder does.
         start, last = group[0], group[-1]
-        shared = _shared(start, last)
+        shared = _common_start(start, last)
         end = last[:-1] + chr(ord("/") + 1)
         async with limit:
             found, _ = await _pages(fs, bucket, shared, start=start, end=end)
