@@ -350,7 +350,7 @@ def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
             continue
         values = []
         for leaf in p.leaves:
-            if leaf.becomes == _load_plan.SCALAR:
+            if leaf.scalar:
                 values.append(leaf.values[None].item())
             elif leaf.key_target is not None:
                 impl = leaf.key_target.dtype._impl.name

@@ -38,10 +38,10 @@ class Leaf:
     # Each distinct part to read, with the devices that hold it.
     parts: list[tuple[Box, list[Any]]]
     values: dict[Any, Any] = dataclasses.field(default_factory=dict)
-    # What the bytes read on the host become: for a Python scalar target its value
-    # (``SCALAR``), for a typed PRNG key target the key its data makes, put where
-    # the target's sharding says (``KEY``); otherwise the array itself.
-    becomes: str = ""
+    # What the bytes read on the host become, besides an array: for a Python scalar
+    # target its value (``scalar``), for a typed PRNG key target the key its data
+    # makes, put where the target's sharding says (``key_target``).
+    scalar: bool = False
     key_target: jax.ShapeDtypeStruct | None = None
 
 
@@ -57,7 +57,7 @@ class Plan:
     failed: BaseException | None = None
 
 
-def box_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
+def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
     return tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
 
 
@@ -73,9 +73,6 @@ def _overlaps(a: Bounds, b: Bounds) -> bool:
     return all(max(a0, b0) < min(a1, b1) for (a0, a1), (b0, b1) in zip(a, b, strict=True))
 
 
-# What a leaf's bytes become besides an array: a Python scalar, a typed PRNG key.
-SCALAR = "scalar"
-KEY = "key"
 # A Python scalar target comes back as the stored 0-d value's own Python type: the
 # stored dtype's kind must be the target's (a number saved for a bool is Orbax's).
 _SCALAR_KINDS = {bool: "b", int: "iu", float: "f"}
@@ -141,11 +138,10 @@ def plan(directory: Location, name: str, target: Any) -> Plan | str:
         array = chunkload.plan(directory, metadata, contents.chunks.get(storage, {}), storage)
         if array is None:
             return f"leaf {key}: stored in a way not read here"
-        becomes, key_target = "", None
-        if type(target_leaf) in _SCALAR_KINDS:
+        scalar, key_target = type(target_leaf) in _SCALAR_KINDS, None
+        if scalar:
             if array.shape != () or array.dtype.kind not in _SCALAR_KINDS[type(target_leaf)]:
                 return f"leaf {key}: stored as {array.dtype} {array.shape}, not as its target"
-            becomes = SCALAR
         elif _is_key(target_leaf):
             impl = target_leaf.dtype._impl.name
             data = jax.eval_shape(jax.random.key_data, target_leaf)
@@ -156,7 +152,7 @@ def plan(directory: Location, name: str, target: Any) -> Plan | str:
                 or array.dtype != np.dtype(data.dtype)
             ):
                 return f"leaf {key}: not the data of a {impl} key of the target's shape"
-            becomes, key_target = KEY, target_leaf
+            key_target = target_leaf
         elif array.shape != tuple(target_leaf.shape) or array.dtype != np.dtype(target_leaf.dtype):
             return f"leaf {key}: the target asks for another shape or dtype"
         record = None
@@ -169,14 +165,15 @@ def plan(directory: Location, name: str, target: Any) -> Plan | str:
             ):
                 return f"leaf {key}: no checksum for it"
         # A scalar and a key's data are read on the host: a key is made, then put.
-        sharding = None if becomes or isinstance(target_leaf, NumpyTarget) else target_leaf.sharding
+        on_host = scalar or key_target is not None or isinstance(target_leaf, NumpyTarget)
+        sharding = None if on_host else target_leaf.sharding
         if sharding is None:
             parts: list[tuple[Box, list[Any]]] = [(tuple(slice(0, n) for n in array.shape), [None])]
         else:
             # Keyed by bounds: slices are not hashable before Python 3.12.
             by_box: dict[Bounds, tuple[Box, list[Any]]] = {}
             for device, index in sharding.addressable_devices_indices_map(array.shape).items():
-                box = box_of(index, array.shape)
+                box = _box(index, array.shape)
                 by_box.setdefault(bounds_of(box), (box, []))[1].append(device)
             parts = list(by_box.values())
         if record is not None:
@@ -192,7 +189,7 @@ def plan(directory: Location, name: str, target: Any) -> Plan | str:
                 record,
                 sharding,
                 parts,
-                becomes=becomes,
+                scalar=scalar,
                 key_target=key_target,
             )
         )
