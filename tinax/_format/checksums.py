@@ -275,9 +275,17 @@ def check_files(directory: Location, records: Mapping[str, LeafRecord]) -> list[
         except ValueError as e:
             problems.append(str(e))
             continue
-        if digest(data) != record.pieces[0].digest:
-            problems.append(f"file {name!r} is corrupt: it does not match its checksum")
+        problem = file_problem(name, data, record)
+        if problem is not None:
+            problems.append(problem)
     return problems
+
+
+def file_problem(name: str, data: bytes, record: LeafRecord) -> str | None:
+    """What is wrong with the bytes ``data`` of the recorded file ``name``, or ``None``."""
+    if digest(data) != record.pieces[0].digest:
+        return f"file {name!r} is corrupt: it does not match its checksum"
+    return None
 
 
 def _contains(outer: Bounds, inner: Bounds) -> bool:

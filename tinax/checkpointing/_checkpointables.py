@@ -335,10 +335,10 @@ def set_iterator_state(directory: Location, iterator: Any) -> bool:
     )
     records = checksums.read_checksums(directory)
     record = None if records is None else records.get(name)
-    if record is not None and checksums.digest(data) != record.pieces[0].digest:
+    problem = None if record is None else checksums.file_problem(name, data, record)
+    if problem is not None:
         raise CorruptDataError(
-            f"checkpoint {str(directory.parent)!r}: checkpointable {directory.name!r}: "
-            f"file {name!r} is corrupt: it does not match its checksum"
+            f"checkpoint {str(directory.parent)!r}: checkpointable {directory.name!r}: {problem}"
         )
     iterator.set_state(json.loads(data))
     return True
