@@ -12,10 +12,13 @@ reuses:
 - ``+ put``: and ``jax.device_put`` on the first device, waited for;
 
 then tinax's whole load (``load_checkpointables`` onto the state's shardings), and
-the same load with its checks left out, with its transfers left out, and on other
-numbers of threads; beside the floors ``bench/accelerator.py`` measures (one
+the same load with its checks left out, with its transfers left out, with a new host
+buffer rather than the one the load before kept, and on other numbers of threads;
+beside the floors ``bench/accelerator.py`` measures (one
 ``cat``, ``dd``, 8 ``dd`` side by side, ``readinto``, fresh ``read()``) and
-``device_put`` of the state's host copy. Rates are MB/s of the state's bytes
+``device_put`` of the state's host copy, what new host memory costs, and the rate at
+which the host copies bytes in memory on the load's threads, with the least a load
+moves through memory at that rate. Rates are MB/s of the state's bytes
 (``state``) and of the bytes stored in the data files (``stored``), medians of
 ``--rounds``.
 
@@ -49,7 +52,7 @@ import tinax.checkpointing as tc
 from tinax._format import chunkload
 from tinax._format.pools import ProcessPool
 from tinax._format.storage import local
-from tinax.checkpointing import _fast_load, _load_plan
+from tinax.checkpointing import _fast_load, _host_buffers, _load_plan
 
 # One stored chunk: its file, where its bytes lie, and how many bytes it decodes to.
 Job = tuple[str, int, int, int]
@@ -241,8 +244,23 @@ def decoded_into_ring(jobs: list[Job], threads: int, zstd: bool) -> float:
 
 def populate_floor(nbytes: int, threads: int) -> dict[str, float]:
     """Seconds to make ``nbytes`` of fresh host memory usable: faulted in page by
-    page by one thread, by ``threads`` threads, and mapped at once (``MAP_POPULATE``)."""
+    page by one thread, by ``threads`` threads, mapped at once (``MAP_POPULATE``),
+    by ``threads`` threads with huge pages asked for (``MADV_HUGEPAGE``), and the
+    same memory touched again (the pages a kept buffer saves)."""
     import mmap
+
+    share = -(-nbytes // threads)
+
+    def touched(memory: np.ndarray, value: int) -> float:
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(
+                pool.map(
+                    lambda i: memory[i * share : (i + 1) * share : 4096].fill(value),
+                    range(threads),
+                )
+            )
+        return time.perf_counter() - start
 
     figures = {}
     start = time.perf_counter()
@@ -251,18 +269,45 @@ def populate_floor(nbytes: int, threads: int) -> dict[str, float]:
     figures["faulted, 1 thread"] = time.perf_counter() - start
     del a
     b = np.empty(nbytes, np.uint8)
-    share = -(-nbytes // threads)
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda i: b[i * share : (i + 1) * share : 4096].fill(1), range(threads)))
-    figures[f"faulted, {threads} threads"] = time.perf_counter() - start
+    figures[f"faulted, {threads} threads"] = touched(b, 1)
     start = time.perf_counter()
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
     c = np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), np.uint8)
     c[::4096] = 1
     figures["MAP_POPULATE"] = time.perf_counter() - start
     del c
+    huge = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        huge.madvise(mmap.MADV_HUGEPAGE)
+    except (OSError, AttributeError) as e:
+        print(f"MADV_HUGEPAGE refused: {e}")
+    else:
+        figures[f"MADV_HUGEPAGE, {threads} threads"] = touched(np.frombuffer(huge, np.uint8), 1)
+    figures[f"the same memory touched again, {threads} threads"] = touched(b, 2)
     return figures
+
+
+def copy_floor(nbytes: int, threads: int) -> float:
+    """Seconds for ``threads`` threads to copy ``nbytes`` in 8 MiB blocks between host
+    buffers of their own (64 MiB each way, touched first, so larger than the caches):
+    the machine's rate of moving bytes through memory, which a load's stages (read
+    into memory, decode, digest, the transfer's copy) each pay once more."""
+    block = 8 << 20
+    count = -(-nbytes // block)
+    local = threading.local()
+
+    def one(i: int) -> None:
+        pair = getattr(local, "pair", None)
+        if pair is None:
+            pair = local.pair = (np.ones(64 << 20, np.uint8), np.ones(64 << 20, np.uint8))
+        at = (i % 8) * block
+        np.copyto(pair[1][at : at + block], pair[0][at : at + block])
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda _: one(0), range(threads * 2)))
+        start = time.perf_counter()
+        list(pool.map(one, range(count), chunksize=1))
+        return time.perf_counter() - start
 
 
 @contextlib.contextmanager
@@ -270,19 +315,15 @@ def engine(
     threads: int | None = None,
     check: bool = True,
     place: bool = True,
-    streamed: bool = False,
     buffer: int | None = None,
     wait_on_readers: bool = False,
 ) -> Iterator[None]:
-    """tinax's load engine with ``threads``, its checks or its transfers left out,
-    compressed chunks ``streamed`` from their files 1 MiB at a time instead of read
-    whole, a host ``buffer`` of another size, or the transfers waited for on the
-    reading threads."""
+    """tinax's load engine with ``threads``, its checks or its transfers left out, a
+    host ``buffer`` of another size, or the transfers waited for on the reading
+    threads."""
     saved = _fast_load._loaders, _fast_load._check, _fast_load._place
-    saved_sizes = chunkload.WHOLE_READ_BYTES, _fast_load.DEVICE_HOST_BUFFER_BYTES
+    saved_size = _fast_load.DEVICE_HOST_BUFFER_BYTES
     saved_wait = _fast_load.WAIT_APART
-    if streamed:
-        chunkload.WHOLE_READ_BYTES = 0
     if buffer is not None:
         _fast_load.DEVICE_HOST_BUFFER_BYTES = buffer
     if wait_on_readers:
@@ -297,13 +338,16 @@ def engine(
         yield
     finally:
         _fast_load._loaders, _fast_load._check, _fast_load._place = saved
-        chunkload.WHOLE_READ_BYTES, _fast_load.DEVICE_HOST_BUFFER_BYTES = saved_sizes
+        _fast_load.DEVICE_HOST_BUFFER_BYTES = saved_size
         _fast_load.WAIT_APART = saved_wait
 
 
-def engine_alone(where: Path, want: dict[str, Any]) -> float:
+def engine_alone(where: Path, want: dict[str, Any], fresh: bool = False) -> float:
     """Seconds for the engine to read, check and place every part (its plans made
-    first, untimed; the arrays not assembled)."""
+    first, untimed; the arrays not assembled); ``fresh``: without the host buffer
+    an earlier load kept."""
+    if fresh:
+        _host_buffers.drop_kept()
     plans = []
     for name, target in want.items():
         found = _load_plan.plan(local(where) / name, name, target)
@@ -396,38 +440,60 @@ def main() -> int:
         )
     for how, took in populate_floor(_fast_load.HOST_BUFFER_BYTES, threads).items():
         print(f"{_fast_load.HOST_BUFFER_BYTES >> 20} MiB of fresh memory, {how}: {took:.3f} s")
+    with contextlib.suppress(OSError):
+        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+        print(f"transparent huge pages: {thp}")
+    report(
+        f"copy of the state's bytes in memory, {threads} threads",
+        [copy_floor(total, threads) for _ in range(args.rounds)],
+    )
+    copy_s = rows[-1][1]
+    # What a load moves through memory at the least: the stored bytes read into memory
+    # (the page cache read, a buffer written), decoded (read again, the state's bytes
+    # written), digested (read), and copied by the transfer (read).
+    moved = 3 * stored + 3 * total if zstd else 4 * total
+    print(
+        f"a load moves at least {moved / 1e9:.1f} GB through memory: "
+        f"{moved / (2 * total) * copy_s:.3f} s at the copy's rate (a copy moves 2 bytes "
+        f"a byte), {stored / (moved / (2 * total) * copy_s) / floors['dd_8_parallel_mb_s'] / 1e6:.2f} "
+        "of 8 parallel dd"
+    )
     want = bench.targets(state)
-    seconds = []
-    for _ in range(args.rounds + 1):
-        start = time.perf_counter()
-        jax.block_until_ready(tc.load_checkpointables(where, want))
-        seconds.append(time.perf_counter() - start)
-    report("tinax load (load_checkpointables)", seconds[1:])
+    for fresh in (False, True):
+        seconds = []
+        for _ in range(args.rounds + 1):
+            if fresh:
+                _host_buffers.drop_kept()
+            start = time.perf_counter()
+            jax.block_until_ready(tc.load_checkpointables(where, want))
+            seconds.append(time.perf_counter() - start)
+        label = ", its host buffer new" if fresh else ""
+        report(f"tinax load (load_checkpointables){label}", seconds[1:])
     loaded = tc.load_checkpointables(where, want)
     if not bench.identical(loaded, state):
         raise SystemExit("FAILED: a loaded leaf differs from the state")
     print("every leaf of a load bit-identical on its device and sharding")
     del loaded
-    for label, settings in [
-        ("engine alone", {}),
-        ("engine, no checks", {"check": False}),
-        ("engine, no transfers", {"place": False}),
-        ("engine, neither", {"check": False, "place": False}),
-        ("engine, chunks streamed 1 MiB at a time", {"streamed": True}),
-        ("engine, transfers waited for on the readers", {"wait_on_readers": True}),
-        (
-            "engine as before (both)",
-            {"streamed": True, "wait_on_readers": True},
-        ),
-        ("engine, 256 MiB host buffer", {"buffer": 256 << 20}),
-        ("engine, 1 GiB host buffer", {"buffer": 1 << 30}),
-        ("engine, 64 MiB host buffer", {"buffer": 64 << 20}),
-        *[(f"engine, {n} threads", {"threads": n}) for n in (4, 8, 2 * threads) if not args.quick],
+    for label, settings, fresh in [
+        ("engine alone", {}, False),
+        ("engine, its host buffer new", {}, True),
+        ("engine, no checks", {"check": False}, False),
+        ("engine, no transfers", {"place": False}, False),
+        ("engine, neither", {"check": False, "place": False}, False),
+        ("engine, neither, its host buffer new", {"check": False, "place": False}, True),
+        ("engine, transfers waited for on the readers", {"wait_on_readers": True}, False),
+        ("engine, 256 MiB host buffer", {"buffer": 256 << 20}, False),
+        ("engine, 1 GiB host buffer", {"buffer": 1 << 30}, False),
+        *[
+            (f"engine, {n} threads", {"threads": n}, False)
+            for n in (8, 2 * threads)
+            if not args.quick
+        ],
     ]:
         seconds = []
         with engine(**settings):  # type: ignore[arg-type]
             for _ in range(args.rounds + 1):
-                seconds.append(engine_alone(where, want))
+                seconds.append(engine_alone(where, want, fresh))
         report(label, seconds[1:])
     best = min(s for name, s in rows if name.startswith(("tinax load", "engine alone")))
     print(

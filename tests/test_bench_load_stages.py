@@ -40,11 +40,14 @@ def test_the_smoke_run_times_each_stage_and_each_engine_variant(tmp_path: Path) 
         "tinax load (load_checkpointables)",
         "engine alone",
         "engine, neither",
-        "engine, chunks streamed 1 MiB at a time",
+        "engine, its host buffer new",
+        "copy of the state's bytes in memory, 8 threads",
         "engine, transfers waited for on the readers",
         "engine, 256 MiB host buffer",
     ):
         assert timed.get(stage, 0) > 0, stage
+    assert "256 MiB of fresh memory, the same memory touched again, 8 threads" in out
+    assert re.search(r"a load moves at least [0-9.]+ GB through memory", out)
     assert "every leaf of a load bit-identical on its device and sharding" in out
     assert re.search(r"tinax load at its best: [0-9.]+ of 8 parallel dd", out)
     assert list(tmp_path.iterdir()) == []

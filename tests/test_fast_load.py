@@ -261,6 +261,58 @@ def test_reused_host_buffers_hand_each_slice_to_one_part_at_a_time(
     assert not np.shares_memory(d, e) and te[0] is None
 
 
+def test_the_host_buffer_outlives_a_load_for_the_next_one(
+    tmp_path: Path, state: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on an accelerator: the arena a load read into is kept for the next load
+    (its pages already touched), not for a load whose slices may still be in use,
+    and freed ``KEEP_SECONDS`` after the last load."""
+    from tinax.checkpointing import _fast_load, _host_buffers
+
+    monkeypatch.setattr(_fast_load, "_copied_to_devices", lambda plans: True)
+    monkeypatch.setattr(_fast_load, "DEVICE_HOST_BUFFER_BYTES", 1 << 20)
+    _host_buffers.drop_kept()
+    arenas: list[int] = []
+    real_arena = _host_buffers._arena
+
+    def arena(size: int) -> np.ndarray:
+        found = real_arena(size)
+        arenas.append(found.ctypes.data)
+        return found
+
+    monkeypatch.setattr(_host_buffers, "_arena", arena)
+    tc.save_checkpointables(tmp_path / "c", state).result()
+    target = tc.abstract_restore_target(state)
+    for _ in range(2):
+        _identical(tc.load_checkpointables(tmp_path / "c", target), state)
+    assert len(arenas) == 2 and arenas[0] == arenas[1]
+    kept = _host_buffers._kept
+    assert kept is not None and kept.ctypes.data == arenas[0]
+    # A load that takes the kept arena while another runs gets memory of its own.
+    first, second = (
+        _host_buffers.HostBuffers(1024, reuse=True),
+        _host_buffers.HostBuffers(1024, reuse=True),
+    )
+    a, ta = first.take(10)
+    b, tb = second.take(10)
+    assert a.ctypes.data == arenas[0] and not np.shares_memory(a, b)
+    # A slice not given back whole: that arena is not kept; the other one is.
+    first.give(ta, keep=False)
+    first.close()
+    second.give(tb, keep=True)
+    second.close()
+    assert _host_buffers._kept is not None and _host_buffers._kept.ctypes.data == b.ctypes.data
+    monkeypatch.setattr(_host_buffers, "KEEP_SECONDS", 0.05)
+    third = _host_buffers.HostBuffers(1024, reuse=True)
+    c, tc_ = third.take(10)
+    third.give(tc_, keep=True)
+    third.close()
+    timer = _host_buffers._kept_timer
+    assert timer is not None
+    timer.join(timeout=10)
+    assert _host_buffers._kept is None and _host_buffers._kept_timer is None
+
+
 @pytest.mark.parametrize("how", ["tinax", "orbax"])
 def test_boxes_that_cut_chunks_read_what_tensorstore_reads(tmp_path: Path, how: str) -> None:
     """Parts of an array stored in many inner chunks (and zstd frames), boxes that cut

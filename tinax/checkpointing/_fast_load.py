@@ -14,7 +14,9 @@ Host memory: on an accelerator the parts are read into slices of one reused
 buffer of ``DEVICE_HOST_BUFFER_BYTES`` (512 MiB), each taken back once its
 transfers have completed (waited for on threads of their own, so that the reading
 threads go on reading); a part larger than that waits for the buffer to be idle and
-gets memory of its own. On a CPU the buffer a part is read into becomes the array
+gets memory of its own. The buffer outlives the load by ``KEEP_SECONDS`` (60 s, see
+``_host_buffers``), so that loads in a row reuse its pages rather than fault in new
+ones. On a CPU the buffer a part is read into becomes the array
 itself (``jax.device_put`` aliases 64-byte aligned host memory there), so the load
 holds the state and no copy of it; parts being read hold at most
 ``HOST_BUFFER_BYTES`` (256 MiB, or one part) at a time. Beyond that each of the
@@ -288,6 +290,7 @@ def _run(plans: Sequence[Plan]) -> None:
         # from buffers about to be freed.
         concurrent.futures.wait(futures)
         concurrent.futures.wait([p.waiting for p in parts if p.waiting is not None])
+        buffers.close()
 
 
 def _order(plan: Plan, leaf: Leaf, box: Box) -> tuple[Any, ...]:

@@ -3,7 +3,8 @@
 On a CPU ``jax.device_put`` aliases host memory aligned to 64 bytes: the buffer a
 part is read into becomes its array, with no copy. On an accelerator the part is
 copied to its device and its buffer can be handed out again once that copy has
-completed.
+completed; the arena those buffers are cut from is kept for ``KEEP_SECONDS`` after a
+load, for the next load to reuse.
 """
 
 from __future__ import annotations
@@ -15,6 +16,58 @@ import numpy as np
 
 # jax.device_put aliases host memory aligned so on a CPU (no copy).
 ALIGN = 64
+# How long an accelerator load's arena outlives the load, for the next one to reuse
+# its pages: new pages cost page faults, which on a TPU host's sandbox took 0.1 s for
+# 256 MiB on 13 threads, with or without huge pages asked for (``bench/load_stages.py``):
+# a 2.8 GB load took 0.62 s with a new arena and 0.50 s with the one kept.
+KEEP_SECONDS = 60.0
+
+_kept_lock = threading.Lock()
+# The arena kept from the last load, and the timer that drops it.
+_kept: np.ndarray | None = None
+_kept_timer: threading.Timer | None = None
+
+
+def _arena(size: int) -> np.ndarray:
+    """An arena of ``size`` bytes: the one kept from an earlier load if it is large
+    enough (and no other load uses it), else fresh memory."""
+    global _kept, _kept_timer
+    with _kept_lock:
+        found, _kept = _kept, None
+        if _kept_timer is not None:
+            _kept_timer.cancel()
+            _kept_timer = None
+    if found is not None and found.nbytes >= size:
+        return found[:size]
+    return aligned(size)
+
+
+def _keep(arena: np.ndarray) -> None:
+    """Keeps ``arena`` for the next load, for ``KEEP_SECONDS``."""
+    global _kept, _kept_timer
+    with _kept_lock:
+        if _kept_timer is not None:
+            _kept_timer.cancel()
+        _kept = arena
+        _kept_timer = threading.Timer(KEEP_SECONDS, _drop, args=(arena,))
+        _kept_timer.daemon = True
+        _kept_timer.start()
+
+
+def _drop(arena: np.ndarray) -> None:
+    global _kept, _kept_timer
+    with _kept_lock:
+        if _kept is arena:
+            _kept, _kept_timer = None, None
+
+
+def drop_kept() -> None:
+    """Frees the arena kept from the last load now."""
+    global _kept, _kept_timer
+    with _kept_lock:
+        if _kept_timer is not None:
+            _kept_timer.cancel()
+        _kept, _kept_timer = None, None
 
 
 class HostBuffers:
@@ -24,8 +77,9 @@ class HostBuffers:
     a slice of one arena of ``limit`` bytes, handed out first fit and taken back once
     the part's transfers have completed: the load touches at most ``limit`` bytes of
     new host memory, however large the checkpoint (new memory costs page faults,
-    which on some virtual machines cost as much as reading the bytes). A part larger
-    than the arena waits for it to be idle and gets memory of its own. Without
+    which on some virtual machines cost as much as reading the bytes), and ``close``
+    keeps the arena for the next load. A part larger than the arena waits for it to be
+    idle and gets memory of its own. Without
     ``reuse`` (a CPU: each buffer becomes its array) each part gets fresh memory, and
     parts being read hold at most ``limit`` bytes (or one part) at a time.
     """
@@ -65,7 +119,7 @@ class HostBuffers:
             if self._arena is None:
                 # Pages are touched only as parts land in them: a small load touches
                 # little, and a large one faults them in on all its threads at once.
-                self._arena = aligned(self.limit)
+                self._arena = _arena(self.limit)
             self._busy += size
             return self._arena[start : start + nbytes], (start, size)
 
@@ -96,6 +150,15 @@ class HostBuffers:
                         merged.append(run)
                 self._free = merged
             self._cond.notify_all()
+
+    def close(self) -> None:
+        """Ends the load: its arena is kept for the next one, unless a slice of it was
+        not given back whole (its transfers may go on)."""
+        with self._cond:
+            arena, self._arena = self._arena, None
+            whole = self._free == [(0, self.limit)]
+        if arena is not None and whole:
+            _keep(arena)
 
 
 def aligned(nbytes: int) -> np.ndarray:
