@@ -69,7 +69,8 @@ def run(gcs: Any) -> dict[str, Any]:
         for step in range(1, CHECKPOINTS + 1):
             model, optimizer = _model_and_optimizer(step)
             next(batches)
-            training.save(step, model, optimizer, jax.random.key(step), {"loss": 1 / step}, batches)
+            auxiliary = {"loss": 1 / step, "phase": "warmup"}
+            training.save(step, model, optimizer, jax.random.key(step), auxiliary, batches)
     ocp.save_checkpointables(f"{root}/orbax", {"model": model, "optimizer": optimizer})
     steps = training.steps
     return {
@@ -132,7 +133,8 @@ def test_a_run_scanned_and_its_drift(gcs: Any, run: dict[str, Any]) -> None:
 def test_a_resume_asks_little_more_than_its_model_and_optimizer(
     gcs: Any, run: dict[str, Any]
 ) -> None:
-    # The RNG key, the auxiliary state and the iterator are a few small files more.
+    # The RNG key, the auxiliary state (a string in it too) and the iterator are a few
+    # small files more.
     targets = run["targets"]
     load = _count(gcs, lambda: tc.load_checkpointables(run["newest"], targets))
     iterator = iter(grain.MapDataset.range(100).batch(4).to_iter_dataset())
@@ -143,7 +145,7 @@ def test_a_resume_asks_little_more_than_its_model_and_optimizer(
             targets["model"],
             targets["optimizer"],
             jax.random.key(0),
-            {"loss": 0.0},
+            {"loss": 0.0, "phase": ""},
             iterator,
         ),
     )

@@ -195,8 +195,14 @@ def test_diff_marks_a_damaged_string_corrupt(saved, tmp_path):
         ({1.5: 1.0}, TypeError, "dict key 1.5 is a float"),
         ({"": 1.0}, ValueError, "empty dict key"),
         ({"a": np.zeros((0, 3))}, ValueError, "without elements"),
+        # What os.fsdecode makes of a file name's undecodable byte.
+        (
+            {"w": np.ones(2), "path": ["ok", "r\udcfcn"]},
+            ValueError,
+            r"leaf \['path'\]\[1\] is a string with a lone surrogate \('\\udcfc' at position 1\)",
+        ),
     ],
-    ids=["colliding keys", "float key", "empty key", "empty array"],
+    ids=["colliding keys", "float key", "empty key", "empty array", "lone surrogate"],
 )
 def test_saves_refuse_what_they_cannot_give_back(tmp_path, tree, error, words_):
     path = tmp_path / "c"

@@ -29,7 +29,7 @@ one part's, or 8 MiB of small parts').
 Which leaves it reads, and how each becomes a value, ``_load_plan`` says.
 
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
-checkpointable with other leaves (strings, say), targets without a sharding or with
+checkpointable with other leaves (objects of a class of their own), targets without a sharding or with
 a layout or memory kind of their own, a dtype or shape other than the stored one,
 codecs other than ``bytes`` and ``zstd``, chunks not stored,
 checksum pieces that the parts to read cut across, several processes. A part
@@ -351,8 +351,13 @@ def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
         if p.failed is not None:
             _log.debug("checkpointable %r left to Orbax: %s", p.name, p.failed)
             continue
-        values = []
-        for leaf in p.leaves:
+        values: list[Any] = []
+        arrays = iter(p.leaves)
+        for position in range(len(p.leaves) + len(p.strings)):
+            if position in p.strings:
+                values.append(p.strings[position])
+                continue
+            leaf = next(arrays)
             if leaf.scalar:
                 values.append(leaf.values[None].item())
             elif leaf.key_target is not None:

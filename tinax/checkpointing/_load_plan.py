@@ -7,6 +7,8 @@ own Python type (``.item()``, as Orbax's scalar handler gives it), when the stor
 dtype is of the target's kind. A typed PRNG key target is read as its stored key
 data on the host, made a key with the implementation Orbax recorded for it
 (``array_metadatas``), which must be the target's, and put on the target's sharding.
+A string target comes back as the string stored in ``_strings.json``, read and
+checked against its checksum while planning.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ class Plan:
     leaves: list[Leaf]
     files: chunkload.Files
     failed: BaseException | None = None
+    # String leaves, read while planning: their values by position among the
+    # target's leaves (the arrays in ``leaves`` fill the other positions, in order).
+    strings: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
@@ -80,7 +85,7 @@ _SCALAR_KINDS = {bool: "b", int: "iu", float: "f"}
 
 def _why_not_target(leaf: Any) -> str | None:
     """Why a target leaf is left to Orbax, or ``None``."""
-    if isinstance(leaf, NumpyTarget) or type(leaf) in _SCALAR_KINDS:
+    if isinstance(leaf, NumpyTarget) or type(leaf) in _SCALAR_KINDS or type(leaf) is str:
         return None
     if not isinstance(leaf, jax.ShapeDtypeStruct):
         return f"a {type(leaf).__name__} leaf"
@@ -118,19 +123,33 @@ def plan(directory: Location, name: str, target: Any) -> Plan | str:
     if set(stored) != set(wanted):
         return "the target's leaves are not the stored ones"
     for key, leaf in stored.items():
-        scalar = type(wanted[key]) in _SCALAR_KINDS
-        kinds = (words.SCALAR,) if scalar else (words.JAX_ARRAY, words.NUMPY_ARRAY)
+        target_type = type(wanted[key])
+        if target_type is str:
+            kinds: tuple[str, ...] = (words.STRING,)
+        elif target_type in _SCALAR_KINDS:
+            kinds = (words.SCALAR,)
+        else:
+            kinds = (words.JAX_ARRAY, words.NUMPY_ARRAY)
         if leaf.kind not in kinds or not leaf.stored:
             return f"leaf {key}: stored as a {leaf.kind}, not as its target"
+    records = checksums.read_checksums(directory)
+    strings = _strings(layout, stored, wanted, records)
+    if isinstance(strings, str):
+        return strings
     impls = fit.key_impls(directory) if any(map(_is_key, wanted.values())) else None
-    paths = {key: pytree.storage_path(leaf.param) for key, leaf in stored.items()}
+    paths = {
+        key: pytree.storage_path(leaf.param)
+        for key, leaf in stored.items()
+        if leaf.kind != words.STRING
+    }
     contents = chunks.store_contents(
         directory, sorted(set(paths.values())), zarr3=True, ctx=arrays.context()
     )
-    records = checksums.read_checksums(directory)
     files = chunkload.Files(directory)
     leaves = []
     for key, target_leaf in wanted.items():
+        if key not in paths:
+            continue  # a string, read above
         storage = paths[key]
         metadata = contents.other.get((storage + names.ZARR3_METADATA).encode("utf-8"))
         if not isinstance(metadata, bytes):
@@ -193,4 +212,33 @@ def plan(directory: Location, name: str, target: Any) -> Plan | str:
                 key_target=key_target,
             )
         )
-    return Plan(name, directory, treedef, leaves, files)
+    positions = {key: i for i, key in enumerate(wanted)}
+    return Plan(
+        name,
+        directory,
+        treedef,
+        leaves,
+        files,
+        strings={positions[key]: value for key, value in strings.items()},
+    )
+
+
+def _strings(
+    layout: pytree.PyTreeLayout,
+    stored: dict[str, pytree.StoredLeaf],
+    wanted: dict[str, Any],
+    records: dict[str, LeafRecord] | None,
+) -> dict[str, str] | str:
+    """The string leaves' stored values by key, each checked against its checksum;
+    or why the checkpointable is left to Orbax (whose load reports a damaged one)."""
+    keys = [key for key in wanted if type(wanted[key]) is str]
+    if not keys:
+        return {}
+    found = pytree.read_strings(layout, [stored[key].param for key in keys])
+    values = {key: found[stored[key].param] for key in keys}
+    if records is not None:
+        for key, value in values.items():
+            record = records.get(key)
+            if record is None or checksums.check_value(record, value) is not True:
+                return f"leaf {key}: its string does not match its checksum"
+    return values

@@ -35,7 +35,8 @@ def check_storable(name: str, value: Any) -> None:
       value: The checkpointable.
 
     Raises:
-      ValueError: If ``value`` is ``None``.
+      ValueError: If ``value`` is ``None``, or a string leaf is not Unicode text (a
+        lone surrogate), naming the leaf.
       TypeError: If a leaf has a type no Orbax leaf handler stores, naming the
         checkpointable and the leaf's key path, or ``value`` holds a flax NNX
         object (``nnx.Module``, ``nnx.Optimizer``) or ``GraphDef`` rather than
@@ -65,12 +66,27 @@ def check_storable(name: str, value: Any) -> None:
                 f"checkpointable {name!r} leaf {where} is an array of shape {leaf.shape} "
                 "without elements, which Orbax cannot store"
             )
+        if isinstance(leaf, str):
+            _check_text(name, where, leaf)
         if not has_standard_leaf_handler(type(leaf)):
             raise TypeError(
                 f"checkpointable {name!r} leaf {where} has type "
                 f"{type(leaf).__module__}.{type(leaf).__qualname__}, which Orbax cannot "
                 f"store{_hint(leaf)}"
             )
+
+
+def _check_text(name: str, where: str, leaf: str) -> None:
+    """Refuses a string that is not Unicode text (a lone surrogate, as ``os.fsdecode``
+    makes of undecodable bytes): Orbax stores strings as UTF-8, which cannot hold it."""
+    try:
+        leaf.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"checkpointable {name!r} leaf {where} is a string with a lone surrogate "
+            f"({leaf[e.start : e.end]!a} at position {e.start}), which UTF-8, and so Orbax, "
+            "cannot store; decode its bytes with errors='replace' or store them as an array"
+        ) from None
 
 
 def _is_flax_object(node: Any) -> bool:
