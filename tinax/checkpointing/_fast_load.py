@@ -29,10 +29,10 @@ one part's, or 8 MiB of small parts').
 Which leaves it reads, and how each becomes a value, ``_load_plan`` says.
 
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
-checkpointable with other leaves (objects of a class of their own), targets without a sharding or with
-a layout or memory kind of their own, a dtype or shape other than the stored one,
-codecs other than ``bytes`` and ``zstd``, chunks not stored,
-checksum pieces that the parts to read cut across, several processes. A part
+checkpointable with other leaves (Orbax's placeholder ``...`` for a leaf left out),
+targets without a sharding or with a layout or memory kind of their own, a dtype or
+shape other than the stored one, codecs other than ``bytes`` and ``zstd``, chunks
+not stored, checksum pieces that the parts to read cut across, several processes. A part
 whose checksum does not match, or a chunk that does not decode, sends its
 checkpointable to Orbax too, whose load reports the damage as every load does
 (``CorruptDataError`` naming the leaf).
