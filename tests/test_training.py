@@ -198,6 +198,24 @@ def test_an_iterator_state_file_that_does_not_match_its_checksum_leaves_the_iter
     _assert_bitwise_equal(next(mine), next(iter(_dataset())))
 
 
+def test_a_load_checks_the_iterator_state_it_reads_and_no_other_process_s(tmp_path):
+    targets, it = _saved_after(tmp_path, 3)
+    folder = tmp_path / "c" / "iterator"
+    beyond = '{"next_index": 99999999999999999999999}'
+    # Another process's state (of another job size), not one Grain resumes from: not
+    # this process's to read (on a bucket, a large job's every process would read all).
+    (folder / "process_1-of-2.json").write_text(beyond)
+    mine = CountingIterator(iter(_dataset()))
+    load_training_checkpoint(tmp_path / "c", *targets, mine)
+    _assert_bitwise_equal(next(mine), next(it))
+    # Its own is refused, naming the file, before anything is restored.
+    (folder / "process_0-of-1.json").write_text(beyond)
+    mine = CountingIterator(iter(_dataset()))
+    with pytest.raises(ValueError, match=r"process_0-of-1\.json' is not a Grain iterator state"):
+        load_training_checkpoint(tmp_path / "c", *targets, mine)
+    assert mine.set_state_calls == 0
+
+
 class OwnLoadIterator(CountingIterator):
     """An iterator whose class loads its state in a way of its own."""
 

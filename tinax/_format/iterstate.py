@@ -72,14 +72,20 @@ def _is_index(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_INT
 
 
-def check_states(directory: Location) -> None:
+def check_states(directory: Location, only: str | None = None) -> None:
     """Refuses an iterator checkpointable whose saved states Grain could not resume from.
+
+    Args:
+      directory: The iterator checkpointable.
+      only: The one state file to check (the one this process's load reads: on a
+        bucket, each process of a large job would otherwise read every process's);
+        every state file if ``None``.
 
     Raises:
       ValueError: Naming the state file and what is wrong in it, or if a state
         file is missing or not JSON.
     """
-    for stem, state in jsonitems.read_iterator_states(directory).items():
+    for stem, state in jsonitems.read_iterator_states(directory, only).items():
         problems = state_problems(state)
         if problems:
             raise ValueError(

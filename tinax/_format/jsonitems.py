@@ -19,8 +19,9 @@ def iterator_files(directory: Location) -> list[tuple[int, int, str]]:
     return sorted(found)
 
 
-def read_iterator_states(directory: Location) -> dict[str, Any]:
-    """Each process's saved Grain iterator state, by file name without ``.json``.
+def read_iterator_states(directory: Location, only: str | None = None) -> dict[str, Any]:
+    """Each process's saved Grain iterator state, by file name without ``.json``
+    (``only`` that file's, if it is there).
 
     Raises:
       ValueError: If there is no state file, or one is not JSON (naming it).
@@ -28,6 +29,7 @@ def read_iterator_states(directory: Location) -> dict[str, Any]:
     states = {
         name.removesuffix(".json"): files.read_json(directory / name, what="Grain iterator state")
         for _, _, name in iterator_files(directory)
+        if only is None or name == only
     }
     if not states:
         raise ValueError(f"{str(directory)!r} holds no Grain iterator state file")

@@ -299,7 +299,8 @@ def check_iterator_states(src: Location, name: str) -> None:
     if not saved or any(file == mine for _, _, file in saved):
         if saved:
             # Before Grain reads it: a state it could not resume from is refused here.
-            iterstate.check_states(src / name)
+            # Only this process's: the others are theirs to check.
+            iterstate.check_states(src / name, only=mine)
         return
     counts = sorted({count for _, count, _ in saved})
     raise ValueError(
