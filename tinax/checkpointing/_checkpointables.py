@@ -295,7 +295,7 @@ def check_iterator_states(src: Location, name: str) -> None:
         a state is not one Grain could resume from (``tinax._format.iterstate``).
     """
     saved = jsonitems.iterator_files(src / name)
-    mine = names.iterator_file_name(_processes.process_index(), _processes.process_count())
+    mine = _own_iterator_file()
     if not saved or any(file == mine for _, _, file in saved):
         if saved:
             # Before Grain reads it: a state it could not resume from is refused here.
@@ -310,6 +310,11 @@ def check_iterator_states(src: Location, name: str) -> None:
         "Restore the other checkpointables with load_checkpointables; "
         "tinax.explore.read_leaf gives each saved process's iterator state"
     )
+
+
+def _own_iterator_file() -> str:
+    """The iterator state file this process saves and restores."""
+    return names.iterator_file_name(_processes.process_index(), _processes.process_count())
 
 
 def set_iterator_state(directory: Location, iterator: Any) -> bool:
@@ -330,7 +335,7 @@ def set_iterator_state(directory: Location, iterator: Any) -> bool:
         type(iterator).load is not grain.DatasetIterator.load
     ):
         return False
-    name = names.iterator_file_name(_processes.process_index(), _processes.process_count())
+    name = _own_iterator_file()
     data = files.read_bytes(
         directory / name, what="a Grain iterator state", max_bytes=files.MAX_METADATA_BYTES
     )

@@ -28,15 +28,21 @@ _kept: np.ndarray | None = None
 _kept_timer: threading.Timer | None = None
 
 
-def _arena(size: int) -> np.ndarray:
-    """An arena of ``size`` bytes: the one kept from an earlier load if it is large
-    enough (and no other load uses it), else fresh memory."""
+def _take_kept() -> np.ndarray | None:
+    """The arena kept from the last load, no longer kept (its timer stopped)."""
     global _kept, _kept_timer
     with _kept_lock:
         found, _kept = _kept, None
         if _kept_timer is not None:
             _kept_timer.cancel()
             _kept_timer = None
+    return found
+
+
+def _arena(size: int) -> np.ndarray:
+    """An arena of ``size`` bytes: the one kept from an earlier load if it is large
+    enough (and no other load uses it), else fresh memory."""
+    found = _take_kept()
     if found is not None and found.nbytes >= size:
         return found[:size]
     return aligned(size)
@@ -63,11 +69,7 @@ def _drop(arena: np.ndarray) -> None:
 
 def drop_kept() -> None:
     """Frees the arena kept from the last load now."""
-    global _kept, _kept_timer
-    with _kept_lock:
-        if _kept_timer is not None:
-            _kept_timer.cancel()
-        _kept, _kept_timer = None, None
+    _take_kept()
 
 
 class HostBuffers:

@@ -374,12 +374,13 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
         raise TypeError(f"key must be a str, got {type(key).__name__}")
     if item.layout == layout.PYTREE:
         tree = pytree.read_layout(item.directory)
+        by_key = {leaf.key: leaf for leaf in tree.leaves}
         try:
             # Named as a table shows it (dotted) or as its keystr.
-            key = match_key([leaf.key for leaf in tree.leaves], key, checkpointable=item.name)
+            key = match_key(list(by_key), key, checkpointable=item.name)
         except LeafNotFoundError as e:
             raise LeafNotFoundError(f"checkpoint {str(checkpoint.path)!r}: {e}") from None
-        leaf = tree.find(key, name=item.name)
+        leaf = by_key[key]
         try:
             checked = False
             if leaf.kind in words.ARRAY_KINDS and leaf.stored:
