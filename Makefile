@@ -93,7 +93,7 @@ WHEELS_SKIP := jax|jaxlib|libtpu|numpy|scipy
 wheels: install
 	rm -rf $(WHEELS_DIR) && mkdir -p $(WHEELS_DIR)
 	printf 'flax\noptax\n' > $(WHEELS_DIR)/extra.in
-	$(UV) pip compile pyproject.toml $(WHEELS_DIR)/extra.in --extra explore --constraint requirements.lock \
+	$(UV) pip compile pyproject.toml $(WHEELS_DIR)/extra.in --constraint requirements.lock \
 		--python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-header --no-annotate --quiet \
 		| grep -Ev '^($(WHEELS_SKIP))==' > $(WHEELS_DIR)/requirements.txt
 	$(PY) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
