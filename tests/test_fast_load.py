@@ -75,11 +75,14 @@ def _save(path: Path, values: dict[str, Any], how: str) -> None:
     if how == "orbax":
         ocp.save_checkpointables(path, values)
     else:
-        with tc.compression(how == "tinax zstd"):
+        codec = {"tinax zstd": "zstd", "tinax lz4": "lz4"}.get(how, False)
+        with tc.compression(codec):
             tc.save_checkpointables(path, values).result()
 
 
-@pytest.mark.parametrize("how", ["tinax", "tinax zstd", "tinax zstd streamed", "orbax"])
+@pytest.mark.parametrize(
+    "how", ["tinax", "tinax zstd", "tinax zstd streamed", "tinax lz4", "tinax lz4 whole", "orbax"]
+)
 def test_nnx_and_adamw_states_load_through_the_engine_bit_identical(
     tmp_path: Path,
     state: dict[str, Any],
@@ -88,7 +91,7 @@ def test_nnx_and_adamw_states_load_through_the_engine_bit_identical(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     streamed: list[int] = []
-    if how.endswith(" streamed"):
+    if how.endswith(" streamed") or how.endswith(" whole"):
         # Compressed chunks longer than this are streamed from their files, not read whole.
         monkeypatch.setattr(chunkload, "WHOLE_READ_BYTES", 0)
 
@@ -98,12 +101,13 @@ def test_nnx_and_adamw_states_load_through_the_engine_bit_identical(
                 super().__init__(fd, offset, length)
 
         monkeypatch.setattr(chunkload, "_FileRange", Counted)
-        how = how.removesuffix(" streamed")
+        how = how.removesuffix(" streamed").removesuffix(" whole")
     _save(tmp_path / "c", state, how)
     back = tc.load_checkpointables(tmp_path / "c", tc.abstract_restore_target(state))
     assert orbax_loads == []
     _identical(back, state)
-    assert bool(streamed) == (chunkload.WHOLE_READ_BYTES == 0)
+    # zstd frames are streamed past WHOLE_READ_BYTES; blosc chunks are always read whole.
+    assert bool(streamed) == (chunkload.WHOLE_READ_BYTES == 0 and how == "tinax zstd")
 
 
 def test_numpy_leaves_load_through_the_engine_as_numpy_arrays(
@@ -118,12 +122,12 @@ def test_numpy_leaves_load_through_the_engine_as_numpy_arrays(
     assert back["host"]["b"] == np.float32(2.5)
 
 
-@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize("compressed", [False, True, "lz4"])
 def test_a_flipped_byte_is_refused_naming_the_leaf(
     tmp_path: Path,
     orbax_loads: list[list[str]],
     caplog: pytest.LogCaptureFixture,
-    compressed: bool,
+    compressed: bool | str,
 ) -> None:
     w = jax.random.normal(jax.random.key(1), (64, 64))
     values = {"w": w, "b": jnp.zeros(8)}
@@ -138,7 +142,7 @@ def test_a_flipped_byte_is_refused_naming_the_leaf(
     assert orbax_loads == [["model"]]
     # A flipped byte in a zstd frame may still decode, to other values.
     assert "leaf ['w']: the stored data is corrupt" in caplog.text or (
-        compressed and "zstd decompress failed" in caplog.text
+        compressed is True and "zstd decompress failed" in caplog.text
     )
 
 
@@ -326,7 +330,7 @@ def test_the_host_buffer_outlives_a_load_for_the_next_one(
     assert _host_buffers._kept is None and _host_buffers._kept_timer is None
 
 
-@pytest.mark.parametrize("how", ["tinax", "orbax"])
+@pytest.mark.parametrize("how", ["tinax", "tinax zstd", "tinax lz4", "orbax"])
 def test_boxes_that_cut_chunks_read_what_tensorstore_reads(tmp_path: Path, how: str) -> None:
     """Parts of an array stored in many inner chunks (and zstd frames), boxes that cut
     chunks in every dimension included, against numpy's own slices."""
@@ -361,9 +365,9 @@ def test_boxes_that_cut_chunks_read_what_tensorstore_reads(tmp_path: Path, how: 
         files.close()
 
 
-@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize("compressed", [False, True, "lz4"])
 def test_a_gs_checkpoint_loads_through_the_engine_one_request_per_run_of_bytes(
-    gcs: Any, orbax_loads: list[list[str]], monkeypatch: pytest.MonkeyPatch, compressed: bool
+    gcs: Any, orbax_loads: list[list[str]], monkeypatch: pytest.MonkeyPatch, compressed: bool | str
 ) -> None:
     rng = np.random.default_rng(5)
     values = {
@@ -431,8 +435,8 @@ def target(shardings):
                   for k, v in host.items()}}
 
 same = {k: v.sharding for k, v in state.items()}
-for how in ("tinax", "tinax zstd"):
-    with tc.compression(how == "tinax zstd"):
+for how in ("tinax", "tinax zstd", "tinax lz4"):
+    with tc.compression({"tinax zstd": "zstd", "tinax lz4": "lz4"}.get(how, False)):
         tc.save_checkpointables(f"{root}/{how}", {"m": state}).result()
     check(tc.load_checkpointables(f"{root}/{how}", target(same))["m"], same)
 assert calls == [], calls
