@@ -365,9 +365,6 @@ def save_round(
     elif system == "tinax uncompressed":
         with tc.compression(False):
             response = tc.save_checkpointables(where, state)
-    elif system in ("tinax zstd", "tinax lz4"):
-        with tc.compression(system.removeprefix("tinax ")):
-            response = tc.save_checkpointables(where, state)
     elif system == "tinax 8 MiB chunks":
         ctx = ocp.Context()
         ctx.array.saving.storage_options.chunk_byte_size = 8 << 20
@@ -745,7 +742,7 @@ def main() -> int:
         "--systems",
         default="orbax,tinax",
         help="comma-separated, of: orbax, orbax uncompressed, tinax, tinax compressed, "
-        "tinax zstd, tinax lz4 (blosc's lz4 on shuffled bytes), tinax uncompressed, tinax pinned, "
+        "tinax uncompressed, tinax pinned, "
         "tinax no checksums, tinax one chunk, tinax 8 MiB chunks, "
         "tinax copy first (the whole state on the host before the first write, as "
         "Orbax does), tinax batches N (the state written in N batches while copied), "

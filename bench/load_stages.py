@@ -1,14 +1,13 @@
 """Where a tinax load's time goes, stage by stage, beside the machine's floors.
 
 Saves ``bench/accelerator.py``'s state (the NNX transformer and its adamw state) with
-tinax, zstd on (``--codec lz4`` for blosc's lz4 on shuffled bytes, ``--codec none``
-for the bytes as they are), then times, on the
+tinax, zstd on (``--uncompressed`` for the bytes as they are), then times, on the
 same checkpoint's stored chunks, each stage of a load alone and added up, on 1, 8
 and the load's own number of threads, every thread with buffers of its own that it
 reuses:
 
 - ``read``: each stored chunk read by offset (``preadv``) into a reused buffer;
-- ``+ decode``: and decoded (zstd, or blosc) into a reused buffer;
+- ``+ decode``: and decoded (zstd) into a reused buffer;
 - ``+ digest``: and its xxh3 digested, as a load checks checksums;
 - ``+ put``: and ``jax.device_put`` on the first device, waited for;
 
@@ -23,7 +22,7 @@ moves through memory at that rate. Rates are MB/s of the state's bytes
 (``state``) and of the bytes stored in the data files (``stored``), medians of
 ``--rounds``.
 
-    python3 bench/load_stages.py [--size cpu|accelerator] [--rounds 3] [--codec zstd|lz4|none]
+    python3 bench/load_stages.py [--size cpu|accelerator] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ import jax
 import numpy as np
 import xxhash
 import zstandard
-from numcodecs import blosc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accelerator as bench
@@ -60,17 +58,16 @@ from tinax.checkpointing import _fast_load, _host_buffers, _load_plan
 Job = tuple[str, int, int, int]
 
 
-def stored_chunks(checkpoint: Path, state: dict[str, Any]) -> tuple[list[Job], str | None]:
-    """Every stored chunk a load of ``state`` reads, and their codec (``"zstd"``,
-    ``"blosc"``, ``None``)."""
+def stored_chunks(checkpoint: Path, state: dict[str, Any]) -> tuple[list[Job], bool]:
+    """Every stored chunk a load of ``state`` reads, and whether they are zstd's."""
     jobs: list[Job] = []
-    zstd: str | None = None
+    zstd = False
     for name, tree in state.items():
         found = _load_plan.plan(local(checkpoint) / name, name, bench.targets(tree))
         if isinstance(found, str):
             raise SystemExit(f"{name}: not read by tinax's engine: {found}")
         for leaf in found.leaves:
-            zstd = zstd or leaf.stored.codec
+            zstd = zstd or leaf.stored.codec is not None
             for box, _ in leaf.parts:
                 for chunk in leaf.stored.chunks_in(box):
                     held, start, length = leaf.reader._where(chunk.index, None)
@@ -98,19 +95,16 @@ class Stage:
         assert done == length, (done, length)
         return view
 
-    def decode(self, job: Job, zstd: str | None) -> np.ndarray:
+    def decode(self, job: Job, zstd: bool) -> np.ndarray:
         """Reads and decodes the chunk into this thread's reused buffer."""
         return self.decode_into(job, zstd, self.out[: job[3]])
 
-    def decode_into(self, job: Job, zstd: str | None, out: np.ndarray) -> np.ndarray:
+    def decode_into(self, job: Job, zstd: bool, out: np.ndarray) -> np.ndarray:
         """Reads and decodes the chunk into ``out`` (for a chunk stored as it is, its
         bytes where they were read)."""
         raw = self.read(job)
         if not zstd:
             return self.raw[: job[2]]
-        if zstd == "blosc":
-            blosc.decompress(raw, out)
-            return out
         reader = self.decoder.stream_reader(raw, read_size=len(raw))
         view = memoryview(out)
         done = 0
@@ -122,12 +116,12 @@ class Stage:
         assert done == job[3]
         return out
 
-    def digest(self, job: Job, zstd: str | None) -> np.ndarray:
+    def digest(self, job: Job, zstd: bool) -> np.ndarray:
         out = self.decode(job, zstd)
         xxhash.xxh3_64_hexdigest(out.data)
         return out
 
-    def put(self, job: Job, zstd: str | None, device: Any) -> None:
+    def put(self, job: Job, zstd: bool, device: Any) -> None:
         out = self.digest(job, zstd)
         jax.device_put(out, device).block_until_ready()
 
@@ -166,7 +160,6 @@ def timed_threads(jobs: list[Job], threads: int, work: Callable[[Stage, Job], An
 _DECODER = r"""
 import json, os, sys, zstandard
 import numpy as np
-from numcodecs import blosc
 jobs = json.loads(sys.stdin.readline())
 fds = {p: os.open(p, os.O_RDONLY) for p in {j[0] for j in jobs}}
 raw = np.ones(max([j[2] for j in jobs] + [1]), np.uint8)
@@ -177,9 +170,7 @@ sys.stdin.readline()
 for path, offset, length, size in jobs:
     view = memoryview(raw)[:length]
     assert os.preadv(fds[path], [view], offset) == length
-    if zstd == "blosc":
-        blosc.decompress(view, memoryview(out)[:size])
-    elif zstd:
+    if zstd:
         reader = decoder.stream_reader(view, read_size=length)
         target = memoryview(out)[:size]
         done = 0
@@ -193,7 +184,7 @@ print("done", flush=True)
 """
 
 
-def decoded_by_processes(jobs: list[Job], processes: int, zstd: str | None) -> float:
+def decoded_by_processes(jobs: list[Job], processes: int, zstd: bool) -> float:
     """Seconds for ``processes`` processes, each with its share of the chunks (dealt
     round, largest first), to read and decode them all: the same work as the
     ``read + decode`` stage, with no thread of one process beside another."""
@@ -233,7 +224,7 @@ def decoded_by_processes(jobs: list[Job], processes: int, zstd: str | None) -> f
             child.wait()
 
 
-def decoded_into_ring(jobs: list[Job], threads: int, zstd: str | None) -> float:
+def decoded_into_ring(jobs: list[Job], threads: int, zstd: bool) -> float:
     """The ``read + decode`` stage with each chunk decoded into a 256 MiB ring by turn,
     as into the load's host buffer, not into a buffer its thread reuses."""
     size = _fast_load.HOST_BUFFER_BYTES
@@ -381,7 +372,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=tuple(bench.SIZES), default=None)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--codec", choices=("zstd", "lz4", "none"), default="zstd")
+    parser.add_argument("--uncompressed", action="store_true")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--quick", action="store_true", help="the load's own threads only")
     args = parser.parse_args()
@@ -395,13 +386,13 @@ def main() -> int:
     threads = _fast_load.THREADS
     scratch = Path(tempfile.mkdtemp(dir=args.dir, prefix="load-stages-"))
     where = scratch / "ckpt"
-    with tc.compression(False if args.codec == "none" else args.codec):
+    with tc.compression(not args.uncompressed):
         tc.save_checkpointables(where, state).result()
     jobs, zstd = stored_chunks(where, state)
     stored = sum(j[2] for j in jobs)
     print(
         f"{total / 1e9:.2f} GB state on {jax.default_backend()} ({os.cpu_count()} cores), "
-        f"{len(jobs)} chunks, {stored / 1e9:.2f} GB stored{f' ({zstd})' if zstd else ''}; "
+        f"{len(jobs)} chunks, {stored / 1e9:.2f} GB stored{' (zstd)' if zstd else ''}; "
         f"the load's threads: {threads}"
     )
     rows: list[tuple[str, float]] = []

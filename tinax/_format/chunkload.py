@@ -3,22 +3,21 @@
 Orbax keeps each array as a zarr3 array in an OCDBT store: each shard (the unit
 stored under one key) is a value of the store, inline in a B+tree node when small,
 else a byte range of a data file; a shard holds inner chunks, each the C-order
-bytes of its values (codec ``bytes``), compressed by zstd, by blosc or not at all,
-and an index of where they are. Here a box of an array (the part one device holds)
-is read into a caller's buffer: an uncompressed chunk straight into place with
-``preadv``, a compressed one read whole into a buffer the reading thread reuses and
-decoded straight into place, zstd by the ``zstandard`` library (zstd chunks over
-``WHOLE_READ_BYTES`` are streamed from the file ``DECODE_READ_BYTES`` at a time),
-blosc by ``numcodecs`` (zarr's codec library); a chunk that the box cuts is decoded
-into one scratch chunk of the reading thread and the box's part copied out. Every
-step releases the GIL, so several threads read, decode and copy side by side.
+bytes of its values (codec ``bytes``), compressed by zstd or not, and an index of
+where they are. Here a box of an array (the part one device holds) is read into a
+caller's buffer: an uncompressed chunk straight into place with ``preadv``, a
+compressed one read whole into a buffer the reading thread reuses (chunks of up to
+``WHOLE_READ_BYTES``; larger ones are streamed from the file ``DECODE_READ_BYTES``
+at a time) and decoded by zstd (the ``zstandard`` library) straight into place; a
+chunk that the box cuts is decoded into one scratch chunk of the reading thread and
+the box's part copied out. Every step releases the GIL, so several threads read,
+decode and copy side by side.
 
 Only what is known to be byte for byte is read this way: zarr3 metadata whose
-codecs are ``bytes`` (little-endian), optionally followed by ``zstd`` or by
-``blosc`` with a compressor numcodecs carries, alone or inside a sharding codec
-with tensorstore's index layout; every chunk stored, each of the size its shape
-says (decoded). Anything else, and anything inconsistent met while reading, is
-``rawread.Unsupported``: the caller loads through Orbax instead.
+codecs are ``bytes`` (little-endian), optionally followed by ``zstd``, alone or
+inside a sharding codec with tensorstore's index layout; every chunk stored, each
+of the size its shape says (decoded). Anything else, and anything inconsistent met
+while reading, is ``rawread.Unsupported``: the caller loads through Orbax instead.
 
 On a local disk chunks are read by offset; elsewhere (``gs://``) each box's
 shards are fetched in as few ranged reads as there are runs of adjacent bytes in
@@ -42,10 +41,6 @@ from tinax._format.storage import Location
 
 # Codecs after ``bytes`` this reader decodes.
 ZSTD = "zstd"
-BLOSC = "blosc"
-# blosc's compressors this reader decodes, by name and by the code its header holds.
-_BLOSC_COMPRESSORS = {"blosclz": 0, "lz4": 1, "lz4hc": 1, "zlib": 3, "zstd": 4}
-_BLOSC_HEADER_BYTES = 16
 _MISSING = (1 << 64) - 1
 # A shard's index is read whole: shards of more inner chunks are Orbax's to read.
 MAX_INNER_CHUNKS = 1 << 20
@@ -59,7 +54,7 @@ class StoredArray(ChunkGrid):
     """A zarr3 array of an OCDBT store whose chunks this module reads.
 
     Attributes:
-      codec: ``"zstd"``, ``"blosc"`` or ``None`` (the bytes as they are).
+      codec: ``"zstd"`` or ``None`` (the bytes as they are).
       values: Grid index → the value's inline bytes or where it is kept.
     """
 
@@ -108,25 +103,15 @@ class Chunk:
 
 
 def _codec_chain(codecs: object, dtype: np.dtype) -> str | bool | None:
-    """``None`` for ``[bytes]``, ``"zstd"`` for ``[bytes, zstd]``, ``"blosc"`` for
-    ``[bytes, blosc]`` (a compressor this reader decodes); ``False`` for anything else."""
+    """``None`` for ``[bytes]``, ``"zstd"`` for ``[bytes, zstd]``; ``False`` for anything else."""
     if not isinstance(codecs, list) or not codecs or not rawread._bytes_codec(codecs[0], dtype):
         return False
     if len(codecs) == 1:
         return None
-    if len(codecs) != 2 or not isinstance(codecs[1], dict):
-        return False
-    config = codecs[1].get("configuration") or {}
-    if not isinstance(config, dict):
-        return False
-    if codecs[1].get("name") == ZSTD and set(config) <= {"level", "checksum"}:
-        return ZSTD
-    if (
-        codecs[1].get("name") == BLOSC
-        and set(config) <= {"cname", "clevel", "shuffle", "typesize", "blocksize"}
-        and config.get("cname") in _BLOSC_COMPRESSORS
-    ):
-        return BLOSC
+    if len(codecs) == 2 and isinstance(codecs[1], dict) and codecs[1].get("name") == ZSTD:
+        config = codecs[1].get("configuration") or {}
+        if isinstance(config, dict) and set(config) <= {"level", "checksum"}:
+            return ZSTD
     return False
 
 
@@ -338,29 +323,6 @@ def _decompress_into(scratch: Scratch, source: memoryview | _FileRange, into: np
         raise _Undecodable(f"zstd decompress failed: {e}") from None
 
 
-def _blosc_into(source: memoryview, into: np.ndarray) -> None:
-    """Decodes one blosc chunk (blosc's 16-byte header first) into ``into``, which it
-    must fill exactly. The header is checked before blosc reads further: the chunk's
-    whole length and the decoded length must be the ones it gives."""
-    from numcodecs import blosc
-
-    if len(source) < _BLOSC_HEADER_BYTES:
-        raise _Undecodable("a blosc chunk is shorter than its header")
-    header = np.frombuffer(source[:_BLOSC_HEADER_BYTES], "<u4")
-    version, flags = source[0], source[2]
-    nbytes, stored = int(header[1]), int(header[3])
-    if version not in (1, 2) or (flags >> 5) not in set(_BLOSC_COMPRESSORS.values()):
-        raise _Undecodable("a blosc chunk's header is not one blosc writes")
-    if nbytes != into.nbytes:
-        raise _Undecodable(f"a blosc chunk holds {nbytes} bytes where {into.nbytes} are expected")
-    if stored != len(source):
-        raise _Undecodable(f"a blosc chunk says it is {stored} bytes long, its index {len(source)}")
-    try:
-        blosc.decompress(source, into.reshape(-1).view(np.uint8))
-    except (RuntimeError, ValueError) as e:
-        raise _Undecodable(f"blosc decompress failed: {e}") from None
-
-
 class _Undecodable(Unsupported):
     """Stored bytes that do not decode: damage, which the Orbax load then reports."""
 
@@ -413,13 +375,6 @@ class BoxReader:
                 if length != nbytes:
                     raise Unsupported("a chunk is not of the size its shape says")
                 self._bytes_into(value, start, into)
-            elif array.codec == BLOSC:
-                # blosc stores what does not compress as it is, after its header.
-                if length > nbytes + _BLOSC_HEADER_BYTES:
-                    raise _Undecodable("a blosc chunk is longer than its values could need")
-                source = self._source(value, start, length, scratch, read_whole=True)
-                assert isinstance(source, memoryview)
-                _blosc_into(source, into)
             else:
                 # zstd's worst case is a little over the bytes it stores: a stored length
                 # beyond it is damage, and is not read into memory.
@@ -486,20 +441,12 @@ class BoxReader:
         into[:] = np.frombuffer(data, np.uint8)
 
     def _source(
-        self,
-        held: bytes | ValueRef | memoryview,
-        start: int,
-        length: int,
-        scratch: Scratch,
-        *,
-        read_whole: bool = False,
+        self, held: bytes | ValueRef | memoryview, start: int, length: int, scratch: Scratch
     ) -> memoryview | _FileRange:
-        """The chunk's stored bytes: in memory, or (a long zstd chunk of a local file,
-        unless ``read_whole``) a range of its file to stream."""
         if start + length > (held.length if isinstance(held, ValueRef) else len(held)):
             raise Unsupported("a chunk runs past its value")
         if isinstance(held, ValueRef):
-            if read_whole or length <= WHOLE_READ_BYTES:
+            if length <= WHOLE_READ_BYTES:
                 whole = scratch.take_compressed(length)
                 self.files.read_into(held.file, held.offset + start, whole)
                 return memoryview(whole.data)

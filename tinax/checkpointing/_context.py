@@ -16,17 +16,12 @@ from tinax.checkpointing._checksummed_handler import (
     ChecksummedStatefulHandler,
 )
 from tinax.checkpointing._empty import EmptyPyTreeHandler
-from tinax.checkpointing._orbax import active_context, chunk_codec, chunk_shape
+from tinax.checkpointing._orbax import active_context, chunk_shape
 from tinax.checkpointing._switches import switched
 
-# The codecs ``compression`` names: Orbax's own (zstd level 3, which Orbax's
-# ``use_compression`` turns on), and blosc's lz4 on byte-shuffled values, which stores
-# floating-point arrays about as small and decodes several times faster.
-CODECS = ("zstd", "lz4")
-_BLOSC_LZ4 = {"cname": "lz4", "clevel": 5, "shuffle": "shuffle"}
-# ``None``: the default for the backend (``default_compression``); else what a
-# ``with compression(...)`` block asked for: a name of ``CODECS``, or "none".
-_COMPRESS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+# ``None``: the default for the backend (``default_compression``); a bool: what a
+# ``with compression(...)`` block asked for.
+_COMPRESS: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
     "tinax_compress_arrays", default=None
 )
 # Big arrays are stored in chunks of at most this many bytes (Orbax's default is one
@@ -41,18 +36,15 @@ _CHECKSUMS: contextvars.ContextVar[bool] = contextvars.ContextVar("tinax_checksu
 
 
 @contextlib.contextmanager
-def compression(codec: bool | str = True) -> Iterator[None]:
-    """Makes tinax saves in this block compress arrays' chunks, and with what, or not.
+def compression(enabled: bool = True) -> Iterator[None]:
+    """Makes tinax saves in this block compress arrays (zstd), or not.
 
     Outside such a block tinax decides by JAX's default backend
-    (``default_compression``). Inside ``with compression():`` (or
-    ``compression("zstd")``) saves made by this thread (and by tasks it starts)
-    use Orbax's own codec, zstd level 3; inside ``with compression("lz4"):``
-    blosc's lz4 (level 5) on byte-shuffled values, which stores floating-point
-    weights about as small as zstd and decodes several times faster; inside
-    ``with compression(False):`` they write arrays uncompressed. Loads read every
-    kind whatever this says, and raw Orbax loads them all too. Blocks nest; the
-    innermost one wins.
+    (``default_compression``): zstd on an accelerator, uncompressed on a CPU.
+    Inside ``with compression():`` saves made by this thread (and by tasks it
+    starts) use Orbax's zstd codec; inside ``with compression(False):`` they
+    write arrays uncompressed. Loads read either kind whatever this says. Blocks
+    nest; the innermost one wins.
 
     Orbax's own ``ArrayOptions.Saving.use_compression`` is not consulted: it is
     ``True`` by default, so a context you made active for other reasons could not
@@ -60,23 +52,12 @@ def compression(codec: bool | str = True) -> Iterator[None]:
     ``with ocp.Context(...)`` stays in force.
 
     Args:
-      codec: ``True`` or ``"zstd"``, ``"lz4"``, or ``False`` (uncompressed).
+      enabled: Whether saves in the block compress arrays.
 
     Raises:
-      TypeError: If ``codec`` is neither a ``bool`` nor a ``str``.
-      ValueError: If it is a name other than ``"zstd"`` and ``"lz4"``.
+      TypeError: If ``enabled`` is not a ``bool``.
     """
-    if isinstance(codec, bool):
-        chosen = "zstd" if codec else "none"
-    elif isinstance(codec, str):
-        if codec not in CODECS:
-            raise ValueError(
-                f"codec must be one of {', '.join(map(repr, CODECS))}, True or False; got {codec!r}"
-            )
-        chosen = codec
-    else:
-        raise TypeError(f"codec must be a bool or a str, got {type(codec).__name__}")
-    with switched(_COMPRESS, chosen):
+    with switched(_COMPRESS, enabled, argument="enabled"):
         yield
 
 
@@ -92,9 +73,8 @@ def checksumming() -> bool:
     return _CHECKSUMS.get()
 
 
-def default_compression(backend: str) -> str | None:
-    """The codec saves compress arrays with by default when JAX's default backend is
-    ``backend`` (a name of ``CODECS``), or ``None``: uncompressed.
+def default_compression(backend: str) -> bool:
+    """Whether saves compress arrays by default when JAX's default backend is ``backend``.
 
     On a CPU, no: a ``jax.Array``'s bytes are already in host memory, the disk
     is the limit, and zstd buys a few percent of disk on float weights at half or
@@ -104,15 +84,13 @@ def default_compression(backend: str) -> str | None:
     uncompressed saves alike), where zstd's smaller one did not, and saved and
     loaded faster (README, "Storage settings"; ``bench/accelerator.py``).
     """
-    return "lz4" if backend != "cpu" else None
+    return backend != "cpu"
 
 
-def compressing() -> str | None:
-    """The codec a save started now compresses arrays with (of ``CODECS``), or ``None``."""
+def compressing() -> bool:
+    """Whether a save started now compresses arrays."""
     chosen = _COMPRESS.get()
-    if chosen is None:
-        return default_compression(jax.default_backend())
-    return None if chosen == "none" else chosen
+    return default_compression(jax.default_backend()) if chosen is None else chosen
 
 
 class _NamedChecksummedPyTreeHandler(ChecksummedPyTreeHandler):
@@ -160,11 +138,7 @@ def context(*, directories_first: bool = False) -> ocp.Context:
     registry.add(EmptyPyTreeHandler)
     ctx = ocp.Context(active)
     ctx.checkpointables.registry = registry
-    codec = compressing()
-    # Orbax's flag turns its zstd on; another codec travels in its place.
-    ctx.array.saving.use_compression = (
-        chunk_codec("blosc", _BLOSC_LZ4) if codec == "lz4" else codec == "zstd"
-    )
+    ctx.array.saving.use_compression = compressing()
     if directories_first:
         ctx.async_options.create_directories_asynchronously = False
     storage = ctx.array.saving.storage_options

@@ -4,8 +4,7 @@ Orbax's public V1 API has no way to read the active context, to ask whether a
 leaf type has a standard handler, or to learn how long its processes wait for each
 other, and does not export the handler of stateful checkpointables (Grain
 iterators); it has no hook on the host copies it saves from or the host reads it
-loads from, no way to start writing before the whole state is on the host, and no
-codec for arrays' chunks but zstd.
+loads from, and no way to start writing before the whole state is on the host.
 These are the only places tinax reaches into Orbax's private modules.
 ``pyproject.toml`` bounds Orbax to the minor release they were written against.
 """
@@ -15,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import functools
 import inspect
 import queue
@@ -31,11 +29,9 @@ from orbax.checkpoint.experimental.v1._src.handlers.stateful_checkpointable_hand
 )
 
 __all__ = [
-    "ChunkCodec",
     "StatefulCheckpointableHandler",
     "active_context",
     "check_host_reads",
-    "chunk_codec",
     "coordination_timeout",
     "current_operation",
     "has_standard_leaf_handler",
@@ -236,59 +232,6 @@ def check_host_reads(hooks: HostReads) -> None:
         return read_shard
 
     _replace(serialization, "_read_shard", "tinax_hooks", hooks, wrap)
-
-
-@dataclasses.dataclass(frozen=True)
-class ChunkCodec:
-    """A zarr3 codec Orbax's writer stores arrays' chunks with, after their bytes.
-
-    Orbax's only choice is its ``use_compression`` flag (zstd level 3, or none);
-    this is what a save's context carries there instead (``chunk_codec``). It is
-    true, so Orbax's code reads it as compression on; tinax's wrapper of Orbax's
-    metadata builder writes it into the array's codecs.
-
-    Attributes:
-      name: The codec's zarr3 name (``"blosc"``).
-      configuration: Its configuration, as sorted ``(key, value)`` pairs.
-    """
-
-    name: str
-    configuration: tuple[tuple[str, Any], ...]
-
-    def __bool__(self) -> bool:
-        return True
-
-    def json(self) -> dict[str, Any]:
-        return {"name": self.name, "configuration": dict(self.configuration)}
-
-
-def chunk_codec(name: str, configuration: dict[str, Any]) -> ChunkCodec:
-    """The value of a save context's ``array.saving.use_compression`` that has Orbax
-    store each array's chunks with zarr3 codec ``name`` (its ``configuration``),
-    where it stores zarr3 arrays; zarr2 arrays get Orbax's zstd. Installs tinax's
-    wrapper of Orbax's metadata builder once per process: a context holding
-    ``True`` or ``False`` there saves as Orbax does."""
-    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
-
-    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def build(**kwargs: Any) -> Any:
-            codec = kwargs.get("use_compression")
-            if not isinstance(codec, ChunkCodec):
-                return original(**kwargs)
-            if not kwargs.get("use_zarr3"):
-                return original(**{**kwargs, "use_compression": True})
-            metadata, _algo, _level = original(**{**kwargs, "use_compression": False})
-            codecs = metadata["codecs"]
-            if codecs and codecs[0].get("name") == "sharding_indexed":
-                codecs = codecs[0]["configuration"]["codecs"]
-            codecs.append(codec.json())
-            return metadata, codec.name, None
-
-        return build
-
-    _replace(ts_utils, "_build_zarr_shard_and_chunk_metadata", "tinax_chunk_codecs", True, wrap)
-    return ChunkCodec(name, tuple(sorted(configuration.items())))
 
 
 # Orbax asks for every leaf's storage options twice per save, in the save call;
