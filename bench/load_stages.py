@@ -294,12 +294,12 @@ def copy_floor(nbytes: int, threads: int) -> float:
     into memory, decode, digest, the transfer's copy) each pay once more."""
     block = 8 << 20
     count = -(-nbytes // block)
-    local = threading.local()
+    held = threading.local()
 
     def one(i: int) -> None:
-        pair = getattr(local, "pair", None)
+        pair = getattr(held, "pair", None)
         if pair is None:
-            pair = local.pair = (np.ones(64 << 20, np.uint8), np.ones(64 << 20, np.uint8))
+            pair = held.pair = (np.ones(64 << 20, np.uint8), np.ones(64 << 20, np.uint8))
         at = (i % 8) * block
         np.copyto(pair[1][at : at + block], pair[0][at : at + block])
 
