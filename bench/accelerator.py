@@ -319,6 +319,26 @@ class ZstdLevel:
 
 
 @contextlib.contextmanager
+def FileIoLimit(limit: int) -> Iterator[None]:
+    """Saves started in the block write their files on at most ``limit`` of tensorstore's
+    threads (Orbax's default: 128), pacing the writes.
+
+    Orbax makes each save's tensorstore context in the save call: the block may end
+    when the call returns."""
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    contexts = (tensorstore_utils._BASE_TS_CONTEXT, tensorstore_utils._DEFAULT_OCDBT_TS_CONTEXT)
+    originals = [dict(c["file_io_concurrency"]) for c in contexts]
+    for c in contexts:
+        c["file_io_concurrency"] = {"limit": limit}
+    try:
+        yield
+    finally:
+        for c, original in zip(contexts, originals, strict=True):
+            c["file_io_concurrency"] = original
+
+
+@contextlib.contextmanager
 def Batches(count: int | None) -> Iterator[None]:
     """Has tinax's save calls in the block hand the state to the writer in ``count``
     batches (``None``: Orbax's order, the whole state copied before the first write).
@@ -364,6 +384,9 @@ def save_round(
             response = tc.save_checkpointables(where, state)
     elif system == "tinax uncompressed":
         with tc.compression(False):
+            response = tc.save_checkpointables(where, state)
+    elif system.startswith("tinax uncompressed io "):
+        with tc.compression(False), FileIoLimit(int(system.rsplit(" ", 1)[1])):
             response = tc.save_checkpointables(where, state)
     elif system == "tinax 8 MiB chunks":
         ctx = ocp.Context()
@@ -746,7 +769,8 @@ def main() -> int:
         "tinax no checksums, tinax one chunk, tinax 8 MiB chunks, "
         "tinax copy first (the whole state on the host before the first write, as "
         "Orbax does), tinax batches N (the state written in N batches while copied), "
-        "tinax zstd LEVEL (zstd at LEVEL, Orbax's is 3; negative levels are zstd's fast ones)",
+        "tinax zstd LEVEL (zstd at LEVEL, Orbax's is 3; negative levels are zstd's fast ones), "
+        "tinax uncompressed io N (uncompressed, written on at most N of tensorstore's threads)",
     )
     parser.add_argument("--stacks", default=None, help="write threads' stacks of slow steps here")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")

@@ -1,7 +1,8 @@
 """Where a tinax load's time goes, stage by stage, beside the machine's floors.
 
 Saves ``bench/accelerator.py``'s state (the NNX transformer and its adamw state) with
-tinax, zstd on (``--uncompressed`` for the bytes as they are), then times, on the
+tinax, zstd on (``--uncompressed`` for the bytes as they are, ``--zstd-level`` for
+a level other than Orbax's 3), then times, on the
 same checkpoint's stored chunks, each stage of a load alone and added up, on 1, 8
 and the load's own number of threads, every thread with buffers of its own that it
 reuses:
@@ -16,13 +17,16 @@ the same load with its checks left out, with its transfers left out, with a new 
 buffer rather than the one the load before kept, and on other numbers of threads;
 beside the floors ``bench/accelerator.py`` measures (one
 ``cat``, ``dd``, 8 ``dd`` side by side, ``readinto``, fresh ``read()``) and
-``device_put`` of the state's host copy, what new host memory costs, and the rate at
-which the host copies bytes in memory on the load's threads, with the least a load
-moves through memory at that rate. Rates are MB/s of the state's bytes
+``device_put`` of the state's host copy (from ordinary memory, from memory registered
+with the device's client for DMA, and from ``pinned_host`` arrays: the link's
+floor, three ways), what new host memory costs, and the rate at which the host
+copies bytes in memory on the load's threads, with the least a load moves through
+memory at that rate; and the ceiling those set: a load perfectly overlapped takes as
+long as its slowest stage alone, the host's (read, decode, digest) or the link's. Rates are MB/s of the state's bytes
 (``state``) and of the bytes stored in the data files (``stored``), medians of
 ``--rounds``.
 
-    python3 bench/load_stages.py [--size cpu|accelerator] [--rounds 3]
+    python3 bench/load_stages.py [--size cpu|accelerator] [--rounds 3] [--zstd-level -1]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import mmap
 import os
 import statistics
 import sys
@@ -77,6 +82,55 @@ def stored_chunks(checkpoint: Path, state: dict[str, Any]) -> tuple[list[Job], b
                     jobs.append((path, held.offset + start, length, leaf.stored.chunk_bytes))
         found.files.close()
     return jobs, zstd
+
+
+def link_floors(host: Any, shardings: Any, rounds: int) -> dict[str, list[float] | str]:
+    """Seconds to put the state's host copy on its devices from other kinds of host
+    memory: one arena registered with the device's client for DMA
+    (``Client.dma_map``), and arrays of the ``pinned_host`` memory kind; a sentence
+    instead where the backend has no such memory."""
+    found: dict[str, list[float] | str] = {}
+    leaves = jax.tree.leaves(host)
+    targets = jax.tree.leaves(shardings)
+    client = next(iter(targets[0].device_set)).client
+    offsets, size = [], 0
+    for leaf in leaves:
+        size = -(-size // 4096) * 4096
+        offsets.append(size)
+        size += leaf.nbytes
+    arena = np.frombuffer(mmap.mmap(-1, max(size, 1)), np.uint8)
+    views = []
+    for leaf, at in zip(leaves, offsets, strict=True):
+        view = arena[at : at + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape)
+        view[...] = leaf
+        views.append(view)
+    try:
+        client.dma_map(arena.ctypes.data, arena.nbytes)  # type: ignore[union-attr]
+    except jax.errors.JaxRuntimeError as e:
+        found["from host memory registered for DMA"] = f"not possible here ({e})"
+    else:
+        try:
+            found["from host memory registered for DMA"] = _puts(views, targets, rounds)
+        finally:
+            client.dma_unmap(arena.ctypes.data)  # type: ignore[union-attr]
+    del views, arena
+    pinned = [s.with_memory_kind("pinned_host") for s in targets]
+    try:
+        on_host = jax.block_until_ready(jax.device_put(leaves, pinned))
+    except (jax.errors.JaxRuntimeError, ValueError) as e:
+        found["from pinned_host arrays"] = f"not possible here ({e})"
+    else:
+        found["from pinned_host arrays"] = _puts(on_host, targets, rounds)
+    return found
+
+
+def _puts(values: list[Any], targets: list[Any], rounds: int) -> list[float]:
+    seconds = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        jax.block_until_ready(jax.device_put(values, targets))
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 class Stage:
@@ -373,6 +427,9 @@ def main() -> int:
     parser.add_argument("--size", choices=tuple(bench.SIZES), default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--uncompressed", action="store_true")
+    parser.add_argument(
+        "--zstd-level", type=int, default=None, help="zstd at this level (Orbax's is 3)"
+    )
     parser.add_argument("--dir", default=None)
     parser.add_argument("--quick", action="store_true", help="the load's own threads only")
     args = parser.parse_args()
@@ -386,13 +443,17 @@ def main() -> int:
     threads = _fast_load.THREADS
     scratch = Path(tempfile.mkdtemp(dir=args.dir, prefix="load-stages-"))
     where = scratch / "ckpt"
+    level = None if args.zstd_level is None else bench.ZstdLevel(args.zstd_level)
     with tc.compression(not args.uncompressed):
         tc.save_checkpointables(where, state).result()
+    if level is not None:
+        level.undo()
     jobs, zstd = stored_chunks(where, state)
+    codec = f" (zstd level {3 if args.zstd_level is None else args.zstd_level})"
     stored = sum(j[2] for j in jobs)
     print(
         f"{total / 1e9:.2f} GB state on {jax.default_backend()} ({os.cpu_count()} cores), "
-        f"{len(jobs)} chunks, {stored / 1e9:.2f} GB stored{' (zstd)' if zstd else ''}; "
+        f"{len(jobs)} chunks, {stored / 1e9:.2f} GB stored{codec if zstd else ''}; "
         f"the load's threads: {threads}"
     )
     rows: list[tuple[str, float]] = []
@@ -416,6 +477,13 @@ def main() -> int:
         jax.block_until_ready(jax.device_put(host, shardings))
         puts.append(time.perf_counter() - start)
     report("device_put of the host copy", puts)
+    link = [rows[-1][1]]
+    for name, seconds in link_floors(host, shardings, args.rounds).items():
+        if isinstance(seconds, str):
+            print(f"device_put {name}: {seconds}")
+        else:
+            report(f"device_put {name}", seconds)
+            link.append(rows[-1][1])
     del host
     stages: list[tuple[str, Callable[[Stage, Job], Any]]] = [
         ("read", lambda s, j: s.read(j)),
@@ -495,6 +563,16 @@ def main() -> int:
             for _ in range(args.rounds + 1):
                 seconds.append(engine_alone(where, want, fresh))
         report(label, seconds[1:])
+    # With every stage overlapped perfectly, a load takes as long as its slowest
+    # stage alone: the host's (reading, decoding and digesting on all the load's
+    # threads) or the link's (the fastest of the transfers above).
+    host_s = dict(rows)[f"read + decode + digest, {threads} thread(s)"]
+    ceiling = max(host_s, min(link))
+    print(
+        f"a load is no faster than its slowest stage: the host's {host_s:.3f} s "
+        f"(read + decode + digest), the link's {min(link):.3f} s: at best "
+        f"{stored / ceiling / floors['dd_8_parallel_mb_s'] / 1e6:.2f} of 8 parallel dd"
+    )
     best = min(s for name, s in rows if name.startswith(("tinax load", "engine alone")))
     print(
         f"tinax load at its best: {stored / best / floors['dd_8_parallel_mb_s'] / 1e6:.2f} of "
