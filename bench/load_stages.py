@@ -124,7 +124,8 @@ def link_floors(host: Any, shardings: Any, rounds: int) -> dict[str, list[float]
     return found
 
 
-def _puts(values: list[Any], targets: list[Any], rounds: int) -> list[float]:
+def _puts(values: Any, targets: Any, rounds: int) -> list[float]:
+    """Seconds for each of ``rounds`` transfers of ``values`` (a tree) to ``targets``."""
     seconds = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -301,8 +302,6 @@ def populate_floor(nbytes: int, threads: int) -> dict[str, float]:
     page by one thread, by ``threads`` threads, mapped at once (``MAP_POPULATE``),
     by ``threads`` threads with huge pages asked for (``MADV_HUGEPAGE``), and the
     same memory touched again (the pages a kept buffer saves)."""
-    import mmap
-
     share = -(-nbytes // threads)
 
     def touched(memory: np.ndarray, value: int) -> float:
@@ -471,12 +470,7 @@ def main() -> int:
     print("floors: " + ", ".join(f"{k} {v:.0f}" for k, v in floors.items()))
     host = jax.device_get(state)
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    puts = []
-    for _ in range(args.rounds):
-        start = time.perf_counter()
-        jax.block_until_ready(jax.device_put(host, shardings))
-        puts.append(time.perf_counter() - start)
-    report("device_put of the host copy", puts)
+    report("device_put of the host copy", _puts(host, shardings, args.rounds))
     link = [rows[-1][1]]
     for name, seconds in link_floors(host, shardings, args.rounds).items():
         if isinstance(seconds, str):
