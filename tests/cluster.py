@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -37,6 +38,7 @@ _COUNT = "TINAX_CLUSTER_PROCESSES"
 _INDEX = "TINAX_CLUSTER_INDEX"
 _DEVICES = "TINAX_CLUSTER_DEVICES"
 _BARRIER = "TINAX_CLUSTER_BARRIER"
+_HEARTBEAT = "TINAX_CLUSTER_HEARTBEAT"
 _RESULT = "TINAX-RESULT "
 # Seconds: a lost peer is noticed after HEARTBEAT; processes may finish up to SHUTDOWN
 # apart; Orbax's (and so tinax's) processes wait BARRIER at a barrier.
@@ -64,12 +66,17 @@ class Outcome:
       logs: Each worker's output.
       timed_out: Whether the wall-clock timeout ended it.
       seconds: Wall time from launch to the last exit.
+      ended: Each worker's exit time, in seconds after the launch.
+      launched: The launch's wall-clock time (``time.time()``), to set times the
+        workers report against ``ended``.
     """
 
     returncodes: list[int]
     logs: list[str]
     timed_out: bool
     seconds: float
+    ended: list[float] = dataclasses.field(default_factory=list)
+    launched: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -138,15 +145,22 @@ def _start(
 
 
 def _wait(
-    started: list[subprocess.Popen[bytes]], timeout: float, grace: float
+    started: list[subprocess.Popen[bytes]], timeout: float, grace: float, ended: list[float]
 ) -> tuple[list[int], bool]:
-    deadline = time.monotonic() + timeout
+    """Waits for the workers; ``ended`` gets each one's exit time (seconds after this
+    call began, as polled every 50 ms; the kill's time for one killed here)."""
+    begun = time.monotonic()
+    deadline = begun + timeout
     kill_at: float | None = None
     timed_out = False
+    ended[:] = [math.inf] * len(started)
     # Poll every worker each time round: any() would stop at the first running one
     # and never notice that a later one died.
     while [p.poll() for p in started].count(None):
         now = time.monotonic()
+        for i, p in enumerate(started):
+            if p.returncode is not None and ended[i] == math.inf:
+                ended[i] = now - begun
         if now >= deadline:
             timed_out = True
             break
@@ -155,10 +169,13 @@ def _wait(
         if kill_at is not None and now >= kill_at:
             break
         time.sleep(0.05)
-    for p in started:
+    now = time.monotonic() - begun
+    for i, p in enumerate(started):
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
+        if ended[i] == math.inf:
+            ended[i] = now
     return [p.wait() for p in started], timed_out
 
 
@@ -170,6 +187,7 @@ def launch(
     timeout: float = 180.0,
     grace: float = 1.0,
     barrier: int | None = None,
+    heartbeat: int | None = None,
     env: dict[str, str] | None = None,
 ) -> Outcome:
     """Runs ``script`` as a job of ``processes`` JAX processes and waits for its end.
@@ -183,6 +201,8 @@ def launch(
       grace: Seconds the others get once one worker has failed.
       barrier: Seconds Orbax's (and tinax's) processes wait at a barrier; ``BARRIER``
         by default.
+      heartbeat: Seconds after which JAX's coordination service takes a silent
+        process for dead (and aborts every other); ``HEARTBEAT`` by default.
       env: Extra environment variables.
 
     Returns:
@@ -193,15 +213,20 @@ def launch(
     env = dict(env or {})
     if barrier is not None:
         env[_BARRIER] = str(barrier)
+    if heartbeat is not None:
+        env[_HEARTBEAT] = str(heartbeat)
     try:
         for _attempt in range(3):
-            start = time.monotonic()
+            start, launched = time.monotonic(), time.time()
             started = _start(Path(script), argv, processes, devices, logs, env)
-            returncodes, timed_out = _wait(started, timeout, grace)
+            ended: list[float] = []
+            returncodes, timed_out = _wait(started, timeout, grace, ended)
             texts = [
                 (logs / f"process_{i}.log").read_text(errors="replace") for i in range(processes)
             ]
-            outcome = Outcome(returncodes, texts, timed_out, time.monotonic() - start)
+            outcome = Outcome(
+                returncodes, texts, timed_out, time.monotonic() - start, ended, launched
+            )
             if not (processes > 1 and _PORT_TAKEN in texts[0]):
                 return outcome
             # The coordinator's port was taken between choosing it and binding it.
@@ -245,7 +270,7 @@ def join() -> Any:
             num_processes=count(),
             process_id=index(),
             initialization_timeout=INITIALIZATION,
-            heartbeat_timeout_seconds=HEARTBEAT,
+            heartbeat_timeout_seconds=int(os.environ.get(_HEARTBEAT, HEARTBEAT)),
             shutdown_timeout_seconds=SHUTDOWN,
         )
     from orbax.checkpoint._src.multihost import multihost as v0_multihost

@@ -234,8 +234,9 @@ def test_a_process_that_never_saves_does_not_hang_the_others(tmp_path):
     outcome = cluster.launch(WORKER, "absent", tmp_path, processes=2, barrier=5)
     assert outcome.ok, outcome
     report = outcome.result(0, "absent")
-    assert report["error"] == "TimeoutError"
-    assert "not every process (2 of them) reached the save" in report["message"]
+    assert report["error"] == "ProcessTimeoutError"
+    assert report["message"].startswith("process 1 of 2 did not reach the save to ")
+    assert report["message"].endswith(" within 5 s (process 0 did): it has died or stalled")
     assert _run_files(tmp_path) == []  # nothing written, nothing claimed
 
 

@@ -16,6 +16,7 @@ from tinax.checkpointing._context import compression
 from tinax.checkpointing._derive import derive_checkpoint
 from tinax.checkpointing._destination import remove_interrupted_save
 from tinax.checkpointing._pipeline import PipelineMismatchError, allow_pipeline_change
+from tinax.checkpointing._processes import ProcessTimeoutError
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._run import TrainingRun
 from tinax.checkpointing._safetensors import load_safetensors
@@ -32,6 +33,7 @@ __all__ = [
     "CorruptDataError",
     "NumpyTarget",
     "PipelineMismatchError",
+    "ProcessTimeoutError",
     "SaveResponse",
     "TargetMismatchError",
     "TrainingCheckpoint",

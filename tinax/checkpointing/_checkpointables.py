@@ -92,7 +92,8 @@ def save_checkpointables(
       FileExistsError: If ``path`` already exists, or a live process is saving
         to it (naming that process).
       FileNotFoundError: If the parent directory of ``path`` does not exist.
-      TimeoutError: If not every process reached the save in time.
+      ProcessTimeoutError: A ``TimeoutError``: not every process reached the save
+        in time (naming those that did not).
       OSError: With ``errno.ENOSPC`` if the disk fills up (raised here or by the
         response's ``result``), naming ``path``; nothing is left behind.
     """

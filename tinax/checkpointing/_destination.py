@@ -122,7 +122,8 @@ def prepare(path: object, check_values: Callable[[], None], ctx: ocp.Context) ->
     Raises:
       TypeError, ValueError, FileExistsError, FileNotFoundError: The first problem
         any process found, on every process.
-      TimeoutError: If not every process reached the save in time.
+      ProcessTimeoutError: A ``TimeoutError``: not every process reached the save
+        in time (naming those that did not).
     """
     options = ctx.multiprocessing_options
     primary = _processes.is_primary(options.primary_host)

@@ -1,12 +1,30 @@
-"""Saves on several JAX processes: which process checks, and one verdict for all.
+"""The processes of a job: who they are, and every wait on one another, with a deadline.
 
-A save runs on every process of a job. What it checks before Orbax starts can fail
-on one process and pass on another (the destination is checked on the primary
-alone; each process checks its own values), and a process that raised while its
-peers went on into Orbax would leave them waiting at Orbax's first barrier. So every
-process contributes its verdict to the coordination service's key-value store, waits
-for the others (bounded by Orbax's own barrier timeout) and raises the same error as
-every other process, or none.
+A save, a restore or a promotion runs on every process of a job, and what one
+process finds (a refused destination, a checkpoint that does not load on it, the
+local steps its host holds) the others must know before they go on. Each such
+meeting goes through the coordination service's key-value store that
+``jax.distributed.initialize`` started: every process posts what it found and
+waits for the others, for at most a deadline of the caller's (``timeout``). A
+process that does not arrive in time (killed, stalled, or gone down another road)
+is named: every process that waited raises one ``ProcessTimeoutError`` that says
+which processes did not arrive at which meeting (the step it was for), and nothing
+waits longer than that.
+
+Two kinds of meeting:
+
+- ``agree`` and ``gather``: every process posts, waits for all, and reads what
+  every other posted (each raises the same agreed error, or none);
+- ``decide``: every process reports to the primary (process 0), which alone
+  decides from all the reports and posts its decision; every process returns it.
+  What is decided once cannot differ between processes.
+
+A job that lost a process cannot end the ordinary way: JAX's exit waits at a
+shutdown barrier for every process, for ``shutdown_timeout_seconds`` (5 minutes by
+default), and a killed process never comes. So once a wait here has named a
+process that did not arrive, this process leaves at its exit without that barrier
+(status 1, once its output is flushed); process 0, which holds the coordination
+service the others talk to, first gives them a few seconds to go.
 
 The only module of tinax that reaches into JAX's private modules: JAX has no public
 handle on the coordination service's client.
@@ -14,12 +32,21 @@ handle on the coordination service's client.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
+
+_log = logging.getLogger("tinax.checkpointing")
 
 # Errors a verdict can carry, by name; anything else arrives as a RuntimeError.
 _ERRORS: dict[str, type[Exception]] = {
@@ -38,9 +65,36 @@ _ERRORS: dict[str, type[Exception]] = {
     )
 }
 _KEY_PREFIX = "tinax/agree"
+_DECIDE_PREFIX = "tinax/decide"
+_LEFT_PREFIX = "tinax/left"
 # One sequence of rounds per set of participating processes: each of them makes the
 # same saves in the same order, so the n-th round has the same key everywhere.
 _rounds: dict[tuple[int, ...], Iterator[int]] = {}
+_decisions = itertools.count()
+# Seconds process 0 waits at its exit, after a lost process, for the other processes
+# that are still there to leave first: the coordination service lives in process 0,
+# and a process that loses it is aborted by JAX before it can report anything.
+LINGER_SECONDS = 10.0
+
+
+class ProcessTimeoutError(TimeoutError):
+    """Some processes of the job did not arrive at a wait within its deadline.
+
+    Raised on every process that waited, with the same message; once it has been
+    raised the process leaves at its exit without JAX's shutdown barrier (see the
+    module docstring).
+
+    Attributes:
+      missing: The indices of the processes that did not arrive.
+      what: The wait (``"the save of step 30"``).
+      timeout: The deadline, in seconds.
+    """
+
+    def __init__(self, message: str, *, missing: Sequence[int], what: str, timeout: float):
+        super().__init__(message)
+        self.missing = tuple(missing)
+        self.what = what
+        self.timeout = timeout
 
 
 def _client() -> Any:
@@ -69,11 +123,23 @@ def preemption_sync() -> Any | None:
 
 def process_index() -> int:
     """This process's index in the job (0 in a single-process job)."""
+    from jax._src import distributed
+
+    state = distributed.global_state
+    if state.client is not None:
+        # As ``jax.distributed.initialize`` was told: asking the backend would start
+        # it, which waits for every process of the job to start theirs.
+        return int(state.process_id)
     return int(jax.process_index())
 
 
 def process_count() -> int:
     """How many processes the job has."""
+    from jax._src import distributed
+
+    state = distributed.global_state
+    if state.client is not None:
+        return int(state.num_processes)
     return int(jax.process_count())
 
 
@@ -91,6 +157,10 @@ def _participants(active: Sequence[int] | None) -> tuple[int, ...]:
     return tuple(sorted(active)) if active else tuple(range(process_count()))
 
 
+def _alone() -> bool:
+    return process_count() == 1 or _client() is None
+
+
 def agree(
     error: Exception | None,
     *,
@@ -106,32 +176,35 @@ def agree(
 
     Args:
       error: What this process found, or ``None``.
-      what: The operation, for the timeout message (``"the save to '/ckpt'"``).
+      what: The occasion, for the timeout message (``"the save of step 30"``).
       timeout: Seconds to wait for the other processes.
       active_processes: The processes taking part (Orbax's ``active_processes``);
         ``None`` for all of them.
 
     Raises:
       Exception: The agreed error.
-      TimeoutError: If not every process arrived within ``timeout``.
+      ProcessTimeoutError: If not every process arrived within ``timeout``.
     """
-    client = _client()
-    if process_count() == 1 or client is None:
+    participants = _participants(active_processes)
+    if _alone() or participants == (process_index(),):
         if error is not None:
             raise error
         return
     verdict = None if error is None else {"type": type(error).__name__, "message": str(error)}
-    participants = _participants(active_processes)
     found = _exchange(verdict, what=what, timeout=timeout, participants=participants, cause=error)
     failures = [(index, record) for index, record in found.items() if record is not None]
     if not failures:
         return
     index, record = min(failures, key=lambda item: item[0])
+    raise _agreed_error(record, index) from error
+
+
+def _agreed_error(record: dict[str, str], index: int) -> Exception:
     kind = _ERRORS.get(record["type"], RuntimeError)
     message = record["message"]
     if kind.__name__ != record["type"]:
         message = f"{record['type']}: {message}"
-    raise kind(f"{message} [process {index} of {process_count()}]") from error
+    return kind(f"{message} [process {index} of {process_count()}]")
 
 
 def gather(value: Any, *, what: str, timeout: float) -> list[Any]:
@@ -143,13 +216,103 @@ def gather(value: Any, *, what: str, timeout: float) -> list[Any]:
       timeout: Seconds to wait for the other processes.
 
     Raises:
-      TimeoutError: If not every process arrived within ``timeout``.
+      ProcessTimeoutError: If not every process arrived within ``timeout``.
     """
-    if process_count() == 1 or _client() is None:
+    if _alone():
         return [value]
     participants = _participants(None)
     found = _exchange(value, what=what, timeout=timeout, participants=participants, cause=None)
     return [found[index] for index in participants]
+
+
+def decide(
+    report: Any,
+    choose: Callable[[list[Any]], Any],
+    *,
+    what: str,
+    timeout: float,
+) -> Any:
+    """One decision for the whole job, made in one place: every process reports, the
+    primary (process 0) calls ``choose`` on every report (in process order) and posts
+    what it returns, and every process returns that.
+
+    Args:
+      report: What this process contributes (JSON-able).
+      choose: Called on the primary alone; its result must be JSON-able. An
+        exception it raises is raised on every process (as ``agree`` raises).
+      what: The occasion, for the timeout message.
+      timeout: Seconds to wait: the primary for every report, the others for the
+        decision.
+
+    Raises:
+      ProcessTimeoutError: If a report, or the decision, did not arrive in time.
+      Exception: What ``choose`` raised.
+    """
+    if _alone():
+        return choose([report])
+    client = _client()
+    number = next(_decisions)
+    base = f"{_DECIDE_PREFIX}/{number}"
+    me, count = process_index(), process_count()
+    client.key_value_set(f"{base}/report/{me}", json.dumps(report))
+    deadline = time.monotonic() + timeout
+    if me == 0:
+        reports: list[Any] = []
+        for index in range(count):
+            text = _wait_key(f"{base}/report/{index}", deadline)
+            if text is None:
+                arrived = _arrived(f"{base}/report/")
+                missing = [i for i in range(count) if i not in arrived]
+                error = _timeout_error(missing, arrived, what=what, timeout=timeout)
+                _post_decision(base, {"timeout": missing})
+                raise error
+            reports.append(json.loads(text))
+        try:
+            chosen = choose(reports)
+        except Exception as e:
+            record = {"type": type(e).__name__, "message": str(e)}
+            _post_decision(base, {"error": record})
+            raise _agreed_error(record, 0) from e
+        _post_decision(base, {"decision": chosen})
+        if number > 0:
+            # Every process reported in this round, so each has read the last one.
+            client.key_value_delete(f"{_DECIDE_PREFIX}/{number - 1}/")
+        return chosen
+    text = _wait_key(f"{base}/decision", deadline)
+    if text is None:
+        arrived = _arrived(f"{base}/report/")
+        missing = [i for i in range(count) if i not in arrived] or [0]
+        raise _timeout_error(missing, arrived, what=what, timeout=timeout)
+    posted = json.loads(text)
+    if "timeout" in posted:
+        missing = posted["timeout"]
+        arrived = [i for i in range(count) if i not in missing]
+        raise _timeout_error(missing, arrived, what=what, timeout=timeout)
+    if "error" in posted:
+        raise _agreed_error(posted["error"], 0)
+    return posted["decision"]
+
+
+def _post_decision(base: str, posted: dict[str, Any]) -> None:
+    _client().key_value_set(f"{base}/decision", json.dumps(posted))
+
+
+def _wait_key(key: str, deadline: float) -> str | None:
+    """The value of ``key`` once it is set, or ``None`` if that is not before ``deadline``."""
+    left = deadline - time.monotonic()
+    try:
+        return str(_client().blocking_key_value_get(key, max(1, int(left * 1000))))
+    except Exception:
+        return None
+
+
+def _arrived(directory: str) -> list[int]:
+    """The processes that posted under ``directory`` (their index ends each key)."""
+    try:
+        found = _client().key_value_dir_get(directory)
+    except Exception:
+        return []
+    return sorted({int(key.rsplit("/", 1)[1]) for key, _ in found})
 
 
 def _exchange(
@@ -168,15 +331,102 @@ def _exchange(
     base = f"{_KEY_PREFIX}/{tag}/{number}"
     client.key_value_set(f"{base}/{process_index()}", json.dumps(value))
     try:
-        client.wait_at_barrier(base, int(timeout * 1000), process_ids=list(participants))
-    except Exception as e:
-        raise TimeoutError(
-            f"not every process ({len(participants)} of them) reached {what} within "
-            f"{timeout:.0f} s: {e}"
-        ) from cause
+        client.wait_at_barrier(base, max(1, int(timeout * 1000)), process_ids=list(participants))
+    except Exception:
+        arrived = _arrived(f"{base}/")
+        missing = [i for i in participants if i not in arrived]
+        raise _timeout_error(missing, arrived, what=what, timeout=timeout) from cause
     found = dict(client.key_value_dir_get(f"{base}/"))
     if process_index() == participants[0] and number > 0:
         # Everyone has passed this round's barrier, so the previous round has been
         # read everywhere; its keys can go.
         client.key_value_delete(f"{_KEY_PREFIX}/{tag}/{number - 1}/")
     return {int(key.rsplit("/", 1)[1]): json.loads(text) for key, text in found.items()}
+
+
+def _listed(indices: Sequence[int]) -> str:
+    words = [str(i) for i in indices]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _timeout_error(
+    missing: Sequence[int], arrived: Sequence[int], *, what: str, timeout: float
+) -> ProcessTimeoutError:
+    """The error of a wait that ended at its deadline; records the loss (see the
+    module docstring)."""
+    count = process_count()
+    if missing:
+        who = (
+            f"process {_listed(missing)}" if len(missing) == 1 else f"processes {_listed(missing)}"
+        )
+        there = [i for i in arrived if i not in missing]
+        came = f" (process{'es' if len(there) > 1 else ''} {_listed(there)} did)" if there else ""
+        message = (
+            f"{who} of {count} did not reach {what} within {timeout:g} s{came}: "
+            f"{'it has' if len(missing) == 1 else 'they have'} died or stalled"
+        )
+    else:
+        # Every process posted, and the wait failed all the same: another process gave
+        # up first (its deadline was shorter, or it came late).
+        message = (
+            f"the wait of {count} processes for {what} failed at its deadline of "
+            f"{timeout:g} s: a process arrived after the others had given up"
+        )
+    error = ProcessTimeoutError(message, missing=missing, what=what, timeout=timeout)
+    _lost(error, [i for i in arrived if i not in missing])
+    return error
+
+
+# -- leaving a job that lost a process -----------------------------------------------
+
+_lost_lock = threading.Lock()
+# The first loss this process saw, and the processes known to be there then.
+_loss: tuple[ProcessTimeoutError, list[int]] | None = None
+
+
+def lost() -> ProcessTimeoutError | None:
+    """The first ``ProcessTimeoutError`` this process raised, if any: a job that lost a
+    process, whose other waits need not begin."""
+    return None if _loss is None else _loss[0]
+
+
+def _lost(error: ProcessTimeoutError, present: list[int]) -> None:
+    global _loss
+    with _lost_lock:
+        if _loss is None:
+            _loss = (error, present)
+
+
+@atexit.register
+def _leave_after_loss() -> None:
+    """Ends a process whose job lost a process without JAX's shutdown barrier.
+
+    Registered after JAX's own exit handler (this module imports JAX first), so it
+    runs before it. Output is flushed, then ``os._exit(1)``.
+    """
+    if _loss is None or _alone():
+        return
+    error, present = _loss
+    me = process_index()
+    _log.error(
+        "process %d leaves the job without JAX's shutdown barrier, which would wait for "
+        "the process(es) that did not arrive: %s",
+        me,
+        error,
+    )
+    client = _client()
+    try:
+        if me == 0:
+            deadline = time.monotonic() + LINGER_SECONDS
+            for index in present:
+                if index != 0 and _wait_key(f"{_LEFT_PREFIX}/{index}", deadline) is None:
+                    break
+        else:
+            client.key_value_set(f"{_LEFT_PREFIX}/{me}", "1")
+    except Exception:
+        pass  # the coordination service may be gone already
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(1)
