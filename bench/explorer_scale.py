@@ -241,7 +241,7 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
     from tinax.widgets import CheckpointExplorer
 
     import tinax.explore as ex
-    from tinax._format import pytree
+    from tinax._format.metadata import pytree
     from tinax.explore import display, toolkit
 
     results: list[tuple[str, float, float, str, float]] = []

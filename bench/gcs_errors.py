@@ -74,7 +74,7 @@ def main() -> int:
         emulator.stop()
     script = textwrap.dedent(
         """
-        import tinax._format.gcs as gcs
+        import tinax._format.storage.gcs as gcs
         import tinax.explore as ex
         gcs.REQUEST_TIMEOUT = 2.0
         try:
@@ -84,7 +84,7 @@ def main() -> int:
         """
     )
     env = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{free_port()}"}
-    prelude = "import tinax._format.gcs, tinax.explore, gcsfs"
+    prelude = "import tinax._format.storage.gcs, tinax.explore, gcsfs"
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", prelude], env=env, check=True)
     imports = time.perf_counter() - started

@@ -54,9 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accelerator as bench
 
 import tinax.checkpointing as tc
-from tinax._format import chunkload
+from tinax._format.arraydata import chunkload
 from tinax._format.pools import ProcessPool
-from tinax._format.storage import local
+from tinax._format.storage.location import local
 from tinax.checkpointing import _fast_load, _host_buffers, _load_plan
 
 # One stored chunk: its file, where its bytes lie, and how many bytes it decodes to.

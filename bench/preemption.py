@@ -39,7 +39,7 @@ from pathlib import Path
 import _campaign
 
 import tinax.explore as ex
-from tinax._format import names, words
+from tinax._format.naming import names, words
 
 
 @dataclasses.dataclass

@@ -44,7 +44,7 @@ from typing import Any
 import _campaign
 
 import tinax.explore as ex
-from tinax._format import words
+from tinax._format.naming import words
 
 CLEAN = "one commit, loser refused"
 OTHER_FAILURE = "one commit, loser failed otherwise"

@@ -111,7 +111,7 @@ def _saver(side: str) -> Any:
         from orbax.checkpoint import v1 as ocp
 
         return lambda path, state: ocp.save_checkpointables_async(path, {"params": state})
-    from tinax._format import files
+    from tinax._format.storage import files
     from tinax.checkpointing import save_checkpointables
 
     if side == "tinax":
@@ -141,7 +141,7 @@ def _saver(side: str) -> Any:
 def _save_time(directory: Path, leaves: int, rounds: int, pause: str) -> float:
     import numpy as np
 
-    from tinax._format import files
+    from tinax._format.storage import files
     from tinax.checkpointing import save_checkpointables
 
     if pause == "none":

@@ -37,7 +37,7 @@ from typing import Any
 import _campaign
 
 import tinax.explore as ex
-from tinax._format import words
+from tinax._format.naming import words
 
 KEEP, KEEP_BEST = 2, 1
 

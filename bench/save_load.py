@@ -71,8 +71,8 @@ import jax.numpy as jnp
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax._format import checksums, preflight
-from tinax._format.storage import local, tree_bytes
+from tinax._format.integrity import checksums, preflight
+from tinax._format.storage.location import local, tree_bytes
 from tinax.checkpointing import (
     abstract_restore_target,
     compression,

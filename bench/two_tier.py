@@ -217,7 +217,8 @@ def promotion(
 ) -> dict[str, float]:
     """MB/s of a promotion and of gcsfs's ``put`` of the same files; and the processor
     seconds a promotion takes, in this process and in the emulator with its proxy."""
-    from tinax._format import gcs, storage
+    from tinax._format.storage import gcs
+    from tinax._format.storage import location as storage
     from tinax._paths import location
     from tinax.checkpointing import _promotion, save_training_checkpoint
 

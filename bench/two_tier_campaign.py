@@ -51,7 +51,7 @@ import _campaign
 import numpy as np
 
 import tinax.explore as ex
-from tinax._format import words
+from tinax._format.naming import words
 
 SAVE_EVERY, KEEP, LOCAL_KEEP = 3, 2, 2
 _BATCH = 32
@@ -317,7 +317,7 @@ def _child(side: str, root: str, mib: str, steps: str) -> None:
     # crashes says where.
     faulthandler.enable()
     faulthandler.dump_traceback_later(_RESUME_DEADLINE_S - 30, exit=False)
-    from tinax._format import names
+    from tinax._format.naming import names
     from tinax.checkpointing import TrainingRun, _promotion, abstract_restore_target
 
     nbytes = int(float(mib) * _campaign.MIB)

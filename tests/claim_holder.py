@@ -17,7 +17,7 @@ from pathlib import Path
 _HOLDER = """
 import os, sys, time
 from tinax import _claims
-from tinax._format.storage import local
+from tinax._format.storage.location import local
 claim = _claims.claim(local(sys.argv[1]))
 child = None
 if "fork" in sys.argv[2:]:

@@ -49,7 +49,7 @@ def stored_value(checkpointable: Path, key: str) -> tuple[Path, int]:
     """
     import tensorstore as ts
 
-    from tinax._format.arrays import parse_location, walk_ocdbt
+    from tinax._format.metadata.arrays import parse_location, walk_ocdbt
     from tinax._paths import location
 
     for found, value in walk_ocdbt(location(str(checkpointable)), ts.Context()):

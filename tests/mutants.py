@@ -379,7 +379,7 @@ def _rewrite_iterator_state(text: bytes) -> Damage:
     a rewrite the checksums cannot see, of a state no Grain iterator resumes from."""
 
     def damage(root: Path) -> None:
-        from tinax._format import checksums
+        from tinax._format.integrity import checksums
 
         for state in (root / "iterator").glob("process_*-of-*.json"):
             state.write_bytes(text)

@@ -101,7 +101,8 @@ def metric(step: int, best_at: int) -> float:
 
 def train(directory: str, options: dict) -> None:
     if options.get("kill_at_delete") is not None:
-        from tinax._format import names, removal
+        from tinax._format.naming import names
+        from tinax._format.storage import removal
 
         calls = {"n": 0}
         delete = removal.delete

@@ -22,8 +22,8 @@ from claim_holder import Holder
 
 import tinax.explore as ex
 from tinax import _claims
-from tinax._format import names, words
-from tinax._format.storage import local
+from tinax._format.naming import names, words
+from tinax._format.storage.location import local
 from tinax.checkpointing import NumpyTarget, load_checkpointables, save_checkpointables
 
 

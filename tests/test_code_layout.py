@@ -45,7 +45,7 @@ def _missing(section: str) -> list[str]:
 def test_every_file_and_folder_the_layout_names_exists() -> None:
     section = _section()
     named = [name for bullet in _bullets(section) for name in _named(bullet)[1]]
-    assert len(named) > 30 and "tinax/_format/" in named and "storage.py" in named
+    assert len(named) > 30 and "tinax/_format/" in named and "location.py" in named
     assert _missing(section) == []
 
 

@@ -15,7 +15,7 @@ import pytest
 from orbax.checkpoint import v1 as ocp
 from test_checkpointables import _FailingWriter
 
-from tinax._format import files
+from tinax._format.storage import files
 from tinax.checkpointing import (
     TargetMismatchError,
     abstract_restore_target,

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tinax._format import dtypes
+from tinax._format.naming import dtypes
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

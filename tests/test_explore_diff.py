@@ -17,7 +17,8 @@ import tensorstore as ts
 from explore_fixtures import save_v1
 
 import tinax.explore as ex
-from tinax._format import checksums, words
+from tinax._format.integrity import checksums
+from tinax._format.naming import words
 from tinax.explore import display
 
 REPO = Path(__file__).resolve().parents[1]

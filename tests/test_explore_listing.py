@@ -12,7 +12,7 @@ import pytest
 from explore_fixtures import save_v0_run, save_v1, save_v1_run
 
 import tinax.explore as ex
-from tinax._format import names as _layout
+from tinax._format.naming import names as _layout
 from tinax.explore import toolkit
 
 LISTING_COLUMNS = [
@@ -220,7 +220,7 @@ def test_a_quick_listing_reads_commit_records_only_and_names_what_it_left_unchec
     for step in range(2):
         save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
     (tmp_path / "step_1" / "m" / "_METADATA").write_text('{"tree_metadata": {')
-    from tinax._format import preflight
+    from tinax._format.integrity import preflight
 
     checked = []
     real = preflight.check
@@ -310,7 +310,7 @@ def test_array_metadata_read_together_is_judged_checkpoint_by_checkpoint(tmp_pat
 
 
 def test_a_listing_of_unchanged_checkpoints_reads_no_file_again(tmp_path, monkeypatch):
-    from tinax._format import files
+    from tinax._format.storage import files
 
     for step in range(3):
         save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})

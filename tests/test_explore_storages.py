@@ -25,7 +25,7 @@ from explore_fixtures import iterator, save_v1_run
 from flax import nnx
 
 import tinax.explore as ex
-from tinax._format import words
+from tinax._format.naming import words
 from tinax.checkpointing import abstract_restore_target, save_checkpointables
 
 

@@ -22,8 +22,8 @@ from orbax.checkpoint import v1 as ocp
 
 import tinax.explore as ex
 from tinax import checkpointing as tc
-from tinax._format import arrays as _store
-from tinax._format.storage import local
+from tinax._format.metadata import arrays as _store
+from tinax._format.storage.location import local
 from tinax.checkpointing.legacy import v0 as legacy_v0
 from tinax.explore import toolkit
 

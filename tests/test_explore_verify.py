@@ -19,7 +19,7 @@ from test_explore_bad_input import CASES as METADATA_CASES
 from test_explore_diff import write_leaf_bytes
 
 import tinax.explore as ex
-from tinax._format import words
+from tinax._format.naming import words
 from tinax.checkpointing import save_checkpointables
 from tinax.explore import toolkit
 
@@ -330,8 +330,8 @@ def test_the_cli_exit_status(template, tmp_path):
     ],
 )
 def test_checksum_pieces_are_digested_from_regions_in_any_layout(boxes):
-    from tinax._format import checksums
-    from tinax._format.arrays import ArrayInfo
+    from tinax._format.integrity import checksums
+    from tinax._format.metadata.arrays import ArrayInfo
     from tinax.explore._verify.integrity import _ChecksumScan
 
     values = np.arange(48, dtype=np.float32).reshape(8, 6)

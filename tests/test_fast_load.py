@@ -1,4 +1,4 @@
-"""The load engine (tinax.checkpointing._fast_load, tinax._format.chunkload): what it
+"""The load engine (tinax.checkpointing._fast_load, tinax._format.arraydata.chunkload): what it
 reads comes back bit-identical on its devices and shardings, damage is refused naming
 the leaf, and what it cannot read byte for byte still loads, through Orbax."""
 
@@ -22,7 +22,9 @@ from gcs import object_name
 from orbax.checkpoint import v1 as ocp
 
 import tinax.checkpointing as tc
-from tinax._format import arrays, chunkload, chunks, names, pytree
+from tinax._format.arraydata import chunkload, chunks
+from tinax._format.metadata import arrays, pytree
+from tinax._format.naming import names
 from tinax._paths import location
 from tinax.checkpointing import _checkpointables
 

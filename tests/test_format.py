@@ -26,9 +26,11 @@ import pytest
 from orbax.checkpoint import v1 as ocp
 
 from tinax import _paths
-from tinax._format import files, jsonitems, layout, names, pytree, words
-from tinax._format.keys import format_key, is_within, key_parts, parse_key
-from tinax._format.storage import DIRECTORY, FILE, LINK, OTHER, local, tree_bytes
+from tinax._format.metadata import jsonitems, layout, pytree
+from tinax._format.naming import names, words
+from tinax._format.naming.keys import format_key, is_within, key_parts, parse_key
+from tinax._format.storage import files
+from tinax._format.storage.location import DIRECTORY, FILE, LINK, OTHER, local, tree_bytes
 
 # -- key paths ------------------------------------------------------------------------
 
@@ -269,7 +271,7 @@ def test_orbax_v1_writes_exactly_the_layout_the_format_module_expects(tmp_path: 
     }
 
     # The same shapes and dtypes as Orbax's own reader, from the format module's bulk read.
-    from tinax._format import arrays
+    from tinax._format.metadata import arrays
 
     in_store = [leaf for leaf in tree.leaves if leaf.kind in words.STORED_ARRAY_KINDS]
     infos = pytree.array_infos(tree, in_store, arrays.context())
@@ -491,7 +493,7 @@ def test_metadata_only_the_standard_library_accepts_is_read_as_orbax_s_own(
 def test_the_sharding_file_is_parsed_once_for_the_check_and_the_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tinax._format import preflight
+    from tinax._format.integrity import preflight
 
     ocp.save_checkpointables(tmp_path / "ckpt", {"model": {"w": jnp.ones(4), "b": jnp.zeros(2)}})
     parsed: list[str] = []
@@ -516,7 +518,7 @@ def test_the_sharding_file_is_parsed_once_for_the_check_and_the_table(
 
 
 def test_a_checkpoint_being_removed_is_refused_whether_or_not_its_walk_is_given(tmp_path):
-    from tinax._format import preflight
+    from tinax._format.integrity import preflight
 
     ocp.save_checkpointables(tmp_path / "ckpt", {"model": {"w": np.zeros(3)}})
     where = local(tmp_path / "ckpt")

@@ -23,7 +23,8 @@ from gcs import DENIED_BUCKET, free_port, is_listing, object_name
 
 import tinax.explore as ex
 from tinax import _claims
-from tinax._format import gcs_listing, words
+from tinax._format.naming import words
+from tinax._format.storage import gcs_listing
 from tinax._paths import location
 from tinax.checkpointing import (
     load_checkpointables,
@@ -226,7 +227,7 @@ def test_urls_without_a_bucket_or_climbing_out_of_it_are_refused():
 def test_an_endpoint_that_never_answers_is_an_error_within_the_deadline(gcs):
     script = textwrap.dedent(
         """
-        import tinax._format.gcs as gcs
+        import tinax._format.storage.gcs as gcs
         import tinax.explore as ex
         gcs.REQUEST_TIMEOUT = 2.0
         try:

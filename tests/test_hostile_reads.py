@@ -17,7 +17,8 @@ from explore_fixtures import chunk_locations
 
 import tinax.explore as ex
 from tinax import checkpointing as ck
-from tinax._format import budget, words
+from tinax._format.metadata import budget
+from tinax._format.naming import words
 
 KEY = "['dense']['w']"
 

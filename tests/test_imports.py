@@ -100,13 +100,13 @@ def test_signatures_follow_the_seed():
 def test_google_cloud_storage_is_imported_only_for_a_gs_path(tmp_path):
     listed = f"tinax.explore.list_checkpoints({str(tmp_path)!r})"
     loaded = _modules_after(f"import tinax.explore; {listed}")
-    assert not {"gcsfs", "tinax._format.gcs", "jax"} & loaded
+    assert not {"gcsfs", "tinax._format.storage.gcs", "jax"} & loaded
     # A gs:// path that names no bucket is refused before anything connects.
     refused = "try:\n tinax.explore.list_checkpoints('gs://')\nexcept ValueError: pass"
     code = f"import sys, tinax.explore\n{refused}\nprint('\\n'.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     loaded = set(out.stdout.split())
-    assert "tinax._format.gcs" in loaded and "gcsfs" not in loaded and "jax" not in loaded
+    assert "tinax._format.storage.gcs" in loaded and "gcsfs" not in loaded and "jax" not in loaded
 
 
 def _small_run(root) -> None:

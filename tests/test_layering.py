@@ -128,6 +128,48 @@ def test_no_layer_imports_upwards_or_past_its_boundary(layer: str) -> None:
         assert not bad, f"{module} imports {sorted(bad)}"
 
 
+# tinax._format's subpackages, in the one order they import: each only those before it.
+FORMAT_ORDER = ("naming", "storage", "metadata", "records", "integrity", "arraydata", "writing")
+# Its modules directly under tinax/_format/, which any of them may use: they import
+# only the spellings of ``naming``.
+FORMAT_SHARED = ("callbacks", "lru", "pools", "safetensors")
+
+
+def _format_part(module: str) -> str | None:
+    """The subpackage (or shared module) of tinax._format that ``module`` is in."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tinax", "_format"] else None
+
+
+def _format_order_breaks(graph: dict[str, set[str]]) -> list[str]:
+    breaks = []
+    for module, imported in sorted(graph.items()):
+        part = _format_part(module)
+        if part is None:
+            continue
+        allowed = {"naming"} if part in FORMAT_SHARED else set(FORMAT_SHARED)
+        if part in FORMAT_ORDER:
+            allowed |= set(FORMAT_ORDER[: FORMAT_ORDER.index(part) + 1])
+        breaks += [
+            f"{module} imports {name}"
+            for name in sorted(imported)
+            if _format_part(name) not in (None, part) and _format_part(name) not in allowed
+        ]
+    return breaks
+
+
+def test_the_format_s_subpackages_import_one_way() -> None:
+    graph = _import_graph()
+    parts = {_format_part(m) for m in graph} - {None}
+    assert parts == {*FORMAT_ORDER, *FORMAT_SHARED}, parts
+    assert _format_order_breaks(graph) == []
+    # The check finds an import against the order where there is one.
+    graph["tinax._format.naming.names"] = {"tinax._format.storage.location"}
+    assert _format_order_breaks(graph) == [
+        "tinax._format.naming.names imports tinax._format.storage.location"
+    ]
+
+
 def test_relative_imports_are_resolved_for_the_check() -> None:
     imports = _imports("tinax.widgets._restore", PACKAGES["tinax.widgets"] / "_restore.py")
     assert "tinax.widgets._choice" in imports
@@ -149,7 +191,7 @@ def _strings(source: Path) -> set[str]:
 
 
 def test_no_module_outside_the_format_module_spells_an_orbax_file_name() -> None:
-    from tinax._format import names
+    from tinax._format.naming import names
 
     spelled = {
         names.CHECKPOINT_METADATA,
@@ -176,7 +218,7 @@ def test_no_module_outside_the_format_module_spells_an_orbax_file_name() -> None
 
 
 def test_no_module_outside_the_format_module_spells_a_status_word() -> None:
-    from tinax._format import words
+    from tinax._format.naming import words
 
     statuses = {
         words.COMPLETE,
@@ -226,8 +268,8 @@ def _loaded_after(statement: str) -> set[str]:
 
 def test_importing_the_format_module_loads_no_jax_orbax_pandas_or_ipywidgets() -> None:
     loaded = _loaded_after(
-        "import tinax._format.layout, tinax._format.pytree, tinax._format.arrays, "
-        "tinax._format.jsonitems, tinax._paths, tinax._claims"
+        "import tinax._format.metadata.layout, tinax._format.metadata.pytree, tinax._format.metadata.arrays, "
+        "tinax._format.metadata.jsonitems, tinax._paths, tinax._claims"
     )
     assert "tensorstore" in loaded
     assert not {"jax", "orbax", "pandas", "ipywidgets", "grain"} & loaded
@@ -251,7 +293,7 @@ def test_the_widgets_package_re_exports_the_widgets_only() -> None:
 def test_no_layer_above_the_format_module_knows_which_storage_it_reads() -> None:
     # Storages differ in capabilities (``commits_by_rename``, ``implicit_directories``),
     # never by name: only tinax._format picks and implements them.
-    storage_names = ("tinax._format.gcs", "gcsfs", "google.cloud")
+    storage_names = ("tinax._format.storage.gcs", "gcsfs", "google.cloud")
     for layer in ("tinax.checkpointing", "tinax.explore", "tinax.widgets"):
         for module, source in _modules(layer).items():
             bad = {n for n in _imports(module, source) for s in storage_names if _under(n, s)}
@@ -293,7 +335,7 @@ def test_the_widgets_split_keys_with_the_format_s_parser() -> None:
 
 def test_the_vocabulary_is_inert_and_complete() -> None:
     import tinax.vocabulary as vocabulary
-    from tinax._format import words
+    from tinax._format.naming import words
 
     # Every word of the format's vocabulary is public, under the same name.
     for name, value in vars(words).items():
@@ -375,11 +417,11 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_goes_in_a_circle() -> None:
     graph = _import_graph()
-    assert "tinax._format.storage" in graph["tinax._format.gcs"]
+    assert "tinax._format.storage.location" in graph["tinax._format.storage.gcs"]
     assert _circles(graph) == []
     # The check finds a circle where there is one.
-    assert _circles({**graph, "tinax._format.storage": {"tinax._format.gcs"}}) == [
-        ["tinax._format.gcs", "tinax._format.storage"]
+    assert _circles({**graph, "tinax._format.storage.location": {"tinax._format.storage.gcs"}}) == [
+        ["tinax._format.storage.gcs", "tinax._format.storage.location"]
     ]
 
 

@@ -21,8 +21,9 @@ from conftest import BUCKET
 
 import tinax.explore as ex
 from tinax import _claims
-from tinax._format import arrays, names, words
-from tinax._format.storage import local
+from tinax._format.metadata import arrays
+from tinax._format.naming import names, words
+from tinax._format.storage.location import local
 from tinax.checkpointing import NumpyTarget, load_checkpointables
 from tinax.checkpointing._context import CHUNK_BYTES
 

@@ -8,8 +8,8 @@ import os
 
 import tensorstore as ts
 
-from tinax._format import ocdbt_root
-from tinax._format.arrays import parse_location
+from tinax._format.metadata.arrays import parse_location
+from tinax._format.writing import ocdbt_root
 from tinax._paths import location
 
 

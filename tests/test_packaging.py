@@ -92,7 +92,7 @@ def test_the_wheel_installs_tinax_widgets_and_no_top_level_widgets(tmp_path: Pat
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert tops == {"tinax"}
     assert "tinax/widgets/__init__.py" in names and "tinax/widgets/py.typed" in names
-    assert "tinax/_format/names.py" in names
+    assert "tinax/_format/naming/names.py" in names
 
 
 def test_widgets_without_its_extra_says_what_to_install() -> None:
@@ -168,9 +168,9 @@ def test_every_imported_package_is_declared_where_its_importer_is_installed() ->
     # extra that installs it (tinax.explore, tinax.widgets and gs:// support: the
     # modules only a gs:// path imports).
     allowed = {
-        "tinax/_format/gcs.py": core | extras["gcs"],
-        "tinax/_format/gcs_listing.py": core | extras["gcs"],
-        "tinax/_format/gcs_upload.py": core | extras["gcs"],
+        "tinax/_format/storage/gcs.py": core | extras["gcs"],
+        "tinax/_format/storage/gcs_listing.py": core | extras["gcs"],
+        "tinax/_format/storage/gcs_upload.py": core | extras["gcs"],
         "tinax/explore": core | extras["explore"],
         "widgets": core | extras["widgets"],
         "tinax": core,

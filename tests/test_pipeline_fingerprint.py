@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tinax.explore as ex
-from tinax._format import names
+from tinax._format.naming import names
 from tinax.checkpointing import (
     PipelineMismatchError,
     TargetMismatchError,

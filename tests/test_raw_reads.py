@@ -13,9 +13,11 @@ import pytest
 import tensorstore as ts
 
 import tinax.explore as ex
-from tinax._format import arrays, chunks, names, pytree, rawread
+from tinax._format.arraydata import chunks, rawread
 from tinax._format.lru import LruCache
-from tinax._format.storage import local
+from tinax._format.metadata import arrays, pytree
+from tinax._format.naming import names
+from tinax._format.storage.location import local
 from tinax.checkpointing import save_checkpointables
 from tinax.explore._checkpoint import open_checkpoint
 

@@ -23,7 +23,7 @@ from flax import nnx
 from tinax.widgets import RestoreTargetBuilder
 
 import tinax.explore as ex
-from tinax._format.keys import is_within, key_parts, parse_key
+from tinax._format.naming.keys import is_within, key_parts, parse_key
 from tinax.checkpointing import (
     abstract_restore_target,
     load_training_checkpoint,

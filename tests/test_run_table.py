@@ -16,7 +16,7 @@ import pytest
 from orbax.checkpoint import v1 as ocp
 from run_view_fixtures import NAN_STEP, STEPS, big_run_script, write_small_run
 
-from tinax._format import names
+from tinax._format.naming import names
 from tinax.checkpointing import save_checkpointables
 from tinax.explore import list_checkpoints, run_table
 

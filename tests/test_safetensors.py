@@ -57,7 +57,7 @@ def _key_data(x: Any) -> Any:
 
 def _flat(tree: Any) -> dict[str, np.ndarray]:
     """Every array leaf by its default tensor name, PRNG keys as their key data."""
-    from tinax._format.keys import key_parts
+    from tinax._format.naming.keys import key_parts
     from tinax._format.safetensors import tensor_name
 
     out = {}

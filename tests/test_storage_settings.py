@@ -18,7 +18,7 @@ from orbax.checkpoint import v1 as ocp
 from tinax.widgets import CheckpointExplorer
 
 import tinax.explore as ex
-from tinax._format import arrays
+from tinax._format.metadata import arrays
 from tinax._paths import location
 from tinax.checkpointing import (
     abstract_restore_target,

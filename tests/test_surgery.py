@@ -29,7 +29,7 @@ from flax import nnx
 from orbax.checkpoint import v1 as ocp
 
 import tinax.explore as ex
-from tinax._format.keys import key_parts
+from tinax._format.naming.keys import key_parts
 from tinax._format.safetensors import tensor_name
 from tinax.checkpointing import (
     CorruptDataError,
@@ -450,7 +450,7 @@ def _copied_as_stored(checkpointable: Path) -> bool:
     Orbax configures the store)."""
     import tensorstore as ts
 
-    from tinax._format.arrays import parse_location
+    from tinax._format.metadata.arrays import parse_location
 
     base = ts.KvStore.open({"driver": "file", "path": f"{checkpointable}/"}).result()
     root = parse_location(ts.ocdbt.dump(base).result()["versions"][-1]["root"]["location"])
@@ -511,7 +511,7 @@ def test_data_files_kept_whole_are_linked_and_one_kept_in_part_is_copied(wide, t
 def test_a_link_the_file_system_refuses_is_a_copy_instead(wide, tmp_path, monkeypatch):
     import errno
 
-    from tinax._format import ocdbt_root
+    from tinax._format.writing import ocdbt_root
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.EXDEV, "Invalid cross-device link")
@@ -530,7 +530,7 @@ def test_a_write_that_fails_behind_the_cast_fails_it_and_leaves_nothing(
 ):
     import errno
 
-    from tinax._format import ocdbt_root
+    from tinax._format.writing import ocdbt_root
 
     real, calls = os.pwrite, []
 
@@ -553,7 +553,7 @@ def test_a_write_that_fails_behind_the_cast_fails_it_and_leaves_nothing(
 def test_a_store_with_too_many_arrays_for_one_node_copies_its_chunks_through_tensorstore(
     wide, tmp_path, monkeypatch
 ):
-    from tinax._format import ocdbt_root
+    from tinax._format.writing import ocdbt_root
 
     source, state = wide
     monkeypatch.setattr(ocdbt_root, "MAX_ARRAYS", 2)

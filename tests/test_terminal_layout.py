@@ -8,7 +8,7 @@ import io
 import pandas as pd
 import pytest
 
-from tinax._format.keys import format_key
+from tinax._format.naming.keys import format_key
 from tinax.explore._cli import terminal as term
 from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
 

@@ -29,7 +29,8 @@ from damage import biggest_data_file, flip_middle_byte
 
 import tinax.explore as ex
 from tinax import _paths
-from tinax._format import names, removal, words
+from tinax._format.naming import names, words
+from tinax._format.storage import removal
 from tinax.checkpointing import (
     TargetMismatchError,
     TrainingRun,

@@ -29,7 +29,7 @@ from orbax.checkpoint import v1 as ocp
 
 import tinax.explore as ex
 from tinax import _paths
-from tinax._format import names, words
+from tinax._format.naming import names, words
 from tinax.checkpointing import CorruptDataError, TrainingRun, _promotion, load_training_checkpoint
 from tinax.explore._cli.main import main
 
@@ -277,7 +277,7 @@ def _flip_durable_data_byte(durable: str, name: str) -> None:
     if not durable.startswith("gs://"):
         flip_middle_byte(biggest_data_file(Path(durable) / name / "model"))
         return
-    from tinax._format import gcs
+    from tinax._format.storage import gcs
 
     fs = gcs.GCS.filesystem()
     found = fs.find(f"{durable[len('gs://') :]}/{name}/model", detail=True)

@@ -16,7 +16,7 @@ import pytest
 from damage import biggest_data_file, flip_middle_byte
 
 import tinax.explore as ex
-from tinax._format.fit import MAX_LINES, cast_is_lossless
+from tinax._format.metadata.fit import MAX_LINES, cast_is_lossless
 from tinax.checkpointing import (
     NumpyTarget,
     TargetMismatchError,

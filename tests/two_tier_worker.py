@@ -76,7 +76,7 @@ def emit(event: str, **values: object) -> None:
 
 
 def _kill_in_copy() -> None:
-    from tinax._format import transfer
+    from tinax._format.storage import transfer
 
     copy = transfer.copy_files
 
@@ -92,7 +92,8 @@ def _kill_in_copy() -> None:
 
 
 def _kill_before_marker() -> None:
-    from tinax._format import names, transfer
+    from tinax._format.naming import names
+    from tinax._format.storage import transfer
 
     copy = transfer.copy_files
 

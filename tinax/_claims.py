@@ -42,8 +42,9 @@ import time
 import weakref
 from typing import TypeGuard
 
-from tinax._format import layout, names, words
-from tinax._format.storage import DIRECTORY, Location
+from tinax._format.metadata import layout
+from tinax._format.naming import names, words
+from tinax._format.storage.location import DIRECTORY, Location
 
 # How long ``claim`` keeps trying while the lock is taken, in seconds. A listing
 # probes a claim by locking it for a few microseconds; that must not refuse a save.

@@ -13,8 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 
-from tinax._format import layout, locate, names, preflight, runrecord
-from tinax._format.storage import DIRECTORY, LINK, Location
+from tinax._format.integrity import preflight
+from tinax._format.metadata import layout
+from tinax._format.naming import names
+from tinax._format.records import runrecord
+from tinax._format.storage import locate
+from tinax._format.storage.location import DIRECTORY, LINK, Location
 
 
 def text_path(path: object, *, what: str = "path") -> str:
@@ -193,7 +197,7 @@ def listed_in(directory: Location, name: object, path: object) -> Location:
 
 def open_checkpoint(path: object, *, what: str = "path") -> layout.Checkpoint:
     """The checkpoint at ``path``, opened: listed once, checked by the preflight every
-    read passes first (``tinax._format.preflight``), its layout and commit record read.
+    read passes first (``tinax._format.integrity.preflight``), its layout and commit record read.
 
     A ``layout.Checkpoint`` (what this returns) is returned as it is: whoever opened
     the checkpoint hands it on, and nothing lists or reads it again.

@@ -16,10 +16,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from tinax._format import words
-from tinax._format.fit import PLACEHOLDER as PLACEHOLDER_KIND
-from tinax._format.fit import Spec
-from tinax._format.keys import ROOT, KeyPath, format_key, key_parts
+from tinax._format.metadata.fit import PLACEHOLDER as PLACEHOLDER_KIND
+from tinax._format.metadata.fit import Spec
+from tinax._format.naming import words
+from tinax._format.naming.keys import ROOT, KeyPath, format_key, key_parts
 
 
 @dataclasses.dataclass(frozen=True)

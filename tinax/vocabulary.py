@@ -9,7 +9,7 @@ and splits keys with ``parse_key`` rather than a pattern of its own.
 This module imports nothing heavy: no JAX, no pandas, no Orbax.
 """
 
-from tinax._format.keys import (
+from tinax._format.naming.keys import (
     KeyPart,
     KeyPath,
     format_key,
@@ -18,7 +18,7 @@ from tinax._format.keys import (
     parse_key,
     split_key,
 )
-from tinax._format.words import (
+from tinax._format.naming.words import (
     ARRAY_KINDS,
     BECAME_FINITE,
     BECAME_NONFINITE,

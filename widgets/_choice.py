@@ -1,6 +1,6 @@
 """Choosing which checkpointables, and which of their subtrees, to restore.
 
-Subtrees are named by key paths (``tinax._format.keys``), so leaving out ``['mu']``
+Subtrees are named by key paths (``tinax._format.naming.keys``), so leaving out ``['mu']``
 of an optax state leaves out exactly the leaves whose key path starts with
 ``('mu',)``: the same leaves in ``.target``, in ``.table`` and in the comparison.
 """

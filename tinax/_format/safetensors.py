@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format.dtypes import numpy_dtype as numpy_dtype  # re-exported
-from tinax._format.keys import without_nnx_value
+from tinax._format.naming.dtypes import numpy_dtype as numpy_dtype
+from tinax._format.naming.keys import without_nnx_value
 
 SUFFIX = ".safetensors"
 SINGLE_FILE = "model.safetensors"

@@ -5,7 +5,7 @@ them into explicit abstract targets, and resume bit-exactly. Legacy Orbax V0
 support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
-from tinax._format.layout import Checkpoint
+from tinax._format.metadata.layout import Checkpoint
 from tinax._paths import load_source as open_checkpoint
 from tinax._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing._average import average_checkpoints

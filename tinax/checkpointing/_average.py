@@ -10,22 +10,18 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format import (
-    chunks,
-    dtypes,
-    files,
-    layout,
-    lineage,
-    streaming,
-    treeplan,
-    words,
-)
-from tinax._format.copy_source import PyTreeSource
-from tinax._format.layout import Checkpoint
-from tinax._format.new_checkpoint import NewCheckpoint
-from tinax._format.progress import Progress
+from tinax._format.arraydata import chunks
+from tinax._format.callbacks import Progress
+from tinax._format.metadata import layout
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import dtypes, words
+from tinax._format.records import lineage
 from tinax._format.safetensors import is_floating
-from tinax._format.streaming import SourceArray
+from tinax._format.storage import files
+from tinax._format.writing import streaming, treeplan
+from tinax._format.writing.copy_source import PyTreeSource
+from tinax._format.writing.new_checkpoint import NewCheckpoint
+from tinax._format.writing.streaming import SourceArray
 from tinax.checkpointing import _surgery
 from tinax.checkpointing._surgery import ArrayJob, OpenedSource
 

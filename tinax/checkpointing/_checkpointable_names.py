@@ -6,7 +6,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
-from tinax._format.names import RESERVED_CHECKPOINTABLE_NAMES
+from tinax._format.naming.names import RESERVED_CHECKPOINTABLE_NAMES
 
 # Characters no portable filesystem accepts in a path component.
 _FORBIDDEN_CHARACTERS = frozenset('/\\:*?"<>|')

@@ -14,19 +14,13 @@ import jax
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
-from tinax._format import (
-    arrays,
-    checksums,
-    files,
-    iterstate,
-    jsonitems,
-    layout,
-    metrics,
-    names,
-    pytree,
-)
-from tinax._format.keys import format_key, key_parts
-from tinax._format.storage import Location
+from tinax._format.integrity import checksums, iterstate
+from tinax._format.metadata import arrays, jsonitems, layout, pytree
+from tinax._format.naming import names
+from tinax._format.naming.keys import format_key, key_parts
+from tinax._format.records import metrics
+from tinax._format.storage import files
+from tinax._format.storage.location import Location
 from tinax._paths import load_source
 from tinax._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing import (
@@ -111,7 +105,7 @@ def start_save(
     """``save_checkpointables``, with ``after_commit`` run once the save has committed
     and before its response gives the result out (see ``SaveResponse``); with
     ``metrics_of`` (a checkpointable's name and the auxiliary state in it), its
-    metrics are recorded with the commit (``tinax._format.metrics``)."""
+    metrics are recorded with the commit (``tinax._format.records.metrics``)."""
 
     if isinstance(checkpointables, Mapping):
         # Every process stores what it was given the same way (the checks run on one).
@@ -293,7 +287,7 @@ def check_iterator_states(src: Location, name: str) -> None:
     Raises:
       ValueError: Naming what was saved and how to get at it, if this process's
         state file is missing but other processes' are there; naming the file, if
-        a state is not one Grain could resume from (``tinax._format.iterstate``).
+        a state is not one Grain could resume from (``tinax._format.integrity.iterstate``).
     """
     saved = jsonitems.iterator_files(src / name)
     mine = _own_iterator_file()

@@ -5,7 +5,7 @@ the parts Orbax read, and the pieces put together across meshes share one record
 and one set of digest threads; apart, each would need the others' internals.)
 
 ``ChecksummedPyTreeHandler`` is Orbax's ``PyTreeHandler`` plus tinax's integrity
-record (``tinax._format.checksums``): a save digests every value it writes and
+record (``tinax._format.integrity.checksums``): a save digests every value it writes and
 puts the record in the checkpointable's directory before the checkpoint commits;
 a load digests what Orbax read and refuses a value whose bytes differ, naming the
 checkpoint, the checkpointable and the leaf.
@@ -32,11 +32,14 @@ import jax
 import numpy as np
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
-from tinax._format import checksums, files, names, pytree
-from tinax._format.checksums import Bounds, CorruptDataError, LeafRecord, Piece
-from tinax._format.keys import format_key, key_parts
+from tinax._format.integrity import checksums
+from tinax._format.integrity.checksums import Bounds, CorruptDataError, LeafRecord, Piece
+from tinax._format.metadata import pytree
+from tinax._format.naming import names
+from tinax._format.naming.keys import format_key, key_parts
 from tinax._format.pools import ProcessPool
-from tinax._format.storage import Location
+from tinax._format.storage import files
+from tinax._format.storage.location import Location
 from tinax._paths import location
 from tinax._targets import is_key_dtype
 from tinax.checkpointing import _host_copies, _orbax

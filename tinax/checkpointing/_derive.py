@@ -9,12 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format import chunks, dtypes, files, lineage, streaming, treeplan, words
-from tinax._format.copy_source import PyTreeSource
-from tinax._format.layout import Checkpoint
-from tinax._format.new_checkpoint import NewCheckpoint
-from tinax._format.progress import Progress
-from tinax._format.treeplan import PlannedLeaf
+from tinax._format.arraydata import chunks
+from tinax._format.callbacks import Progress
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import dtypes, words
+from tinax._format.records import lineage
+from tinax._format.storage import files
+from tinax._format.writing import streaming, treeplan
+from tinax._format.writing.copy_source import PyTreeSource
+from tinax._format.writing.new_checkpoint import NewCheckpoint
+from tinax._format.writing.treeplan import PlannedLeaf
 from tinax.checkpointing import _surgery
 from tinax.checkpointing._surgery import ArrayJob, OpenedSource
 

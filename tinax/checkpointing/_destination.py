@@ -22,8 +22,8 @@ from collections.abc import Callable
 from orbax.checkpoint import v1 as ocp
 
 from tinax import _claims, _paths
-from tinax._format import words
-from tinax._format.storage import Location
+from tinax._format.naming import words
+from tinax._format.storage.location import Location
 from tinax.checkpointing import _orbax, _processes
 
 _log = logging.getLogger("tinax.checkpointing")

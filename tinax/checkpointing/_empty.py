@@ -14,7 +14,8 @@ from typing import Any
 
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
-from tinax._format import jsonitems, names
+from tinax._format.metadata import jsonitems
+from tinax._format.naming import names
 from tinax._paths import location
 from tinax.checkpointing._storable import is_leafless
 

@@ -5,7 +5,7 @@ NumPy array (through tensorstore, which decodes each chunk into a buffer of its 
 and copies it in), then copies that to the device: every byte is copied two or
 three times through freshly mapped memory, and one thread decodes each chunk.
 Here the parts of every array of a checkpointable are read at once on a pool of
-``THREADS`` threads (``tinax._format.chunkload``: uncompressed chunks straight into
+``THREADS`` threads (``tinax._format.arraydata.chunkload``: uncompressed chunks straight into
 place, zstd chunks decoded straight into place), each part's checksums are checked
 on the host as soon as it is whole, and it is put on its devices right away, so
 that reading, decoding, checking and the transfers overlap.
@@ -52,10 +52,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from tinax._format import checksums, chunkload
+from tinax._format.arraydata import chunkload
+from tinax._format.arraydata.rawread import Box, Unsupported
+from tinax._format.integrity import checksums
 from tinax._format.pools import ProcessPool
-from tinax._format.rawread import Box, Unsupported
-from tinax._format.storage import Location
+from tinax._format.storage.location import Location
 from tinax.checkpointing import _load_plan
 from tinax.checkpointing._host_buffers import HostBuffers, aligned
 from tinax.checkpointing._load_plan import Leaf, Plan, bounds_of, inside

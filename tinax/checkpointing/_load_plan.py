@@ -19,11 +19,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from tinax._format import arrays, checksums, chunkload, chunks, fit, names, pytree, words
-from tinax._format.checksums import Bounds, LeafRecord
-from tinax._format.keys import format_key, key_parts
-from tinax._format.rawread import Box
-from tinax._format.storage import Location
+from tinax._format.arraydata import chunkload, chunks
+from tinax._format.arraydata.rawread import Box
+from tinax._format.integrity import checksums
+from tinax._format.integrity.checksums import Bounds, LeafRecord
+from tinax._format.metadata import arrays, fit, pytree
+from tinax._format.naming import names, words
+from tinax._format.naming.keys import format_key, key_parts
+from tinax._format.storage.location import Location
 from tinax._targets import NumpyTarget, is_key_dtype
 
 

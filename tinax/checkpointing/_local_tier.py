@@ -3,7 +3,7 @@
 ``TrainingRun(directory, local=LOCAL_DIR, local_every=L, local_keep=J)`` saves a
 checkpoint to ``LOCAL_DIR`` every ``L`` steps (fast local storage: a local SSD, a RAM
 disk) and promotes some of them to ``directory``. The local directory keeps its own
-run record (``names.RUN_RECORD``, see ``tinax._format.tiers``): the metric of each
+run record (``names.RUN_RECORD``, see ``tinax._format.records.tiers``): the metric of each
 local step, why each local checkpoint is kept, and which ones wait for their
 promotion, so that a run resumed after a kill finishes them.
 
@@ -20,9 +20,12 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from tinax._format import locate, names, preflight, removal, tiers, words
-from tinax._format.runrecord import read_run_record
-from tinax._format.storage import Location
+from tinax._format.integrity import preflight
+from tinax._format.naming import names, words
+from tinax._format.records import tiers
+from tinax._format.records.runrecord import read_run_record
+from tinax._format.storage import locate, removal
+from tinax._format.storage.location import Location
 from tinax.checkpointing import _run_files
 
 

@@ -1,4 +1,4 @@
-"""The metrics a training save records with its commit (``tinax._format.metrics``)."""
+"""The metrics a training save records with its commit (``tinax._format.records.metrics``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from tinax._format import metrics
-from tinax._format.keys import key_parts
+from tinax._format.naming.keys import key_parts
+from tinax._format.records import metrics
 
 
 def logged_metrics(auxiliary: Any) -> dict[str, float]:

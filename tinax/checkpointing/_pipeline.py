@@ -26,8 +26,8 @@ from typing import Any
 
 import grain
 
-from tinax._format import layout
-from tinax._format import pipeline as recorded
+from tinax._format.metadata import layout
+from tinax._format.records import pipeline as recorded
 from tinax.checkpointing import _processes
 from tinax.checkpointing._switches import switched
 from tinax.checkpointing._verdict import TargetMismatchError

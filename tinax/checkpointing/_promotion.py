@@ -3,8 +3,8 @@
 A two-tier run (``TrainingRun(..., local=...)``) saves to fast local storage and
 promotes some of those checkpoints to its durable directory. A promotion copies
 nothing from the devices again: it copies the files of the committed local checkpoint
-(``tinax._format.transfer``: each file read once and streamed) once it has checked that
-the checkpoint's values are the ones saved (``tinax._format.valuecheck``, against the
+(``tinax._format.storage.transfer``: each file read once and streamed) once it has checked that
+the checkpoint's values are the ones saved (``tinax._format.arraydata.valuecheck``, against the
 checksums saved with them), and commits the copy the way Orbax commits a save there,
 so raw Orbax and every tinax reader take it for a checkpoint like any other:
 
@@ -31,9 +31,13 @@ from collections.abc import Callable
 from orbax.checkpoint import v1 as ocp
 
 from tinax import _claims, _paths
-from tinax._format import copied_files, layout, names, preflight, transfer, valuecheck
-from tinax._format.checksums import CorruptDataError
-from tinax._format.storage import Location
+from tinax._format.arraydata import valuecheck
+from tinax._format.integrity import preflight
+from tinax._format.integrity.checksums import CorruptDataError
+from tinax._format.metadata import layout
+from tinax._format.naming import names
+from tinax._format.storage import copied_files, transfer
+from tinax._format.storage.location import Location
 from tinax.checkpointing import _response, _run_files
 
 _log = logging.getLogger("tinax.checkpointing")

@@ -45,9 +45,12 @@ from typing import Any
 import grain
 
 from tinax import _paths
-from tinax._format import names, preflight, removal, tiers, words
-from tinax._format.runrecord import read_run_record
-from tinax._format.storage import Location
+from tinax._format.integrity import preflight
+from tinax._format.naming import names, words
+from tinax._format.records import tiers
+from tinax._format.records.runrecord import read_run_record
+from tinax._format.storage import removal
+from tinax._format.storage.location import Location
 from tinax.checkpointing import _processes, _run_files
 from tinax.checkpointing._local_tier import LocalTier
 from tinax.checkpointing._promotion import Promotion

@@ -28,8 +28,9 @@ import time
 from collections.abc import Iterator
 
 from tinax import _claims
-from tinax._format import names, removal
-from tinax._format.storage import FILE, Location
+from tinax._format.naming import names
+from tinax._format.storage import removal
+from tinax._format.storage.location import FILE, Location
 
 _log = logging.getLogger("tinax.checkpointing")
 

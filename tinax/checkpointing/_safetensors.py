@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from tinax import _paths
-from tinax._format import fit, words
 from tinax._format import safetensors as st
-from tinax._format.fit import PLACEHOLDER as PLACEHOLDER_KIND
-from tinax._format.fit import Spec
-from tinax._format.keys import KeyPath, key_parts
+from tinax._format.metadata import fit
+from tinax._format.metadata.fit import PLACEHOLDER as PLACEHOLDER_KIND
+from tinax._format.metadata.fit import Spec
+from tinax._format.naming import words
+from tinax._format.naming.keys import KeyPath, key_parts
 from tinax._targets import (
     NumpyTarget,
     _is_whole_leaf,

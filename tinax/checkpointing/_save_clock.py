@@ -1,7 +1,7 @@
 """The save-time record: how long a save blocked its caller and took in all.
 
 Written by the primary process into the checkpoint just after it commits
-(``tinax._format.savetimes``), before the response gives its result out; a
+(``tinax._format.records.savetimes``), before the response gives its result out; a
 failure to write it is logged, never the save's failure.
 """
 
@@ -12,8 +12,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from tinax._format import names, removal, savetimes
-from tinax._format.storage import Location
+from tinax._format.naming import names
+from tinax._format.records import savetimes
+from tinax._format.storage import removal
+from tinax._format.storage.location import Location
 from tinax.checkpointing import _processes
 
 _log = logging.getLogger("tinax.checkpointing")

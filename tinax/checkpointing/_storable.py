@@ -8,7 +8,7 @@ import jax
 import numpy as np
 from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
-from tinax._format.keys import format_key, key_parts
+from tinax._format.naming.keys import format_key, key_parts
 from tinax._targets import NumpyTarget, flax_object_kind, is_leafless, refuse_flax_objects
 from tinax.checkpointing._orbax import has_standard_leaf_handler
 

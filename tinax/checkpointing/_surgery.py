@@ -1,7 +1,7 @@
 """What deriving and averaging checkpoints share: sources opened and checked, the
 destination claimed, arrays streamed into the new store, the commit with its lineage.
 
-A new checkpoint is written without JAX or Orbax (``tinax._format.store_writer``),
+A new checkpoint is written without JAX or Orbax (``tinax._format.writing.store_writer``),
 in Orbax's own layout, so that the restore verdict, every tinax reader and raw Orbax
 load it as any other. It is checksummed as a tinax save is (the record in every
 pytree and iterator checkpointable, the promise in ``_CHECKPOINT_METADATA``), and
@@ -25,27 +25,19 @@ from typing import Any
 import numpy as np
 
 from tinax import _paths
-from tinax._format import (
-    arrays,
-    checksums,
-    files,
-    layout,
-    lineage,
-    names,
-    pytree,
-    store_writer,
-    stored_copy,
-    streaming,
-    treeplan,
-    words,
-)
-from tinax._format.checksums import Bounds, CorruptDataError, LeafRecord, Piece
-from tinax._format.chunks import Box
-from tinax._format.copy_source import PyTreeSource, open_pytree_source, sharding_key
-from tinax._format.keys import KeyPath, format_key
-from tinax._format.new_checkpoint import NewCheckpoint
-from tinax._format.progress import Progress
-from tinax._format.storage import Location
+from tinax._format.arraydata.chunks import Box
+from tinax._format.callbacks import Progress
+from tinax._format.integrity import checksums
+from tinax._format.integrity.checksums import Bounds, CorruptDataError, LeafRecord, Piece
+from tinax._format.metadata import arrays, layout, pytree
+from tinax._format.naming import names, words
+from tinax._format.naming.keys import KeyPath, format_key
+from tinax._format.records import lineage
+from tinax._format.storage import files
+from tinax._format.storage.location import Location
+from tinax._format.writing import store_writer, stored_copy, streaming, treeplan
+from tinax._format.writing.copy_source import PyTreeSource, open_pytree_source, sharding_key
+from tinax._format.writing.new_checkpoint import NewCheckpoint
 from tinax.checkpointing import _destination
 from tinax.checkpointing._training import STEP_KEY, TrainingCheckpointNames
 

@@ -10,10 +10,11 @@ from typing import Any
 import grain
 import numpy as np
 
-from tinax._format import files, pytree
-from tinax._format.layout import Checkpoint
-from tinax._format.names import TRAINING_CHECKPOINTABLES
-from tinax._format.storage import Location
+from tinax._format.metadata import pytree
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming.names import TRAINING_CHECKPOINTABLES
+from tinax._format.storage import files
+from tinax._format.storage.location import Location
 from tinax._paths import load_source
 from tinax._targets import refuse_flax_objects
 from tinax.checkpointing._checkpointable_names import validate_distinct_names

@@ -12,7 +12,7 @@ import contextvars
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tinax._format import fit, layout
+from tinax._format.metadata import fit, layout
 from tinax._targets import refuse_flax_objects, target_leaves, target_spec
 from tinax.checkpointing._switches import switched
 

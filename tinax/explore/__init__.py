@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
 if _TYPE_CHECKING:
-    from tinax._format.layout import Checkpoint
+    from tinax._format.metadata.layout import Checkpoint
     from tinax.explore import display, toolkit
     from tinax.explore._checkpoint import checkpoint_table, open_checkpoint, read_leaf
     from tinax.explore._compare import compare_table
@@ -40,7 +40,7 @@ if _TYPE_CHECKING:
 
 # Where each public name lives.
 _HOMES = {
-    "Checkpoint": "tinax._format.layout",
+    "Checkpoint": "tinax._format.metadata.layout",
     "open_checkpoint": "tinax.explore._checkpoint",
     "checkpoint_table": "tinax.explore._checkpoint",
     "compare_table": "tinax.explore._compare",

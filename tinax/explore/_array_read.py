@@ -9,8 +9,12 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays, checksums, chunks, files, names, pytree, rawread, words
+from tinax._format.arraydata import chunks, rawread
+from tinax._format.integrity import checksums
 from tinax._format.lru import LruCache
+from tinax._format.metadata import arrays, pytree
+from tinax._format.naming import names, words
+from tinax._format.storage import files
 from tinax.explore import _raw_scan
 from tinax.explore._verify.integrity import PiecesCheck
 

@@ -11,19 +11,14 @@ import pandas as pd
 import tensorstore as ts
 
 from tinax import _paths
-from tinax._format import (
-    arrays,
-    checksums,
-    files,
-    jsonitems,
-    layout,
-    pipeline,
-    pytree,
-    words,
-)
-from tinax._format.keys import ROOT_KEY, format_key
-from tinax._format.layout import Checkpoint, StoredCheckpointable
-from tinax._format.storage import tree_bytes
+from tinax._format.integrity import checksums
+from tinax._format.metadata import arrays, jsonitems, layout, pytree
+from tinax._format.metadata.layout import Checkpoint, StoredCheckpointable
+from tinax._format.naming import words
+from tinax._format.naming.keys import ROOT_KEY, format_key
+from tinax._format.records import pipeline
+from tinax._format.storage import files
+from tinax._format.storage.location import tree_bytes
 from tinax.explore._array_read import array_record, read_array
 from tinax.explore._key_match import LeafNotFoundError, match_key
 from tinax.explore._leaf_rows import (

@@ -8,8 +8,9 @@ from typing import Any
 
 import pandas as pd
 
-from tinax._format import fit, words
-from tinax._format.layout import Checkpoint
+from tinax._format.metadata import fit
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import words
 from tinax.explore import _checkpoint, _live
 from tinax.explore._leaf_rows import frame
 

@@ -4,7 +4,7 @@
 that decodes, compares and checks checksums are one job, kept in one place. How a
 change is told for its kind and ranked lives in ``_ranking``.)
 
-Arrays are read a region at a time (``tinax._format.chunks``), so memory stays
+Arrays are read a region at a time (``tinax._format.arraydata.chunks``), so memory stays
 bounded whatever the size of the checkpoints. Stored arrays whose zarr metadata and
 chunks hold the same bytes in both checkpoints are recognised as the same from
 those bytes, without decoding them.
@@ -22,19 +22,12 @@ import numpy as np
 import pandas as pd
 import tensorstore as ts
 
-from tinax._format import (
-    arrays,
-    checksums,
-    chunks,
-    iterstate,
-    layout,
-    names,
-    pytree,
-    rawread,
-    words,
-)
-from tinax._format.layout import Checkpoint
-from tinax._format.progress import Progress
+from tinax._format.arraydata import chunks, rawread
+from tinax._format.callbacks import Progress
+from tinax._format.integrity import checksums, iterstate
+from tinax._format.metadata import arrays, layout, pytree
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import names, words
 from tinax.explore import _checkpoint, _live, _raw_scan
 from tinax.explore._leaf_rows import Leaf, frame
 from tinax.explore._numeric import PairStats

@@ -30,13 +30,17 @@ import tensorstore as ts
 import xxhash
 
 from tinax import _paths
-from tinax._format import arrays, checksums, chunks, layout, names, pytree, streaming, words
 from tinax._format import safetensors as st
-from tinax._format.checksums import Bounds, LeafRecord
-from tinax._format.chunks import Box
-from tinax._format.keys import KeyPath
-from tinax._format.layout import Checkpoint
-from tinax._format.progress import Progress
+from tinax._format.arraydata import chunks
+from tinax._format.arraydata.chunks import Box
+from tinax._format.callbacks import Progress
+from tinax._format.integrity import checksums
+from tinax._format.integrity.checksums import Bounds, LeafRecord
+from tinax._format.metadata import arrays, layout, pytree
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import names, words
+from tinax._format.naming.keys import KeyPath
+from tinax._format.writing import streaming
 from tinax.explore._checkpoint import open_checkpoint
 from tinax.explore._numeric import ValueCounts
 

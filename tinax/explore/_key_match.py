@@ -14,7 +14,7 @@ import difflib
 import re
 from collections.abc import Mapping, Sequence
 
-from tinax._format import keys as _keys
+from tinax._format.naming import keys as _keys
 from tinax.explore import display
 
 # How many near names a miss suggests.

@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from tinax._format import lineage as _lineage
-from tinax._format.layout import Checkpoint
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.records import lineage as _lineage
 from tinax.explore._checkpoint import open_checkpoint
 
 LINEAGE_COLUMNS = ("source", "step", "operation", "weight", "checksums", "arguments", "created")

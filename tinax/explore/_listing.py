@@ -17,9 +17,13 @@ import pandas as pd
 import tensorstore as ts
 
 from tinax import _claims, _paths
-from tinax._format import arrays, files, layout, names, preflight, pytree, runrecord, words
+from tinax._format.integrity import preflight
 from tinax._format.lru import LruCache, check_bound
-from tinax._format.storage import DIRECTORY, Entry, Location
+from tinax._format.metadata import arrays, layout, pytree
+from tinax._format.naming import names, words
+from tinax._format.records import runrecord
+from tinax._format.storage import files
+from tinax._format.storage.location import DIRECTORY, Entry, Location
 from tinax.explore import _checkpoint, _tiers
 from tinax.explore._leaf_rows import frame
 

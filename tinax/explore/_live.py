@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tinax._format import words
-from tinax._format.keys import format_key, key_parts
+from tinax._format.naming import words
+from tinax._format.naming.keys import format_key, key_parts
 from tinax.explore._leaf_rows import (
     Leaf,
     format_device,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tinax._format import words
+from tinax._format.naming import words
 from tinax.explore import display
 from tinax.explore._numeric import PairStats
 from tinax.explore.display import state_part

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tinax._format import chunks, rawread
+from tinax._format.arraydata import chunks, rawread
 from tinax.explore._numeric import PairStats
 
 Box = chunks.Box

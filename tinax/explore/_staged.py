@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pandas as pd
 
-from tinax._format import files
-from tinax._format.layout import Checkpoint
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.storage import files
 from tinax.explore import _checkpoint
 
 

@@ -1,7 +1,7 @@
 """What a derived or averaged checkpoint would hold, from the sources' metadata alone.
 
 The same plan ``tinax.checkpointing.derive_checkpoint`` and ``average_checkpoints``
-follow (``tinax._format.treeplan``): which checkpointables and leaves are kept, their
+follow (``tinax._format.writing.treeplan``): which checkpointables and leaves are kept, their
 new keys, the dtypes written, and the bytes read and written, before any array byte
 is read. The explorer shows it before the work starts.
 """
@@ -14,8 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-from tinax._format import arrays, layout, pytree, treeplan, words
-from tinax._format.storage import tree_bytes
+from tinax._format.metadata import arrays, layout, pytree
+from tinax._format.naming import words
+from tinax._format.storage.location import tree_bytes
+from tinax._format.writing import treeplan
 from tinax.explore._checkpoint import open_checkpoint
 
 PREVIEW_COLUMNS = (

@@ -1,7 +1,7 @@
 """A two-tier run listed as one: the checkpoints of both tiers, and where each is.
 
 A run saved by ``TrainingRun(directory, local=LOCAL_DIR, ...)`` keeps checkpoints in two
-directories (``tinax._format.tiers`` tells which from their records). Listed from
+directories (``tinax._format.records.tiers`` tells which from their records). Listed from
 either, it is one table: a step committed in both tiers is one row (``tier`` is
 ``both``, ``path`` the local copy, the quicker to read); every other row keeps its own
 tier. ``promotion`` says which local checkpoints wait for their promotion
@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from tinax._format import tiers, words
-from tinax._format.storage import Location
+from tinax._format.naming import words
+from tinax._format.records import tiers
+from tinax._format.storage.location import Location
 
 TIER_COLUMNS = ("tier", "promotion")
 

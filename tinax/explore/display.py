@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tinax._format import keys as _keys
+from tinax._format.naming import keys as _keys
 from tinax._format.safetensors import tensor_name
 
 __all__ = [

@@ -124,7 +124,7 @@ def _add_switches(
 def _add_cast(parser: argparse.ArgumentParser, flag: str, said: str) -> None:
     """``flag DTYPE``: the floating-point type arrays are written as; ``said`` is its
     help, to which the types offered are added."""
-    from tinax._format.safetensors import CAST_DTYPES  # NumPy: only for these commands
+    from tinax._format.safetensors import CAST_DTYPES
 
     parser.add_argument(
         flag, choices=CAST_DTYPES, metavar="DTYPE", help=f"{said} ({', '.join(CAST_DTYPES)})"

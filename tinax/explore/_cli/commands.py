@@ -20,10 +20,10 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
-from tinax._format import keys as _keys
-from tinax._format import words
-from tinax._format.layout import Checkpoint
-from tinax._format.storage import Location
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import keys as _keys
+from tinax._format.naming import words
+from tinax._format.storage.location import Location
 from tinax.explore import display
 from tinax.explore._checkpoint import checkpoint_table, open_checkpoint, read_leaf
 from tinax.explore._cli import runs
@@ -192,7 +192,7 @@ def typed_keys(path: str | Checkpoint) -> dict[tuple[str, str], str]:
     """The arrays of a checkpoint that were typed PRNG keys when saved (Orbax stores
     their key data and records the key's implementation): ``(checkpointable, key)``
     → implementation (``fry``, ``threefry2x32``…)."""
-    from tinax._format import fit, layout, pytree
+    from tinax._format.metadata import fit, layout, pytree
 
     found: dict[tuple[str, str], str] = {}
     checkpoint = open_checkpoint(path)

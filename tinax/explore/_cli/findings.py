@@ -18,7 +18,7 @@ from typing import TextIO
 
 import pandas as pd
 
-from tinax._format import words
+from tinax._format.naming import words
 from tinax.explore import display
 from tinax.explore._verify.verification import Verification
 

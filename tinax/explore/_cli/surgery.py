@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from tinax._format.layout import Checkpoint
+from tinax._format.metadata.layout import Checkpoint
 from tinax.explore._checkpoint import checkpoint_table
 from tinax.explore._cli import terminal as term
 from tinax.explore._cli.args import _CHECKPOINT, _add_cast, _add_output, _command

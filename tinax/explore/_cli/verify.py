@@ -10,8 +10,9 @@ from typing import Any, TextIO
 import pandas as pd
 
 from tinax import _paths
-from tinax._format import layout, names, words
-from tinax._format.storage import Location
+from tinax._format.metadata import layout
+from tinax._format.naming import names, words
+from tinax._format.storage.location import Location
 from tinax.explore._cli import findings
 from tinax.explore._cli import terminal as term
 from tinax.explore._cli.args import EXIT_NO, EXIT_OK

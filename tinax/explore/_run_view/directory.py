@@ -12,10 +12,15 @@ import re
 
 from tinax import _paths
 from tinax._claims import temporary_status, uncommitted_status
-from tinax._format.layout import looks_like_checkpoint
-from tinax._format.names import TEMPORARY_SUFFIX, final_name, is_temporary_name, step_from_name
-from tinax._format.storage import DIRECTORY, Location, tree_bytes
-from tinax._format.words import IN_PROGRESS
+from tinax._format.metadata.layout import looks_like_checkpoint
+from tinax._format.naming.names import (
+    TEMPORARY_SUFFIX,
+    final_name,
+    is_temporary_name,
+    step_from_name,
+)
+from tinax._format.naming.words import IN_PROGRESS
+from tinax._format.storage.location import DIRECTORY, Location, tree_bytes
 
 PathLike = str | os.PathLike[str]
 _TRAILING_DIGITS = re.compile(r"\d+$")

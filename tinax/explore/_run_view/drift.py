@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 
 from tinax import _paths
-from tinax._format import keys, words
-from tinax._format import progress as progress_types
-from tinax._format.layout import Checkpoint
+from tinax._format import callbacks
+from tinax._format.callbacks import Cancel, Progress
 from tinax._format.lru import LruCache
-from tinax._format.progress import Cancel, Progress
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import keys, words
 from tinax.explore import _listing
 from tinax.explore._diff import diff_table
 from tinax.explore.display import natural_key
@@ -334,7 +334,7 @@ def drift_table(
     done: list[tuple[int, int, list[LeafDrift]]] = []
     cancelled = False
     for index, (first, second) in enumerate(pairs):
-        if progress_types.cancelled(cancel):
+        if callbacks.cancelled(cancel):
             cancelled = True
             break
         found = _cached_pair(first, second, chosen, source)

@@ -8,9 +8,10 @@ from typing import Any
 import pandas as pd
 
 from tinax import _paths
-from tinax._format import names, tiers
-from tinax._format.runrecord import read_run_record
-from tinax._format.storage import Location
+from tinax._format.naming import names
+from tinax._format.records import tiers
+from tinax._format.records.runrecord import read_run_record
+from tinax._format.storage.location import Location
 from tinax.explore import _listing
 
 RETENTION_COLUMNS = ("name", "step", "kept", "metric")

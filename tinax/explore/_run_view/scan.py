@@ -16,11 +16,11 @@ from typing import Any
 import pandas as pd
 
 from tinax import _paths
-from tinax._format import progress as progress_types
-from tinax._format import words
+from tinax._format import callbacks
+from tinax._format.callbacks import Cancel, Progress
 from tinax._format.lru import LruCache
-from tinax._format.progress import Cancel, Progress
-from tinax._format.storage import Location
+from tinax._format.naming import words
+from tinax._format.storage.location import Location
 from tinax.explore import _listing
 from tinax.explore._verify.verification import verify
 
@@ -126,7 +126,7 @@ def scan_run(
     results: dict[int, _Scanned] = {}
     cancelled = False
     for done, index in enumerate(todo):
-        if progress_types.cancelled(cancel):
+        if callbacks.cancelled(cancel):
             cancelled = True
             break
         row = rows[index]

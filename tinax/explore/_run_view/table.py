@@ -21,10 +21,14 @@ import numpy as np
 import pandas as pd
 
 from tinax import _paths
-from tinax._format import arrays, checksums, files, layout, names, pytree, savetimes, words
-from tinax._format import metrics as metrics_record
-from tinax._format.layout import Checkpoint
-from tinax._format.storage import Location
+from tinax._format.integrity import checksums
+from tinax._format.metadata import arrays, layout, pytree
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import names, words
+from tinax._format.records import metrics as metrics_record
+from tinax._format.records import savetimes
+from tinax._format.storage import files
+from tinax._format.storage.location import Location
 from tinax.explore import _listing, _tiers
 from tinax.explore._run_view.retention import retention_table
 

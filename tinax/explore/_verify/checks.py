@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format import arrays, chunks, pytree
-from tinax._format.layout import Checkpoint, CheckpointRecord, StoredCheckpointable
-from tinax._format.storage import Location
+from tinax._format.arraydata import chunks
+from tinax._format.metadata import arrays, pytree
+from tinax._format.metadata.layout import Checkpoint, CheckpointRecord, StoredCheckpointable
+from tinax._format.storage.location import Location
 
 
 @dataclasses.dataclass(frozen=True)

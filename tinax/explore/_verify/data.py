@@ -10,8 +10,11 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from tinax._format import arrays, checksums, chunks, names, pytree, rawread, words
-from tinax._format.progress import Progress
+from tinax._format.arraydata import chunks, rawread
+from tinax._format.callbacks import Progress
+from tinax._format.integrity import checksums
+from tinax._format.metadata import arrays, pytree
+from tinax._format.naming import names, words
 from tinax.explore import _raw_scan
 from tinax.explore._numeric import ValueCounts
 from tinax.explore._verify.checks import (

@@ -14,9 +14,11 @@ from collections.abc import Iterable
 import numpy as np
 import xxhash
 
-from tinax._format import arrays, checksums, pytree, words
-from tinax._format.checksums import Bounds, LeafRecord, Piece
-from tinax._format.chunks import Box
+from tinax._format.arraydata.chunks import Box
+from tinax._format.integrity import checksums
+from tinax._format.integrity.checksums import Bounds, LeafRecord, Piece
+from tinax._format.metadata import arrays, pytree
+from tinax._format.naming import words
 from tinax.explore._verify.checks import (
     Check,
     Finding,

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tinax._format import arrays, chunks, names, preflight, pytree, words, written
-from tinax._format.storage import Location
+from tinax._format.arraydata import chunks
+from tinax._format.integrity import preflight
+from tinax._format.metadata import arrays, pytree, written
+from tinax._format.naming import names, words
+from tinax._format.storage.location import Location
 from tinax.explore._verify.checks import (
     Check,
     Finding,

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tinax._format import files, iterstate, jsonitems, layout, names, preflight, runrecord, words
-from tinax._format.layout import Checkpoint, StoredCheckpointable
-from tinax._format.storage import DIRECTORY, FILE, LINK, Location
+from tinax._format.integrity import iterstate, preflight
+from tinax._format.metadata import jsonitems, layout
+from tinax._format.metadata.layout import Checkpoint, StoredCheckpointable
+from tinax._format.naming import names, words
+from tinax._format.records import runrecord
+from tinax._format.storage import files
+from tinax._format.storage.location import DIRECTORY, FILE, LINK, Location
 from tinax.explore._verify.checks import Check, Finding, PyTreeState, VerifyTarget
 
 
@@ -117,7 +121,7 @@ class SafetyCheck(Check):
 
 
 class PreflightCheck(Check):
-    """Every file passes the check every load passes first (``tinax._format.preflight``).
+    """Every file passes the check every load passes first (``tinax._format.integrity.preflight``).
 
     A checkpoint a load refuses is never sound: the same parse of every metadata
     file, the same size caps, the same refusals, in the same words. The other

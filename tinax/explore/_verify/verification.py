@@ -21,10 +21,11 @@ from typing import Any
 import pandas as pd
 
 from tinax import _paths
-from tinax._format import arrays, words
-from tinax._format.layout import Checkpoint
-from tinax._format.progress import Progress
-from tinax._format.storage import Location
+from tinax._format.callbacks import Progress
+from tinax._format.metadata import arrays
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import words
+from tinax._format.storage.location import Location
 from tinax.explore._leaf_rows import frame
 from tinax.explore._verify.checks import (
     Check,

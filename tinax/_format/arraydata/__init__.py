@@ -1,0 +1,8 @@
+"""Array data read from the array store (OCDBT and zarr3 chunks), checked as it is read.
+
+- ``chunks``: which chunks are stored, and reading an array a region at a time.
+- ``rawread``: uncompressed chunks read straight from an OCDBT store's data files.
+- ``blocks``: data files on a bucket read in large blocks, ahead of the reader.
+- ``chunkload``: a load's chunks read and decoded (zstd) straight into its buffers.
+- ``valuecheck``: every stored value of a checkpoint checked against its checksums.
+"""

@@ -1,0 +1,11 @@
+"""What a checkpoint is and holds, from its metadata: Orbax's layouts and the zarr
+metadata of its array store. No array data is read here.
+
+- ``layout``: which checkpoint a directory is and what it holds.
+- ``pytree``: a pytree checkpointable's metadata: leaves, strings, shardings, scalars.
+- ``arrays``: the array store through tensorstore, and zarr metadata parsing.
+- ``budget``: the memory a read may claim; impossible shapes and chunks refused.
+- ``jsonitems``: JSON checkpointables, Grain iterator states, empty pytrees.
+- ``written``: Orbax's per-process records of the arrays each process wrote.
+- ``fit``: whether restore targets fit a checkpoint, leaf by leaf.
+"""

@@ -1,0 +1,610 @@
+"""An Orbax pytree checkpointable, from its metadata alone.
+
+(Over 500 lines: ``_METADATA``'s typed decoding and the parsed-layout cache belong
+together, and the readers of strings, shardings and scalars share their layout.)
+
+The tree comes from ``_METADATA``; each array's shape, dtype and chunking from its
+zarr metadata (read in bulk, see ``arrays``); strings from ``_strings.json``;
+shardings from ``_sharding``. Array chunks are never read, except the few bytes of a
+scalar or the one array asked for.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import msgspec
+import tensorstore as ts
+
+from tinax._format.lru import LruCache
+from tinax._format.metadata import arrays, budget
+from tinax._format.metadata.arrays import ArrayInfo, parse_array_metadata
+from tinax._format.naming import names, words
+from tinax._format.naming.keys import KeyPart, KeyPath
+from tinax._format.storage import files
+from tinax._format.storage.location import FILE, Entry, Location
+
+# Orbax's key types in ``key_metadata``.
+_SEQUENCE_KEY = 1
+_DICT_KEY = 2
+
+# Orbax value types, as the kinds the tables show.
+_KINDS = {
+    "jax.Array": words.JAX_ARRAY,
+    "np.ndarray": words.NUMPY_ARRAY,
+    "scalar": words.SCALAR,
+    "string": words.STRING,
+    # None and empty containers, which Orbax records as leaves it skips.
+    "None": words.EMPTY,
+    "Dict": words.EMPTY,
+    "List": words.EMPTY,
+    "Tuple": words.EMPTY,
+    "NamedTuple": words.EMPTY,
+    "Unknown": words.EMPTY,
+}
+
+
+class StoredLeaf(NamedTuple):
+    """One entry of ``_METADATA``.
+
+    A named tuple rather than a dataclass: a checkpoint of tens of thousands of
+    leaves makes one per leaf, and a tuple is made several times faster.
+
+    Attributes:
+      path: The leaf's key path.
+      key: The leaf's key path in ``jax.tree_util.keystr`` format.
+      param: Orbax's name for the stored array (key names joined by ``.``).
+      kind: The table's kind for the leaf.
+      stored: Whether Orbax stored data for it (not skipped on save).
+    """
+
+    path: KeyPath
+    key: str
+    param: str
+    kind: str
+    stored: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PyTreeLayout:
+    """How a pytree checkpointable is stored."""
+
+    directory: Location
+    leaves: tuple[StoredLeaf, ...]
+    ocdbt: bool
+    zarr3: bool
+    all_chunks_stored: bool
+
+    def find(self, key: object, *, name: str) -> StoredLeaf:
+        """The leaf at ``key``.
+
+        Raises:
+          TypeError: If ``key`` is not a string.
+          ValueError: If there is no such leaf.
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, got {type(key).__name__}")
+        for leaf in self.leaves:
+            if leaf.key == key:
+                return leaf
+        sample = [leaf.key for leaf in self.leaves[:5]]
+        raise ValueError(
+            f"checkpointable {name!r} at {str(self.directory)!r} has no leaf {key!r}; "
+            f"keys look like {sample}"
+        )
+
+    def array_spec(self, leaf: StoredLeaf) -> dict[str, Any]:
+        """The tensorstore spec that opens ``leaf``'s array."""
+        return arrays.array_spec(
+            self.directory,
+            storage_path(leaf.param),
+            ocdbt=self.ocdbt,
+            zarr3=self.zarr3,
+            all_chunks_stored=self.all_chunks_stored,
+        )
+
+
+class _KeyItem(msgspec.Struct, frozen=True, gc=False):
+    """One entry of a leaf's ``key_metadata``: a key's name and Orbax's key type."""
+
+    key: str
+    key_type: int
+
+
+class _ValueMetadata(msgspec.Struct, gc=False):
+    """A leaf's ``value_metadata``, as far as the tables read it."""
+
+    value_type: str
+    skip_deserialize: bool = False
+
+
+class _Entry(msgspec.Struct, gc=False):
+    """One leaf of ``tree_metadata``."""
+
+    key_metadata: list[_KeyItem]
+    value_metadata: _ValueMetadata
+
+
+class _Metadata(msgspec.Struct, gc=False):
+    """Orbax's pytree ``_METADATA``; fields the tables do not read are skipped."""
+
+    tree_metadata: dict[str, _Entry]
+    use_ocdbt: Any = None
+    use_zarr3: Any = None
+    store_array_data_equal_to_fill_value: Any = None
+
+
+_METADATA_DECODER = msgspec.json.Decoder(_Metadata)
+
+
+def _decode_metadata(meta_file: Location) -> _Metadata:
+    """``_METADATA`` decoded into typed records.
+
+    A document Orbax wrote decodes straight into them, without the dict per key
+    and per leaf a generic parse makes. Any other document (a wrong type, JSON
+    only the standard library accepts, a parse error) is read the generic way,
+    which accepts and refuses exactly what it did before, with its messages.
+
+    Raises:
+      ValueError: If the file is missing, too large, not JSON or not Orbax's
+        pytree metadata; the message names the file and what is wrong.
+    """
+    what = "Orbax pytree metadata"
+    data = files.read_bytes(meta_file, what=what, max_bytes=files.MAX_METADATA_BYTES)
+    try:
+        # msgspec skips fields the records do not name without looking at them;
+        # a load (Orbax's parser) refuses bytes that are not UTF-8 anywhere.
+        codecs.decode(data, "utf-8")
+        return _METADATA_DECODER.decode(data)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        # A nesting bomb exhausts msgspec's recursion too; the generic parse below
+        # names the file and says so.
+        pass
+    meta = files.parse_json_object(data, path=meta_file, what=what, max_depth=None)
+    tree = meta.get("tree_metadata")
+    if not isinstance(tree, dict):
+        raise ValueError(f"{str(meta_file)!r} has no tree_metadata object")
+    entries = {}
+    for entry_name, entry in tree.items():
+        where = f"{str(meta_file)!r} entry {entry_name!r}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} is not an object")
+        key_metadata = entry.get("key_metadata")
+        if not isinstance(key_metadata, list):
+            raise ValueError(f"{where}: key_metadata is not a list")
+        items = []
+        for item in key_metadata:
+            if not isinstance(item, dict):
+                raise ValueError(f"{where}: a key_metadata entry is not an object")
+            name, key_type = item.get("key"), item.get("key_type")
+            if not isinstance(name, str) or isinstance(key_type, bool):
+                raise ValueError(f"{where}: a key is not a string")
+            if type(key_type) is not int:
+                raise ValueError(f"{where}: unknown key_type {key_type!r}")
+            items.append(_KeyItem(name, key_type))
+        value = entry.get("value_metadata")
+        if not isinstance(value, dict) or not isinstance(value.get("value_type"), str):
+            raise ValueError(f"{where} has no value_type")
+        entries[entry_name] = _Entry(
+            items, _ValueMetadata(value["value_type"], bool(value.get("skip_deserialize", False)))
+        )
+    return _Metadata(
+        entries,
+        meta.get("use_ocdbt"),
+        meta.get("use_zarr3"),
+        meta.get("store_array_data_equal_to_fill_value"),
+    )
+
+
+def _stored_leaves(meta_file: Location, tree: dict[str, _Entry]) -> list[StoredLeaf]:
+    """Every leaf of ``tree_metadata``, in order, with its key path, key text and
+    Orbax's name for its array.
+
+    Leaves come in tree order, so consecutive leaves mostly share all their keys
+    but the last (``opt_state``, ``0``, ``mu``, ``block_0001``, ``mlp``, …): those
+    are compared at once (in C) with the previous leaf's and, when equal, their
+    path, text and name are taken from it. Each distinct key is worked out once.
+    Tens of thousands of leaves are read this way in less time than their JSON
+    takes to decode.
+
+    Raises:
+      ValueError: If the keys are not Orbax's, naming the file and the entry.
+    """
+    known: dict[_KeyItem, tuple[KeyPart, str, str]] = {}
+
+    def read_key(item: _KeyItem, entry_name: str) -> tuple[KeyPart, str, str]:
+        name = item.key
+        if item.key_type == _DICT_KEY:
+            read: tuple[KeyPart, str, str] = (name, f"[{name!r}]", name)
+        elif item.key_type == _SEQUENCE_KEY:
+            if not (name.isdigit() and name.isascii()):
+                raise ValueError(
+                    f"{str(meta_file)!r} entry {entry_name!r}: sequence key {name!r} "
+                    "is not an index"
+                )
+            read = (int(name), f"[{int(name)}]", name)
+        else:
+            raise ValueError(
+                f"{str(meta_file)!r} entry {entry_name!r}: unknown key_type {item.key_type!r}"
+            )
+        known[item] = read
+        return read
+
+    leaves: list[StoredLeaf] = []
+    kinds = _KINDS
+    # The previous leaf's keys but its last, and their path, text and array name
+    # (with its trailing "." if there are any).
+    head: list[_KeyItem] | None = None
+    head_path: KeyPath = ()
+    head_text = head_param = ""
+    for entry_name, entry in tree.items():
+        items = entry.key_metadata
+        path: KeyPath
+        if not items:  # The tree is a single leaf.
+            path, key, param = (), "", ""
+        else:
+            if head is None or len(items) != len(head) + 1 or items[:-1] != head:
+                head = items[:-1]
+                parts = [known.get(item) or read_key(item, entry_name) for item in head]
+                head_path = tuple([part for part, _, _ in parts])
+                head_text = "".join([text for _, text, _ in parts])
+                head_param = "".join([name + "." for _, _, name in parts])
+            last = items[-1]
+            part, text, name = known.get(last) or read_key(last, entry_name)
+            path, key, param = (*head_path, part), head_text + text, head_param + name
+            # Orbax stores the array under this name, "/" making directories (Haiku's
+            # module names have them); refuse one that would climb out of the
+            # checkpointable.
+            if ("/" in param or param in (".", "..")) and any(
+                part in ("", ".", "..") for part in param.split("/")
+            ):
+                raise ValueError(
+                    f"{str(meta_file)!r} entry {entry_name!r}: stored name {param!r} is not "
+                    "a path within the checkpoint"
+                )
+        value = entry.value_metadata
+        kind = kinds.get(value.value_type) or value.value_type
+        leaves.append(StoredLeaf(path, key, param, kind, not value.skip_deserialize))
+    return leaves
+
+
+def storage_path(param: str) -> str:
+    """Where Orbax stores an array within the checkpointable (a root leaf at its top)."""
+    return param + "/" if param else ""
+
+
+# Parsed layouts of the last few checkpointables read, by their files' stamps: a
+# checkpoint opened in the explorer is checked, tabled, verified and read from by
+# separate calls, and its _METADATA (megabytes for tens of thousands of leaves) is
+# parsed once for all of them.
+_LAYOUTS_KEPT = 8
+_LAYOUTS: LruCache[tuple[str, str, str], PyTreeLayout] = LruCache(_LAYOUTS_KEPT)
+
+
+# Parsed ``_sharding`` files, likewise: checked before anything is read, then tabled.
+_SHARDING_FILES: LruCache[tuple[str, str], Any] = LruCache(_LAYOUTS_KEPT)
+
+
+def clear_layouts() -> None:
+    """Forgets every parsed layout kept by ``read_layout`` (and ``sharding_file``)."""
+    _LAYOUTS.clear()
+    _SHARDING_FILES.clear()
+
+
+def sharding_file(path: Location) -> Any:
+    """Orbax's ``_sharding`` file at ``path``, parsed once while it is unchanged.
+
+    Do not modify the result: it is shared by every reader of the file.
+
+    Raises:
+      ValueError: If it is missing, too large or not JSON.
+    """
+    entry = path.entry()
+    key = None if entry is None or not entry.stamp else (str(path), entry.stamp)
+
+    def read() -> Any:
+        return files.read_json(
+            path, what="Orbax array shardings", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
+        )
+
+    return read() if key is None else _SHARDING_FILES.get_or_compute(key, read)
+
+
+def read_layout(directory: Location, entries: dict[str, Entry] | None = None) -> PyTreeLayout:
+    """Parses a pytree checkpointable's ``_METADATA``.
+
+    A layout parsed before is reused while ``_METADATA`` and ``manifest.ocdbt`` are
+    unchanged (same size, identity and modification time). ``entries`` are the
+    entries of ``directory``, if the caller has just listed them (a check's walk):
+    then neither file is looked at again to tell.
+
+    Raises:
+      ValueError: If ``_METADATA`` is missing, not JSON, or not Orbax's pytree
+        metadata; the message names the file and what is wrong.
+    """
+    meta_file = directory / names.PYTREE_METADATA
+    if entries is None:
+        meta_entry = meta_file.entry()
+        manifest_entry = (directory / names.OCDBT_MANIFEST).entry()
+    else:
+        meta_entry = entries.get(names.PYTREE_METADATA)
+        manifest_entry = entries.get(names.OCDBT_MANIFEST)
+    key = None
+    if meta_entry is not None and meta_entry.stamp:
+        manifest_stamp = (
+            "" if manifest_entry is None else manifest_entry.kind + manifest_entry.stamp
+        )
+        key = (str(directory), meta_entry.stamp, manifest_stamp)
+        kept = _LAYOUTS.get(key)
+        if kept is not None:
+            if kept.directory == directory:
+                return kept
+            # The same files, read through the location asked about.
+            return dataclasses.replace(kept, directory=directory)
+    with files.paused_gc():
+        layout = _parse_layout(
+            directory, manifest_entry is not None and manifest_entry.kind == FILE
+        )
+    if key is not None:
+        _LAYOUTS.put(key, layout)
+    return layout
+
+
+def _parse_layout(directory: Location, has_manifest: bool) -> PyTreeLayout:
+    meta_file = directory / names.PYTREE_METADATA
+    meta = _decode_metadata(meta_file)
+    leaves = _stored_leaves(meta_file, meta.tree_metadata)
+    ocdbt = meta.use_ocdbt
+    if not isinstance(ocdbt, bool):
+        ocdbt = has_manifest
+    if ocdbt and not has_manifest and any(leaf.kind in words.STORED_ARRAY_KINDS for leaf in leaves):
+        # Tensorstore would read a store without its manifest as an empty one.
+        raise ValueError(
+            f"{str(directory)!r} has no {names.OCDBT_MANIFEST}, so its arrays cannot be found"
+        )
+    return PyTreeLayout(
+        directory=directory,
+        leaves=tuple(leaves),
+        ocdbt=ocdbt,
+        zarr3=meta.use_zarr3 is True,
+        all_chunks_stored=meta.store_array_data_equal_to_fill_value is True,
+    )
+
+
+def array_metadata_keys(layout: PyTreeLayout, leaves: Iterable[StoredLeaf]) -> dict[str, str]:
+    """Where each leaf's array metadata is stored, by key: its ``param``."""
+    suffix = names.ZARR3_METADATA if layout.zarr3 else names.ZARR2_METADATA
+    return {storage_path(leaf.param) + suffix: leaf.param for leaf in leaves}
+
+
+def array_infos(
+    layout: PyTreeLayout,
+    leaves: Iterable[StoredLeaf],
+    ctx: ts.Context | None,
+    stored: dict[str, bytes] | ValueError | None = None,
+    stored_sizes: Mapping[str, int] | None = None,
+) -> dict[str, ArrayInfo]:
+    """Each leaf's array metadata by ``param``, read in bulk (in ``ctx``, else a
+    fresh context).
+
+    ``stored`` is what ``arrays.read_values`` gave for ``array_metadata_keys``, if
+    the caller has read them already (with other stores: a listing), and
+    ``stored_sizes`` what it gave as ``sizes``, if the caller walked the store.
+
+    Raises:
+      ValueError: If a leaf's metadata is missing or garbled, naming it.
+    """
+    keys = array_metadata_keys(layout, leaves)
+    sizes: dict[str, int] = {}
+    if stored is not None and stored_sizes is not None:
+        sizes.update(stored_sizes)
+    try:
+        if stored is None:
+            ctx = arrays.context() if ctx is None else ctx
+            stored = arrays.read_values(
+                layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx, sizes=sizes
+            )
+        elif isinstance(stored, ValueError):
+            raise stored
+    except ValueError as e:
+        raise ValueError(
+            f"cannot read the array metadata under {str(layout.directory)!r}: {arrays.message(e)}"
+        ) from None
+    infos: dict[str, ArrayInfo] = {}
+    parsed: dict[bytes, ArrayInfo | None] = {}
+    for key, param in keys.items():
+        if key not in stored:
+            raise ValueError(
+                f"array {param!r} under {str(layout.directory)!r} is missing: no {key} is stored"
+            )
+        data = stored[key]
+        # Layers repeat: many arrays share byte-identical metadata.
+        if data not in parsed:
+            parsed[data] = parse_array_metadata(data, zarr3=layout.zarr3)
+        info = parsed[data]
+        if info is None:
+            raise ValueError(
+                f"array metadata {key} under {str(layout.directory)!r} is not valid zarr metadata"
+            )
+        problem = budget.claim_problem(info.shape, info.itemsize, info.chunk_shape)
+        if (
+            problem is None
+            and sizes
+            and layout.all_chunks_stored
+            and not info.compressed
+            and info.itemsize is not None
+        ):
+            # Every chunk is stored, byte for byte: they must hold what the shape claims.
+            claimed = math.prod(info.shape) * info.itemsize
+            problem = budget.stored_problem(claimed, sizes.get(storage_path(param), 0))
+        if problem is not None:
+            raise ValueError(f"array {param!r} under {str(layout.directory)!r}: {problem}")
+        infos[param] = info
+    return infos
+
+
+def leaf_infos(layout: PyTreeLayout, ctx: ts.Context) -> list[tuple[StoredLeaf, ArrayInfo | None]]:
+    """Every leaf with its array metadata (``None`` for leaves not in the array store).
+
+    Raises:
+      ValueError: If an array's metadata is missing or garbled, naming it.
+    """
+    in_store = [
+        leaf for leaf in layout.leaves if leaf.stored and leaf.kind in words.STORED_ARRAY_KINDS
+    ]
+    with files.paused_gc():
+        infos = array_infos(layout, in_store, ctx)
+        return [(leaf, infos.get(leaf.param)) for leaf in layout.leaves]
+
+
+def read_strings(layout: PyTreeLayout, params: list[str]) -> dict[str, str]:
+    """The stored values of string leaves, by ``param``.
+
+    Raises:
+      ValueError: If ``_strings.json`` is unreadable or lacks one of them.
+    """
+    path = layout.directory / names.STRINGS
+    strings = files.read_json_object(
+        path, what="Orbax string leaves", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
+    )
+    out = {}
+    for param in params:
+        value = strings.get(param)
+        if not isinstance(value, str):
+            raise ValueError(f"{str(path)!r} holds no string for leaf {param!r}")
+        out[param] = value
+    return out
+
+
+def sharding_records(layout: PyTreeLayout) -> dict[str, str]:
+    """Orbax's ``_sharding`` records as stored, each array's JSON text by ``param``
+    (empty where there is no such file).
+
+    Raises:
+      ValueError: If ``_sharding`` exists but is unreadable.
+    """
+    path = layout.directory / names.SHARDINGS
+    if not path.exists():
+        return {}
+    stored = sharding_file(path)
+    if not isinstance(stored, dict):
+        raise ValueError(
+            f"{str(path)!r} (Orbax array shardings) holds a JSON {type(stored).__name__}, "
+            "not an object"
+        )
+    # Orbax keys each record by the base64 of the array's name.
+    by_key = {
+        base64.b64encode(leaf.param.encode("utf-8")).decode("ascii"): leaf.param
+        for leaf in layout.leaves
+    }
+    return {
+        by_key[key]: record
+        for key, record in stored.items()
+        if key in by_key and isinstance(record, str)
+    }
+
+
+def read_shardings(layout: PyTreeLayout, params: list[str]) -> dict[str, dict[str, Any]]:
+    """Orbax's record of each array's sharding, by ``param`` (absent where unknown).
+
+    Raises:
+      ValueError: If ``_sharding`` exists but is unreadable.
+    """
+    stored = sharding_records(layout)
+    parsed: dict[str, Any] = {}
+    out = {}
+    for param in params:
+        record = stored.get(param)
+        if record is None:
+            continue
+        # Most arrays share one of a few shardings.
+        if record not in parsed:
+            try:
+                parsed[record] = json.loads(record)
+            except (ValueError, RecursionError):
+                parsed[record] = None
+        if isinstance(parsed[record], dict):
+            out[param] = parsed[record]
+    return out
+
+
+def read_scalars(layout: PyTreeLayout, leaves: list[StoredLeaf], ctx: ts.Context) -> dict[str, Any]:
+    """The values of scalar leaves, by ``param``: a few bytes each.
+
+    Raises:
+      ValueError: If one cannot be read.
+    """
+    values: dict[str, Any] = {}
+    if layout.ocdbt and layout.zarr3 and leaves:
+        # Orbax keeps a scalar inline in the B+tree, which the store's (kept) walk
+        # holds: no array is opened, and on a bucket no request is made for it.
+        try:
+            stored = dict(arrays.walk_ocdbt(layout.directory, ctx))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            stored = {}  # read below, which says what is wrong in its own words
+        for leaf in leaves:
+            path = storage_path(leaf.param)
+            metadata = stored.get((path + names.ZARR3_METADATA).encode("utf-8"))
+            chunk = stored.get((path + "c").encode("utf-8"))
+            if isinstance(metadata, bytes) and isinstance(chunk, bytes | None):
+                value = arrays.inline_scalar(metadata, chunk)
+                if value is not None and value is not arrays.NOT_0D:
+                    values[leaf.param] = value.item()
+        leaves = [leaf for leaf in leaves if leaf.param not in values]
+        if not leaves:
+            return values
+    opened = arrays.open_arrays([layout.array_spec(leaf) for leaf in leaves], ctx)
+    try:
+        reads = [
+            (leaf, future.result().read()) for leaf, future in zip(leaves, opened, strict=True)
+        ]
+        for leaf, read in reads:
+            values[leaf.param] = read.result().item()
+    except ValueError as e:
+        raise ValueError(
+            f"cannot read the scalar leaves under {str(layout.directory)!r}: {arrays.message(e)}"
+        ) from None
+    return values
+
+
+def read_value(layout: PyTreeLayout, leaf: StoredLeaf, ctx: ts.Context) -> Any:
+    """One leaf's value, reading only that leaf's stored bytes.
+
+    Raises:
+      ValueError: If it cannot be read (tensorstore's message).
+    """
+    if leaf.kind == words.STRING:
+        return read_strings(layout, [leaf.param])[leaf.param]
+    if leaf.kind == words.EMPTY or not leaf.stored:
+        return None
+    # The claimed shape and chunking are checked before tensorstore allocates them.
+    array_infos(layout, [leaf], ctx)
+    array = arrays.open_arrays([layout.array_spec(leaf)], ctx)[0].result()
+    value = array.read().result()
+    return value.item() if leaf.kind == words.SCALAR else value
+
+
+def top_level_keys(directory: Location) -> list[tuple[KeyPart, bool]] | None:
+    """The first key of every stored leaf, and whether it is a dict key, in stored order.
+
+    Returns ``None`` when the directory holds no Orbax pytree metadata.
+
+    Raises:
+      ValueError: If the metadata is unreadable.
+    """
+    if not (directory / names.PYTREE_METADATA).exists():
+        return None
+    layout = read_layout(directory)
+    keys: dict[KeyPart, bool] = {}
+    for leaf in layout.leaves:
+        if leaf.path:
+            keys.setdefault(leaf.path[0], isinstance(leaf.path[0], str))
+        else:
+            keys.setdefault("", False)
+    return list(keys.items())

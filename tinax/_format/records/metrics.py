@@ -1,0 +1,83 @@
+"""A training save's metrics: the numeric 0-d values of its auxiliary state, as logged.
+
+``run_table`` shows them as columns. They are in the auxiliary checkpointable itself,
+where reading them costs its metadata, its checksum record and its array store (four
+round trips a checkpoint on a bucket); a tinax training save also records them under
+``names.METRICS_RECORD`` in the commit record's ``custom_metadata``, which a listing
+reads anyway, as ``{"checkpointable": name, "values": {dotted key: number}}``. JSON
+has no NaN or infinity: those are recorded as the strings ``"nan"``, ``"inf"`` and
+``"-inf"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tinax._format.naming import names
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def numeric(value: Any) -> float | None:
+    """``value`` as a float when it is a real number (not a bool): a Python or NumPy
+    number, a 0-d array of one, ml_dtypes' (``bfloat16``) included; else ``None``."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    if isinstance(value, int | float | np.integer | np.floating):
+        return float(value)
+    if isinstance(value, np.generic | np.ndarray) and np.shape(value) == ():
+        dtype = value.dtype
+        if dtype.kind in "iuf" or (dtype.kind == "V" and dtype.names is None):
+            try:
+                return float(np.asarray(value).astype(np.float64))
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def metric_name(path: tuple[Any, ...]) -> str:
+    """The column a metric at key path ``path`` is shown in: its keys dotted."""
+    return ".".join(str(part) for part in path) or "(root)"
+
+
+def record(checkpointable: str, values: Mapping[str, float]) -> dict[str, Any]:
+    """What a save puts under ``names.METRICS_RECORD`` for the metrics ``values`` of
+    the auxiliary checkpointable ``checkpointable``."""
+    return {
+        "checkpointable": checkpointable,
+        "values": {
+            key: value if math.isfinite(value) else str(value).lower()
+            for key, value in values.items()
+        },
+    }
+
+
+def recorded(custom_metadata: object, checkpointable: str) -> dict[str, float] | None:
+    """The metrics recorded for ``checkpointable`` in a commit record's
+    ``custom_metadata``; ``None`` where there is no such record (a save by Orbax, or
+    by another checkpointable's name), or it is not one."""
+    if not isinstance(custom_metadata, Mapping):
+        return None
+    found = custom_metadata.get(names.METRICS_RECORD)
+    if not isinstance(found, Mapping) or found.get("checkpointable") != checkpointable:
+        return None
+    values = found.get("values")
+    if not isinstance(values, Mapping):
+        return None
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        if not isinstance(key, str):
+            return None
+        if isinstance(value, str):
+            if value not in _NONFINITE:
+                return None
+            out[key] = _NONFINITE[value]
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = float(value)
+        else:
+            return None
+    return out

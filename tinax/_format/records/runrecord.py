@@ -1,0 +1,48 @@
+"""A training run's record: its policy, each step's metric, why each checkpoint is kept.
+
+``tinax.checkpointing.TrainingRun`` writes it (``names.RUN_RECORD`` at the run's root,
+replaced atomically); ``tinax.explore`` reads it. JSON only, size-bounded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tinax._format.naming import names
+from tinax._format.storage import files
+from tinax._format.storage.location import Location
+
+# A record holds a number per kept step and a few words per kept checkpoint.
+MAX_RECORD_BYTES = 16 << 20
+
+
+def read_run_record(root: Location) -> dict[str, Any] | None:
+    """The run record at ``root``; ``None`` if there is none or it is not a run record."""
+    where = root / names.RUN_RECORD
+    if not where.is_file():
+        return None
+    return files.read_record(
+        where, what="tinax run record", format=names.RUN_RECORD_FORMAT, max_bytes=MAX_RECORD_BYTES
+    )
+
+
+# The record of a checkpoint found corrupt holds one reason and a time.
+MAX_CORRUPT_RECORD_BYTES = 1 << 20
+
+
+def found_corrupt(checkpoint: Location) -> str | None:
+    """Why a run's restore refused ``checkpoint`` (``names.CORRUPT_RECORD``), or ``None``.
+
+    A record that cannot be read still marks the checkpoint: its reason is then that.
+    """
+    where = checkpoint / names.CORRUPT_RECORD
+    if not where.exists():
+        return None
+    try:
+        record = files.read_json(
+            where, what="tinax found-corrupt record", max_bytes=MAX_CORRUPT_RECORD_BYTES
+        )
+    except (ValueError, OSError) as e:
+        return f"(its record is unreadable: {e})"
+    reason = record.get("reason") if isinstance(record, dict) else None
+    return reason if isinstance(reason, str) else "(its record gives no reason)"
