@@ -140,8 +140,8 @@ report(time.perf_counter() - start, rows=rows)
 """,
     "tinax ls": """
 import io
-from tinax.explore._cli.main import main
-from tinax.explore._cli import commands  # the command's imports, as the console has made them
+from tinax._cli.main import main
+from tinax._cli import commands  # the command's imports, as the console has made them
 out = io.StringIO()
 start = time.perf_counter()
 status = main(["ls", {run!r}], out, io.StringIO())

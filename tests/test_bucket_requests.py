@@ -105,7 +105,7 @@ def test_a_load_asks_no_more_than_orbax_s_own(gcs: Any, run: dict[str, Any]) -> 
 
 
 def test_a_run_is_listed_from_prefix_listings(gcs: Any, run: dict[str, Any]) -> None:
-    from tinax.explore._cli.main import main
+    from tinax._cli.main import main
 
     # The listing alone tells: not a request per checkpoint, however many there are.
     listing = _count(gcs, lambda: ex.list_checkpoints(run["run"]))

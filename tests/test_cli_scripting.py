@@ -20,9 +20,9 @@ import jax
 import numpy as np
 import pytest
 
+from tinax._cli.args import EXIT_STATUSES
+from tinax._cli.main import COMMANDS, main
 from tinax.checkpointing import TrainingRun, save_checkpointables
-from tinax.explore._cli.args import EXIT_STATUSES
-from tinax.explore._cli.main import COMMANDS, main
 
 
 def _process(
@@ -110,7 +110,7 @@ def test_ctrl_c_exits_130_with_one_line():
         import os, signal, sys, time
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        from tinax.explore._cli import commands, main
+        from tinax._cli import commands, main
 
         def waits(args, out):
             os.kill(os.getpid(), signal.SIGINT)
@@ -161,7 +161,7 @@ def test_help_and_usage_errors_import_no_table_machinery():
     code = textwrap.dedent(
         """
         import io, sys
-        from tinax.explore._cli.main import main
+        from tinax._cli.main import main
         for args in (["--help"], ["verify", "--help"], ["verify"], ["run", "--help"]):
             main(args, io.StringIO(), io.StringIO())
         heavy = [m for m in ("pandas", "numpy", "tensorstore", "ml_dtypes") if m in sys.modules]

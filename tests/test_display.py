@@ -297,8 +297,8 @@ def test_human_bytes_in_binary_units_with_blank_for_missing() -> None:
 def test_the_project_has_one_byte_formatter() -> None:
     from tinax.widgets import _text
 
+    from tinax._cli import terminal as _terminal
     from tinax.explore import _readable
-    from tinax.explore._cli import terminal as _terminal
 
     assert _readable.human_bytes is display.human_bytes
     assert _terminal.human_bytes is display.human_bytes

@@ -153,7 +153,7 @@ def _tinax(*args: str | Path, columns: int = 80) -> tuple[int, str, str]:
     import io
     import os
 
-    from tinax.explore._cli.main import main
+    from tinax._cli.main import main
 
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = str(columns)

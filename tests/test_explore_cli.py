@@ -40,7 +40,7 @@ def explore(*args: str | Path, columns: int | None = None) -> subprocess.Complet
     tests. Each new interpreter costs seconds of imports, so a few tests
     (``explore_script``) run the command as a script does, for what only a process
     shows: its exit status, its streams, and argparse's own exits."""
-    from tinax.explore._cli.main import main
+    from tinax._cli.main import main
 
     with mock.patch.dict(os.environ):  # restored as it was on the way out
         for name in ("COLUMNS", "LINES"):
@@ -283,7 +283,7 @@ def test_without_columns_a_pipe_gets_80(demo_run):
 
 
 def _table_cells(table: pd.DataFrame) -> list[dict[str, object]]:
-    from tinax.explore._cli.output import _records
+    from tinax._cli.output import _records
 
     return _records(table)
 
@@ -381,7 +381,7 @@ def test_export_writes_safetensors_quietly_into_a_pipe(demo_run, tmp_path):
 
 
 def test_human_units_and_middle_cuts():
-    from tinax.explore._cli import terminal as term
+    from tinax._cli import terminal as term
 
     assert [term.human_bytes(n) for n in (0, 1023, 89531, 3 << 30, None)] == [
         "0 B",

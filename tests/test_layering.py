@@ -1,7 +1,11 @@
 """Layers import only downwards, and the on-disk format has one home.
 
     tinax.widgets  →  tinax.explore  →  tinax.checkpointing  →  tinax._format, tinax._paths,
-                                                                  tinax._claims, tinax._targets
+    tinax._cli     ↗                                              tinax._claims, tinax._targets
+
+The command line (``tinax._cli``) sits beside the widgets, above explore: its writing
+commands (``derive``, ``average``) run tinax.checkpointing, which read-only explore never
+imports.
 
 Checked twice: statically, over every import statement of every module (including
 imports inside functions), and at run time, over what importing a layer loads.
@@ -23,7 +27,11 @@ PACKAGES = {
     "tinax.checkpointing": REPO / "tinax" / "checkpointing",
     "tinax.explore": REPO / "tinax" / "explore",
     "tinax.widgets": REPO / "widgets",
+    "tinax._cli": REPO / "tinax" / "_cli",
 }
+# Scripts that ``python -m`` runs and nothing imports: ``python -m tinax.explore`` is the
+# command line, which sits above the package it is named after.
+ENTRY_POINTS = {"tinax.explore.__main__": {"tinax._cli.main", "tinax._cli.main.console"}}
 # The layers that are one module each, directly under tinax/.
 SINGLE_MODULES = ("tinax._paths", "tinax._claims", "tinax._targets")
 # What each layer may not import, at any depth of its modules.
@@ -40,6 +48,7 @@ FORBIDDEN = {
         "tinax.checkpointing",
         "tinax.explore",
         "tinax.widgets",
+        "tinax._cli",
     ),
     "tinax._paths": (
         "jax",
@@ -51,6 +60,7 @@ FORBIDDEN = {
         "tinax.checkpointing",
         "tinax.explore",
         "tinax.widgets",
+        "tinax._cli",
     ),
     "tinax._claims": (
         "jax",
@@ -61,6 +71,7 @@ FORBIDDEN = {
         "tinax.checkpointing",
         "tinax.explore",
         "tinax.widgets",
+        "tinax._cli",
     ),
     # Restore targets, leaf by leaf: JAX walks the pytree; no Orbax, no Grain.
     "tinax._targets": (
@@ -73,10 +84,29 @@ FORBIDDEN = {
         "tinax.checkpointing",
         "tinax.explore",
         "tinax.widgets",
+        "tinax._cli",
     ),
-    "tinax.checkpointing": ("pandas", "ipywidgets", "tinax.explore", "tinax.widgets"),
-    "tinax.explore": ("ipywidgets", "orbax", "matplotlib", "tinax.widgets"),
-    "tinax.widgets": ("orbax", "tensorstore"),
+    "tinax.checkpointing": ("pandas", "ipywidgets", "tinax.explore", "tinax.widgets", "tinax._cli"),
+    # Read-only: nothing of checkpointing that writes a checkpoint (the command line's
+    # derive and average run those).
+    "tinax.explore": (
+        "ipywidgets",
+        "orbax",
+        "matplotlib",
+        "tinax.widgets",
+        "tinax._cli",
+        "tinax.checkpointing.derive_checkpoint",
+        "tinax.checkpointing.average_checkpoints",
+        "tinax.checkpointing.save_checkpointables",
+        "tinax.checkpointing.save_training_checkpoint",
+        "tinax.checkpointing.TrainingRun",
+        "tinax.checkpointing._derive",
+        "tinax.checkpointing._average",
+        "tinax.checkpointing._surgery",
+    ),
+    "tinax.widgets": ("orbax", "tensorstore", "tinax._cli"),
+    # The command line: a terminal's tables, and checkpointing's writers run from it.
+    "tinax._cli": ("ipywidgets", "matplotlib", "orbax", "jax", "tinax.widgets"),
 }
 
 
@@ -121,7 +151,7 @@ def test_no_layer_imports_upwards_or_past_its_boundary(layer: str) -> None:
     for module, source in modules.items():
         bad = {
             name
-            for name in _imports(module, source)
+            for name in _imports(module, source) - ENTRY_POINTS.get(module, set())
             for forbidden in FORBIDDEN[layer]
             if _under(name, forbidden)
         }
@@ -211,6 +241,7 @@ def test_no_module_outside_the_format_module_spells_an_orbax_file_name() -> None
         "tinax.checkpointing",
         "tinax.explore",
         "tinax.widgets",
+        "tinax._cli",
     ):
         for module, source in _modules(layer).items():
             found = _strings(source) & spelled
@@ -234,7 +265,13 @@ def test_no_module_outside_the_format_module_spells_a_status_word() -> None:
         words.ONLY_IN_A,
         words.ONLY_IN_B,
     }
-    for layer in ("tinax._claims", "tinax.checkpointing", "tinax.explore", "tinax.widgets"):
+    for layer in (
+        "tinax._claims",
+        "tinax.checkpointing",
+        "tinax.explore",
+        "tinax.widgets",
+        "tinax._cli",
+    ):
         for module, source in _modules(layer).items():
             found = _strings(source) & statuses
             assert not found, f"{module} spells {sorted(found)}"
@@ -294,7 +331,7 @@ def test_no_layer_above_the_format_module_knows_which_storage_it_reads() -> None
     # Storages differ in capabilities (``commits_by_rename``, ``implicit_directories``),
     # never by name: only tinax._format picks and implements them.
     storage_names = ("tinax._format.storage.gcs", "gcsfs", "google.cloud")
-    for layer in ("tinax.checkpointing", "tinax.explore", "tinax.widgets"):
+    for layer in ("tinax.checkpointing", "tinax.explore", "tinax.widgets", "tinax._cli"):
         for module, source in _modules(layer).items():
             bad = {n for n in _imports(module, source) for s in storage_names if _under(n, s)}
             assert not bad, f"{module} imports {sorted(bad)}"

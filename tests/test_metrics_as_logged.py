@@ -122,7 +122,7 @@ def test_compare_table_gives_the_verdict_every_load_gives(tmp_path):
 def _cli(*args: object) -> tuple[int, str]:
     import io
 
-    from tinax.explore._cli.main import main
+    from tinax._cli.main import main
 
     out = io.StringIO()
     return main([str(a) for a in args], out, io.StringIO()), out.getvalue()

@@ -165,13 +165,14 @@ def test_every_imported_package_is_declared_where_its_importer_is_installed() ->
     core = _names(project["dependencies"])
     extras = {name: _names(extra) for name, extra in project["optional-dependencies"].items()}
     # What each part of the package may rely on: the core dependencies, plus the
-    # extra that installs it (tinax.explore, tinax.widgets and gs:// support: the
-    # modules only a gs:// path imports).
+    # extra that installs it (tinax.explore and the command line, tinax.widgets and
+    # gs:// support: the modules only a gs:// path imports).
     allowed = {
         "tinax/_format/storage/gcs.py": core | extras["gcs"],
         "tinax/_format/storage/gcs_listing.py": core | extras["gcs"],
         "tinax/_format/storage/gcs_upload.py": core | extras["gcs"],
         "tinax/explore": core | extras["explore"],
+        "tinax/_cli": core | extras["explore"],
         "widgets": core | extras["widgets"],
         "tinax": core,
     }

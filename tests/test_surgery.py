@@ -394,7 +394,7 @@ def test_an_average_needs_two_sources_in_a_list(run, tmp_path):
 
 
 def _tinax(*args: object) -> tuple[int, str, str]:
-    from tinax.explore._cli.main import main
+    from tinax._cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     status = main([str(a) for a in args], out, err)

@@ -8,8 +8,8 @@ import io
 import pandas as pd
 import pytest
 
+from tinax._cli import terminal as term
 from tinax._format.naming.keys import format_key
-from tinax.explore._cli import terminal as term
 from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
 
 

@@ -24,7 +24,7 @@ TINAX = Path(sys.executable).parent / "tinax"
 
 def tinax(*args: str | Path, columns: int = 80) -> subprocess.CompletedProcess[str]:
     """``main`` run in this process, as ``tinax ARGS`` at a terminal ``columns`` wide."""
-    from tinax.explore._cli.main import main
+    from tinax._cli.main import main
 
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = str(columns)

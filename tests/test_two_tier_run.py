@@ -29,9 +29,9 @@ from orbax.checkpoint import v1 as ocp
 
 import tinax.explore as ex
 from tinax import _paths
+from tinax._cli.main import main
 from tinax._format.naming import names, words
 from tinax.checkpointing import CorruptDataError, TrainingRun, _promotion, load_training_checkpoint
-from tinax.explore._cli.main import main
 
 WORKER = Path(worker.__file__)
 

@@ -34,8 +34,8 @@ if _TYPE_CHECKING:
     from tinax.explore._readable import readable
     from tinax.explore._run_view.drift import drift_table
     from tinax.explore._run_view.retention import retention_table, run_policy
+    from tinax.explore._run_view.run_table import run_table
     from tinax.explore._run_view.scan import scan_run
-    from tinax.explore._run_view.table import run_table
     from tinax.explore._verify.verification import verify
 
 # Where each public name lives.
@@ -53,7 +53,7 @@ _HOMES = {
     "readable": "tinax.explore._readable",
     "retention_table": "tinax.explore._run_view.retention",
     "run_policy": "tinax.explore._run_view.retention",
-    "run_table": "tinax.explore._run_view.table",
+    "run_table": "tinax.explore._run_view.run_table",
     "scan_run": "tinax.explore._run_view.scan",
     "state_table": "tinax.explore._live",
     "verify": "tinax.explore._verify.verification",

@@ -1,5 +1,5 @@
-"""``python -m tinax.explore``: the ``tinax`` command (see ``tinax.explore._cli.main``)."""
+"""``python -m tinax.explore``: the ``tinax`` command (see ``tinax._cli.main``)."""
 
-from tinax.explore._cli.main import console
+from tinax._cli.main import console
 
 console(prog="python -m tinax.explore")

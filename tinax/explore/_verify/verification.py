@@ -27,6 +27,7 @@ from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import words
 from tinax._format.storage.location import Location
 from tinax.explore._leaf_rows import frame
+from tinax.explore._verify.array_store import PyTreeCheck
 from tinax.explore._verify.checks import (
     Check,
     Finding,
@@ -36,7 +37,6 @@ from tinax.explore._verify.checks import (
 )
 from tinax.explore._verify.data import NonFiniteCheck, read_data
 from tinax.explore._verify.integrity import ChecksumCheck
-from tinax.explore._verify.pytree import PyTreeCheck
 from tinax.explore._verify.structure import (
     CheckpointablesCheck,
     CommitCheck,

@@ -9,13 +9,13 @@ from typing import Any, TextIO
 
 import pandas as pd
 
+from tinax._cli import terminal as term
+from tinax._cli.output import _csv, _dump, _progress, _records, _say, _seconds
+from tinax._cli.terminal import Column, jsonable
 from tinax.explore import display
-from tinax.explore._cli import terminal as term
-from tinax.explore._cli.output import _csv, _dump, _progress, _records, _say, _seconds
-from tinax.explore._cli.terminal import Column, jsonable
 from tinax.explore._run_view.drift import drift_table
+from tinax.explore._run_view.run_table import run_table
 from tinax.explore._run_view.scan import scan_run
-from tinax.explore._run_view.table import run_table
 
 
 def _run_columns(table: pd.DataFrame) -> list[Column]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pandas as pd
 
 from tinax import _paths
+from tinax._cli import terminal as term
+from tinax._cli.terminal import Column
 from tinax._format.naming import words
 from tinax._format.storage.location import FILE, Location
-from tinax.explore._cli import terminal as term
-from tinax.explore._cli.terminal import Column
 from tinax.explore._listing import listing as checkpoints_listed
 
 RUNS = (

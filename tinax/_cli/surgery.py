@@ -11,11 +11,11 @@ from typing import Any, TextIO
 
 import pandas as pd
 
+from tinax._cli import terminal as term
+from tinax._cli.args import _CHECKPOINT, _add_cast, _add_output, _command
+from tinax._cli.output import _dump, _progress, _records, _say
 from tinax._format.metadata.layout import Checkpoint
 from tinax.explore._checkpoint import checkpoint_table
-from tinax.explore._cli import terminal as term
-from tinax.explore._cli.args import _CHECKPOINT, _add_cast, _add_output, _command
-from tinax.explore._cli.output import _dump, _progress, _records, _say
 from tinax.explore._lineage import lineage, lineage_summary
 
 

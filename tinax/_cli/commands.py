@@ -20,16 +20,10 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
-from tinax._format.metadata.layout import Checkpoint
-from tinax._format.naming import keys as _keys
-from tinax._format.naming import words
-from tinax._format.storage.location import Location
-from tinax.explore import display
-from tinax.explore._checkpoint import checkpoint_table, open_checkpoint, read_leaf
-from tinax.explore._cli import runs
-from tinax.explore._cli import terminal as term
-from tinax.explore._cli.args import EXIT_NO, EXIT_OK
-from tinax.explore._cli.output import (
+from tinax._cli import runs
+from tinax._cli import terminal as term
+from tinax._cli.args import EXIT_NO, EXIT_OK
+from tinax._cli.output import (
     _csv,
     _dump,
     _machine,
@@ -38,8 +32,14 @@ from tinax.explore._cli.output import (
     _records,
     _say,
 )
-from tinax.explore._cli.terminal import Column, jsonable
-from tinax.explore._cli.verify import is_run
+from tinax._cli.terminal import Column, jsonable
+from tinax._cli.verify import is_run
+from tinax._format.metadata.layout import Checkpoint
+from tinax._format.naming import keys as _keys
+from tinax._format.naming import words
+from tinax._format.storage.location import Location
+from tinax.explore import display
+from tinax.explore._checkpoint import checkpoint_table, open_checkpoint, read_leaf
 from tinax.explore._diff import diff_table
 from tinax.explore._export import export_safetensors
 from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
@@ -151,7 +151,7 @@ def _show_listing(path: str, args: argparse.Namespace, out: TextIO, err: TextIO)
 
 
 def _show_checkpoint(path: str, args: argparse.Namespace, out: TextIO) -> None:
-    from tinax.explore._cli import surgery
+    from tinax._cli import surgery
 
     checkpoint = open_checkpoint(path)  # once, for the table, the keys and the lineage
     table = checkpoint_table(checkpoint)

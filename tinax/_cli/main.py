@@ -15,7 +15,7 @@ stops early (``tinax diff A B | head -1`` exits with diff's status); usage error
 exit 2 with the usage; Ctrl-C exits 130 with one line. This module reads the
 command line and imports what a command needs only when it runs it, so that
 ``--help`` and usage errors answer at once. The commands live beside it:
-``commands`` (``ls``, ``show``, ``diff``, ``export``), ``verify``, ``run``,
+``commands`` (``ls``, ``show``, ``diff``, ``export``), ``verify``, ``run_command``,
 ``surgery`` (``derive``, ``average``); with
 ``args`` (every command's arguments), ``output`` (JSON, CSV, progress bars),
 ``terminal`` (the tables' layout) and ``findings`` (``verify``'s findings grouped);
@@ -32,8 +32,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from tinax.explore._cli import args as cli_args
-from tinax.explore._cli.args import EXIT_INTERRUPTED, EXIT_OK, EXIT_TROUBLE
+from tinax._cli import args as cli_args
+from tinax._cli.args import EXIT_INTERRUPTED, EXIT_OK, EXIT_TROUBLE
 
 __all__ = ["console", "main"]
 
@@ -95,31 +95,31 @@ def _dispatch(argv: list[str], out: TextIO, err: TextIO, prog: str) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     rest = argv[1:] if command else argv
     if command == "diff":
-        from tinax.explore._cli.commands import diff
+        from tinax._cli.commands import diff
 
         return diff(cli_args._diff_parser(prog).parse_args(rest), out)
     if command == "verify":
         parsed = cli_args._verify_parser(prog).parse_args(rest)
-        from tinax.explore._cli.verify import verify_command
+        from tinax._cli.verify import verify_command
 
         return verify_command(parsed, out, err)
     if command == "export":
         parsed = cli_args._export_parser(prog).parse_args(rest)
-        from tinax.explore._cli.commands import export
+        from tinax._cli.commands import export
 
         return export(parsed, out, err)
     if command == "run":
         parsed = cli_args._run_parser(prog).parse_args(rest)
-        from tinax.explore._cli.run import run_command
+        from tinax._cli.run_command import run_command
 
         return run_command(parsed, out, err)
     if command in ("derive", "average"):
-        from tinax.explore._cli import surgery
+        from tinax._cli import surgery
 
         return surgery.run(command, rest, out, err, prog)
     if command == "ls":
         parsed = cli_args._ls_parser(prog).parse_args(rest)
-        from tinax.explore._cli.commands import show
+        from tinax._cli.commands import show
 
         show(parsed.root, parsed, out, err, listing=True)
         return EXIT_OK
@@ -127,7 +127,7 @@ def _dispatch(argv: list[str], out: TextIO, err: TextIO, prog: str) -> int:
         parsed = cli_args._show_parser(prog).parse_args(rest)
     else:
         parsed = cli_args._parser(prog).parse_args(rest)
-    from tinax.explore._cli.commands import show
+    from tinax._cli.commands import show
 
     show(parsed.path, parsed, out, err, listing=False)
     return EXIT_OK

@@ -10,14 +10,14 @@ from typing import Any, TextIO
 import pandas as pd
 
 from tinax import _paths
+from tinax._cli import findings
+from tinax._cli import terminal as term
+from tinax._cli.args import EXIT_NO, EXIT_OK
+from tinax._cli.output import _csv, _dump, _progress, _records, _say
+from tinax._cli.terminal import Column
 from tinax._format.metadata import layout
 from tinax._format.naming import names, words
 from tinax._format.storage.location import Location
-from tinax.explore._cli import findings
-from tinax.explore._cli import terminal as term
-from tinax.explore._cli.args import EXIT_NO, EXIT_OK
-from tinax.explore._cli.output import _csv, _dump, _progress, _records, _say
-from tinax.explore._cli.terminal import Column
 from tinax.explore._listing import list_checkpoints
 from tinax.explore._verify.verification import Verification, verify
 

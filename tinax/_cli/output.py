@@ -12,9 +12,9 @@ from typing import Any, TextIO
 
 import pandas as pd
 
+from tinax._cli import terminal as term
+from tinax._cli.terminal import jsonable
 from tinax.explore import display
-from tinax.explore._cli import terminal as term
-from tinax.explore._cli.terminal import jsonable
 from tinax.explore._readable import human_duration
 
 

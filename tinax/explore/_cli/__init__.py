@@ -1,1 +1,0 @@
-"""The ``tinax`` command line: its commands, arguments, layout and output."""
