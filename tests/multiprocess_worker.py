@@ -178,10 +178,28 @@ def targets() -> tuple[Any, Any, Any]:
     return tuple(abstract_restore_target(x) for x in live)  # type: ignore[return-value]
 
 
+# The checkpointables each load of this process left to Orbax's load.
+orbax_loads: list[list[str]] = []
+
+
+def count_orbax_loads() -> None:
+    """Records in ``orbax_loads`` what each load asks Orbax to load."""
+    from tinax.checkpointing import _checkpointables
+
+    real = _checkpointables.ocp.load_checkpointables
+
+    def counted(path: Any, targets: Any, *args: Any, **kwargs: Any) -> Any:
+        orbax_loads.append(sorted(targets))
+        return real(path, targets, *args, **kwargs)
+
+    _checkpointables.ocp.load_checkpointables = counted
+
+
 def load_training(path: Path) -> None:
     model, optimizer, rng = targets()
     iterator = iter(dataset())
     start = time.monotonic()
+    del orbax_loads[:]
     ckpt = load_training_checkpoint(path, model, optimizer, rng, {"loss": 0.0, "tag": ""}, iterator)
     seconds = time.monotonic() - start
     shards = sum(
@@ -195,7 +213,14 @@ def load_training(path: Path) -> None:
     assert ckpt.step == STEP and ckpt.auxiliary == AUXILIARY, (ckpt.step, ckpt.auxiliary)
     batch = next(ckpt.iterator)
     assert np.array_equal(batch, next(iterator_at(position()))), batch
-    cluster.report("load", path=str(path), shards=shards, batch=batch.tolist(), seconds=seconds)
+    cluster.report(
+        "load",
+        path=str(path),
+        shards=shards,
+        batch=batch.tolist(),
+        seconds=seconds,
+        orbax=list(orbax_loads),
+    )
 
 
 def load_values(path: Path, step: str) -> None:
@@ -249,6 +274,7 @@ def die_inside_the_save() -> None:
 
 def run(phase: str, directory: Path) -> None:
     cluster.join()
+    count_orbax_loads()
     cluster.report("started", processes=jax.process_count(), devices=jax.device_count())
     if phase == "save":
         save(directory / "ck")

@@ -443,9 +443,10 @@ ocp.save_checkpointables(f"{root}/orbax", {"m": state})
 moved = {k: NamedSharding(other, P("a")) for k in host}
 check(tc.load_checkpointables(f"{root}/orbax", target(moved))["m"], moved)
 assert calls == [], calls
-# Saved split, loaded split another way: the pieces checked are cut; Orbax loads it.
+# Saved split, loaded split another way: a device whose part cuts the pieces saved
+# (and checksummed) reads them whole, checks them, and takes its window of them.
 check(tc.load_checkpointables(f"{root}/tinax", target(moved))["m"], moved)
-assert calls == [["m"]], calls
+assert calls == [], calls
 print("ok")
 """
 

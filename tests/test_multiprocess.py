@@ -106,6 +106,8 @@ def test_fresh_processes_load_it_exactly_each_with_its_own_iterator(two):
         report = load.result(i, "load")
         # 14 arrays, each checked shard by shard on this process's two devices.
         assert report["shards"] == 34
+        # Each process read its shards itself: nothing went through Orbax's load.
+        assert report["orbax"] == [], report
         assert report["batch"] == next(worker.iterator_at(worker.position(i), i, 2)).tolist()
     assert load.result(0, "load")["batch"] != load.result(1, "load")["batch"]
 
@@ -255,6 +257,7 @@ def test_four_processes_save_and_fresh_ones_load(tmp_path):
     load = _job("load", tmp_path, processes=4)
     assert load.ok, load
     batches = [load.result(i, "load")["batch"] for i in range(4)]
+    assert all(load.result(i, "load")["orbax"] == [] for i in range(4)), load
     assert batches == [
         next(worker.iterator_at(worker.position(i), i, 4)).tolist() for i in range(4)
     ]
@@ -273,6 +276,7 @@ def test_two_processes_save_to_gs_and_load_it_back(gcs):
     for i in range(2):
         assert outcome.result(i, "exists")["error"] == "FileExistsError"
         assert outcome.result(i, "load")["shards"] == 34
+        assert outcome.result(i, "load")["orbax"] == []
     listed = ex.list_checkpoints(url)
     assert list(listed["status"]) == [words.COMPLETE]
     iterator_rows = ex.checkpoint_table(f"{url}/ck").query("checkpointable == 'iterator'")

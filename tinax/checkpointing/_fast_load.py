@@ -28,14 +28,19 @@ one part's, or 8 MiB of small parts').
 
 Which leaves it reads, and how each becomes a value, ``_load_plan`` says.
 
+In a job of several processes each process reads the parts its own devices need,
+and nothing else; a load onto another mesh than the one saved reads, for a device
+whose part cuts across a piece the array was saved (and checksummed) in, the pieces
+it overlaps whole, so that every byte it takes is checked (``_load_plan``).
+
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
 checkpointable with other leaves (Orbax's placeholder ``...`` for a leaf left out),
 targets without a sharding or with a layout or memory kind of their own, a dtype or
 shape other than the stored one, codecs other than ``bytes`` and ``zstd``, chunks
-not stored, checksum pieces that the parts to read cut across, several processes. A part
-whose checksum does not match, or a chunk that does not decode, sends its
-checkpointable to Orbax too, whose load reports the damage as every load does
-(``CorruptDataError`` naming the leaf).
+not stored. A part whose checksum does not match, or a chunk that does not decode,
+sends its checkpointable to Orbax too, whose load reports the damage as every load
+does (``CorruptDataError`` naming the leaf); with several processes, on every process
+(``load``).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ from tinax._format.arraydata.rawread import Box, Unsupported
 from tinax._format.integrity import checksums
 from tinax._format.pools import ProcessPool
 from tinax._format.storage.location import Location
-from tinax.checkpointing import _load_plan
+from tinax.checkpointing import _load_plan, _orbax, _processes
 from tinax.checkpointing._host_buffers import HostBuffers, aligned
 from tinax.checkpointing._load_plan import Leaf, Plan, bounds_of, inside
 
@@ -184,9 +189,10 @@ def _place(part: _Part, *, alias: bool) -> list[jax.Array]:
     """Puts the part on its devices; returns the arrays, whose transfers from its host
     buffer may still be under way (``block_until_ready`` says when they have ended).
 
-    With ``alias`` the first device on a CPU keeps the buffer itself as its array
-    (``jax.device_put`` aliases aligned host memory there); other CPU devices get
-    copies of their own."""
+    With ``alias`` the first device on a CPU that takes the whole part keeps the
+    buffer itself as its array (``jax.device_put`` aliases aligned host memory
+    there); other CPU devices get copies of their own, of their window of the part
+    where they take less than all of it."""
     leaf = part.leaf
     if part.devices == [None]:
         leaf.values[None] = part.values
@@ -194,14 +200,20 @@ def _place(part: _Part, *, alias: bool) -> list[jax.Array]:
     sharding = leaf.sharding
     assert sharding is not None
     placed = []
-    for i, device in enumerate(part.devices):
+    aliased = not alias
+    for device in part.devices:
         single = jax.sharding.SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
-        values = part.values
-        if device.platform == "cpu" and not (alias and i == 0):
+        window = leaf.windows.get(device)
+        values = part.values if window is None else part.values[window]
+        if device.platform == "cpu" and (aliased or window is not None):
             # A CPU array aliases aligned host memory whatever ``may_alias`` says: each
-            # further device (a replica) and a reused buffer's part get copies.
-            values = aligned(part.values.nbytes).view(values.dtype).reshape(values.shape)
-            np.copyto(values, part.values)
+            # further device (a replica), a window, and a reused buffer's part get
+            # copies.
+            copy = aligned(values.nbytes).view(values.dtype).reshape(values.shape)
+            np.copyto(copy, values)
+            values = copy
+        elif device.platform == "cpu":
+            aliased = True
         placed.append(jax.device_put(values, single))
     for device, value in zip(part.devices, placed, strict=True):
         leaf.values[device] = value
@@ -327,7 +339,29 @@ def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
 
     ``targets`` are abstract (``abstract_restore_target``) and already judged
     against the checkpoint (``check_targets``).
+
+    In a job of several processes each process reads what its own devices need, and
+    the processes then agree on what goes to Orbax: a checkpointable one process
+    could not read (a part that failed its checksum there) is loaded through Orbax's
+    load on every process, whose barriers would otherwise wait for the processes
+    that never call it.
     """
+    restored = _read_own(src, targets)
+    left = sorted(set(targets) - set(restored))
+    options = _orbax.active_context().multiprocessing_options
+    everywhere = _processes.gather(
+        left,
+        what=f"the load of {str(src)!r}",
+        timeout=_orbax.coordination_timeout(),
+        active_processes=sorted(options.active_processes or ()) or None,
+    )
+    for name in {name for found in everywhere for name in found}:
+        restored.pop(name, None)
+    return restored
+
+
+def _read_own(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
+    """What this process reads of ``targets`` itself (see ``load``)."""
     plans = []
     for name, target in targets.items():
         try:

@@ -14,6 +14,7 @@ checked against its checksum while planning.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -40,9 +41,13 @@ class Leaf:
     record: LeafRecord | None
     # For a jax.Array target its sharding, else None (a NumPy array).
     sharding: jax.sharding.Sharding | None
-    # Each distinct part to read, with the devices that hold it.
+    # Each distinct part to read, with the devices that take values from it.
     parts: list[tuple[Box, list[Any]]]
     values: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    # The devices that take less than their whole part, and the window of the part
+    # each takes: where a load onto another mesh cuts across the pieces the array
+    # was saved (and checksummed) in, a part is read to cover those pieces whole.
+    windows: dict[Any, Box] = dataclasses.field(default_factory=dict)
     # What the bytes read on the host become, besides an array: for a Python scalar
     # target its value (``scalar``), for a typed PRNG key target the key its data
     # makes, put where the target's sharding says (``key_target``).
@@ -107,11 +112,55 @@ def _is_key(leaf: Any) -> bool:
     return isinstance(leaf, jax.ShapeDtypeStruct) and is_key_dtype(leaf.dtype)
 
 
+def _covering(bounds: Bounds, pieces: Sequence[Bounds]) -> Bounds:
+    """The smallest box holding ``bounds`` that cuts across none of ``pieces``: each
+    piece it overlaps lies wholly inside it."""
+    while True:
+        grown = bounds
+        for piece in pieces:
+            if _overlaps(grown, piece) and not inside(grown, piece):
+                grown = tuple(
+                    (min(a0, b0), max(a1, b1))
+                    for (a0, a1), (b0, b1) in zip(grown, piece, strict=True)
+                )
+        if grown == bounds:
+            return bounds
+        bounds = grown
+
+
+def _device_parts(
+    sharding: jax.sharding.Sharding, shape: tuple[int, ...], record: LeafRecord | None
+) -> tuple[list[tuple[Box, list[Any]]], dict[Any, Box]]:
+    """The parts this process's devices need of an array (each distinct box read once,
+    with the devices that take it), and the windows of those that take less.
+
+    A device's box that cuts across a saved piece is read as the box covering every
+    piece it overlaps, so that each piece read is checked against its checksum;
+    devices whose boxes grow to the same box share that read, each taking its window.
+    """
+    pieces = [piece.bounds for piece in record.pieces] if record is not None else []
+    # Keyed by bounds: slices are not hashable before Python 3.12.
+    by_box: dict[Bounds, tuple[Box, list[Any]]] = {}
+    windows: dict[Any, Box] = {}
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        assert index is not None  # every addressable device holds a part
+        own = bounds_of(_box(index, shape))
+        read = _covering(own, pieces)
+        by_box.setdefault(read, (tuple(slice(a, b) for a, b in read), []))[1].append(device)
+        if read != own:
+            windows[device] = tuple(
+                slice(a - r, b - r) for (a, b), (r, _) in zip(own, read, strict=True)
+            )
+    return list(by_box.values()), windows
+
+
 def plan(directory: Location, name: str, target: Any) -> Plan | str:
     """What loading ``target`` from the checkpointable at ``directory`` would read, or
-    why it is left to Orbax."""
-    if jax.process_count() != 1:
-        return "several processes"
+    why it is left to Orbax.
+
+    On each process of a job it plans what that process's devices need: the parts
+    of their shards (of a replica, once per process), never the rest of an array.
+    """
     layout = pytree.read_layout(directory)
     if not (layout.ocdbt and layout.zarr3):
         return "not a zarr3 OCDBT store"
@@ -189,20 +238,11 @@ def plan(directory: Location, name: str, target: Any) -> Plan | str:
         # A scalar and a key's data are read on the host: a key is made, then put.
         on_host = scalar or key_target is not None or isinstance(target_leaf, NumpyTarget)
         sharding = None if on_host else target_leaf.sharding
+        windows: dict[Any, Box] = {}
         if sharding is None:
             parts: list[tuple[Box, list[Any]]] = [(tuple(slice(0, n) for n in array.shape), [None])]
         else:
-            # Keyed by bounds: slices are not hashable before Python 3.12.
-            by_box: dict[Bounds, tuple[Box, list[Any]]] = {}
-            for device, index in sharding.addressable_devices_indices_map(array.shape).items():
-                box = _box(index, array.shape)
-                by_box.setdefault(bounds_of(box), (box, []))[1].append(device)
-            parts = list(by_box.values())
-        if record is not None:
-            boxes = [bounds_of(box) for box, _ in parts]
-            for piece in record.pieces:
-                if any(_overlaps(b, piece.bounds) and not inside(b, piece.bounds) for b in boxes):
-                    return f"leaf {key}: its parts cut across the pieces it was saved in"
+            parts, windows = _device_parts(sharding, array.shape, record)
         leaves.append(
             Leaf(
                 key,
@@ -211,6 +251,7 @@ def plan(directory: Location, name: str, target: Any) -> Plan | str:
                 record,
                 sharding,
                 parts,
+                windows=windows,
                 scalar=scalar,
                 key_target=key_target,
             )

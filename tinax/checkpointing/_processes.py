@@ -207,20 +207,24 @@ def _agreed_error(record: dict[str, str], index: int) -> Exception:
     return kind(f"{message} [process {index} of {process_count()}]")
 
 
-def gather(value: Any, *, what: str, timeout: float) -> list[Any]:
-    """Every process's ``value`` (JSON-able), in process order; all processes call it.
+def gather(
+    value: Any, *, what: str, timeout: float, active_processes: Sequence[int] | None = None
+) -> list[Any]:
+    """Every participating process's ``value`` (JSON-able), in process order; each of
+    them calls it.
 
     Args:
       value: What this process contributes.
       what: The occasion, for the timeout message.
       timeout: Seconds to wait for the other processes.
+      active_processes: The processes taking part; ``None`` for all of them.
 
     Raises:
       ProcessTimeoutError: If not every process arrived within ``timeout``.
     """
-    if _alone():
+    participants = _participants(active_processes)
+    if _alone() or participants == (process_index(),):
         return [value]
-    participants = _participants(None)
     found = _exchange(value, what=what, timeout=timeout, participants=participants, cause=None)
     return [found[index] for index in participants]
 
@@ -350,9 +354,15 @@ def _listed(indices: Sequence[int]) -> str:
 
 
 def _timeout_error(
-    missing: Sequence[int], arrived: Sequence[int], *, what: str, timeout: float
+    missing: Sequence[int],
+    arrived: Sequence[int],
+    *,
+    what: str,
+    timeout: float,
+    silent: bool = False,
 ) -> ProcessTimeoutError:
-    """The error of a wait that ended at its deadline; records the loss (see the
+    """The error of a wait that ended at its deadline (``silent``: a meeting's, after
+    that long without a word from the processes missing); records the loss (see the
     module docstring)."""
     count = process_count()
     if missing:
@@ -361,9 +371,15 @@ def _timeout_error(
         )
         there = [i for i in arrived if i not in missing]
         came = f" (process{'es' if len(there) > 1 else ''} {_listed(there)} did)" if there else ""
+        how = (
+            f"went silent for {timeout:g} s in"
+            if silent
+            else f"did not reach {{}} within {timeout:g} s"
+        )
         message = (
-            f"{who} of {count} did not reach {what} within {timeout:g} s{came}: "
-            f"{'it has' if len(missing) == 1 else 'they have'} died or stalled"
+            f"{who} of {count} "
+            + (f"{how} {what}{came}" if silent else how.format(what) + came)
+            + f": {'it has' if len(missing) == 1 else 'they have'} died or stalled"
         )
     else:
         # Every process posted, and the wait failed all the same: another process gave
