@@ -119,9 +119,11 @@ run-campaign: install
 	$(PY) bench/run_campaign.py --kills 30 --mib 32
 
 # A run with a local tier and a gs:// one (the emulator at 30 ms a request), killed 100
-# times, half of them within a promotion.
+# times, half of them within a promotion; then 40 two-tier jobs sent SIGTERM at random
+# moments (half on gs://, half with DEBUG logging), each preemption step checked durable.
 two-tier-campaign: install
 	$(PY) bench/two_tier_campaign.py --kills 100 --mib 8
+	$(PY) bench/two_tier_sigterm.py --trials 40 --mib 4
 
 # The whole mutant campaign (tests/mutants.py): hundreds of damaged and hostile
 # checkpoints against every read path; make test runs a sample of it.

@@ -67,6 +67,13 @@ def root(request, tmp_path) -> str:
     return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture
+def durable(root: str) -> str:
+    """A two-tier run's durable directory: a gs:// prefix, or a directory beside the
+    local tier."""
+    return root if root.startswith("gs://") else f"{root}/durable"
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -60,7 +60,7 @@ def test_a_two_tier_job_killed_in_local_saves_and_promotions_resumes_from_its_ne
     # Every copy listed complete in either tier, after each kill, was loaded bit for bit.
     assert tinax["listed_complete"] >= 2 and tinax["partial_listed_complete"] == 0
     assert tinax["not_from_newest"] == 0 and tinax["wrong_next_batch"] == 0
-    assert tinax["half_copied_left"] == 0
+    assert tinax["half_copied_left"] == 0 and tinax["stale_waiting"] == 0
     # The unkilled job that times the kills' windows promoted to the bucket end to end
     # (two random kills may both land before a promotion of their own has finished).
     assert tinax["promotion_seconds"] > 0

@@ -36,12 +36,6 @@ from tinax.checkpointing import CorruptDataError, TrainingRun, _promotion, load_
 WORKER = Path(worker.__file__)
 
 
-@pytest.fixture
-def durable(root: str) -> str:
-    """The durable directory: a gs:// prefix, or a directory beside the local tier."""
-    return root if root.startswith("gs://") else f"{root}/durable"
-
-
 def _run(durable: object, local: object, **policy: Any) -> TrainingRun:
     options = {"save_every": 10, "keep": 2, "local_every": 2, "local_keep": 2, **policy}
     return TrainingRun(durable, local=local, **options)

@@ -15,6 +15,8 @@ preemption, and the run's durable steps when the save returned), ``end``. Option
   start (the local checkpoint committed, its promotion recorded as waiting);
 - ``kill_before_marker``: SIGKILL this process when its first promotion to ``gs://``
   has written the commit record but not yet ``commit_success.txt``;
+- ``kill_after_promotion``: SIGKILL this process as its first promotion has committed,
+  before the run has recorded it;
 - ``sigterm_at``: at this step this process sends itself SIGTERM, and the loop ends
   when ``run.preempted``.
 
@@ -117,6 +119,19 @@ def _kill_before_promotion() -> None:
     _promotion.promote = die
 
 
+def _kill_after_promotion() -> None:
+    from tinax.checkpointing import _promotion
+
+    promote = _promotion.promote
+
+    def promote_then_die(source: Any, destination: Any) -> None:
+        promote(source, destination)
+        emit("killed", where="after promotion")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    _promotion.promote = promote_then_die
+
+
 def train(durable: str, local: str, options: dict[str, Any]) -> None:
     if options.get("kill_in_copy"):
         _kill_in_copy()
@@ -124,6 +139,8 @@ def train(durable: str, local: str, options: dict[str, Any]) -> None:
         _kill_before_promotion()
     if options.get("kill_before_marker"):
         _kill_before_marker()
+    if options.get("kill_after_promotion"):
+        _kill_after_promotion()
     run = TrainingRun(
         durable,
         save_every=options.get("save_every", 10),

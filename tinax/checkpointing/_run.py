@@ -307,13 +307,15 @@ class TrainingRun:
                 # there was left by a killed one, whatever its step.
                 _run_files.clean_up(self._root, None, every_unfinished=True)
                 _run_files.clean_up(self._local.root, max(self._local.complete(), default=None))
+                self._durable_steps = set(self._complete())
+                self._release_promoted()
                 # Each tier's record names the other from the start: a listing of either
                 # finds both, and no other run takes this local directory.
                 with self._lock, self._durable_lock:
                     self._local.write_record(self._policy())
                     self._write_record()
-        if self._local is not None:
-            self._durable_steps = set(self._complete())
+            else:
+                self._durable_steps = set(self._complete())
         if handle_sigterm and self._sync is None and _sigterm_enabled():
             # In a multi-process job JAX's preemption service owns SIGTERM (its
             # notifier tells every process); replacing its handler would blind it.
@@ -461,6 +463,7 @@ class TrainingRun:
             return None
         metric = self._metric(auxiliary)
         self._wait_save()
+        promote = False
         if self._local is None:
             where, after = self._root, self._retain
         else:
@@ -495,8 +498,13 @@ class TrainingRun:
             _log.warning("preempted: waiting for the save of step %d to commit", step)
             self._wait_save()
             if self._local is not None:
+                if not promote and self._primary:
+                    # The notice landed after this save was decided a local one only
+                    # (while it started, say): it is the preemption save all the same.
+                    self._promote_now(step)
                 _log.warning("preempted: waiting for the promotion of step %d to commit", step)
                 self._wait_promotions()
+                self._check_durable(step)
             self._preemption_saved = step
             _log.warning(
                 "preempted: the save of step %d has committed%s; the loop can end (%s)",
@@ -652,6 +660,37 @@ class TrainingRun:
                 )
             )
 
+    def _promote_now(self, step: int) -> None:
+        """Promotes the committed local checkpoint of ``step``, which its save did not
+        plan to promote (primary)."""
+        assert self._local is not None
+        with self._lock:
+            if step in self._local.promote or step in self._durable_steps:
+                return
+        self._make_room()
+        self._after_local_commit(step, True)
+
+    def _check_durable(self, step: int) -> None:
+        """Refuses to call the preemption save done unless ``step`` has committed in
+        ``directory``; every process agrees.
+
+        Raises:
+          RuntimeError: If it has not (its local checkpoint proved corrupt and was set
+            aside, with a warning).
+        """
+        error: Exception | None = None
+        if self._primary:
+            with self._durable_lock:
+                durable = step in self._durable_steps
+            if not durable:
+                error = RuntimeError(
+                    f"preempted: the save of step {step} did not reach {self.directory!r} "
+                    "(see the warning above); the run is not safe to end yet"
+                )
+        _processes.agree(
+            error, what=f"the preemption save of step {step} in {self.directory!r}", timeout=60.0
+        )
+
     def _make_room(self) -> None:
         """Before a save that will be promoted: at most one promotion may wait behind
         the one running, so a third waits here for the running one to end."""
@@ -661,6 +700,23 @@ class TrainingRun:
             if len(live) < 2:
                 return
             live[0].wait_quietly()
+
+    def _release_promoted(self) -> None:
+        """Forgets the local steps recorded as waiting for a promotion that no resumed
+        run would start: the durable tier holds them, or holds a newer step (a killed
+        run promoted them and pruned them since, or went on past them); the
+        checkpoints themselves are left to the local tier's retention (primary)."""
+        assert self._local is not None
+        pending = set(self._local.pending(self._durable_steps, self._save_every))
+        for step in sorted(self._local.promote - pending):
+            where = "holds it" if step in self._durable_steps else "has gone past it"
+            _log.info(
+                "the local checkpoint of step %d no longer waits for its promotion: %r %s",
+                step,
+                self.directory,
+                where,
+            )
+        self._local.promote &= pending
 
     def _resume_promotions(self) -> None:
         """Starts the promotions a killed run left unfinished (primary, once)."""
