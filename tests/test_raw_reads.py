@@ -19,7 +19,7 @@ from tinax._format.metadata import arrays, pytree
 from tinax._format.naming import names
 from tinax._format.storage.location import local
 from tinax.checkpointing import save_checkpointables
-from tinax.explore._checkpoint import open_checkpoint
+from tinax.explore import open_checkpoint
 
 
 def _state(seed: int) -> dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ import pytest
 import run_worker
 from damage import biggest_data_file, flip_middle_byte
 
+import tinax.checkpointing as tc
 import tinax.explore as ex
 from tinax import _paths
 from tinax._format.naming import names, words
@@ -248,6 +249,12 @@ def test_a_run_that_skipped_a_corrupt_checkpoint_sets_it_aside_and_goes_on(tmp_p
     assert names.CORRUPT_RECORD in set(report.errors["part"])
     with pytest.raises(ValueError, match="found corrupt by a training run's restore"):
         load_training_checkpoint(aside, *_targets(), iter(_dataset()))
+    # One open_checkpoint: it opens the set-aside checkpoint to be looked at, and a
+    # load of the opened value refuses it as a load of its path does.
+    opened = tc.open_checkpoint(aside)
+    assert opened is not None and ex.open_checkpoint is tc.open_checkpoint
+    with pytest.raises(ValueError, match="found corrupt by a training run's restore"):
+        tc.load_checkpointables(opened, {"rng": np.zeros((2,), np.uint32)})
     # The resumed job saves step 100 again, and a later resume takes it.
     _loop(resumed, range(51, 151), iterator)
     resumed.close()

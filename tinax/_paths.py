@@ -2,10 +2,11 @@
 
 Every public function and widget that takes a path turns it into a ``Location``
 here, so that a path is refused for the same reasons, with the same words,
-wherever it is given; one that reads a checkpoint opens it here once
-(``open_checkpoint``, ``load_source``) and hands the opened ``layout.Checkpoint``
-down, so that nothing below lists or reads its metadata again. Every such function
-takes an opened checkpoint in place of a path, as it is.
+wherever it is given. One that reads a checkpoint opens it here once: with
+``open_checkpoint``, the one public way to open a checkpoint (``tinax.explore`` and
+``tinax.checkpointing`` export this same function), or, for a load, with
+``checkpoint_to_load``, which also refuses what a load must not take. Every such
+function takes an opened checkpoint in place of a path, as it is, and hands it down.
 """
 
 from __future__ import annotations
@@ -197,10 +198,15 @@ def listed_in(directory: Location, name: object, path: object) -> Location:
 
 def open_checkpoint(path: object, *, what: str = "path") -> layout.Checkpoint:
     """The checkpoint at ``path``, opened: listed once, checked by the preflight every
-    read passes first (``tinax._format.integrity.preflight``), its layout and commit record read.
+    read passes first (``tinax._format.integrity.preflight``), its layout and commit
+    record read.
 
-    A ``layout.Checkpoint`` (what this returns) is returned as it is: whoever opened
-    the checkpoint hands it on, and nothing lists or reads it again.
+    What every load, table, ``verify``, diff, export and widget takes in place of a
+    path; what it reads of the checkpoint beyond that is read once and kept on it.
+    A checkpoint a training run's restore set aside as corrupt opens (to be looked
+    at); the loads refuse it (``checkpoint_to_load``). A ``layout.Checkpoint`` (what
+    this returns) is returned as it is: opened again from its path, a checkpoint is
+    read afresh.
 
     Raises:
       TypeError: If ``path`` is not a path or an opened checkpoint.
@@ -213,9 +219,9 @@ def open_checkpoint(path: object, *, what: str = "path") -> layout.Checkpoint:
     return preflight.check(listed_directory(path, what=what))
 
 
-def load_source(path: object) -> layout.Checkpoint:
-    """A load source, opened: ``open_checkpoint``, refusing Orbax's temporary name and
-    a checkpoint a training run's restore set aside as corrupt.
+def checkpoint_to_load(path: object) -> layout.Checkpoint:
+    """The source of a load, opened as ``open_checkpoint`` opens it, refusing Orbax's
+    temporary name and a checkpoint a training run's restore set aside as corrupt.
 
     Every load starts here, before anything in the checkpoint is read.
 

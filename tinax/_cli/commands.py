@@ -38,8 +38,9 @@ from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import keys as _keys
 from tinax._format.naming import words
 from tinax._format.storage.location import Location
+from tinax._paths import open_checkpoint
 from tinax.explore import display
-from tinax.explore._checkpoint import checkpoint_table, open_checkpoint, read_leaf
+from tinax.explore._checkpoint import checkpoint_table, read_leaf
 from tinax.explore._diff import diff_table
 from tinax.explore._export import export_safetensors
 from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key

@@ -6,7 +6,7 @@ support lives in ``tinax.checkpointing.legacy.v0`` and is not imported here.
 """
 
 from tinax._format.metadata.layout import Checkpoint
-from tinax._paths import load_source as open_checkpoint
+from tinax._paths import open_checkpoint
 from tinax._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing._average import average_checkpoints
 from tinax.checkpointing._checkpointable_names import validate_checkpointable_name

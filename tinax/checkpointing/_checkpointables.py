@@ -21,7 +21,7 @@ from tinax._format.naming.keys import format_key, key_parts
 from tinax._format.records import metrics
 from tinax._format.storage import files
 from tinax._format.storage.location import Location
-from tinax._paths import load_source
+from tinax._paths import checkpoint_to_load
 from tinax._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing import (
     _checksummed_handler,
@@ -263,7 +263,7 @@ def load_checkpointables(
     # A load of many leaves allocates tens of objects per leaf; the cycle collector
     # would walk the whole heap again and again (40% of a 10,000-leaf load).
     with files.paused_gc():
-        checkpoint = load_source(path)
+        checkpoint = checkpoint_to_load(path)
         check_targets(checkpoint, targets)
         _pipeline.check_pipelines(checkpoint, dict(targets))
         return restore_checkpointables(checkpoint.path, targets)

@@ -131,7 +131,7 @@ def open_source(path: object) -> OpenedSource:
         given = str(path.path)
     else:
         given = _paths.text_path(path, what="source")
-    checkpoint = _paths.load_source(path)
+    checkpoint = _paths.checkpoint_to_load(path)
     record = layout.read_checkpoint_record(checkpoint.path) if _has_record(checkpoint) else None
     meta_custom = _custom_metadata(checkpoint) if record is not None else None
     return OpenedSource(

@@ -15,7 +15,7 @@ from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming.names import TRAINING_CHECKPOINTABLES
 from tinax._format.storage import files
 from tinax._format.storage.location import Location
-from tinax._paths import load_source
+from tinax._paths import checkpoint_to_load
 from tinax._targets import refuse_flax_objects
 from tinax.checkpointing._checkpointable_names import validate_distinct_names
 from tinax.checkpointing._checkpointables import (
@@ -293,7 +293,7 @@ def load_training_checkpoint(
     """
     check_iterator(iterator)
     names = _check_names(names)
-    checkpoint = load_source(path)
+    checkpoint = checkpoint_to_load(path)
     src = checkpoint.path
     held = [item.name for item in checkpoint.checkpointables]
     parts = (names.model, names.optimizer, names.rng, names.auxiliary, names.iterator)

@@ -23,8 +23,9 @@ from typing import Any as _Any
 
 if _TYPE_CHECKING:
     from tinax._format.metadata.layout import Checkpoint
+    from tinax._paths import open_checkpoint
     from tinax.explore import display, toolkit
-    from tinax.explore._checkpoint import checkpoint_table, open_checkpoint, read_leaf
+    from tinax.explore._checkpoint import checkpoint_table, read_leaf
     from tinax.explore._compare import compare_table
     from tinax.explore._diff import diff_table
     from tinax.explore._export import export_safetensors
@@ -41,7 +42,7 @@ if _TYPE_CHECKING:
 # Where each public name lives.
 _HOMES = {
     "Checkpoint": "tinax._format.metadata.layout",
-    "open_checkpoint": "tinax.explore._checkpoint",
+    "open_checkpoint": "tinax._paths",
     "checkpoint_table": "tinax.explore._checkpoint",
     "compare_table": "tinax.explore._compare",
     "diff_table": "tinax.explore._diff",

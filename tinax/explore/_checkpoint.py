@@ -32,18 +32,6 @@ from tinax.explore._leaf_rows import (
 _MAX_THREADS = 8
 
 
-def open_checkpoint(path: object) -> Checkpoint:
-    """The checkpoint at the caller's ``path``, opened (``tinax._paths.open_checkpoint``):
-    listed once, checked, its layout known; an opened checkpoint as it is.
-
-    Raises:
-      TypeError: If ``path`` is not a path.
-      FileNotFoundError: If nothing exists at ``path``.
-      ValueError: If ``path`` is not a readable checkpoint.
-    """
-    return _paths.open_checkpoint(path)
-
-
 def iterator_state(item: StoredCheckpointable) -> Any:
     """A Grain iterator's saved state: process 0's alone, else a dict by process file.
 
@@ -232,7 +220,7 @@ def checkpoint_table(path: str | os.PathLike[str] | Checkpoint) -> pd.DataFrame:
         does not match its checksum (``CorruptDataError``); the message names
         the path and what is wrong.
     """
-    return leaf_table(open_checkpoint(path))
+    return leaf_table(_paths.open_checkpoint(path))
 
 
 def leaf_table(checkpoint: Checkpoint) -> pd.DataFrame:
@@ -363,7 +351,7 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
         cannot be read; the message names the path and what is wrong (a key that
         names no leaf, or several, the nearest or the candidates).
     """
-    checkpoint = open_checkpoint(path)
+    checkpoint = _paths.open_checkpoint(path)
     item = checkpoint.get(checkpointable)
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, got {type(key).__name__}")

@@ -8,10 +8,11 @@ from typing import Any
 
 import pandas as pd
 
+from tinax import _paths
 from tinax._format.metadata import fit
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import words
-from tinax.explore import _checkpoint, _live
+from tinax.explore import _live
 from tinax.explore._leaf_rows import frame
 
 COMPARE_COLUMNS = (
@@ -78,7 +79,7 @@ def compare_table(
       ValueError: If ``path`` is not a readable checkpoint.
     """
     targets = _live.check_mapping(targets)
-    checkpoint = _checkpoint.open_checkpoint(path)
+    checkpoint = _paths.open_checkpoint(path)
     stored = fit.stored_specs(checkpoint)
     from tinax._targets import target_leaves, target_spec
 

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import tensorstore as ts
 
+from tinax import _paths
 from tinax._format.arraydata import chunks, rawread
 from tinax._format.callbacks import Progress
 from tinax._format.integrity import checksums, iterstate
@@ -201,7 +202,7 @@ class _Side:
 
 
 def _stored_side(path: Any) -> _Side:
-    checkpoint = _checkpoint.open_checkpoint(path)
+    checkpoint = _paths.open_checkpoint(path)
     ctx = arrays.context()
     entries: dict[tuple[str, str], _Entry] = {}
     for item in checkpoint.checkpointables:

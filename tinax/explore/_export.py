@@ -41,7 +41,7 @@ from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import names, words
 from tinax._format.naming.keys import KeyPath
 from tinax._format.writing import streaming
-from tinax.explore._checkpoint import open_checkpoint
+from tinax._paths import open_checkpoint
 from tinax.explore._numeric import ValueCounts
 
 # Decoded bytes of one region, and of all regions read ahead of the one being written.

@@ -9,7 +9,7 @@ import pandas as pd
 
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.records import lineage as _lineage
-from tinax.explore._checkpoint import open_checkpoint
+from tinax._paths import open_checkpoint
 
 LINEAGE_COLUMNS = ("source", "step", "operation", "weight", "checksums", "arguments", "created")
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pandas as pd
 
+from tinax import _paths
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.storage import files
 from tinax.explore import _checkpoint
@@ -18,7 +19,7 @@ class StagedLeaves:
     two steps. Made by ``open_leaves``."""
 
     def __init__(self, path: object) -> None:
-        self._checkpoint = _checkpoint.open_checkpoint(path)
+        self._checkpoint = _paths.open_checkpoint(path)
 
     @property
     def checkpoint(self) -> Checkpoint:

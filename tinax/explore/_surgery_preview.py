@@ -18,7 +18,7 @@ from tinax._format.metadata import arrays, layout, pytree
 from tinax._format.naming import words
 from tinax._format.storage.location import tree_bytes
 from tinax._format.writing import treeplan
-from tinax.explore._checkpoint import open_checkpoint
+from tinax._paths import open_checkpoint
 
 PREVIEW_COLUMNS = (
     "checkpointable",

@@ -7,7 +7,7 @@ the same reasons, in the same words, whoever reads it:
 - the walk: regular files and directories only (no links, FIFOs, sockets or
   devices, which Orbax would follow or block on), UTF-8 names (``files.scan``);
 - Orbax's record of the checkpoint and the layout of every checkpointable
-  (``layout.open_checkpoint``);
+  (``layout.identify``);
 - every metadata file a reader parses, tinax's or Orbax's own: size-capped,
   read without following links, and JSON (UTF-8, bounded nesting), nothing else;
 - binary bookkeeping (OCDBT manifests) size-capped; array data left to its reader.
@@ -149,7 +149,7 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
       scan: ``files.scan(path)``, if the caller has just made it (a listing has).
 
     Returns:
-      The checkpoint's layout, as ``layout.open_checkpoint`` finds it.
+      The checkpoint's layout, as ``layout.identify`` finds it.
 
     Raises:
       ValueError: If anything under ``path`` is not a plain file or directory,
@@ -160,8 +160,8 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
     snapshot = path.snapshot()
     if snapshot.storage.parallel_reads:
         prefetch_metadata(snapshot, scan)
-    checkpoint = layout.open_checkpoint(snapshot, scan)
-    # Read and checked as JSON by open_checkpoint already.
+    checkpoint = layout.identify(snapshot, scan)
+    # Read and checked as JSON by layout.identify already.
     record = (checkpoint.path / names.CHECKPOINT_METADATA).path
     split = checkpoint.path.storage.split
     for where, entry in checkpoint.scan.found:

@@ -124,8 +124,8 @@ class StoredCheckpointable:
 class Checkpoint:
     """A checkpoint opened: listed once, checked, its layout and commit record read.
 
-    What ``tinax.checkpointing.open_checkpoint`` and ``tinax.explore.open_checkpoint``
-    give, and what every load, table, ``verify``, diff and export takes in place of a
+    What ``open_checkpoint`` (``tinax.explore``'s and ``tinax.checkpointing``'s, one
+    function) gives, and what every load, table, ``verify``, diff and export takes in place of a
     path: none of them lists the checkpoint or reads its metadata again. On an object
     store (``gs://``) it holds the listing of every file under the checkpoint and
     the metadata files read so far (fetched side by side when it was opened), so a
@@ -243,8 +243,9 @@ def has_marker(entries: dict[str, Entry]) -> bool:
     return any(marker in entries for marker in _MARKERS)
 
 
-def open_checkpoint(path: Location, scan: files.Scan | None = None) -> Checkpoint:
-    """Checks a checkpoint directory and finds what it holds, reading metadata only.
+def identify(path: Location, scan: files.Scan | None = None) -> Checkpoint:
+    """Which checkpoint the directory ``path`` is, and what it holds, from its commit
+    record and its listing (the rest of its metadata is the preflight's to read).
 
     Args:
       path: An existing checkpoint directory.

@@ -14,7 +14,7 @@ from typing import Any
 import grain
 import orbax.checkpoint as ocp0
 
-from tinax._paths import load_source
+from tinax._paths import checkpoint_to_load
 from tinax.checkpointing import _context, _destination
 from tinax.checkpointing._checkpointables import orbax_path
 from tinax.checkpointing._training import check_iterator
@@ -77,7 +77,7 @@ def load_legacy_v0_pytree(path: str | os.PathLike[str], target: Any | None = Non
       ValueError: If ``path`` uses Orbax's reserved temporary suffix.
       FileNotFoundError: If ``path`` does not exist.
     """
-    src = load_source(path).path
+    src = checkpoint_to_load(path).path
     checkpointer = ocp0.Checkpointer(ocp0.PyTreeCheckpointHandler())
     try:
         if target is None:
@@ -131,7 +131,7 @@ def load_legacy_v0_grain_iterator(
       FileNotFoundError: If ``path`` does not exist.
     """
     check_iterator(iterator)
-    src = load_source(path).path
+    src = checkpoint_to_load(path).path
     checkpointer = ocp0.Checkpointer(grain.checkpoint.CheckpointHandler())
     try:
         restored = checkpointer.restore(

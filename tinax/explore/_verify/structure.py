@@ -154,7 +154,7 @@ class CheckpointablesCheck(Check):
             return
         path = target.path
         try:
-            target.checkpoint = layout.open_checkpoint(path)
+            target.checkpoint = layout.identify(path)
         except (ValueError, OSError) as e:
             # An unreadable record, a temporary name or a missing directory is reported already.
             unreadable_record = (
