@@ -12,7 +12,7 @@ LOCK_DATE := 2026-12-02
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 
-.PHONY: install lock chromium lint check test bench wheels mutants campaigns preemption-campaign race-campaign run-campaign two-tier-campaign demo demo-data big-run screenshot clean
+.PHONY: install lock chromium lint check test docs bench wheels mutants campaigns preemption-campaign race-campaign run-campaign two-tier-campaign demo demo-data big-run screenshot clean
 
 # uv installs the lock (hashes checked) in seconds where pip takes over a minute; the
 # venv itself is a plain one, with pip, for whoever works in it.
@@ -26,7 +26,7 @@ $(STAMP): requirements.lock pyproject.toml | $(UV)
 install: $(STAMP)
 
 # requirements.lock is generated from pyproject.toml, never edited by hand: the runtime
-# dependencies, the gcs, explore and widgets extras and the test group (which includes the
+# dependencies, the gcs, explore, widgets and docs extras and the test group (which includes the
 # demo group), with hashes. Binder's binder/requirements.txt is the runtime, widgets and
 # demo part of it, pinned to the same versions. uv resolves as of LOCK_DATE, so the same
 # pyproject.toml gives the same lock on any day.
@@ -38,7 +38,7 @@ $(UV):
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 lock: $(UV)
-	$(UV) pip compile pyproject.toml --extra gcs --extra explore --extra widgets --group test \
+	$(UV) pip compile pyproject.toml --extra gcs --extra explore --extra widgets --extra docs --group test \
 		$(LOCK_FLAGS) -o requirements.lock
 	$(UV) pip compile pyproject.toml --extra widgets --group demo \
 		--constraint requirements.lock $(LOCK_FLAGS) -o binder/requirements.txt
@@ -152,4 +152,15 @@ demo: demo-data
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean:
-	rm -rf $(VENV) $(TOOLS) $(DEMO_RUN) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) $(DEMO_RUN) docs/_build docs/api/generated .pytest_cache .mypy_cache .ruff_cache
+
+# The documentation site, from docs/ into docs/_build/html: warnings are errors (every
+# one listed), references nitpicky, every notebook executed (on the demo runs, made
+# first), then every internal link of the built pages checked (docs/_ext/check_links.py;
+# links out of the site are not followed, the build runs offline).
+DOCS_OUT := docs/_build/html
+docs: install demo-data
+	rm -rf docs/api/generated $(DOCS_OUT)
+	$(VENV)/bin/sphinx-build -W --keep-going -n -q -b html docs $(DOCS_OUT)
+	$(PY) docs/_ext/check_links.py $(DOCS_OUT)
+	@echo "the site: $(DOCS_OUT)/index.html"

@@ -1,10 +1,12 @@
-"""The README: it opens with the two commands, its script runs, and its links resolve."""
+"""The README, the repository's front page: it opens with the two commands, its script
+runs, it stays short, and its links into the documentation resolve.
+
+The examples that were the README's before the documentation site are the guides'
+(tests/test_guides.py runs them)."""
 
 from __future__ import annotations
 
 import re
-import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,35 +62,6 @@ def test_readme_script_saves_and_loads_a_checkpoint(tmp_path: Path) -> None:
     assert done.stdout.strip() == f"[2, 3] 3 {{'loss': {1 / 3}}} {np.array2string(fourth)}"
 
 
-def test_readme_terminal_commands_run_on_the_demo_run(demo_run: Path, tmp_path: Path) -> None:
-    commands = [
-        shlex.split(line.split("  #")[0])
-        for line in _fenced("bash")[1].splitlines()
-        if line.strip()
-    ]
-    assert commands and all(c[0] == ".venv/bin/tinax" for c in commands)
-    commands = [[".venv/bin/python", "-m", "tinax.explore", *c[1:]] for c in commands]
-    # A copy of the session's demo run: a command may write beside it.
-    shutil.copytree(demo_run, tmp_path / "demo_run", symlinks=True)
-    outputs = []
-    for command in commands:
-        done = subprocess.run(
-            [sys.executable, *command[1:]],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        # diff exits 1 when the checkpoints differ, as diff(1) does.
-        expected = 1 if command[3] == "diff" else 0
-        assert done.returncode == expected, f"{command}: {done.stderr[-2000:]}"
-        outputs.append(done.stdout)
-    # The run listing shows the interrupted save; the leaf command summarises a leaf.
-    assert "interrupted" in outputs[0]
-    assert all(output.strip() for output in outputs)
-
-
 def test_readme_links_to_files_that_exist() -> None:
     targets = re.findall(r"\]\(((?!https?://)[^)#\s]+)\)", README)
     assert "docs/explorer.png" in targets
@@ -104,6 +77,13 @@ def test_readme_links_to_files_that_exist() -> None:
     # docs/explorer.png is made by `make screenshot` (demo/screenshot.py), kept in git.
     for target in targets:
         assert (REPO / target).exists(), target
+    # It links every guide of the site.
+    guides = {p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "guides").glob("*.md")}
+    assert guides - {"docs/guides/index.md"} <= set(targets)
+
+
+def test_readme_is_a_front_page() -> None:
+    assert len(README.splitlines()) <= 200
 
 
 def test_readme_binder_link_opens_an_existing_notebook() -> None:
@@ -122,11 +102,14 @@ def test_the_readme_picture_is_made_by_make_screenshot_and_never_by_the_tests() 
     assert rule, "no `make screenshot` target"
     assert "demo-data" in rule.group(1).split()
     assert "demo/screenshot.py" in rule.group(2) and "docs/explorer.png" in rule.group(2)
-    # The tests keep their pictures in test-artifacts/ (ignored by git), never in docs/.
+    # The tests keep their pictures in test-artifacts/ (ignored by git), never in docs/
+    # (the documentation's tests read docs/ and build into docs/_build, never a picture).
     writers = [
         p.name
         for p in (REPO / "tests").rglob("*.py")
-        if p.name != Path(__file__).name and re.search(r"[\"'/]docs[\"'/]", p.read_text())
+        if p.name != Path(__file__).name
+        and re.search(r"[\"'/]docs[\"'/]", text := p.read_text())
+        and re.search(r"screenshot|\.png", text)
     ]
     assert writers == []
     assert "test-artifacts/" in (REPO / ".gitignore").read_text().split()

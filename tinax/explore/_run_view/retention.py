@@ -127,7 +127,9 @@ def run_listing(
       without a run record).
 
     Raises:
-      As ``list_checkpoints``.
+      TypeError: If ``root`` is not a path (as ``list_checkpoints``).
+      FileNotFoundError: If ``root`` does not exist.
+      ValueError: If ``root`` is not a directory.
     """
     directory = _paths.listed_directory(root)
     table = _listing.listing(directory, cache, deep)
