@@ -215,7 +215,7 @@ report(time.perf_counter() - start, rows=rows, client_cpu_s=time.process_time() 
     # The listing alone, as tinax lists a tree (``gcs_listing``: pages side by side).
     "list tree many": """
 import gcsfs
-from tinax._format import gcs_listing
+from tinax._format.storage import gcs_listing
 fs = gcsfs.GCSFileSystem()
 start, cpu = time.perf_counter(), time.process_time()
 found = gcs_listing.list_tree(fs, {many!r}[len("gs://"):], timeout=600)

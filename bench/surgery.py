@@ -75,7 +75,7 @@ elif operation == "bfloat16":
     tc.derive_checkpoint(sources[0], out, cast="bfloat16")
 else:
     if operation == "copy without links":
-        from tinax._format import stored_copy
+        from tinax._format.writing import stored_copy
 
         stored_copy.LINK_FILES = False
     tc.derive_checkpoint(sources[0], out)
