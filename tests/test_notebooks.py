@@ -1,25 +1,34 @@
 """The notebooks: stripped in git, saved as committed, lines that fit a 900 px window, and
-nothing on stderr and no warning when they run.
+nothing on stderr and no warning when they run; and the documentation site, whose build
+runs them.
 
-Execution happens in a scratch copy of ``notebooks/`` and ``demo/`` with its own demo
-run next to them (at ``../demo_run``, where the notebooks look for it), so the test
-neither reads nor writes the checkout's ``demo_run/``.
+The site is built (tests/docs_site.py) in a scratch copy of ``docs/``, ``notebooks/``
+and ``demo/`` with its own demo runs next to them (at ``../demo_run``, where the
+notebooks look for them), so the tests neither read nor write the checkout's
+``demo_run/``; its build executes every notebook once, and the tests read what each
+printed from the executed notebooks the build keeps.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import functools
+import http.server
 import re
 import runpy
 import shutil
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
+from browser.lab import CHROMIUM, CHROMIUM_ARGS
+from docs_site import Site, build_site
 from nbclient import NotebookClient
-from notebook_outputs import IN_BINDER, complaints
+from notebook_outputs import complaints
+from playwright.sync_api import expect, sync_playwright
 from traitlets.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,20 +108,26 @@ def test_saving_after_a_kernel_started_leaves_the_bytes_as_committed(name: str) 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory, demo_run: Path, big_run: Path) -> Path:
-    """A scratch checkout with notebooks/, demo/ and a finished demo_run/ (a copy of the
-    session's, which the notebooks may add to) and demo_big_run/ (notebook 06's)."""
+    """A scratch checkout with docs/, notebooks/, demo/ and a finished demo_run/ (a copy
+    of the session's, which the notebooks may add to) and demo_big_run/ (notebook 06's)."""
     root = tmp_path_factory.mktemp("checkout")
     shutil.copytree(NOTEBOOKS, root / "notebooks", ignore=shutil.ignore_patterns(".ipynb*"))
     shutil.copytree(REPO / "demo", root / "demo", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "docs",
+        root / "docs",
+        symlinks=True,
+        ignore=shutil.ignore_patterns("_build", "generated"),
+    )
     shutil.copytree(demo_run, root / "demo_run", symlinks=True)
     shutil.copytree(big_run, root / "demo_big_run", symlinks=True)
     return root
 
 
-# The notebooks that read the demo runs run in Binder's environment (tests/test_binder.py);
-# here, in this one, each of the others runs in a fresh kernel, and notebook 03 once more.
+# The notebooks run once, as the documentation site's build executes them (each in a
+# fresh kernel, in notebooks/), and notebook 03 once more beside that build, as two
+# people working side by side would.
 REPEATED = "03_restore_targets.ipynb"
-HERE = tuple(name for name in EXPECTED if name not in IN_BINDER)
 
 
 def _run(workspace: Path, name: str) -> nbformat.NotebookNode:
@@ -127,13 +142,17 @@ def _run(workspace: Path, name: str) -> nbformat.NotebookNode:
 
 
 @pytest.fixture(scope="module")
-def executed(workspace: Path) -> list[tuple[str, nbformat.NotebookNode]]:
-    """Every notebook not run in Binder's environment executed once, and notebook 03
-    once more, in fresh kernels two at a time (as two people working side by side
-    would)."""
-    names = [*HERE, REPEATED]
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        return list(zip(names, pool.map(lambda name: _run(workspace, name), names), strict=True))
+def site(workspace: Path) -> Site:
+    """The documentation site built as ``make docs`` builds it (warnings are errors,
+    references nitpicky, the notebooks executed), with notebook 03 run once more in a
+    kernel of its own while the build runs."""
+    return build_site(workspace, beside=lambda: _run(workspace, REPEATED))
+
+
+@pytest.fixture(scope="module")
+def executed(site: Site) -> list[tuple[str, nbformat.NotebookNode]]:
+    """Every notebook as the site's build executed it, and notebook 03's second run."""
+    return [*((name, site.notebook(name)) for name in EXPECTED), (REPEATED, site.beside)]
 
 
 def test_every_notebook_runs_with_nothing_on_stderr_and_no_warnings(
@@ -142,8 +161,7 @@ def test_every_notebook_runs_with_nothing_on_stderr_and_no_warnings(
     # A refused load used to leave Orbax reading in the background, which printed
     # "Exception ignored in: <coroutine …>" into notebook 03 in some runs, not all;
     # flax's DeprecationWarnings printed red into notebook 05.
-    assert sorted({name for name, _ in executed}) == list(HERE)
-    assert sorted([*HERE, *IN_BINDER]) == list(EXPECTED)
+    assert sorted({name for name, _ in executed}) == list(EXPECTED)
     for name, nb in executed:
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert all(c.execution_count is not None for c in code), name
@@ -197,3 +215,86 @@ def test_code_lines_fit_a_900_px_window(path: Path) -> None:
         if len(line) > MAX_CODE_LINE
     ]
     assert long == []
+
+
+def test_every_public_name_has_a_reference_page(site: Site) -> None:
+    documented = site.inventory()
+    missing = [
+        f"{name} (add it to docs/api/{page}.md)"
+        for name, page in site.public_names().items()
+        if not documented.get(name, "").startswith("api/")
+    ]
+    assert missing == []
+    # Cross-linked: TrainingRun.restore's page links to what it returns.
+    restore = (site.html / documented["tinax.checkpointing.TrainingRun"].split("#")[0]).read_text()
+    assert 'href="tinax.checkpointing.TrainingCheckpoint.html' in restore
+
+
+def test_the_site_has_no_broken_internal_link(site: Site) -> None:
+    assert site.broken_links() == []
+    # A guide, a tutorial with its outputs and the command line's page were built.
+    assert (site.html / "guides" / "training_runs.html").is_file()
+    tutorial = (site.html / "tutorials" / "01_quickstart.html").read_text()
+    assert "cell_output" in tutorial
+
+
+def test_the_command_line_page_shows_every_command_and_exit_status(site: Site) -> None:
+    page = (site.html / "guides" / "command_line.html").read_text()
+    top, commands = site.command_parsers()
+    for name, parser in commands.items():
+        assert f"tinax {name}" in page, name
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert flag in page, f"{name} {flag}"
+    for status in ("0", "1", "2", "130"):
+        assert (
+            f'<code class="docutils literal notranslate"><span class="pre">{status}</span>' in page
+        )
+
+
+@pytest.fixture(scope="module")
+def served(site: Site) -> Iterator[str]:
+    """The built site served over HTTP on the loopback, as a reader's browser gets it."""
+    handler = functools.partial(_QuietHandler, directory=str(site.html))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+        server.shutdown()
+        thread.join()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.browser
+def test_a_reader_finds_their_way_in_chromium(served: str) -> None:
+    """The front page, a guide reached by its links, an API page, and the search."""
+    artifacts = REPO / "test-artifacts" / "docs"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = chromium.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{served}/index.html")
+        expect(page.locator("h1").first).to_have_text(re.compile("tinax"))
+        page.screenshot(path=str(artifacts / "front.png"))
+        # A guide, by the links a reader would follow.
+        page.get_by_role("link", name="Guides", exact=True).first.click()
+        page.get_by_role("link", name="Training runs and retention").first.click()
+        expect(page.locator("h1").first).to_have_text(re.compile("Training runs"))
+        assert "local_keep" in page.content() or "keep_best" in page.content()
+        page.screenshot(path=str(artifacts / "guide.png"), full_page=False)
+        # An API page: TrainingRun.restore, its arguments, linked to what it returns.
+        page.goto(f"{served}/api/generated/tinax.checkpointing.TrainingRun.html")
+        restore = page.locator('[id="tinax.checkpointing.TrainingRun.restore"]')
+        expect(restore).to_be_visible()
+        expect(page.locator('a[href*="TrainingCheckpoint"]').first).to_be_attached()
+        page.screenshot(path=str(artifacts / "api.png"))
+        # The search finds TrainingRun.
+        page.goto(f"{served}/search.html?q=TrainingRun")
+        found = page.locator("#search-results a", has_text="TrainingRun")
+        expect(found.first).to_be_visible(timeout=30_000)
+        page.screenshot(path=str(artifacts / "search.png"))
+        chromium.close()
