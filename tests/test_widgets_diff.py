@@ -372,8 +372,17 @@ def test_the_bars_show_the_layer_that_moved(diverging_run: Path) -> None:
     # By layer: the block that jumped, not "model blocks" one key deep.
     assert view.depth.value == LAYERS and bars[0] == "model blocks.3"
     assert len(bars) == 8 and {"model embed", "model norm", "model blocks.0"} <= set(bars)
+    # The ninth subtree is named under the bars, and "show all" draws its bar.
+    assert view.more_box.layout.display == ""
+    every = {"model embed", "model head", "model norm"} | {f"model blocks.{i}" for i in range(6)}
+    (left_out,) = every - set(bars)
+    assert f"and 1 more subtree: {left_out}" in view.more_bars.value
+    view.all_bars.value = True
+    assert len(view.bars.children[1:]) == 9 and "9 subtrees" in view.more_bars.value
+    view.all_bars.value = False
     view.depth.value = 1
     assert view.bars.children[1].children[0].value == "model blocks"
+    assert view.more_box.layout.display == "none"
 
 
 def test_leaves_gone_nan_or_inf_come_first_in_their_own_colour_never_as_0_percent(

@@ -100,6 +100,35 @@ def test_clicks_open_a_step_diff_two_and_open_a_layer_diff_in_the_explorer(run):
     explorer.close()
 
 
+def test_the_timeline_follows_what_the_explorer_opens(run):
+    explorer = CheckpointExplorer(run)
+    timeline = explorer.timeline
+    explorer.timeline_section.toggle.click()
+    _click(timeline, kind="step", step=2)
+    assert timeline.picked_steps == [2]
+    # Opened from the list: the timeline says so, and a click diffs against it.
+    explorer.open_checkpoint("step_000006")
+    assert timeline.picked_steps == [6] and "step 6 open" in timeline.picks.value
+    assert "step 2" not in timeline.picks.value
+    _click(timeline, kind="step", step=4)
+    diff = explorer.contents.diff_view
+    # The step open stays open; the diff reads from the older to the newer.
+    assert explorer.checkpoint == f"{run}/step_000006"
+    assert (diff.older, diff.newer) == (f"{run}/step_000004", f"{run}/step_000006")
+    assert timeline.picked_steps == [4, 6] and "diff of steps 4 → 6" in timeline.picks.value
+    # "go to step", then a diff chosen in the explorer's own "compare with…".
+    explorer.go_to_step(3)
+    assert timeline.picked_steps == [3]
+    diff.choice.value = f"{run}/step_000001"
+    assert timeline.picked_steps == [1, 3]
+    diff.choice.value = ""
+    assert timeline.picked_steps == [3]
+    explorer.contents.close()
+    assert timeline.picked_steps == [] and timeline.picks.value == ""
+    assert timeline.error == "" and explorer.error == ""
+    explorer.close()
+
+
 def test_a_bad_click_is_shown_in_the_widget(run):
     timeline = RunTimeline(run)
     _click(timeline, kind="step", step=99)

@@ -150,9 +150,13 @@ class CheckpointPane:
         self.lineage = w.HTML("")
         # Each action's panel opens right under the row of buttons.
         self.export_box = w.VBox([])
+        # The buttons first and the verdict after them, in a box of its own width: a
+        # verdict that grows or shortens (checking…, the data check's, the scan's)
+        # wraps inside that box, and never moves a button under the pointer.
+        self.verdict.layout = w.Layout(flex="1 1 22em", min_width="0")
         self.actions = w.HBox(
-            [self.verdict, self.data_check.button, self.export_button, self.derive_button],
-            layout=w.Layout(flex_flow="row wrap", align_items="center"),
+            [self.data_check.button, self.export_button, self.derive_button, self.verdict],
+            layout=w.Layout(flex_flow="row wrap", align_items="flex-start"),
         )
         self.data_section = Section("data check", "<b>Data check</b>", [self.data_check])
         self.data_section.show(False)

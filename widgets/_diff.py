@@ -20,7 +20,7 @@ from tinax import explore
 from tinax import vocabulary as words
 from tinax.explore import display
 
-from ._diff_bars import BAR_DEPTHS, LAYERS, bar_rows
+from ._diff_bars import BAR_DEPTHS, LAYERS, MAX_BARS, bar_rows, left_out_text, ordered_subtrees
 from ._diff_tree import DiffTree
 from ._guard import shown_in_widget
 from ._nonfinite import (
@@ -119,9 +119,12 @@ class DiffView(w.VBox):
       newer: The side ``b``, or ``None``.
       diff: The last ``diff_table``, or an empty frame (every row, unfiltered).
       picked: ``(checkpointable, key)`` of the last leaf clicked, or ``None``.
+      compared: ``(older, newer)`` paths of the diff shown, or ``None`` (set after
+        each comparison and each clear, so that others can follow it).
     """
 
     picked = traitlets.Any(None, allow_none=True)
+    compared = traitlets.Any(None, allow_none=True)
 
     def __init__(self, *, page_size: int, on_error: Callable[[BaseException], None]) -> None:
         self.base: str | None = None
@@ -147,6 +150,19 @@ class DiffView(w.VBox):
         )
         self.title = w.HTML("")
         self.bars = w.VBox([])
+        # What the bars leave out, named, and a button that shows every subtree.
+        self.more_bars = w.HTML("")
+        self.all_bars = w.ToggleButton(
+            value=False,
+            description="show all",
+            tooltip="a bar for every subtree",
+            layout=w.Layout(width="auto"),
+        )
+        self.all_bars.observe(guard(lambda _: self._show_bars()), names="value")
+        self.more_box = w.HBox(
+            [self.more_bars, self.all_bars],
+            layout=w.Layout(flex_flow="row wrap", align_items="center", display="none"),
+        )
         self._page_size = page_size
         self._table: PagedTable | None = None
         # The same changes by subtree, opened a level at a time, with their rollup.
@@ -163,7 +179,7 @@ class DiffView(w.VBox):
         self.view_as.observe(guard(lambda _: self._show_view()), names="value")
         self.tree.layout.display = "none"
         self.result = w.VBox(
-            [self.title, self.depth, self.bars, self.view_as, self.tree],
+            [self.title, self.depth, self.bars, self.more_box, self.view_as, self.tree],
             layout=w.Layout(display="none"),
         )
         super().__init__([w.HBox([self.choice, self.progress]), self.result])
@@ -266,6 +282,7 @@ class DiffView(w.VBox):
         self.result.layout.display = "none"
         self.title.value = ""
         self.bars.children = ()
+        self.compared = None
 
     def compare(self, other: str) -> None:
         """Compares the open checkpoint with ``other`` (a path) and shows the result,
@@ -318,6 +335,7 @@ class DiffView(w.VBox):
         )
         self._show_rows()
         self.result.layout.display = ""
+        self.compared = (older, newer)
 
     def _on_choice(self, change: Any) -> None:
         if self._choosing:
@@ -329,7 +347,23 @@ class DiffView(w.VBox):
 
     def _show_bars(self) -> None:
         rows = self.shown()
-        self.bars.children = bar_rows(rows, int(self.depth.value)) if len(rows) else ()
+        if not len(rows):
+            self.bars.children = ()
+            self.more_box.layout.display = "none"
+            return
+        subtrees = ordered_subtrees(rows, int(self.depth.value))
+        limit = None if self.all_bars.value else MAX_BARS
+        self.bars.children = bar_rows(subtrees, limit=limit)
+        if len(subtrees) <= MAX_BARS:
+            self.more_box.layout.display = "none"
+            return
+        self.more_box.layout.display = ""
+        self.all_bars.description = "show fewer" if self.all_bars.value else "show all"
+        self.more_bars.value = (
+            note_html(f"{len(subtrees):,} subtrees")
+            if self.all_bars.value
+            else note_html(left_out_text(subtrees, MAX_BARS))
+        )
 
 
 def _nonfinite_note(table: pd.DataFrame) -> str:

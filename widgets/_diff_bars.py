@@ -124,21 +124,44 @@ def _readable(key: str) -> str:
         return key
 
 
-def bar_rows(rows: pd.DataFrame, depth: int) -> tuple[w.Widget, ...]:
-    """The bars of a non-empty ``diff_table``'s rows, under a line that says what they
-    measure: subtrees holding NaN or Inf first, then the model's before the
-    optimizer's, at most ``MAX_BARS``."""
+def ordered_subtrees(rows: pd.DataFrame, depth: int) -> pd.DataFrame:
+    """``subtree_changes`` in the order the bars show them: subtrees holding NaN or
+    Inf first, then the model's before the optimizer's, each by its change."""
     subtrees = subtree_changes(rows, depth)
     part = [
         display.state_part(c, k)
         for c, k in zip(subtrees["checkpointable"], subtrees["subtree"], strict=True)
     ]
-    subtrees = (
+    return (
         subtrees.assign(_part=part, _finite=subtrees["nonfinite"] == 0)
         .sort_values(["_finite", "_part"], kind="stable")
         .drop(columns=["_part", "_finite"])
-        .head(MAX_BARS)
+        .reset_index(drop=True)
     )
+
+
+def left_out_text(subtrees: pd.DataFrame, shown: int) -> str:
+    """What the bars leave out, in a line: ``and 5 more subtrees: model embed (NaN/Inf),
+    model head (NaN/Inf), model pos (NaN/Inf), …``; ``""`` when none is."""
+    rest = subtrees.iloc[shown:]
+    if rest.empty:
+        return ""
+    named = [
+        f"{name} {_readable(subtree)}".strip() + (" (NaN/Inf)" if bad else "")
+        for name, subtree, bad in zip(
+            rest["checkpointable"], rest["subtree"], rest["nonfinite"], strict=True
+        )
+    ]
+    more = len(rest)
+    listed = ", ".join(named[:3]) + (", …" if more > 3 else "")
+    return f"and {more:,} more subtree{'s' if more != 1 else ''}: {listed}"
+
+
+def bar_rows(subtrees: pd.DataFrame, *, limit: int | None = MAX_BARS) -> tuple[w.Widget, ...]:
+    """The bars of ``ordered_subtrees``, under a line that says what they measure: the
+    first ``limit`` (``None``: all)."""
+    if limit is not None:
+        subtrees = subtrees.head(limit)
     finite = [
         r
         for r, n in zip(subtrees["rel_change"], subtrees["nonfinite"], strict=True)

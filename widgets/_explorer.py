@@ -148,6 +148,11 @@ class CheckpointExplorer(w.VBox):
             "timeline", "<b>Run timeline</b>", [self.timeline], is_open=False
         )
         self.timeline_section.toggle.on_click(lambda _: self.timeline.load())
+        # The timeline marks what is open and what it is diffed with, however opened.
+        self.contents.diff_view.observe(
+            shown_in_widget(self._show_error)(lambda _: self._timeline_follows()),
+            names="compared",
+        )
         self.heading = w.HTML(run_heading(self._shown_root, ""))
         # "average…" takes the checkpoints ticked in the list, or the timeline's two picks.
         self.runs.other_picks = self._timeline_picks
@@ -360,6 +365,7 @@ class CheckpointExplorer(w.VBox):
         self.leaf_pane.clear()
         self.leaf = None
         self.checkpoint = path
+        self._timeline_follows()
         if path is None:
             self.runs.unpick()
             self.run_section.set_open(True)
@@ -393,6 +399,28 @@ class CheckpointExplorer(w.VBox):
 
     def _on_poll_interval(self, change: Any) -> None:
         self.runs.set_poll_interval(float(change["new"]))
+
+    def _step_of(self, path: str) -> int | None:
+        table = self.runs.checkpoints
+        if path not in table.index or pd.isna(table.at[path, "step"]):
+            return None
+        return int(table.at[path, "step"])
+
+    def _timeline_follows(self) -> None:
+        """Marks on the timeline the step open, or the two steps diffed."""
+        path = self.checkpoint
+        if path != self.contents.checkpoint:
+            return  # a checkpoint is being opened: followed once it is
+        if path is None:
+            self.timeline.follow([])
+            return
+        compared = self.contents.diff_view.compared
+        paths = list(compared) if compared is not None else [path]
+        steps = [self._step_of(p) for p in paths]
+        if any(s is None for s in steps):
+            self.timeline.follow([], name=os.path.basename(path.rstrip("/")))
+            return
+        self.timeline.follow([s for s in steps if s is not None])
 
     def _timeline_picks(self) -> list[str]:
         """The paths of the steps picked in the run timeline."""

@@ -62,8 +62,11 @@ class RunTimeline(w.VBox):
     read, has a colour of its own, apart from the scale of the values.
 
     A click on a step opens it in the explorer (``explorer``, when given); the
-    next click on another step diffs the two, and the click after that opens one
-    step again. A shift-click, or any click while "2nd click diffs" is unticked,
+    next click on another step diffs the two (the one open stays open), and the
+    click after that opens one step again. The timeline follows the explorer
+    (``follow``): a checkpoint opened from its list or by "go to step", and a diff
+    chosen there, are marked as picked, so that the next click diffs against
+    what is open. A shift-click, or any click while "2nd click diffs" is unticked,
     only opens its step. Opening a step keeps the page where it is: the explorer's
     list of checkpoints neither folds nor turns its page, and what opens comes
     below the timeline. Clicking a heatmap cell opens the diff of its two
@@ -124,6 +127,8 @@ class RunTimeline(w.VBox):
         self._layers: list[str] = []
         self._error_text = ""
         self._setting_depth = False
+        # The name of a checkpoint open in the explorer without a step on this timeline.
+        self._off_timeline: str | None = None
         self.view = TimelineView()
         self.view.layout = w.Layout(width="100%")
         self.message = w.HTML("")
@@ -298,29 +303,32 @@ class RunTimeline(w.VBox):
           ValueError: If the run has no complete checkpoint of ``step``.
         """
         path = self._path_of(step)
-        self._set_picks([int(step)], cell=None)
         if self._explorer is not None:
             self._explorer.show_checkpoint(path)
+        self._set_picks([int(step)], cell=None)
         self._show_picks()
         if self._on_pick is not None:
             self._on_pick("step", int(step))
 
     def diff_steps(self, first: int, second: int) -> None:
-        """Opens the older of two steps in the explorer and diffs it with the newer.
+        """Diffs two steps in the explorer: ``first`` stays open (opened if it is not
+        the one open) and is compared with ``second``; the diff reads from the older
+        to the newer either way.
 
         Raises:
           ValueError: If the run has no complete checkpoint of either step.
         """
-        older, newer = sorted((int(first), int(second)))
-        paths = self._path_of(older), self._path_of(newer)
-        self._set_picks([older, newer], cell=None)
+        first, second = int(first), int(second)
+        paths = self._path_of(first), self._path_of(second)
         explorer = self._explorer
         if explorer is not None:
-            explorer.show_checkpoint(paths[0])
+            if explorer.checkpoint != paths[0]:
+                explorer.show_checkpoint(paths[0])
             explorer.contents.diff_view.compare(paths[1])
+        self._set_picks(sorted((first, second)), cell=None)
         self._show_picks()
         if self._on_pick is not None:
-            self._on_pick("step", int(second))
+            self._on_pick("step", second)
 
     def pick_cell(self, key: str, step: int) -> None:
         """As a click on a heatmap cell: the diff of ``step``'s checkpoint and the one
@@ -335,16 +343,35 @@ class RunTimeline(w.VBox):
             raise ValueError(f"the heatmap has no cell for {key} at step {step}")
         row = hit.iloc[0]
         previous = int(row["previous_step"])
-        self._set_picks([previous, int(step)], cell=(key, int(step)))
         explorer = self._explorer
         if explorer is not None:
             explorer.show_checkpoint(self._path_of(previous))
             pane = explorer.contents
             pane.key_filter.value = str(row["subtree"])
             pane.diff_view.compare(self._path_of(step))
+        self._set_picks([previous, int(step)], cell=(key, int(step)))
         self._show_picks()
         if self._on_pick is not None:
             self._on_pick("cell", (key, int(step)))
+
+    def follow(self, steps: Sequence[int], *, name: str | None = None) -> None:
+        """Marks what the explorer shows, however it was opened (its list, "go to
+        step", its diff's "compare with…"): the step open, or the two steps diffed;
+        the next click on a step diffs against the one open. Nothing is opened.
+
+        Args:
+          steps: The step open, or the two steps of the diff; empty when what is
+            open has no step on this timeline (or nothing is).
+          name: The name of what is open, said when it has no step here.
+        """
+        picked = sorted({int(s) for s in steps})
+        if picked == self.picked_steps and self._off_timeline == (name if not picked else None):
+            return
+        cell = self.picked_cell
+        keep = cell is not None and len(picked) == 2 and picked[1] == cell[1]
+        self._off_timeline = name if not picked else None
+        self._set_picks(picked, cell=cell if keep else None)
+        self._show_picks()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits for background work; returns whether it has all finished."""
@@ -417,7 +444,9 @@ class RunTimeline(w.VBox):
     def _show_picks(self) -> None:
         steps = self.picked_steps
         text = ""
-        if len(steps) == 1:
+        if not steps and self._off_timeline:
+            text = f"{self._off_timeline} open: it has no step on this timeline"
+        elif len(steps) == 1:
             text = f"step {steps[0]} open"
             if self.diff_box.value:
                 text += "; click another step to diff the two (shift-click: open it alone)"
@@ -430,6 +459,8 @@ class RunTimeline(w.VBox):
         self.picks.value = note_html(text) if text else ""
 
     def _set_picks(self, steps: list[int], *, cell: tuple[str, int] | None) -> None:
+        if steps:
+            self._off_timeline = None
         self.picked_cell = cell
         self.picked_steps = steps
         self.view.picked_steps = steps

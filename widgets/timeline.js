@@ -42,14 +42,14 @@ function finite(v) {
   return typeof v === "number" && Number.isFinite(v);
 }
 
-function short(v) {
+function short(v, digits = 3) {
   if (!finite(v)) return "–";
   const a = Math.abs(v);
-  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(1);
-  return String(Number(v.toPrecision(3)));
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(Math.max(1, digits - 2));
+  return String(Number(v.toPrecision(digits)));
 }
 
-function bytes(n) {
+function bytes(n, digits = 3) {
   if (!finite(n)) return "–";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
@@ -57,7 +57,18 @@ function bytes(n) {
     n /= 1024;
     i += 1;
   }
-  return `${Number(n.toPrecision(3))} ${units[i]}`;
+  return `${Number(n.toPrecision(digits))} ${units[i]}`;
+}
+
+// The labels of an axis's two ends: as many digits as it takes to tell them apart
+// (never "133 MiB" at both ends of a drawn difference).
+function endLabels(format, lo, hi) {
+  for (let digits = 3; digits <= 15; digits++) {
+    const a = format(lo, digits);
+    const b = format(hi, digits);
+    if (a !== b) return [a, b];
+  }
+  return [format(lo), format(hi)];
 }
 
 // Blue (small) to yellow (large), over log10 of the value between lo and hi.
@@ -156,11 +167,24 @@ function draw(model, root) {
   const nonfinite = new Set(data.nonfinite_steps || []);
 
   // -- a line panel ----------------------------------------------------------------
-  function linePanel(title, series, height, format, marks) {
+  // `minSpan`: the least share of the largest value the axis spans, so that a
+  // difference small beside the values themselves (a few bytes of 133 MiB) is drawn
+  // as the small difference it is, not as a full-height spike; the title then says
+  // how far apart the values are.
+  function linePanel(title, series, height, format, marks, minSpan = 0) {
     const top = y + 16;
-    text(svg, left, y + 11, title, { "font-weight": "bold" });
     const all = series.flatMap((s) => s.values);
-    const [vlo, vhi] = extent(all);
+    let [vlo, vhi] = extent(all);
+    const values = all.filter(finite);
+    const [dlo, dhi] = values.length ? [Math.min(...values), Math.max(...values)] : [vlo, vhi];
+    const least = minSpan * Math.max(Math.abs(dlo), Math.abs(dhi));
+    let heading = title;
+    if (least && dhi - dlo < least) {
+      const middle = (dlo + dhi) / 2;
+      [vlo, vhi] = [middle - least / 2, middle + least / 2];
+      heading += dhi > dlo ? ` · all within ${format(dhi - dlo)} of ${format(dhi)}` : ` · ${format(dhi)} each`;
+    }
+    text(svg, left, y + 11, heading, { "font-weight": "bold", class: "tinax-timeline-panel-title" });
     // Values over two decades apart, all positive (a loss spike): a log scale, so
     // the rest of the curve stays readable.
     const log = vlo > 0 && vhi / vlo > 100;
@@ -168,7 +192,9 @@ function draw(model, root) {
     const yy = (v) => top + height - ((f(v) - f(vlo)) / (f(vhi) - f(vlo))) * height;
     if (log) text(svg, left + plotW, y + 11, "log scale", { "text-anchor": "end", "font-size": 10 });
     el("rect", { x: left, y: top, width: plotW, height, fill: "none", stroke: "#bbb" }, svg);
-    for (const v of [vlo, vhi]) text(svg, left - 4, yy(v) + 4, format(v), { "text-anchor": "end" });
+    endLabels(format, vlo, vhi).forEach((label, i) => {
+      text(svg, left - 4, yy(i ? vhi : vlo) + 4, label, { "text-anchor": "end", class: "tinax-timeline-y" });
+    });
     series.forEach((s, k) => {
       let d = "";
       s.values.forEach((v, i) => {
@@ -226,7 +252,7 @@ function draw(model, root) {
     );
   }
   if ((data.nbytes || []).some(finite)) {
-    linePanel("size on disk", [{ label: "size on disk", values: data.nbytes, color: "#59a14f" }], SAVE_H, bytes);
+    linePanel("size on disk", [{ label: "size on disk", values: data.nbytes, color: "#59a14f" }], SAVE_H, bytes, [], 0.02);
   }
 
   // -- the heatmap: rel_update by layer (rows) and step (columns) ---------------------
