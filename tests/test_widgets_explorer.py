@@ -407,7 +407,8 @@ def test_the_run_is_shown_before_it_is_checked_and_marked_when_checked(tmp_path:
     assert dict(zip(again.checkpoints["name"], again.checkpoints["status"], strict=True)) == (
         statuses
     )
-    assert again.wait(0.001) and "checking" not in again.summary
+    # Nothing left to check (only the run's metrics are read in the background).
+    assert "checking" not in again.summary and again.wait(60)
     with pytest.raises(ValueError, match="no complete checkpoint with a step"):
         CheckpointExplorer(tmp_path / "step_2" / "state").go_to_step(1)
 
@@ -522,11 +523,22 @@ def test_a_training_run_shows_its_policy_and_why_each_checkpoint_is_kept(tmp_pat
             next(batches)
             if run.should_save(step):
                 loss = abs(step - 20)  # best at step 20
-                run.save(step, {"w": jnp.full(3, step)}, {}, rng, {"loss": loss}, batches)
+                # grad_norm logged as NaN at 40: said so, never left blank.
+                aux = {"loss": loss, "grad_norm": float("nan") if step == 40 else 0.5}
+                run.save(step, {"w": jnp.full(3, step)}, {}, rng, aux, batches)
     explorer = CheckpointExplorer(tmp_path, poll_interval=0)
     kept = dict(zip(explorer.checkpoints["name"], explorer.checkpoints["kept"], strict=True))
     assert kept == {"step_000020": "best loss", "step_000040": "newest 1"}
     assert "every 10 steps · keeps newest 1 + best 1 by loss (min)" in explorer.summary
+    # The run's metrics, read in the background: the one it is kept by first.
+    assert explorer.wait(60)
+    view = explorer.checkpoint_view
+    titles = [c.title for c in view.columns]
+    assert titles[:4] == ["checkpoint", "step", "loss", "grad_norm"]
+    assert view.visible_text("metric:loss") == ["20", "0"]  # newest first
+    assert view.visible_text("metric:grad_norm") == ["NaN", "0.5"]
+    view.click_header("metric:loss")
+    assert view.visible_text("name")[0] == "step_000020"
     # A run not written by TrainingRun has no reasons and no policy to show.
     plain = CheckpointExplorer(tmp_path / "step_000040", poll_interval=0)
     assert set(plain.checkpoints["kept"]) <= {""}

@@ -31,8 +31,9 @@ def test_metrics_and_save_times_are_drawn_at_once(run):
     timeline = RunTimeline(run)
     data = timeline.view.data
     assert data["steps"] == list(STEPS)
-    assert timeline.metric_choice.value == "loss" and timeline.view.metric == "loss"
-    assert set(timeline.metric_choice.options) == {"epoch", "learning_rate", "loss"}
+    picks = timeline.metric_picks
+    assert picks.picked == ["loss"] and timeline.view.metrics == ["loss"]
+    assert set(picks.buttons) == {"epoch", "learning_rate", "loss"}
     # NaN is sent as a gap (null), never as an invalid JSON number.
     assert data["metrics"]["loss"][: NAN_STEP - 1] == pytest.approx(
         [1 / s for s in STEPS if s < NAN_STEP]
@@ -40,8 +41,14 @@ def test_metrics_and_save_times_are_drawn_at_once(run):
     assert data["metrics"]["loss"][NAN_STEP - 1 :] == [None] * (len(STEPS) - NAN_STEP + 1)
     assert all(t > 0 for t in data["save_total_s"])
     assert "heat" not in data
-    timeline.metric_choice.value = "learning_rate"
-    assert timeline.view.metric == "learning_rate"
+    # A second metric beside the first, pressed as its button is, on the same axis.
+    picks.buttons["learning_rate"].value = True
+    assert timeline.view.metrics == ["loss", "learning_rate"]
+    assert picks.buttons["learning_rate"].button_style == "info"
+    picks.buttons["loss"].value = False
+    assert timeline.view.metrics == ["learning_rate"]
+    with pytest.raises(ValueError, match="no metric 'lr'"):
+        picks.picked = ["lr"]
     assert "6 checkpoints" in timeline.summary.value
 
 
@@ -275,7 +282,7 @@ def test_a_click_opens_a_step_the_second_diffs_and_the_page_stays(tmp_path):
 def test_an_empty_run(tmp_path):
     timeline = RunTimeline(tmp_path)
     assert timeline.view.data["steps"] == []
-    assert timeline.metric_choice.layout.display == "none"
+    assert timeline.metric_picks.layout.display == "none" and timeline.view.metrics == []
     with pytest.raises(FileNotFoundError):
         RunTimeline(tmp_path / "missing")
 
@@ -340,3 +347,12 @@ def test_a_diverged_checkpoint_is_never_called_sound_in_the_explorer(run):
     assert "tinax-verdict-scan" not in verdict and 'data-status="sound"' in verdict
     assert "NaN or infinite" not in verdict
     explorer.close()
+
+
+def test_the_metric_drawn_first_is_the_one_the_run_is_kept_by():
+    from tinax.widgets._metric_picks import default_metric
+
+    assert default_metric(["accuracy", "loss", "lr"], "accuracy") == "accuracy"
+    assert default_metric(["grad_norm", "loss", "lr"], None) == "loss"
+    assert default_metric(["grad_norm", "lr"], "loss") == "grad_norm"
+    assert default_metric([], None) is None

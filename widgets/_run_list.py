@@ -12,12 +12,21 @@ from typing import Any
 import ipywidgets as w
 import pandas as pd
 
+from tinax import explore
 from tinax.explore.toolkit import resolve_path, run_listing
 from tinax.vocabulary import COMPLETE
 
 from ._guard import shown_in_widget
 from ._interrupted import InterruptedSaves
-from ._run_rows import CHECKPOINT_COLUMNS, checkpoint_look, listing_summary, with_policy_text
+from ._run_rows import (
+    CHECKPOINT_COLUMNS,
+    checkpoint_columns,
+    checkpoint_look,
+    listing_summary,
+    metric_names,
+    with_metrics,
+    with_policy_text,
+)
 from ._services import Services
 from ._surgery import AveragePanel
 from ._table import PagedTable, RowLook
@@ -38,6 +47,9 @@ class RunList:
     Attributes:
       checkpoints: The run's ``list_checkpoints`` table (indexed by path), with a
         ``kept`` column where the run recorded why each is kept.
+      metrics: The run's metrics (``run_table``, read in the background after each
+        listing that changed), shown as columns after the step: the metric the run
+        keeps its best checkpoints by first, a value logged NaN or Inf as such.
       summary: The checkpoints counted in words, with the run's policy.
       view: The table of checkpoints.
       controls: The step range, "go to step" and its button.
@@ -79,6 +91,10 @@ class RunList:
         self._on_pick = on_pick
         self._on_watch = on_watch
         self.checkpoints = pd.DataFrame()
+        self.metrics = pd.DataFrame()
+        self._metric_names: list[str] = []
+        # Metrics reads finish out of order too: the last one started is kept.
+        self._metric_reads = 0
         self.summary = ""
         # Listings finish out of order (a background check, a refresh): the last
         # one started is the one shown.
@@ -279,7 +295,7 @@ class RunList:
                 self.ticked.append(path)
             elif not value and path in self.ticked:
                 self.ticked.remove(path)
-            self.view.show(self._in_step_range(self.checkpoints), keep_page=True)
+            self._show_rows(self.checkpoints, keep_page=True)
 
     def unpick(self, path: str | None = None) -> None:
         """Clears the picked row (only if it is ``path``'s, when given)."""
@@ -300,7 +316,7 @@ class RunList:
             if shown == self._ages_shown:
                 return False
             self._ages_shown = shown
-            self.view.show(self._in_step_range(table.assign(age=ages)), keep_page=True)
+            self._show_rows(table.assign(age=ages), keep_page=True)
             return True
 
     def set_poll_interval(self, interval: float) -> None:
@@ -343,9 +359,11 @@ class RunList:
         if changed:
             self._update_step_range(table)
             self._ages_shown = [format_age(a) for a in table["age"]] if len(table) else []
-            self.view.show(self._in_step_range(table), keep_page=True)
+            self._show_rows(table, keep_page=True)
         self.interrupted.update(table)
         self._on_listing(table, changed)
+        if changed and len(table):
+            self._services.in_background(self._read_metrics, "tinax-explorer-metrics")
 
     def _update_step_range(self, table: pd.DataFrame) -> None:
         steps = table["step"].dropna() if len(table) else pd.Series(dtype="Int64")
@@ -368,6 +386,28 @@ class RunList:
             slider.min, slider.max = low, high
         slider.layout.display = ""
 
+    def _show_rows(self, table: pd.DataFrame, *, keep_page: bool = False) -> None:
+        """Shows the rows of ``table`` in the step range, with the run's metrics."""
+        rows = with_metrics(self._in_step_range(table), self.metrics, self._metric_names)
+        self.view.show(rows, keep_page=keep_page)
+
+    def _read_metrics(self) -> None:
+        """Reads the run's metrics (metadata only) and shows them as columns."""
+        with self._services.lock:
+            self._metric_reads += 1
+            number = self._metric_reads
+            kept_by = self.checkpoints.attrs.get("best_by")
+        metrics = explore.run_table(self.root)
+        names = metric_names(metrics, kept_by if isinstance(kept_by, str) else None)
+        with self._services.lock:
+            if number != self._metric_reads:
+                return  # a later read will show its own
+            self.metrics = metrics
+            if names != self._metric_names:
+                self._metric_names = names
+                self.view.set_columns(checkpoint_columns(names))
+            self._show_rows(self.checkpoints, keep_page=True)
+
     def _in_step_range(self, table: pd.DataFrame) -> pd.DataFrame:
         slider = self.step_range
         if slider.layout.display == "none" or slider.value == (slider.min, slider.max):
@@ -379,7 +419,7 @@ class RunList:
     def _on_step_range(self, _change: Any) -> None:
         with self._services.lock:
             if not self.checkpoints.empty:
-                self.view.show(self._in_step_range(self.checkpoints))
+                self._show_rows(self.checkpoints)
 
     @staticmethod
     def _same_listing(old: pd.DataFrame, new: pd.DataFrame) -> bool:

@@ -4,6 +4,8 @@ policy and reasons for keeping each checkpoint, and the run counted in words."""
 from __future__ import annotations
 
 import html
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -48,6 +50,81 @@ def checkpoint_look(row: pd.Series) -> RowLook:
     return RowLook(color="#b00020", pickable=False, tooltip=f"{status}: cannot be opened")
 
 
+# The run list's metric columns: ``metric:NAME`` shows a metric as logged (a number,
+# or the word for a value logged non-finite), ``metric:NAME:order`` sorts it.
+METRIC_FIELD = "metric:"
+_ORDER = ":order"
+
+
+def _format_metric(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None or value is pd.NA:
+        return ""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return format_cell(value)
+    return "" if math.isnan(number) else f"{number:.4g}"
+
+
+def metric_columns(names: Sequence[str]) -> tuple[Column, ...]:
+    """A column per metric: the first (the one the run is kept by) shown longest on a
+    narrow output, the others given up before it."""
+    return tuple(
+        Column(
+            f"{METRIC_FIELD}{name}",
+            name,
+            _format_metric,
+            align="right",
+            essential=False,
+            priority=0 if i == 0 else 2,
+            sort_by=f"{METRIC_FIELD}{name}{_ORDER}",
+        )
+        for i, name in enumerate(names)
+    )
+
+
+def checkpoint_columns(metrics: Sequence[str]) -> tuple[Column, ...]:
+    """The run list's columns with the run's ``metrics`` after the step."""
+    return (*CHECKPOINT_COLUMNS[:2], *metric_columns(metrics), *CHECKPOINT_COLUMNS[2:])
+
+
+def metric_names(table: pd.DataFrame, kept_by: str | None) -> list[str]:
+    """A ``run_table``'s metrics, the one the run is kept by first."""
+    names = [str(m) for m in table.attrs.get("metrics", [])]
+    return sorted(names, key=lambda m: m != kept_by)
+
+
+def with_metrics(
+    listing: pd.DataFrame, metrics: pd.DataFrame, names: Sequence[str]
+) -> pd.DataFrame:
+    """The listing (indexed by path) with a column per metric from ``run_table``'s
+    ``metrics``: the value as logged, ``NaN`` or ``Inf`` where it was logged so
+    (``nonfinite_metrics``), blank where none was; and the column that sorts it."""
+    if not names or metrics.empty:
+        return listing
+    by_path = metrics.set_index(metrics["path"].astype(str))
+    by_path = by_path[~by_path.index.duplicated()]
+    rows = by_path.reindex(listing.index)
+    said = rows.get("nonfinite_metrics", pd.Series(None, index=rows.index, dtype=object))
+    logged_bad = [set() if not isinstance(v, str) else set(v.split(", ")) for v in said]
+    columns: dict[str, Any] = {}
+    for name in names:
+        values = rows[name] if name in rows else pd.Series(math.nan, index=listing.index)
+        shown: list[Any] = []
+        for value, bad in zip(values, logged_bad, strict=True):
+            number = math.nan if value is None or value is pd.NA else float(value)
+            if name in bad:
+                shown.append("NaN" if math.isnan(number) else "Inf" if number > 0 else "-Inf")
+            else:
+                shown.append(None if math.isnan(number) else number)
+        columns[f"{METRIC_FIELD}{name}"] = pd.Series(shown, index=listing.index, dtype=object)
+        order = pd.to_numeric(values, errors="coerce").astype("float64")
+        columns[f"{METRIC_FIELD}{name}{_ORDER}"] = order.where(order.map(math.isfinite), math.nan)
+    return listing.assign(**columns)
+
+
 CHECKPOINT_COLUMNS = (
     Column("name", "checkpoint", key=True),
     Column("step", "step", align="right", descending_first=True),
@@ -76,12 +153,14 @@ def _policy_text(policy: dict[str, Any]) -> str:
 
 def with_policy_text(table: pd.DataFrame) -> pd.DataFrame:
     """``run_listing``'s table as the run list shows it: ``kept`` blank where the run
-    recorded nothing, and its policy in words (``attrs["policy"]``)."""
+    recorded nothing, its policy in words (``attrs["policy"]``) and the metric it
+    keeps its best checkpoints by (``attrs["best_by"]``)."""
     shown = table.assign(kept=table["kept"].fillna("").astype("string"))
     shown.attrs = dict(table.attrs)
     policy = table.attrs.get("policy")
     if policy is not None:
         shown.attrs["policy"] = _policy_text(policy)
+        shown.attrs["best_by"] = policy.get("best_by")
     else:
         shown.attrs.pop("policy", None)
     return shown

@@ -107,6 +107,28 @@ def _cell_text(column: Column, row: pd.Series) -> str:
         return format_cell(value)
 
 
+def _check_columns(columns: Sequence[Column]) -> None:
+    if not columns:
+        raise ValueError("a table needs at least one column")
+    if sum(c.key for c in columns) > 1:
+        raise ValueError("a table has at most one key column")
+
+
+def _spec(columns: Sequence[Column]) -> list[dict[str, Any]]:
+    """What the browser is told of each column."""
+    return [
+        {
+            "field": c.field,
+            "title": c.title,
+            "key": c.key,
+            "essential": c.essential,
+            "priority": c.priority,
+            "align": c.align,
+        }
+        for c in columns
+    ]
+
+
 class PagedTable(anywidget.AnyWidget):
     """One page of a DataFrame in a table that fits its output (``grid.js``).
 
@@ -192,10 +214,7 @@ class PagedTable(anywidget.AnyWidget):
           ValueError: If ``columns`` is empty or has two key columns, ``sort_field``
             is not one of them or ``page_size`` is not positive.
         """
-        if not columns:
-            raise ValueError("a table needs at least one column")
-        if sum(c.key for c in columns) > 1:
-            raise ValueError("a table has at most one key column")
+        _check_columns(columns)
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
         if isinstance(scroll_rows, bool) or not isinstance(scroll_rows, int) or scroll_rows < 0:
@@ -213,17 +232,7 @@ class PagedTable(anywidget.AnyWidget):
         # Columns whose values are still being read (see ``hold``).
         self.held: frozenset[str] = frozenset()
         super().__init__(
-            spec=[
-                {
-                    "field": c.field,
-                    "title": c.title,
-                    "key": c.key,
-                    "essential": c.essential,
-                    "priority": c.priority,
-                    "align": c.align,
-                }
-                for c in self.columns
-            ],
+            spec=_spec(self.columns),
             sortable=sortable,
             empty_text=empty_text,
             sort_field=sort_field,
@@ -270,6 +279,21 @@ class PagedTable(anywidget.AnyWidget):
             self.page = page  # renders
         else:
             self._render()
+
+    def set_columns(self, columns: Sequence[Column]) -> None:
+        """Shows ``columns`` from now on (a run's metrics, once read), the rows as they
+        are; a sort by a column no longer there falls back to the frame's order.
+
+        Raises:
+          ValueError: If ``columns`` is empty or has two key columns.
+        """
+        _check_columns(columns)
+        self.columns = tuple(columns)
+        with self.hold_trait_notifications():
+            if self.sort_field not in [c.field for c in self.columns]:
+                self.sort_field = None
+            self.spec = _spec(self.columns)
+            self.show(self.source, keep_page=True)
 
     def hold(self, fields: Collection[str]) -> None:
         """Marks the columns whose values are still being read (none: ``()``).

@@ -21,12 +21,11 @@ from tinax.vocabulary import COMPLETE
 
 from ._guard import shown_in_widget
 from ._jobs import BackgroundJob, notes_html
+from ._metric_picks import MetricPicks
 from ._text import error_html, note_html
 from ._timeline_data import summary_html, timeline_data
 
 _HERE = pathlib.Path(__file__).parent
-# The metric shown first when the run has it.
-PREFERRED_METRICS = ("loss", "train_loss", "eval_loss", "accuracy")
 # How the heatmap groups leaves: the model's layers (``drift_table``'s ``depth=None``),
 # or the first N key parts. The dropdown's values: 0 stands for the layers.
 DRIFT_DEPTHS = (("layers", 0), ("1 key deep", 1), ("2 keys deep", 2), ("3 keys deep", 3))
@@ -40,15 +39,19 @@ class TimelineView(anywidget.AnyWidget):
     # without ipywidgets' margins, which would leave it no height.
     _css = ".tinax-job-bar .progress { margin-top: 0 !important; margin-bottom: 0 !important; }"
     data = traitlets.Dict({}).tag(sync=True)
-    metric = traitlets.Unicode("").tag(sync=True)
+    metrics: traitlets.List[str] = traitlets.List([]).tag(sync=True)
     picked_steps: traitlets.List[int] = traitlets.List([]).tag(sync=True)
 
 
 class RunTimeline(w.VBox):
     """A run at a glance, from its checkpoints alone.
 
-    Shows, against step: a metric of the run (``run_table``: the numeric scalars of
-    the auxiliary state, or Orbax's recorded metrics), how long each save blocked the
+    Shows, against step: the metrics of the run picked in ``metric_picks``
+    (``run_table``: the numeric scalars of the auxiliary state, or Orbax's recorded
+    metrics; at first the one the run keeps its best checkpoints by), overlaid on
+    one panel, each on its own scale (the first's on the left axis, the second's on
+    the right, a log scale where its values lie over two decades apart), how long
+    each save blocked the
     caller and took in all, each checkpoint's size, a heatmap of ``rel_update`` by
     layer between consecutive checkpoints (``drift_table``: the layer that moved
     most is one glance), the checkpoints holding NaN or Inf (red lines) and the
@@ -79,6 +82,8 @@ class RunTimeline(w.VBox):
       scan: The ``scan_run`` table (empty until computed).
       picked_steps: The steps picked, at most two, older first.
       picked_cell: ``(subtree key, step)`` of the last heatmap cell clicked.
+      metric_picks: The metrics drawn (``metric_picks.picked``, settable), a toggle
+        button each.
       error: The last error shown in the widget, or ``""``.
       view: The drawing (an anywidget).
       drift_job, scan_job: The two background reads (``BackgroundJob``).
@@ -133,9 +138,7 @@ class RunTimeline(w.VBox):
         self.view.layout = w.Layout(width="100%")
         self.message = w.HTML("")
         guard = shown_in_widget(self._show_error)
-        self.metric_choice = w.Dropdown(
-            description="metric", options=[], layout=w.Layout(width="auto", max_width="260px")
-        )
+        self.metric_picks = MetricPicks()
         self.depth_choice = w.Dropdown(
             description="drift by",
             options=DRIFT_DEPTHS,
@@ -179,7 +182,7 @@ class RunTimeline(w.VBox):
         )
         self.summary = w.HTML("")
         self.picks = w.HTML("")
-        self.metric_choice.observe(guard(self._on_metric), names="value")
+        self.metric_picks.observe(guard(self._on_metrics), names="picked")
         self.depth_choice.observe(guard(self._on_depth), names="value")
         self.drift_button.on_click(guard(lambda _: self.compute_drift(depth=self._depth())))
         self.scan_button.on_click(guard(lambda _: self.compute_scan()))
@@ -193,7 +196,6 @@ class RunTimeline(w.VBox):
             children=[
                 w.HBox(
                     [
-                        self.metric_choice,
                         self.depth_choice,
                         self.drift_job.box,
                         self.scan_job.box,
@@ -203,6 +205,7 @@ class RunTimeline(w.VBox):
                     ],
                     layout=w.Layout(flex_flow="row wrap", align_items="center"),
                 ),
+                self.metric_picks,
                 self.view,
                 self.picks,
                 self.summary,
@@ -232,14 +235,7 @@ class RunTimeline(w.VBox):
         with self._lock:
             self.loaded = True
             self.table = table
-            metrics = list(table.attrs.get("metrics", []))
-            chosen = self.metric_choice.value
-            if chosen not in metrics:
-                chosen = next((m for m in PREFERRED_METRICS if m in metrics), None)
-                chosen = chosen or (metrics[0] if metrics else None)
-            self.metric_choice.options = metrics
-            self.metric_choice.value = chosen
-            self.metric_choice.layout.display = "" if metrics else "none"
+            self.metric_picks.offer(list(table.attrs.get("metrics", [])), self._kept_by())
         self._redraw()
 
     def compute_drift(self, *, depth: int | None = None) -> None:
@@ -437,7 +433,7 @@ class RunTimeline(w.VBox):
     def _redraw(self) -> None:
         with self._lock:
             data, self._layers = timeline_data(self.table, self.drift, self.scan)
-        self.view.metric = self.metric_choice.value or ""
+        self.view.metrics = list(self.metric_picks.picked)
         self.view.data = data
         self.summary.value = summary_html(self.table, self.drift, self.scan)
 
@@ -471,8 +467,14 @@ class RunTimeline(w.VBox):
 
     # -- events ---------------------------------------------------------------------
 
-    def _on_metric(self, change: Any) -> None:
-        self.view.metric = change["new"] or ""
+    def _on_metrics(self, change: Any) -> None:
+        self.view.metrics = list(change["new"])
+
+    def _kept_by(self) -> str | None:
+        """The metric the run keeps its best checkpoints by, as its policy records it."""
+        policy = explore.run_policy(self.root)
+        best_by = None if policy is None else policy.get("best_by")
+        return best_by if isinstance(best_by, str) else None
 
     def _on_depth(self, change: Any) -> None:
         if self._setting_depth:

@@ -106,6 +106,13 @@ function extent(values) {
   return [lo, hi];
 }
 
+// One metric's scale: its extent, and a log scale when its values, all positive, lie
+// over two decades apart (a loss spike, a learning rate that doubles every step).
+function scaleOf(values) {
+  const ends = extent(values);
+  return { ends, log: ends[0] > 0 && ends[1] / ends[0] > 100 };
+}
+
 // Hatched fills for the heatmap cells that hold no value, defined once per drawing
 // (ids made unique: several timelines may share a page).
 function patterns(svg) {
@@ -154,7 +161,13 @@ function draw(model, root) {
   // The heatmap's labels decide the left margin: as wide as the longest, within reason.
   const longest = Math.max(0, ...layers.map((s) => s.length));
   const left = Math.max(LEFT_MIN, Math.min(Math.round(width * 0.22), 7 * longest + 10));
-  const plotW = width - left - RIGHT;
+  // The metrics picked: the first on the left axis, the second on a right one, which
+  // takes room of its own.
+  const metrics = data.metrics || {};
+  const picked = (model.get("metrics") || []).filter((m) => metrics[m]);
+  const rightLabels = picked.length > 1 ? endLabels(short, ...scaleOf(metrics[picked[1]]).ends) : [];
+  const right = Math.max(RIGHT, ...rightLabels.map((t) => 7 * t.length + 10));
+  const plotW = width - left - right;
   const lo = Math.min(...steps);
   const hi = Math.max(...steps);
   const span = hi - lo || 1;
@@ -166,12 +179,12 @@ function draw(model, root) {
   const panels = [];
   const nonfinite = new Set(data.nonfinite_steps || []);
 
-  // -- a line panel ----------------------------------------------------------------
+  // -- a line panel (save times, sizes) ------------------------------------------------
   // `minSpan`: the least share of the largest value the axis spans, so that a
   // difference small beside the values themselves (a few bytes of 133 MiB) is drawn
   // as the small difference it is, not as a full-height spike; the title then says
   // how far apart the values are.
-  function linePanel(title, series, height, format, marks, minSpan = 0) {
+  function linePanel(title, series, height, format, minSpan = 0) {
     const top = y + 16;
     const all = series.flatMap((s) => s.values);
     let [vlo, vhi] = extent(all);
@@ -185,8 +198,8 @@ function draw(model, root) {
       heading += dhi > dlo ? ` · all within ${format(dhi - dlo)} of ${format(dhi)}` : ` · ${format(dhi)} each`;
     }
     text(svg, left, y + 11, heading, { "font-weight": "bold", class: "tinax-timeline-panel-title" });
-    // Values over two decades apart, all positive (a loss spike): a log scale, so
-    // the rest of the curve stays readable.
+    // Values over two decades apart, all positive: a log scale, so that the rest of
+    // the curve stays readable.
     const log = vlo > 0 && vhi / vlo > 100;
     const f = log ? Math.log10 : (v) => v;
     const yy = (v) => top + height - ((f(v) - f(vlo)) / (f(vhi) - f(vlo))) * height;
@@ -202,42 +215,81 @@ function draw(model, root) {
         d += `${d && finite(s.values[i - 1]) ? "L" : "M"}${x(steps[i]).toFixed(1)},${yy(v).toFixed(1)}`;
       });
       el("path", { d, fill: "none", stroke: s.color || COLORS[k % COLORS.length], "stroke-width": 1.5 }, svg);
-      // A gap where a checkpoint's weights were found non-finite by the scan.
-      s.values.forEach((v, i) => {
-        if (!finite(v) && nonfinite.has(steps[i]) && !(marks || []).length) {
-          const m = el("text", { x: x(steps[i]), y: top + height - 3, "font-size": 10, fill: NAN_RED, "text-anchor": "middle" }, svg);
-          m.textContent = "✕";
-        }
-      });
       if (series.length > 1 || s.label !== title) {
         text(svg, left + 8 + k * 120, top + 12, s.label, { fill: s.color || COLORS[k % COLORS.length] });
-      }
-    });
-    // Values the run itself recorded as NaN or ±Inf (run_table): a red mark at the
-    // top of the panel, where the line would leave it, and the first one named.
-    (marks || []).forEach(([step, word], k) => {
-      const m = el("text", { x: x(step), y: top + 11, "font-size": 11, fill: NAN_RED, "text-anchor": "middle", class: "tinax-timeline-metric-nonfinite" }, svg);
-      m.textContent = "✕";
-      el("title", {}, m).textContent = `${title} ${word} at step ${step}`;
-      if (k === 0) {
-        const right = x(step) > left + plotW * 0.6;
-        text(svg, x(step) + (right ? -7 : 7), top + 24, `${word} from ${step}`, {
-          fill: NAN_RED,
-          "text-anchor": right ? "end" : "start",
-          class: "tinax-timeline-metric-nonfinite-label",
-        });
       }
     });
     panels.push([top, top + height]);
     y = top + height + 14;
   }
 
-  const metric = model.get("metric");
-  const metrics = data.metrics || {};
-  if (metric && metrics[metric]) {
-    const marks = (data.metric_nonfinite || {})[metric] || [];
-    linePanel(metric, [{ label: metric, values: metrics[metric] }], LINE_H, short, marks);
+  if (picked.length) metricPanel(picked);
+  // -- the metrics picked, overlaid on the one step axis, each on its own scale ------
+  function metricPanel(names) {
+    const top = y + 16;
+    const height = LINE_H;
+    const title = el("text", { x: left, y: y + 11, "font-size": FONT, "font-weight": "bold", class: "tinax-timeline-metrics-title" }, svg);
+    const nonfiniteMarks = data.metric_nonfinite || {};
+    const firsts = new Map();
+    el("rect", { x: left, y: top, width: plotW, height, fill: "none", stroke: "#bbb" }, svg);
+    names.forEach((name, k) => {
+      const color = COLORS[k % COLORS.length];
+      const values = metrics[name];
+      const { ends, log } = scaleOf(values);
+      const [vlo, vhi] = ends;
+      const f = log ? Math.log10 : (v) => v;
+      const yy = (v) => top + height - ((f(v) - f(vlo)) / (f(vhi) - f(vlo) || 1)) * height;
+      const where = names.length < 2 ? "" : k === 0 ? "left" : k === 1 ? "right" : `${endLabels(short, vlo, vhi).join(" … ")}`;
+      const said = [where, log ? "log scale" : ""].filter(Boolean).join(", ");
+      const span = el("tspan", { fill: color, class: "tinax-timeline-metric-name", "data-metric": name, "data-log": String(log) }, title);
+      span.textContent = `${k ? " · " : ""}${name}${said ? ` (${said})` : ""}`;
+      if (k < 2) {
+        endLabels(short, vlo, vhi).forEach((label, i) => {
+          const at = k === 0 ? { x: left - 4, anchor: "end" } : { x: left + plotW + 4, anchor: "start" };
+          text(svg, at.x, yy(i ? vhi : vlo) + 4, label, { "text-anchor": at.anchor, fill: names.length > 1 ? color : "currentColor", class: "tinax-timeline-y" });
+        });
+      }
+      let d = "";
+      values.forEach((v, i) => {
+        if (!finite(v)) return;
+        d += `${d && finite(values[i - 1]) ? "L" : "M"}${x(steps[i]).toFixed(1)},${yy(v).toFixed(1)}`;
+      });
+      el("path", { d, fill: "none", stroke: color, "stroke-width": 1.5, class: "tinax-timeline-metric-line", "data-metric": name }, svg);
+      // Values the run itself recorded as NaN or ±Inf (run_table): a mark in the
+      // metric's row at the top of the panel, where its line would leave it.
+      (nonfiniteMarks[name] || []).forEach(([step, word], j) => {
+        const m = el("text", { x: x(step), y: top + 11 + 11 * k, "font-size": 11, fill: NAN_RED, "text-anchor": "middle", class: "tinax-timeline-metric-nonfinite" }, svg);
+        m.textContent = "✕";
+        el("title", {}, m).textContent = `${name} ${word} at step ${step}`;
+        if (j === 0) {
+          const key = `${word} from ${step}`;
+          firsts.set(key, [...(firsts.get(key) || []), name]);
+        }
+      });
+    });
+    // Where each metric went non-finite, named once for the metrics that did together.
+    [...firsts.entries()].forEach(([key, which], i) => {
+      const step = Number(key.split(" from ")[1]);
+      const onRight = x(step) > left + plotW * 0.6;
+      text(svg, x(step) + (onRight ? -7 : 7), top + 13 + 11 * names.length + 13 * i, `${names.length > 1 ? `${which.join(", ")} ` : ""}${key}`, {
+        fill: NAN_RED,
+        "text-anchor": onRight ? "end" : "start",
+        class: "tinax-timeline-metric-nonfinite-label",
+      });
+    });
+    // A gap where a checkpoint's weights were found non-finite by the scan.
+    if (!Object.keys(nonfiniteMarks).some((n) => names.includes(n))) {
+      steps.forEach((s, i) => {
+        if (nonfinite.has(s) && !names.some((n) => finite(metrics[n][i]))) {
+          const m = el("text", { x: x(s), y: top + height - 3, "font-size": 10, fill: NAN_RED, "text-anchor": "middle" }, svg);
+          m.textContent = "✕";
+        }
+      });
+    }
+    panels.push([top, top + height]);
+    y = top + height + 14;
   }
+
   const blocked = data.save_blocked_s || [];
   const total = data.save_total_s || [];
   if (total.some(finite)) {
@@ -252,7 +304,7 @@ function draw(model, root) {
     );
   }
   if ((data.nbytes || []).some(finite)) {
-    linePanel("size on disk", [{ label: "size on disk", values: data.nbytes, color: "#59a14f" }], SAVE_H, bytes, [], 0.02);
+    linePanel("size on disk", [{ label: "size on disk", values: data.nbytes, color: "#59a14f" }], SAVE_H, bytes, 0.02);
   }
 
   // -- the heatmap: rel_update by layer (rows) and step (columns) ---------------------
@@ -384,7 +436,7 @@ function render({ model, el: root }) {
   root.classList.add("tinax-timeline");
   const redraw = () => draw(model, root);
   model.on("change:data", redraw);
-  model.on("change:metric", redraw);
+  model.on("change:metrics", redraw);
   model.on("change:picked_steps", redraw);
   let last = 0;
   const observer = new ResizeObserver(() => {
