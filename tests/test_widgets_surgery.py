@@ -73,8 +73,14 @@ def test_derive_previews_writes_with_progress_and_opens_the_result(run):
         assert panel.progress.bytes_done == 16 * 32 * 4
         # The new checkpoint is open, and says where it came from.
         assert list(explorer.leaves["key"]) == ["['kernel']['value']"]
-        assert "derived from step_000020" in pane.lineage.value
-        assert "cast to bfloat16" in pane.lineage.value
+        line = pane.lineage.line
+        assert line.text.startswith(f"derived from {run}/step_000020 (step 20)")
+        assert "cast to bfloat16" in line.text
+        # The source's path is a link: it opens the source, listed in this run.
+        assert [p["text"] for p in line.parts if p["link"] is not None] == [f"{run}/step_000020"]
+        line.click(0)
+        _until(lambda: explorer.checkpoint == f"{run}/step_000020")
+        assert explorer.contents.lineage.line.parts == []
         # A second derive to the same place fails in the panel, not in the notebook.
         _open(explorer, "step_000020")
         pane.derive_button.click()
@@ -131,5 +137,34 @@ def test_average_of_ticked_checkpoints_opens_the_result(run, tmp_path):
         explorer.timeline.picked_steps = [20, 30]
         runs.average_button.click()
         assert runs.average_box.children[0].sources == [f"{run}/step_{s:06d}" for s in (20, 30)]
+    finally:
+        explorer.close()
+
+
+def test_a_source_outside_the_run_opens_in_an_explorer_of_its_own(run, tmp_path):
+    from tinax.checkpointing import derive_checkpoint
+
+    elsewhere = tmp_path / "exports"
+    elsewhere.mkdir()
+    derive_checkpoint(run / "step_000030", elsewhere / "model_30", checkpointables=["model"])
+    explorer = CheckpointExplorer(elsewhere)
+    try:
+        _open(explorer, "model_30")
+        lineage = explorer.contents.lineage
+        assert lineage.line.text == (
+            f"derived from {run}/step_000030 (step 30) · checkpointables model"
+        )
+        lineage.line.click(0)
+        assert lineage.elsewhere.shown and len(lineage.elsewhere.body.children) == 1
+        source = lineage.elsewhere.body.children[0]
+        assert source.checkpoint == f"{run}/step_000030"
+        assert "outside this run" in lineage.elsewhere.heading.value
+        # A second click closes it; opening another checkpoint closes it too.
+        lineage.line.click(0)
+        assert not lineage.elsewhere.shown and source.comm is None
+        lineage.line.click(0)
+        explorer.contents.close()
+        assert not lineage.elsewhere.shown and lineage.line.parts == []
+        assert explorer.error == ""
     finally:
         explorer.close()

@@ -19,12 +19,14 @@ import pandas as pd
 
 from tinax.explore.display import key_matches
 from tinax.explore.toolkit import StagedLeaves, collector_paused, open_leaves
+from tinax.vocabulary import COMPLETE
 
 from ._data_check import DataCheck
 from ._diff import DiffView
 from ._export import ExportPanel
 from ._guard import shown_in_widget
-from ._leaf_columns import LEAF_COLUMNS, lineage_html
+from ._leaf_columns import LEAF_COLUMNS
+from ._lineage_view import LineageView, same_place
 from ._nonfinite import known_nonfinite
 from ._run_list import RunList
 from ._section import Section
@@ -62,7 +64,8 @@ class CheckpointPane:
       filling: Whether its shapes and sizes are being read in the background.
       data_check, diff_view, export_button, derive_button, export_box: The actions and
         their panels ("export…" and "derive…" open theirs in ``export_box``).
-      lineage: What a derived or averaged checkpoint was made from, in a line.
+      lineage: What a derived or averaged checkpoint was made from, in a line
+        (``LineageView``): each source a link that opens it.
       data_section, diff_section: The sections of the data check and of the diff.
       checkpointable_filter, key_filter: The filters of the leaves (and of the diff).
       leaves_as: Shows the leaves as a ``"tree"`` or as a ``"table"``.
@@ -77,6 +80,7 @@ class CheckpointPane:
         diff_rows: int,
         on_open: Callable[[str | None], None],
         on_pick_leaf: Callable[[str, str], None],
+        explore_elsewhere: Callable[[str], w.Widget],
     ) -> None:
         """Makes the pane's widgets (hidden until a checkpoint is opened).
 
@@ -87,6 +91,8 @@ class CheckpointPane:
           diff_rows: Rows per page of the diff.
           on_open: Called, under the lock, with the checkpoint opened (``None``: closed).
           on_pick_leaf: Called, under the lock, with a leaf picked in the tree or table.
+          explore_elsewhere: An explorer of the directory of a checkpoint outside the
+            run, that checkpoint open (a derived checkpoint's source, followed).
         """
         self._services = services
         self._runs = runs
@@ -147,7 +153,11 @@ class CheckpointPane:
             tooltip="a new checkpoint from this one: params only, cast, some keys",
         )
         self.derive_button.on_click(guard(self._on_derive))
-        self.lineage = w.HTML("")
+        self.lineage = LineageView(
+            open_listed=self._open_listed,
+            explore_elsewhere=explore_elsewhere,
+            on_error=services.show_error,
+        )
         # Each action's panel opens right under the row of buttons.
         self.export_box = w.VBox([])
         # The buttons first and the verdict after them, in a box of its own width: a
@@ -240,7 +250,7 @@ class CheckpointPane:
         self.size_bar.value = ""
         self.section.show(False)
         self.verdict.value = ""
-        self.lineage.value = ""
+        self.lineage.show(None)
         self.data_check.set_path(None)
         self.data_section.show(False)
         self.export_box.children = ()
@@ -355,7 +365,7 @@ class CheckpointPane:
         )
         self._verdict_text = ""
         self.verdict.value = note_html("checking the checkpoint…")
-        self.lineage.value = lineage_html(path)
+        self.lineage.show(path)
         self.data_check.set_path(path)
         self.export_box.children = ()
         self.set_comparable()
@@ -454,6 +464,18 @@ class CheckpointPane:
 
     def _on_derive(self, _button: Any = None) -> None:
         self._toggle_panel(DerivePanel, lambda path: DerivePanel(path, on_done=self._open_new))
+
+    def _open_listed(self, path: str) -> bool:
+        """Opens the complete checkpoint of the run at ``path``; whether there is one."""
+        table = self._runs.checkpoints
+        if table.empty:
+            return False
+        done = table[table["status"] == COMPLETE]
+        found = [p for p in done.index if same_place(str(p), path)]
+        if not found:
+            return False
+        self._runs.open_checkpoint(found[0])
+        return True
 
     def _open_new(self, path: str) -> None:
         """Opens a checkpoint just written from this one (see ``RunList.open_written``)."""

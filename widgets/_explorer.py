@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import os
+import posixpath
 import threading
 import time
 import weakref
@@ -140,7 +141,9 @@ class CheckpointExplorer(w.VBox):
             diff_rows=min(page_size, DIFF_ROWS),
             on_open=self._on_open,
             on_pick_leaf=self._on_pick_leaf,
+            explore_elsewhere=self._explore_elsewhere,
         )
+        self._page_size = page_size
         self.leaf_pane = LeafPane(self.services)
         # The run at a glance (RunTimeline), read when its section is first opened.
         self.timeline = RunTimeline(self.root, explorer=self, load=False)
@@ -421,6 +424,16 @@ class CheckpointExplorer(w.VBox):
             self.timeline.follow([], name=os.path.basename(path.rstrip("/")))
             return
         self.timeline.follow([s for s in steps if s is not None])
+
+    def _explore_elsewhere(self, path: str) -> CheckpointExplorer:
+        """An explorer of the directory holding ``path`` (a checkpoint outside this
+        run: a derived checkpoint's source), with ``path`` open."""
+        where = path.rstrip("/")
+        explorer = CheckpointExplorer(posixpath.dirname(where), page_size=self._page_size)
+        # By its path where it is listed so (a run of two tiers lists one copy of a step).
+        listed = where in explorer.checkpoints.index
+        explorer.open_checkpoint(where if listed else posixpath.basename(where))
+        return explorer
 
     def _timeline_picks(self) -> list[str]:
         """The paths of the steps picked in the run timeline."""

@@ -1,15 +1,11 @@
-"""The columns of the explorer's leaf table, and the line that says what a derived or
-averaged checkpoint was made from."""
+"""The columns of the explorer's leaf table."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tinax.explore import lineage
-from tinax.explore.toolkit import lineage_summary
-
 from ._table import Column, format_cell
-from ._text import error_html, format_bytes, note_html
+from ._text import format_bytes
 
 _VALUE_CHARS = 40
 
@@ -17,15 +13,6 @@ _VALUE_CHARS = 40
 def format_value(value: Any) -> str:
     text = format_cell(value)
     return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 1] + "…"
-
-
-def lineage_html(path: str) -> str:
-    """What a derived or averaged checkpoint was made from, in a line; ``""`` for others."""
-    try:
-        text = lineage_summary(lineage(path))
-    except (OSError, ValueError) as e:
-        return error_html(e, title="Its lineage cannot be read:")
-    return note_html(text) if text else ""
 
 
 def _format_key(value: Any) -> str:
