@@ -219,18 +219,21 @@ class RunList:
           ValueError: If no listed checkpoint has that name or path.
         """
         wanted = os.fspath(name_or_path)
-        table = self.checkpoints
-        rows = table[(table["name"].astype(str) == wanted) | (table.index == wanted)]
-        if rows.empty:
-            raise ValueError(f"no checkpoint {wanted!r} in {str(self.root)!r}")
-        label = rows.index[0]
-        if turn_page:
-            if label not in self.view.frame.index:
-                self.step_range.value = (self.step_range.min, self.step_range.max)
-            self.view.show_row(label)
-        if self.view.selected == label:
-            self.view.selected = None
-        self.view.selected = label
+        # Under the lock that background redraws of the list hold: a pick is never
+        # made while one of them is sending the table.
+        with self._services.lock:
+            table = self.checkpoints
+            rows = table[(table["name"].astype(str) == wanted) | (table.index == wanted)]
+            if rows.empty:
+                raise ValueError(f"no checkpoint {wanted!r} in {str(self.root)!r}")
+            label = rows.index[0]
+            if turn_page:
+                if label not in self.view.frame.index:
+                    self.step_range.value = (self.step_range.min, self.step_range.max)
+                self.view.show_row(label)
+            if self.view.selected == label:
+                self.view.selected = None
+            self.view.selected = label
 
     def comparable(self) -> list[tuple[str, str]]:
         """``(name, path)`` of every complete checkpoint, in listing order."""

@@ -289,11 +289,12 @@ class PagedTable(anywidget.AnyWidget):
         """
         _check_columns(columns)
         self.columns = tuple(columns)
-        with self.hold_trait_notifications():
-            if self.sort_field not in [c.field for c in self.columns]:
-                self.sort_field = None
+        with self.hold_sync():
             self.spec = _spec(self.columns)
-            self.show(self.source, keep_page=True)
+            if self.sort_field not in [c.field for c in self.columns]:
+                self.sort_field = None  # shows the rows in their own order
+            else:
+                self.show(self.source, keep_page=True)
 
     def hold(self, fields: Collection[str]) -> None:
         """Marks the columns whose values are still being read (none: ``()``).
@@ -503,7 +504,10 @@ class PagedTable(anywidget.AnyWidget):
         if self.sort_field in self.held:
             title = next(c.title for c in self.columns if c.field == self.sort_field)
             position += f" · sorted by {title} once it is read"
-        with self.hold_trait_notifications():
+        # One message to the browser, without holding the traits' notifications:
+        # tables are redrawn from background threads (a listing, ages ticking), and
+        # a hold there would swallow a pick made meanwhile on the main thread.
+        with self.hold_sync():
             self.page_count = self.pages
             self.quiet = quiet_columns(
                 cells,
