@@ -1,4 +1,5 @@
-"""The README's "How the code is laid out" names only files and folders that exist."""
+"""The manual's "How the code is laid out" (docs/development.md) names only files and
+folders that exist."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ TITLE = "## How the code is laid out"
 
 
 def _section() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
     assert TITLE in text
     return text.split(TITLE, 1)[1].split("\n## ", 1)[0]
 
