@@ -232,6 +232,7 @@ SLOW_FILES = frozenset(
         "test_multiprocess.py",
         "test_mutants.py",
         "test_notebooks.py",
+        "test_pod.py",
         "test_process_waits.py",
         "test_readme.py",
         "test_real_states.py",

@@ -34,7 +34,7 @@ from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 
 from tinax._format.integrity import checksums
 from tinax._format.integrity.checksums import Bounds, CorruptDataError, LeafRecord, Piece
-from tinax._format.metadata import pytree
+from tinax._format.metadata import hostparts, pytree
 from tinax._format.naming import names
 from tinax._format.naming.keys import format_key, key_parts
 from tinax._format.pools import ProcessPool
@@ -42,7 +42,7 @@ from tinax._format.storage import files
 from tinax._format.storage.location import Location
 from tinax._paths import location
 from tinax._targets import is_key_dtype
-from tinax.checkpointing import _host_copies, _orbax
+from tinax.checkpointing import _host_copies, _orbax, _processes
 from tinax.checkpointing._orbax import StatefulCheckpointableHandler
 
 
@@ -179,7 +179,9 @@ def _on_host_copy(arrays: Sequence[Any], parts: Sequence[Sequence[_orbax.HostPar
         save.copied(key, tuple(array.shape), array_parts)
 
 
-def record_save(checkpointable: Any, *, primary: bool) -> Callable[[], dict[str, LeafRecord]]:
+def record_save(
+    checkpointable: Any, *, primary: bool, own_storage: bool = False
+) -> Callable[[], dict[str, LeafRecord]]:
     """Starts recording the checksums of a pytree being saved.
 
     Mutable values (NumPy arrays) and small ones are digested now, before the
@@ -191,6 +193,9 @@ def record_save(checkpointable: Any, *, primary: bool) -> Callable[[], dict[str,
       checkpointable: The pytree being saved.
       primary: Whether this process writes the values Orbax writes once (NumPy
         arrays, scalars, strings): Orbax's primary host.
+      own_storage: Whether this process saves to storage of its own (Orbax's
+        ``primary_host=None``): it writes every shard it holds once, whatever its
+        replica, not only replica 0.
 
     Returns:
       A function that finishes the digests and returns the record by leaf key;
@@ -207,7 +212,7 @@ def record_save(checkpointable: Any, *, primary: bool) -> Callable[[], dict[str,
                     data = _array_data(leaf)
                     pieces = tuple(
                         Piece(b, checksums.digest(v))
-                        for b, v in _host_parts(data, written_only=True)
+                        for b, v in _host_parts(data, written_only=not own_storage)
                     )
                     done[key] = LeafRecord(
                         checksums.ARRAY, _dtype_name(data.dtype), tuple(data.shape), pieces
@@ -632,9 +637,11 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
     """Orbax's pytree handler, with tinax's checksums written on save and checked on load."""
 
     async def save(self, directory: Any, checkpointable: Any) -> Awaitable[None]:
+        primary_host = self._multiprocessing_options.primary_host
         finish = record_save(
             checkpointable,
-            primary=jax.process_index() == (self._multiprocessing_options.primary_host or 0),
+            primary=_processes.is_primary(primary_host),
+            own_storage=primary_host is None,
         )
         # Handed to _background_save, which writes the record at the right moment.
         self._records_to_write[id(directory)] = finish
@@ -692,6 +699,11 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
                 path = await directory.await_creation()
                 await asyncio.to_thread(write_record, str(path), record, jax.process_index())
         await super()._background_save(directory, commit_futures=commit_futures, **kwargs)
+        if self._multiprocessing_options.primary_host is None and _processes.process_count() > 1:
+            # A host part (``tinax._format.hostparts``): this process's chunks alone are
+            # stored, which its metadata says before the checkpoint commits.
+            path = await directory.await_creation()
+            await asyncio.to_thread(hostparts.mark_chunks, location(str(path)), False)
 
     async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Awaitable[Any]:
         # Orbax awaits each checkpointable's load in turn and drops the rest once one

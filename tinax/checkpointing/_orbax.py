@@ -4,8 +4,10 @@ Orbax's public V1 API has no way to read the active context, to ask whether a
 leaf type has a standard handler, or to learn how long its processes wait for each
 other, and does not export the handler of stateful checkpointables (Grain
 iterators); it has no hook on the host copies it saves from or the host reads it
-loads from, and no way to start writing before the whole state is on the host.
-These are the only places tinax reaches into Orbax's private modules.
+loads from, and no way to start writing before the whole state is on the host;
+a save of one process of a job to a directory of its own is refused, NumPy arrays
+and scalars are written by process 0 alone whatever the primary host, and the merge
+of the processes' array stores is not exposed. These are the only places tinax reaches into Orbax's private modules.
 ``pyproject.toml`` bounds Orbax to the minor release they were written against.
 """
 
@@ -31,13 +33,16 @@ from orbax.checkpoint.experimental.v1._src.handlers.stateful_checkpointable_hand
 __all__ = [
     "StatefulCheckpointableHandler",
     "active_context",
+    "allow_own_directories",
     "check_host_reads",
     "coordination_timeout",
     "current_operation",
     "has_standard_leaf_handler",
+    "merge_process_stores",
     "observe_host_copies",
     "recorded_sharding",
     "wait_for_writers",
+    "write_host_values_under",
     "write_while_copying",
 ]
 
@@ -459,3 +464,107 @@ def wait_for_writers(operation: str, timeout: float) -> None:
         if isinstance(t, future._SignalingThread) and t._operation_id == operation:
             # Thread's own join: Orbax's raises the thread's error, which is not ours.
             threading.Thread.join(t, max(0.0, deadline - time.monotonic()))
+
+
+def allow_own_directories() -> None:
+    """Lets a save whose only active process is the calling one name a directory of its
+    own (each host of a job saving what it owns to its own storage).
+
+    Orbax V1 refuses a save of a job of several processes whose processes name
+    different directories, a check it makes over every process of the job (a
+    collective over all of them) whatever the context's active processes. A save
+    whose active processes are this process alone skips it; any other save checks as
+    Orbax does. Installed once per process.
+    """
+    import jax
+    from orbax.checkpoint.experimental.v1._src.saving import execution
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def check(directory: Any) -> Any:
+            active = active_context().multiprocessing_options.active_processes
+            if active is not None and set(active) == {jax.process_index()}:
+                return None
+            return original(directory)
+
+        return check
+
+    _replace(execution, "_check_directory_consistency", "tinax_own_directories", True, wrap)
+
+
+def merge_process_stores(directory: Any) -> None:
+    """Merges the OCDBT stores each process wrote under a pytree's ``directory``
+    (``ocdbt.process_<i>``) into its root store, as Orbax's finalize of a save does.
+
+    Args:
+      directory: The pytree checkpointable's directory, as Orbax takes it.
+    """
+    from etils import epath
+    from orbax.checkpoint._src import asyncio_utils
+    from orbax.checkpoint._src.serialization import ocdbt_utils
+    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+
+    asyncio_utils.run_sync(
+        ocdbt_utils.merge_ocdbt_per_process_files(
+            epath.Path(directory),
+            ts_context=ts_utils.get_ts_context(use_ocdbt=True),
+            use_zarr3=True,
+            enable_validation=False,
+        )
+    )
+
+
+# Directories under which each process writes the NumPy arrays and scalars it saves
+# itself, not process 0 alone (``write_host_values_under``).
+_own_roots: set[str] = set()
+_WRITING_HOST_VALUES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tinax_writing_host_values", default=False
+)
+
+
+class _AsProcessZero:
+    """Orbax's ``multihost`` module as its NumPy handler sees it: process 0 while the
+    handler writes a save under one of ``_own_roots``."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def process_index(self) -> int:
+        return 0 if _WRITING_HOST_VALUES.get() else int(self._real.process_index())
+
+
+def write_host_values_under(root: str) -> None:
+    """Has every process write the NumPy arrays and scalars of its saves under ``root``
+    (saves of each process to storage of its own), not process 0 alone.
+
+    Orbax's NumPy (and scalar) handler writes on process 0 only, whatever the
+    context's primary host: a process that saves to its own storage would keep none
+    of them, and could not restore alone. Each process still writes into its own
+    array store (``ocdbt.process_<i>``), so the parts of several processes merge as
+    ever. Saves elsewhere are untouched. Installed once per process.
+    """
+    from orbax.checkpoint._src.serialization import type_handlers
+
+    _own_roots.add(root.rstrip("/") + "/")
+    with _hooks_lock:
+        if not isinstance(type_handlers.multihost, _AsProcessZero):
+            type_handlers.multihost = _AsProcessZero(type_handlers.multihost)
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        async def background(self: Any, values: Any, infos: Any, args: Any = None) -> Any:
+            parent = str(infos[0].parent_dir) if infos else ""
+            if not any(parent.startswith(own) for own in _own_roots):
+                return await original(self, values, infos, args)
+            token = _WRITING_HOST_VALUES.set(True)
+            try:
+                return await original(self, values, infos, args)
+            finally:
+                _WRITING_HOST_VALUES.reset(token)
+
+        return background
+
+    _replace(type_handlers.NumpyHandler, "_background_serialize", "tinax_host_values", True, wrap)

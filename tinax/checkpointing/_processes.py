@@ -393,6 +393,99 @@ def _timeout_error(
     return error
 
 
+# -- meetings in the background ------------------------------------------------------
+
+
+class Meeting:
+    """A meeting of the job's processes held on background threads (a promotion's),
+    which may last as long as the work between its posts: none of its waits has a
+    fixed length, but each ends once a process it waits for has been silent for
+    ``timeout`` seconds, posting neither what is waited for nor, every second while
+    it works (``working``), that it is alive.
+
+    Every process makes the meeting with the same ``name``, so the same keys.
+
+    Args:
+      name: The meeting's name, the same on every process.
+      timeout: Seconds of silence after which a process is taken for lost.
+    """
+
+    def __init__(self, name: str, timeout: float) -> None:
+        self.base = f"tinax/meet/{name}"
+        self.timeout = timeout
+
+    def post(self, what: str, value: Any) -> None:
+        """Posts this process's ``value`` (JSON-able) under ``what``."""
+        if not _alone():
+            _client().key_value_set(f"{self.base}/{what}/{process_index()}", json.dumps(value))
+
+    @contextlib.contextmanager
+    def working(self) -> Iterator[None]:
+        """Says every second, while the block runs, that this process is alive."""
+        if _alone():
+            yield
+            return
+        stop = threading.Event()
+        key = f"{self.base}/alive/{process_index()}"
+
+        def tick() -> None:
+            beat = 0
+            while not stop.wait(0 if beat == 0 else 1.0):
+                beat += 1
+                with contextlib.suppress(Exception):
+                    _client().key_value_set(key, str(beat), allow_overwrite=True)
+
+        ticker = threading.Thread(target=tick, name="tinax-alive", daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            ticker.join()
+
+    def wait(self, what: str, processes: Sequence[int], *, during: str) -> dict[int, Any]:
+        """What each of ``processes`` posted under ``what``, once all have.
+
+        Args:
+          what: The post waited for.
+          processes: Who must post it.
+          during: The occasion, for the error (``"the promotion of step 30"``).
+
+        Raises:
+          ProcessTimeoutError: If a process was silent for ``timeout`` seconds
+            before it posted.
+        """
+        if _alone():
+            raise RuntimeError("a meeting needs a job of several processes")
+        client = _client()
+        heard = {p: time.monotonic() for p in processes}
+        beats: dict[int, str] = {}
+        while True:
+            posted = {
+                int(key.rsplit("/", 1)[1]): json.loads(text)
+                for key, text in client.key_value_dir_get(f"{self.base}/{what}/")
+            }
+            left = [p for p in processes if p not in posted]
+            if not left:
+                return {p: posted[p] for p in processes}
+            now = time.monotonic()
+            for key, beat in client.key_value_dir_get(f"{self.base}/alive/"):
+                index = int(key.rsplit("/", 1)[1])
+                if beats.get(index) != beat:
+                    beats[index], heard[index] = beat, now
+            silent = [p for p in left if now - heard[p] >= self.timeout]
+            if silent:
+                there = [p for p in processes if p not in silent]
+                raise _timeout_error(silent, there, what=during, timeout=self.timeout, silent=True)
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Removes the meeting's keys (once no process reads them any more)."""
+        if not _alone():
+            with contextlib.suppress(Exception):
+                _client().key_value_delete(f"{self.base}/")
+
+
 # -- leaving a job that lost a process -----------------------------------------------
 
 _lost_lock = threading.Lock()

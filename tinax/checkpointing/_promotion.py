@@ -101,25 +101,10 @@ def _promote_by_rename(
 ) -> None:
     held = _claims.claim(destination)
     try:
-        if destination.exists():
-            raise FileExistsError(
-                f"{str(destination)!r} exists already: a promotion never overwrites"
-            )
-        for leftover in _paths.temporary_siblings(destination):
-            _log.warning("removing %s, left by an interrupted promotion", leftover)
-            leftover.remove_tree()
-        temporary = destination.parent / (destination.name + names.TEMPORARY_SUFFIX)
+        temporary = clear_for_rename(destination)
         try:
             _checked_copy(checkpoint, files, temporary)
-            (temporary / names.COMMIT_SUCCESS).write_new(
-                names.commit_success_text(str(destination))
-            )
-            os.rename(temporary.path, destination.path)
-            fd = os.open(destination.parent.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            commit_by_rename(temporary, destination)
         except BaseException:
             temporary.remove_tree()
             raise
@@ -128,12 +113,60 @@ def _promote_by_rename(
             held.release()
 
 
+def clear_for_rename(destination: Location) -> Location:
+    """Before a promotion to a disk (its claim held): refuses a committed
+    ``destination``, removes what a killed promotion left, and returns the temporary
+    directory to copy into (not made yet).
+
+    Raises:
+      FileExistsError: If ``destination`` exists.
+    """
+    if destination.exists():
+        raise FileExistsError(f"{str(destination)!r} exists already: a promotion never overwrites")
+    for leftover in _paths.temporary_siblings(destination):
+        _log.warning("removing %s, left by an interrupted promotion", leftover)
+        leftover.remove_tree()
+    return destination.parent / (destination.name + names.TEMPORARY_SUFFIX)
+
+
+def commit_by_rename(temporary: Location, destination: Location) -> None:
+    """Commits a copy made in ``temporary`` as Orbax commits on a disk: the marker
+    written, the directory renamed to ``destination``, the rename made durable."""
+    (temporary / names.COMMIT_SUCCESS).write_new(names.commit_success_text(str(destination)))
+    os.rename(temporary.path, destination.path)
+    fd = os.open(destination.parent.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _promote_in_place(
     checkpoint: layout.Checkpoint,
     body: list[copied_files.SourceFile],
     record: list[copied_files.SourceFile],
     destination: Location,
 ) -> None:
+    clear_in_place(destination)
+    try:
+        _checked_copy(checkpoint, body, destination)
+        # Committed as Orbax commits on an object store: the record after every other
+        # file, the marker last.
+        transfer.copy_files(checkpoint.path, record, destination)
+        (destination / names.COMMIT_SUCCESS).write_new(names.commit_success_text(str(destination)))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            destination.remove_tree()
+        raise
+
+
+def clear_in_place(destination: Location) -> None:
+    """Before a promotion to an object store: removes what a killed promotion (or a
+    restore that found the step corrupt) left at ``destination``.
+
+    Raises:
+      FileExistsError: If ``destination`` holds a committed checkpoint.
+    """
     found = destination.snapshot()
     entries = found.entries()
     if names.CORRUPT_RECORD in entries:
@@ -148,16 +181,6 @@ def _promote_in_place(
             )
         _log.warning("removing %s, left by an interrupted promotion", destination)
         destination.remove_tree()
-    try:
-        _checked_copy(checkpoint, body, destination)
-        # Committed as Orbax commits on an object store: the record after every other
-        # file, the marker last.
-        transfer.copy_files(checkpoint.path, record, destination)
-        (destination / names.COMMIT_SUCCESS).write_new(names.commit_success_text(str(destination)))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            destination.remove_tree()
-        raise
 
 
 class Promotion(ocp.AsyncResponse[None]):
@@ -167,7 +190,9 @@ class Promotion(ocp.AsyncResponse[None]):
     ``after(error)`` runs on the promotion's thread once it has ended (``error`` is
     ``None`` when it committed) and before the result is given out; what it raises
     is logged. A script that ends with promotions in flight waits for them (as for
-    saves; ``TrainingRun.close`` waits explicitly).
+    saves; ``TrainingRun.close`` waits explicitly). ``copy(source, destination)``
+    does the promotion's work (``promote``, unless another is given: the promotion
+    of a part of every host's, ``_host_parts.promote_parts``).
 
     Attributes:
       step: The step promoted.
@@ -182,11 +207,13 @@ class Promotion(ocp.AsyncResponse[None]):
         destination: Location,
         after: Callable[[BaseException | None], None],
         previous: Promotion | None,
+        copy: Callable[[Location, Location], None] | None = None,
     ) -> None:
         self.step = step
         self.source = source
         self.destination = destination
         self._after = after
+        self._copy = copy
         self._previous = previous
         self._started = threading.Event()
         self._future: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -214,7 +241,7 @@ class Promotion(ocp.AsyncResponse[None]):
             self._started.set()
             error: BaseException | None = None
             try:
-                promote(self.source, self.destination)
+                (self._copy or promote)(self.source, self.destination)
             except BaseException as e:
                 error = e
             try:

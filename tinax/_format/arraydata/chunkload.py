@@ -140,8 +140,10 @@ def plan(
     if not rawread._little(dtype) or dtype.hasobject:
         return None
     codec = _codec_chain(found.codecs, dtype)
-    # Chunks left out (fill values) are Orbax's to read.
-    values = found.grid_values(stored, path.encode("utf-8"))
+    # Chunks not stored: those of other processes in a part saved by one process
+    # (``metadata.hostparts``), or fill values left out. A read that needs one finds
+    # it missing (``Unsupported``), and the load goes to Orbax.
+    values = found.stored_values(stored, path.encode("utf-8"))
     inner = math.prod(g // c for g, c in zip(found.grid_shape, found.chunk_shape, strict=True))
     if codec is False or values is None or inner > MAX_INNER_CHUNKS:
         return None

@@ -535,11 +535,12 @@ class Chunking:
     codecs: list[object]
     separator: str
 
-    def grid_values(
+    def stored_values(
         self, stored: Mapping[bytes, bytes | ValueRef], prefix: bytes
     ) -> dict[tuple[int, ...], bytes | ValueRef] | None:
         """Grid index → value, for every key of ``stored``; ``None`` if a key is not one
-        of this array's chunks (with ``prefix``) or a chunk is not stored."""
+        of this array's chunks (with ``prefix``). Chunks left out (their values all the
+        fill value) are absent."""
         values: dict[tuple[int, ...], bytes | ValueRef] = {}
         for key, value in stored.items():
             if not key.startswith(prefix):
@@ -548,8 +549,15 @@ class Chunking:
             if index is None:
                 return None
             values[index] = value
+        return values
+
+    def grid_values(
+        self, stored: Mapping[bytes, bytes | ValueRef], prefix: bytes
+    ) -> dict[tuple[int, ...], bytes | ValueRef] | None:
+        """``stored_values``, ``None`` also if a chunk is not stored."""
+        values = self.stored_values(stored, prefix)
         expected = math.prod(-(-s // g) for s, g in zip(self.shape, self.grid_shape, strict=True))
-        return values if len(values) == expected else None
+        return values if values is not None and len(values) == expected else None
 
 
 def chunking(metadata: bytes) -> Chunking | None:

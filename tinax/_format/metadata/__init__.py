@@ -8,4 +8,6 @@ metadata of its array store. No array data is read here.
 - ``jsonitems``: JSON checkpointables, Grain iterator states, empty pytrees.
 - ``written``: Orbax's per-process records of the arrays each process wrote.
 - ``fit``: whether restore targets fit a checkpoint, leaf by leaf.
+- ``hostparts``: what one process of a job saves on its own host, and which files of
+  each part make the whole checkpoint.
 """

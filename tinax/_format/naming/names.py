@@ -71,6 +71,8 @@ PYTREE_METADATA = "_METADATA"
 STRINGS = "_strings.json"
 SHARDINGS = "_sharding"
 ARRAY_METADATAS = "array_metadatas"
+# Each process's file in it.
+ARRAY_METADATA_FILE = re.compile(r"^process_(\d+)$")
 OCDBT_MANIFEST = "manifest.ocdbt"
 # Each process writes its arrays into its own OCDBT store before they are merged.
 OCDBT_PROCESS_PREFIX = "ocdbt.process_"

@@ -18,6 +18,7 @@ leaves its partial files for the caller to remove.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 from collections.abc import Sequence
 
@@ -73,7 +74,10 @@ def _copy_local(source: Location, files: Sequence[SourceFile], destination: Loca
         for depth in range(1, len(parts) + 1):
             path = within(destination, parts[:depth]).path
             if not os.path.isdir(path):
-                os.mkdir(path)
+                # Processes copying their own files into one directory make the
+                # directories they share side by side.
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path)
                 made.append(path)
     with concurrent.futures.ThreadPoolExecutor(
         LOCAL_THREADS, thread_name_prefix="tinax-copy"
