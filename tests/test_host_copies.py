@@ -8,6 +8,7 @@ on the CPU: the writes, files and checksums are the real ones.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tinax.checkpointing import (
     _host_copies,
     _orbax,
     abstract_restore_target,
+    compression,
     load_checkpointables,
     save_checkpointables,
 )
@@ -131,6 +133,49 @@ def test_a_batched_save_is_what_orbax_writes_checksummed_and_restored_bit_exactl
     assert report.ok, report
     record = ex.checkpoint_table(tmp_path / "c")
     assert record.attrs["checksums"] == {"model": True, "opt": True}
+
+
+def _encode_limits(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The ``data_copy_concurrency`` limit of every tensorstore context Orbax makes
+    while the test runs (``None`` where it sets none: one thread a core). Orbax's
+    contexts are those with its 128 file I/O threads (tinax's own reads make others)."""
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    limits: list[object] = []
+    made = tensorstore_utils.ts.Context
+
+    def context(spec: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(spec, dict) and spec.get("file_io_concurrency") == {"limit": 128}:
+            limits.append(spec.get("data_copy_concurrency", {}).get("limit"))
+        return made(spec, *args, **kwargs)
+
+    monkeypatch.setattr(tensorstore_utils.ts, "Context", context)
+    return limits
+
+
+def test_a_save_from_an_accelerator_leaves_cores_free_for_the_training_loop(
+    tmp_path: Path, batched: _Copies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As from an accelerator (the fixture batches), the save compresses on all but
+    # FREE_CORES of the cores, and is what it would be otherwise.
+    limits = _encode_limits(monkeypatch)
+    state = _state()
+    with compression():
+        save_checkpointables(tmp_path / "c", state).result()
+    cores = len(os.sched_getaffinity(0))
+    assert max(1, cores - _host_copies.FREE_CORES) in limits
+    assert _same(load_checkpointables(tmp_path / "c", abstract_restore_target(state)), state)
+    # A CPU's save leaves tensorstore its default, and so does a load.
+    limits.clear()
+    monkeypatch.setattr(_host_copies, "write_batch_bytes", lambda checkpointable: None)
+    save_checkpointables(tmp_path / "d", state).result()
+    load_checkpointables(tmp_path / "c", abstract_restore_target(state))
+    assert limits and set(limits) == {None}
+
+
+def test_encode_threads_refuses_a_limit_below_one() -> None:
+    with pytest.raises(ValueError, match="limit must be positive, got 0"), _orbax.encode_threads(0):
+        pass
 
 
 def test_a_flipped_byte_in_a_batched_save_is_refused_naming_the_leaf(

@@ -646,7 +646,10 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
         # Handed to _background_save, which writes the record at the right moment.
         self._records_to_write[id(directory)] = finish
         try:
-            with _orbax.write_while_copying(_host_copies.write_batch_bytes(checkpointable)):
+            with (
+                _orbax.write_while_copying(_host_copies.write_batch_bytes(checkpointable)),
+                _orbax.encode_threads(_host_copies.encode_threads(checkpointable)),
+            ):
                 inner = await super().save(directory, checkpointable)
         except BaseException:
             self._records_to_write.pop(id(directory), None)

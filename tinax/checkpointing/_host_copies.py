@@ -10,10 +10,15 @@ default), and has Orbax write each batch of arrays as soon as it is on the host
 (``_orbax.write_while_copying``), so that only the last batch's writing is left
 when the call returns. Arrays already in host memory (a CPU's) are saved in
 Orbax's own order: there is no copy to overlap.
+
+While that writing goes on after the call, the training loop trains, and its thread
+needs a core at the end of every step: such saves compress on ``FREE_CORES`` threads
+fewer than the host has cores (``encode_threads``).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -22,6 +27,14 @@ import jax
 # the minimum.
 WRITE_BATCHES = 4
 MIN_WRITE_BATCH_BYTES = 64 << 20
+# While a save from an accelerator writes in the background, the training loop goes
+# on, and its thread needs a core the moment each step ends to dispatch the next:
+# tensorstore compresses on one thread a core by default, and on a TPU host of 13
+# cores 13 compressing threads beside a 20 ms step doubled it, where 11 left it as it
+# was (``bench/transfer_probe.py``). Such saves compress on this many threads fewer
+# than the host has cores: one for the loop, one for the runtime's own threads, two
+# for tinax's digests.
+FREE_CORES = 4
 
 
 def _on_accelerator(leaf: Any) -> bool:
@@ -42,6 +55,16 @@ def write_batch_bytes(checkpointable: Any) -> int | None:
     if total == 0:
         return None
     return max(MIN_WRITE_BATCH_BYTES, -(-total // WRITE_BATCHES))
+
+
+def encode_threads(checkpointable: Any) -> int | None:
+    """How many threads a save of ``checkpointable`` encodes its arrays on (compressing
+    them among it); ``None`` (tensorstore's default, one a core) when none of its
+    arrays is on an accelerator: no training loop waits on that host's cores then."""
+    if write_batch_bytes(checkpointable) is None:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) - FREE_CORES)
 
 
 def start_host_copies(tree: Any) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "check_host_reads",
     "coordination_timeout",
     "current_operation",
+    "encode_threads",
     "has_standard_leaf_handler",
     "merge_process_stores",
     "observe_host_copies",
@@ -436,6 +437,50 @@ def _serialize_while_copying(batch_bytes: int, given: dict[str, Any]) -> Any:
         raise
     copied.put(_COPIED)
     return writing
+
+
+# The threads a save's tensorstore context encodes arrays on (``encode_threads``), or
+# ``None``: tensorstore's default, one a core.
+_ENCODE_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "tinax_encode_threads", default=None
+)
+
+
+@contextlib.contextmanager
+def encode_threads(limit: int | None) -> Iterator[None]:
+    """Has Orbax's saves started in this block (this task and the tasks it starts)
+    encode arrays (copy them into chunks, compress them) on at most ``limit`` threads:
+    tensorstore's ``data_copy_concurrency`` of the context Orbax makes in the save
+    call, by default one thread a core. ``None`` keeps the default.
+    """
+    if limit is not None and limit <= 0:
+        raise ValueError(f"limit must be positive, got {limit}")
+    _install_encode_threads()
+    token = _ENCODE_THREADS.set(limit)
+    try:
+        yield
+    finally:
+        _ENCODE_THREADS.reset(token)
+
+
+def _install_encode_threads() -> None:
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    with _hooks_lock:
+        current = tensorstore_utils.get_ts_context
+        if getattr(current, "tinax_encode_threads", False):
+            return
+        original = current
+
+        @functools.wraps(original)
+        def get_ts_context(**kwargs: Any) -> Any:
+            limit = _ENCODE_THREADS.get()
+            if limit is not None and kwargs.get("data_copy_concurrency_limit") is None:
+                kwargs["data_copy_concurrency_limit"] = limit
+            return original(**kwargs)
+
+        get_ts_context.tinax_encode_threads = True  # type: ignore[attr-defined]
+        tensorstore_utils.get_ts_context = get_ts_context
 
 
 def current_operation() -> str:
