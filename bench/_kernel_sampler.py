@@ -4,8 +4,8 @@
 sample to ``OUT`` until ``PID`` exits (or this process is killed): the time
 (``time.monotonic``, the clock ``time.perf_counter`` reads in the sampled process
 on Linux), each thread's name, scheduler state (``R`` running, ``S`` sleeping,
-``D`` waiting uninterruptibly, usually on the disk or on memory) and kernel wait
-channel, and the memory counters that say whether the kernel is throttling
+``D`` waiting uninterruptibly, usually on the disk or on memory), kernel wait
+channel and CPU time so far (clock ticks), and the memory counters that say whether the kernel is throttling
 writers or reclaiming memory (``/proc/meminfo`` Dirty and Writeback, ``/proc/vmstat``
 stall counters).
 
@@ -58,9 +58,12 @@ def _threads(pid: int) -> list[list[str]]:
             continue
         # "tid (comm) state ...": the name may hold spaces and parentheses.
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        state = stat[stat.rindex(")") + 2 :].split(" ", 1)[0]
+        fields = stat[stat.rindex(")") + 2 :].split(" ")
+        state = fields[0]
+        # utime and stime, the 14th and 15th fields: clock ticks on a core so far.
+        ticks = int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
         wchan = _read(f"/proc/{pid}/task/{tid}/wchan").strip() or "0"
-        found.append([tid, name, state, wchan])
+        found.append([tid, name, state, wchan, ticks])
     return found
 
 

@@ -43,9 +43,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -127,6 +129,50 @@ def make_state(size: str) -> tuple[Any, Any, Any]:
     return params, opt_state, jax.jit(step, donate_argnums=(0, 1))
 
 
+def make_nnx_state(size: str) -> tuple[Any, Any, Any]:
+    """The third configuration's state and step: the model and an ``nnx.Optimizer``
+    (adamw) split into ``nnx.State`` trees, as a flax NNX loop holds and saves them,
+    and a jitted step that donates both (``jax.jit(step, donate_argnums=(0, 1))``)
+    and returns them changed."""
+    width, blocks, vocabulary = SIZES[size]
+    model = Transformer(width, blocks, vocabulary, nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adamw(1e-4), wrt=nnx.Param)
+    model_graph, model_state = nnx.split(model)
+    optimizer_graph, optimizer_state = nnx.split(optimizer)
+
+    def step(m: Any, o: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
+        live, opt = nnx.merge(model_graph, m), nnx.merge(optimizer_graph, o)
+
+        def loss(module: Transformer) -> jax.Array:
+            labels = (tokens + 1) % vocabulary
+            return optax.softmax_cross_entropy_with_integer_labels(module(tokens), labels).mean()
+
+        value, grads = nnx.value_and_grad(loss)(live)
+        opt.update(live, grads)
+        return nnx.state(live), nnx.state(opt), value
+
+    return model_state, optimizer_state, jax.jit(step, donate_argnums=(0, 1))
+
+
+# The state's two parts, as each configuration names them: pure dicts of the model's
+# parameters and optax's state, or the NNX states (``--donated``).
+KEYS = ("params", "opt")
+
+
+def build_state(size: str, donated: bool) -> tuple[dict[str, Any], Any]:
+    """The configuration's state (two parts, named by ``KEYS``) and its step."""
+    global KEYS
+    KEYS = ("model", "optimizer") if donated else ("params", "opt")
+    a, b, step = (make_nnx_state if donated else make_state)(size)
+    return dict(zip(KEYS, (a, b), strict=True)), step
+
+
+def batch(size: str) -> jax.Array:
+    """The tokens every step trains on: a short batch on a CPU, where the step's matrix
+    work would otherwise take longer than a save."""
+    return jnp.arange(128 if jax.default_backend() != "cpu" else 8) % SIZES[size][2]
+
+
 def nbytes(tree: Any) -> int:
     return sum(x.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
 
@@ -152,7 +198,8 @@ def rss() -> int:
 
 
 class Probe:
-    """Samples RSS and how late a thread that sleeps 1 ms wakes (the GIL held), and
+    """Samples RSS and how late a thread that sleeps 1 ms wakes (the GIL held, or the
+    process's cores busy): the latest wake, and every wake's lateness added up; and
     times Python's cycle collections (the longest, in whichever thread it ran)."""
 
     def __init__(self) -> None:
@@ -161,6 +208,7 @@ class Probe:
         self.base = rss()
         self.peak = self.base
         self.late = 0.0
+        self.late_total = 0.0
         self.gc_pause = 0.0
         self._gc_start = 0.0
         self._gc = gc
@@ -173,7 +221,10 @@ class Probe:
         while not self._stop.is_set():
             t = time.perf_counter()
             time.sleep(0.001)
-            self.late = max(self.late, time.perf_counter() - t - 0.001)
+            late = time.perf_counter() - t - 0.001
+            self.late = max(self.late, late)
+            # Lateness beyond 1 ms: a busy machine's ordinary jitter left out.
+            self.late_total += max(0.0, late - 0.001)
             self.peak = max(self.peak, rss())
 
     def _collecting(self, phase: str, info: dict[str, int]) -> None:
@@ -221,37 +272,6 @@ STACKS: Any = None
 # Training steps slower than SLOW_S: (system, round, start, end), perf_counter times.
 SLOW_S = 0.3
 SLOW_STEPS: list[tuple[str, int, float, float]] = []
-
-
-class Watchdog:
-    """Writes every thread's Python stack to ``STACKS`` when a step runs over 0.3 s."""
-
-    def __init__(self, system: str) -> None:
-        self.system = system
-        self.started = time.perf_counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import traceback
-
-        dumped = None
-        while not self._stop.wait(0.05):
-            started = self.started
-            if time.perf_counter() - started > 0.3 and dumped != started:
-                dumped = started
-                names = {t.ident: t.name for t in threading.enumerate()}
-                lines = [f"=== {self.system}: step running {time.perf_counter() - started:.2f} s"]
-                for ident, frame in sys._current_frames().items():
-                    stack = "".join(traceback.format_stack(frame)[-8:])
-                    lines.append(f"--- thread {names.get(ident, ident)}\n{stack}")
-                STACKS.write("\n".join(lines) + "\n")
-                STACKS.flush()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 class CopyClock:
@@ -319,23 +339,28 @@ class ZstdLevel:
 
 
 @contextlib.contextmanager
-def FileIoLimit(limit: int) -> Iterator[None]:
-    """Saves started in the block write their files on at most ``limit`` of tensorstore's
-    threads (Orbax's default: 128), pacing the writes.
+def TsLimit(resource: str, limit: int) -> Iterator[None]:
+    """Saves started in the block run on at most ``limit`` threads of tensorstore's
+    ``resource``: ``file_io_concurrency`` (its file writes; Orbax's default 128) or
+    ``data_copy_concurrency`` (its encoding, zstd's compression among it; by default
+    one thread a core).
 
     Orbax makes each save's tensorstore context in the save call: the block may end
     when the call returns."""
     from orbax.checkpoint._src.serialization import tensorstore_utils
 
     contexts = (tensorstore_utils._BASE_TS_CONTEXT, tensorstore_utils._DEFAULT_OCDBT_TS_CONTEXT)
-    originals = [dict(c["file_io_concurrency"]) for c in contexts]
+    originals = [c.get(resource) for c in contexts]
     for c in contexts:
-        c["file_io_concurrency"] = {"limit": limit}
+        c[resource] = {"limit": limit}
     try:
         yield
     finally:
         for c, original in zip(contexts, originals, strict=True):
-            c["file_io_concurrency"] = original
+            if original is None:
+                c.pop(resource, None)
+            else:
+                c[resource] = original
 
 
 @contextlib.contextmanager
@@ -355,6 +380,24 @@ def Batches(count: int | None) -> Iterator[None]:
         yield
     finally:
         _host_copies.write_batch_bytes, _host_copies.WRITE_BATCHES = original, batches
+
+
+@contextlib.contextmanager
+def EncodeThreads(count: str) -> Iterator[None]:
+    """Has tinax's save calls in the block compress on ``count`` threads (``all``:
+    tensorstore's default, one a core) rather than on all but
+    ``_host_copies.FREE_CORES`` of the cores.
+
+    Only the save call reads the setting: the block may end when it returns."""
+    from tinax.checkpointing import _host_copies
+
+    original = _host_copies.encode_threads
+    threads = None if count == "all" else int(count)
+    _host_copies.encode_threads = lambda checkpointable: threads  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _host_copies.encode_threads = original  # type: ignore[assignment]
 
 
 def targets(tree: Any) -> Any:
@@ -384,7 +427,7 @@ def start_save(system: str, where: Path, state: Any) -> tuple[Any, Callable[[], 
         with tc.compression(False):
             response = tc.save_checkpointables(where, state)
     elif system.startswith("tinax uncompressed io "):
-        with tc.compression(False), FileIoLimit(int(system.rsplit(" ", 1)[1])):
+        with tc.compression(False), TsLimit("file_io_concurrency", int(system.rsplit(" ", 1)[1])):
             response = tc.save_checkpointables(where, state)
     elif system == "tinax 8 MiB chunks":
         ctx = ocp.Context()
@@ -409,6 +452,15 @@ def start_save(system: str, where: Path, state: Any) -> tuple[Any, Callable[[], 
         undo = level.undo
         with tc.compression():
             response = tc.save_checkpointables(where, state)
+    elif system.startswith("tinax compressors "):
+        with EncodeThreads(system.rsplit(" ", 1)[1]):
+            response = tc.save_checkpointables(where, state)
+    elif system == "tinax switch 0.5 ms":
+        # The GIL handed over every 0.5 ms (Python's default: 5 ms) until the save ends.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.0005)
+        response = tc.save_checkpointables(where, state)
+        undo = functools.partial(sys.setswitchinterval, interval)
     elif system == "tinax copy first":
         with Batches(None):
             response = tc.save_checkpointables(where, state)
@@ -420,11 +472,48 @@ def start_save(system: str, where: Path, state: Any) -> tuple[Any, Callable[[], 
     return response, undo
 
 
+# Steps trained before each save, without one: the step time a save's steps are
+# measured against.
+BASE_STEPS = 20
+# Each save's window: (system, round, start, end), perf_counter times.
+SAVE_WINDOWS: list[tuple[str, int, float, float]] = []
+# With --stacks: every thread's Python stack is written when a step runs this long.
+STACK_AFTER_S = 0.1
+
+
 def save_round(
     system: str, where: Path, state: dict[str, Any], step: Any, tokens: jax.Array, r: int = 0
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Saves ``state`` while training goes on; returns the new state and the figures."""
+    """Trains ``BASE_STEPS`` steps, then saves ``state`` while training goes on until
+    the save has committed; returns the new state and the figures.
+
+    Each step is timed in two parts: its dispatch (the jitted call, which needs the
+    GIL and a core) and the wait for its result (the device's work, and the GIL
+    taken back). The step time lost is the sum of each step's excess over the
+    median step before the save, and likewise for each part."""
+    import faulthandler
+
+    short = SHORT_STEP[0] if SHORT_STEP else None
+    a, b = (state[k] for k in KEYS)
+
+    def one() -> tuple[float, float]:
+        nonlocal a, b
+        t = time.perf_counter()
+        if short is not None:
+            # The second configuration: a short step, the saved state left alone.
+            value = short(tokens)
+        else:
+            a, b, value = step(a, b, tokens)
+        dispatched = time.perf_counter()
+        value.block_until_ready()
+        return dispatched - t, time.perf_counter() - dispatched
+
+    before = [one() for _ in range(BASE_STEPS)]
+    state = dict(zip(KEYS, (a, b), strict=True))
     jax.block_until_ready(state)
+    base = statistics.median(d + w for d, w in before)
+    base_dispatch = statistics.median(d for d, _ in before)
+    base_wait = statistics.median(w for _, w in before)
     total = nbytes(state)
     release_free_memory()
     probe = Probe()
@@ -434,44 +523,49 @@ def save_round(
     response, undo = start_save(system, where, state)
     blocking = time.perf_counter() - start
     copy = COPIES.take() if COPIES is not None else 0.0
+    del state
     done = threading.Event()
     response.on_complete(lambda _: done.set())
-    steps = []
-    params, opt = state["params"], state["opt"]
-    watch = Watchdog(system) if STACKS is not None else None
-    short = SHORT_STEP[0] if SHORT_STEP else None
+    steps: list[tuple[float, float]] = []
     while not done.is_set():
+        if STACKS is not None:
+            faulthandler.dump_traceback_later(STACK_AFTER_S, file=STACKS)
         t = time.perf_counter()
-        if watch is not None:
-            watch.started = t
-        if short is not None:
-            # The second configuration: a short step, the saved state left alone.
-            value = short(tokens)
-        else:
-            params, opt, value = step(params, opt, tokens)
-        value.block_until_ready()
-        steps.append(time.perf_counter() - t)
-        if steps[-1] > SLOW_S:
-            SLOW_STEPS.append((system, r, t, t + steps[-1]))
-    if watch is not None:
-        watch.stop()
+        steps.append(one())
+        if STACKS is not None:
+            faulthandler.cancel_dump_traceback_later()
+        took = sum(steps[-1])
+        if took > STACK_AFTER_S and STACKS is not None:
+            STACKS.write(f"=== the stacks above: {system} round {r}, step of {took:.3f} s\n")
+            STACKS.flush()
+        if took > SLOW_S:
+            SLOW_STEPS.append((system, r, t, t + took))
     response.result()
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
+    seconds = end - start
+    SAVE_WINDOWS.append((system, r, start + blocking, end))
     undo()
     rss_peak, late = probe.stop()
+    times = [d + w for d, w in steps]
     figures = {
+        # The headline: training time the save cost the loop after its call returned.
+        "step_lost_s": sum(max(0.0, x - base) for x in times),
+        "dispatch_lost_s": sum(max(0.0, d - base_dispatch) for d, _ in steps),
+        "wait_lost_s": sum(max(0.0, w - base_wait) for _, w in steps),
+        "step_s": base,
         "blocking_s": blocking,
         # Of which Orbax's device-to-host copy, and the rest of the call.
         "device_copy_s": copy,
         "blocking_beyond_copy_s": blocking - copy,
-        "slowest_step_s": max(steps) if steps else 0.0,
+        "slowest_step_s": max(times) if times else 0.0,
         "steps": float(len(steps)),
         "save_mb_s": total / seconds / 1e6,
         "rss_peak_mb": rss_peak,
         "probe_late_s": late,
+        "probe_late_total_s": probe.late_total,
         "gc_pause_s": probe.gc_pause,
     }
-    return {"params": params, "opt": opt}, figures
+    return dict(zip(KEYS, (a, b), strict=True)), figures
 
 
 def load_round(system: str, where: Path, state: dict[str, Any]) -> tuple[Any, float]:
@@ -636,7 +730,7 @@ def read_floors(state: Any, scratch: Path) -> dict[str, float]:
 
 
 def fresh_checkpoints(
-    size: str | None, scratch: Path, systems: list[str]
+    size: str | None, scratch: Path, systems: list[str], donated: bool
 ) -> tuple[str, dict[str, Path]]:
     """Has a process of its own make the state and save it with each system, then
     exit: the loads that follow start in fresh processes, and on an accelerator only
@@ -645,11 +739,12 @@ def fresh_checkpoints(
     where = {system: scratch / f"fresh-{system.replace(' ', '_')}" for system in systems}
     command = [sys.executable, __file__, "--phase", "save", "--dir", str(scratch)]
     command += ["--systems", ",".join(systems)] + (["--size", size] if size else [])
+    command += ["--donated"] if donated else []
     done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
     return done.stdout.strip().splitlines()[-1], where
 
 
-def fresh_load(size: str, system: str, path: Path) -> float:
+def fresh_load(size: str, system: str, path: Path, donated: bool) -> float:
     """Load MB/s of ``path`` in a new process (imports and the state's shapes first,
     untimed): what a job restarting from a checkpoint waits for."""
     done = subprocess.run(
@@ -664,6 +759,7 @@ def fresh_load(size: str, system: str, path: Path) -> float:
             str(path),
             "--systems",
             system,
+            *(["--donated"] if donated else []),
         ],
         check=True,
         capture_output=True,
@@ -675,10 +771,13 @@ def fresh_load(size: str, system: str, path: Path) -> float:
 def phase(args: argparse.Namespace) -> int:
     """One side of ``fresh_checkpoints`` or ``fresh_load``, in its own process."""
     size = args.size or ("accelerator" if jax.default_backend() != "cpu" else "cpu")
-    params, opt, step = make_state(size)
-    tokens = jnp.arange(8) % SIZES[size][2]
-    params, opt, _ = step(params, opt, tokens)
-    state = {"params": params, "opt": opt}
+    if args.phase == "train":
+        return train_until_killed(args, size)
+    if args.phase == "resume":
+        return resume_after_kill(args, size)
+    state, step = build_state(size, args.donated)
+    a, b, _ = step(*state.values(), jnp.arange(8) % SIZES[size][2])
+    state = dict(zip(KEYS, (a, b), strict=True))
     jax.block_until_ready(state)
     if args.phase == "save":
         for system in args.systems.split(","):
@@ -690,7 +789,7 @@ def phase(args: argparse.Namespace) -> int:
         print(size)
         return 0
     want, total = targets(state), nbytes(state)
-    del state, params, opt
+    del state, a, b
     system = args.systems
     start = time.perf_counter()
     if system.startswith("orbax"):
@@ -700,6 +799,165 @@ def phase(args: argparse.Namespace) -> int:
     jax.block_until_ready(loaded)
     print(_mb_s(total, time.perf_counter() - start))
     return 0
+
+
+# The killed job saves every this many steps (TrainingRun's save_every).
+KILL_SAVE_EVERY = 50
+
+
+def train_until_killed(args: argparse.Namespace, size: str) -> int:
+    """The job ``kill_during_save`` kills: the configuration's loop saving through
+    ``TrainingRun`` every ``KILL_SAVE_EVERY`` steps, saying on its output each step's
+    loss (its float's hex), each save started and each save committed."""
+    import grain
+
+    state, step = build_state(size, args.donated)
+    a, b = state.values()
+    tokens = batch(size)
+    rng = jax.random.key(7)
+    iterator = iter(grain.MapDataset.range(1 << 30).to_iter_dataset())
+    with tc.TrainingRun(args.dir, save_every=KILL_SAVE_EVERY, keep=3) as run:
+        for i in itertools.count():
+            a, b, value = step(a, b, tokens)
+            next(iterator)
+            loss = float(value)
+            print(f"loss {i} {loss.hex()}", flush=True)
+            response = run.save(i, a, b, rng, {"loss": loss}, iterator)
+            if response is not None:
+                print(f"saving {i}", flush=True)
+                response.on_complete(lambda _, i=i: print(f"committed {i}", flush=True))
+    return 0
+
+
+def resume_after_kill(args: argparse.Namespace, size: str) -> int:
+    """A restarted job: restores the newest checkpoint of the killed job's run, trains
+    one step from it and saves it; says what it found."""
+    import grain
+
+    state, step = build_state(size, args.donated)
+    a, b = state.values()
+    tokens = batch(size)
+    iterator = iter(grain.MapDataset.range(1 << 30).to_iter_dataset())
+    with tc.TrainingRun(args.dir, save_every=KILL_SAVE_EVERY, keep=3, must_exist=True) as run:
+        listed = run.steps
+        restored = run.restore(
+            tc.abstract_restore_target(a),
+            tc.abstract_restore_target(b),
+            tc.abstract_restore_target(jax.random.key(7)),
+            {"loss": 0.0},
+            iterator,
+        )
+        assert restored is not None
+        del a, b
+        a, b, value = step(restored.model, restored.optimizer, tokens)
+        position = next(iterator)
+        run.save(
+            restored.step + 1, a, b, restored.rng, {"loss": float(value)}, iterator, force=True
+        )
+        run.wait()
+    print(
+        json.dumps(
+            {
+                "listed": listed,
+                "restored": restored.step,
+                "next_loss": float(value).hex(),
+                "iterator_at": int(position),
+                "saved_after": run.steps,
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+def kill_during_save(size: str | None, scratch: Path, donated: bool, seed: int = 0) -> list[str]:
+    """SIGKILLs a training job (``train_until_killed``, in a process of its own) during
+    one of its saves after the first has committed, at a random moment of the save's
+    background part, then resumes it in a fresh process (``resume_after_kill``).
+
+    Returns what went wrong (nothing: the resumed job restored the newest committed
+    checkpoint, the one of the step being saved only if it had committed, the next
+    step's loss bit for bit the killed job's, and the iterator where it was)."""
+    import random
+
+    run = scratch / "killed-run"
+    command = [sys.executable, __file__, "--dir", str(run)]
+    command += (["--size", size] if size else []) + (["--donated"] if donated else [])
+    errors = scratch / "killed-job.stderr"
+    with open(errors, "w") as stderr:
+        child = subprocess.Popen(
+            [*command, "--phase", "train"], stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+    assert child.stdout is not None
+    losses: dict[int, str] = {}
+    committed: list[int] = []
+    saving = None
+    # The first save's background part (from its call's return to its commit) sets
+    # the range the kill of a later one is drawn from.
+    first_started = first_took = None
+    # The first save pays for compiling and warming up, and later ones' background
+    # parts are shorter: a kill within its first half lands inside the next one.
+    delay = random.Random(seed).uniform(0.05, 0.5)
+    killed = threading.Event()
+
+    def kill() -> None:
+        child.kill()
+        killed.set()
+
+    for line in child.stdout:
+        kind, _, rest = line.strip().partition(" ")
+        now = time.perf_counter()
+        if kind == "loss":
+            n, value = rest.split()
+            losses[int(n)] = value
+        elif kind == "committed":
+            committed.append(int(rest))
+            if first_took is None and first_started is not None:
+                first_took = now - first_started
+        elif kind == "saving" and first_started is None:
+            first_started = now
+        elif kind == "saving" and first_took is not None and saving is None:
+            saving = int(rest)
+            delay *= first_took
+            threading.Timer(delay, kill).start()
+    child.wait()
+    problems = []
+    if saving is None or not killed.is_set():
+        return [f"the training job ended before it was killed: {errors.read_text()[-2000:]}"]
+    after = subprocess.run([*command, "--phase", "resume"], capture_output=True, text=True)
+    if after.returncode != 0:
+        return [f"the resumed job failed: {after.stderr[-2000:]}"]
+    found = json.loads(after.stdout.strip().splitlines()[-1])
+    newest = max(found["listed"])
+    restored = found["restored"]
+    seen = max(committed)
+    if restored != newest:
+        problems.append(f"resumed from step {restored}, not the newest committed ({newest})")
+    if not seen <= restored <= saving:
+        problems.append(
+            f"resumed from step {restored}: neither the last save seen committed ({seen}) "
+            f"nor the one killed ({saving})"
+        )
+    if restored + 1 in losses and losses[restored + 1] != found["next_loss"]:
+        problems.append(
+            f"the step after {restored} lost {found['next_loss']} resumed, "
+            f"{losses[restored + 1]} before the kill"
+        )
+    if found["iterator_at"] != restored + 1:
+        problems.append(f"the iterator resumed at {found['iterator_at']}, not {restored + 1}")
+    if restored + 1 not in found["saved_after"]:
+        problems.append(f"the resumed job's save of step {restored + 1} is not listed")
+    state = "committed before the kill" if saving in found["listed"] else "left uncommitted"
+    print(
+        f"SIGKILL {delay:.2f} s into the background part of the save of step {saving} "
+        f"(that save {state}; the last seen committed: {seen}): resumed from step "
+        f"{restored}, the newest committed; the next step's loss "
+        + ("bit-identical to the killed job's" if restored + 1 in losses else "not seen before")
+        + f"; the iterator at {found['iterator_at']}",
+        flush=True,
+    )
+    shutil.rmtree(run, ignore_errors=True)
+    return problems
 
 
 def start_sampler(scratch: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -728,7 +986,7 @@ def explain_slow_steps(samples_file: Path, most: int = 12) -> list[str]:
         main: dict[str, int] = {}
         waiting: dict[str, int] = {}
         for x in during:
-            for tid, name, state, wchan in x["threads"]:
+            for tid, name, state, wchan, *_ in x["threads"]:
                 if tid == main_tid:
                     main[f"{state} {wchan}"] = main.get(f"{state} {wchan}", 0) + 1
                 elif state == "D":
@@ -764,6 +1022,105 @@ def explain_slow_steps(samples_file: Path, most: int = 12) -> list[str]:
     return lines
 
 
+# What each save's window is measured by, from the sampler's samples (``--diagnose``).
+WINDOW_FIGURES = (
+    "cores_busy",
+    "runnable_threads",
+    "main_runnable",
+    "sampler_late_s",
+    "sampler_gap_s",
+)
+
+
+def explain_windows(samples_file: Path) -> dict[tuple[str, int], dict[str, float]]:
+    """Each save's window after its call returned, as the sampler saw the process:
+
+    - ``cores_busy``: the process's CPU time over the window's length (how many of
+      the cores its threads kept busy);
+    - ``runnable_threads``: its threads in state ``R`` per sample, on average;
+    - ``main_runnable``: the share of samples with the main thread in ``R``;
+    - ``sampler_late_s``: how late the sampler, a process of its own that sleeps
+      10 ms between samples, woke, added up (cores busy with other work: the
+      machine's, not this process's GIL);
+    - ``sampler_gap_s``: its longest gap (the whole sandbox stalled, as writes at
+      full speed made it)."""
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines() if line]
+    if len(samples) < 3:
+        return {}
+    main_tid = str(os.getpid())
+    tick = os.sysconf("SC_CLK_TCK")
+    gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(samples)]
+    usual = statistics.median(gaps)
+    found = {}
+    for system, r, start, end in SAVE_WINDOWS:
+        inside = [i for i, x in enumerate(samples) if start <= x["t"] <= end]
+        if len(inside) < 2:
+            continue
+        during = [samples[i] for i in inside]
+
+        def ticks(x: dict[str, Any]) -> int:
+            return sum(t[4] for t in x["threads"] if len(t) > 4)
+
+        seconds = during[-1]["t"] - during[0]["t"]
+        late = sum(max(0.0, gaps[i - 1] - usual) for i in inside[1:])
+        found[(system, r)] = {
+            "cores_busy": (ticks(during[-1]) - ticks(during[0])) / tick / max(seconds, 1e-9),
+            "runnable_threads": statistics.mean(
+                sum(1 for t in x["threads"] if t[2] == "R") for x in during
+            ),
+            "main_runnable": statistics.mean(
+                any(t[0] == main_tid and t[2] == "R" for t in x["threads"]) for x in during
+            ),
+            "sampler_late_s": late,
+            "sampler_gap_s": max(gaps[i - 1] for i in inside[1:]),
+        }
+    return found
+
+
+# Innermost frames of a thread that waits (for a lock, a queue, a selector, a
+# thread) rather than runs Python code.
+IDLE_FRAMES = ("in wait", "in _wait_for_tstate_lock", "in select", "in _worker", "in get")
+
+
+def busy_frames(stacks: Path, most: int = 12) -> list[str]:
+    """The Python code threads were running when steps ran over ``STACK_AFTER_S``
+    (``--stacks``): each thread's innermost frame in each dump that is not a wait,
+    counted. faulthandler writes the dumps from a thread of its own that does not
+    need the GIL, so the thread holding it is among them."""
+    counts: dict[str, int] = {}
+    dumps = 0
+    lines = stacks.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Timeout ("):
+            dumps += 1
+        if line.startswith(("Thread 0x", "Current thread 0x")) and i + 1 < len(lines):
+            top = lines[i + 1].strip()
+            if top.startswith("File ") and not top.endswith(IDLE_FRAMES):
+                where = re.split(r"site-packages/|lib/python3\.\d+/", top.split('"')[1])[-1]
+                key = f"{where}:{top.rsplit(' line ', 1)[1]}"
+                counts[key] = counts.get(key, 0) + 1
+    ranked = sorted(counts.items(), key=lambda i: -i[1])[:most]
+    return [f"{dumps} dumps"] + [f"{n:5} {frame}" for frame, n in ranked]
+
+
+def where_the_loop_waited(system: str, d: dict[str, float]) -> str:
+    """One system's step time lost, split by where it was measured (``--diagnose``)."""
+    text = (
+        f"{system}: {d['step_lost_s']:.3f} s lost over {d['steps']:.0f} steps: "
+        f"{d['dispatch_lost_s']:.3f} s dispatching (the GIL or a core), "
+        f"{d['wait_lost_s']:.3f} s waiting for results (the device, or the GIL taken back); "
+        f"a thread sleeping 1 ms woke {d['probe_late_total_s']:.3f} s late in all"
+    )
+    if "cores_busy" in d:
+        text += (
+            f"; the process kept {d['cores_busy']:.1f} of {os.cpu_count()} cores busy, "
+            f"{d['runnable_threads']:.1f} threads runnable, the main thread runnable in "
+            f"{d['main_runnable']:.0%} of samples; a process of its own woke "
+            f"{d['sampler_late_s']:.3f} s late in all, its longest gap {d['sampler_gap_s']:.3f} s"
+        )
+    return text
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="smallest size; correctness only")
@@ -783,10 +1140,15 @@ def main() -> int:
         "tinax copy first (the whole state on the host before the first write, as "
         "Orbax does), tinax batches N (the state written in N batches while copied), "
         "tinax zstd LEVEL (zstd at LEVEL, Orbax's is 3; negative levels are zstd's fast ones), "
-        "tinax uncompressed io N (uncompressed, written on at most N of tensorstore's threads)",
+        "tinax uncompressed io N (uncompressed, written on at most N of tensorstore's threads), "
+        "tinax compressors N|all (compressing on N threads, or one a core), "
+        "tinax switch 0.5 ms (the GIL handed over every 0.5 ms while the save runs)",
     )
     parser.add_argument("--stacks", default=None, help="write threads' stacks of slow steps here")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    parser.add_argument(
+        "--no-floors", action="store_true", help="skip the floors (dd, device_get, file reads)"
+    )
     parser.add_argument(
         "--fresh-rounds",
         type=int,
@@ -801,7 +1163,20 @@ def main() -> int:
         help="the second configuration: while saves run, train a step of about this "
         "many seconds (0.02) instead of the model's own",
     )
-    parser.add_argument("--phase", choices=("save", "load"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--donated",
+        action="store_true",
+        help="the third configuration: the model and an nnx.Optimizer as nnx.State trees, "
+        "trained by a jitted step that donates both",
+    )
+    parser.add_argument(
+        "--kill-check",
+        action="store_true",
+        help="SIGKILL a job training the configuration's loop during a save, and resume it",
+    )
+    parser.add_argument(
+        "--phase", choices=("save", "load", "train", "resume"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.phase is not None:
         return phase(args)
@@ -815,14 +1190,20 @@ def main() -> int:
     sampler = None
     explained: list[str] = []
     fresh: dict[str, list[float]] = {"orbax": [], "tinax": []}
+    problems: list[str] = []
+    # The state's size is chosen by the child process's backend, unless given.
+    given = args.size or ("smoke" if args.smoke else None)
     try:
+        if args.kill_check:
+            # Before this process starts the backend: one process holds an accelerator.
+            problems += kill_during_save(given, scratch, args.donated)
         if fresh_rounds:
-            # The state's size is chosen by the saving process's backend, unless given.
-            given = args.size or ("smoke" if args.smoke else None)
-            fresh_size, paths = fresh_checkpoints(given, scratch, list(fresh))
+            fresh_size, paths = fresh_checkpoints(given, scratch, list(fresh), args.donated)
             for r in range(fresh_rounds):
                 for system in list(fresh)[r % 2 :] + list(fresh)[: r % 2]:
-                    fresh[system].append(fresh_load(fresh_size, system, paths[system]))
+                    fresh[system].append(
+                        fresh_load(fresh_size, system, paths[system], args.donated)
+                    )
             for path in paths.values():
                 shutil.rmtree(path)
             print(
@@ -835,15 +1216,13 @@ def main() -> int:
         size = args.size or ("smoke" if args.smoke else ("accelerator" if accelerator else "cpu"))
         if args.diagnose:
             sampler, samples = start_sampler(scratch)
-        params, opt, step = make_state(size)
-        # A short batch on a CPU, where the step's matrix work would otherwise take
-        # longer than a save.
-        tokens = jnp.arange(128 if accelerator else 8) % SIZES[size][2]
-        state = {"params": params, "opt": opt}
-        params, opt, value = step(params, opt, tokens)  # compiled before any timing
+        state, step = build_state(size, args.donated)
+        tokens = batch(size)
+        a, b, value = step(*state.values(), tokens)  # compiled before any timing
         if args.step_s is not None:
             SHORT_STEP.append(short_step(args.step_s, tokens))
-        state = {"params": params, "opt": opt}
+        state = dict(zip(KEYS, (a, b), strict=True))
+        del a, b
         jax.block_until_ready(state)
         total = nbytes(state)
         print(
@@ -853,7 +1232,6 @@ def main() -> int:
         )
         systems = args.systems.split(",")
         results: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
-        problems: list[str] = []
         global COPIES
         COPIES = CopyClock()
         if not args.smoke:
@@ -918,7 +1296,7 @@ def main() -> int:
         )
         if not finite:
             problems.append("the state is no longer finite: its saves and loads are not a model's")
-        floor = floors(state, scratch)
+        floor = {} if args.no_floors else floors(state, scratch)
         # The data files of a tinax checkpoint of the state, read right after its save.
         where = scratch / "file-floor"
         tc.save_checkpointables(where, state).result()
@@ -936,14 +1314,20 @@ def main() -> int:
                 f"the state's checkpoint stores {stored_fraction:.3f} of its bytes: "
                 "not a trained model's (a diverged state?)"
             )
-        floor.update(file_floors(where))
+        if not args.no_floors:
+            floor.update(file_floors(where))
         shutil.rmtree(where)
-        if args.diagnose:
+        if args.diagnose and not args.no_floors:
             floor.update(read_floors(state, scratch))
         if sampler is not None:
             sampler.terminate()
             sampler.wait()
             explained = explain_slow_steps(samples)
+            # Where the loop waited, save by save: the sampler's figures of each window.
+            windows = explain_windows(samples)
+            for system, runs in results.items():
+                for r, figures in enumerate(runs):
+                    figures.update(windows.get((system, r), {}))
     finally:
         if sampler is not None and sampler.poll() is None:
             sampler.kill()
@@ -951,38 +1335,65 @@ def main() -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
     medians = {
-        system: {k: statistics.median(f[k] for f in runs if k in f) for k in runs[0]}
+        system: {
+            k: statistics.median(f[k] for f in runs if k in f)
+            for k in dict.fromkeys(k for f in runs for k in f)
+        }
         for system, runs in results.items()
     }
-    print(f"\nmedians of {rounds} round(s), {total / 1e9:.2f} GB on {backend}:")
+    config = (
+        "the third configuration (NNX states, donated)"
+        if args.donated
+        else "the second configuration (a short step)"
+        if args.step_s is not None
+        else "the model's own step"
+    )
+    print(f"\nmedians of {rounds} round(s), {total / 1e9:.2f} GB on {backend}, {config}:")
     print(f"{'':22}{'orbax':>12}{'tinax':>12}{'ratio':>8}")
     for k in (
-        "blocking_s",
-        "device_copy_s",
-        "blocking_beyond_copy_s",
+        "step_lost_s",
         "slowest_step_s",
+        "blocking_s",
         "save_mb_s",
         "load_mb_s",
+        "dispatch_lost_s",
+        "wait_lost_s",
+        "step_s",
+        "steps",
+        "device_copy_s",
+        "blocking_beyond_copy_s",
         "rss_peak_mb",
         "probe_late_s",
+        "probe_late_total_s",
         "gc_pause_s",
-        "steps",
+        *WINDOW_FIGURES,
     ):
+        if k not in medians["orbax"] or k not in medians["tinax"]:
+            continue
         o, t = medians["orbax"][k], medians["tinax"][k]
         print(f"{k:22}{o:12.3f}{t:12.3f}{t / o if o else float('nan'):8.2f}")
     for system, d in medians.items():
         if system not in ("orbax", "tinax"):
             print(f"{system}: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items()))
     if args.diagnose:
+        print("\nwhere the loop waited while each system's save ran (medians):")
+        for system, d in medians.items():
+            print("  " + where_the_loop_waited(system, d))
+        if args.stacks:
+            print(f"\nthe Python code running in steps over {STACK_AFTER_S} s, innermost frames:")
+            for line in busy_frames(Path(args.stacks)):
+                print("  " + line)
         print(f"\nthe slowest steps over {SLOW_S} s, as the kernel saw them:")
         for line in explained or ["none"]:
             print("  " + line)
-    print("floors: " + ", ".join(f"{k} {v:.0f}" for k, v in floor.items()))
     load_of_files = medians["tinax"]["load_mb_s"] * stored_fraction
-    print(
-        f"tinax's load reads {stored_fraction:.3f} of the state's bytes: {load_of_files:.0f} MB/s "
-        f"of its files, {load_of_files / floor['dd_8_parallel_mb_s']:.2f} of 8 parallel dd's"
-    )
+    if floor:
+        print("floors: " + ", ".join(f"{k} {v:.0f}" for k, v in floor.items()))
+        print(
+            f"tinax's load reads {stored_fraction:.3f} of the state's bytes: "
+            f"{load_of_files:.0f} MB/s of its files, "
+            f"{load_of_files / floor['dd_8_parallel_mb_s']:.2f} of 8 parallel dd's"
+        )
     fresh_medians = {k: statistics.median(v) for k, v in fresh.items() if v}
     if fresh_medians:
         o, t = fresh_medians["orbax"], fresh_medians["tinax"]
@@ -1012,13 +1423,26 @@ def main() -> int:
     if not args.smoke:
         if accelerator:
             goals = [
-                ("blocking <= 1.1x Orbax", t["blocking_s"] <= 1.1 * o["blocking_s"]),
-                ("slowest step <= 1.5x Orbax's", t["slowest_step_s"] <= 1.5 * o["slowest_step_s"]),
+                ("step time lost <= 0.8x Orbax's", t["step_lost_s"] <= 0.8 * o["step_lost_s"]),
+                ("slowest step <= 1.2x Orbax's", t["slowest_step_s"] <= 1.2 * o["slowest_step_s"]),
+                # With --step-s the saved state does not change between saves: JAX
+                # keeps its host copy, and Orbax's call copies nothing.
+                *(
+                    [("blocking <= 1.1x Orbax", t["blocking_s"] <= 1.1 * o["blocking_s"])]
+                    if args.step_s is None
+                    else []
+                ),
                 ("save >= 1.2x Orbax", t["save_mb_s"] >= 1.2 * o["save_mb_s"]),
                 ("load >= 2x Orbax", t["load_mb_s"] >= 2 * o["load_mb_s"]),
-                (
-                    "load >= 0.5x the parallel file-read rate",
-                    load_of_files >= 0.5 * floor["dd_8_parallel_mb_s"],
+                *(
+                    [
+                        (
+                            "load >= 0.5x the parallel file-read rate",
+                            load_of_files >= 0.5 * floor["dd_8_parallel_mb_s"],
+                        )
+                    ]
+                    if floor
+                    else []
                 ),
             ]
             if fresh_medians:

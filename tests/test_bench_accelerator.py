@@ -57,3 +57,45 @@ def test_the_smoke_run_restores_bit_identical_refuses_a_flipped_byte_and_prints_
     assert "fresh-process load (medians of 1): orbax" in out
     # Nothing is left behind where it wrote.
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_donated_loop_loses_less_than_it_would_and_resumes_after_a_kill_mid_save(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--smoke",
+            "--donated",
+            "--kill-check",
+            "--fresh-rounds",
+            "0",
+            "--no-floors",
+            "--diagnose",
+            "--dir",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    # The killed job resumed from its newest committed checkpoint, the next step's loss
+    # bit for bit the killed job's.
+    assert "resumed from step" in out and "the newest committed" in out, out
+    assert "bit-identical to the killed job's" in out and "FAILED" not in out
+    assert "the third configuration (NNX states, donated)" in out
+    rows = {row.split()[0]: row.split()[1:] for row in out.splitlines() if row.strip()}
+    # The headline and where the loop waited, for both systems.
+    for figure in ("step_lost_s", "dispatch_lost_s", "wait_lost_s", "step_s", "cores_busy"):
+        assert figure in rows and float(rows[figure][0]) >= 0, figure
+    assert float(rows["step_s"][1]) > 0
+    assert "where the loop waited while each system's save ran" in out
+    assert "tinax: " in out and "s dispatching (the GIL or a core)" in out
+    assert "flipped byte refused" in out
+    assert list(tmp_path.iterdir()) == []
