@@ -59,5 +59,8 @@ def test_the_smoke_run_times_each_stage_and_each_engine_variant(tmp_path: Path) 
     assert ceiling and float(ceiling.group(3)) > 0, out
     assert float(ceiling.group(2)) <= timed["device_put of the host copy"]
     assert "every leaf of a load bit-identical on its device and sharding" in out
+    # The goal: the load against the slower of the host's stage and the link.
+    goal = re.search(r"tinax's load took ([0-9.]+) s: ([0-9.]+)x its slowest stage", out)
+    assert goal and float(goal.group(2)) > 0, out
     assert re.search(r"tinax load at its best: [0-9.]+ of 8 parallel dd", out)
     assert list(tmp_path.iterdir()) == []
