@@ -47,7 +47,6 @@ import functools
 import itertools
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -274,6 +273,37 @@ SLOW_S = 0.3
 SLOW_STEPS: list[tuple[str, int, float, float]] = []
 
 
+class Watchdog:
+    """Writes every thread's Python stack to ``STACKS`` when a step runs over 0.3 s."""
+
+    def __init__(self, system: str) -> None:
+        self.system = system
+        self.started = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import traceback
+
+        dumped = None
+        while not self._stop.wait(0.05):
+            started = self.started
+            if time.perf_counter() - started > 0.3 and dumped != started:
+                dumped = started
+                names = {t.ident: t.name for t in threading.enumerate()}
+                lines = [f"=== {self.system}: step running {time.perf_counter() - started:.2f} s"]
+                for ident, frame in sys._current_frames().items():
+                    stack = "".join(traceback.format_stack(frame)[-8:])
+                    lines.append(f"--- thread {names.get(ident, ident)}\n{stack}")
+                STACKS.write("\n".join(lines) + "\n")
+                STACKS.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 class CopyClock:
     """Times Orbax's device-to-host copy inside each save call (both systems make it
     through ``replica_slices.transfer_arrays_to_host``), so that a save call's
@@ -477,8 +507,6 @@ def start_save(system: str, where: Path, state: Any) -> tuple[Any, Callable[[], 
 BASE_STEPS = 20
 # Each save's window: (system, round, start, end), perf_counter times.
 SAVE_WINDOWS: list[tuple[str, int, float, float]] = []
-# With --stacks: every thread's Python stack is written when a step runs this long.
-STACK_AFTER_S = 0.1
 
 
 def save_round(
@@ -491,8 +519,6 @@ def save_round(
     GIL and a core) and the wait for its result (the device's work, and the GIL
     taken back). The step time lost is the sum of each step's excess over the
     median step before the save, and likewise for each part."""
-    import faulthandler
-
     short = SHORT_STEP[0] if SHORT_STEP else None
     a, b = (state[k] for k in KEYS)
 
@@ -527,19 +553,17 @@ def save_round(
     done = threading.Event()
     response.on_complete(lambda _: done.set())
     steps: list[tuple[float, float]] = []
+    watch = Watchdog(system) if STACKS is not None else None
     while not done.is_set():
-        if STACKS is not None:
-            faulthandler.dump_traceback_later(STACK_AFTER_S, file=STACKS)
         t = time.perf_counter()
+        if watch is not None:
+            watch.started = t
         steps.append(one())
-        if STACKS is not None:
-            faulthandler.cancel_dump_traceback_later()
         took = sum(steps[-1])
-        if took > STACK_AFTER_S and STACKS is not None:
-            STACKS.write(f"=== the stacks above: {system} round {r}, step of {took:.3f} s\n")
-            STACKS.flush()
         if took > SLOW_S:
             SLOW_STEPS.append((system, r, t, t + took))
+    if watch is not None:
+        watch.stop()
     response.result()
     end = time.perf_counter()
     seconds = end - start
@@ -816,16 +840,24 @@ def train_until_killed(args: argparse.Namespace, size: str) -> int:
     tokens = batch(size)
     rng = jax.random.key(7)
     iterator = iter(grain.MapDataset.range(1 << 30).to_iter_dataset())
+    # Saves commit on another thread: each line is written whole, under a lock.
+    lock = threading.Lock()
+
+    def say(line: str) -> None:
+        with lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
     with tc.TrainingRun(args.dir, save_every=KILL_SAVE_EVERY, keep=3) as run:
         for i in itertools.count():
             a, b, value = step(a, b, tokens)
             next(iterator)
             loss = float(value)
-            print(f"loss {i} {loss.hex()}", flush=True)
+            say(f"loss {i} {loss.hex()}")
             response = run.save(i, a, b, rng, {"loss": loss}, iterator)
             if response is not None:
-                print(f"saving {i}", flush=True)
-                response.on_complete(lambda _, i=i: print(f"committed {i}", flush=True))
+                say(f"saving {i}")
+                response.on_complete(lambda _, i=i: say(f"committed {i}"))
     return 0
 
 
@@ -1077,32 +1109,6 @@ def explain_windows(samples_file: Path) -> dict[tuple[str, int], dict[str, float
     return found
 
 
-# Innermost frames of a thread that waits (for a lock, a queue, a selector, a
-# thread) rather than runs Python code.
-IDLE_FRAMES = ("in wait", "in _wait_for_tstate_lock", "in select", "in _worker", "in get")
-
-
-def busy_frames(stacks: Path, most: int = 12) -> list[str]:
-    """The Python code threads were running when steps ran over ``STACK_AFTER_S``
-    (``--stacks``): each thread's innermost frame in each dump that is not a wait,
-    counted. faulthandler writes the dumps from a thread of its own that does not
-    need the GIL, so the thread holding it is among them."""
-    counts: dict[str, int] = {}
-    dumps = 0
-    lines = stacks.read_text(errors="replace").splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("Timeout ("):
-            dumps += 1
-        if line.startswith(("Thread 0x", "Current thread 0x")) and i + 1 < len(lines):
-            top = lines[i + 1].strip()
-            if top.startswith("File ") and not top.endswith(IDLE_FRAMES):
-                where = re.split(r"site-packages/|lib/python3\.\d+/", top.split('"')[1])[-1]
-                key = f"{where}:{top.rsplit(' line ', 1)[1]}"
-                counts[key] = counts.get(key, 0) + 1
-    ranked = sorted(counts.items(), key=lambda i: -i[1])[:most]
-    return [f"{dumps} dumps"] + [f"{n:5} {frame}" for frame, n in ranked]
-
-
 def where_the_loop_waited(system: str, d: dict[str, float]) -> str:
     """One system's step time lost, split by where it was measured (``--diagnose``)."""
     text = (
@@ -1149,6 +1155,7 @@ def main() -> int:
     parser.add_argument(
         "--no-floors", action="store_true", help="skip the floors (dd, device_get, file reads)"
     )
+    parser.add_argument("--no-load", action="store_true", help="save only: load nothing back")
     parser.add_argument(
         "--fresh-rounds",
         type=int,
@@ -1191,6 +1198,7 @@ def main() -> int:
     explained: list[str] = []
     fresh: dict[str, list[float]] = {"orbax": [], "tinax": []}
     problems: list[str] = []
+    stored_fraction = float("nan")
     # The state's size is chosen by the child process's backend, unless given.
     given = args.size or ("smoke" if args.smoke else None)
     try:
@@ -1242,7 +1250,8 @@ def main() -> int:
                 state, _ = save_round(system, where, state, step, tokens, -1)
                 jax.block_until_ready(state)
                 del SLOW_STEPS[:]
-                load_round(system, where, state)
+                if not args.no_load:
+                    load_round(system, where, state)
                 shutil.rmtree(where)
         for r in range(rounds):
             # Each round starts with the next system: none always follows the same
@@ -1253,8 +1262,12 @@ def main() -> int:
                 jax.block_until_ready(state)
                 # What was saved is gone (donated): the load is compared with a fresh
                 # save's source instead, in the first round only.
-                loaded, figures["load_mb_s"] = load_round(system, where, state)
-                del loaded
+                if not args.no_load:
+                    loaded, figures["load_mb_s"] = load_round(system, where, state)
+                    del loaded
+                if system == "tinax":
+                    # The share of its bytes the state stores, from tinax's last save.
+                    stored_fraction = sum(f.stat().st_size for f in data_files(where)) / total
                 if r == 0 and not args.no_check:
                     check = scratch / f"check-{system.replace(' ', '_')}"
                     jax.block_until_ready(state)
@@ -1297,28 +1310,29 @@ def main() -> int:
         if not finite:
             problems.append("the state is no longer finite: its saves and loads are not a model's")
         floor = {} if args.no_floors else floors(state, scratch)
-        # The data files of a tinax checkpoint of the state, read right after its save.
-        where = scratch / "file-floor"
-        tc.save_checkpointables(where, state).result()
-        stored_fraction = sum(f.stat().st_size for f in data_files(where)) / total
-        largest = sorted(
-            (p for p in where.rglob("*") if p.is_file()), key=lambda p: -p.stat().st_size
-        )[:3]
-        print(
-            "largest files of its checkpoint: "
-            + ", ".join(f"{p.relative_to(where)} {p.stat().st_size:,}" for p in largest),
-            flush=True,
-        )
+        if not args.no_floors:
+            # The data files of a tinax checkpoint of the state, read right after its save.
+            where = scratch / "file-floor"
+            tc.save_checkpointables(where, state).result()
+            stored_fraction = sum(f.stat().st_size for f in data_files(where)) / total
+            largest = sorted(
+                (p for p in where.rglob("*") if p.is_file()), key=lambda p: -p.stat().st_size
+            )[:3]
+            print(
+                "largest files of its checkpoint: "
+                + ", ".join(f"{p.relative_to(where)} {p.stat().st_size:,}" for p in largest),
+                flush=True,
+            )
+            floor.update(file_floors(where))
+            shutil.rmtree(where)
+            if args.diagnose:
+                floor.update(read_floors(state, scratch))
+        print(f"the state's checkpoint stores {stored_fraction:.3f} of its bytes", flush=True)
         if not args.smoke and stored_fraction < 0.25:
             problems.append(
                 f"the state's checkpoint stores {stored_fraction:.3f} of its bytes: "
                 "not a trained model's (a diverged state?)"
             )
-        if not args.no_floors:
-            floor.update(file_floors(where))
-        shutil.rmtree(where)
-        if args.diagnose and not args.no_floors:
-            floor.update(read_floors(state, scratch))
         if sampler is not None:
             sampler.terminate()
             sampler.wait()
@@ -1379,15 +1393,11 @@ def main() -> int:
         print("\nwhere the loop waited while each system's save ran (medians):")
         for system, d in medians.items():
             print("  " + where_the_loop_waited(system, d))
-        if args.stacks:
-            print(f"\nthe Python code running in steps over {STACK_AFTER_S} s, innermost frames:")
-            for line in busy_frames(Path(args.stacks)):
-                print("  " + line)
         print(f"\nthe slowest steps over {SLOW_S} s, as the kernel saw them:")
         for line in explained or ["none"]:
             print("  " + line)
-    load_of_files = medians["tinax"]["load_mb_s"] * stored_fraction
-    if floor:
+    load_of_files = medians["tinax"].get("load_mb_s", 0.0) * stored_fraction
+    if floor and not args.no_load:
         print("floors: " + ", ".join(f"{k} {v:.0f}" for k, v in floor.items()))
         print(
             f"tinax's load reads {stored_fraction:.3f} of the state's bytes: "
@@ -1433,15 +1443,21 @@ def main() -> int:
                     else []
                 ),
                 ("save >= 1.2x Orbax", t["save_mb_s"] >= 1.2 * o["save_mb_s"]),
-                ("load >= 2x Orbax", t["load_mb_s"] >= 2 * o["load_mb_s"]),
                 *(
                     [
-                        (
-                            "load >= 0.5x the parallel file-read rate",
-                            load_of_files >= 0.5 * floor["dd_8_parallel_mb_s"],
-                        )
+                        ("load >= 2x Orbax", t["load_mb_s"] >= 2 * o["load_mb_s"]),
+                        *(
+                            [
+                                (
+                                    "load >= 0.5x the parallel file-read rate",
+                                    load_of_files >= 0.5 * floor["dd_8_parallel_mb_s"],
+                                )
+                            ]
+                            if floor
+                            else []
+                        ),
                     ]
-                    if floor
+                    if not args.no_load
                     else []
                 ),
             ]
@@ -1465,7 +1481,11 @@ def main() -> int:
                     if args.step_s is not None
                     else []
                 ),
-                ("load >= 1.5x Orbax", t["load_mb_s"] >= 1.5 * o["load_mb_s"]),
+                *(
+                    [("load >= 1.5x Orbax", t["load_mb_s"] >= 1.5 * o["load_mb_s"])]
+                    if not args.no_load
+                    else []
+                ),
             ]
             if fresh_medians:
                 goals.append(
