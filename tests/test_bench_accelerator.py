@@ -15,30 +15,32 @@ pytestmark = pytest.mark.slow
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "accelerator.py"
 
 
-def test_the_smoke_run_restores_bit_identical_refuses_a_flipped_byte_and_prints_both(
-    tmp_path: Path,
-) -> None:
+def _smoke(tmp_path: Path, *args: str) -> str:
+    """The benchmark's output at its smallest size on this machine's CPU, writing
+    under ``tmp_path``; it must exit 0."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--smoke",
-            "--dir",
-            str(tmp_path),
-            # zstd is tinax's default on an accelerator: its flipped byte is checked too.
-            "--systems",
-            "orbax,tinax,tinax compressed,tinax zstd -1,tinax uncompressed io 1",
-            "--diagnose",
-        ],
+        [sys.executable, str(BENCH), "--smoke", "--dir", str(tmp_path), *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
+    return done.stdout
+
+
+def test_the_smoke_run_restores_bit_identical_refuses_a_flipped_byte_and_prints_both(
+    tmp_path: Path,
+) -> None:
+    out = _smoke(
+        tmp_path,
+        # zstd is tinax's default on an accelerator: its flipped byte is checked too.
+        "--systems",
+        "orbax,tinax,tinax compressed,tinax zstd -1,tinax uncompressed io 1",
+        "--diagnose",
+    )
     # Each tinax system checks a save and a flipped byte in its first round.
     assert out.count("flipped byte refused") == 4 and "all goals met" in out
     assert "the slowest steps over 0.3 s, as the kernel saw them" in out
@@ -59,32 +61,12 @@ def test_the_smoke_run_restores_bit_identical_refuses_a_flipped_byte_and_prints_
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_donated_loop_loses_less_than_it_would_and_resumes_after_a_kill_mid_save(
+def test_the_donated_loop_reports_where_it_waited_and_resumes_after_a_kill_mid_save(
     tmp_path: Path,
 ) -> None:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--smoke",
-            "--donated",
-            "--kill-check",
-            "--fresh-rounds",
-            "0",
-            "--no-floors",
-            "--diagnose",
-            "--dir",
-            str(tmp_path),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = _smoke(
+        tmp_path, "--donated", "--kill-check", "--fresh-rounds", "0", "--no-floors", "--diagnose"
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
     # The killed job resumed from its newest committed checkpoint, the next step's loss
     # bit for bit the killed job's.
     assert "resumed from step" in out and "the newest committed" in out, out

@@ -466,12 +466,7 @@ def encode_threads(limit: int | None) -> Iterator[None]:
 def _install_encode_threads() -> None:
     from orbax.checkpoint._src.serialization import tensorstore_utils
 
-    with _hooks_lock:
-        current = tensorstore_utils.get_ts_context
-        if getattr(current, "tinax_encode_threads", False):
-            return
-        original = current
-
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def get_ts_context(**kwargs: Any) -> Any:
             limit = _ENCODE_THREADS.get()
@@ -479,8 +474,9 @@ def _install_encode_threads() -> None:
                 kwargs["data_copy_concurrency_limit"] = limit
             return original(**kwargs)
 
-        get_ts_context.tinax_encode_threads = True  # type: ignore[attr-defined]
-        tensorstore_utils.get_ts_context = get_ts_context
+        return get_ts_context
+
+    _replace(tensorstore_utils, "get_ts_context", "tinax_encode_threads", _ENCODE_THREADS, wrap)
 
 
 def current_operation() -> str:
