@@ -356,3 +356,26 @@ def test_the_metric_drawn_first_is_the_one_the_run_is_kept_by():
     assert default_metric(["grad_norm", "loss", "lr"], None) == "loss"
     assert default_metric(["grad_norm", "lr"], "loss") == "grad_norm"
     assert default_metric([], None) is None
+
+
+def test_a_copy_beside_a_step_is_not_drawn_over_it(run, tmp_path):
+    import shutil
+
+    from tinax.checkpointing import derive_checkpoint
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    # A model-only copy of step 3 saved in the run, named with the step it came from.
+    derive_checkpoint(copy / "step_000003", copy / "model_3", checkpointables=["model"])
+    explorer = CheckpointExplorer(copy)
+    timeline = explorer.timeline
+    explorer.timeline_section.toggle.click()
+    assert timeline.view.data["steps"] == list(STEPS)
+    assert "not drawn, at a step drawn already: model_3" in timeline.summary.value
+    # Opened from the list, the copy is not the step drawn: a click opens step 3 itself.
+    explorer.open_checkpoint("model_3")
+    assert timeline.picked_steps == [] and "model_3 open" in timeline.picks.value
+    _click(timeline, kind="step", step=3)
+    assert explorer.checkpoint == str(copy / "step_000003")
+    assert timeline.error == "" and explorer.error == ""
+    explorer.close()

@@ -30,6 +30,7 @@ from ._table import PagedTable
 from ._task import start_thread
 from ._text import error_html, note_html
 from ._timeline import RunTimeline
+from ._timeline_data import drawn_rows
 from ._tree import TreeView
 
 # How often the ages shown are brought up to date (only a changed text is sent).
@@ -404,10 +405,13 @@ class CheckpointExplorer(w.VBox):
         self.runs.set_poll_interval(float(change["new"]))
 
     def _step_of(self, path: str) -> int | None:
+        """The step of ``path`` on the timeline: ``None`` for a checkpoint it does not
+        draw (no step, or a copy beside the step drawn)."""
         table = self.runs.checkpoints
-        if path not in table.index or pd.isna(table.at[path, "step"]):
+        if table.empty or path not in table.index:
             return None
-        return int(table.at[path, "step"])
+        drawn = drawn_rows(table)
+        return int(drawn.at[path, "step"]) if path in drawn.index else None
 
     def _timeline_follows(self) -> None:
         """Marks on the timeline the step open, or the two steps diffed."""

@@ -17,13 +17,12 @@ import traitlets
 
 from tinax import explore
 from tinax.explore.toolkit import existing_directory
-from tinax.vocabulary import COMPLETE
 
 from ._guard import shown_in_widget
 from ._jobs import BackgroundJob, notes_html
 from ._metric_picks import MetricPicks
 from ._text import error_html, note_html
-from ._timeline_data import summary_html, timeline_data
+from ._timeline_data import drawn_rows, summary_html, timeline_data
 
 _HERE = pathlib.Path(__file__).parent
 # How the heatmap groups leaves: the model's layers (``drift_table``'s ``depth=None``),
@@ -493,8 +492,8 @@ class RunTimeline(w.VBox):
             self.pick_cell(self._layers[layer], int(steps[column]))
 
     def _path_of(self, step: int) -> str:
-        table = self.table
-        hit = table[(table["step"] == step) & (table["status"] == COMPLETE)]
+        rows = drawn_rows(self.table) if len(self.table) else self.table
+        hit = rows[rows["step"] == step] if len(rows) else rows
         if hit.empty:
             raise ValueError(f"the run has no complete checkpoint of step {step}")
         return str(hit.iloc[0]["path"])

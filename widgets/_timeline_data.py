@@ -168,6 +168,22 @@ def heat_data(drift: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
     return data, keys
 
 
+def drawn_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows the timeline draws: one complete checkpoint a step. Where two share a
+    step (a copy derived from a step, saved beside the run's own), the one the run
+    recorded is drawn; ``attrs["beside"]`` names the others."""
+    done = table[(table["status"] == COMPLETE) & table["step"].notna()]
+    kept = done["kept"] if "kept" in done else pd.Series(None, index=done.index, dtype=object)
+    recorded = kept.notna() & (kept.astype("string") != "")
+    ordered = done.assign(_own=recorded).sort_values(
+        ["step", "_own"], ascending=[True, False], kind="stable"
+    )
+    shown = ordered.drop_duplicates("step").drop(columns="_own")
+    beside = [str(n) for n in ordered.loc[~ordered.index.isin(shown.index), "name"]]
+    shown.attrs = {"beside": beside}
+    return shown
+
+
 def timeline_data(
     table: pd.DataFrame, drift: pd.DataFrame, scan: pd.DataFrame
 ) -> tuple[dict[str, Any], list[str]]:
@@ -180,7 +196,7 @@ def timeline_data(
     """
     if table.empty:
         return {"steps": [], "empty": "No checkpoint in this run yet."}, []
-    rows = table[(table["status"] == COMPLETE) & table["step"].notna()]
+    rows = drawn_rows(table)
     steps = [int(s) for s in rows["step"]]
     metrics = [str(m) for m in table.attrs.get("metrics", [])]
     data: dict[str, Any] = {
@@ -218,7 +234,11 @@ def summary_html(table: pd.DataFrame, drift: pd.DataFrame, scan: pd.DataFrame) -
     saves = table["save_total_s"].dropna()
     if len(saves):
         parts.append(f"saves {saves.median():.2g} s (median)")
-    rows = table[(table["status"] == COMPLETE) & table["step"].notna()]
+    rows = drawn_rows(table)
+    beside = rows.attrs["beside"]
+    if beside:
+        named = ", ".join(beside[:3]) + (f" and {len(beside) - 3} more" if len(beside) > 3 else "")
+        parts.append(f"not drawn, at a step drawn already: {html.escape(named)}")
     metrics = [str(m) for m in table.attrs.get("metrics", [])]
     for metric, step, word in first_nonfinite_metrics(nonfinite_metrics(rows, metrics))[:3]:
         parts.append(
