@@ -235,6 +235,31 @@ def _the_page_stays_under_the_pointer(page: Page) -> None:
     expect(explorer.locator(".tinax-checkpoint-title")).to_contain_text("step_000003")
     page.wait_for_timeout(500)
     assert svg.bounding_box()["y"] == top and run_list.is_visible()
+    # Opened from the list, step 6 is the one the timeline marks, and a click on
+    # step 4 diffs against it.
+    run_list.locator("tr", has_text="step_000006").click()
+    expect(explorer.locator(".tinax-checkpoint-title")).to_contain_text("step_000006")
+    expect(explorer.locator(".tinax-run-timeline")).to_contain_text("step 6 open")
+    svg.scroll_into_view_if_needed()
+    click_step(4)
+    expect(explorer.locator(".tinax-run-timeline")).to_contain_text("diff of steps 4 → 6")
+    expect(explorer.locator(".tinax-diff-view")).to_contain_text("step_000004 to step_000006")
+    expect(explorer.locator(".tinax-checkpoint-title")).to_contain_text("step_000006")
+    # The loss beside the learning rate, each on its own axis.
+    explorer.locator(".tinax-metric-picks button", has_text="learning_rate").click()
+    expect(svg.locator(".tinax-timeline-metrics-title")).to_contain_text("learning_rate (right")
     problems = explorer.locator(".tinax-run-timeline").evaluate(_READABLE_JS)
     assert not problems, "; ".join(problems)
     explorer.screenshot(path=str(ARTIFACTS / "timeline-explorer-1280px.png"))
+    # "check data" stays under the pointer while the verdict beside it changes.
+    button = explorer.locator(".tinax-section-checkpoint button", has_text="check data")
+    button.scroll_into_view_if_needed()
+    offset = (
+        "(el) => { const e = el.closest('.tinax-checkpoint-explorer').getBoundingClientRect();"
+        " const r = el.getBoundingClientRect(); return [r.x - e.x, r.y - e.y]; }"
+    )
+    before = button.evaluate(offset)
+    button.click()
+    expect(explorer.locator(".tinax-verdict").first).to_contain_text("data checked")
+    page.wait_for_timeout(500)
+    assert button.evaluate(offset) == before, "check data moved under the pointer"
