@@ -9,6 +9,8 @@ from typing import Any
 import ipywidgets as w
 import traitlets
 
+from tinax import explore
+
 # The metric picked first when the run does not say which one it is kept by.
 PREFERRED_METRICS = ("loss", "train_loss", "eval_loss", "accuracy")
 
@@ -20,6 +22,14 @@ def default_metric(metrics: Sequence[str], kept_by: str | None) -> str | None:
         return kept_by
     found = next((m for m in PREFERRED_METRICS if m in metrics), None)
     return found or (metrics[0] if metrics else None)
+
+
+def kept_by(root: str) -> str | None:
+    """The metric the run at ``root`` keeps its best checkpoints by, as its policy
+    records it; ``None`` where it records none."""
+    policy = explore.run_policy(root)
+    best_by = None if policy is None else policy.get("best_by")
+    return best_by if isinstance(best_by, str) else None
 
 
 class MetricPicks(w.HBox):

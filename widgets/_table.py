@@ -14,7 +14,6 @@ and sorting cost what pandas costs.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import pathlib
 from collections.abc import Callable, Collection, Sequence
@@ -24,109 +23,15 @@ import anywidget
 import pandas as pd
 import traitlets
 
+from ._columns import Column, RowLook, cell_text, check_columns, column_spec
 from ._guard import shown_in_widget
 from ._page_text import KEY_WIDTHS, format_cell, key_labels, quiet_columns
 from ._sorting import sorted_frame
 
+__all__ = ["DEFAULT_PAGE_SIZE", "Column", "PagedTable", "RowLook", "format_cell"]
+
 DEFAULT_PAGE_SIZE = 20
 _HERE = pathlib.Path(__file__).parent
-
-
-@dataclasses.dataclass(frozen=True)
-class Column:
-    """One column of a ``PagedTable``.
-
-    Attributes:
-      field: The DataFrame column shown.
-      title: The header text.
-      format: Turns a cell value into text.
-      key: The column of keys and names: it takes the room left, in monospace,
-        shortened in the middle when the room is short (whole on hover, with a copy
-        button). At most one per table.
-      essential: Always shown. A secondary column is hidden on a narrow output
-        (highest ``priority`` first) and its value shown in the row's detail line.
-      priority: Among secondary columns, which go first (higher goes first).
-      align: ``"left"`` or ``"right"`` (numbers).
-      descending_first: A first click on its header sorts largest first (sizes).
-      keystr: Its values are leaf keys in ``keystr`` format: shown as people read
-        them (``display.display_keys`` over the rows in view: dotted, what they all
-        share left out and named in the header, shortened without two rows alike),
-        the exact key on hover and copy, sorted in natural order. ``None``: when it
-        is the key column and its field is ``"key"``.
-      group: For a ``keystr`` column, the field naming each row's checkpointable:
-        when the rows in view belong to several, it leads their labels.
-      exact: For a key column that is not ``keystr`` (a tree's names), the field
-        whose text hovering and copying give (the subtree's exact key).
-      sort_by: The field whose values order the rows when its header is clicked
-        (a change told as text, sorted by its size); ``None``: its own.
-    """
-
-    field: str
-    title: str
-    format: Callable[[Any], str] = format_cell
-    key: bool = False
-    essential: bool = True
-    priority: int = 0
-    align: str = "left"
-    descending_first: bool = False
-    keystr: bool | None = None
-    group: str | None = "checkpointable"
-    exact: str | None = None
-    sort_by: str | None = None
-
-    @property
-    def is_keystr(self) -> bool:
-        """Whether its values are leaf keys shown as ``display`` shows them."""
-        return self.keystr if self.keystr is not None else (self.key and self.field == "key")
-
-
-@dataclasses.dataclass(frozen=True)
-class RowLook:
-    """How one row looks: text and background colour, whether it can be picked, and
-    for a tree's rows their depth, their open/closed mark and their tick box
-    (``check`` ``None`` for none, ``mixed`` for a partly ticked subtree)."""
-
-    color: str | None = None
-    background: str | None = None
-    pickable: bool = True
-    tooltip: str | None = None
-    depth: int = 0
-    mark: str = ""
-    check: bool | None = None
-    mixed: bool = False
-
-
-def _cell_text(column: Column, row: pd.Series) -> str:
-    if column.field not in row.index:
-        return ""
-    value = row[column.field]
-    try:
-        return column.format(value)
-    except Exception:
-        # A value of a type the column did not expect is still shown.
-        return format_cell(value)
-
-
-def _check_columns(columns: Sequence[Column]) -> None:
-    if not columns:
-        raise ValueError("a table needs at least one column")
-    if sum(c.key for c in columns) > 1:
-        raise ValueError("a table has at most one key column")
-
-
-def _spec(columns: Sequence[Column]) -> list[dict[str, Any]]:
-    """What the browser is told of each column."""
-    return [
-        {
-            "field": c.field,
-            "title": c.title,
-            "key": c.key,
-            "essential": c.essential,
-            "priority": c.priority,
-            "align": c.align,
-        }
-        for c in columns
-    ]
 
 
 class PagedTable(anywidget.AnyWidget):
@@ -214,7 +119,7 @@ class PagedTable(anywidget.AnyWidget):
           ValueError: If ``columns`` is empty or has two key columns, ``sort_field``
             is not one of them or ``page_size`` is not positive.
         """
-        _check_columns(columns)
+        check_columns(columns)
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")
         if isinstance(scroll_rows, bool) or not isinstance(scroll_rows, int) or scroll_rows < 0:
@@ -232,7 +137,7 @@ class PagedTable(anywidget.AnyWidget):
         # Columns whose values are still being read (see ``hold``).
         self.held: frozenset[str] = frozenset()
         super().__init__(
-            spec=_spec(self.columns),
+            spec=column_spec(self.columns),
             sortable=sortable,
             empty_text=empty_text,
             sort_field=sort_field,
@@ -287,10 +192,10 @@ class PagedTable(anywidget.AnyWidget):
         Raises:
           ValueError: If ``columns`` is empty or has two key columns.
         """
-        _check_columns(columns)
+        check_columns(columns)
         self.columns = tuple(columns)
         with self.hold_sync():
-            self.spec = _spec(self.columns)
+            self.spec = column_spec(self.columns)
             if self.sort_field not in [c.field for c in self.columns]:
                 self.sort_field = None  # shows the rows in their own order
             else:
@@ -438,7 +343,7 @@ class PagedTable(anywidget.AnyWidget):
         self, page: pd.DataFrame, column: Column
     ) -> tuple[list[list[str]], list[str], str]:
         """Each row's labels at every ``KEY_WIDTHS`` width, its exact text, the shared prefix."""
-        texts = [_cell_text(column, page.iloc[slot]) for slot in range(len(page))]
+        texts = [cell_text(column, page.iloc[slot]) for slot in range(len(page))]
         if not column.is_keystr or column.field not in page.columns:
             exact = texts
             if column.exact is not None and column.exact in page.columns:
@@ -453,9 +358,7 @@ class PagedTable(anywidget.AnyWidget):
 
     def _render(self) -> None:
         page = self.frame.iloc[self.page * self.page_size : (self.page + 1) * self.page_size]
-        cells = [
-            [_cell_text(c, page.iloc[slot]) for c in self.columns] for slot in range(len(page))
-        ]
+        cells = [[cell_text(c, page.iloc[slot]) for c in self.columns] for slot in range(len(page))]
         key_index = next((i for i, c in enumerate(self.columns) if c.key), None)
         labels: list[list[str]] = []
         exact: list[str] = []

@@ -20,9 +20,9 @@ from tinax.explore.toolkit import existing_directory
 
 from ._guard import shown_in_widget
 from ._jobs import BackgroundJob, notes_html
-from ._metric_picks import MetricPicks
+from ._metric_picks import MetricPicks, kept_by
 from ._text import error_html, note_html
-from ._timeline_data import drawn_rows, summary_html, timeline_data
+from ._timeline_data import drawn_rows, picks_text, summary_html, timeline_data
 
 _HERE = pathlib.Path(__file__).parent
 # How the heatmap groups leaves: the model's layers (``drift_table``'s ``depth=None``),
@@ -234,7 +234,7 @@ class RunTimeline(w.VBox):
         with self._lock:
             self.loaded = True
             self.table = table
-            self.metric_picks.offer(list(table.attrs.get("metrics", [])), self._kept_by())
+            self.metric_picks.offer(list(table.attrs.get("metrics", [])), kept_by(self.root))
         self._redraw()
 
     def compute_drift(self, *, depth: int | None = None) -> None:
@@ -437,20 +437,13 @@ class RunTimeline(w.VBox):
         self.summary.value = summary_html(self.table, self.drift, self.scan)
 
     def _show_picks(self) -> None:
-        steps = self.picked_steps
-        text = ""
-        if not steps and self._off_timeline:
-            text = f"{self._off_timeline} open: it has no step on this timeline"
-        elif len(steps) == 1:
-            text = f"step {steps[0]} open"
-            if self.diff_box.value:
-                text += "; click another step to diff the two (shift-click: open it alone)"
-        elif len(steps) == 2:
-            text = f"diff of steps {steps[0]} → {steps[1]}"
-            if self.picked_cell is not None:
-                label = self.drift[self.drift["key"] == self.picked_cell[0]]["subtree"]
-                text += f", layer {label.iloc[0] if len(label) else self.picked_cell[0]}"
-            text += "; the next click opens one step"
+        layer = None
+        if self.picked_cell is not None:
+            label = self.drift[self.drift["key"] == self.picked_cell[0]]["subtree"]
+            layer = str(label.iloc[0]) if len(label) else self.picked_cell[0]
+        text = picks_text(
+            self.picked_steps, layer=layer, off=self._off_timeline, diffs=self.diff_box.value
+        )
         self.picks.value = note_html(text) if text else ""
 
     def _set_picks(self, steps: list[int], *, cell: tuple[str, int] | None) -> None:
@@ -468,12 +461,6 @@ class RunTimeline(w.VBox):
 
     def _on_metrics(self, change: Any) -> None:
         self.view.metrics = list(change["new"])
-
-    def _kept_by(self) -> str | None:
-        """The metric the run keeps its best checkpoints by, as its policy records it."""
-        policy = explore.run_policy(self.root)
-        best_by = None if policy is None else policy.get("best_by")
-        return best_by if isinstance(best_by, str) else None
 
     def _on_depth(self, change: Any) -> None:
         if self._setting_depth:

@@ -221,6 +221,22 @@ def timeline_data(
     return data, keys
 
 
+def picks_text(steps: list[int], *, layer: str | None, off: str | None, diffs: bool) -> str:
+    """The line under the drawing that says what is picked: the step open, the two
+    diffed (and the heatmap's layer), or what is open off the timeline (``off``)."""
+    if not steps:
+        return f"{off} open: it has no step on this timeline" if off else ""
+    if len(steps) == 1:
+        text = f"step {steps[0]} open"
+        if diffs:
+            text += "; click another step to diff the two (shift-click: open it alone)"
+        return text
+    text = f"diff of steps {steps[0]} → {steps[1]}"
+    if layer is not None:
+        text += f", layer {layer}"
+    return text + "; the next click opens one step"
+
+
 def summary_html(table: pd.DataFrame, drift: pd.DataFrame, scan: pd.DataFrame) -> str:
     """The line under the drawing: the run counted, where it went non-finite (its
     metrics at once, its layers and checkpoints once read) and what moved most."""
