@@ -71,6 +71,10 @@ def test_a_layer_holding_nan_has_nan_statistics_and_counts(small_run):
     table = drift_table(small_run)
     hit = table[(table["subtree"] == "layers.0") & (table["step"] >= NAN_STEP)]
     assert hit["rel_update"].isna().all() and (hit["nan"] > 0).all()
+    # One NaN element in each checkpoint from NAN_STEP on: the later side's count is
+    # what a scan of that checkpoint finds; both sides together count it twice.
+    assert list(hit["nan_b"]) == [1] * len(hit) and list(hit["nan"]) == [1, *[2] * (len(hit) - 1)]
+    assert (hit["inf_b"] == 0).all()
     clean = table[(table["subtree"] == "layers.1")]
     assert (clean["nan"] == 0).all() and clean["rel_update"].notna().all()
 

@@ -140,21 +140,24 @@ def heat_data(drift: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
     heat: list[list[float | None]] = [[None] * len(pairs) for _ in keys]
     states: list[list[str | None]] = [[None] * len(pairs) for _ in keys]
     counts: list[list[list[int] | None]] = [[None] * len(pairs) for _ in keys]
-    for key, step, value, state, nan, inf, unreadable in zip(
+    for key, step, value, state, nan, inf, nan_b, inf_b, unreadable in zip(
         drift["key"],
         drift["step"],
         floats(drift["rel_update"]),
         cell_states(drift),
         _counts(drift, "nan"),
         _counts(drift, "inf"),
+        _counts(drift, "nan_b"),
+        _counts(drift, "inf_b"),
         _counts(drift, "unreadable"),
         strict=True,
     ):
         r, c = row_of[str(key)], column[int(step)]
         heat[r][c] = value
         states[r][c] = state
-        # NaN, Inf, and leaves not compared: what a cell's tooltip tells.
-        counts[r][c] = [nan, inf, unreadable]
+        # What a cell's tooltip tells: NaN and Inf in each of its two checkpoints
+        # (the counts a scan of each finds), and leaves not compared.
+        counts[r][c] = [nan - nan_b, inf - inf_b, nan_b, inf_b, unreadable]
     labels = display_keys(keys, width=LABEL_CHARS) if len(keys) > 1 else [subtrees[k] for k in keys]
     data = {
         "layers": labels,

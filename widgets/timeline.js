@@ -352,9 +352,10 @@ function draw(model, root) {
         );
         const title = el("title", {}, rect);
         let says = `rel_update ${short(v)}`;
-        const [nan, inf, unreadable] = (counts[r] || [])[c] || [0, 0, 0];
+        const [nanA, infA, nanB, infB, unreadable] = (counts[r] || [])[c] || [0, 0, 0, 0, 0];
         if (state === "nonfinite") {
-          says = `NaN/Inf (${nan.toLocaleString()} NaN, ${inf.toLocaleString()} Inf)`;
+          const side = (step, nan, inf) => `${nan.toLocaleString()} NaN, ${inf.toLocaleString()} Inf in step ${step}`;
+          says = `NaN/Inf: ${side(s, nanB, infB)}; ${side(previous[c], nanA, infA)}`;
         } else if (state && unreadable) {
           says = `${unreadable.toLocaleString()} ${unreadable === 1 ? "leaf" : "leaves"} not compared (damaged, or not on both sides)`;
           if (finite(v)) says += `; rel_update of the rest ${short(v)}`;

@@ -44,6 +44,8 @@ DRIFT_COLUMNS = (
     "inf",
     "leaves",
     "unreadable",
+    "nan_b",
+    "inf_b",
 )
 # Linen's variable collections: a level of these names (``params``, ``batch_stats``)
 # wraps the model's modules, as NNX's ``value`` wraps its arrays; layers are looked
@@ -276,8 +278,10 @@ def drift_table(
       ``rel_update``, ``cosine``, ``max_abs_diff``, ``norm`` (‖a‖; NaN where a leaf
       was found unchanged by its checksums without being read), ``norm_update``
       (‖b − a‖), ``nan`` and ``inf`` (non-finite values of the subtree, both sides),
-      ``leaves`` (its floating-point leaves) and ``unreadable`` (those of them not
-      compared: damaged on a side, or not the same leaf on both). The statistics
+      ``leaves`` (its floating-point leaves), ``unreadable`` (those of them not
+      compared: damaged on a side, or not the same leaf on both), and ``nan_b``
+      and ``inf_b`` (those of the later checkpoint alone: what a scan of it counts
+      in the subtree). The statistics
       are over the leaves compared and the elements finite on both sides; a
       subtree holding NaN or Inf on either side, or none of whose leaves could be
       compared, has NaN statistics. ``attrs``: ``depth``, ``checkpointable``,
@@ -366,7 +370,7 @@ def drift_table(
             # An explicit depth counts below the wrappers (Linen's ``params``), which
             # stay in the name.
             subtree = layer_of(path, layers, base) if depth is None else path[: base + depth]
-            group = sums.setdefault((leaf.checkpointable, subtree), [0.0] * 4 + [0] * 5)
+            group = sums.setdefault((leaf.checkpointable, subtree), [0.0] * 4 + [0] * 7)
             group[6] += 1
             if leaf.unreadable is not None:
                 group[8] += 1
@@ -386,8 +390,10 @@ def drift_table(
             group[4] += nan
             group[5] += inf
             group[7] += int(not leaf.read)
+            group[9] += nan_b
+            group[10] += inf_b
         for (name, path), group in sums.items():
-            aa, bb, dd, max_abs, nan, inf, count, unread, unreadable = group
+            aa, bb, dd, max_abs, nan, inf, count, unread, unreadable, nan_b, inf_b = group
             # A leaf ``same`` by its checksums was not read: the subtree's norm is unknown.
             norm, update = (math.nan if unread else math.sqrt(aa)), math.sqrt(dd)
             if nan or inf or unreadable == count:
@@ -421,6 +427,8 @@ def drift_table(
                     inf,
                     count,
                     unreadable,
+                    nan_b,
+                    inf_b,
                     natural_key(keys.format_key(path)),
                 )
             )
@@ -428,7 +436,16 @@ def drift_table(
     columns: dict[str, Any] = {}
     for i, column in enumerate(DRIFT_COLUMNS):
         values = [r[i] for r in out]
-        if column in ("step", "previous_step", "nan", "inf", "leaves", "unreadable"):
+        if column in (
+            "step",
+            "previous_step",
+            "nan",
+            "inf",
+            "leaves",
+            "unreadable",
+            "nan_b",
+            "inf_b",
+        ):
             columns[column] = pd.array(values, dtype="Int64")
         elif column in ("subtree", "key"):
             columns[column] = pd.array(values, dtype="string")
