@@ -12,7 +12,7 @@ LOCK_DATE := 2026-12-02
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 
-.PHONY: install lock chromium lint check test docs bench wheels mutants campaigns preemption-campaign race-campaign run-campaign two-tier-campaign demo demo-data big-run screenshot clean
+.PHONY: install lock chromium lint check test docs bench wheels mutants campaigns preemption-campaign race-campaign run-campaign two-tier-campaign pod-campaign demo demo-data big-run screenshot clean
 
 # uv installs the lock (hashes checked) in seconds where pip takes over a minute; the
 # venv itself is a plain one, with pip, for whoever works in it.
@@ -106,7 +106,7 @@ wheels: install
 # runs a small sample): jobs SIGKILLed mid-save then resumed, and two writers racing
 # for one checkpoint, and a training run (saving and pruning) SIGKILLed at random
 # moments then resumed. Each exits non-zero when tinax misses a goal.
-campaigns: preemption-campaign race-campaign run-campaign two-tier-campaign
+campaigns: preemption-campaign race-campaign run-campaign two-tier-campaign pod-campaign
 
 preemption-campaign: install
 	$(PY) bench/preemption.py --kills 30 --mib 256
@@ -124,6 +124,12 @@ run-campaign: install
 two-tier-campaign: install
 	$(PY) bench/two_tier_campaign.py --kills 100 --mib 8
 	$(PY) bench/two_tier_sigterm.py --trials 40 --mib 4
+
+# A job of two processes, each with a local directory of its own (the hosts of a pod
+# slice), killed 50 times at random moments (one process or all; between saves or in a
+# promotion), each kill followed by a resume checked bit for bit.
+pod-campaign: install
+	$(PY) bench/pod_campaign.py --kills 50
 
 # The whole mutant campaign (tests/mutants.py): hundreds of damaged and hostile
 # checkpoints against every read path; make test runs a sample of it.

@@ -2,117 +2,256 @@
 
 Started N times by ``cluster.launch`` (see tests/test_pod.py)::
 
-    python pod_worker.py PHASE ROOT DURABLE
+    python pod_worker.py PHASE ROOT DURABLE [OPTIONS_JSON]
 
 ``ROOT/host<i>`` is process i's local directory (as on a host of its own); DURABLE
 is the durable tier (a path, or a ``gs://`` URL).
 
 Phases:
-  parts    every process saves its part of a training checkpoint of step 7 to its
-           own local directory, the parts are promoted to DURABLE/step_000007, and
-           every process loads it back (through tinax's engine) and then its own part
-           (from its own directory alone); each reports what it read and which loads
-           went through Orbax.
+  loop     a ``TrainingRun`` (``save_every=10, keep=2, local_every=5, local_keep=2``)
+           resumes and trains to step 200, saving at every step, until it is
+           preempted; OPTIONS may say ``{"sigterm": [processes], "at": step}`` (those
+           processes send themselves SIGTERM at that step: JAX's notifier tells every
+           process) or ``{"kill": [processes], "at": step}`` (SIGKILL; ``"where":
+           "promotion"`` kills them when their promotion of that step, or of the
+           next one promoted, starts), ``"after": n`` instead of ``"at"`` (n steps
+           after the one restored), and ``"timeout"`` (the run's). Each reports the step its preemption save
+           committed, each tier's steps, or the error that ended it.
+  resume   restores three times in one job: as it finds things; after process 1
+           flipped a byte of its part of the newest local step; after process
+           ``N - 1``'s local directory was deleted (a replaced host). Each time every
+           process reports the step, the checkpoint it loaded, whether every value is
+           the step's, the next two batches of its iterator, and what went through
+           Orbax's load.
 
 The state is ``run_cluster_worker``'s: a small model sharded over the processes, a
 replicated RNG key, a NumPy leaf, a Python scalar and a string, and one Grain
-iterator per process at a position of its own.
+iterator per process, every value a fixed function of the step.
 """
 
 from __future__ import annotations
 
-import functools
+import json
+import os
+import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import cluster
 import jax
 import numpy as np
-from multiprocess_worker import count_orbax_loads, dataset, expected, iterator_at, orbax_loads
-from run_cluster_worker import model, rng
-
-from tinax import _paths
-from tinax.checkpointing import (
-    TrainingCheckpoint,
-    TrainingCheckpointNames,
-    _host_parts,
-    _processes,
-    abstract_restore_target,
-    load_training_checkpoint,
+from damage import file_holding, flip_bits
+from jax.experimental import multihost_utils
+from jax.sharding import PartitionSpec as P
+from multiprocess_worker import (
+    count_orbax_loads,
+    dataset,
+    expected,
+    global_array,
+    iterator_at,
+    orbax_loads,
 )
-from tinax.checkpointing._promotion import Promotion
+from run_cluster_worker import rng
 
-STEP = 7
+from tinax.checkpointing import (
+    ProcessTimeoutError,
+    TrainingRun,
+    _host_parts,
+    abstract_restore_target,
+)
+from tinax.checkpointing._run import DEFAULT_TIMEOUT
+
+# The model's arrays: big enough that OCDBT keeps their chunks in data files, not
+# inline in its B+tree.
+SHAPES = {"w": (8, 256), "b": (256,)}
 
 
-def _position() -> int:
-    return 3 + jax.process_index()
+def model(step: int) -> dict[str, Any]:
+    return {
+        "w": global_array(expected("w", SHAPES["w"], step), P("data", "model")),
+        "b": global_array(expected("b", SHAPES["b"], step), P("model")),
+    }
 
 
-def _state() -> TrainingCheckpoint:
-    return TrainingCheckpoint(
-        STEP,
-        model(STEP),
-        {"count": np.arange(3) + STEP},
-        rng(STEP),
-        {"loss": 0.5, "tag": "parts"},
-        iterator_at(_position()),
+# -- a training run -----------------------------------------------------------------
+
+
+def _state_at(step: int) -> tuple[Any, Any, Any, Any]:
+    return model(step), {"count": np.arange(3) + step}, rng(step), {"loss": float(step)}
+
+
+def open_run(root: Path, durable: str, options: dict[str, Any]) -> TrainingRun:
+    return TrainingRun(
+        durable,
+        save_every=10,
+        keep=2,
+        local=root / f"host{jax.process_index()}",
+        local_every=5,
+        local_keep=2,
+        timeout=options.get("timeout", DEFAULT_TIMEOUT),
     )
 
 
-def _load(path: str) -> dict[str, Any]:
-    """Loads ``path`` into fresh targets: whether every shard and value is the saved
-    one, the next batch, and what went through Orbax's load."""
-    del orbax_loads[:]
-    saved = _state()
-    found = load_training_checkpoint(
-        path,
-        abstract_restore_target(model(0)),
+def _loaded_paths() -> list[str]:
+    """Records the checkpoints each of the run's loads reads (``loaded``)."""
+    from tinax.checkpointing import _run
+
+    real = _run.load_training_checkpoint
+
+    def recorded(path: Any, *args: Any, **kwargs: Any) -> Any:
+        loaded.append(str(path))
+        return real(path, *args, **kwargs)
+
+    _run.load_training_checkpoint = recorded
+    return loaded
+
+
+loaded: list[str] = []
+
+
+def _restored(run: TrainingRun) -> dict[str, Any]:
+    """Restores ``run``: the step, which checkpoint loaded, whether every value is the
+    step's, and the next two batches of this process's iterator."""
+    del loaded[:], orbax_loads[:]
+    iterator = iter(dataset())
+    model_target, optimizer_target, rng_target, auxiliary_target = _state_at(0)
+    found = run.restore(
+        abstract_restore_target(model_target),
         {"count": np.zeros(3, int)},
-        abstract_restore_target(rng(0)),
-        {"loss": 0.0, "tag": ""},
-        iter(dataset()),
+        abstract_restore_target(rng_target),
+        auxiliary_target,
+        iterator,
     )
+    if found is None:
+        return {"restored": None}
+    want = _state_at(found.step)
     exact = all(
-        np.array_equal(np.asarray(shard.data), expected(name, shape, STEP)[shard.index])
-        for name, shape in (("w", (8, 16)), ("b", (16,)))
+        np.array_equal(np.asarray(shard.data), expected(name, shape, found.step)[shard.index])
+        for name, shape in SHAPES.items()
         for shard in found.model[name].addressable_shards
     )
-    exact = exact and np.array_equal(found.optimizer["count"], saved.optimizer["count"])
+    exact = exact and np.array_equal(found.optimizer["count"], want[1]["count"])
     exact = exact and np.array_equal(
-        np.asarray(found.rng.addressable_data(0)), np.asarray(saved.rng.addressable_data(0))
+        np.asarray(found.rng.addressable_data(0)), np.asarray(want[2].addressable_data(0))
     )
+    exact = exact and found.auxiliary == want[3]
     return {
+        "restored": found.step,
+        "from": loaded[-1],
         "exact": bool(exact),
-        "auxiliary": found.auxiliary,
-        "next": np.asarray(next(found.iterator)).tolist(),
+        "next": [np.asarray(next(iterator)).tolist() for _ in range(2)],
         "orbax": list(orbax_loads),
     }
 
 
-def parts(root: Path, durable: str) -> None:
-    local = root / f"host{jax.process_index()}"
-    local.mkdir(parents=True, exist_ok=True)
-    if jax.process_index() == 0 and not durable.startswith("gs://"):
-        Path(durable).mkdir(exist_ok=True)  # as TrainingRun makes it
-    source = _paths.location(str(local / "step_000007"))
-    _host_parts.start_save(
-        source, _state(), names=TrainingCheckpointNames(), after_commit=None
-    ).result()
-    meeting = _processes.Meeting(f"test-parts/{STEP}", 30)
-    Promotion(
-        STEP,
-        source,
-        _paths.location(f"{durable}/step_000007"),
-        after=lambda error: None,
-        previous=None,
-        copy=functools.partial(_host_parts.promote_parts, meeting=meeting, step=STEP),
-    ).result()
-    cluster.report("durable", **_load(f"{durable}/step_000007"))
-    with _host_parts.own_storage():
-        cluster.report("own part", **_load(str(source)))
-    cluster.report("want", next=np.asarray(next(iterator_at(_position()))).tolist())
+def _act(options: dict[str, Any], step: int) -> None:
+    """What OPTIONS say this process does at ``step``."""
+    me = jax.process_index()
+    if step != options.get("at"):
+        return
+    if me in options.get("sigterm", ()):
+        os.kill(os.getpid(), signal.SIGTERM)
+    if me in options.get("kill", ()) and options.get("where") != "promotion":
+        cluster.report("killed", at=step, time=time.time())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_in_promotion(options: dict[str, Any]) -> None:
+    """Kills this process when its first promotion of a step from ``at`` on starts
+    sending its part."""
+    real = _host_parts._send_part
+
+    def send(source: Any, target: Any, process: int) -> None:
+        if int(source.name.removeprefix("step_")) >= options["at"]:
+            cluster.report("killed", at=options["at"], time=time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(source, target, process)
+
+    _host_parts._send_part = send
+
+
+def loop(root: Path, durable: str, options: dict[str, Any]) -> None:
+    run = open_run(root, durable, options)
+    restored = _restored(run)
+    cluster.report("started", **restored)
+    start = 1 if restored["restored"] is None else restored["restored"] + 1
+    if "after" in options:
+        options["at"] = start - 1 + options["after"]
+    if jax.process_index() in options.get("kill", ()) and options.get("where") == "promotion":
+        _kill_in_promotion(options)
+    iterator = iterator_at(start - 1)
+    for step in range(start, 200):
+        next(iterator)
+        _act(options, step)
+        try:
+            run.save(step, *_state_at(step), iterator)
+        except ProcessTimeoutError as e:
+            cluster.report(
+                "lost", at=step, message=str(e), missing=list(e.missing), time=time.time()
+            )
+            raise
+        if run.preempted:
+            cluster.report("preempted", at=step, durable=run.durable_steps, local=run.local_steps)
+            break
+    run.close()
+
+
+def resume(root: Path, durable: str, options: dict[str, Any]) -> None:
+    me, count = jax.process_index(), jax.process_count()
+    run = open_run(root, durable, options)
+    first = _restored(run)
+    cluster.report("resume", **first)
+    newest = first["restored"]
+    run.close()
+    multihost_utils.sync_global_devices("tinax-test: restored")
+    if me == 1:
+        part = root / "host1" / f"step_{newest:06d}" / "model"
+        # A byte of the first row of ``w`` this process holds, where it is stored.
+        index = model(newest)["w"].addressable_shards[0].index
+        row = expected("w", SHAPES["w"], newest)[index][0].tobytes()
+        path, at = file_holding(part, row)
+        flip_bits(path, at + 5)
+    multihost_utils.sync_global_devices("tinax-test: a part corrupt")
+    run = open_run(root, durable, options)
+    cluster.report("corrupt part", **_restored(run), local=run.local_steps)
+    run.close()
+    multihost_utils.sync_global_devices("tinax-test: restored again")
+    if me == count - 1:
+        shutil.rmtree(root / f"host{me}")
+    multihost_utils.sync_global_devices("tinax-test: a new host")
+    run = open_run(root, durable, options)
+    cluster.report("new host", **_restored(run))
+    run.close()
+
+
+def launch(
+    phase: str,
+    root: Path,
+    durable: str,
+    processes: int,
+    options: dict[str, Any],
+    *,
+    timeout: float = 420,
+    heartbeat: int = 120,
+) -> cluster.Outcome:
+    """Runs ``phase`` as a job of ``processes`` processes of two CPU devices each (the
+    launching side). No process is killed for another's end: each must end on its own
+    (JAX's heartbeat, ``heartbeat`` seconds, is set beyond the runs' timeouts)."""
+    return cluster.launch(
+        __file__,
+        phase,
+        root,
+        durable,
+        json.dumps(options),
+        processes=processes,
+        devices=2,
+        timeout=timeout,
+        grace=timeout,
+        heartbeat=heartbeat,
+    )
 
 
 if __name__ == "__main__":
@@ -121,6 +260,9 @@ if __name__ == "__main__":
     def body() -> None:
         cluster.join()
         count_orbax_loads()
-        {"parts": parts}[phase](Path(sys.argv[2]), sys.argv[3])
+        _loaded_paths()
+        options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+        root, durable = Path(sys.argv[2]), sys.argv[3]
+        {"loop": loop, "resume": resume}[phase](root, durable, options)
 
     cluster.main(body)

@@ -530,7 +530,7 @@ def test_a_two_tier_listing_says_which_tier_when_the_other_is_unreachable(tmp_pa
     assert f"tier: {words.TIER_LOCAL};" in said and words.TIER_DURABLE not in text
 
 
-def test_processes_of_one_host_share_the_local_tier_and_several_hosts_are_refused(tmp_path):
+def test_processes_of_one_host_share_the_local_tier_and_a_mixed_layout_is_refused(tmp_path):
     import cluster
     import two_tier_cluster_worker
 
@@ -556,12 +556,12 @@ def test_processes_of_one_host_share_the_local_tier_and_several_hosts_are_refuse
             report = resume.result(i, phase)
             assert report["restored"] == stop and report["exact"] is True
             assert report["next"] == list(range(first, first + 8, 2))
-    refused = cluster.launch(script, "refused", durable, tmp_path / "other", processes=2)
+    # Processes 0 and 1 share a directory, process 2 has one of its own.
+    refused = cluster.launch(script, "refused", durable, tmp_path / "other", processes=3, devices=1)
     assert refused.ok, str(refused)
-    for i in range(2):
-        report = refused.result(i, "refused")
-        assert "name 2 local directories" in report["paths"]
-        assert "run on 2 hosts" in report["hosts"] and "another-host" in report["hosts"]
+    for i in range(3):
+        error = refused.result(i, "refused")["error"]
+        assert error is not None and "processes 0, 1 share one and the others do not" in error
 
 
 def test_the_explorer_lists_both_tiers_and_opens_a_checkpoint_of_each(tmp_path):

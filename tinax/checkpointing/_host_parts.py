@@ -133,7 +133,7 @@ def promote_parts(
             return
         ready = meeting.wait("ready", [0], during=during)[0]
         if "error" in ready:
-            raise OSError(f"{during} failed: {ready['error']} [process 0]")
+            raise _failed(during, ready, 0)
         target = _paths.location(ready["target"])
         try:
             _send_part(source, target, me)
@@ -143,11 +143,28 @@ def promote_parts(
         meeting.post("sent", {})
         outcome = meeting.wait("committed", [0], during=during)[0]
         if "error" in outcome:
-            raise OSError(f"{during} failed: {outcome['error']} [process 0]")
+            raise _failed(during, outcome, 0)
+
+
+class PartRefused(OSError):
+    """A promotion of parts failed because another process's part was refused (its
+    values did not match their checksums): that process sets its part aside; the
+    step is not promoted, and the run goes on."""
 
 
 def _failure(error: BaseException) -> dict[str, Any]:
-    return {"error": f"{type(error).__name__}: {error}"}
+    return {"error": f"{type(error).__name__}: {error}", "corrupt": isinstance(error, ValueError)}
+
+
+def _failed(during: str, post: dict[str, Any], index: int) -> OSError:
+    """The error of a process that learns from ``post`` that process ``index`` failed."""
+    kind = PartRefused if post.get("corrupt") else OSError
+    return kind(f"{during} failed: {post['error']} [process {index}]")
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether ``error`` ended a promotion because some part was refused as corrupt."""
+    return isinstance(error, PartRefused | ValueError)
 
 
 def _promote_as_primary(
@@ -165,13 +182,12 @@ def _promote_as_primary(
         try:
             _send_part(source, target, 0)
             sent = meeting.wait("sent", range(1, _processes.process_count()), during=during)
-            failed = [(index, post["error"]) for index, post in sent.items() if "error" in post]
+            failed = [(index, post) for index, post in sent.items() if "error" in post]
             if failed:
-                index, why = failed[0]
-                raise OSError(f"process {index} did not send its part: {why}")
+                raise _failed(during, failed[0][1], failed[0][0])
             _commit(source, target, destination)
         except BaseException as e:
-            meeting.post("committed", _failure(e))
+            meeting.post("committed", _failure(e) | {"corrupt": _refused(e)})
             with contextlib.suppress(OSError):
                 target.remove_tree()
             raise

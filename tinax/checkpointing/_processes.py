@@ -190,7 +190,7 @@ def agree(
         if error is not None:
             raise error
         return
-    verdict = None if error is None else {"type": type(error).__name__, "message": str(error)}
+    verdict = None if error is None else _record(error)
     found = _exchange(verdict, what=what, timeout=timeout, participants=participants, cause=error)
     failures = [(index, record) for index, record in found.items() if record is not None]
     if not failures:
@@ -199,8 +199,22 @@ def agree(
     raise _agreed_error(record, index) from error
 
 
-def _agreed_error(record: dict[str, str], index: int) -> Exception:
-    kind = _ERRORS.get(record["type"], RuntimeError)
+def _record(error: BaseException) -> dict[str, Any]:
+    """What other processes learn of ``error``: its type, the names of the types it
+    derives from, and its message."""
+    return {
+        "type": type(error).__name__,
+        "bases": [kind.__name__ for kind in type(error).__mro__],
+        "message": str(error),
+    }
+
+
+def _agreed_error(record: dict[str, Any], index: int) -> Exception:
+    """The error of ``record`` as every process raises it: of its own type where that
+    is one of ``_ERRORS``, else of the nearest such type it derives from (a
+    ``CorruptDataError`` arrives as a ``ValueError``), named in the message."""
+    bases = record.get("bases") or [record["type"]]
+    kind = next((_ERRORS[name] for name in bases if name in _ERRORS), RuntimeError)
     message = record["message"]
     if kind.__name__ != record["type"]:
         message = f"{record['type']}: {message}"
@@ -274,7 +288,7 @@ def decide(
         try:
             chosen = choose(reports)
         except Exception as e:
-            record = {"type": type(e).__name__, "message": str(e)}
+            record = _record(e)
             _post_decision(base, {"error": record})
             raise _agreed_error(record, 0) from e
         _post_decision(base, {"decision": chosen})
@@ -334,18 +348,24 @@ def _exchange(
     tag = "-".join(map(str, participants))
     base = f"{_KEY_PREFIX}/{tag}/{number}"
     client.key_value_set(f"{base}/{process_index()}", json.dumps(value))
-    try:
-        client.wait_at_barrier(base, max(1, int(timeout * 1000)), process_ids=list(participants))
-    except Exception:
-        arrived = _arrived(f"{base}/")
-        missing = [i for i in participants if i not in arrived]
-        raise _timeout_error(missing, arrived, what=what, timeout=timeout) from cause
-    found = dict(client.key_value_dir_get(f"{base}/"))
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {
+            int(key.rsplit("/", 1)[1]): text for key, text in client.key_value_dir_get(f"{base}/")
+        }
+        missing = [i for i in participants if i not in found]
+        if not missing:
+            break
+        if time.monotonic() >= deadline:
+            raise _timeout_error(missing, sorted(found), what=what, timeout=timeout) from cause
+        # Waits in the coordination service for the first missing post (no barrier:
+        # a process that posted has arrived, even if it dies right after).
+        _wait_key(f"{base}/{missing[0]}", deadline)
     if process_index() == participants[0] and number > 0:
-        # Everyone has passed this round's barrier, so the previous round has been
-        # read everywhere; its keys can go.
+        # Each process posts to this round only after reading the last one whole, so
+        # with every post of this round in, the last round's keys can go.
         client.key_value_delete(f"{_KEY_PREFIX}/{tag}/{number - 1}/")
-    return {int(key.rsplit("/", 1)[1]): json.loads(text) for key, text in found.items()}
+    return {index: json.loads(text) for index, text in found.items()}
 
 
 def _listed(indices: Sequence[int]) -> str:
@@ -361,35 +381,22 @@ def _timeout_error(
     timeout: float,
     silent: bool = False,
 ) -> ProcessTimeoutError:
-    """The error of a wait that ended at its deadline (``silent``: a meeting's, after
-    that long without a word from the processes missing); records the loss (see the
-    module docstring)."""
-    count = process_count()
-    if missing:
-        who = (
-            f"process {_listed(missing)}" if len(missing) == 1 else f"processes {_listed(missing)}"
-        )
-        there = [i for i in arrived if i not in missing]
-        came = f" (process{'es' if len(there) > 1 else ''} {_listed(there)} did)" if there else ""
-        how = (
-            f"went silent for {timeout:g} s in"
-            if silent
-            else f"did not reach {{}} within {timeout:g} s"
-        )
-        message = (
-            f"{who} of {count} "
-            + (f"{how} {what}{came}" if silent else how.format(what) + came)
-            + f": {'it has' if len(missing) == 1 else 'they have'} died or stalled"
-        )
+    """The error of a wait that ended at its deadline, with ``missing`` (never empty)
+    not there (``silent``: a meeting's, after that long without a word from them);
+    records the loss (see the module docstring)."""
+    who = f"process {_listed(missing)}" if len(missing) == 1 else f"processes {_listed(missing)}"
+    there = [i for i in arrived if i not in missing]
+    came = f" (process{'es' if len(there) > 1 else ''} {_listed(there)} did)" if there else ""
+    if silent:
+        happened = f"went silent for {timeout:g} s in {what}{came}"
     else:
-        # Every process posted, and the wait failed all the same: another process gave
-        # up first (its deadline was shorter, or it came late).
-        message = (
-            f"the wait of {count} processes for {what} failed at its deadline of "
-            f"{timeout:g} s: a process arrived after the others had given up"
-        )
+        happened = f"did not reach {what} within {timeout:g} s{came}"
+    message = (
+        f"{who} of {process_count()} {happened}: "
+        f"{'it has' if len(missing) == 1 else 'they have'} died or stalled"
+    )
     error = ProcessTimeoutError(message, missing=missing, what=what, timeout=timeout)
-    _lost(error, [i for i in arrived if i not in missing])
+    _lost(error, there)
     return error
 
 

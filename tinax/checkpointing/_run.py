@@ -39,6 +39,7 @@ import threading
 import time
 import types
 import warnings
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -51,7 +52,7 @@ from tinax._format.records import tiers
 from tinax._format.records.runrecord import read_run_record
 from tinax._format.storage import removal
 from tinax._format.storage.location import Location
-from tinax.checkpointing import _processes, _run_files
+from tinax.checkpointing import _host_parts, _hosts, _processes, _run_files
 from tinax.checkpointing._local_tier import LocalTier
 from tinax.checkpointing._promotion import Promotion
 from tinax.checkpointing._response import SaveResponse
@@ -74,6 +75,8 @@ _PREEMPTION_CHOICES = (EXIT, CONTINUE)
 # Seconds the other processes of a job wait for the primary's promotions to end (a
 # promotion copies a whole checkpoint to a bucket).
 _PROMOTION_WAIT = 3600.0
+# Seconds a process waits for the others at each meeting of a run (``timeout``).
+DEFAULT_TIMEOUT = 60.0
 
 
 def _check_count(value: object, *, what: str, minimum: int, allow_none: bool) -> int | None:
@@ -183,12 +186,21 @@ class TrainingRun:
         for a second tier: the run saves there every ``local_every`` steps and
         promotes the local checkpoint of every ``save_every``-th step to
         ``directory``, the durable tier. Created (with its parents) if missing:
-        on a new machine the run resumes from ``directory``. Every process of the
-        job must run on this one host and name the same directory.
+        on a new machine the run resumes from ``directory``. In a job of several
+        processes, either every process names one directory they share (processes
+        of one host), or each its own (one on each host of a pod slice: each
+        process saves its part there, and a promotion gathers every process's;
+        see ``_hosts``).
       local_every: Save to ``local`` when ``step % local_every == 0`` (and at the
         steps the durable tier takes). Required with ``local``.
       local_keep: How many of the newest local checkpoints to keep (those waiting
         for their promotion are kept besides).
+      timeout: Seconds a process of a job of several waits for the others at each
+        meeting of the run (the end of a save, a restore, a promotion of parts:
+        there, seconds of silence), before it raises ``ProcessTimeoutError`` naming
+        those that did not arrive. Keep it below ``jax.distributed.initialize``'s
+        ``heartbeat_timeout_seconds`` (100 by default), past which JAX itself ends
+        every process when one has died.
 
     Raises:
       TypeError: If an argument is of the wrong kind.
@@ -197,8 +209,8 @@ class TrainingRun:
         ``keep_best`` > 0 without ``best_by``, ``local`` is not a local directory
         apart from ``directory``, ``local`` comes without ``local_every`` (or
         ``local_every`` without ``local``), ``local`` holds another run's
-        checkpoints, or the job's processes run on several hosts (or name
-        different local directories).
+        checkpoints, or some of the job's processes share a local directory and
+        others do not.
       FileNotFoundError: If ``directory`` cannot be created (its parent is
         missing), or with ``must_exist`` if it is missing or has no checkpoint.
       OSError: If ``local`` cannot be created.
@@ -220,6 +232,7 @@ class TrainingRun:
         local: str | os.PathLike[str] | None = None,
         local_every: int | None = None,
         local_keep: int = 2,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self._save_every = _check_count(save_every, what="save_every", minimum=1, allow_none=True)
         self._keep = _check_count(keep, what="keep", minimum=1, allow_none=True)
@@ -247,6 +260,11 @@ class TrainingRun:
             raise ValueError(f"on_preemption must be 'exit' or 'continue', got {on_preemption!r}")
         if not isinstance(must_exist, bool):
             raise TypeError(f"must_exist must be a bool, got {type(must_exist).__name__}")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be more than 0 seconds, got {timeout}")
+        self._timeout = float(timeout)
         every = _check_count(local_every, what="local_every", minimum=1, allow_none=True)
         kept_locally = _check_count(local_keep, what="local_keep", minimum=1, allow_none=False)
         if local is None and every is not None:
@@ -264,13 +282,17 @@ class TrainingRun:
         else:
             self._root, self._made = _run_directory(directory)
         self._primary = _processes.process_index() == 0
+        # Whether each process keeps a part of every local checkpoint in a local
+        # directory of its own (``_host_parts``); it then keeps that tier itself.
+        self._parts = False
         self._local: LocalTier | None = None
         if local_location is not None:
             assert every is not None and kept_locally is not None
-            _one_host(local_location)
             made = not local_location.exists()
             # A new machine may lack the parents too (a freshly mounted disk).
             os.makedirs(local_location.path, exist_ok=True)
+            kind = _hosts.local_tier_kind(local_location, timeout=self._timeout)
+            self._parts = kind == _hosts.PER_PROCESS
             self._local = LocalTier(local_location, self._root, every, kept_locally, made)
         if must_exist and not (self._complete() or (self._local and self._local.complete())):
             raise FileNotFoundError(
@@ -283,6 +305,7 @@ class TrainingRun:
         self._lock = threading.RLock()
         self._durable_lock = threading.RLock()
         self._pending: SaveResponse[None] | None = None
+        self._pending_step: int | None = None
         self._preempted = False
         # The step whose save the preemption made, once that save has committed.
         self._preemption_saved: int | None = None
@@ -296,8 +319,11 @@ class TrainingRun:
         # failures not yet reported, and whether the ones a killed run left are started.
         self._promotions: list[Promotion] = []
         self._promotion_errors: list[BaseException] = []
-        self._resumed_promotions = self._local is None or not self._primary
+        self._promotions_started = 0
+        self._resumed_promotions = self._local is None or not self._keeps_local
         self._durable_steps: set[int] = set()
+        # The checkpoints whose load failed on this process in the last restore.
+        self._failed_here: set[Location] = set()
         if self._primary:
             # A run of one tier writes its record at saves only: opening it to read it
             # changes nothing.
@@ -306,16 +332,18 @@ class TrainingRun:
                 # Promotions alone write the durable tier: whatever did not commit
                 # there was left by a killed one, whatever its step.
                 _run_files.clean_up(self._root, None, every_unfinished=True)
-                _run_files.clean_up(self._local.root, max(self._local.complete(), default=None))
-                self._durable_steps = set(self._complete())
-                self._release_promoted()
-                # Each tier's record names the other from the start: a listing of either
-                # finds both, and no other run takes this local directory.
-                with self._lock, self._durable_lock:
-                    self._local.write_record(self._policy())
+        if self._local is not None and self._keeps_local:
+            _run_files.clean_up(self._local.root, max(self._local.complete(), default=None))
+            self._durable_steps = set(self._complete())
+            self._release_promoted()
+            # Each tier's record names the other from the start: a listing of either
+            # finds both, and no other run takes this local directory.
+            with self._lock, self._durable_lock:
+                self._local.write_record(self._policy())
+                if self._primary:
                     self._write_record()
-            else:
-                self._durable_steps = set(self._complete())
+        elif self._primary:
+            self._durable_steps = set(self._complete())
         if handle_sigterm and self._sync is None and _sigterm_enabled():
             # In a multi-process job JAX's preemption service owns SIGTERM (its
             # notifier tells every process); replacing its handler would blind it.
@@ -372,6 +400,12 @@ class TrainingRun:
     def local_directory(self) -> str | None:
         """The local tier's directory, or ``None`` for a run of one tier."""
         return None if self._local is None else str(self._local.root)
+
+    @property
+    def _keeps_local(self) -> bool:
+        """Whether this process keeps the local tier (its record, retention and
+        promotions): the primary, or every process where each has a part."""
+        return self._primary or self._parts
 
     def path(self, step: int) -> str:
         """Where the checkpoint of ``step`` is (or would be) in ``directory``."""
@@ -470,11 +504,11 @@ class TrainingRun:
             promote = force or self._preempted or self._promotes(step)
             where = self._local.root
             after = functools.partial(self._after_local_commit, step, promote)
-            if self._primary:
+            if self._keeps_local:
                 self._resume_promotions()
                 if promote:
                     self._make_room()
-        if self._primary:
+        if self._primary or self._parts:
             _run_files.clear_marked(where, step)
             self._check_new_step(step)
             if self._local is None:
@@ -487,18 +521,27 @@ class TrainingRun:
                     if metric is not None:
                         self._local.metrics[str(step)] = metric
                     self._local.write_record(self._policy())
-        response = start_training_save(
-            str(where / names.run_checkpoint_name(step)),
-            TrainingCheckpoint(step, model, optimizer, rng, auxiliary, iterator),
-            names=self._names,
-            after_commit=after if self._primary else None,
-        )
-        self._pending = response
+        state = TrainingCheckpoint(step, model, optimizer, rng, auxiliary, iterator)
+        if self._parts:
+            response = _host_parts.start_save(
+                where / names.run_checkpoint_name(step),
+                state,
+                names=self._names,
+                after_commit=after,
+            )
+        else:
+            response = start_training_save(
+                str(where / names.run_checkpoint_name(step)),
+                state,
+                names=self._names,
+                after_commit=after if self._primary else None,
+            )
+        self._pending, self._pending_step = response, step
         if self._preempted and self._preemption_saved is None:
             _log.warning("preempted: waiting for the save of step %d to commit", step)
             self._wait_save()
             if self._local is not None:
-                if not promote and self._primary:
+                if not promote and self._keeps_local:
                     # The notice landed after this save was decided a local one only
                     # (while it started, say): it is the preemption save all the same.
                     self._promote_now(step)
@@ -605,7 +648,9 @@ class TrainingRun:
             error = e
         # Every process has a save in flight here or none. The primary's ends after
         # its retention: once all have arrived, every process sees what it kept.
-        _processes.agree(error, what=f"the end of the save to {pending.path!r}", timeout=300.0)
+        _processes.agree(
+            error, what=f"the end of the save of step {self._pending_step}", timeout=self._timeout
+        )
 
     def close(self) -> None:
         """Waits for the save in flight (and every promotion) and puts the previous
@@ -614,7 +659,7 @@ class TrainingRun:
             return
         self._closed = True
         try:
-            if self._local is not None and self._primary:
+            if self._local is not None and self._keeps_local:
                 self._resume_promotions()
             self.wait()
         finally:
@@ -650,6 +695,16 @@ class TrainingRun:
         with self._lock:
             previous = next((p for p in reversed(self._promotions) if not p.done()), None)
             self._promotions = [p for p in self._promotions if not p.done()]
+            copy = None
+            if self._parts:
+                # Every process starts its promotions in the same order: the n-th has
+                # the same meeting everywhere.
+                self._promotions_started += 1
+                meeting = _processes.Meeting(
+                    f"{zlib.crc32(str(self._root).encode())}/{self._promotions_started}",
+                    self._timeout,
+                )
+                copy = functools.partial(_host_parts.promote_parts, meeting=meeting, step=step)
             self._promotions.append(
                 Promotion(
                     step,
@@ -657,6 +712,7 @@ class TrainingRun:
                     self._root / names.run_checkpoint_name(step),
                     after=functools.partial(self._after_promotion, step),
                     previous=previous,
+                    copy=copy,
                 )
             )
 
@@ -726,6 +782,10 @@ class TrainingRun:
         assert self._local is not None
         with self._lock:
             pending = self._local.pending(self._durable_steps, self._save_every)
+        if self._parts:
+            # A step whose part some process lacks cannot be promoted.
+            pending = _hosts.pending_everywhere(pending, timeout=self._timeout)
+        with self._lock:
             for step in pending:
                 _log.warning(
                     "promoting the local checkpoint of step %d to %r: the run that saved it "
@@ -759,9 +819,14 @@ class TrainingRun:
             if error is None:
                 _log.info("promoted %s to %s", source, self.path(step))
                 self._durable_steps.add(step)
-                if metric is not None:
-                    self._record["metrics"][str(step)] = metric
-                self._retain()
+                if self._primary:
+                    if metric is not None:
+                        self._record["metrics"][str(step)] = metric
+                    self._retain()
+            elif isinstance(error, _host_parts.PartRefused):
+                # Another process's part was corrupt: that process sets it aside and
+                # warns; here the step is not promoted, and the run goes on.
+                _log.warning("the local checkpoint of step %d was not promoted: %s", step, error)
             elif isinstance(error, ValueError):
                 # The local checkpoint is not what was saved (or not a checkpoint at all).
                 warnings.warn(
@@ -788,7 +853,7 @@ class TrainingRun:
         """Waits for every promotion started (primary); every process then agrees on
         the first failure not yet reported."""
         error: Exception | None = None
-        if self._primary:
+        if self._keeps_local:
             with self._lock:
                 running = list(self._promotions)
             for promotion in running:
@@ -798,7 +863,11 @@ class TrainingRun:
                 self._promotions = [p for p in self._promotions if not p.done()]
             error = next((e for e in failures if isinstance(e, Exception)), None)
         _processes.agree(
-            error, what=f"the end of the promotions to {self.directory!r}", timeout=_PROMOTION_WAIT
+            error,
+            what=f"the end of the promotions to {self.directory!r}",
+            # Each process waited for its own part's promotions; else process 0's alone
+            # copies whole checkpoints, for as long as that takes.
+            timeout=self._timeout if self._parts else max(self._timeout, _PROMOTION_WAIT),
         )
 
     def __enter__(self) -> TrainingRun:
@@ -926,9 +995,11 @@ class TrainingRun:
                     stacklevel=2,
                 )
                 continue
-            if self._primary:
-                for skipped, reason in failures:
+            for skipped, reason in failures:
+                if self._sets_aside(skipped):
                     _run_files.set_aside(skipped, reason)
+            self._drop_parts_after(restored.step)
+            if self._keeps_local:
                 self._after_restore()
             return restored
         if failures:
@@ -945,18 +1016,61 @@ class TrainingRun:
             searched,
             ", which this run has just created" if self._made else "",
         )
-        if self._primary:
+        self._drop_parts_after(-1)
+        if self._keeps_local:
             self._after_restore()
         return None
 
     def _candidates(self) -> list[tuple[int, Location]]:
         """Every complete checkpoint by step, newest first; of a step in both tiers, the
-        local one first."""
+        local one first. Where each process keeps a part, the list process 0 made of
+        what every process holds (``_hosts.restore_candidates``)."""
+        if self._parts:
+            assert self._local is not None
+            sound = [s for s, where in self._local.complete().items() if _passes_preflight(where)]
+            chosen = _hosts.restore_candidates(sound, self._complete(), timeout=self._timeout)
+            return [
+                (
+                    s,
+                    self._local.path(s)
+                    if tier == _hosts.LOCAL
+                    else self._root / names.run_checkpoint_name(s),
+                )
+                for s, tier in chosen
+            ]
         found = [(step, 1, where) for step, where in self._complete().items()]
         if self._local is not None:
             found += [(step, 0, where) for step, where in self._local.complete().items()]
         found.sort(key=lambda item: (-item[0], item[1]))
         return [(step, where) for step, _, where in found]
+
+    def _drop_parts_after(self, step: int) -> None:
+        """Where each process keeps a part: removes this process's parts of the steps
+        after ``step``, the one the job resumed from. The other processes did not hold
+        them whole (a promotion never had every part), and the resumed job saves those
+        steps again."""
+        if not self._parts:
+            return
+        assert self._local is not None
+        with self._lock:
+            for later, where in sorted(self._local.complete().items()):
+                if later > step:
+                    _log.warning(
+                        "removing %s: not every process holds its part, and the job resumed "
+                        "from step %d",
+                        where,
+                        step,
+                    )
+                    _run_files.remove_checkpoint(where)
+                    self._local.promote.discard(later)
+
+    def _sets_aside(self, skipped: Location) -> bool:
+        """Whether this process sets aside a checkpoint a restore skipped: the durable
+        tier's, process 0; a local one, whoever keeps the local tier (where each
+        process keeps a part: the process whose own part failed)."""
+        if self._local is None or skipped.parent != self._local.root:
+            return self._primary
+        return self._keeps_local and (not self._parts or skipped in self._failed_here)
 
     def _described(self, where: Location) -> str:
         if self._local is None:
@@ -986,22 +1100,26 @@ class TrainingRun:
     ) -> TrainingCheckpoint:
         error: Exception | None = None
         restored = None
+        # A process's own part is loaded by that process alone.
+        alone = self._parts and self._local is not None and where.parent == self._local.root
         try:
-            restored = load_training_checkpoint(
-                str(where),
-                model_target,
-                optimizer_target,
-                rng_target,
-                auxiliary_target,
-                iterator,
-                names=self._names,
-            )
+            with _host_parts.own_storage() if alone else contextlib.nullcontext():
+                restored = load_training_checkpoint(
+                    str(where),
+                    model_target,
+                    optimizer_target,
+                    rng_target,
+                    auxiliary_target,
+                    iterator,
+                    names=self._names,
+                )
         except (ValueError, OSError) as e:
             error = e
+            self._failed_here.add(where)
         # Every process takes the same checkpoint: one that fails anywhere is skipped
         # everywhere (a target mismatch, too, is raised everywhere).
         try:
-            _processes.agree(error, what=f"the restore of {str(where)!r}", timeout=300.0)
+            _processes.agree(error, what=f"the restore of {str(where)!r}", timeout=self._timeout)
         except Exception:
             if isinstance(error, TargetMismatchError):
                 raise error from None
@@ -1080,8 +1198,11 @@ class TrainingRun:
             "best_mode": self._best_mode,
         }
         if self._local is not None:
-            policy[tiers.LOCAL] = self._local.root.path
-            policy[tiers.LOCAL_HOST] = socket.gethostname()
+            if not self._parts:
+                # Where each process keeps a part, no one directory is the local tier
+                # (a listing of the durable one must not take process 0's for it).
+                policy[tiers.LOCAL] = self._local.root.path
+                policy[tiers.LOCAL_HOST] = socket.gethostname()
             policy[tiers.LOCAL_EVERY] = self._local.every
             policy[tiers.LOCAL_KEEP] = self._local.keep
         return policy
@@ -1107,6 +1228,15 @@ class TrainingRun:
         removal.replace_file(self._root / names.RUN_RECORD, data)
 
 
+def _passes_preflight(where: Location) -> bool:
+    """Whether a checkpoint passes the check every load makes first."""
+    try:
+        preflight.check(where)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
 def _run_directory(directory: object) -> tuple[Location, bool]:
     """The run's directory, made if missing; and whether this call made it."""
     where = _paths.location(directory, what="directory")
@@ -1126,31 +1256,3 @@ def _local_location(local: object, directory: object) -> Location:
     where = _paths.location(local, what="local")
     tiers.check_local_tier(where, _paths.location(directory, what="directory"))
     return where
-
-
-def _one_host(local: Location) -> None:
-    """Refuses a job whose processes run on several hosts or name different local
-    directories: the local tier is one directory that every process shares.
-
-    Raises:
-      ValueError: On every process alike, saying which hosts or directories.
-    """
-    if _processes.process_count() == 1:
-        return
-    mine = [socket.gethostname(), os.path.realpath(local.path)]
-    every = _processes.gather(mine, what="the start of a two-tier run", timeout=300.0)
-    hosts = sorted({host for host, _ in every})
-    paths = sorted({path for _, path in every})
-    if len(hosts) > 1:
-        raise ValueError(
-            f"TrainingRun(local=...) keeps one local tier that every process of the job "
-            f"shares, on one host; this job's {len(every)} processes run on {len(hosts)} "
-            f"hosts ({', '.join(hosts)}). A local tier per host is not supported: on several "
-            "hosts, save to the run's directory alone (without local=)"
-        )
-    if len(paths) > 1:
-        raise ValueError(
-            f"TrainingRun(local=...) keeps one local tier that every process of the job "
-            f"shares; this job's processes name {len(paths)} local directories "
-            f"({', '.join(paths)}): give every process the same one"
-        )

@@ -157,6 +157,9 @@ def claim_name(name: str) -> str:
 # metric and why each checkpoint is kept in this JSON file at the run's root. A file,
 # never a directory, so that nothing lists it as a checkpoint.
 RUN_RECORD = "tinax_run.json"
+# A file each process of a job writes for a moment into its local directory, to find
+# which processes share it (``tinax.checkpointing._hosts``).
+HOST_PROBE_PREFIX = ".tinax-probe-"
 RUN_RECORD_FORMAT = "tinax.run/1"
 # A run's checkpoints are named ``step_<step>`` (six digits at least).
 RUN_CHECKPOINT = re.compile(r"^step_(\d+)$")
