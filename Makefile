@@ -163,7 +163,9 @@ clean:
 # The documentation site, from docs/ into docs/_build/html: warnings are errors (every
 # one listed), references nitpicky, every notebook executed (on the demo runs, made
 # first), then every internal link of the built pages checked (docs/_ext/check_links.py;
-# links out of the site are not followed, the build runs offline).
+# links out of the site are not followed). A first build downloads the scripts that draw
+# the tutorials' widgets from the npm registry, pinned and checksummed, into a cache
+# (docs/_ext/widget_assets.py); later builds need no network.
 DOCS_OUT := docs/_build/html
 docs: install demo-data
 	rm -rf docs/api/generated $(DOCS_OUT)

@@ -37,6 +37,7 @@ extensions = [
     "sphinx_autodoc_typehints",
     "sphinxarg.ext",
     "tinax_docs",
+    "widget_assets",
 ]
 
 exclude_patterns = ["_build", "**.ipynb_checkpoints", "api/_templates"]
@@ -70,6 +71,16 @@ nb_execution_timeout = 120
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_merge_streams = True
+# The widgets a notebook left on screen are drawn on its page from the state the run
+# saved, by scripts the site serves itself (RequireJS, the ipywidgets HTML manager and
+# anywidget's front end, put in _static/widgets/ by docs/_ext/widget_assets.py):
+# myst-nb's default loads them from CDNs, and a page opened offline showed nothing.
+# Without a kernel the widgets' buttons do nothing.
+nb_ipywidgets_js: dict[str, dict[str, str]] = {
+    "widgets/require.js": {},
+    "widgets/paths.js": {},
+    "widgets/embed-amd.js": {},
+}
 
 # API pages: one per public name, from the docstrings (Google style: Args, Returns,
 # Raises), the signature's annotations shown in the parameter list.
@@ -90,7 +101,8 @@ napoleon_use_rtype = False
 
 html_theme = "sphinx_book_theme"
 html_title = "tinax"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["widgets/page.css"]
 html_theme_options = {
     "repository_url": "https://github.com/tinax/tinax",
     "use_repository_button": True,

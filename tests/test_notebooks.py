@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nbformat
 import pytest
@@ -28,7 +29,15 @@ from browser.lab import CHROMIUM, CHROMIUM_ARGS
 from docs_site import Site, build_site
 from nbclient import NotebookClient
 from notebook_outputs import complaints
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    Locator,
+    Page,
+    Route,
+    expect,
+    sync_playwright,
+)
 from traitlets.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -269,32 +278,106 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def _offline(chromium: Browser, width: int) -> tuple[BrowserContext, list[str]]:
+    """A browser window with no network: every request for anything but a file, the
+    page's own data and the loopback is refused, and listed in the list returned."""
+    context = chromium.new_context(viewport={"width": width, "height": 900})
+    left: list[str] = []
+
+    def only_this_machine(route: Route) -> None:
+        url = route.request.url
+        if urlsplit(url).scheme in ("file", "data", "blob") or urlsplit(url).hostname in (
+            "127.0.0.1",
+            "localhost",
+        ):
+            route.continue_()
+        else:
+            left.append(url)
+            route.abort()
+
+    context.route("**/*", only_this_machine)
+    return context, left
+
+
+ARTIFACTS = REPO / "test-artifacts" / "docs"
+
+
 @pytest.mark.browser
 def test_a_reader_finds_their_way_in_chromium(served: str) -> None:
-    """The front page, a guide reached by its links, an API page, and the search."""
-    artifacts = REPO / "test-artifacts" / "docs"
-    artifacts.mkdir(parents=True, exist_ok=True)
+    """The front page, a guide reached by its links, an API page, and the search, with
+    no request leaving the machine."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = chromium.new_page(viewport={"width": 1280, "height": 900})
+        context, left = _offline(chromium, 1280)
+        page = context.new_page()
         page.goto(f"{served}/index.html")
         expect(page.locator("h1").first).to_have_text(re.compile("tinax"))
-        page.screenshot(path=str(artifacts / "front.png"))
+        page.screenshot(path=str(ARTIFACTS / "front.png"))
         # A guide, by the links a reader would follow.
         page.get_by_role("link", name="Guides", exact=True).first.click()
         page.get_by_role("link", name="Training runs and retention").first.click()
         expect(page.locator("h1").first).to_have_text(re.compile("Training runs"))
         assert "local_keep" in page.content() or "keep_best" in page.content()
-        page.screenshot(path=str(artifacts / "guide.png"), full_page=False)
+        page.screenshot(path=str(ARTIFACTS / "guide.png"), full_page=False)
         # An API page: TrainingRun.restore, its arguments, linked to what it returns.
         page.goto(f"{served}/api/generated/tinax.checkpointing.TrainingRun.html")
         restore = page.locator('[id="tinax.checkpointing.TrainingRun.restore"]')
         expect(restore).to_be_visible()
         expect(page.locator('a[href*="TrainingCheckpoint"]').first).to_be_attached()
-        page.screenshot(path=str(artifacts / "api.png"))
+        page.screenshot(path=str(ARTIFACTS / "api.png"))
         # The search finds TrainingRun.
         page.goto(f"{served}/search.html?q=TrainingRun")
         found = page.locator("#search-results a", has_text="TrainingRun")
         expect(found.first).to_be_visible(timeout=30_000)
-        page.screenshot(path=str(artifacts / "search.png"))
+        page.screenshot(path=str(ARTIFACTS / "search.png"))
         chromium.close()
+    assert left == []
+
+
+def _widget_output(page: Page, made_by: str) -> Locator:
+    """The output of the cell whose code holds ``made_by``: the widget it left."""
+    cell = page.locator("div.cell", has=page.locator("div.cell_input", has_text=made_by))
+    return cell.locator("div.cell_output .jupyter-widgets").first
+
+
+@pytest.mark.browser
+def test_the_tutorials_widgets_draw_from_their_saved_state_with_no_network(
+    site: Site, served: str
+) -> None:
+    """The explorer of notebook 02 and the run timeline of notebook 06 as the run left
+    them, tables and drawings included (anywidget views), from the site's own scripts:
+    served, and opened from disk as a reader with no network would."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    errors: list[str] = []
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        context, left = _offline(chromium, 1280)
+        page = context.new_page()
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        explorer_page = (site.html / "tutorials" / "02_explore_a_run.html").as_uri()
+        for address in (f"{served}/tutorials/02_explore_a_run.html", explorer_page):
+            page.goto(address)
+            explorer = _widget_output(page, "explorer = CheckpointExplorer(RUN)")
+            # The open checkpoint's heading, its tree of leaves (a tinax table), and the
+            # picked leaf's statistics and histogram.
+            expect(explorer.get_by_text("29 leaves in 5 checkpointables")).to_be_visible()
+            tree = explorer.locator("table", has_text="dense1")
+            expect(tree).to_be_visible()
+            expect(tree.locator("tr", has_text="kernel").first).to_be_visible()
+            expect(explorer.get_by_text("(16, 256)").first).to_be_visible()
+            histogram = explorer.locator("img").first
+            expect(histogram).to_be_visible()
+            assert histogram.evaluate("image => image.naturalWidth") > 0
+        page.screenshot(path=str(ARTIFACTS / "tutorial-explorer.png"), full_page=True)
+
+        page.goto(f"{served}/tutorials/06_run_timeline.html")
+        timeline = _widget_output(page, "timeline = RunTimeline(RUN")
+        # The drawing: the layer that jumped is a row of the drift heatmap, and the
+        # summary under it names the roll-back step.
+        expect(timeline.locator("svg text", has_text="blocks.7").first).to_be_visible()
+        expect(timeline.get_by_text("roll back to").first).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "tutorial-timeline.png"), full_page=True)
+        chromium.close()
+    assert left == []
+    assert errors == []

@@ -4,7 +4,7 @@ does the anchor after its ``#``.
 ``sphinx-build -W -n`` already fails on a reference it cannot resolve; this reads the
 pages as a browser would, so a link written as a plain URL, an anchor renamed, or a
 file that did not make it into the build fails too. Links out of the site (``http:``,
-``https:``, ``mailto:``) are not followed: the build runs offline.
+``https:``, ``mailto:``) are not followed: the check reads the built files alone.
 
 Usage: ``python docs/_ext/check_links.py docs/_build/html``; exits 1 naming every
 broken link.
