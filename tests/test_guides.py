@@ -108,3 +108,46 @@ def test_the_examples_of_a_page_run_as_shown(
                     f"{where}: `{command}` printed:\n{done.stdout}\nthe page says:\n{expected}"
                 )
     assert not failures, "\n".join(failures)
+
+
+# How the code names a section of a guide (docs/_ext/tinax_docs.py makes it a link on
+# the site): docs/guides/preemption.md#claim-then-write.
+GUIDE = re.compile(r"\bdocs/(guides/\w+)\.md(?:#([\w-]+))?")
+SOURCES = sorted(
+    p
+    for folder in ("tinax", "widgets")
+    for p in (REPO / folder).rglob("*")
+    if p.suffix in (".py", ".js") and "__pycache__" not in p.parts
+)
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors MyST gives a page's headings (lower case, punctuation dropped,
+    spaces made dashes)."""
+    text = page.read_text(encoding="utf-8")
+    titles = re.findall(r"^#{1,3} (.+)$", FENCE.sub("", text), re.M)
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-") for title in titles}
+
+
+def test_the_code_sends_readers_to_the_guides_and_each_section_it_names_is_there() -> None:
+    # The README is a front page now; what it used to explain is in the guides.
+    readme = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in SOURCES
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "README" in line
+    ]
+    assert readme == []
+    named = {
+        (path.relative_to(REPO).as_posix(), found.group(1), found.group(2))
+        for path in SOURCES
+        for found in GUIDE.finditer(path.read_text(encoding="utf-8"))
+    }
+    assert named, "no docstring or comment names a guide"
+    missing = [
+        f"{where} names docs/{page}.md#{anchor}"
+        for where, page, anchor in sorted(named, key=str)
+        if not (DOCS / f"{page}.md").is_file()
+        or (anchor and anchor not in _anchors(DOCS / f"{page}.md"))
+    ]
+    assert missing == []

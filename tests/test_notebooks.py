@@ -237,6 +237,9 @@ def test_every_public_name_has_a_reference_page(site: Site) -> None:
     # Cross-linked: TrainingRun.restore's page links to what it returns.
     restore = (site.html / documented["tinax.checkpointing.TrainingRun"].split("#")[0]).read_text()
     assert 'href="tinax.checkpointing.TrainingCheckpoint.html' in restore
+    # A guide a docstring names is a link to the guide's section.
+    save = documented["tinax.checkpointing.save_checkpointables"].split("#")[0]
+    assert 'href="../../guides/preemption.html#claim-then-write"' in (site.html / save).read_text()
 
 
 def test_the_site_has_no_broken_internal_link(site: Site) -> None:

@@ -2,6 +2,8 @@
 
 - References to a private module's object (``tinax.checkpointing._run.TrainingRun``,
   as annotations name them) resolve to the public name it is documented under.
+- A guide a docstring names by its source (``docs/guides/NAME.md#section``) is a link
+  to that page and section.
 - ``command_line()`` is the ``tinax`` command's argument parser, one subcommand per
   command, taken from the parsers the installed command itself builds, for
   sphinx-argparse (docs/guides/command_line.md): the page cannot drift from the
@@ -121,6 +123,25 @@ def _repair_property_summary(
             while lines and not lines[-1].strip():
                 lines.pop()
             return
+
+
+# How a docstring names a section of a guide: by its source, which a reader of help()
+# finds in the repository (docs/guides/preemption.md#claim-then-write).
+_GUIDE = re.compile(r"\bdocs/(guides/\w+)\.md(#[\w-]+)?")
+
+
+def _link_guides(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]
+) -> None:
+    """On the site, a guide a docstring names is a link to its page (and section), so
+    that the link checker also catches a section renamed under the docstring."""
+
+    def link(found: re.Match[str]) -> str:
+        page = app.builder.get_relative_uri(app.env.docname, found.group(1))
+        return f"`{found.group(0)} <{page}{found.group(2) or ''}>`__"
+
+    for i, line in enumerate(lines):
+        lines[i] = _GUIDE.sub(link, line)
 
 
 class _Captured(BaseException):
@@ -247,4 +268,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("missing-reference", _resolve_private)
     app.add_directive("tinax-exit-statuses", ExitStatuses)
     app.connect("autodoc-process-docstring", _repair_property_summary, priority=600)
+    app.connect("autodoc-process-docstring", _link_guides)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -60,7 +60,8 @@ def save_checkpointables(
 
     Everything is checked before anything is written: every leaf must be
     storable, and the destination must not exist. The destination is claimed for
-    the whole save (see the README's "Claim, then write"): a save to a destination
+    the whole save (see the guide "Preemption and several processes", "Claim, then
+    write": docs/guides/preemption.md#claim-then-write): a save to a destination
     another live process is writing is refused, and a temporary directory left
     there by a save whose process died is removed first. With several processes,
     the primary alone checks and claims the destination, and every process raises
@@ -122,7 +123,8 @@ def start_save(
     # collector walks the whole heap again and again: it took a quarter of a save of
     # 10,000 arrays. Paused for the synchronous part of the save only: the caller's
     # training loop goes on while the rest is written, and its cyclic garbage must
-    # still be collected (README, "Storage settings"; bench/rss.py).
+    # still be collected (the guide "Storage settings", "Many small arrays":
+    # docs/guides/storage.md#many-small-arrays; bench/rss.py).
     clock = SaveClock()
     files.pause_gc()
     try:

@@ -28,7 +28,8 @@ _COMPRESS: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
 # chunk per array, or per shard). Tensorstore then reads and writes the chunks of an
 # array in parallel, in smaller buffers: 1 GiB in 16 arrays loads in 0.55-0.6 s
 # instead of 0.8 s and saves a little faster too; arrays below the size are untouched
-# (README, "Storage settings"; bench/save_load.py measures it).
+# (the guide "Storage settings", "Chunks": docs/guides/storage.md#chunks;
+# bench/save_load.py measures it).
 CHUNK_BYTES = 8 << 20
 # Measuring what checksums cost needs saves without them (bench/save_load.py); users
 # have no reason to turn them off, so this is not part of the API.
@@ -82,7 +83,8 @@ def default_compression(backend: str) -> bool:
     writes while the training loop runs, and the full-speed stream of an
     uncompressed state stalled the loop's steps for 1-2 s (raw Orbax's
     uncompressed saves alike), where zstd's smaller one did not, and saved and
-    loaded faster (README, "Storage settings"; ``bench/accelerator.py``).
+    loaded faster (the guide "Storage settings", "Compression":
+    docs/guides/storage.md#compression; ``bench/accelerator.py``).
     """
     return backend != "cpu"
 
