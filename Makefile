@@ -12,7 +12,7 @@ LOCK_DATE := 2026-12-02
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 
-.PHONY: install lock chromium lint check test docs bench wheels mutants campaigns preemption-campaign race-campaign run-campaign two-tier-campaign pod-campaign demo demo-data big-run screenshot clean
+.PHONY: install lock chromium strace lint check test docs bench wheels mutants campaigns preemption-campaign race-campaign run-campaign two-tier-campaign pod-campaign demo demo-data big-run screenshot clean
 
 # uv installs the lock (hashes checked) in seconds where pip takes over a minute; the
 # venv itself is a plain one, with pip, for whoever works in it.
@@ -52,6 +52,16 @@ chromium:
 	fi
 	@chromium --version
 
+# The syscall count (tests/test_syscalls.py) traces reads with Debian's strace; install
+# it when it is missing.
+strace:
+	@if ! command -v strace >/dev/null 2>&1; then \
+		echo "installing strace"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq strace >/dev/null; \
+	fi
+	@strace -V | head -1
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -72,7 +82,7 @@ check: lint
 	$(PYTEST) -q -m "not slow and not browser"
 
 # Everything, with the 25 slowest tests listed at the end.
-test: install chromium lint
+test: install chromium strace lint
 	$(PYTEST) -ra --durations=25
 
 bench: install

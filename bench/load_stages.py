@@ -57,7 +57,7 @@ import tinax.checkpointing as tc
 from tinax._format.arraydata import chunkload
 from tinax._format.pools import ProcessPool
 from tinax._format.storage.location import local
-from tinax.checkpointing import _fast_load, _host_buffers, _load_plan
+from tinax.checkpointing import _fast_load, _host_buffers, _load_plan, open_checkpoint
 
 # One stored chunk: its file, where its bytes lie, and how many bytes it decodes to.
 Job = tuple[str, int, int, int]
@@ -67,8 +67,9 @@ def stored_chunks(checkpoint: Path, state: dict[str, Any]) -> tuple[list[Job], b
     """Every stored chunk a load of ``state`` reads, and whether they are zstd's."""
     jobs: list[Job] = []
     zstd = False
+    opened = open_checkpoint(local(checkpoint))
     for name, tree in state.items():
-        found = _load_plan.plan(local(checkpoint) / name, name, bench.targets(tree))
+        found = _load_plan.plan(opened.get(name), bench.targets(tree))
         if isinstance(found, str):
             raise SystemExit(f"{name}: not read by tinax's engine: {found}")
         for leaf in found.leaves:
@@ -429,8 +430,9 @@ def engine_alone(where: Path, want: dict[str, Any], fresh: bool = False) -> floa
     if fresh:
         _host_buffers.drop_kept()
     plans = []
+    opened = open_checkpoint(local(where))
     for name, target in want.items():
-        found = _load_plan.plan(local(where) / name, name, target)
+        found = _load_plan.plan(opened.get(name), target)
         assert not isinstance(found, str), found
         plans.append(found)
     start = time.perf_counter()

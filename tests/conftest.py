@@ -269,7 +269,8 @@ SLOW_TESTS = frozenset(
         "test_an_eval_shape_target_restores_without_orbax_warnings",
     }
 )
-SLOW_FIXTURES = frozenset({"gcs", "demo_run", "demo_run_output", "big_run"})
+# ``syscall_counts``: a run written and every read of it traced with strace.
+SLOW_FIXTURES = frozenset({"gcs", "demo_run", "demo_run_output", "big_run", "syscall_counts"})
 
 
 def _uses_gcs(item: pytest.Item) -> bool:

@@ -52,7 +52,7 @@ def stored_value(checkpointable: Path, key: str) -> tuple[Path, int]:
     from tinax._format.metadata.arrays import parse_location, walk_ocdbt
     from tinax._paths import location
 
-    for found, value in walk_ocdbt(location(str(checkpointable)), ts.Context()):
+    for found, value in walk_ocdbt(location(str(checkpointable)), ts.Context()).values.items():
         if found == key.encode():
             if not isinstance(value, str):
                 raise ValueError(f"{key} is kept inline in the B+tree, not in a data file")

@@ -50,14 +50,9 @@ def _model_and_optimizer(seed: int) -> tuple[Any, Any]:
 def _fresh() -> None:
     """Forgets what this process kept of earlier reads, as a fresh process has nothing."""
     from tinax._format.arraydata import blocks
-    from tinax._format.metadata import arrays, pytree
-    from tinax.explore import _listing
     from tinax.explore._run_view import drift, scan
 
-    arrays._WALKED.clear()
     blocks.clear()
-    pytree.clear_layouts()
-    _listing.DEFAULT_CACHE.clear()
     drift._pairs.clear()
     scan._scanned.clear()
 

@@ -85,7 +85,7 @@ def test_a_second_call_reads_nothing(small_run, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a pair was read again")
 
-    monkeypatch.setattr(_drift, "diff_table", refuse)
+    monkeypatch.setattr(_drift, "pair_drift", refuse)
     again = drift_table(small_run, depth=1)
     assert sorted(set(again["subtree"])) == ["embed", "layers"]
     whole = again[(again["subtree"] == "layers") & (again["step"] == 2)].iloc[0]

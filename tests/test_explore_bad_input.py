@@ -187,7 +187,7 @@ def test_damage_is_a_value_error_naming_the_path_and_listing_marks_it_invalid(ru
     with pytest.raises(ValueError) as caught:
         ex.checkpoint_table(broken)
     assert str(broken) in str(caught.value), caught.value
-    listing = ex.list_checkpoints(run)
+    listing = ex.list_checkpoints(run, deep=True)
     assert list(listing["status"]) == ["complete", "invalid"]
     assert str(broken) in listing.attrs["errors"]
     assert not MARKER.exists()

@@ -76,7 +76,7 @@ def test_temporaries_are_in_progress_and_broken_ones_invalid_beside_the_rest(tmp
     (tmp / "pytree" / "partial").write_bytes(b"x" * 10)
     (root / "notes").mkdir()
     (root / "notes" / "readme.txt").write_text("not a checkpoint")
-    listing = ex.list_checkpoints(root)
+    listing = ex.list_checkpoints(root, deep=True)
     assert list(listing["name"]) == ["0", "5", "10", tmp.name]
     assert list(listing["status"]) == ["complete", "invalid", "complete", "in progress"]
     assert list(listing["step"]) == [0, 5, 10, 15]
@@ -98,10 +98,10 @@ def test_sorted_by_step_then_name(tmp_path):
 
 def test_a_verdict_is_not_kept_once_the_checkpoint_changes(tmp_path):
     root = save_v1_run(tmp_path / "run", steps=(1,))
-    assert list(ex.list_checkpoints(root)["status"]) == ["complete"]
+    assert list(ex.list_checkpoints(root, deep=True)["status"]) == ["complete"]
     iterator_file = next((root / "1" / "iterator").glob("process_*.json"))
     iterator_file.write_text("not json")
-    assert list(ex.list_checkpoints(root)["status"]) == ["invalid"]
+    assert list(ex.list_checkpoints(root, deep=True)["status"]) == ["invalid"]
 
 
 def test_links_under_the_root_are_not_followed(tmp_path):
@@ -156,11 +156,11 @@ def test_step_from_name():
 
 def test_a_checkpoint_copied_elsewhere_is_read_afresh(tmp_path):
     path = save_v1(tmp_path / "a", {"x": {"v": 1}})
-    assert list(ex.list_checkpoints(path)["status"]) == ["complete"]
+    assert list(ex.list_checkpoints(path, deep=True)["status"]) == ["complete"]
     shutil.copytree(path, tmp_path / "b")
     (tmp_path / "b" / "x" / "_METADATA").write_text("[")
-    assert list(ex.list_checkpoints(tmp_path / "b")["status"]) == ["invalid"]
-    assert list(ex.list_checkpoints(path)["status"]) == ["complete"]
+    assert list(ex.list_checkpoints(tmp_path / "b", deep=True)["status"]) == ["invalid"]
+    assert list(ex.list_checkpoints(path, deep=True)["status"]) == ["complete"]
 
 
 def test_root_that_is_itself_a_broken_checkpoint_is_listed_invalid(tmp_path):
@@ -190,7 +190,7 @@ def test_the_listing_cache_can_be_bounded_cleared_and_bypassed(tmp_path, monkeyp
     for step in range(3):
         save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
     cache = toolkit.ListingCache(max_entries=2)
-    assert list(ex.list_checkpoints(tmp_path, cache=cache)["status"]) == ["complete"] * 3
+    assert list(ex.list_checkpoints(tmp_path, cache=cache, deep=True)["status"]) == ["complete"] * 3
     assert len(cache) == 2  # bounded: the oldest verdict went
     cache.max_entries = 1
     assert len(cache) == 1
@@ -203,10 +203,10 @@ def test_the_listing_cache_can_be_bounded_cleared_and_bypassed(tmp_path, monkeyp
     real = _listing._metadata_problem
     monkeypatch.setattr(_listing, "_metadata_problem", lambda c: reads.append(c) or real(c))
     cache = toolkit.ListingCache()
-    ex.list_checkpoints(tmp_path, cache=cache)
-    ex.list_checkpoints(tmp_path, cache=cache)
+    ex.list_checkpoints(tmp_path, cache=cache, deep=True)
+    ex.list_checkpoints(tmp_path, cache=cache, deep=True)
     assert len(reads) == 3  # the second listing reused every verdict
-    ex.list_checkpoints(tmp_path, cache=None)
+    ex.list_checkpoints(tmp_path, cache=None, deep=True)
     assert len(reads) == 6  # no cache: every checkpoint read again
     with pytest.raises(ValueError):
         toolkit.ListingCache(max_entries=-1)
@@ -228,7 +228,7 @@ def test_a_quick_listing_reads_commit_records_only_and_names_what_it_left_unchec
         preflight, "check", lambda path, *scan: checked.append(path) or real(path, *scan)
     )
     cache = toolkit.ListingCache()
-    quick = ex.list_checkpoints(tmp_path, cache=cache, deep=False)
+    quick = ex.list_checkpoints(tmp_path, cache=cache)
     assert checked == []
     assert list(quick["status"]) == ["complete", "complete"]
     assert quick.attrs["unchecked"] == [str(tmp_path / "step_0"), str(tmp_path / "step_1")]
@@ -237,17 +237,19 @@ def test_a_quick_listing_reads_commit_records_only_and_names_what_it_left_unchec
     full = ex.list_checkpoints(tmp_path, deep=False, cache=None)
     assert quick[["name", "nbytes", "committed"]].equals(full[["name", "nbytes", "committed"]])
 
-    deep = ex.list_checkpoints(tmp_path, cache=cache)
+    deep = ex.list_checkpoints(tmp_path, cache=cache, deep=True)
     assert list(deep["status"]) == ["complete", "invalid"] and deep.attrs["unchecked"] == []
+    assert "_METADATA" in deep.attrs["errors"][str(tmp_path / "step_1")]
     assert len(checked) == 2
-    # Remembered: a quick listing now knows which one cannot be read.
-    again = ex.list_checkpoints(tmp_path, cache=cache, deep=False)
+    # Remembered: a deep listing again reads nothing it read before.
+    again = ex.list_checkpoints(tmp_path, cache=cache, deep=True)
     assert list(again["status"]) == ["complete", "invalid"] and again.attrs["unchecked"] == []
-    assert "_METADATA" in again.attrs["errors"][str(tmp_path / "step_1")]
     assert len(checked) == 2
+    # A quick listing tells what it can from the commit records alone, and says so.
+    assert ex.list_checkpoints(tmp_path, cache=cache).attrs["unchecked"] == quick.attrs["unchecked"]
     with pytest.raises(TypeError, match="deep"):
         ex.list_checkpoints(tmp_path, deep="yes")
-    assert not hasattr(ex, "listing_cache")  # the default cache is the module's own
+    assert not hasattr(ex, "listing_cache")  # no cache but the caller's own
 
 
 def test_a_quick_listing_still_refuses_what_it_cannot_read(tmp_path):
@@ -267,9 +269,10 @@ def test_a_remembered_verdict_lists_the_same_row_as_a_fresh_read(tmp_path):
     root = save_v1_run(tmp_path / "run", steps=(0, 5))
     (root / "5" / "pytree" / "_METADATA").write_text('{"tree_metadata": {')
     cache = toolkit.ListingCache()
-    fresh = ex.list_checkpoints(root, cache=cache)
     for deep in (True, False):
+        fresh = ex.list_checkpoints(root, deep=deep)
         kept = ex.list_checkpoints(root, cache=cache, deep=deep)
+        kept = ex.list_checkpoints(root, cache=cache, deep=deep)  # remembered
         assert kept.drop(columns="age").equals(fresh.drop(columns="age"))
         assert kept.attrs["errors"] == fresh.attrs["errors"]
 
@@ -288,7 +291,7 @@ def test_array_metadata_read_together_is_judged_checkpoint_by_checkpoint(tmp_pat
     meta_file.write_text(json.dumps(meta))
     for data in (tmp_path / "step_3" / "m").rglob("d/*"):
         data.unlink()
-    listing = ex.list_checkpoints(tmp_path, cache=None)
+    listing = ex.list_checkpoints(tmp_path, cache=None, deep=True)
     statuses = dict(zip(listing["name"], listing["status"], strict=True))
     assert statuses == {
         "step_0": "complete",
@@ -303,7 +306,7 @@ def test_array_metadata_read_together_is_judged_checkpoint_by_checkpoint(tmp_pat
     assert str(tmp_path / "step_3") in errors[str(tmp_path / "step_3")]
     # Each verdict is the one a listing of that checkpoint alone gives.
     for step in (1, 3):
-        alone = ex.list_checkpoints(tmp_path / f"step_{step}", cache=None)
+        alone = ex.list_checkpoints(tmp_path / f"step_{step}", cache=None, deep=True)
         assert alone.attrs["errors"] == {
             str(tmp_path / f"step_{step}"): errors[str(tmp_path / f"step_{step}")]
         }
@@ -315,18 +318,21 @@ def test_a_listing_of_unchanged_checkpoints_reads_no_file_again(tmp_path, monkey
     for step in range(3):
         save_v1(tmp_path / f"step_{step}", {"m": {"w": np.full(2, step)}})
     cache = toolkit.ListingCache()
-    first = ex.list_checkpoints(tmp_path, cache=cache)
+    first = ex.list_checkpoints(tmp_path, cache=cache, deep=True)
+    ex.list_checkpoints(tmp_path, cache=cache)
     reads = []
-    real = files.read_bytes
+    real = files.read_listed_bytes
     monkeypatch.setattr(
-        files, "read_bytes", lambda path, **kw: reads.append(path) or real(path, **kw)
+        files,
+        "read_listed_bytes",
+        lambda path, entry, **kw: reads.append(path) or real(path, entry, **kw),
     )
     for deep in (True, False):
         again = ex.list_checkpoints(tmp_path, cache=cache, deep=deep)
         assert again.drop(columns="age").equals(first.drop(columns="age"))
     assert reads == []
     (tmp_path / "step_1" / "m" / "_METADATA").write_text("{")
-    changed = ex.list_checkpoints(tmp_path, cache=cache)
+    changed = ex.list_checkpoints(tmp_path, cache=cache, deep=True)
     assert list(changed["status"]) == ["complete", "invalid", "complete"]
     # Only the changed checkpoint is read again.
     assert reads and all(str(path).startswith(str(tmp_path / "step_1")) for path in reads)
@@ -357,7 +363,7 @@ def test_a_listing_calls_complete_what_a_table_reads_whatever_the_store_holds(tm
         save_v1(tmp_path / f"{name}_1", {"m": tree})
         shutil.copytree(tmp_path / f"{name}_1", tmp_path / f"{name}_2")
         _damage_store(tmp_path / f"{name}_2", how)
-    listing = ex.list_checkpoints(tmp_path, cache=None)
+    listing = ex.list_checkpoints(tmp_path, cache=None, deep=True)
     readable = {}
     for path in listing["path"]:
         try:

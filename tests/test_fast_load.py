@@ -339,8 +339,8 @@ def test_boxes_that_cut_chunks_read_what_tensorstore_reads(tmp_path: Path, how: 
     with ctx:
         _save(tmp_path / "c", {"m": {"w": jnp.asarray(w)}}, how)
     where = location(str(tmp_path / "c" / "m"))
-    layout = pytree.read_layout(where)
-    contents = chunks.store_contents(where, ["w/"], zarr3=True, ctx=arrays.context())
+    layout = pytree.parse_layout(where)
+    contents = chunks.store_contents(layout, ["w/"], ctx=arrays.context())
     stored = chunkload.plan(
         where, contents.other[b"w/" + names.ZARR3_METADATA.encode()], contents.chunks["w/"], "w/"
     )

@@ -26,7 +26,7 @@ import pytest
 from orbax.checkpoint import v1 as ocp
 
 from tinax import _paths
-from tinax._format.metadata import jsonitems, layout, pytree
+from tinax._format.metadata import commit_record, jsonitems, layout, pytree
 from tinax._format.naming import names, words
 from tinax._format.naming.keys import format_key, is_within, key_parts, parse_key
 from tinax._format.storage import files
@@ -184,7 +184,7 @@ def test_a_huge_commit_timestamp_is_no_time_rather_than_an_error(tmp_path: Path)
     (tmp_path / names.CHECKPOINT_METADATA).write_text(
         json.dumps({"item_handlers": {}, "commit_timestamp_nsecs": 10**30})
     )
-    assert layout.read_checkpoint_record(local(tmp_path)).committed_nsecs is None
+    assert commit_record.read_checkpoint_record(local(tmp_path)).committed_nsecs is None
 
 
 # -- Orbax's layout, as the pinned Orbax writes it ---------------------------------------
@@ -233,12 +233,12 @@ def test_orbax_v1_writes_exactly_the_layout_the_format_module_expects(tmp_path: 
         "model",
         "data",
     }
-    record = layout.read_checkpoint_record(root)
+    record = commit_record.read_checkpoint_record(root)
     assert set(record.item_handlers) == {"model", "data"}  # type: ignore[arg-type]
     assert record.committed_nsecs is not None
     assert layout.classify(root / "model") == layout.PYTREE
     assert layout.classify(root / "data") == layout.ITERATOR
-    assert [n for _, _, n in jsonitems.iterator_files(root / "data")] == [
+    assert [n for _, _, n in jsonitems.iterator_files(layout.identify(root).get("data"))] == [
         names.iterator_file_name(0, 1)
     ]
 
@@ -252,7 +252,7 @@ def test_orbax_v1_writes_exactly_the_layout_the_format_module_expects(tmp_path: 
         names.OCDBT_DATA,
     }
 
-    tree = pytree.read_layout(model)
+    tree = pytree.parse_layout(model)
     assert tree.ocdbt and tree.zarr3 and tree.all_chunks_stored
     kinds = {leaf.key: leaf.kind for leaf in tree.leaves}
     assert kinds["['w']"] == words.JAX_ARRAY
@@ -315,23 +315,24 @@ def test_a_save_in_progress_uses_the_temporary_name_the_format_module_knows(
     assert [p.name for p in tmp_path.iterdir()] == ["step_2"]
 
 
-def test_a_parsed_layout_is_reused_until_its_metadata_changes(tmp_path: Path) -> None:
+def test_a_layout_is_parsed_once_per_opened_checkpoint(tmp_path: Path) -> None:
     ocp.save_checkpointables(tmp_path / "ckpt", {"model": {"w": np.zeros(3), "b": np.ones(2)}})
-    model = local(tmp_path / "ckpt" / "model")
+    where = local(tmp_path / "ckpt")
+    model = layout.identify(where).get("model")
     first = pytree.read_layout(model)
-    assert pytree.read_layout(model) is first  # parsed once
-    assert pytree.read_layout(model, model.entries()) is first  # told by a fresh listing
+    assert pytree.read_layout(model) is first  # parsed once, kept on the opened checkpoint
     meta = tmp_path / "ckpt" / "model" / names.PYTREE_METADATA
     document = json.loads(meta.read_text())
     entry = document["tree_metadata"].pop(next(iter(document["tree_metadata"])))
     document["tree_metadata"]["('x',)"] = {**entry, "key_metadata": [{"key": "x", "key_type": 2}]}
     meta.write_text(json.dumps(document))
-    second = pytree.read_layout(model, model.entries())
+    assert pytree.read_layout(model) is first  # the opened value is what was read
+    # Opened again, a checkpoint is read afresh.
+    second = pytree.read_layout(layout.identify(where).get("model"))
     assert second is not first and "['x']" in [leaf.key for leaf in second.leaves]
-    assert pytree.read_layout(model) is second
     meta.write_text('{"tree_metadata": [')
     with pytest.raises(ValueError, match="_METADATA"):
-        pytree.read_layout(model)
+        pytree.read_layout(layout.identify(where).get("model"))
 
 
 def test_the_collector_is_paused_while_metadata_is_parsed_and_restored_after() -> None:
@@ -430,7 +431,7 @@ def test_keys_are_read_alike_however_leaves_share_their_prefixes(tmp_path: Path)
     }
     document = {"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": True}
     (directory / names.PYTREE_METADATA).write_text(json.dumps(document))
-    read = pytree.read_layout(local(directory)).leaves
+    read = pytree.parse_layout(local(directory)).leaves
     assert [leaf.path for leaf in read] == paths
     assert [leaf.key for leaf in read] == [format_key(path) for path in paths]
     assert [leaf.param for leaf in read] == [".".join(str(p) for p in path) for path in paths]
@@ -441,7 +442,7 @@ def test_keys_are_read_alike_however_leaves_share_their_prefixes(tmp_path: Path)
     }
     (directory / names.PYTREE_METADATA).write_text(json.dumps(document))
     with pytest.raises(ValueError, match=f"entry 'leaf {len(paths)}': sequence key 'x'"):
-        pytree.read_layout(local(directory))
+        pytree.parse_layout(local(directory))
 
 
 def test_metadata_only_the_standard_library_accepts_is_read_as_orbax_s_own(
@@ -455,7 +456,7 @@ def test_metadata_only_the_standard_library_accepts_is_read_as_orbax_s_own(
     model = local(tmp_path / "ckpt" / "model")
     meta = tmp_path / "ckpt" / "model" / names.PYTREE_METADATA
     original = meta.read_text()
-    typed = pytree.read_layout(model).leaves
+    typed = pytree.parse_layout(model).leaves
     assert [leaf.key for leaf in typed] == [
         "['lr']",
         "['opt'][0]['count']",
@@ -465,15 +466,13 @@ def test_metadata_only_the_standard_library_accepts_is_read_as_orbax_s_own(
     document = json.loads(original)
     document["custom_metadata"] = {"loss": float("nan")}
     meta.write_text(json.dumps(document))
-    pytree.clear_layouts()
-    assert pytree.read_layout(model).leaves == typed
+    assert pytree.parse_layout(model).leaves == typed
     for entry in document["tree_metadata"].values():
         entry["value_metadata"]["skip_deserialize"] = int(
             entry["value_metadata"]["skip_deserialize"]
         )
     meta.write_text(json.dumps(document))
-    pytree.clear_layouts()
-    assert pytree.read_layout(model).leaves == typed
+    assert pytree.parse_layout(model).leaves == typed
     for bad, message in [
         ({"key": "w", "key_type": True}, "a key is not a string"),
         ({"key": "w", "key_type": 2.0}, "unknown key_type 2.0"),
@@ -485,9 +484,8 @@ def test_metadata_only_the_standard_library_accepts_is_read_as_orbax_s_own(
         entry = next(iter(document["tree_metadata"].values()))
         entry["key_metadata"][-1] = bad
         meta.write_text(json.dumps(document))
-        pytree.clear_layouts()
         with pytest.raises(ValueError, match=re.escape(message)):
-            pytree.read_layout(model)
+            pytree.parse_layout(model)
 
 
 def test_the_sharding_file_is_parsed_once_for_the_check_and_the_table(
@@ -504,16 +502,19 @@ def test_the_sharding_file_is_parsed_once_for_the_check_and_the_table(
         return parse_json(data, path=path, what=what, max_depth=max_depth)
 
     monkeypatch.setattr(files, "parse_json", counting)
-    pytree.clear_layouts()
     checkpoint = preflight.check(local(tmp_path / "ckpt"))
-    tree = pytree.read_layout(checkpoint.get("model").directory)
+    tree = pytree.read_layout(checkpoint.get("model"))
     shardings = pytree.read_shardings(tree, [leaf.param for leaf in tree.leaves])
     assert set(shardings) == {"w", "b"}
     assert shardings["w"]["sharding_type"] == "SingleDeviceSharding"
     assert parsed.count(names.SHARDINGS) == 1
-    (tmp_path / "ckpt" / "model" / names.SHARDINGS).write_text("[1, 2]")  # changed: read again
+    (tmp_path / "ckpt" / "model" / names.SHARDINGS).write_text("[1, 2]")
+    assert pytree.read_shardings(tree, ["w"]) == {"w": shardings["w"]}  # kept: not read again
+    assert parsed.count(names.SHARDINGS) == 1
+    # Opened again, it is read afresh.
+    again = pytree.read_layout(preflight.check(local(tmp_path / "ckpt")).get("model"))
     with pytest.raises(ValueError, match="holds a JSON list, not an object"):
-        pytree.read_shardings(tree, ["w"])
+        pytree.read_shardings(again, ["w"])
     assert parsed.count(names.SHARDINGS) == 2
 
 

@@ -271,7 +271,7 @@ def test_listing_survives_anything_in_the_run(tmp_path: Path) -> None:
     (run / "step_3" / "model" / "_METADATA").unlink()
     (run / os.fsdecode(b"step_4-\xff")).mkdir()
     shutil.copytree(run / "step_1", run / ("step_" + "9" * 40))
-    table = ex.list_checkpoints(run, cache=None)
+    table = ex.list_checkpoints(run, cache=None, deep=True)
     status = dict(zip(table["name"], table["status"], strict=True))
     assert status["step_1"] == "complete"
     assert status["step_3"] == "invalid"

@@ -14,7 +14,6 @@ import tensorstore as ts
 
 import tinax.explore as ex
 from tinax._format.arraydata import chunks, rawread
-from tinax._format.lru import LruCache
 from tinax._format.metadata import arrays, pytree
 from tinax._format.naming import names
 from tinax._format.storage.location import local
@@ -33,10 +32,10 @@ def _state(seed: int) -> dict[str, np.ndarray]:
 
 def _raw(path: Path, key: str) -> rawread.RawArray | None:
     item = open_checkpoint(path).get("model")
-    tree = pytree.read_layout(item.directory)
+    tree = pytree.read_layout(item)
     leaf = tree.find(key, name="model")
     where = pytree.storage_path(leaf.param)
-    contents = chunks.store_contents(tree.directory, [where], zarr3=True, ctx=arrays.context())
+    contents = chunks.store_contents(tree, [where], ctx=arrays.context())
     metadata = contents.other[(where + names.ZARR3_METADATA).encode()]
     assert isinstance(metadata, bytes)
     info = pytree.array_infos(tree, [leaf], arrays.context())[leaf.param]
@@ -107,7 +106,10 @@ def test_chunks_cut_at_the_array_end_read_raw(tmp_path: Path, sharded: bool, col
         "create": True,
     }
     ts.open(spec).result().write(value).result()
-    contents = chunks.store_contents(local(tmp_path), ["w/"], zarr3=True, ctx=arrays.context())
+    store = pytree.PyTreeLayout(
+        local(tmp_path), (), ocdbt=True, zarr3=True, all_chunks_stored=False
+    )
+    contents = chunks.store_contents(store, ["w/"], ctx=arrays.context())
     metadata = chunks._value_bytes(local(tmp_path), contents.other[b"w/zarr.json"])
     raw = rawread.plan(local(tmp_path), metadata, contents.chunks["w/"], "w/", value.dtype)
     assert raw is not None and raw.sharded == sharded
@@ -221,38 +223,29 @@ def test_a_digest_sees_every_region_in_order_on_the_reading_threads(tmp_path: Pa
 
 
 def test_leaf_after_leaf_of_one_checkpoint_walks_its_store_once(tmp_path, monkeypatch) -> None:
-    from tinax.explore import _array_read
 
     walks = []
     walk = chunks.store_contents
     monkeypatch.setattr(chunks, "store_contents", lambda *a, **k: walks.append(a) or walk(*a, **k))
-    monkeypatch.setattr(_array_read, "_WALKS", LruCache(_array_read._WALKS_KEPT))
     state = _state(0)
     save_checkpointables(tmp_path / "a", {"model": state}).result()
+    # The walk is kept on the opened checkpoint: leaf after leaf read from it walk once.
+    opened = ex.open_checkpoint(tmp_path / "a")
     for name in ("w", "v", "b", "w"):
-        value = ex.read_leaf(tmp_path / "a", "model", f"['{name}']")
+        value = ex.read_leaf(opened, "model", f"['{name}']")
         np.testing.assert_array_equal(value, state[name])
     assert len(walks) == 1
-    # The same path written again (a new manifest): walked again, its new values read.
+    # The same path written again: opened again, walked again, its new values read.
     shutil.rmtree(tmp_path / "a")
     again = _state(1)
     save_checkpointables(tmp_path / "a", {"model": again}).result()
+    reopened = ex.open_checkpoint(tmp_path / "a")
     for name in ("w", "v"):
-        np.testing.assert_array_equal(
-            ex.read_leaf(tmp_path / "a", "model", f"['{name}']"), again[name]
-        )
+        np.testing.assert_array_equal(ex.read_leaf(reopened, "model", f"['{name}']"), again[name])
     assert len(walks) == 2
-    # Only the last few stores are kept.
-    for i in range(3):
-        save_checkpointables(tmp_path / f"c{i}", {"model": state}).result()
-        ex.read_leaf(tmp_path / f"c{i}", "model", "['b']")
-    assert len(_array_read._WALKS) == _array_read._WALKS_KEPT
-    # Nor is a walk that would hold much memory.
-    monkeypatch.setattr(_array_read, "_WALK_MAX_BYTES", 1000)
-    kept = list(_array_read._WALKS)
-    np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['w']"), again["w"])
-    np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['v']"), again["v"])
-    assert list(_array_read._WALKS) == kept and len(walks) == 7
+    # Nothing is kept by the process: a path read again is opened, and walked, afresh.
+    np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['b']"), again["b"])
+    assert len(walks) == 3
 
 
 def _scan_of_w(tmp_path: Path, digest_left, digest_right, region: int = 64 << 10):

@@ -13,7 +13,7 @@ import ipywidgets as w
 import pandas as pd
 
 from tinax import explore
-from tinax.explore.toolkit import resolve_path, run_listing
+from tinax.explore.toolkit import ListingCache, resolve_path, run_listing
 from tinax.vocabulary import COMPLETE
 
 from ._guard import shown_in_widget
@@ -87,6 +87,12 @@ class RunList:
         """
         self.root = root
         self._services = services
+        # What the listings read of each checkpoint, kept for the next refresh: only
+        # what changed since is read again (``ListingCache``, bounded).
+        self._cache = ListingCache()
+        # Whether the run is on an object store, where each checkpoint is checked
+        # when it is opened rather than by every listing (its listings say).
+        self._remote = False
         self._on_listing = on_listing
         self._on_pick = on_pick
         self._on_watch = on_watch
@@ -155,16 +161,19 @@ class RunList:
 
         Args:
           deep: Whether checkpoints not read before are read (metadata only) to
-            tell whether they can be opened. ``False`` lists at the speed of a
-            walk of the run and leaves that check to a background thread (which
-            lists as ``None`` does); ``None``, as ``list_checkpoints``: on a local
-            disk, yes; on a bucket, where each file is a round trip, each
-            checkpoint is checked when it is opened.
+            tell whether they can be opened. ``False`` lists quickly (each
+            checkpoint's commit record) and leaves that check to a background
+            thread (which lists as ``None`` does); ``None``: on a local disk, yes;
+            on a bucket, where each file is a round trip, each checkpoint is
+            checked when it is opened.
         """
+        if deep is None:
+            deep = not self._remote
         with self._services.lock:
             self._listings_started += 1
             number = self._listings_started
-        table = with_policy_text(run_listing(self.root, deep=deep))
+        table = with_policy_text(run_listing(self.root, deep=deep, cache=self._cache))
+        self._remote = bool(table.attrs.get("remote"))
         listed_at = time.monotonic()
         with self._services.lock:
             if number < self._listing_shown:

@@ -201,12 +201,12 @@ def typed_keys(path: str | Checkpoint) -> dict[tuple[str, str], str]:
         if item.layout != layout.PYTREE:
             continue
         try:
-            impls = fit.key_impls(item.directory)
+            impls = fit.key_impls(item)
         except (ValueError, OSError):
             continue
         if not impls or not any(impls.values()):
             continue
-        for leaf in pytree.read_layout(item.directory).leaves:
+        for leaf in pytree.read_layout(item).leaves:
             impl = impls.get(leaf.param)
             if impl:
                 found[(item.name, leaf.key)] = impl

@@ -24,12 +24,12 @@ from tinax._format.storage.location import Location
 from tinax._paths import checkpoint_to_load
 from tinax._targets import NumpyTarget, abstract_restore_target
 from tinax.checkpointing import (
-    _checksummed_handler,
     _context,
     _destination,
     _failures,
     _fast_load,
     _host_copies,
+    _loading_from,
     _orbax,
     _pipeline,
     _processes,
@@ -268,7 +268,7 @@ def load_checkpointables(
         checkpoint = checkpoint_to_load(path)
         check_targets(checkpoint, targets)
         _pipeline.check_pipelines(checkpoint, dict(targets))
-        return restore_checkpointables(checkpoint.path, targets)
+        return restore_checkpointables(checkpoint, targets)
 
 
 def check_targets_given(targets: Mapping[str, Any]) -> None:
@@ -280,7 +280,7 @@ def check_targets_given(targets: Mapping[str, Any]) -> None:
             )
 
 
-def check_iterator_states(src: Location, name: str) -> None:
+def check_iterator_states(item: layout.StoredCheckpointable) -> None:
     """Refuses to restore an iterator that was saved by a different number of processes.
 
     Grain restores the state this process saved (``process_<i>-of-<n>.json``); a job
@@ -291,13 +291,14 @@ def check_iterator_states(src: Location, name: str) -> None:
         state file is missing but other processes' are there; naming the file, if
         a state is not one Grain could resume from (``tinax._format.integrity.iterstate``).
     """
-    saved = jsonitems.iterator_files(src / name)
+    src, name = item.checkpoint.path, item.name
+    saved = jsonitems.iterator_files(item)
     mine = _own_iterator_file()
     if not saved or any(file == mine for _, _, file in saved):
         if saved:
             # Before Grain reads it: a state it could not resume from is refused here.
             # Only this process's: the others are theirs to check.
-            iterstate.check_states(src / name, only=mine)
+            iterstate.check_states(item, only=mine)
         return
     counts = sorted({count for _, count, _ in saved})
     raise ValueError(
@@ -314,7 +315,7 @@ def _own_iterator_file() -> str:
     return names.iterator_file_name(_processes.process_index(), _processes.process_count())
 
 
-def set_iterator_state(directory: Location, iterator: Any) -> bool:
+def set_iterator_state(item: layout.StoredCheckpointable, iterator: Any) -> bool:
     """Restores a Grain ``DatasetIterator`` in place as Grain's own load does (the JSON
     of this process's state file given to ``set_state``), from the file as the opened
     checkpoint read it, checked against the checkpointable's checksums first: no
@@ -332,11 +333,12 @@ def set_iterator_state(directory: Location, iterator: Any) -> bool:
         type(iterator).load is not grain.DatasetIterator.load
     ):
         return False
-    name = _own_iterator_file()
-    data = files.read_bytes(
-        directory / name, what="a Grain iterator state", max_bytes=files.MAX_METADATA_BYTES
+    name, directory = _own_iterator_file(), item.directory
+    # The bytes the check of its state read (kept on the opened checkpoint).
+    data = item.checkpoint.read_bytes(
+        directory / name, what="Grain iterator state", max_bytes=files.MAX_SMALL_JSON_BYTES
     )
-    records = checksums.read_checksums(directory)
+    records = checksums.read_checksums(item)
     record = None if records is None else records.get(name)
     problem = None if record is None else checksums.file_problem(name, data, record)
     if problem is not None:
@@ -397,7 +399,7 @@ def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) 
     )
 
 
-def _with_recorded_shardings(directory: Location, target: Any) -> Any:
+def _with_recorded_shardings(item: layout.StoredCheckpointable, target: Any) -> Any:
     """``target`` with each array leaf that has no sharding (``nnx.eval_shape``'s) given
     the one the checkpoint records for it, as Orbax would restore it.
 
@@ -415,7 +417,7 @@ def _with_recorded_shardings(directory: Location, target: Any) -> Any:
     if not wanted:
         return target
     try:
-        tree = pytree.read_layout(directory)
+        tree = pytree.read_layout(item)
         records = pytree.sharding_records(tree)
     except (ValueError, OSError):
         return target
@@ -434,10 +436,13 @@ def _with_recorded_shardings(directory: Location, target: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, values)
 
 
-def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
-    """Restores ``targets`` from the checkpoint ``src`` and checks them against their targets.
+def restore_checkpointables(
+    checkpoint: layout.Checkpoint, targets: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Restores ``targets`` from the opened ``checkpoint`` and checks them against their
+    targets, reading what it has read already from it.
 
-    The caller has already checked ``src``, the names, and the targets against the
+    The caller has already checked the names, and the targets against the
     checkpoint's metadata (``check_targets``).
 
     Raises:
@@ -446,29 +451,30 @@ def restore_checkpointables(src: Location, targets: Mapping[str, Any]) -> dict[s
       ValueError: If stored data cannot be read, or Orbax cannot restore what
         the metadata promised.
     """
+    src = checkpoint.path
     for name, target in targets.items():
         if is_stateful(target):
-            check_iterator_states(src, name)
+            check_iterator_states(checkpoint.get(name))
     # Live arrays are taken as their shape, dtype and sharding; a NumPy scalar as a
     # 0-d array (how it was saved).
     abstract = {
         name: target
         if is_stateful(target)
-        else _with_recorded_shardings(src / name, abstract_restore_target(target))
+        else _with_recorded_shardings(checkpoint.get(name), abstract_restore_target(target))
         for name, target in targets.items()
     }
     # What the load engine reads byte for byte it loads; Orbax loads the rest.
     restored = _fast_load.load(
-        src, {name: t for name, t in abstract.items() if not is_stateful(targets[name])}
+        checkpoint, {name: t for name, t in abstract.items() if not is_stateful(targets[name])}
     )
     for name, target in targets.items():
-        if is_stateful(target) and set_iterator_state(src / name, target):
+        if is_stateful(target) and set_iterator_state(checkpoint.get(name), target):
             restored[name] = target
     rest = {name: t for name, t in abstract.items() if name not in restored}
     try:
         with (
             _context.context(),
-            _checksummed_handler.reading_from(src),
+            _loading_from.reading_from(checkpoint),
             warnings.catch_warnings(),
         ):
             # A target without a sharding (nnx.eval_shape's) is loaded with the one the

@@ -25,7 +25,7 @@ import concurrent.futures
 import contextlib
 import functools
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import jax
@@ -42,7 +42,7 @@ from tinax._format.storage import files
 from tinax._format.storage.location import Location
 from tinax._paths import location
 from tinax._targets import is_key_dtype
-from tinax.checkpointing import _host_copies, _orbax, _processes
+from tinax.checkpointing import _host_copies, _loading_from, _orbax, _processes
 from tinax.checkpointing._orbax import StatefulCheckpointableHandler
 
 
@@ -287,49 +287,14 @@ def _corrupt(where: Location, problems: Sequence[str]) -> CorruptDataError:
     )
 
 
-# The opened checkpoints loads are reading from, by URL: Orbax hands its handlers a
-# directory's path, and its files are read through the checkpoint's listing and the
-# metadata it keeps rather than asked of the storage again.
-_opened_lock = threading.Lock()
-_opened: dict[str, list[Location]] = {}
-
-
-@contextlib.contextmanager
-def reading_from(root: Location) -> Iterator[None]:
-    """While the block runs, the handlers read the files under ``root`` (an opened
-    checkpoint's location) through it: on an object store its listing and the
-    metadata it holds answer them, without a request each."""
-    url = str(root).rstrip("/")
-    with _opened_lock:
-        _opened.setdefault(url, []).append(root)
-    try:
-        yield
-    finally:
-        with _opened_lock:
-            roots = _opened[url]
-            roots.remove(root)
-            if not roots:
-                del _opened[url]
-
-
-def _loaded_from(directory: str) -> Location:
-    """The ``Location`` of a directory Orbax loads from: within an opened checkpoint
-    (``reading_from``), through it; else as its path names it."""
-    with _opened_lock:
-        found = next(
-            (
-                (url, roots[-1])
-                for url, roots in _opened.items()
-                if directory == url or directory.startswith(url + "/")
-            ),
-            None,
-        )
-    if found is None:
-        return location(directory)
-    url, where = found
-    for part in filter(None, directory[len(url) :].split("/")):
-        where = where / part
-    return where
+def _loaded_records(directory: str) -> tuple[Location, dict[str, LeafRecord] | None]:
+    """Where Orbax loads a checkpointable from, and the checksums recorded for it
+    (through its opened checkpoint where there is one)."""
+    item = _loading_from.opened_item(directory)
+    if item is None:
+        where = location(directory)
+        return where, checksums.read_directory_checksums(where)
+    return item.directory, checksums.read_checksums(item)
 
 
 def verify_loaded(directory: str, loaded: Any, checked: frozenset[str] = frozenset()) -> None:
@@ -344,8 +309,7 @@ def verify_loaded(directory: str, loaded: Any, checked: frozenset[str] = frozens
         checkpoint, the checkpointable and the leaf.
       ValueError: If the checksum record itself is unreadable.
     """
-    where = _loaded_from(directory)
-    records = checksums.read_checksums(where)
+    where, records = _loaded_records(directory)
     if records is None:
         return
     problems = []
@@ -384,11 +348,13 @@ class _LoadCheck:
     fails the load before the part that completes it reaches a device.
     """
 
-    def __init__(self, where: Location, records: dict[str, LeafRecord]) -> None:
+    def __init__(
+        self, where: Location, tree: pytree.PyTreeLayout, records: dict[str, LeafRecord]
+    ) -> None:
         self.where = where
         self.arrays: dict[str, tuple[str, LeafRecord]] = {}
         base = str(where).rstrip("/")
-        for leaf in pytree.read_layout(where).leaves:
+        for leaf in tree.leaves:
             record = records.get(leaf.key)
             if record is not None and record.kind == checksums.ARRAY and record.pieces:
                 path = f"{base}/{pytree.storage_path(leaf.param)}".rstrip("/")
@@ -550,12 +516,14 @@ _READ_HOOKS = _ReadHooks()
 
 def _start_load_check(directory: str) -> _LoadCheck | None:
     """Starts checking the arrays Orbax reads from a checkpointable (if it has checksums)."""
-    where = _loaded_from(directory)
-    records = checksums.read_checksums(where)
+    where, records = _loaded_records(directory)
     if records is None:
         return None
     _orbax.check_host_reads(_READ_HOOKS)
-    load = _LoadCheck(where, records)
+    item = _loading_from.opened_item(directory)
+    load = _LoadCheck(
+        where, pytree.parse_layout(where) if item is None else pytree.read_layout(item), records
+    )
     with _registry_lock:
         for path in load.arrays:
             _loads[path] = load
@@ -590,11 +558,15 @@ def verify_files(directory: str) -> None:
     Raises:
       CorruptDataError: If a recorded file is damaged, naming it.
     """
-    where = _loaded_from(directory)
-    records = checksums.read_checksums(where)
+    where, records = _loaded_records(directory)
     if records is None:
         return
-    problems = checksums.check_files(where, records)
+    item = _loading_from.opened_item(directory)
+    problems = (
+        checksums.check_directory_files(where, records)
+        if item is None
+        else checksums.check_files(item, records)
+    )
     if problems:
         raise CorruptDataError(
             f"checkpoint {str(where.parent)!r}: checkpointable {where.name!r}: "

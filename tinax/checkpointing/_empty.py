@@ -17,6 +17,7 @@ from orbax.checkpoint.experimental.v1 import handlers as ocp_handlers
 from tinax._format.metadata import jsonitems
 from tinax._format.naming import names
 from tinax._paths import location
+from tinax.checkpointing import _loading_from
 from tinax.checkpointing._storable import is_leafless
 
 
@@ -66,9 +67,14 @@ class EmptyPyTreeHandler(ocp_handlers.CheckpointableHandler[Any, Any]):
         return self._write(directory, describe(checkpointable))
 
     async def _read(self, directory: Any, target: Any) -> Any:
-        # The same bounded, no-follow reader as every other metadata read.
-        where = location(str(directory))
-        stored = await asyncio.to_thread(jsonitems.read_empty_record, where)
+        # The same bounded, no-follow reader as every other metadata read, through the
+        # opened checkpoint a load of tinax's reads from.
+        item = _loading_from.opened_item(str(directory))
+        if item is None:
+            where = location(str(directory))
+            stored = await asyncio.to_thread(jsonitems.read_empty_record_at, where)
+        else:
+            stored = await asyncio.to_thread(jsonitems.read_empty_record, item)
         if target is None:
             return _rebuild(stored)
         if describe(target) != stored:

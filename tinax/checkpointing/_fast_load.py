@@ -60,8 +60,8 @@ import numpy as np
 from tinax._format.arraydata import chunkload
 from tinax._format.arraydata.rawread import Box, Unsupported
 from tinax._format.integrity import checksums
+from tinax._format.metadata.layout import Checkpoint
 from tinax._format.pools import ProcessPool
-from tinax._format.storage.location import Location
 from tinax.checkpointing import _load_plan, _orbax, _processes
 from tinax.checkpointing._host_buffers import HostBuffers, aligned
 from tinax.checkpointing._load_plan import Leaf, Plan, bounds_of, inside
@@ -333,7 +333,7 @@ def _read_together(
         _read(part, part.leaf.stored.chunks_in(part.box), buffers, scratch)
 
 
-def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
+def load(checkpoint: Checkpoint, targets: Mapping[str, Any]) -> dict[str, Any]:
     """The checkpointables of ``targets`` this engine loads, restored; the others
     (see the module's docstring) are left out, for Orbax to load.
 
@@ -346,12 +346,12 @@ def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
     load on every process, whose barriers would otherwise wait for the processes
     that never call it.
     """
-    restored = _read_own(src, targets)
+    restored = _read_own(checkpoint, targets)
     left = sorted(set(targets) - set(restored))
     options = _orbax.active_context().multiprocessing_options
     everywhere = _processes.gather(
         left,
-        what=f"the load of {str(src)!r}",
+        what=f"the load of {str(checkpoint.path)!r}",
         timeout=_orbax.coordination_timeout(),
         active_processes=sorted(options.active_processes or ()) or None,
     )
@@ -360,12 +360,12 @@ def load(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
     return restored
 
 
-def _read_own(src: Location, targets: Mapping[str, Any]) -> dict[str, Any]:
+def _read_own(checkpoint: Checkpoint, targets: Mapping[str, Any]) -> dict[str, Any]:
     """What this process reads of ``targets`` itself (see ``load``)."""
     plans = []
     for name, target in targets.items():
         try:
-            found = _load_plan.plan(src / name, name, target)
+            found = _load_plan.plan(checkpoint.get(name), target)
         except (ValueError, OSError, TypeError, KeyError) as e:
             found = f"{type(e).__name__}: {e}"
         if isinstance(found, str):

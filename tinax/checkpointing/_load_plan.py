@@ -24,7 +24,8 @@ from tinax._format.arraydata import chunkload, chunks
 from tinax._format.arraydata.rawread import Box
 from tinax._format.integrity import checksums
 from tinax._format.integrity.checksums import Bounds, LeafRecord
-from tinax._format.metadata import arrays, fit, pytree
+from tinax._format.metadata import fit, pytree
+from tinax._format.metadata.layout import StoredCheckpointable
 from tinax._format.naming import names, words
 from tinax._format.naming.keys import format_key, key_parts
 from tinax._format.storage.location import Location
@@ -154,14 +155,16 @@ def _device_parts(
     return list(by_box.values()), windows
 
 
-def plan(directory: Location, name: str, target: Any) -> Plan | str:
-    """What loading ``target`` from the checkpointable at ``directory`` would read, or
-    why it is left to Orbax.
+def plan(item: StoredCheckpointable, target: Any) -> Plan | str:
+    """What loading ``target`` from the checkpointable ``item`` of an opened checkpoint
+    would read, or why it is left to Orbax. Its metadata, checksums and store walk are
+    the ones kept on the checkpoint (read once, whoever reads them).
 
     On each process of a job it plans what that process's devices need: the parts
     of their shards (of a replica, once per process), never the rest of an array.
     """
-    layout = pytree.read_layout(directory)
+    directory, name = item.directory, item.name
+    layout = pytree.read_layout(item)
     if not (layout.ocdbt and layout.zarr3):
         return "not a zarr3 OCDBT store"
     flat, treedef = jax.tree_util.tree_flatten_with_path(target)
@@ -184,19 +187,17 @@ def plan(directory: Location, name: str, target: Any) -> Plan | str:
             kinds = (words.JAX_ARRAY, words.NUMPY_ARRAY)
         if leaf.kind not in kinds or not leaf.stored:
             return f"leaf {key}: stored as a {leaf.kind}, not as its target"
-    records = checksums.read_checksums(directory)
+    records = checksums.read_checksums(item)
     strings = _strings(layout, stored, wanted, records)
     if isinstance(strings, str):
         return strings
-    impls = fit.key_impls(directory) if any(map(_is_key, wanted.values())) else None
+    impls = fit.key_impls(item) if any(map(_is_key, wanted.values())) else None
     paths = {
         key: pytree.storage_path(leaf.param)
         for key, leaf in stored.items()
         if leaf.kind != words.STRING
     }
-    contents = chunks.store_contents(
-        directory, sorted(set(paths.values())), zarr3=True, ctx=arrays.context()
-    )
+    contents = chunks.store_contents(layout, sorted(set(paths.values())), ctx=layout.context())
     files = chunkload.Files(directory)
     leaves = []
     for key, target_leaf in wanted.items():

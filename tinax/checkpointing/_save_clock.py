@@ -1,4 +1,5 @@
-"""The save-time record: how long a save blocked its caller and took in all.
+"""The save-time record: how long a save blocked its caller and took in all, and the
+size of what it committed.
 
 Written by the primary process into the checkpoint just after it commits
 (``tinax._format.records.savetimes``), before the response gives its result out; a
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from tinax._format.naming import names
 from tinax._format.records import savetimes
 from tinax._format.storage import removal
-from tinax._format.storage.location import Location
+from tinax._format.storage.location import Location, tree_bytes
 from tinax.checkpointing import _processes
 
 _log = logging.getLogger("tinax.checkpointing")
@@ -57,10 +58,13 @@ class SaveClock:
             return
         self._returned.wait(_RETURN_WAIT_S)
         blocked = total if self._blocked is None else min(self._blocked, total)
+        # The size of what was committed, where a walk of it is a few system calls (not
+        # requests): a listing of the run then reads it here instead of walking it.
+        nbytes = None if where.storage.parallel_reads else tree_bytes(where)
         try:
             removal.replace_file(
                 where / names.SAVE_TIMES,
-                savetimes.encode(savetimes.SaveTimes(blocked, total)),
+                savetimes.encode(savetimes.SaveTimes(blocked, total, nbytes)),
             )
         except OSError as e:
             _log.warning("could not record the save times of %s: %s", where, e)

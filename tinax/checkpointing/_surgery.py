@@ -29,7 +29,7 @@ from tinax._format.arraydata.chunks import Box
 from tinax._format.callbacks import Progress
 from tinax._format.integrity import checksums
 from tinax._format.integrity.checksums import Bounds, CorruptDataError, LeafRecord, Piece
-from tinax._format.metadata import arrays, layout, pytree
+from tinax._format.metadata import arrays, commit_record, layout, pytree
 from tinax._format.naming import names, words
 from tinax._format.naming.keys import KeyPath, format_key
 from tinax._format.records import lineage
@@ -66,7 +66,7 @@ class OpenedSource:
 
     given: str
     checkpoint: layout.Checkpoint
-    record: layout.CheckpointRecord
+    record: commit_record.CheckpointRecord
     custom_metadata: dict[str, Any] | None
 
     @property
@@ -84,7 +84,7 @@ class OpenedSource:
         if item is None or item.layout != layout.PYTREE:
             return None
         try:
-            tree = pytree.read_layout(item.directory)
+            tree = pytree.read_layout(item)
             leaf = next((lf for lf in tree.leaves if lf.key == _STEP_KEY), None)
             if leaf is None or leaf.kind != words.SCALAR:
                 return None
@@ -132,25 +132,18 @@ def open_source(path: object) -> OpenedSource:
     else:
         given = _paths.text_path(path, what="source")
     checkpoint = _paths.checkpoint_to_load(path)
-    record = layout.read_checkpoint_record(checkpoint.path) if _has_record(checkpoint) else None
-    meta_custom = _custom_metadata(checkpoint) if record is not None else None
+    # The commit record as the opening read it: nothing is read again.
+    record = checkpoint.record
     return OpenedSource(
-        given, checkpoint, record or layout.CheckpointRecord(None, None), meta_custom
+        given,
+        checkpoint,
+        record or commit_record.CheckpointRecord(None, None),
+        None if record is None else _custom_metadata(record),
     )
 
 
-def _has_record(checkpoint: layout.Checkpoint) -> bool:
-    return names.CHECKPOINT_METADATA in checkpoint.scan.listing().get(checkpoint.path.path, {})
-
-
-def _custom_metadata(checkpoint: layout.Checkpoint) -> dict[str, Any] | None:
-    meta = files.read_json_object(
-        checkpoint.path / names.CHECKPOINT_METADATA, what="Orbax checkpoint metadata"
-    )
-    custom = meta.get("custom_metadata")
-    if not isinstance(custom, dict):
-        return None
-    kept = {k: v for k, v in custom.items() if k != names.CHECKSUMS_PROMISE}
+def _custom_metadata(record: commit_record.CheckpointRecord) -> dict[str, Any] | None:
+    kept = {k: v for k, v in record.custom_metadata.items() if k != names.CHECKSUMS_PROMISE}
     return kept or None
 
 
@@ -187,9 +180,9 @@ def checked_copy(item: layout.StoredCheckpointable, where: str) -> None:
             f"{where}: checkpointable {item.name!r} is stored as {item.layout!r}, which a new "
             "checkpoint cannot copy; leave it out with checkpointables=[…]"
         )
-    records = checksums.read_checksums(item.directory)
+    records = checksums.read_checksums(item)
     if records is not None:
-        problems = checksums.check_files(item.directory, records)
+        problems = checksums.check_files(item, records)
         if problems:
             raise CorruptDataError(f"{where}: checkpointable {item.name!r}: " + "; ".join(problems))
 
@@ -521,7 +514,7 @@ def copy_checkpointable(new: NewCheckpoint, item: layout.StoredCheckpointable) -
     """Copies an iterator, JSON or empty checkpointable, with checksums for an iterator
     that had none (the new checkpoint promises them)."""
     new.copy_checkpointable(item)
-    if item.layout == layout.ITERATOR and checksums.read_checksums(item.directory) is None:
+    if item.layout == layout.ITERATOR and checksums.read_checksums(item) is None:
         record = iterator_record(item.directory)
         target = new.directory / item.name / names.CHECKSUMS_DIR / names.checksum_file_name(0)
         target.write_new(checksums.encode(record, 0))

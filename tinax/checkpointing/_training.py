@@ -14,7 +14,6 @@ from tinax._format.metadata import pytree
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming.names import TRAINING_CHECKPOINTABLES
 from tinax._format.storage import files
-from tinax._format.storage.location import Location
 from tinax._paths import checkpoint_to_load
 from tinax._targets import refuse_flax_objects
 from tinax.checkpointing._checkpointable_names import validate_distinct_names
@@ -217,8 +216,9 @@ def start_training_save(
     )
 
 
-def _check_auxiliary_layout(path: Location, name: str) -> None:
-    keys = pytree.top_level_keys(path / name)
+def _check_auxiliary_layout(checkpoint: Checkpoint, name: str) -> None:
+    path = checkpoint.path
+    keys = pytree.top_level_keys(checkpoint.get(name))
     if keys is None:
         raise TypeError(
             f"auxiliary checkpointable {name!r} in {str(path)!r} is not a stored pytree, "
@@ -303,9 +303,9 @@ def load_training_checkpoint(
             f"checkpoint {str(src)!r} is not a training checkpoint: it has no {missing}; "
             f"it holds {held}"
         )
-    _check_auxiliary_layout(src, names.auxiliary)
+    _check_auxiliary_layout(checkpoint, names.auxiliary)
     # Before anything is restored: a job of another process count cannot resume it.
-    check_iterator_states(src, names.iterator)
+    check_iterator_states(checkpoint.get(names.iterator))
 
     for name, target in ((names.model, model_target), (names.optimizer, optimizer_target)):
         refuse_flax_objects(target, what=f"{name} target")
@@ -320,7 +320,7 @@ def load_training_checkpoint(
     # iterator's pipeline against the one it was saved from too.
     check_targets(checkpoint, {**value_targets, names.iterator: iterator})
     check_pipelines(checkpoint, {names.iterator: iterator})
-    values = restore_checkpointables(src, value_targets)
+    values = restore_checkpointables(checkpoint, value_targets)
     auxiliary = values[names.auxiliary]
     if not isinstance(auxiliary, Mapping):
         raise TypeError(
@@ -335,7 +335,7 @@ def load_training_checkpoint(
     if step < 0:
         raise ValueError(f"stored step {step} in {str(src)!r} is negative")
     # Only now is the caller's iterator touched.
-    restore_checkpointables(src, {names.iterator: iterator})
+    restore_checkpointables(checkpoint, {names.iterator: iterator})
     iterator.start_prefetch()
     return TrainingCheckpoint(
         step=int(step),

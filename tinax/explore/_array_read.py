@@ -11,10 +11,9 @@ import tensorstore as ts
 
 from tinax._format.arraydata import chunks, rawread
 from tinax._format.integrity import checksums
-from tinax._format.lru import LruCache
 from tinax._format.metadata import arrays, pytree
+from tinax._format.metadata.layout import StoredCheckpointable
 from tinax._format.naming import names, words
-from tinax._format.storage import files
 from tinax.explore import _raw_scan
 from tinax.explore._verify.integrity import PiecesCheck
 
@@ -73,80 +72,33 @@ def read_array(
     return out, False
 
 
-def array_record(directory: Any, key: str) -> checksums.LeafRecord | None:
+def array_record(item: StoredCheckpointable, key: str) -> checksums.LeafRecord | None:
     """The checksums saved for array leaf ``key``; ``None`` if none (or unreadable:
     the check after the read says so)."""
     try:
-        records = checksums.read_checksums(directory)
+        records = checksums.read_checksums(item)
     except ValueError:
         return None
     record = None if records is None else records.get(key)
     return record if record is not None and record.kind == checksums.ARRAY else None
 
 
-# The walks of the last few stores read, by their manifest: reading leaf after leaf
-# of one checkpoint walks its store once (a wide store's walk is most of the cost of
-# reading one small leaf). A manifest names the files of the B+tree's root, which a
-# new write of the store names afresh, so its bytes tell one version from another.
-# A kept walk is trusted no more than a fresh one: what is read through it is
-# checked against the saved checksums, and read again through tensorstore when it
-# does not match.
-_WalkKey = tuple[str, bytes]
-# Each kept walk with the leaves it was walked for (``read_layout`` hands the same
-# tuple back while the checkpoint's metadata is unchanged) and their storage paths.
-_WALKS_KEPT = 2
-_WALKS: LruCache[
-    _WalkKey, tuple[tuple[pytree.StoredLeaf, ...], tuple[str, ...], chunks.StoreContents]
-] = LruCache(_WALKS_KEPT)
-# A walk larger than this (inline values, and about 200 bytes a key) is not kept.
-_WALK_MAX_BYTES = 64 << 20
-# A manifest names the B+tree's root and its files: a few hundred bytes.
-_MANIFEST_MAX_BYTES = 1 << 16
-
-
-def _manifest(directory: Any) -> bytes | None:
-    """The bytes of the OCDBT manifest at ``directory``; ``None`` if unreadable."""
-    try:
-        return files.read_bytes(
-            directory / names.OCDBT_MANIFEST,
-            what="an OCDBT manifest",
-            max_bytes=_MANIFEST_MAX_BYTES,
-        )
-    except ValueError:
-        return None
-
-
 def _walk(tree: pytree.PyTreeLayout, ctx: Any) -> chunks.StoreContents:
-    """Every array's chunks and the other keys of ``tree``'s store, walked once per
-    version of its manifest.
+    """Every array's chunks and the other keys of ``tree``'s store: from its walk, kept
+    with its opened checkpoint, so that reading leaf after leaf of one checkpoint walks
+    its store once (a wide store's walk is most of the cost of reading one small leaf).
+    What is read through it is checked against the saved checksums, and read again
+    through tensorstore when it does not match.
 
     Raises:
       ValueError, OSError: If the store cannot be walked.
     """
-    before = _manifest(tree.directory)
-    key = None if before is None else (tree.directory.path, before)
-    paths: tuple[str, ...] | None = None
-    if key is not None:
-        kept = _WALKS.get(key)
-        if kept is not None:
-            leaves, kept_paths, contents = kept
-            if leaves is tree.leaves or kept_paths == (paths := _array_paths(tree)):
-                return contents
-    paths = _array_paths(tree) if paths is None else paths
-    contents = chunks.store_contents(tree.directory, paths, zarr3=True, ctx=ctx)
-    small = _held_bytes(contents) <= _WALK_MAX_BYTES
-    if key is not None and small and before == _manifest(tree.directory):
-        _WALKS.put(key, (tree.leaves, paths, contents))
-    return contents
-
-
-def _held_bytes(contents: chunks.StoreContents) -> int:
-    """About how much memory a walk holds."""
-    total = 0
-    for values in (contents.other, *contents.chunks.values()):
-        total += 200 * len(values)
-        total += sum(len(v) for v in values.values() if isinstance(v, bytes))
-    return total
+    if tree.item is None:
+        return chunks.store_contents(tree, _array_paths(tree), ctx=ctx)
+    return tree.item.checkpoint.kept(
+        ("array contents", tree.directory.path),
+        lambda: chunks.store_contents(tree, _array_paths(tree), ctx=ctx),
+    )
 
 
 def _array_paths(tree: pytree.PyTreeLayout) -> tuple[str, ...]:

@@ -18,7 +18,6 @@ from tinax._format.naming import words
 from tinax._format.naming.keys import ROOT_KEY, format_key
 from tinax._format.records import pipeline
 from tinax._format.storage import files
-from tinax._format.storage.location import tree_bytes
 from tinax.explore._array_read import array_record, read_array
 from tinax.explore._key_match import LeafNotFoundError, match_key
 from tinax.explore._leaf_rows import (
@@ -38,7 +37,7 @@ def iterator_state(item: StoredCheckpointable) -> Any:
     Raises:
       ValueError: If a state file is not JSON (naming it).
     """
-    states = jsonitems.read_iterator_states(item.directory)
+    states = jsonitems.read_iterator_states(item)
     return next(iter(states.values())) if len(states) == 1 else states
 
 
@@ -49,9 +48,10 @@ def _iterator_leaves(item: StoredCheckpointable, values: bool) -> list[Leaf]:
     with several, each state is a row keyed by its file's name without ``.json``
     (``['process_1-of-2']``), in process order.
     """
-    states = jsonitems.read_iterator_states(item.directory)
+    states = jsonitems.read_iterator_states(item)
     # An iterator's size is its stored state's: the bytes of its JSON file.
-    sizes = {stem: tree_bytes(item.directory / f"{stem}.json") for stem in states}
+    entries = item.entries()
+    sizes = {stem: entries[f"{stem}.json"].size for stem in states}
     if len(states) == 1:
         stem, state = next(iter(states.items()))
         return [
@@ -78,7 +78,7 @@ def _iterator_leaves(item: StoredCheckpointable, values: bool) -> list[Leaf]:
 def _read_iterator(checkpoint: Checkpoint, item: StoredCheckpointable, key: str) -> Any:
     if key == ROOT_KEY:
         return iterator_state(item)
-    states = jsonitems.read_iterator_states(item.directory)
+    states = jsonitems.read_iterator_states(item)
     if len(states) == 1:
         raise ValueError(_one_value(checkpoint, item, key))
     for stem, state in states.items():
@@ -149,15 +149,15 @@ def checkpointable_leaves(item: StoredCheckpointable, ctx: Any, values: bool) ->
       ValueError: If its metadata is missing or unreadable.
     """
     if item.layout == layout.PYTREE:
-        tree = pytree.read_layout(item.directory)
+        tree = pytree.read_layout(item)
         return pytree_leaves(item.name, tree, ctx, values=values)
     if item.layout == layout.ITERATOR:
         return _iterator_leaves(item, values)
     if item.layout == layout.JSON:
-        value = jsonitems.read_json_item(item.directory)
+        value = jsonitems.read_json_item(item)
         return [Leaf(item.name, ROOT_KEY, words.JSON, value=value if values else None)]
     if item.layout == layout.EMPTY:
-        jsonitems.read_empty_record(item.directory)
+        jsonitems.read_empty_record(item)
         return [Leaf(item.name, ROOT_KEY, words.EMPTY)]
     return [Leaf(item.name, ROOT_KEY, words.UNKNOWN)]
 
@@ -168,7 +168,7 @@ def checkpoint_leaves(checkpoint: Checkpoint, *, values: bool = True) -> list[Le
     Raises:
       ValueError: If any checkpointable's metadata is missing or unreadable.
     """
-    ctx = arrays.context()
+    ctx = arrays.context_of(checkpoint)
     items = checkpoint.checkpointables
     if len(items) == 1:
         return checkpointable_leaves(items[0], ctx, values)
@@ -257,10 +257,10 @@ def check_values(checkpoint: Checkpoint, leaves: list[Leaf]) -> None:
       CorruptDataError: Naming the checkpoint, the checkpointable and the leaf or file.
     """
     for item in checksums.checksummed(checkpoint):
-        records = checksums.read_checksums(item.directory)
+        records = checksums.read_checksums(item)
         if records is None:
             continue
-        problems = checksums.check_files(item.directory, records)
+        problems = checksums.check_files(item, records)
         for leaf in leaves:
             if leaf.checkpointable != item.name or leaf.kind not in (words.SCALAR, words.STRING):
                 continue
@@ -295,7 +295,7 @@ def key_table(checkpoint: Checkpoint) -> pd.DataFrame:
     rows_of_others: list[int] = []
     for item in checkpoint.checkpointables:
         if item.layout == layout.PYTREE:
-            leaves = pytree.read_layout(item.directory).leaves
+            leaves = pytree.read_layout(item).leaves
             names.extend([item.name] * len(leaves))
             keys.extend([leaf.key for leaf in leaves])
             kinds.extend([leaf.kind for leaf in leaves])
@@ -320,10 +320,7 @@ def key_table(checkpoint: Checkpoint) -> pd.DataFrame:
 
 def checksum_presence(checkpoint: Checkpoint) -> dict[str, bool]:
     """Whether each checkpointable carries tinax checksums of what it stores."""
-    return {
-        item.name: checksums.has_checksums(item.directory)
-        for item in checksums.checksummed(checkpoint)
-    }
+    return {item.name: checksums.has_checksums(item) for item in checksums.checksummed(checkpoint)}
 
 
 def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, key: str) -> Any:
@@ -356,7 +353,7 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, got {type(key).__name__}")
     if item.layout == layout.PYTREE:
-        tree = pytree.read_layout(item.directory)
+        tree = pytree.read_layout(item)
         by_key = {leaf.key: leaf for leaf in tree.leaves}
         try:
             # Named as a table shows it (dotted) or as its keystr.
@@ -367,11 +364,9 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
         try:
             checked = False
             if leaf.kind in words.ARRAY_KINDS and leaf.stored:
-                value, checked = read_array(
-                    tree, leaf, arrays.context(), array_record(item.directory, key)
-                )
+                value, checked = read_array(tree, leaf, tree.context(), array_record(item, key))
             else:
-                value = pytree.read_value(tree, leaf, arrays.context())
+                value = pytree.read_value(tree, leaf, tree.context())
         except ValueError as e:
             complaint = checksums.undecodable(str(e))
             if complaint is not None:
@@ -385,15 +380,15 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
                 f"checkpoint {str(checkpoint.path)!r}: cannot read leaf {key} of "
                 f"{checkpointable!r}: {arrays.message(e)}"
             ) from None
-        problem = None if checked else checksums.check_read_value(item.directory, key, value)
+        problem = None if checked else checksums.check_read_value(item, key, value)
         if problem is not None:
             raise ValueError(
                 f"checkpoint {str(checkpoint.path)!r}: checkpointable {checkpointable!r}: {problem}"
             )
         return value
     if item.layout == layout.ITERATOR:
-        records = checksums.read_checksums(item.directory)
-        problems = [] if records is None else checksums.check_files(item.directory, records)
+        records = checksums.read_checksums(item)
+        problems = [] if records is None else checksums.check_files(item, records)
         if problems:
             raise ValueError(
                 f"checkpoint {str(checkpoint.path)!r}: checkpointable {checkpointable!r}: "
@@ -403,9 +398,9 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
     if key != ROOT_KEY:
         raise ValueError(_one_value(checkpoint, item, key))
     if item.layout == layout.JSON:
-        return jsonitems.read_json_item(item.directory)
+        return jsonitems.read_json_item(item)
     if item.layout == layout.EMPTY:
-        jsonitems.read_empty_record(item.directory)
+        jsonitems.read_empty_record(item)
         return None
     raise ValueError(
         f"checkpointable {checkpointable!r} in {str(checkpoint.path)!r} is stored in a "

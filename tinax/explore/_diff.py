@@ -87,11 +87,14 @@ def _family(kind: str) -> str:
 class _StoredTree:
     """A pytree checkpointable being read: its layout, and its store's contents once needed."""
 
-    def __init__(self, tree: pytree.PyTreeLayout, ctx: ts.Context) -> None:
+    def __init__(
+        self, tree: pytree.PyTreeLayout, ctx: ts.Context, files: rawread.DataFiles
+    ) -> None:
         self.tree = tree
         self.ctx = ctx
+        self.files = files
         # The checksums saved with it (the load's preflight has read them already).
-        self.records = checksums.read_checksums(tree.directory)
+        self.records = None if tree.item is None else checksums.read_checksums(tree.item)
         self._contents: chunks.StoreContents | None = None
         self._contents_error = False
 
@@ -104,9 +107,7 @@ class _StoredTree:
                 if leaf.kind in words.STORED_ARRAY_KINDS
             ]
             try:
-                self._contents = chunks.store_contents(
-                    self.tree.directory, paths, zarr3=self.tree.zarr3, ctx=self.ctx
-                )
+                self._contents = chunks.store_contents(self.tree, paths, ctx=self.ctx)
             except (ValueError, KeyError, TypeError):
                 # Telling identical chunks apart is a shortcut; decoding still works.
                 self._contents_error = True
@@ -139,7 +140,9 @@ class _StoredArray:
         if stored is None or not isinstance(stored[0], bytes):
             return None
         path = pytree.storage_path(self.leaf.param)
-        return rawread.plan(tree.directory, stored[0], stored[1], path, dtype, shape)
+        return rawread.plan(
+            tree.directory, stored[0], stored[1], path, dtype, shape, self.owner.files
+        )
 
     def stored(self) -> tuple[chunks.StoredValue, dict[bytes, chunks.StoredValue]] | None:
         """The array's zarr metadata and chunks as stored, if the store can tell."""
@@ -199,20 +202,41 @@ class _Entry:
 class _Side:
     label: str
     entries: dict[tuple[str, str], _Entry]
+    # The data files its raw reads open, each once for the whole diff (or for as long as
+    # the caller who handed them in reads the checkpoint), and whether the diff closes them.
+    files: rawread.DataFiles = dataclasses.field(default_factory=rawread.DataFiles)
+    owns_files: bool = True
 
 
-def _stored_side(path: Any) -> _Side:
-    checkpoint = _paths.open_checkpoint(path)
-    ctx = arrays.context()
-    entries: dict[tuple[str, str], _Entry] = {}
-    for item in checkpoint.checkpointables:
+def stored_side(
+    checkpoint: Checkpoint,
+    checkpointable: str | None = None,
+    files: rawread.DataFiles | None = None,
+) -> _Side:
+    """One side of a diff: the leaves of an opened checkpoint (of its checkpointable
+    ``checkpointable`` alone, if given), read through it; its data files opened in
+    ``files`` (which the caller closes), else in the diff's own.
+
+    Raises:
+      ValueError: If the checkpointable's metadata cannot be read, or it has none
+        of that name.
+    """
+    ctx = arrays.context_of(checkpoint)
+    side = _Side(str(checkpoint.path), {})
+    if files is not None:
+        side.files, side.owns_files = files, False
+    entries = side.entries
+    items = (
+        checkpoint.checkpointables if checkpointable is None else (checkpoint.get(checkpointable),)
+    )
+    for item in items:
         if item.layout != layout.PYTREE:
             problem = _damaged_files(item)
             for row in _checkpoint.checkpointable_leaves(item, ctx, True):
                 entries[(row.checkpointable, row.key)] = _Entry(row, corrupt=problem)
             continue
-        tree = pytree.read_layout(item.directory)
-        owner = _StoredTree(tree, ctx)
+        tree = pytree.read_layout(item)
+        owner = _StoredTree(tree, ctx, side.files)
         rows = _checkpoint.pytree_leaves(item.name, tree, ctx, values=True)
         for stored, row in zip(tree.leaves, rows, strict=True):
             array = None
@@ -221,19 +245,19 @@ def _stored_side(path: Any) -> _Side:
             entries[(row.checkpointable, row.key)] = _Entry(
                 row, array, _damaged_value(owner.records, row)
             )
-    return _Side(str(checkpoint.path), entries)
+    return side
 
 
 def _damaged_files(item: layout.StoredCheckpointable) -> str | None:
     """What is wrong with the files a checkpointable's checksums record whole (iterator states)."""
     if item.layout != layout.ITERATOR:
         return None
-    records = checksums.read_checksums(item.directory)
-    problems = [] if records is None else checksums.check_files(item.directory, records)
+    records = checksums.read_checksums(item)
+    problems = [] if records is None else checksums.check_files(item, records)
     if not problems:
         # A state the load would refuse is no state to compare, whatever its checksum says.
         try:
-            iterstate.check_states(item.directory)
+            iterstate.check_states(item)
         except ValueError as e:
             problems.append(str(e))
     return "; ".join(problems) or None
@@ -282,7 +306,7 @@ def _side(value: object, which: str) -> _Side:
             f"{which} must be a checkpoint path or a mapping of name to pytree, "
             f"got {type(value).__name__}"
         )
-    return _stored_side(value)
+    return stored_side(_paths.open_checkpoint(value))
 
 
 # -- comparing ---------------------------------------------------------------------------
@@ -692,7 +716,27 @@ def diff_table(
       ValueError: If a checkpoint cannot be read (naming it and the leaf), or
         live state holds abstract targets instead of values.
     """
-    sides = (_side(a, "a"), _side(b, "b"))
+    return diff_sides(_side(a, "a"), _side(b, "b"), progress=progress, sort=sort)
+
+
+def diff_sides(
+    a: _Side, b: _Side, *, progress: Progress | None = None, sort: bool = True
+) -> pd.DataFrame:
+    """``diff_table`` of two sides made already (``stored_side`` of opened checkpoints).
+
+    Raises:
+      ValueError: As ``diff_table``.
+    """
+    try:
+        return _diff(a, b, progress=progress, sort=sort)
+    finally:
+        for side in (a, b):
+            if side.owns_files:
+                side.files.close()
+
+
+def _diff(a: _Side, b: _Side, *, progress: Progress | None, sort: bool) -> pd.DataFrame:
+    sides = (a, b)
     entries_a, entries_b = sides[0].entries, sides[1].entries
     keys = list(entries_a) + [key for key in entries_b if key not in entries_a]
     rows: list[_Row] = []

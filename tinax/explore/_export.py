@@ -220,8 +220,8 @@ def _plan(
             f"checkpointable {checkpointable!r} in {str(checkpoint.path)!r} holds no arrays "
             f"(it is stored as {item.layout!r})"
         )
-    tree = pytree.read_layout(item.directory)
-    records = checksums.read_checksums(item.directory)
+    tree = pytree.read_layout(item)
+    records = checksums.read_checksums(item)
     ctx = arrays.context()
     tensors: list[_Tensor] = []
     seen: dict[str, str] = {}

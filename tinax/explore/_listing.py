@@ -8,6 +8,7 @@ own checks live in ``tinax._format``.)
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import threading
 import time
@@ -19,12 +20,13 @@ import tensorstore as ts
 from tinax import _claims, _paths
 from tinax._format.integrity import preflight
 from tinax._format.lru import LruCache, check_bound
-from tinax._format.metadata import arrays, layout, pytree
+from tinax._format.metadata import arrays, commit_record, layout, pytree
+from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import names, words
-from tinax._format.records import runrecord
+from tinax._format.records import runrecord, tiers
 from tinax._format.storage import files
 from tinax._format.storage.location import DIRECTORY, Entry, Location
-from tinax.explore import _checkpoint, _tiers
+from tinax.explore import _checkpoint, _listed, _tiers
 from tinax.explore._leaf_rows import frame
 
 LISTING_COLUMNS = (
@@ -47,14 +49,18 @@ _BATCH = 128
 
 
 class ListingCache:
-    """What ``list_checkpoints`` learnt about each checkpoint, for as long as it holds.
+    """What ``list_checkpoints`` learnt about each checkpoint, for a caller that lists
+    the same run again and again (a view that refreshes), for as long as it holds.
 
-    Reading every checkpointable's metadata is what tells a readable checkpoint
-    from a damaged one; a committed checkpoint does not change, so the verdict is
-    kept for as long as nothing under its directory changes (the safety scan's
-    fingerprint covers every entry's size, identity and modification time).
-    Thread-safe; the least recently used verdicts go first once ``max_entries``
-    are kept.
+    Nothing keeps one unless the caller makes it and hands it to each listing: a
+    listing reads what it shows afresh otherwise. Reading every checkpointable's
+    metadata is what tells a readable checkpoint from a damaged one; a committed
+    checkpoint does not change, so a deep listing's verdict is kept for as long as
+    nothing under its directory changes (the safety scan's fingerprint covers every
+    entry's size, identity and modification time), and what a quick listing read of
+    it (its commit record and size) for as long as those two files are the ones it
+    listed. Thread-safe; bounded: the least recently used go first once
+    ``max_entries`` checkpoints are kept.
 
     Attributes:
       max_entries: How many verdicts are kept at most (``0`` keeps none).
@@ -67,7 +73,10 @@ class ListingCache:
         # show nothing of the checkpoint) rather than a problem found past it.
         self._verdicts: LruCache[tuple[str, str], tuple[str | None, bool]] = LruCache(max_entries)
         self._checked: LruCache[tuple[str, str], layout.Checkpoint] = LruCache(max_entries)
-        self._records: LruCache[tuple[str, str], layout.CheckpointRecord] = LruCache(max_entries)
+        self._records: LruCache[tuple[str, str], commit_record.CheckpointRecord] = LruCache(
+            max_entries
+        )
+        self._quick: LruCache[tuple[str, str, str], _listed.Listed | None] = LruCache(max_entries)
         # The paths something was kept of (as a fingerprint) at some time: a listing
         # fingerprints only those, never a checkpoint this cache has not seen.
         self._paths: LruCache[str, bool] = LruCache(3 * max_entries)
@@ -84,7 +93,7 @@ class ListingCache:
             store.max_entries = 3 * value if store is self._paths else value
 
     def _stores(self) -> tuple[LruCache[Any, Any], ...]:
-        return (self._verdicts, self._checked, self._records, self._paths)
+        return (self._verdicts, self._checked, self._records, self._quick, self._paths)
 
     def __len__(self) -> int:
         return len(self._verdicts)
@@ -94,16 +103,30 @@ class ListingCache:
         for store in self._stores():
             store.clear()
 
-    def record(self, path: Location, fingerprint: str) -> layout.CheckpointRecord:
+    def record(self, path: Location, fingerprint: str) -> commit_record.CheckpointRecord:
         """``path``'s commit record, kept while nothing under ``path`` changes.
 
         Raises:
-          ValueError: As ``layout.read_checkpoint_record`` does (refusals are not kept).
+          ValueError: As ``commit_record.read_checkpoint_record`` does (refusals are not kept).
         """
         self._paths.put(str(path), True)
         return self._records.get_or_compute(
-            (str(path), fingerprint), lambda: layout.read_checkpoint_record(path)
+            (str(path), fingerprint), lambda: commit_record.read_checkpoint_record(path)
         )
+
+    def listed(self, path: Location, entries: dict[str, Entry]) -> _listed.Listed | None:
+        """``_listed.read_listed(path, entries)``, kept while the commit record and save
+        record ``entries`` list are the same files, unchanged."""
+        record, save = entries.get(names.CHECKPOINT_METADATA), entries.get(names.SAVE_TIMES)
+        key = (
+            str(path),
+            "" if record is None else record.stamp,
+            "" if save is None else save.stamp,
+        )
+        if not key[1]:
+            return _listed.read_listed(path, entries)
+        self._paths.put(key[0], True)
+        return self._quick.get_or_compute(key, lambda: _listed.read_listed(path, entries))
 
     def checked(self, path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
         """``preflight.check(path)``, kept while nothing under ``path`` changes.
@@ -183,7 +206,7 @@ def _metadata_problem(checkpoint: layout.Checkpoint) -> tuple[str | None, list[_
             if item.layout != layout.PYTREE:
                 _checkpoint.checkpointable_leaves(item, None, values=False)
                 continue
-            tree = pytree.read_layout(item.directory, listed.get(item.directory.path, {}))
+            tree = pytree.read_layout(item)
             strings = [leaf.param for leaf in tree.leaves if leaf.kind == words.STRING]
             if strings:
                 pytree.read_strings(tree, strings)
@@ -244,11 +267,6 @@ def _array_problem(
         except Exception as e:
             return _message(e)
     return None
-
-
-# The cache list_checkpoints uses unless told otherwise: the process's own, which
-# callers cannot swap or change (they pass a ListingCache of their own instead).
-DEFAULT_CACHE = ListingCache()
 
 
 def _candidates(root: Location) -> list[tuple[Location, dict[str, Entry] | None]]:
@@ -327,6 +345,8 @@ class _Listing:
         self.errors: dict[str, str] = {}
         self.unchecked: list[str] = []
         self.now_ns = time.time_ns()
+        # What a quick listing read of each committed checkpoint, by path.
+        self.read: dict[str, _listed.Listed] = {}
 
 
 def _read_row(
@@ -389,6 +409,8 @@ def _read_row(
         return (name, str(path), step, words.INVALID, _subdirectories(path), None, None, None)
     if top is not None and names.CHECKPOINT_METADATA not in top:
         return _checked_row(path, name, step, state, None)
+    if not state.deep and not path.storage.parallel_reads:
+        return _quick_row(path, name, step, state, inside)
     try:
         # The walk comes first: it is what tells whether a kept verdict still holds.
         scan = files.scan(path, None if top is None else top.values())
@@ -437,6 +459,35 @@ def _read_row(
     )
 
 
+def _quick_row(
+    path: Location, name: str, step: int | None, state: _Listing, top: dict[str, Entry]
+) -> _Row | _Pending | None:
+    """The row of a committed checkpoint of a quick listing: from its top listing, its
+    commit record and its save's record alone (a walk of it only where its save recorded
+    no size); the full check where its record does not name its checkpointables."""
+    cache = state.cache
+    listed = _listed.read_listed(path, top) if cache is None else cache.listed(path, top)
+    if listed is None:
+        return _checked_row(path, name, step, state, None)
+    state.read[str(path)] = listed
+    committed = listed.record.committed_nsecs
+    problem = listed.missing()
+    if problem is not None:
+        state.errors[str(path)] = problem
+        return (name, str(path), step, words.INVALID, (), None, None, None)
+    state.unchecked.append(str(path))
+    return (
+        name,
+        str(path),
+        step,
+        words.COMPLETE,
+        listed.checkpointables,
+        listed.nbytes,
+        committed,
+        None if committed is None else max(0, state.now_ns - committed),
+    )
+
+
 def _listed_record(top: dict[str, Entry]) -> tuple[tuple[str, ...], int | None] | None:
     """A committed checkpoint's checkpointables and commit time as a listing of its
     top level shows them on an object store: its folders, and the time of the commit
@@ -462,13 +513,13 @@ def _in_order(checkpointables: tuple[str, ...]) -> tuple[str, ...]:
 
 def _quick_record(
     path: Location, scan: files.Scan, cache: ListingCache | None
-) -> layout.CheckpointRecord | None:
+) -> commit_record.CheckpointRecord | None:
     """The commit record of ``path`` as ``scan`` found it, without parsing any other
     metadata; ``None`` where only the full check tells (no record naming its
     checkpointables, or one that does not read)."""
     try:
         if cache is None:
-            record = layout.read_checkpoint_record(path)
+            record = commit_record.read_checkpoint_record(path)
         else:
             record = cache.record(path, scan.fingerprint)
     except ValueError:
@@ -682,35 +733,34 @@ def _rows(
 def list_checkpoints(
     root: str | os.PathLike[str],
     *,
-    cache: ListingCache | None = DEFAULT_CACHE,
+    cache: ListingCache | None = None,
     deep: bool | None = None,
 ) -> pd.DataFrame:
     """One row per checkpoint under ``root``, or for ``root`` itself if it is one.
 
     A directory counts when it looks like a checkpoint: Orbax's marker files, a
     checkpointable directory, a step number as its name, or Orbax's temporary
-    suffix. Each is read as ``checkpoint_table`` reads it (metadata only) to
-    tell whether it is readable. Symbolic links under ``root`` are not followed.
+    suffix. Symbolic links under ``root`` are not followed.
+
+    By default a committed checkpoint is read as little as its row needs: its top
+    directory listed, its commit record read (what it holds, when it committed) and
+    its save's record (its size, where tinax recorded it; else its files are walked):
+    on a local disk two small files and one listing a checkpoint, on an object store
+    (``gs://``) nothing beyond the listing of the run (its checkpointables are its
+    folders, its commit time the commit marker's, as listed). Whether its metadata
+    reads (whether it can be opened) is ``verify``'s, opening it's, or a deep listing's
+    to tell: each such row is named in ``DataFrame.attrs["unchecked"]``.
 
     Args:
       root: A run directory (Orbax V1 ``training.Checkpointer``, V0
         ``CheckpointManager``, or any directory of checkpoints) or a checkpoint.
-      cache: Where verdicts on unchanged checkpoints are remembered between
-        calls: by default one kept by the process for every caller; a
-        ``ListingCache`` of the caller's own; ``None`` reads every checkpoint afresh.
-      deep: Whether checkpoints without a remembered verdict are read (metadata
-        only) to tell whether they are readable. ``False`` lists a run as fast as
-        its files can be walked: a checkpoint whose commit record names its
-        checkpointables and reads (on an object store: that holds the commit
-        marker Orbax writes last there, and folders) is listed ``complete``
-        without its other metadata being parsed, and its path is added to
-        ``DataFrame.attrs["unchecked"]``; a deep listing later tells (and
-        remembers) whether it really is. ``None`` (the default) is ``True`` on a
-        local disk and ``False`` on an object store (``gs://``), where every file
-        read is a round trip of its own: there the listing costs one request per
-        thousand objects and none per checkpoint (its checkpointables are its
-        folders, its commit time the commit marker's, as listed); ``verify`` or
-        opening a checkpoint reads the rest.
+      cache: A ``ListingCache`` of the caller's own, for one that lists the same run
+        again and again: what it read of unchanged checkpoints (verdicts, records,
+        sizes) is not read again. ``None`` (the default) reads every checkpoint afresh.
+      deep: Whether each checkpoint is also read as ``checkpoint_table`` reads it
+        (every metadata file, its array store's record of every array; no array
+        data) to tell whether it is readable: a damaged one is then ``invalid``, and
+        nothing is ``unchecked``. ``None`` (the default) is ``False``.
 
     Returns:
       A DataFrame with columns ``name``, ``path``, ``step`` (``Int64``, from the
@@ -754,37 +804,89 @@ def list_checkpoints(
 
 
 def listing(
-    directory: Location, cache: ListingCache | None = DEFAULT_CACHE, deep: bool | None = None
+    directory: Location, cache: ListingCache | None = None, deep: bool | None = None
 ) -> pd.DataFrame:
     """``list_checkpoints`` of a run directory listed already (``_paths.listed_directory``):
     its rows' checkpoints are read through that listing (``directory / name``)."""
-    found = _listed(directory, cache, deep)
-    # A two-tier run's other tier is listed with it (``_tiers``), each as deep as its
-    # storage makes cheap.
-    return _tiers.with_tiers(
-        directory, found, lambda other: _listed(_paths.listed_directory(other), cache, deep)
-    )
+    return listed_run(directory, cache, deep).table
 
 
-def run_listing(root: object) -> tuple[Location, pd.DataFrame]:
-    """A run directory listed once, and its checkpoints as ``list_checkpoints`` finds
-    them without reading their metadata (``deep=False``), for a reader that goes on to
-    read each complete one itself, through that listing
-    (``_paths.listed_in(directory, name, path)``).
+@dataclasses.dataclass(frozen=True)
+class RunListing:
+    """A run directory listed once, and what the listing read, for a reader that goes on
+    to read its checkpoints: nothing the listing read is read again.
+
+    Attributes:
+      directory: The run directory, as listed (``_paths.listed_directory``).
+      table: Its checkpoints, as ``list_checkpoints`` gives them.
+      listed: What the listing read of each committed checkpoint (its top listing,
+        commit record and save record, ``_listed.Listed``), by path: open one with
+        ``_listed.open_listed``.
+      record: The run's record (``runrecord.read_run_record``), read once.
+      tiers: The two-tier run it is a tier of (its other tier's record read once), if
+        any.
+    """
+
+    directory: Location
+    table: pd.DataFrame
+    listed: dict[str, _listed.Listed]
+    record: dict[str, Any] | None
+    tiers: tiers.TwoTierRun | None
+
+    def where(self, row: Any) -> Location:
+        """The checkpoint of a row of ``table``, within the listing
+        (``_paths.listed_in``)."""
+        return _paths.listed_in(self.directory, row["name"], row["path"])
+
+    def open(self, row: Any) -> Checkpoint:
+        """The checkpoint of a row of ``table``, opened (as ``open_checkpoint`` opens it)
+        from what the listing read of it.
+
+        Raises:
+          ValueError, OSError: As ``open_checkpoint``.
+        """
+        found = self.listed.get(str(row["path"]))
+        if found is None:
+            return _paths.open_checkpoint(self.where(row))
+        return _listed.open_listed(found)
+
+
+def run_listing(root: object, cache: ListingCache | None = None) -> RunListing:
+    """A run directory listed once, its checkpoints as ``list_checkpoints`` finds them
+    (not deep), for a reader that goes on to read each complete one itself, through
+    that listing and what it read (``RunListing``).
 
     Raises:
       TypeError: If ``root`` is not a path.
       FileNotFoundError: If ``root`` does not exist.
       ValueError: If ``root`` is not a directory.
     """
-    directory = _paths.listed_directory(root)
-    return directory, listing(directory, deep=False)
+    return listed_run(_paths.listed_directory(root), cache, False)
 
 
-def _listed(directory: Location, cache: ListingCache | None, deep: bool | None) -> pd.DataFrame:
-    """``list_checkpoints`` of one directory, as listed (``Location.snapshot``)."""
-    if deep is None:
-        deep = not directory.storage.parallel_reads
+def listed_run(directory: Location, cache: ListingCache | None, deep: bool | None) -> RunListing:
+    """``list_checkpoints`` of a run directory listed already, and what it read: the
+    run's record read once, for its tiers and for whoever reads on."""
+    record = runrecord.read_run_record(directory)
+    run = None if record is None else tiers.two_tier_run(directory, record)
+    table, read = _list_one(directory, cache, deep)
+
+    def other_tier(other: Location) -> pd.DataFrame:
+        found, other_read = _list_one(_paths.listed_directory(other), cache, deep)
+        read.update(other_read)
+        return found
+
+    # A two-tier run's other tier is listed with it (``_tiers``).
+    table = _tiers.with_tiers(directory, table, other_tier, run)
+    return RunListing(directory, table, read, record, run)
+
+
+def _list_one(
+    directory: Location, cache: ListingCache | None, deep: bool | None
+) -> tuple[pd.DataFrame, dict[str, _listed.Listed]]:
+    """``list_checkpoints`` of one directory, as listed (``Location.snapshot``), and what
+    it read of each committed checkpoint."""
+    deep = bool(deep)
     # The listing makes objects by the hundred thousand, none in a cycle.
     with files.paused_gc():
         rows, state = _rows(directory, cache, deep)
@@ -799,4 +901,4 @@ def _listed(directory: Location, cache: ListingCache | None, deep: bool | None) 
     table.attrs["errors"] = state.errors
     table.attrs["unchecked"] = sorted(state.unchecked)
     table.attrs["remote"] = directory.storage.parallel_reads
-    return table
+    return table, state.read

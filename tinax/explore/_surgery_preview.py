@@ -131,7 +131,7 @@ def average_preview(
             row["read"] *= len(items)
             rows.append(row)
             continue
-        trees = [pytree.read_layout(item.directory) for item in items]
+        trees = [pytree.read_layout(item) for item in items]
         wheres = [f"checkpoint {str(c.path)!r}: checkpointable {name!r}" for c in opened]
         treeplan.check_same_leaves(list(zip(wheres, [t.leaves for t in trees], strict=True)))
         infos = [_infos(tree, ctx) for tree in trees]

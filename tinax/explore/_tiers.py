@@ -22,7 +22,10 @@ TIER_COLUMNS = ("tier", "promotion")
 
 
 def with_tiers(
-    root: Location, table: pd.DataFrame, listing: Callable[[Location], pd.DataFrame]
+    root: Location,
+    table: pd.DataFrame,
+    listing: Callable[[Location], pd.DataFrame],
+    run: tiers.TwoTierRun | None,
 ) -> pd.DataFrame:
     """``table`` (the listing of ``root``) with the other tier's checkpoints, if ``root``
     is a tier of a two-tier run; ``table`` itself otherwise.
@@ -31,8 +34,8 @@ def with_tiers(
       root: The directory listed.
       table: Its ``list_checkpoints`` rows.
       listing: Lists another directory the same way.
+      run: The two-tier run ``root`` is a tier of (``tiers.two_tier_run``), if any.
     """
-    run = tiers.two_tier_run(root)
     if run is None:
         return table
     other = run.other(root)

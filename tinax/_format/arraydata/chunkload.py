@@ -165,18 +165,10 @@ class Files:
     def __init__(self, directory: Location) -> None:
         self.directory = directory
         self.local = directory.is_local
-        self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._opened = rawread.DataFiles()
 
     def fd(self, file: str) -> int:
-        with self._lock:
-            fd = self._fds.get(file)
-            if fd is None:
-                try:
-                    fd = self._fds[file] = rawread._open_regular(self._location(file).path)
-                except OSError as e:
-                    raise Unsupported(str(e)) from None
-            return fd
+        return self._opened.fd(self._location(file).path)
 
     def _location(self, file: str) -> Location:
         where = self.directory
@@ -203,10 +195,7 @@ class Files:
         return data
 
     def close(self) -> None:
-        with self._lock:
-            fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
+        self._opened.close()
 
 
 class FileRanges:

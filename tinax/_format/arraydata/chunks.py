@@ -22,7 +22,7 @@ import numpy as np
 import tensorstore as ts
 
 from tinax._format.integrity import checksums
-from tinax._format.metadata import arrays
+from tinax._format.metadata import arrays, pytree
 from tinax._format.metadata.arrays import ValueRef
 from tinax._format.storage.location import FILE, Location
 
@@ -238,14 +238,14 @@ def _array_of(key: bytes, paths: Mapping[bytes, str], chunk: re.Pattern[bytes]) 
 
 
 def store_contents(
-    directory: Location, storage_paths: Iterable[str], *, zarr3: bool, ctx: ts.Context
+    tree: pytree.PyTreeLayout, storage_paths: Iterable[str], *, ctx: ts.Context
 ) -> StoreContents:
-    """The chunks of each array stored in the OCDBT store at ``directory``.
+    """The chunks of each array stored in the OCDBT store of ``tree``, from its walk
+    (kept on its opened checkpoint: walked once for every reader).
 
     Args:
-      directory: A pytree checkpointable written with OCDBT.
+      tree: A pytree checkpointable written with OCDBT.
       storage_paths: The arrays' storage paths (``pytree.storage_path``).
-      zarr3: Whether the arrays are zarr3 (else zarr2) arrays.
       ctx: The tensorstore context.
 
     Raises:
@@ -253,13 +253,13 @@ def store_contents(
         location is not OCDBT's.
     """
     paths = {p.encode("utf-8"): p for p in storage_paths}
-    pattern = _ZARR3_CHUNK if zarr3 else _ZARR2_CHUNK
+    pattern = _ZARR3_CHUNK if tree.zarr3 else _ZARR2_CHUNK
     chunks: dict[str, dict[bytes, StoredValue]] = {p: {} for p in paths.values()}
     other: dict[bytes, StoredValue] = {}
-    nodes: list[str] = []
     # One array not at the root: most keys are told apart by their first bytes.
     only = next(iter(paths)) if len(paths) == 1 and b"" not in paths else None
-    for key, value in arrays.walk_ocdbt(directory, ctx, nodes=nodes):
+    walk = tree.walk_store(ctx)
+    for key, value in walk.values.items():
         if only is not None and not key.startswith(only):
             owner = None
         else:
@@ -269,16 +269,18 @@ def store_contents(
             other[key] = stored
         else:
             chunks[owner][key] = stored
-    return StoreContents(chunks=chunks, nodes=tuple(nodes), other=other)
+    return StoreContents(chunks=chunks, nodes=walk.nodes, other=other)
 
 
-def missing_data(directory: Location, refs: Iterable[ValueRef]) -> dict[str, str]:
-    """Data files that the store refers to but that do not hold the bytes it expects.
+def missing_data(tree: pytree.PyTreeLayout, refs: Iterable[ValueRef]) -> dict[str, str]:
+    """Data files that the store of ``tree`` refers to but that do not hold the bytes it
+    expects (as its checkpoint's walk found them).
 
     Returns:
-      File (relative to ``directory``) → what is wrong with it: missing, not a
+      File (relative to its directory) → what is wrong with it: missing, not a
       regular file, or shorter than the furthest byte a value needs.
     """
+    directory = tree.directory
     needed: dict[str, int] = {}
     for ref in refs:
         needed[ref.file] = max(needed.get(ref.file, 0), ref.offset + ref.length)
@@ -290,7 +292,7 @@ def missing_data(directory: Location, refs: Iterable[ValueRef]) -> dict[str, str
             where = directory
             for part in filter(None, parent.split("/")):
                 where = where / part
-            listings[parent] = where.entries()
+            listings[parent] = tree.entries(where)
         entry = listings[parent].get(name)
         if entry is None:
             problems[file] = "is missing"

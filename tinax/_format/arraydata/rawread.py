@@ -73,6 +73,46 @@ def executor() -> concurrent.futures.ThreadPoolExecutor:
     return _readers.executor()
 
 
+class DataFiles:
+    """The local data files one read opens (a diff, a data check, a leaf, a copy), each
+    opened once and kept open until ``close``: reading region after region of one
+    file, or array after array stored in it, opens it once. Thread-safe; a context
+    manager that closes them."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, path: str) -> int:
+        """The descriptor of the regular file ``path``, opened the first time it is asked
+        for (links not followed).
+
+        Raises:
+          Unsupported: If it cannot be opened.
+        """
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                try:
+                    fd = self._fds[path] = _open_regular(path)
+                except OSError as e:
+                    raise Unsupported(str(e)) from None
+            return fd
+
+    def close(self) -> None:
+        """Closes every file opened."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __enter__(self) -> DataFiles:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 @dataclasses.dataclass(frozen=True)
 class ChunkGrid:
     """How a zarr3 array of an OCDBT store is cut into chunks, and where the store is.
@@ -143,10 +183,13 @@ class RawArray(ChunkGrid):
       inline: The bytes of keys the store keeps inline in its B+tree (small arrays),
         by the name their ``values`` give as a file (``INLINE`` and a number): read
         from here, without a request.
+      files: The data files of the read it belongs to, opened once for all of its
+        reads; ``None``: each read opens (and closes) what it reads.
     """
 
     values: Mapping[tuple[int, ...], ValueRef]
     inline: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    files: DataFiles | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def unit(self) -> tuple[int, ...]:
@@ -247,6 +290,8 @@ class RawArray(ChunkGrid):
         Raises:
           Unsupported: If it cannot be opened.
         """
+        if self.files is not None:
+            return self.files.fd(self.file(file).path)
         fd = fds.get(file)
         if fd is None:
             try:
@@ -632,6 +677,7 @@ def raw_array(
     stored: Mapping[bytes, bytes | ValueRef],
     prefix: bytes,
     dtype: np.dtype,
+    files: DataFiles | None = None,
 ) -> RawArray | None:
     """The array as raw chunks, if its zarr3 metadata and chunks allow it; else ``None``.
 
@@ -641,6 +687,7 @@ def raw_array(
       stored: The array's chunk keys (with ``prefix``) and where their values are.
       prefix: The array's storage path within the store, as bytes.
       dtype: The dtype the array is read as (from the same metadata).
+      files: The data files of the read it belongs to (see ``RawArray.files``).
     """
     if not may_read(directory) or not _little(dtype):
         return None
@@ -674,7 +721,7 @@ def raw_array(
             refs[grid] = value
         else:
             return None
-    return RawArray.laid_out(directory, found, dtype, values=refs, inline=inline)
+    return RawArray.laid_out(directory, found, dtype, values=refs, inline=inline, files=files)
 
 
 def plan(
@@ -684,10 +731,11 @@ def plan(
     path: str,
     dtype: np.dtype,
     shape: tuple[int, ...] | None = None,
+    files: DataFiles | None = None,
 ) -> RawArray | None:
     """``raw_array`` for an array at storage path ``path``, when its metadata is at hand;
     ``None`` too when ``shape`` is given and the metadata claims another."""
     if metadata is None or stored is None:
         return None
-    found = raw_array(directory, metadata, stored, path.encode("utf-8"), dtype)
+    found = raw_array(directory, metadata, stored, path.encode("utf-8"), dtype, files)
     return None if found is None or (shape is not None and found.shape != shape) else found

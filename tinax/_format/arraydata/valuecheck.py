@@ -82,16 +82,16 @@ def check_values(checkpoint: layout.Checkpoint) -> list[str]:
             f"checkpointable(s) {missing} lost the checksums saved with them "
             "(their data cannot be trusted)"
         )
-    ctx = arrays.context()
+    ctx = arrays.context_of(checkpoint)
     for item in checksums.checksummed(checkpoint):
         try:
-            records = checksums.read_checksums(item.directory)
+            records = checksums.read_checksums(item)
         except ValueError as e:
             problems.append(f"{item.name}: {e}")
             continue
         if records is None:
             continue
-        problems.extend(f"{item.name}: {p}" for p in checksums.check_files(item.directory, records))
+        problems.extend(f"{item.name}: {p}" for p in checksums.check_files(item, records))
         if item.layout == layout.PYTREE:
             try:
                 problems.extend(f"{item.name}: {p}" for p in _check_tree(item, records, ctx))
@@ -103,7 +103,7 @@ def check_values(checkpoint: layout.Checkpoint) -> list[str]:
 def _check_tree(
     item: layout.StoredCheckpointable, records: dict[str, LeafRecord], ctx: ts.Context
 ) -> list[str]:
-    tree = pytree.read_layout(item.directory)
+    tree = pytree.read_layout(item)
     problems: list[str] = []
     strings = [leaf for leaf in tree.leaves if leaf.stored and leaf.kind == words.STRING]
     if strings:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ import xxhash
 from tinax._format.metadata import layout
 from tinax._format.naming import names
 from tinax._format.storage import files
-from tinax._format.storage.location import Location
+from tinax._format.storage.location import DIRECTORY, Entry, Location
 
 ALGORITHM = "xxh3_64"
 
@@ -167,7 +167,7 @@ def missing_promised(checkpoint: layout.Checkpoint) -> list[str]:
     """Checkpointables a checksummed save promised checksums for that have none."""
     if not checkpoint.checksummed:
         return []
-    return [item.name for item in checksummed(checkpoint) if not has_checksums(item.directory)]
+    return [item.name for item in checksummed(checkpoint) if not has_checksums(item)]
 
 
 def check_promise(checkpoint: layout.Checkpoint) -> None:
@@ -185,20 +185,15 @@ def check_promise(checkpoint: layout.Checkpoint) -> None:
         )
 
 
-def has_checksums(directory: Location) -> bool:
-    """Whether the checkpointable at ``directory`` carries tinax checksums."""
-    return (directory / names.CHECKSUMS_DIR).exists()
+def has_checksums(item: layout.StoredCheckpointable) -> bool:
+    """Whether the checkpointable carries tinax checksums (as its checkpoint's walk
+    found it)."""
+    return names.CHECKSUMS_DIR in item.entries()
 
 
-# The preflight and the check after a load read the same record; it is parsed once.
-# Keyed by each file's size, identity and modification time, so a changed file is
-# always read again.
-_recent: dict[tuple[str, tuple[str, ...]], dict[str, LeafRecord]] = {}
-_RECENT_ENTRIES = 8
-
-
-def read_checksums(directory: Location) -> dict[str, LeafRecord] | None:
-    """The checksums recorded for the checkpointable at ``directory``, by leaf key.
+def read_checksums(item: layout.StoredCheckpointable) -> dict[str, LeafRecord] | None:
+    """The checksums recorded for a checkpointable of an opened checkpoint, by leaf key:
+    read the first time they are asked for, and kept on the checkpoint.
 
     Every process's record is read (size-capped, JSON only, links refused) and their
     pieces merged. ``None`` if the checkpointable carries no checksums.
@@ -206,34 +201,46 @@ def read_checksums(directory: Location) -> dict[str, LeafRecord] | None:
     Raises:
       ValueError: If the record exists but is unreadable or malformed, naming the file.
     """
+
+    def read() -> dict[str, LeafRecord] | None:
+        entry = item.entries().get(names.CHECKSUMS_DIR)
+        record_dir = item.directory / names.CHECKSUMS_DIR
+        if entry is None:
+            return None
+        if entry.kind != DIRECTORY:
+            raise ValueError(f"{str(record_dir)!r} is not a directory of checksum records")
+        return _read_records(record_dir, item.checkpoint.entries(record_dir))
+
+    return item.checkpoint.kept(("checksums", item.directory.path), read)
+
+
+def read_directory_checksums(directory: Location) -> dict[str, LeafRecord] | None:
+    """``read_checksums`` of a checkpointable no opened checkpoint holds (one Orbax's
+    handler loads from a path it was given), read each time it is called.
+
+    Raises:
+      ValueError: As ``read_checksums``.
+    """
     record_dir = directory / names.CHECKSUMS_DIR
     if not record_dir.exists():
         return None
     if not record_dir.is_dir():
         raise ValueError(f"{str(record_dir)!r} is not a directory of checksum records")
-    entries = record_dir.entries()
+    return _read_records(record_dir, record_dir.entries())
+
+
+def _read_records(record_dir: Location, entries: Mapping[str, Entry]) -> dict[str, LeafRecord]:
     found = sorted(name for name in entries if names.CHECKSUM_FILE.match(name))
     if not found:
         raise ValueError(f"{str(record_dir)!r} holds no checksum record")
-    stamp = (str(record_dir), tuple(f"{n}:{entries[n].kind}:{entries[n].stamp}" for n in found))
-    cached = _recent.get(stamp)
-    if cached is not None:
-        return cached
-    merged = _read_records(record_dir, found)
-    if len(_recent) >= _RECENT_ENTRIES:
-        _recent.pop(next(iter(_recent)))
-    _recent[stamp] = merged
-    return merged
-
-
-def _read_records(record_dir: Location, found: list[str]) -> dict[str, LeafRecord]:
     merged: dict[str, LeafRecord] = {}
     for name in found:
         path = record_dir / name
         # Checked field by field below, so no depth walk of its many entries.
-        document = files.read_json_object(
-            path, what="tinax checksums", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
+        data = files.read_listed_bytes(
+            path, entries[name], what="tinax checksums", max_bytes=files.MAX_METADATA_BYTES
         )
+        document = files.parse_json_object(data, path=path, what="tinax checksums", max_depth=None)
         if document.get("format") != names.CHECKSUMS_FORMAT:
             raise ValueError(f"{str(path)!r} is not a {names.CHECKSUMS_FORMAT} record")
         if document.get("algorithm") != ALGORITHM:
@@ -257,12 +264,40 @@ def _read_records(record_dir: Location, found: list[str]) -> dict[str, LeafRecor
     return merged
 
 
-def check_files(directory: Location, records: Mapping[str, LeafRecord]) -> list[str]:
-    """Checks the files recorded (kind ``file``) in a checkpointable's directory.
+def check_files(item: layout.StoredCheckpointable, records: Mapping[str, LeafRecord]) -> list[str]:
+    """Checks the files recorded (kind ``file``) in a checkpointable's directory, each
+    read through its opened checkpoint (once, whoever else reads it).
 
     Returns:
       What is wrong, one message per damaged or missing file; empty if nothing.
     """
+    return _check_files(
+        item.directory,
+        records,
+        lambda where: item.checkpoint.read_bytes(
+            where, what="a checksummed file", max_bytes=files.MAX_METADATA_BYTES
+        ),
+    )
+
+
+def check_directory_files(directory: Location, records: Mapping[str, LeafRecord]) -> list[str]:
+    """``check_files`` of a checkpointable no opened checkpoint holds.
+
+    Returns:
+      As ``check_files``.
+    """
+    return _check_files(
+        directory,
+        records,
+        lambda where: files.read_bytes(
+            where, what="a checksummed file", max_bytes=files.MAX_METADATA_BYTES
+        ),
+    )
+
+
+def _check_files(
+    directory: Location, records: Mapping[str, LeafRecord], read: Callable[[Location], bytes]
+) -> list[str]:
     problems = []
     for name, record in sorted(records.items()):
         if record.kind != FILE:
@@ -271,9 +306,7 @@ def check_files(directory: Location, records: Mapping[str, LeafRecord]) -> list[
             problems.append(f"checksum record names {name!r}, which is not a file name")
             continue
         try:
-            data = files.read_bytes(
-                directory / name, what="a checksummed file", max_bytes=files.MAX_METADATA_BYTES
-            )
+            data = read(directory / name)
         except ValueError as e:
             problems.append(str(e))
             continue
@@ -393,7 +426,7 @@ def undecodable_message(key: str, complaint: str) -> str:
     return f"leaf {key}: {undecodable_words(complaint)}"
 
 
-def check_read_value(directory: Location, key: str, value: Any) -> str | None:
+def check_read_value(item: layout.StoredCheckpointable, key: str, value: Any) -> str | None:
     """Checks one whole value read from a checkpointable against its record.
 
     For readers that read a leaf themselves (``tinax.explore.read_leaf``). Returns
@@ -402,7 +435,7 @@ def check_read_value(directory: Location, key: str, value: Any) -> str | None:
     Raises:
       ValueError: If the record itself is unreadable.
     """
-    records = read_checksums(directory)
+    records = read_checksums(item)
     record = None if records is None else records.get(key)
     if record is None:
         return None

@@ -14,8 +14,8 @@ import math
 from typing import Any
 
 from tinax._format.metadata import jsonitems
+from tinax._format.metadata.layout import StoredCheckpointable
 from tinax._format.naming.keys import format_key
-from tinax._format.storage.location import Location
 
 # Grain keeps positions in 64-bit integers.
 _MIN_INT = -(2**63)
@@ -72,11 +72,11 @@ def _is_index(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_INT
 
 
-def check_states(directory: Location, only: str | None = None) -> None:
+def check_states(item: StoredCheckpointable, only: str | None = None) -> None:
     """Refuses an iterator checkpointable whose saved states Grain could not resume from.
 
     Args:
-      directory: The iterator checkpointable.
+      item: The iterator checkpointable of an opened checkpoint.
       only: The one state file to check (the one this process's load reads: on a
         bucket, each process of a large job would otherwise read every process's);
         every state file if ``None``.
@@ -85,10 +85,10 @@ def check_states(directory: Location, only: str | None = None) -> None:
       ValueError: Naming the state file and what is wrong in it, or if a state
         file is missing or not JSON.
     """
-    for stem, state in jsonitems.read_iterator_states(directory, only).items():
+    for stem, state in jsonitems.read_iterator_states(item, only).items():
         problems = state_problems(state)
         if problems:
             raise ValueError(
-                f"{str(directory / (stem + '.json'))!r} is not a Grain iterator state a "
+                f"{str(item.directory / (stem + '.json'))!r} is not a Grain iterator state a "
                 f"load can resume from: {'; '.join(problems)}"
             )

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from tinax._format.integrity import checksums
-from tinax._format.metadata import layout, pytree
+from tinax._format.metadata import commit_record, layout, pytree
 from tinax._format.naming import names, words
 from tinax._format.storage import files
 from tinax._format.storage.location import FILE, Location
@@ -86,8 +86,9 @@ def _check_array_metadatas(where: Location, document: Any) -> None:
             )
 
 
-def check_store_files(directory: Location) -> None:
-    """The size caps of ``check`` for the bookkeeping of one array store, alone.
+def check_store_files(item: layout.StoredCheckpointable) -> None:
+    """The size caps of ``check`` for the bookkeeping of one array store, alone, as its
+    checkpoint's walk found its files.
 
     For readers that go on past a refusal (``verify``): tensorstore reads these
     files whole, so one of them must never be huge.
@@ -95,7 +96,10 @@ def check_store_files(directory: Location) -> None:
     Raises:
       ValueError: Naming a file that is too large.
     """
-    for where, entry in directory.walk():
+    below = item.directory.path.rstrip("/") + "/"
+    for where, entry in item.checkpoint.scan.found:
+        if not where.path.startswith(below):
+            continue
         cap = _CAPPED_FILES.get(where.name)
         if cap is not None and entry.kind == FILE and entry.size > cap:
             raise ValueError(
@@ -141,12 +145,18 @@ def metadata_files(listed: Location, scan: files.Scan | None = None) -> list[str
     return wanted
 
 
-def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
-    """Checks the checkpoint at ``path`` before anything reads it; returns its layout.
+def check(
+    path: Location,
+    scan: files.Scan | None = None,
+    record: commit_record.CheckpointRecord | None = None,
+) -> layout.Checkpoint:
+    """Checks the checkpoint at ``path`` before anything reads it; returns it opened, with
+    every metadata file it parsed kept on it (its readers parse none of them again).
 
     Args:
       path: An existing checkpoint directory.
       scan: ``files.scan(path)``, if the caller has just made it (a listing has).
+      record: Its commit record, if the caller has just read it.
 
     Returns:
       The checkpoint's layout, as ``layout.identify`` finds it.
@@ -160,23 +170,21 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
     snapshot = path.snapshot()
     if snapshot.storage.parallel_reads:
         prefetch_metadata(snapshot, scan)
-    checkpoint = layout.identify(snapshot, scan)
+    checkpoint = layout.identify(snapshot, scan, record)
     # Read and checked as JSON by layout.identify already.
-    record = (checkpoint.path / names.CHECKPOINT_METADATA).path
+    record_file = (checkpoint.path / names.CHECKPOINT_METADATA).path
     split = checkpoint.path.storage.split
     for where, entry in checkpoint.scan.found:
         # The walk's names: a run of a thousand checkpoints has ten thousand files.
         name = entry.name
-        if name in _OWN_READERS or where.path == record:
-            continue
-        if name == names.SHARDINGS:
-            pytree.sharding_file(where)  # parsed once for the check and the tables
+        if name in _OWN_READERS or where.path == record_file:
             continue
         parent = split(split(where.path)[0])[1]
-        what = _json_kind(name, parent)
+        what = "Orbax array shardings" if name == names.SHARDINGS else _json_kind(name, parent)
         if what is not None:
             flat = name in _FLAT_JSON or parent == names.ARRAY_METADATAS
-            document = files.read_json(
+            # Kept on the checkpoint: its readers after the check parse none of them again.
+            document = checkpoint.read_json(
                 where,
                 what=what,
                 max_bytes=files.MAX_METADATA_BYTES,
@@ -192,20 +200,10 @@ def check(path: Location, scan: files.Scan | None = None) -> layout.Checkpoint:
                 f"{name}; refusing to read more than {cap}"
             )
     checksums.check_promise(checkpoint)
-    listed = checkpoint.scan.listing()
     for item in checkpoint.checkpointables:
-        tree = (
-            pytree.read_layout(item.directory, listed.get(item.directory.path, {}))
-            if item.layout == layout.PYTREE
-            else None
-        )
+        tree = pytree.read_layout(item) if item.layout == layout.PYTREE else None
         if item.layout in checksums.CHECKSUMMED_LAYOUTS:
-            # The walk tells whether there is a record to read.
-            records = (
-                checksums.read_checksums(item.directory)
-                if names.CHECKSUMS_DIR in listed.get(item.directory.path, {})
-                else None
-            )
+            records = checksums.read_checksums(item)
             if tree is not None and records is not None and checkpoint.checksummed:
                 _check_coverage(checkpoint, item.name, tree, records)
     return checkpoint

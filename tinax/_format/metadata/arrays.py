@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from tinax._format.lru import LruCache
-from tinax._format.naming import names
+from tinax._format.metadata import layout
 from tinax._format.naming.dtypes import numpy_dtype as numpy_dtype
 from tinax._format.storage.location import Location
 
@@ -43,6 +42,13 @@ _METADATA_POOL = "cache_pool#tinax_metadata"
 _IO_CONCURRENCY = 16
 _COPY_CONCURRENCY = max(4, os.cpu_count() or 1)
 _GCS_RETRIES = {"max_retries": 4, "initial_delay": "0.5s", "max_delay": "4s"}
+
+
+def context_of(checkpoint: layout.Checkpoint) -> ts.Context:
+    """The tensorstore context every read of the opened ``checkpoint`` shares, made the
+    first time it is asked for and kept on it: the B+tree nodes and array metadata one
+    reader reads are in its cache for the next, so no file is read twice for them."""
+    return checkpoint.kept(("tensorstore context",), context)
 
 
 def context() -> ts.Context:
@@ -232,44 +238,31 @@ def crc32c(data: bytes) -> int:
     return int(struct.unpack("<I", stored[-4:])[0])
 
 
-# Walks kept, by store and the listing's stamp of its manifest (size, identity, time;
-# on a bucket its generation): a committed store never changes, and a new write of one
-# writes a new manifest. A verify, a diff, a scan and a table of one checkpoint walk
-# each store once, not once each (on a bucket, two round trips or more a walk).
-_WALKED_BYTES = 64 << 20
-# Each walk as its entries and the B+tree nodes read for them.
-_WALKED: LruCache[tuple[str, str], tuple[list[Any], list[str]]] = LruCache(
-    max_bytes=_WALKED_BYTES,
-    # About what a walk holds: its keys, its inline values, 100 bytes a location.
-    size=lambda walk: sum(len(k) + (len(v) if isinstance(v, bytes) else 100) for k, v in walk[0]),
-)
+@dataclasses.dataclass(frozen=True)
+class StoreWalk:
+    """An OCDBT store as one walk of its B+tree found it.
+
+    Attributes:
+      values: Every key, with its inline value (``bytes``) or its location (text).
+      nodes: The location of every B+tree node read.
+    """
+
+    values: dict[bytes, bytes | str]
+    nodes: tuple[str, ...]
 
 
-def walk_ocdbt(
-    directory: Location,
-    ctx: ts.Context,
-    *,
-    nodes: list[str] | None = None,
-    fresh: bool = False,
-) -> Iterator[tuple[bytes, bytes | str]]:
-    """``_walk_ocdbt_store``, kept while the store's manifest is unchanged (the
-    arguments and results are the same); ``fresh`` walks it again, for a writer."""
-    manifest = None if fresh else (directory / names.OCDBT_MANIFEST).entry()
-    key = None if manifest is None or not manifest.stamp else (str(directory), manifest.stamp)
-    if key is not None:
-        kept = _WALKED.get(key)
-        if kept is not None:
-            if nodes is not None:
-                nodes.extend(kept[1])
-            yield from kept[0]
-            return
-    walked_nodes: list[str] = []
-    entries = list(_walk_ocdbt_store(directory, ctx, nodes=walked_nodes))
-    if nodes is not None:
-        nodes.extend(walked_nodes)
-    if key is not None:
-        _WALKED.put(key, (entries, walked_nodes))
-    yield from entries
+def walk_ocdbt(directory: Location, ctx: ts.Context) -> StoreWalk:
+    """Every key of the OCDBT store in ``directory``, walked now (``_walk_ocdbt_store``).
+
+    A reader of an opened checkpoint walks it through its layout, which keeps the walk
+    on the checkpoint (``pytree.PyTreeLayout.walk_store``).
+
+    Raises:
+      ValueError: If the manifest or a node cannot be read or decoded.
+    """
+    nodes: list[str] = []
+    values = dict(_walk_ocdbt_store(directory, ctx, nodes=nodes))
+    return StoreWalk(values, tuple(nodes))
 
 
 def _walk_ocdbt_store(
@@ -320,17 +313,19 @@ def _walk_ocdbt(
     wanted: Collection[bytes],
     ctx: ts.Context,
     sizes: dict[str, int] | None = None,
+    walk: StoreWalk | None = None,
 ) -> dict[bytes, bytes]:
-    """Values of ``wanted`` keys, read by walking the OCDBT B+tree (see ``walk_ocdbt``).
+    """Values of ``wanted`` keys, read by walking the OCDBT B+tree (see ``walk_ocdbt``),
+    or from ``walk`` where the caller has walked it already.
 
     ``sizes``, if given, receives the stored bytes of every other key, summed by the
     directory of each wanted key (``w/zarr.json`` → ``w/``): an array's chunks.
     """
-    base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
     found: dict[bytes, bytes] = {}
     indirect: dict[bytes, str] = {}
     owners = {key[: key.rfind(b"/") + 1] for key in wanted}
-    for key, value in walk_ocdbt(directory, ctx):
+    walked = walk_ocdbt(directory, ctx) if walk is None else walk
+    for key, value in walked.values.items():
         if sizes is not None and key not in wanted:
             owner = _owner(key, owners)
             if owner is not None:
@@ -343,9 +338,11 @@ def _walk_ocdbt(
             found[key] = value
         else:
             indirect[key] = value
-    values = {key: ts.ocdbt.dump(base, loc, context=ctx) for key, loc in indirect.items()}
-    for key, future in values.items():
-        found[key] = future.result()
+    if indirect:
+        base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
+        values = {key: ts.ocdbt.dump(base, loc, context=ctx) for key, loc in indirect.items()}
+        for key, future in values.items():
+            found[key] = future.result()
     return found
 
 
@@ -378,12 +375,14 @@ def read_values(
     ocdbt: bool,
     ctx: ts.Context,
     sizes: dict[str, int] | None = None,
+    walk: StoreWalk | None = None,
 ) -> dict[str, bytes]:
     """The stored bytes of ``keys`` (relative to ``directory``), read concurrently.
 
     Keys that are not stored are absent from the result. ``sizes``, if given, is
     filled (OCDBT stores only, when their B+tree could be walked) with the stored
-    bytes of the chunks under each key's directory.
+    bytes of the chunks under each key's directory. ``walk`` is the store's walk, if
+    the caller has made it.
 
     Raises:
       ValueError: If the store cannot be opened or read.
@@ -392,7 +391,7 @@ def read_values(
     found: dict[bytes, bytes] = {}
     if ocdbt and wanted:
         try:
-            found = _walk_ocdbt(directory, wanted, ctx, sizes)
+            found = _walk_ocdbt(directory, wanted, ctx, sizes, walk)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             if sizes is not None:
                 sizes.clear()

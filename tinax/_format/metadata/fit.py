@@ -17,11 +17,10 @@ import numpy as np
 if TYPE_CHECKING:
     import ml_dtypes
 
-from tinax._format.metadata import arrays, jsonitems, layout, pytree
+from tinax._format.metadata import jsonitems, layout, pytree
 from tinax._format.naming import names, words
 from tinax._format.naming.keys import ROOT, KeyPath, format_key
 from tinax._format.storage import files
-from tinax._format.storage.location import Location
 
 # A target leaf that asks for nothing to be restored (Orbax's placeholder ``...``).
 PLACEHOLDER = "placeholder"
@@ -352,16 +351,16 @@ def refusal_message(path: str, refused: Sequence[LeafVerdict]) -> str:
 _KEY_DATA_DTYPES = frozenset({"uint32", "uint8", "uint16", "uint64"})
 
 
-def key_impls(directory: Location) -> dict[str, str] | None:
-    """Orbax V1's record of which arrays of the pytree checkpointable at ``directory``
-    are typed PRNG keys: param name to the key's implementation (``""`` for an array
-    that is not a key); ``None`` if not recorded."""
-    folder = directory / names.ARRAY_METADATAS
-    if not folder.exists():
+def key_impls(item: layout.StoredCheckpointable) -> dict[str, str] | None:
+    """Orbax V1's record of which arrays of a pytree checkpointable are typed PRNG keys:
+    param name to the key's implementation (``""`` for an array that is not a key);
+    ``None`` if not recorded."""
+    folder = item.directory / names.ARRAY_METADATAS
+    if names.ARRAY_METADATAS not in item.entries():
         return None
     out: dict[str, str] = {}
-    for name in sorted(folder.entries()):
-        record = files.read_json_object(
+    for name in sorted(item.checkpoint.entries(folder)):
+        record = item.checkpoint.read_json_object(
             folder / name,
             what="Orbax's record of the arrays a process wrote",
             max_bytes=files.MAX_METADATA_BYTES,
@@ -379,11 +378,11 @@ def key_impls(directory: Location) -> dict[str, str] | None:
 
 
 def _pytree_specs(item: layout.StoredCheckpointable) -> list[tuple[KeyPath, Spec]]:
-    tree = pytree.read_layout(item.directory)
-    infos = pytree.leaf_infos(tree, arrays.context())
+    tree = pytree.read_layout(item)
+    infos = pytree.leaf_infos(tree, tree.context())
     # Only arrays of key data's dtypes can be keys: most checkpoints need no more reading.
     impls = (
-        key_impls(item.directory)
+        key_impls(item)
         if any(info is not None and info.dtype in _KEY_DATA_DTYPES for _, info in infos)
         else None
     )
@@ -414,12 +413,12 @@ def stored_specs(
         if item.layout == layout.PYTREE:
             out[name] = _pytree_specs(item)
         elif item.layout == layout.ITERATOR:
-            jsonitems.iterator_files(item.directory)
+            jsonitems.iterator_files(item)
             out[name] = [(ROOT, Spec(words.ITERATOR))]
         elif item.layout == layout.JSON:
             out[name] = [(ROOT, Spec(words.JSON))]
         elif item.layout == layout.EMPTY:
-            jsonitems.read_empty_record(item.directory)
+            jsonitems.read_empty_record(item)
             out[name] = [(ROOT, Spec(words.EMPTY))]
         else:
             out[name] = [(ROOT, Spec(words.UNKNOWN))]

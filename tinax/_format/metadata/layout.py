@@ -8,9 +8,11 @@ flat V0 single-item checkpoints, and tinax's own records of leafless pytrees.
 from __future__ import annotations
 
 import dataclasses
-import posixpath
-from typing import Any
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
+from tinax._format.metadata.commit_record import CheckpointRecord, read_checkpoint_record
 from tinax._format.naming import names
 from tinax._format.storage import files
 from tinax._format.storage.location import DIRECTORY, FILE, Entry, Location
@@ -31,78 +33,52 @@ _MARKERS = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointRecord:
-    """What ``_CHECKPOINT_METADATA`` says.
+_T = TypeVar("_T")
+# A JSON file up to this size keeps its bytes beside its parsed document (an iterator's
+# state is both parsed and checked against its checksum); a larger one only its document.
+_KEPT_BYTES = 1 << 20
 
-    Attributes:
-      item_handlers: Checkpointable name → handler type name (``None`` where it is
-        not a string), a single handler name for a flat checkpoint, or ``None``
-        when the record names none.
-      committed_nsecs: Commit time in nanoseconds since the epoch, if recorded.
-      checksummed: Whether the save recorded that every pytree and iterator
-        checkpointable carries tinax checksums (``names.CHECKSUMS_PROMISE``).
-      pipelines: The input pipeline each iterator checkpointable was saved from
-        (``names.PIPELINES``, read by ``pipeline.saved_pipelines``); empty when
-        the save recorded none (Orbax's, an older tinax's).
+
+class _Kept:
+    """What has been read of one opened checkpoint, each thing once, on any thread.
+
+    A refusal (``ValueError``: a file that is missing, too large or garbled) is kept
+    too, and raised again to whoever asks next, without reading the file again.
     """
 
-    item_handlers: dict[str, str | None] | str | None
-    committed_nsecs: int | None
-    checksummed: bool = False
-    pipelines: dict[str, Any] = dataclasses.field(default_factory=dict)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[Hashable, Any] = {}
+        self._reading: dict[Hashable, threading.Lock] = {}
 
+    def get(self, key: Hashable, read: Callable[[], _T]) -> _T:
+        with self._lock:
+            if key in self._values:
+                return self._kept(key)
+            reading = self._reading.setdefault(key, threading.Lock())
+        with reading:  # another thread reading the same thing: wait for its result
+            with self._lock:
+                if key in self._values:
+                    return self._kept(key)
+            try:
+                value: Any = read()
+            except ValueError as e:
+                value = e
+            with self._lock:
+                self._values[key] = value
+                self._reading.pop(key, None)
+        return self._kept(key)
 
-def read_checkpoint_record(path: Location) -> CheckpointRecord:
-    """Reads the checkpoint's ``_CHECKPOINT_METADATA``.
+    def holds(self, key: Hashable) -> bool:
+        """Whether ``key`` has been read (or refused) already."""
+        with self._lock:
+            return key in self._values
 
-    Raises:
-      ValueError: If the file is missing, not JSON, or not Orbax's record; the
-        message names the file and what is wrong.
-    """
-    meta_file = path / names.CHECKPOINT_METADATA
-    meta = files.read_json_object(meta_file, what="Orbax checkpoint metadata")
-    handlers: Any = meta.get("item_handlers")
-    if isinstance(handlers, dict):
-        for name in handlers:
-            check_checkpointable_name(name, meta_file)
-        handlers = {k: v if isinstance(v, str) else None for k, v in handlers.items()}
-    elif handlers is not None and not isinstance(handlers, str):
-        raise ValueError(
-            f"{str(meta_file)!r} has item_handlers of type {type(handlers).__name__}; "
-            "expected an object or a string"
-        )
-    stamp = meta.get("commit_timestamp_nsecs")
-    committed = None
-    # Later than any plausible date (year 2262) is not a time pandas can show.
-    if isinstance(stamp, int) and not isinstance(stamp, bool) and 0 < stamp < 2**63:
-        committed = stamp
-    custom = meta.get("custom_metadata")
-    promise = custom.get(names.CHECKSUMS_PROMISE) if isinstance(custom, dict) else None
-    checksummed = isinstance(promise, dict) and promise.get("checksums") is True
-    pipelines = custom.get(names.PIPELINES) if isinstance(custom, dict) else None
-    return CheckpointRecord(
-        item_handlers=handlers,
-        committed_nsecs=committed,
-        checksummed=checksummed,
-        pipelines=pipelines if isinstance(pipelines, dict) else {},
-    )
-
-
-def check_checkpointable_name(name: object, meta_file: Location) -> str:
-    """A checkpointable name read from metadata, refused unless it is a plain directory name.
-
-    Raises:
-      ValueError: Naming ``meta_file``, if ``name`` is not a string or would climb
-        out of the checkpoint.
-    """
-    if not isinstance(name, str):
-        raise ValueError(f"{str(meta_file)!r} has a non-string checkpointable name")
-    if not name or name in (".", "..") or posixpath.basename(name) != name or "\\" in name:
-        raise ValueError(
-            f"{str(meta_file)!r} names checkpointable {name!r}, which is not a plain directory name"
-        )
-    return name
+    def _kept(self, key: Hashable) -> Any:
+        value = self._values[key]
+        if isinstance(value, ValueError):
+            raise value
+        return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,11 +89,24 @@ class StoredCheckpointable:
       name: Its name; ``""`` for the single item of a flat V0 checkpoint.
       directory: The directory holding it.
       layout: ``pytree``, ``iterator``, ``json``, ``empty`` or ``unknown``.
+      checkpoint: The opened checkpoint it belongs to (set by ``Checkpoint``), which
+        keeps what is read of it.
     """
 
     name: str
     directory: Location
     layout: str
+    checkpoint: Checkpoint = dataclasses.field(
+        init=False,
+        repr=False,
+        compare=False,
+        hash=False,
+        default=None,  # type: ignore[assignment]
+    )
+
+    def entries(self) -> dict[str, Entry]:
+        """Its directory's entries, as its checkpoint's walk found them."""
+        return self.checkpoint.entries(self.directory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +130,7 @@ class Checkpoint:
         and iterator checkpointable (their absence is then damage).
       pipelines: The record of the input pipelines its iterators were saved from
         (``CheckpointRecord.pipelines``).
+      record: Its commit record as read when it was opened (``None`` if it has none).
     """
 
     path: Location
@@ -149,6 +139,102 @@ class Checkpoint:
     scan: files.Scan
     checksummed: bool = False
     pipelines: dict[str, Any] = dataclasses.field(default_factory=dict)
+    record: CheckpointRecord | None = dataclasses.field(default=None, compare=False)
+    # What has been read of it so far (``kept``); a replaced copy starts afresh.
+    _kept: _Kept = dataclasses.field(
+        default_factory=_Kept, init=False, repr=False, compare=False, hash=False
+    )
+
+    def __post_init__(self) -> None:
+        # Each checkpointable reaches what is kept of its checkpoint through it.
+        items = tuple(dataclasses.replace(item) for item in self.checkpointables)
+        for item in items:
+            object.__setattr__(item, "checkpoint", self)
+        object.__setattr__(self, "checkpointables", items)
+
+    def kept(self, key: Hashable, read: Callable[[], _T]) -> _T:
+        """What ``read()`` returns, read the first time it is asked for and kept on
+        this checkpoint for every later reader (a ``ValueError`` too, raised again).
+
+        ``key`` names what is read: a tuple starting with the reading module's name.
+        Do not modify what is returned: every reader of this checkpoint shares it.
+        """
+        return self._kept.get(key, read)
+
+    def entries(self, directory: Location) -> dict[str, Entry]:
+        """The entries of ``directory`` (this checkpoint's or one below it), as the walk
+        made when it was opened found them: nothing is listed again.
+
+        Do not modify the result.
+        """
+        return self.scan.listing().get(directory.path, {})
+
+    def entry(self, where: Location) -> Entry | None:
+        """What the walk found at ``where`` (under this checkpoint), if anything."""
+        parent, name = where.storage.split(where.path)
+        return self.scan.listing().get(parent, {}).get(name)
+
+    def read_bytes(self, where: Location, *, what: str, max_bytes: int) -> bytes:
+        """The bytes of the file ``where`` under this checkpoint, read once and kept
+        (``files.read_bytes``'s checks, against the walk's entry for it).
+
+        Raises:
+          ValueError: As ``files.read_bytes``.
+        """
+        return self.kept(
+            ("bytes", where.path),
+            lambda: files.read_listed_bytes(
+                where, self.entry(where), what=what, max_bytes=max_bytes
+            ),
+        )
+
+    def read_json(
+        self,
+        where: Location,
+        *,
+        what: str,
+        max_bytes: int = files.MAX_SMALL_JSON_BYTES,
+        max_depth: int | None = files.MAX_JSON_DEPTH,
+    ) -> Any:
+        """The JSON document in the file ``where`` under this checkpoint, read and parsed
+        once and kept (``files.read_json``); do not modify it.
+
+        Raises:
+          ValueError: As ``files.read_json``.
+        """
+
+        def parse() -> Any:
+            entry = self.entry(where)
+            if self._kept.holds(("bytes", where.path)) or (
+                entry is not None and entry.size <= _KEPT_BYTES
+            ):
+                # Small files' bytes are kept too: a checksum of the file reads them.
+                data = self.read_bytes(where, what=what, max_bytes=max_bytes)
+            else:
+                data = files.read_listed_bytes(where, entry, what=what, max_bytes=max_bytes)
+            return files.parse_json(data, path=where, what=what, max_depth=max_depth)
+
+        return self.kept(("json", where.path), parse)
+
+    def read_json_object(
+        self,
+        where: Location,
+        *,
+        what: str,
+        max_bytes: int = files.MAX_SMALL_JSON_BYTES,
+        max_depth: int | None = files.MAX_JSON_DEPTH,
+    ) -> dict[str, Any]:
+        """``read_json`` of a file that must hold a JSON object.
+
+        Raises:
+          ValueError: As ``files.read_json_object``.
+        """
+        value = self.read_json(where, what=what, max_bytes=max_bytes, max_depth=max_depth)
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"{str(where)!r} ({what}) holds a JSON {type(value).__name__}, not an object"
+            )
+        return value
 
     def get(self, name: object) -> StoredCheckpointable:
         """The checkpointable called ``name``.
@@ -243,13 +329,16 @@ def has_marker(entries: dict[str, Entry]) -> bool:
     return any(marker in entries for marker in _MARKERS)
 
 
-def identify(path: Location, scan: files.Scan | None = None) -> Checkpoint:
+def identify(
+    path: Location, scan: files.Scan | None = None, record: CheckpointRecord | None = None
+) -> Checkpoint:
     """Which checkpoint the directory ``path`` is, and what it holds, from its commit
     record and its listing (the rest of its metadata is the preflight's to read).
 
     Args:
       path: An existing checkpoint directory.
       scan: ``files.scan(path)``, if the caller has just made it.
+      record: ``read_checkpoint_record(path)``, if the caller has just read it.
 
     Returns:
       The checkpoint's layout.
@@ -288,7 +377,8 @@ def identify(path: Location, scan: files.Scan | None = None) -> Checkpoint:
     listed = found.listing()
     top = listed.get(path.path, {})
     has_record = names.CHECKPOINT_METADATA in top
-    record = read_checkpoint_record(path) if has_record else CheckpointRecord(None, None)
+    if record is None:
+        record = read_checkpoint_record(path, top) if has_record else CheckpointRecord(None, None)
     handlers = record.item_handlers
 
     if isinstance(handlers, dict):
@@ -303,7 +393,13 @@ def identify(path: Location, scan: files.Scan | None = None) -> Checkpoint:
         # A flat checkpoint: the directory itself is the one, unnamed item.
         item = StoredCheckpointable("", path, classify(path, top) or UNKNOWN)
         return Checkpoint(
-            path, (item,), record.committed_nsecs, found, record.checksummed, record.pipelines
+            path,
+            (item,),
+            record.committed_nsecs,
+            found,
+            record.checksummed,
+            record.pipelines,
+            record if has_record else None,
         )
     else:
         item_names = _checkpointable_dirs(path)
@@ -335,7 +431,13 @@ def identify(path: Location, scan: files.Scan | None = None) -> Checkpoint:
         for item in items:
             _check_handler_layout(path, item, handlers.get(item.name))
     return Checkpoint(
-        path, items, record.committed_nsecs, found, record.checksummed, record.pipelines
+        path,
+        items,
+        record.committed_nsecs,
+        found,
+        record.checksummed,
+        record.pipelines,
+        record if has_record else None,
     )
 
 
@@ -357,22 +459,3 @@ def _check_handler_layout(path: Location, item: StoredCheckpointable, handler: s
             f"checkpoint {str(path)!r}: checkpointable {item.name!r} was written by "
             f"{handler.rsplit('.', 1)[-1]} but has no {expected[1]}"
         )
-
-
-def checkpointable_names(path: Location) -> list[str]:
-    """The names of the checkpointables stored at ``path``, from metadata only.
-
-    Without a handler record (older checkpoints), every subdirectory counts.
-
-    Raises:
-      ValueError: If ``path`` is not a readable Orbax checkpoint, naming the path
-        and what is wrong.
-    """
-    if not (path / names.CHECKPOINT_METADATA).exists():
-        raise ValueError(
-            f"{str(path)!r} is not an Orbax checkpoint: it has no {names.CHECKPOINT_METADATA} file"
-        )
-    handlers = read_checkpoint_record(path).item_handlers
-    if isinstance(handlers, dict):
-        return list(handlers)
-    return sorted(name for name, e in path.entries().items() if e.kind == DIRECTORY)

@@ -1,7 +1,11 @@
 """An Orbax pytree checkpointable, from its metadata alone.
 
-(Over 500 lines: ``_METADATA``'s typed decoding and the parsed-layout cache belong
-together, and the readers of strings, shardings and scalars share their layout.)
+(Over 500 lines: ``_METADATA``'s typed decoding and the layout it gives belong
+together, and the readers of strings, shardings and scalars share that layout.)
+
+A pytree of an opened checkpoint (``layout.Checkpoint``) is read through it: its
+layout parsed once, its ``_strings.json`` and ``_sharding`` read once, its array
+store walked once, each kept on the checkpoint for every later reader.
 
 The tree comes from ``_METADATA``; each array's shape, dtype and chunking from its
 zarr metadata (read in bulk, see ``arrays``); strings from ``_strings.json``;
@@ -22,9 +26,9 @@ from typing import Any, NamedTuple
 import msgspec
 import tensorstore as ts
 
-from tinax._format.lru import LruCache
 from tinax._format.metadata import arrays, budget
 from tinax._format.metadata.arrays import ArrayInfo, parse_array_metadata
+from tinax._format.metadata.layout import StoredCheckpointable
 from tinax._format.naming import names, words
 from tinax._format.naming.keys import KeyPart, KeyPath
 from tinax._format.storage import files
@@ -73,13 +77,70 @@ class StoredLeaf(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class PyTreeLayout:
-    """How a pytree checkpointable is stored."""
+    """How a pytree checkpointable is stored.
+
+    Attributes:
+      directory: The checkpointable's directory.
+      leaves: Its leaves, in stored order.
+      ocdbt: Whether its arrays are in an OCDBT store.
+      zarr3: Whether they are zarr3 arrays.
+      all_chunks_stored: Whether every chunk is stored, even one of fill values.
+      item: The checkpointable of an opened checkpoint this is, through which its
+        other files are read (once, kept on it); ``None`` for a pytree read without
+        one (a checkpoint being written, or one Orbax's handler reads).
+    """
 
     directory: Location
     leaves: tuple[StoredLeaf, ...]
     ocdbt: bool
     zarr3: bool
     all_chunks_stored: bool
+    item: StoredCheckpointable | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def read_json(self, name: str, *, what: str) -> Any:
+        """The JSON document of its file ``name`` (metadata: size-capped, no depth walk),
+        through its opened checkpoint where it has one.
+
+        Raises:
+          ValueError: If the file is missing, too large or not JSON, naming it.
+        """
+        where = self.directory / name
+        if self.item is not None:
+            return self.item.checkpoint.read_json(
+                where, what=what, max_bytes=files.MAX_METADATA_BYTES, max_depth=None
+            )
+        return files.read_json(where, what=what, max_bytes=files.MAX_METADATA_BYTES, max_depth=None)
+
+    def context(self) -> ts.Context:
+        """The tensorstore context its reads share: its opened checkpoint's
+        (``arrays.context_of``), else a fresh one."""
+        if self.item is None:
+            return arrays.context()
+        return arrays.context_of(self.item.checkpoint)
+
+    def has_file(self, name: str) -> bool:
+        """Whether its directory holds ``name`` (as its checkpoint's walk found it)."""
+        return name in self.entries(self.directory)
+
+    def entries(self, where: Location) -> dict[str, Entry]:
+        """The entries of ``where`` (its directory or one below it): as its opened
+        checkpoint's walk found them, else listed now."""
+        if self.item is not None:
+            return self.item.checkpoint.entries(where)
+        return where.entries()
+
+    def walk_store(self, ctx: ts.Context) -> arrays.StoreWalk:
+        """Its OCDBT store's keys, values and B+tree nodes (``arrays.walk_ocdbt``):
+        walked once and kept on its opened checkpoint.
+
+        Raises:
+          ValueError, KeyError, TypeError: As the walk raises them.
+        """
+        if self.item is None:
+            return arrays.walk_ocdbt(self.directory, ctx)
+        return self.item.checkpoint.kept(
+            ("ocdbt walk", self.directory.path), lambda: arrays.walk_ocdbt(self.directory, ctx)
+        )
 
     def find(self, key: object, *, name: str) -> StoredLeaf:
         """The leaf at ``key``.
@@ -143,7 +204,10 @@ class _Metadata(msgspec.Struct, gc=False):
 _METADATA_DECODER = msgspec.json.Decoder(_Metadata)
 
 
-def _decode_metadata(meta_file: Location) -> _Metadata:
+_METADATA_WHAT = "Orbax pytree metadata"
+
+
+def _decode_metadata(meta_file: Location, data: bytes) -> _Metadata:
     """``_METADATA`` decoded into typed records.
 
     A document Orbax wrote decodes straight into them, without the dict per key
@@ -155,8 +219,7 @@ def _decode_metadata(meta_file: Location) -> _Metadata:
       ValueError: If the file is missing, too large, not JSON or not Orbax's
         pytree metadata; the message names the file and what is wrong.
     """
-    what = "Orbax pytree metadata"
-    data = files.read_bytes(meta_file, what=what, max_bytes=files.MAX_METADATA_BYTES)
+    what = _METADATA_WHAT
     try:
         # msgspec skips fields the records do not name without looking at them;
         # a load (Orbax's parser) refuses bytes that are not UTF-8 anywhere.
@@ -279,50 +342,32 @@ def storage_path(param: str) -> str:
     return param + "/" if param else ""
 
 
-# Parsed layouts of the last few checkpointables read, by their files' stamps: a
-# checkpoint opened in the explorer is checked, tabled, verified and read from by
-# separate calls, and its _METADATA (megabytes for tens of thousands of leaves) is
-# parsed once for all of them.
-_LAYOUTS_KEPT = 8
-_LAYOUTS: LruCache[tuple[str, str, str], PyTreeLayout] = LruCache(_LAYOUTS_KEPT)
-
-
-# Parsed ``_sharding`` files, likewise: checked before anything is read, then tabled.
-_SHARDING_FILES: LruCache[tuple[str, str], Any] = LruCache(_LAYOUTS_KEPT)
-
-
-def clear_layouts() -> None:
-    """Forgets every parsed layout kept by ``read_layout`` (and ``sharding_file``)."""
-    _LAYOUTS.clear()
-    _SHARDING_FILES.clear()
-
-
-def sharding_file(path: Location) -> Any:
-    """Orbax's ``_sharding`` file at ``path``, parsed once while it is unchanged.
-
-    Do not modify the result: it is shared by every reader of the file.
+def read_layout(item: StoredCheckpointable) -> PyTreeLayout:
+    """The layout of a pytree checkpointable of an opened checkpoint: its ``_METADATA``
+    parsed the first time it is asked for, and kept on the checkpoint.
 
     Raises:
-      ValueError: If it is missing, too large or not JSON.
+      ValueError: If ``_METADATA`` is missing, not JSON, or not Orbax's pytree
+        metadata; the message names the file and what is wrong.
     """
-    entry = path.entry()
-    key = None if entry is None or not entry.stamp else (str(path), entry.stamp)
-
-    def read() -> Any:
-        return files.read_json(
-            path, what="Orbax array shardings", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
-        )
-
-    return read() if key is None else _SHARDING_FILES.get_or_compute(key, read)
+    return item.checkpoint.kept(
+        ("pytree layout", item.directory.path),
+        lambda: parse_layout(item.directory, item.entries(), item),
+    )
 
 
-def read_layout(directory: Location, entries: dict[str, Entry] | None = None) -> PyTreeLayout:
-    """Parses a pytree checkpointable's ``_METADATA``.
+def parse_layout(
+    directory: Location,
+    entries: Mapping[str, Entry] | None = None,
+    item: StoredCheckpointable | None = None,
+) -> PyTreeLayout:
+    """Parses a pytree checkpointable's ``_METADATA``, each time it is called: for a
+    pytree no opened checkpoint holds (``read_layout`` is for those).
 
-    A layout parsed before is reused while ``_METADATA`` and ``manifest.ocdbt`` are
-    unchanged (same size, identity and modification time). ``entries`` are the
-    entries of ``directory``, if the caller has just listed them (a check's walk):
-    then neither file is looked at again to tell.
+    Args:
+      directory: The checkpointable's directory.
+      entries: Its entries, if the caller has listed them already.
+      item: The opened checkpoint's checkpointable it is, if any.
 
     Raises:
       ValueError: If ``_METADATA`` is missing, not JSON, or not Orbax's pytree
@@ -335,31 +380,19 @@ def read_layout(directory: Location, entries: dict[str, Entry] | None = None) ->
     else:
         meta_entry = entries.get(names.PYTREE_METADATA)
         manifest_entry = entries.get(names.OCDBT_MANIFEST)
-    key = None
-    if meta_entry is not None and meta_entry.stamp:
-        manifest_stamp = (
-            "" if manifest_entry is None else manifest_entry.kind + manifest_entry.stamp
-        )
-        key = (str(directory), meta_entry.stamp, manifest_stamp)
-        kept = _LAYOUTS.get(key)
-        if kept is not None:
-            if kept.directory == directory:
-                return kept
-            # The same files, read through the location asked about.
-            return dataclasses.replace(kept, directory=directory)
+    has_manifest = manifest_entry is not None and manifest_entry.kind == FILE
     with files.paused_gc():
-        layout = _parse_layout(
-            directory, manifest_entry is not None and manifest_entry.kind == FILE
-        )
-    if key is not None:
-        _LAYOUTS.put(key, layout)
-    return layout
-
-
-def _parse_layout(directory: Location, has_manifest: bool) -> PyTreeLayout:
-    meta_file = directory / names.PYTREE_METADATA
-    meta = _decode_metadata(meta_file)
-    leaves = _stored_leaves(meta_file, meta.tree_metadata)
+        if item is None:
+            data = files.read_listed_bytes(
+                meta_file, meta_entry, what=_METADATA_WHAT, max_bytes=files.MAX_METADATA_BYTES
+            )
+        else:
+            # Kept on the checkpoint: a writer that copies the pytree parses it whole too.
+            data = item.checkpoint.read_bytes(
+                meta_file, what=_METADATA_WHAT, max_bytes=files.MAX_METADATA_BYTES
+            )
+        meta = _decode_metadata(meta_file, data)
+        leaves = _stored_leaves(meta_file, meta.tree_metadata)
     ocdbt = meta.use_ocdbt
     if not isinstance(ocdbt, bool):
         ocdbt = has_manifest
@@ -374,6 +407,7 @@ def _parse_layout(directory: Location, has_manifest: bool) -> PyTreeLayout:
         ocdbt=ocdbt,
         zarr3=meta.use_zarr3 is True,
         all_chunks_stored=meta.store_array_data_equal_to_fill_value is True,
+        item=item,
     )
 
 
@@ -406,9 +440,15 @@ def array_infos(
         sizes.update(stored_sizes)
     try:
         if stored is None:
-            ctx = arrays.context() if ctx is None else ctx
+            if ctx is None:
+                ctx = arrays.context() if layout.item is None else layout.context()
             stored = arrays.read_values(
-                layout.directory, keys, ocdbt=layout.ocdbt, ctx=ctx, sizes=sizes
+                layout.directory,
+                keys,
+                ocdbt=layout.ocdbt,
+                ctx=ctx,
+                sizes=sizes,
+                walk=_walked(layout, ctx),
             )
         elif isinstance(stored, ValueError):
             raise stored
@@ -449,6 +489,18 @@ def array_infos(
     return infos
 
 
+def _walked(layout: PyTreeLayout, ctx: ts.Context) -> arrays.StoreWalk | None:
+    """The store's walk kept on the opened checkpoint (made now if it is the first to
+    ask); ``None`` where there is none to keep or it fails (the reader then looks its
+    keys up, and says what is wrong in its own words)."""
+    if layout.item is None or not layout.ocdbt:
+        return None
+    try:
+        return layout.walk_store(ctx)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+
+
 def leaf_infos(layout: PyTreeLayout, ctx: ts.Context) -> list[tuple[StoredLeaf, ArrayInfo | None]]:
     """Every leaf with its array metadata (``None`` for leaves not in the array store).
 
@@ -470,9 +522,12 @@ def read_strings(layout: PyTreeLayout, params: list[str]) -> dict[str, str]:
       ValueError: If ``_strings.json`` is unreadable or lacks one of them.
     """
     path = layout.directory / names.STRINGS
-    strings = files.read_json_object(
-        path, what="Orbax string leaves", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
-    )
+    strings = layout.read_json(names.STRINGS, what="Orbax string leaves")
+    if not isinstance(strings, dict):
+        raise ValueError(
+            f"{str(path)!r} (Orbax string leaves) holds a JSON {type(strings).__name__}, "
+            "not an object"
+        )
     out = {}
     for param in params:
         value = strings.get(param)
@@ -490,9 +545,9 @@ def sharding_records(layout: PyTreeLayout) -> dict[str, str]:
       ValueError: If ``_sharding`` exists but is unreadable.
     """
     path = layout.directory / names.SHARDINGS
-    if not path.exists():
+    if not layout.has_file(names.SHARDINGS):
         return {}
-    stored = sharding_file(path)
+    stored = layout.read_json(names.SHARDINGS, what="Orbax array shardings")
     if not isinstance(stored, dict):
         raise ValueError(
             f"{str(path)!r} (Orbax array shardings) holds a JSON {type(stored).__name__}, "
@@ -545,7 +600,7 @@ def read_scalars(layout: PyTreeLayout, leaves: list[StoredLeaf], ctx: ts.Context
         # Orbax keeps a scalar inline in the B+tree, which the store's (kept) walk
         # holds: no array is opened, and on a bucket no request is made for it.
         try:
-            stored = dict(arrays.walk_ocdbt(layout.directory, ctx))
+            stored = layout.walk_store(ctx).values
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             stored = {}  # read below, which says what is wrong in its own words
         for leaf in leaves:
@@ -590,17 +645,17 @@ def read_value(layout: PyTreeLayout, leaf: StoredLeaf, ctx: ts.Context) -> Any:
     return value.item() if leaf.kind == words.SCALAR else value
 
 
-def top_level_keys(directory: Location) -> list[tuple[KeyPart, bool]] | None:
+def top_level_keys(item: StoredCheckpointable) -> list[tuple[KeyPart, bool]] | None:
     """The first key of every stored leaf, and whether it is a dict key, in stored order.
 
-    Returns ``None`` when the directory holds no Orbax pytree metadata.
+    Returns ``None`` when the checkpointable holds no Orbax pytree metadata.
 
     Raises:
       ValueError: If the metadata is unreadable.
     """
-    if not (directory / names.PYTREE_METADATA).exists():
+    if names.PYTREE_METADATA not in item.entries():
         return None
-    layout = read_layout(directory)
+    layout = read_layout(item)
     keys: dict[KeyPart, bool] = {}
     for leaf in layout.leaves:
         if leaf.path:

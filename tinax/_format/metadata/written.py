@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from tinax._format.metadata.arrays import int_tuple
+from tinax._format.metadata.layout import StoredCheckpointable
 from tinax._format.naming import names
 from tinax._format.storage import files
-from tinax._format.storage.location import Location
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,22 +30,26 @@ class WrittenArray:
     chunk_shape: tuple[int, ...] | None
 
 
-def read_written_arrays(directory: Location) -> dict[str, list[WrittenArray]]:
-    """Each process's record of the arrays it wrote, by file name under ``array_metadatas``.
+def read_written_arrays(item: StoredCheckpointable) -> dict[str, list[WrittenArray]]:
+    """Each process's record of the arrays it wrote, by file name under ``array_metadatas``
+    (each file read through the opened checkpoint: once, whoever else reads it).
 
     Returns an empty dict when the checkpointable has no such records (Orbax V0).
 
     Raises:
       ValueError: If a record is unreadable or not Orbax's, naming the file.
     """
-    folder = directory / names.ARRAY_METADATAS
-    if not folder.exists():
+    folder = item.directory / names.ARRAY_METADATAS
+    if names.ARRAY_METADATAS not in item.entries():
         return {}
     out: dict[str, list[WrittenArray]] = {}
-    for name in sorted(folder.entries()):
+    for name in sorted(item.checkpoint.entries(folder)):
         path = folder / name
-        record = files.read_json_object(
-            path, what="Orbax's record of the arrays a process wrote", max_depth=None
+        record = item.checkpoint.read_json_object(
+            path,
+            what="Orbax's record of the arrays a process wrote",
+            max_bytes=files.MAX_METADATA_BYTES,
+            max_depth=None,
         )
         entries = record.get("array_metadatas")
         if not isinstance(entries, list):

@@ -6,7 +6,7 @@ source to the output, each as Grain's own ``str`` of it (``RangeMapDataset(start
 stop=1000, step=1)``, ``BatchMapDataset(batch_size=4, drop_remainder=False)``) with
 the seed a node draws from, where it has one (``ShuffleMapDataset(seed=0)``). The
 record lives in ``_CHECKPOINT_METADATA``'s ``custom_metadata`` under
-``names.PIPELINES``, committed with the checkpoint; ``layout.CheckpointRecord``
+``names.PIPELINES``, committed with the checkpoint; ``commit_record.CheckpointRecord``
 reads it. This module reads and compares records; it knows nothing of Grain.
 """
 

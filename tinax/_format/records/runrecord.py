@@ -6,11 +6,12 @@ replaced atomically); ``tinax.explore`` reads it. JSON only, size-bounded.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from tinax._format.naming import names
 from tinax._format.storage import files
-from tinax._format.storage.location import Location
+from tinax._format.storage.location import Entry, Location
 
 # A record holds a number per kept step and a few words per kept checkpoint.
 MAX_RECORD_BYTES = 16 << 20
@@ -30,13 +31,15 @@ def read_run_record(root: Location) -> dict[str, Any] | None:
 MAX_CORRUPT_RECORD_BYTES = 1 << 20
 
 
-def found_corrupt(checkpoint: Location) -> str | None:
+def found_corrupt(checkpoint: Location, entries: Mapping[str, Entry] | None = None) -> str | None:
     """Why a run's restore refused ``checkpoint`` (``names.CORRUPT_RECORD``), or ``None``.
+    ``entries`` are its entries, if the caller has listed them already.
 
     A record that cannot be read still marks the checkpoint: its reason is then that.
     """
     where = checkpoint / names.CORRUPT_RECORD
-    if not where.exists():
+    present = names.CORRUPT_RECORD in entries if entries is not None else where.exists()
+    if not present:
         return None
     try:
         record = files.read_json(

@@ -14,7 +14,7 @@ import gc
 import hashlib
 import json
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -121,13 +121,18 @@ def is_utf8(name: str) -> bool:
     return True
 
 
-def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
+def scan(
+    directory: Location,
+    top: Iterable[Entry] | None = None,
+    listed: Mapping[str, Mapping[str, Entry]] | None = None,
+) -> Scan:
     """Walks ``directory`` without following links, checking that it is safe to read.
 
     Orbax writes regular files and directories only, with UTF-8 names; anything
     else under a checkpoint is refused before a reader (tinax's, or Orbax's, which
     would follow a link or block on a FIFO) gets to it. ``top`` are the entries of
-    ``directory`` itself, if the caller has just listed them.
+    ``directory`` itself, if the caller has just listed them; ``listed`` the entries
+    of every directory under it by path (``walk``), if the caller has walked it.
 
     Raises:
       ValueError: If an entry is a symbolic link, neither a regular file nor a
@@ -144,12 +149,13 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
     while stack:
         current = stack.pop()
         try:
-            listed = (
-                current.storage.entries(current.path)
-                if top is None or current is not directory
-                else top
-            )
-            found = sorted(listed, key=lambda e: e.name)
+            if top is not None and current is directory:
+                entries: Iterable[Entry] = top
+            elif listed is not None:
+                entries = listed.get(current.path, {}).values()
+            else:
+                entries = current.storage.entries(current.path)
+            found = sorted(entries, key=lambda e: e.name)
         except OSError as e:
             raise ValueError(f"cannot list {str(current)!r}: {e.strerror or e}") from None
         if found:
@@ -196,6 +202,25 @@ def scan(directory: Location, top: Iterable[Entry] | None = None) -> Scan:
     )
 
 
+def walk(directory: Location) -> dict[str, dict[str, Entry]]:
+    """The entries of ``directory`` and of every directory under it, by path, each listed
+    once, links not followed; what is there whatever it is (``scan`` then says whether
+    it is safe to read, without listing anything again). A directory that cannot be
+    listed has no entries.
+    """
+    listed: dict[str, dict[str, Entry]] = {}
+    stack = [directory]
+    while stack:
+        current = stack.pop()
+        try:
+            found = current.storage.entries(current.path)
+        except OSError:
+            found = []
+        listed[current.path] = {entry.name: entry for entry in found}
+        stack.extend(current / entry.name for entry in found if entry.kind == DIRECTORY)
+    return listed
+
+
 def read_bytes(path: Location, *, what: str, max_bytes: int) -> bytes:
     """Reads a regular file that is not a link, refusing one larger than ``max_bytes``.
 
@@ -203,7 +228,16 @@ def read_bytes(path: Location, *, what: str, max_bytes: int) -> bytes:
       ValueError: If the file is missing, a link, not a regular file, too large
         or unreadable; the message names the path and ``what`` it should hold.
     """
-    entry = path.entry()
+    return read_listed_bytes(path, path.entry(), what=what, max_bytes=max_bytes)
+
+
+def read_listed_bytes(path: Location, entry: Entry | None, *, what: str, max_bytes: int) -> bytes:
+    """``read_bytes`` of a file whose entry a walk found already (``None``: none there),
+    without asking the storage after it again.
+
+    Raises:
+      As ``read_bytes``.
+    """
     if entry is None:
         raise ValueError(f"{str(path)!r} is missing; it should hold {what}")
     if entry.kind == LINK:

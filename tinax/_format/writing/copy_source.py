@@ -98,10 +98,11 @@ def open_pytree_source(
       ValueError: If its metadata is unreadable or not Orbax's, naming the file.
     """
     listed = checkpoint.scan.listing()
-    entries = listed.get(item.directory.path, {})
-    tree = pytree.read_layout(item.directory, entries)
+    entries = item.entries()
+    tree = pytree.read_layout(item)
     meta_file = item.directory / names.PYTREE_METADATA
-    meta = files.read_json_object(
+    # Parsed from the bytes the layout was read from (kept on the checkpoint).
+    meta = checkpoint.read_json_object(
         meta_file, what="Orbax pytree metadata", max_bytes=files.MAX_METADATA_BYTES, max_depth=None
     )
     tree_metadata = meta.get("tree_metadata")
@@ -111,10 +112,10 @@ def open_pytree_source(
     ]
     if len(values) != len(tree.leaves) or not all(isinstance(v, dict) for v in values):
         raise ValueError(f"{str(meta_file)!r} has a leaf without value metadata")
-    records = checksums.read_checksums(item.directory) if names.CHECKSUMS_DIR in entries else None
+    records = checksums.read_checksums(item)
     shardings: dict[str, str] = {}
     if names.SHARDINGS in entries:
-        stored = pytree.sharding_file(item.directory / names.SHARDINGS)
+        stored = tree.read_json(names.SHARDINGS, what="Orbax array shardings")
         if isinstance(stored, dict):
             shardings = {k: v for k, v in stored.items() if isinstance(v, str)}
     return PyTreeSource(
@@ -133,7 +134,7 @@ def _ext_metadata(item: layout.StoredCheckpointable, listed: dict[str, Any]) -> 
     directory = item.directory / names.ARRAY_METADATAS
     found: dict[str, Any] = {}
     for name in sorted(listed.get(directory.path, {})):
-        document = files.read_json_object(
+        document = item.checkpoint.read_json_object(
             directory / name,
             what="Orbax array metadata",
             max_bytes=files.MAX_METADATA_BYTES,

@@ -396,7 +396,7 @@ def add_version(directory: Location, added: Mapping[bytes, ValueRef]) -> None:
     """
     ctx = arrays.context()
     entries: dict[bytes, bytes | ValueRef] = {}
-    for key, value in arrays.walk_ocdbt(directory, ctx, fresh=True):
+    for key, value in arrays.walk_ocdbt(directory, ctx).values.items():
         entries[key] = value if isinstance(value, bytes) else arrays.parse_location(value)
     both = set(entries) & set(added)
     if both:

@@ -357,7 +357,7 @@ def _walk(
         return None
     paths = sorted({pytree.storage_path(leaf.param) for leaf in leaves})
     try:
-        return chunks.store_contents(tree.directory, paths, zarr3=True, ctx=ctx)
+        return chunks.store_contents(tree, paths, ctx=ctx)
     except (ValueError, OSError):
         return None
 

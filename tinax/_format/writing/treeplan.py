@@ -400,11 +400,10 @@ def plan_checkpoint(
     held = [item.name for item in checkpoint.checkpointables]
     names = select_checkpointables(checkpointables, held, where)
     plan = CheckpointPlan([], {}, {})
-    listed = checkpoint.scan.listing()
     for name in names:
         item = checkpoint.get(name)
         if item.layout == layout.PYTREE:
-            tree = pytree.read_layout(item.directory, listed.get(item.directory.path, {}))
+            tree = pytree.read_layout(item)
             planned = plan_leaves(name, tree.leaves, keys=keys, rename=rename)
             if not planned and (keys is not None or not tree.leaves):
                 continue

@@ -20,14 +20,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tinax import _paths
 from tinax._format import callbacks
+from tinax._format.arraydata import rawread
 from tinax._format.callbacks import Cancel, Progress
 from tinax._format.lru import LruCache
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import keys, words
-from tinax.explore import _listing
-from tinax.explore._diff import diff_table
+from tinax.explore import _diff, _listing
 from tinax.explore.display import natural_key
 
 DRIFT_COLUMNS = (
@@ -53,8 +52,8 @@ DRIFT_COLUMNS = (
 LINEN_COLLECTIONS = frozenset({"params", "batch_stats", "cache", "intermediates", "losses"})
 # Which checkpointable holds the model, by the names training code gives it.
 MODEL_NAMES = ("model", "params", "pytree", "state", "default")
-# Pairs whose sums are kept; about 100 bytes a leaf each.
-_KEEP_PAIRS = 4096
+# What the sums of the pairs kept may hold at most: about 150 bytes a leaf.
+_KEEP_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +82,15 @@ class LeafDrift:
     read: bool = True
 
 
-_pairs: LruCache[tuple[Any, ...], list[LeafDrift]] = LruCache(_KEEP_PAIRS)
+# The sums of the pairs read, kept by the process: the result of reading the data of two
+# checkpoints (seconds to minutes), not metadata. Why: the run timeline groups the same
+# sums by another depth when asked, and a refresh of a run reads only its new pairs;
+# nothing else keeps them. Keyed by both checkpoints' path, commit time and size (a
+# committed checkpoint does not change; one written again at the same path commits
+# anew); bounded by ``_KEEP_BYTES``, the least recently used pairs going first.
+_pairs: LruCache[tuple[Any, ...], list[LeafDrift]] = LruCache(
+    max_bytes=_KEEP_BYTES, size=lambda leaves: 150 * len(leaves) + 100
+)
 
 
 def _identity(row: Any) -> tuple[Any, ...]:
@@ -98,27 +105,15 @@ def _number(value: Any) -> float:
     return math.nan if value is None or pd.isna(value) else float(value)
 
 
-def pair_drift(
-    a: str | Checkpoint, b: str | Checkpoint, checkpointable: str | None = None
-) -> list[LeafDrift]:
-    """The sums of every floating-point leaf of two checkpoints (``diff_table``'s), or of
-    one checkpointable of each."""
-    # A checkpointable is read alone where saves commit by a rename; where they
-    # commit in place (object stores), only the checkpoint carries the commit
-    # marker, and the whole checkpoint is read.
-    if (
-        checkpointable is not None
-        and isinstance(a, str)
-        and isinstance(b, str)
-        and _paths.location(a).storage.commits_by_rename
-    ):
-        alone = True
-        a, b = f"{a.rstrip('/')}/{checkpointable}", f"{b.rstrip('/')}/{checkpointable}"
-    else:
-        alone = False
-    diff = diff_table(a, b, sort=False)
-    if checkpointable is not None and not alone:
-        diff = diff[diff["checkpointable"] == checkpointable]
+def pair_drift(a: _Opened, b: _Opened, checkpointable: str | None = None) -> list[LeafDrift]:
+    """The sums of every floating-point leaf of two opened checkpoints (``diff_table``'s),
+    or of one checkpointable of each (the others' data is not read), each read with the
+    data files held open for it."""
+    diff = _diff.diff_sides(
+        _diff.stored_side(a.checkpoint, checkpointable, a.files),
+        _diff.stored_side(b.checkpoint, checkpointable, b.files),
+        sort=False,
+    )
     floats = diff[diff["value_kind"] == "float"]
     out = []
     for row in floats.itertuples(index=False):
@@ -162,11 +157,17 @@ def pair_drift(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Opened:
+    """A checkpoint of a run as the drift reads it: opened once, its data files opened
+    once, for both pairs it is in."""
+
+    checkpoint: Checkpoint
+    files: rawread.DataFiles = dataclasses.field(default_factory=rawread.DataFiles)
+
+
 def _cached_pair(
-    first: Any,
-    second: Any,
-    checkpointable: str | None,
-    source: Callable[[Any], str | Checkpoint] = lambda row: str(row["path"]),
+    first: Any, second: Any, checkpointable: str | None, source: Callable[[Any], _Opened]
 ) -> list[LeafDrift]:
     identity = (_identity(first), _identity(second), checkpointable)
     return _pairs.get_or_compute(
@@ -303,22 +304,16 @@ def drift_table(
         raise TypeError(
             f"checkpointable must be a name or None, got {type(checkpointable).__name__}"
         )
-    directory, listing = _listing.run_listing(root)
-    opened: dict[str, str | Checkpoint] = {}
+    run = _listing.run_listing(root)
+    listing = run.table
+    opened: dict[str, _Opened] = {}
 
-    def source(row: Any) -> str | Checkpoint:
-        """A checkpoint of the run as a pair reads it: its path where a checkpointable
-        is read alone (local disk); else opened once, through the run's listing, for
-        both pairs it is in."""
+    def source(row: Any) -> _Opened:
+        """A checkpoint of the run as a pair reads it: opened once, from what the run's
+        listing read of it, for both pairs it is in (and let go after the second)."""
         path = str(row["path"])
-        where = _paths.listed_in(directory, row["name"], row["path"])
-        if where.storage.commits_by_rename:
-            return path
         if path not in opened:
-            try:
-                opened[path] = _paths.open_checkpoint(where)
-            except (ValueError, OSError):
-                opened[path] = path  # diff_table says what is wrong, in its words
+            opened[path] = _Opened(run.open(row))
         return opened[path]
 
     complete = listing[(listing["status"] == words.COMPLETE) & listing["step"].notna()]
@@ -337,14 +332,21 @@ def drift_table(
             )
     done: list[tuple[int, int, list[LeafDrift]]] = []
     cancelled = False
-    for index, (first, second) in enumerate(pairs):
-        if callbacks.cancelled(cancel):
-            cancelled = True
-            break
-        found = _cached_pair(first, second, chosen, source)
-        done.append((int(first["step"]), int(second["step"]), found))
-        if progress is not None:
-            progress(index + 1, len(pairs))
+    try:
+        for index, (first, second) in enumerate(pairs):
+            if callbacks.cancelled(cancel):
+                cancelled = True
+                break
+            found = _cached_pair(first, second, chosen, source)
+            done_with = opened.pop(str(first["path"]), None)  # in no later pair
+            if done_with is not None:
+                done_with.files.close()
+            done.append((int(first["step"]), int(second["step"]), found))
+            if progress is not None:
+                progress(index + 1, len(pairs))
+    finally:
+        for left in opened.values():
+            left.files.close()
     paths = {
         (leaf.checkpointable, leaf.key): _parts(leaf.key)
         for _, _, leaves in done

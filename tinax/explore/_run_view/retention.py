@@ -40,13 +40,10 @@ def run_policy(root: str | os.PathLike[str] | Location) -> dict[str, Any] | None
 
 
 def _reasons(
-    where: Location, record: dict[str, Any] | None
+    record: dict[str, Any] | None, run: tiers.TwoTierRun | None
 ) -> list[tuple[str, int, str, float | None]]:
-    """``retention_table``'s rows, from the run record ``record`` of ``where``, by step.
-
-    A two-tier run keeps a record in each tier: both are read, the durable one's
-    reasons first."""
-    run = None if record is None else tiers.two_tier_run(where, record)
+    """``retention_table``'s rows, from a run's record ``record`` (and, for a tier of the
+    two-tier run ``run``, both tiers' records, the durable one's reasons first)."""
     records = [record] if run is None else [run.durable_record, run.local_record]
     reasons_by_step: dict[int, list[str]] = {}
     metric_by_step: dict[int, float] = {}
@@ -95,7 +92,14 @@ def retention_table(root: str | os.PathLike[str] | Location) -> pd.DataFrame:
       ValueError: If ``root`` is not a directory.
     """
     where = _paths.listed_directory(root)
-    rows = _reasons(where, read_run_record(where))
+    record = read_run_record(where)
+    return kept_table(record, None if record is None else tiers.two_tier_run(where, record))
+
+
+def kept_table(record: dict[str, Any] | None, run: tiers.TwoTierRun | None) -> pd.DataFrame:
+    """``retention_table`` from a run's record read already (and the two-tier run it is a
+    tier of, if any: ``_listing.RunListing`` holds both)."""
+    rows = _reasons(record, run)
     dtypes = ("string", "Int64", "string", "Float64")
     cells = list(zip(*rows, strict=True)) if rows else [() for _ in RETENTION_COLUMNS]
     return pd.DataFrame(
@@ -109,7 +113,7 @@ def retention_table(root: str | os.PathLike[str] | Location) -> pd.DataFrame:
 def run_listing(
     root: str | os.PathLike[str] | Location,
     *,
-    cache: _listing.ListingCache | None = _listing.DEFAULT_CACHE,
+    cache: _listing.ListingCache | None = None,
     deep: bool | None = None,
 ) -> pd.DataFrame:
     """``list_checkpoints(root)`` with what a ``TrainingRun`` recorded of each checkpoint:
@@ -131,10 +135,9 @@ def run_listing(
       FileNotFoundError: If ``root`` does not exist.
       ValueError: If ``root`` is not a directory.
     """
-    directory = _paths.listed_directory(root)
-    table = _listing.listing(directory, cache, deep)
-    record = read_run_record(directory)
-    reasons = _reasons(directory, record)
+    run = _listing.listed_run(_paths.listed_directory(root), cache, deep)
+    table, record = run.table, run.record
+    reasons = _reasons(record, run.tiers)
     by_name = {row[0]: row for row in reasons}
     names_ = [str(n) for n in table["name"]]
     joined = table.assign(

@@ -14,23 +14,21 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tinax import _paths
 from tinax._format.integrity import checksums
 from tinax._format.metadata import arrays, layout, pytree
-from tinax._format.metadata.layout import Checkpoint
+from tinax._format.metadata.layout import Checkpoint, StoredCheckpointable
 from tinax._format.naming import names, words
 from tinax._format.records import metrics as metrics_record
 from tinax._format.records import savetimes
 from tinax._format.storage import files
-from tinax._format.storage.location import Location
-from tinax.explore import _listing, _tiers
-from tinax.explore._run_view.retention import retention_table
+from tinax._format.storage.location import DIRECTORY
+from tinax.explore import _listed, _listing, _tiers
+from tinax.explore._run_view.retention import kept_table
 
 RUN_COLUMNS = (
     "name",
@@ -59,10 +57,11 @@ _VALUE_KINDS = frozenset({words.SCALAR, *words.ARRAY_KINDS})
 # -- a scalar decoded from the OCDBT manifest ------------------------------------------------
 
 
-def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
+def _scalars(item: StoredCheckpointable) -> dict[tuple[Any, ...], Any]:
     """The scalar leaves of a pytree checkpointable, by key path: from the manifest where
     they are inline (checked against their checksums), else through tensorstore."""
-    tree = pytree.read_layout(directory)
+    directory = item.directory
+    tree = pytree.read_layout(item)
     # Python numbers, and arrays that may be 0-d (jnp.float32(…), np.float32(…) saved
     # as a 0-d array, bfloat16): their shapes are in their zarr metadata.
     scalars = [leaf for leaf in tree.leaves if leaf.kind in _VALUE_KINDS and leaf.stored]
@@ -71,10 +70,10 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
     found: dict[tuple[Any, ...], Any] = {}
     skipped: set[tuple[Any, ...]] = set()  # arrays that are not 0-d
     if tree.ocdbt and tree.zarr3:
-        ctx = arrays.context()
-        stored = dict(arrays.walk_ocdbt(directory, ctx))
+        ctx = tree.context()
+        stored = tree.walk_store(ctx).values
         try:
-            records = checksums.read_checksums(directory)
+            records = checksums.read_checksums(item)
         except ValueError:
             records = None
         for leaf in scalars:
@@ -99,7 +98,7 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
     if len(found) + len(skipped) < len(scalars):
         from tinax.explore import _checkpoint
 
-        ctx = arrays.context()
+        ctx = tree.context()
         rows = _checkpoint.pytree_leaves(directory.name, tree, ctx, values=True)
         for leaf, row in zip(tree.leaves, rows, strict=True):
             if leaf.path in found or leaf.path in skipped or not leaf.stored:
@@ -108,38 +107,34 @@ def _scalars(directory: Location) -> dict[tuple[Any, ...], Any]:
                 found[leaf.path] = row.value
             elif leaf.kind in words.ARRAY_KINDS and row.shape == ():
                 # A 0-d array not inline in the manifest (compressed, say): one read.
-                found[leaf.path] = _read_whole(directory, tree, leaf, ctx)
+                found[leaf.path] = _read_whole(item, tree, leaf, ctx)
     return found
 
 
 def _read_whole(
-    directory: Location, tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any
+    item: StoredCheckpointable, tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any
 ) -> Any:
     """A small stored array, read and checked against its checksum."""
     from tinax.explore._array_read import array_record, read_array
 
-    value, checked = read_array(tree, leaf, ctx, array_record(directory, leaf.key))
-    problem = None if checked else checksums.check_read_value(directory, leaf.key, value)
+    value, checked = read_array(tree, leaf, ctx, array_record(item, leaf.key))
+    problem = None if checked else checksums.check_read_value(item, leaf.key, value)
     if problem is not None:
-        raise ValueError(f"{str(directory)!r}: {problem}")
+        raise ValueError(f"{str(item.directory)!r}: {problem}")
     return value
 
 
 # -- one checkpoint --------------------------------------------------------------------------
 
 
-def _fact_files(path: Location, auxiliary: str) -> list[str]:
-    """The small files ``_checkpoint_facts`` reads of the checkpoint ``path``, as listed:
-    its auxiliary state's only where its commit record (read with the listing) does
-    not hold the metrics."""
-    candidates = [path / names.METRICS / names.METRICS, path / names.SAVE_TIMES]
-    try:
-        meta = files.read_json_object(
-            path / names.CHECKPOINT_METADATA, what="Orbax checkpoint metadata"
-        )
-    except (ValueError, OSError):
-        meta = {}
-    if metrics_record.recorded(meta.get("custom_metadata"), auxiliary) is None:
+def _fact_files(listed: _listed.Listed, auxiliary: str) -> list[str]:
+    """The small files ``_checkpoint_facts`` reads of a checkpoint beyond what the listing
+    read: Orbax's metrics file where there is one, and its auxiliary state's metadata only
+    where its commit record does not hold the metrics."""
+    path, candidates = listed.path, []
+    if names.METRICS in listed.entries:
+        candidates.append(path / names.METRICS / names.METRICS)
+    if metrics_record.recorded(listed.record.custom_metadata, auxiliary) is None:
         aux = path / auxiliary
         candidates.append(aux / names.PYTREE_METADATA)
         candidates.extend(
@@ -149,60 +144,58 @@ def _fact_files(path: Location, auxiliary: str) -> list[str]:
 
 
 def _checkpoint_facts(
-    path: Location, auxiliary: str
+    listed: _listed.Listed, auxiliary: str
 ) -> tuple[dict[str, float], savetimes.SaveTimes | None, str | None]:
-    """A checkpoint's metrics and save times, and what could not be read (or ``None``)."""
+    """A checkpoint's metrics and save times, from what the listing read of it (its commit
+    record, its save's record) and, where those do not hold the metrics, Orbax's metrics
+    file or its auxiliary state; and what could not be read (or ``None``)."""
+    path = listed.path
     metrics: dict[str, float] = {}
     problem = None
-    try:
-        meta = files.read_json_object(
-            path / names.CHECKPOINT_METADATA, what="Orbax checkpoint metadata"
-        )
-        recorded = meta.get(names.METRICS)
-        if isinstance(recorded, Mapping):
-            for key, value in recorded.items():
-                number = metrics_record.numeric(value)
-                if isinstance(key, str) and number is not None:
-                    metrics[key] = number
-    except (ValueError, OSError) as e:
-        problem = str(e)
-        meta = {}
-    logged = metrics_record.recorded(meta.get("custom_metadata"), auxiliary)
+    for key, value in listed.record.metrics.items():
+        number = metrics_record.numeric(value)
+        if isinstance(key, str) and number is not None:
+            metrics[key] = number
+    logged = metrics_record.recorded(listed.record.custom_metadata, auxiliary)
     # Orbax's MetricsHandler (V1 ``training.Checkpointer``, V0 ``CheckpointManager``)
     # writes them as a checkpointable of their own: ``metrics/metrics``.
-    metrics_file = path / names.METRICS / names.METRICS
-    if metrics_file.is_file():
+    if names.METRICS in listed.entries:
+        metrics_file = path / names.METRICS / names.METRICS
         try:
-            recorded = files.read_json_object(metrics_file, what="Orbax metrics")
-            for key, value in recorded.items():
-                number = metrics_record.numeric(value)
-                if number is not None:
-                    metrics.setdefault(key, number)
+            if metrics_file.is_file():
+                recorded = files.read_json_object(metrics_file, what="Orbax metrics")
+                for key, value in recorded.items():
+                    number = metrics_record.numeric(value)
+                    if number is not None:
+                        metrics.setdefault(key, number)
         except (ValueError, OSError) as e:
             problem = str(e)
-    aux = path / auxiliary
     if logged is not None:
         # Recorded by the save with its commit: the auxiliary state is not read.
         for key, number in logged.items():
             metrics.setdefault(key, number)
-        return metrics, savetimes.read_save_times(path), problem
+        return metrics, listed.save, problem
     try:
-        if aux.is_dir() and layout.classify(aux) == layout.PYTREE:
-            values = _scalars(aux)
-            wrapped = {p[0] for p in values} <= set(_WRAPPED) and any(
-                p[:1] == ("state",) for p in values
-            )
-            for key_path, value in values.items():
-                if wrapped:
-                    if key_path[:1] != ("state",):
-                        continue  # the step the training checkpoint saves beside its state
-                    key_path = key_path[1:]
-                number = metrics_record.numeric(value)
-                if number is not None:
-                    metrics.setdefault(metrics_record.metric_name(key_path), number)
+        aux = listed.entries.get(auxiliary)
+        if aux is not None and aux.kind == DIRECTORY:
+            # Its layout and walk, for its auxiliary state alone (metadata only).
+            opened = layout.identify(path, None, listed.record)
+            if opened.get(auxiliary).layout == layout.PYTREE:
+                values = _scalars(opened.get(auxiliary))
+                wrapped = {p[0] for p in values} <= set(_WRAPPED) and any(
+                    p[:1] == ("state",) for p in values
+                )
+                for key_path, value in values.items():
+                    if wrapped:
+                        if key_path[:1] != ("state",):
+                            continue  # the step the training checkpoint saves beside its state
+                        key_path = key_path[1:]
+                    number = metrics_record.numeric(value)
+                    if number is not None:
+                        metrics.setdefault(metrics_record.metric_name(key_path), number)
     except (ValueError, OSError, KeyError, TypeError) as e:
         problem = f"{auxiliary}: {e}"
-    return metrics, savetimes.read_save_times(path), problem
+    return metrics, listed.save, problem
 
 
 def run_table(
@@ -248,33 +241,58 @@ def run_table(
     if not isinstance(auxiliary, str):
         raise TypeError(f"auxiliary must be a checkpointable name, got {type(auxiliary).__name__}")
 
-    directory, listing = _listing.run_listing(root)
+    run = _listing.run_listing(root)
+    directory, listing = run.directory, run.table
     errors: dict[str, str] = dict(listing.attrs.get("errors", {}))
-    # Read through the run's listing: nothing is listed again, and on an object store
-    # the files read are fetched side by side first.
+    # What the listing read of each complete checkpoint (its commit record and save
+    # record): nothing is read again. On an object store, whose listing reads no file,
+    # they are read here, fetched side by side first.
     complete = [
-        (i, _paths.listed_in(directory, name, p))
-        for i, (name, p, s) in enumerate(
-            zip(listing["name"], listing["path"], listing["status"], strict=True)
-        )
-        if s == words.COMPLETE
+        (i, run.where(row))
+        for i, (_, row) in enumerate(listing.iterrows())
+        if row["status"] == words.COMPLETE
     ]
-    if directory.storage.parallel_reads:
+    listed: dict[int, _listed.Listed] = {}
+    unlisted = []
+    for i, where in complete:
+        found = run.listed.get(str(where))
+        if found is None:
+            unlisted.append((i, where))
+        else:
+            listed[i] = found
+    if unlisted and directory.storage.parallel_reads:
         directory.storage.prefetch(
-            [path for _, where in complete for path in _fact_files(where, auxiliary)],
+            [
+                (where / name).path
+                for _, where in unlisted
+                for name in (names.CHECKPOINT_METADATA, names.SAVE_TIMES)
+            ],
             files.MAX_METADATA_BYTES,
         )
     facts: dict[int, tuple[dict[str, float], savetimes.SaveTimes | None, str | None]] = {}
-    if complete:
-        with concurrent.futures.ThreadPoolExecutor(min(_THREADS, len(complete))) as pool:
-            futures = {i: pool.submit(_checkpoint_facts, where, auxiliary) for i, where in complete}
-            facts = {i: future.result() for i, future in futures.items()}
+    for i, where in unlisted:
+        read = _listed.read_listed(where, where.entries())
+        if read is None:
+            facts[i] = ({}, None, f"{str(where)!r}: its commit record cannot be read")
+        else:
+            listed[i] = read
+    if directory.storage.parallel_reads:
+        directory.storage.prefetch(
+            [path for found in listed.values() for path in _fact_files(found, auxiliary)],
+            files.MAX_METADATA_BYTES,
+        )
+    if listed:
+        with concurrent.futures.ThreadPoolExecutor(min(_THREADS, len(listed))) as pool:
+            futures = {
+                i: pool.submit(_checkpoint_facts, found, auxiliary) for i, found in listed.items()
+            }
+            facts.update({i: future.result() for i, future in futures.items()})
     metric_names = sorted({name for m, _, _ in facts.values() for name in m})
     table = listing[["name", "path", "step", "status", "nbytes", "committed"]].copy()
     for column in _tiers.TIER_COLUMNS:
         if column in listing.columns:
             table[column] = listing[column]
-    kept = retention_table(directory)
+    kept = kept_table(run.record, run.tiers)
     by_name = dict(zip(kept["name"], kept["kept"], strict=True))
     table["kept"] = pd.array([by_name.get(n) for n in table["name"]], dtype="string")
     for column, pick in (("save_blocked_s", 0), ("save_total_s", 1)):

@@ -15,10 +15,10 @@ from typing import Any
 
 import pandas as pd
 
-from tinax import _paths
 from tinax._format import callbacks
 from tinax._format.callbacks import Cancel, Progress
 from tinax._format.lru import LruCache
+from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import words
 from tinax._format.storage.location import Location
 from tinax.explore import _listing
@@ -44,10 +44,16 @@ class _Scanned:
     leaves: tuple[tuple[str, str, int, int], ...]  # (checkpointable, key, nan, inf) non-finite
 
 
+# What the scan of each checkpoint found, kept by the process: the result of reading all
+# of its data, not metadata. Why: the run timeline and the explorer scan a run again when
+# it is refreshed, and only its new checkpoints need reading; nothing else keeps them.
+# Keyed by the checkpoint's path, commit time and size (a committed checkpoint does not
+# change; one written again at the same path commits anew); bounded by ``_KEEP``
+# checkpoints (a few hundred bytes each), the least recently used going first.
 _scanned: LruCache[tuple[str, str, int], _Scanned] = LruCache(_KEEP)
 
 
-def _scan(path: str | Location) -> _Scanned:
+def _scan(path: str | Location | Checkpoint) -> _Scanned:
     found = verify(path, data=True)
     table = found.leaves
     nan = inf = 0
@@ -62,11 +68,18 @@ def _scan(path: str | Location) -> _Scanned:
     return _Scanned(nan, inf, found.status, found.verdict, tuple(leaves))
 
 
-def _cached_scan(row: Any, where: Location | None = None) -> _Scanned:
+def _cached_scan(row: Any, run: _listing.RunListing) -> _Scanned:
     identity = (str(row["path"]), str(row["committed"]), int(row["nbytes"]))
-    return _scanned.get_or_compute(
-        identity, lambda: _scan(str(row["path"]) if where is None else where)
-    )
+    return _scanned.get_or_compute(identity, lambda: _scan(_opened(row, run)))
+
+
+def _opened(row: Any, run: _listing.RunListing) -> Checkpoint | Location:
+    """A checkpoint of the run, opened from what the listing read of it; where it does not
+    open, its place (``verify`` then says what is wrong, in findings)."""
+    try:
+        return run.open(row)
+    except (ValueError, OSError):
+        return run.where(row)
 
 
 def scanned_checkpoints() -> int:
@@ -120,7 +133,8 @@ def scan_run(
     if not isinstance(leaves, bool):
         raise TypeError(f"leaves must be a bool, got {type(leaves).__name__}")
     # Listed once: each checkpoint is verified through the run's listing.
-    directory, listing = _listing.run_listing(root)
+    run = _listing.run_listing(root)
+    listing = run.table
     rows = [row for _, row in listing.iterrows()]
     todo = [i for i, row in enumerate(rows) if row["status"] == words.COMPLETE]
     results: dict[int, _Scanned] = {}
@@ -130,8 +144,7 @@ def scan_run(
             cancelled = True
             break
         row = rows[index]
-        where = _paths.listed_in(directory, row["name"], row["path"])
-        results[index] = _cached_scan(row, where)
+        results[index] = _cached_scan(row, run)
         if progress is not None:
             progress(done + 1, len(todo))
     verdicts, problems = [], {}

@@ -8,8 +8,8 @@ from typing import Any
 from tinax._format.arraydata import chunks
 from tinax._format.integrity import preflight
 from tinax._format.metadata import arrays, pytree, written
+from tinax._format.metadata.layout import StoredCheckpointable
 from tinax._format.naming import names, words
-from tinax._format.storage.location import Location
 from tinax.explore._verify.checks import (
     Check,
     Finding,
@@ -34,7 +34,7 @@ class PyTreeCheck(Check):
         directory = state.item.directory
         where = target.relative(directory)
         try:
-            tree = state.tree = pytree.read_layout(directory)
+            tree = state.tree = pytree.read_layout(state.item)
         except ValueError as e:
             yield Finding(f"{where}/{names.PYTREE_METADATA}".lstrip("/"), words.ERROR, str(e))
             return
@@ -42,21 +42,19 @@ class PyTreeCheck(Check):
             leaf for leaf in tree.leaves if leaf.stored and leaf.kind in words.STORED_ARRAY_KINDS
         ]
         yield from self._strings_and_shardings(target, tree)
-        written = yield from self._written(target, directory)
+        written = yield from self._written(target, state.item)
         if not in_store:
             state.readable = True
             return
         try:
-            preflight.check_store_files(directory)
+            preflight.check_store_files(state.item)
         except ValueError as e:
             yield Finding(where, words.ERROR, str(e))
             return
         if tree.ocdbt:
             paths = [pytree.storage_path(leaf.param) for leaf in in_store]
             try:
-                state.contents = chunks.store_contents(
-                    directory, paths, zarr3=tree.zarr3, ctx=target.ctx
-                )
+                state.contents = chunks.store_contents(tree, paths, ctx=target.ctx)
             except (ValueError, KeyError, TypeError) as e:
                 # Without its index nothing in the store can be found: one finding says it.
                 yield Finding(
@@ -105,12 +103,12 @@ class PyTreeCheck(Check):
             yield Finding(f"{where}/{names.SHARDINGS}", words.ERROR, str(e))
 
     @staticmethod
-    def _written(target: VerifyTarget, directory: Location) -> Any:
+    def _written(target: VerifyTarget, item: StoredCheckpointable) -> Any:
         try:
-            return written.read_written_arrays(directory)
+            return written.read_written_arrays(item)
         except ValueError as e:
             yield Finding(
-                f"{target.relative(directory)}/{names.ARRAY_METADATAS}", words.ERROR, str(e)
+                f"{target.relative(item.directory)}/{names.ARRAY_METADATAS}", words.ERROR, str(e)
             )
             return {}
 
@@ -161,7 +159,7 @@ class PyTreeCheck(Check):
                 if isinstance(value, arrays.ValueRef):
                     all_refs.append(value)
                     refs.setdefault(value.file, []).append(paths[path])
-        broken = chunks.missing_data(tree.directory, all_refs)
+        broken = chunks.missing_data(tree, all_refs)
         for file, problem in broken.items():
             state.damaged.update(a.key for a in refs.get(file, []))
             owners = sorted({a.part for a in refs.get(file, [])})

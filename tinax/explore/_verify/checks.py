@@ -10,10 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format.arraydata import chunks
+from tinax._format.arraydata import chunks, rawread
 from tinax._format.metadata import arrays, pytree
-from tinax._format.metadata.layout import Checkpoint, CheckpointRecord, StoredCheckpointable
-from tinax._format.storage.location import Location
+from tinax._format.metadata.commit_record import CheckpointRecord
+from tinax._format.metadata.layout import Checkpoint, StoredCheckpointable
+from tinax._format.storage import files
+from tinax._format.storage.location import Entry, Location
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +93,12 @@ class VerifyTarget:
       ctx: The tensorstore context reads share.
       refused: Why a load refuses the checkpoint (its preflight), if it does;
         array stores are then not read.
+      listing: The entries of the checkpoint's directory and of every one under it,
+        by path, as ``verify`` listed them once (``files.walk``): checks look here
+        rather than list or look at a file again.
+      scan: The safety walk of that listing (``files.scan``), if it is safe.
+      files: The data files its data pass reads raw, each opened once for the whole
+        verification (closed when it ends).
     """
 
     path: Location
@@ -101,6 +109,14 @@ class VerifyTarget:
     trees: dict[str, PyTreeState] = dataclasses.field(default_factory=dict)
     ctx: Any = dataclasses.field(default_factory=arrays.context)
     refused: str | None = None
+    listing: dict[str, dict[str, Entry]] = dataclasses.field(default_factory=dict)
+    scan: files.Scan | None = None
+    files: rawread.DataFiles = dataclasses.field(default_factory=rawread.DataFiles)
+
+    def entries(self, where: Location) -> dict[str, Entry]:
+        """The entries of the directory ``where`` (the checkpoint's or one under it), as
+        listed once when the verification began; empty if it is not a directory."""
+        return self.listing.get(where.path, {})
 
     def relative(self, where: Location) -> str:
         """``where`` as a path relative to the checkpoint."""

@@ -217,7 +217,9 @@ def _raw_array(
     if not isinstance(metadata, bytes):
         return None
     stored = contents.chunks.get(path)
-    return rawread.plan(tree.directory, metadata, stored, path, dtype, array.info.shape)
+    return rawread.plan(
+        tree.directory, metadata, stored, path, dtype, array.info.shape, target.files
+    )
 
 
 def _matched(scans: list[LeafScan]) -> bool:

@@ -170,7 +170,7 @@ class ChecksumCheck(Check):
         unrecorded = []
         for item in checksums.checksummed(checkpoint):
             try:
-                records = checksums.read_checksums(item.directory)
+                records = checksums.read_checksums(item)
             except ValueError as e:
                 self.records[item.name] = None
                 yield Finding(target.relative(item.directory), words.ERROR, str(e))
@@ -179,7 +179,7 @@ class ChecksumCheck(Check):
             if records is None:
                 unrecorded.append(item.name)
                 continue
-            for problem in checksums.check_files(item.directory, records):
+            for problem in checksums.check_files(item, records):
                 yield Finding(target.relative(item.directory), words.ERROR, problem)
             yield from self._coverage(target, item.name, records)
             if target.data:

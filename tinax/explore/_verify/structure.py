@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tinax._format.integrity import iterstate, preflight
-from tinax._format.metadata import jsonitems, layout
+from tinax._format.metadata import arrays, commit_record, jsonitems, layout
 from tinax._format.metadata.layout import Checkpoint, StoredCheckpointable
 from tinax._format.naming import names, words
 from tinax._format.records import runrecord
 from tinax._format.storage import files
-from tinax._format.storage.location import DIRECTORY, FILE, LINK, Location
+from tinax._format.storage.location import DIRECTORY, FILE, LINK, Entry, Location
 from tinax.explore._verify.checks import Check, Finding, PyTreeState, VerifyTarget
 
 
@@ -20,6 +20,7 @@ class CommitCheck(Check):
 
     def structure(self, target: VerifyTarget) -> Iterable[Finding]:
         path = target.path
+        top = target.entries(path)
         if names.is_temporary_name(path.name):
             yield Finding(
                 "",
@@ -27,9 +28,9 @@ class CommitCheck(Check):
                 "an Orbax temporary directory: a save that has not committed (still in "
                 "progress, or interrupted); it is not a checkpoint",
             )
-        if (path / names.DELETION_MARKER).exists():
+        if names.DELETION_MARKER in top:
             yield Finding(names.DELETION_MARKER, words.ERROR, "the checkpoint is being deleted")
-        found = runrecord.found_corrupt(path)
+        found = runrecord.found_corrupt(path, top)
         if found is not None:
             yield Finding(
                 names.CORRUPT_RECORD,
@@ -37,8 +38,8 @@ class CommitCheck(Check):
                 f"{words.FOUND_CORRUPT}: a training run's restore could not load it ({found}) "
                 "and set it aside; loads refuse it",
             )
-        if not (path / names.CHECKPOINT_METADATA).exists():
-            inside = _checkpoints_inside(path)
+        if names.CHECKPOINT_METADATA not in top:
+            inside = _checkpoints_inside(target)
             if inside:
                 shown = ", ".join(inside[:3]) + (
                     f" and {len(inside) - 3} more" if len(inside) > 3 else ""
@@ -57,7 +58,8 @@ class CommitCheck(Check):
                 )
         else:
             try:
-                target.record = layout.read_checkpoint_record(path)
+                if target.record is None:  # else read when verify was given it opened
+                    target.record = commit_record.read_checkpoint_record(path)
             except ValueError as e:
                 yield Finding(names.CHECKPOINT_METADATA, words.ERROR, str(e))
             else:
@@ -65,8 +67,8 @@ class CommitCheck(Check):
                     yield Finding(
                         names.CHECKPOINT_METADATA, words.WARNING, "records no commit time"
                     )
-        marker = path / names.COMMIT_SUCCESS
-        if not marker.exists():
+        marker = top.get(names.COMMIT_SUCCESS)
+        if marker is None:
             if path.storage.commits_by_rename:
                 yield Finding(
                     names.COMMIT_SUCCESS,
@@ -79,16 +81,18 @@ class CommitCheck(Check):
                     words.ERROR,
                     "missing: on an object store a save commits by writing it last",
                 )
-        elif not marker.is_file():
+        elif marker.kind != FILE:
             yield Finding(names.COMMIT_SUCCESS, words.ERROR, "is not a regular file")
 
 
-def _checkpoints_inside(path: Location) -> list[str]:
-    """Names of the directories directly under ``path`` that are checkpoints (a run's)."""
-    found = []
-    for name, entry in sorted(path.entries().items()):
+def _checkpoints_inside(target: VerifyTarget) -> list[str]:
+    """Names of the directories directly under the path verified that are checkpoints
+    (a run's)."""
+    path, found = target.path, []
+    for name, entry in sorted(target.entries(path).items()):
         if entry.kind == DIRECTORY and (
-            (path / name / names.CHECKPOINT_METADATA).exists() or names.is_temporary_name(name)
+            names.CHECKPOINT_METADATA in target.entries(path / name)
+            or names.is_temporary_name(name)
         ):
             found.append(name)
     return found
@@ -98,25 +102,31 @@ class SafetyCheck(Check):
     """Nothing under the checkpoint leads out of it: no outward link, no FIFO or device."""
 
     def structure(self, target: VerifyTarget) -> Iterable[Finding]:
-        for where, entry in target.path.walk():
-            if entry.kind == LINK:
-                if not target.path.storage.inside(entry.link_target or "", target.path.path):
-                    target.safe = False
-                    yield Finding(
-                        target.relative(where),
-                        words.ERROR,
-                        f"a symbolic link to {entry.link_target!r}, outside the checkpoint",
-                    )
-            elif entry.kind not in (FILE, DIRECTORY):
+        storage = target.path.storage
+        for directory, entries in sorted(target.listing.items()):
+            for entry in sorted(entries.values(), key=lambda e: e.name):
+                yield from self._entry(target, Location(storage, directory) / entry.name, entry)
+        if not target.safe:
+            yield Finding(
+                "", words.INFO, "array stores not read: the checkpoint is not safe to read"
+            )
+
+    @staticmethod
+    def _entry(target: VerifyTarget, where: Location, entry: Entry) -> Iterable[Finding]:
+        if entry.kind == LINK:
+            if not target.path.storage.inside(entry.link_target or "", target.path.path):
                 target.safe = False
                 yield Finding(
                     target.relative(where),
                     words.ERROR,
-                    "neither a regular file nor a directory; a checkpoint holds nothing else",
+                    f"a symbolic link to {entry.link_target!r}, outside the checkpoint",
                 )
-        if not target.safe:
+        elif entry.kind not in (FILE, DIRECTORY):
+            target.safe = False
             yield Finding(
-                "", words.INFO, "array stores not read: the checkpoint is not safe to read"
+                target.relative(where),
+                words.ERROR,
+                "neither a regular file nor a directory; a checkpoint holds nothing else",
             )
 
 
@@ -133,12 +143,19 @@ class PreflightCheck(Check):
     def structure(self, target: VerifyTarget) -> Iterable[Finding]:
         if not target.safe or names.is_temporary_name(target.path.name):
             return ()
-        if not (target.path / names.CHECKPOINT_METADATA).exists():
+        if target.checkpoint is not None:
+            return ()  # verify was given it opened: it passed this check then
+        if names.CHECKPOINT_METADATA not in target.entries(target.path):
             return ()  # reported by CommitCheck; nothing else can be opened
         try:
-            preflight.check(target.path)
+            # The listing walked and the record read once for every check; the opened
+            # checkpoint keeps what the check reads, for every check after it.
+            scan = target.scan or files.scan(target.path, listed=target.listing)
+            target.checkpoint = preflight.check(target.path, scan, target.record)
         except (ValueError, OSError) as e:
             target.refused = str(e)
+        else:
+            target.ctx = arrays.context_of(target.checkpoint)
         return ()
 
 
@@ -154,11 +171,13 @@ class CheckpointablesCheck(Check):
             return
         path = target.path
         try:
-            target.checkpoint = layout.identify(path)
+            if target.checkpoint is None:  # the preflight refused it (or did not run)
+                scan = target.scan or files.scan(path, listed=target.listing)
+                target.checkpoint = layout.identify(path, scan, target.record)
         except (ValueError, OSError) as e:
             # An unreadable record, a temporary name or a missing directory is reported already.
             unreadable_record = (
-                target.record is None and (path / names.CHECKPOINT_METADATA).exists()
+                target.record is None and names.CHECKPOINT_METADATA in target.entries(path)
             )
             if not (reported or unreadable_record or names.is_temporary_name(path.name)):
                 yield Finding("", words.ERROR, f"cannot be opened: {e}")
@@ -181,31 +200,39 @@ class CheckpointablesCheck(Check):
         record = target.record
         if record is None or not isinstance(record.item_handlers, dict):
             return None
+        top = target.entries(target.path)
         items = tuple(
             StoredCheckpointable(
-                name, target.path / name, layout.classify(target.path / name) or layout.UNKNOWN
+                name,
+                target.path / name,
+                layout.classify(target.path / name, target.entries(target.path / name))
+                or layout.UNKNOWN,
             )
             for name in record.item_handlers
-            if (target.path / name).is_dir()
+            if name in top and top[name].kind == DIRECTORY
         )
         try:
-            scan = files.scan(target.path)
+            scan = target.scan or files.scan(target.path, listed=target.listing)
         except ValueError:
             return None
-        return Checkpoint(target.path, items, record.committed_nsecs, scan, record.checksummed)
+        return Checkpoint(
+            target.path, items, record.committed_nsecs, scan, record.checksummed, record=record
+        )
 
     @staticmethod
     def _listed(target: VerifyTarget) -> Iterable[Finding]:
         path = target.path
+        top = target.entries(path)
         recorded = target.record.item_handlers if target.record is not None else None
         present = {
             name
-            for name, entry in path.entries().items()
-            if entry.kind == DIRECTORY and layout.classify(path / name) is not None
+            for name, entry in top.items()
+            if entry.kind == DIRECTORY
+            and layout.classify(path / name, target.entries(path / name)) is not None
         }
         if isinstance(recorded, dict):
             for name in recorded:
-                if not (path / name).is_dir():
+                if name not in top or top[name].kind != DIRECTORY:
                     yield Finding(
                         name,
                         words.ERROR,
@@ -231,12 +258,12 @@ class IteratorCheck(Check):
                 yield from self._iterator(target, item)
             elif item.layout == layout.JSON:
                 try:
-                    jsonitems.read_json_item(item.directory)
+                    jsonitems.read_json_item(item)
                 except ValueError as e:
                     yield Finding(target.relative(item.directory), words.ERROR, str(e))
             elif item.layout == layout.EMPTY:
                 try:
-                    jsonitems.read_empty_record(item.directory)
+                    jsonitems.read_empty_record(item)
                 except ValueError as e:
                     yield Finding(
                         f"{target.relative(item.directory)}/{names.EMPTY_PYTREE}".lstrip("/"),
@@ -247,7 +274,7 @@ class IteratorCheck(Check):
     @staticmethod
     def _iterator(target: VerifyTarget, item: StoredCheckpointable) -> Iterable[Finding]:
         where = target.relative(item.directory)
-        found = jsonitems.iterator_files(item.directory)
+        found = jsonitems.iterator_files(item)
         counts = sorted({count for _, count, _ in found})
         if len(counts) > 1:
             yield Finding(
@@ -273,7 +300,9 @@ class IteratorCheck(Check):
                 )
         for _, _, name in found:
             try:
-                state = files.read_json(item.directory / name, what="Grain iterator state")
+                state = item.checkpoint.read_json(
+                    item.directory / name, what="Grain iterator state"
+                )
             except ValueError as e:
                 yield Finding(f"{where}/{name}".lstrip("/"), words.ERROR, str(e))
                 continue

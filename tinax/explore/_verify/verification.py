@@ -13,6 +13,7 @@ it (``structure``: commit, safety, preflight, checkpointables, iterators;
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from tinax._format.callbacks import Progress
 from tinax._format.metadata import arrays
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import words
+from tinax._format.storage import files
 from tinax._format.storage.location import Location
 from tinax.explore._leaf_rows import frame
 from tinax.explore._verify.array_store import PyTreeCheck
@@ -260,6 +262,16 @@ def verify(
         if not isinstance(check, Check):
             raise TypeError(f"checks must be Check instances, got {type(check).__name__}")
     target = VerifyTarget(where, data)
+    if isinstance(path, Checkpoint):
+        # Opened (and checked) already: its walk and what it has read serve every check.
+        target.listing = {**path.scan.listing(), where.path: path.entries(where)}
+        target.scan, target.record, target.checkpoint = path.scan, path.record, path
+        target.ctx = arrays.context_of(path)
+    elif where.is_dir():
+        # Listed once, whatever is there: every check looks at this listing.
+        target.listing = files.walk(where)
+        with contextlib.suppress(ValueError):
+            target.scan = files.scan(where, listed=target.listing)
     found: list[Finding] = []
     leaves: list[tuple[Any, ...]] = []
     if not where.is_dir():
@@ -268,7 +280,10 @@ def verify(
         for check in active:
             found.extend(_guarded(_structure(check, target), type(check).__name__))
         if data:
-            found.extend(_guarded(lambda: read_data(target, active, progress, leaves), "data"))
+            try:
+                found.extend(_guarded(lambda: read_data(target, active, progress, leaves), "data"))
+            finally:
+                target.files.close()
         if target.refused is not None and not any(f.severity == words.ERROR for f in found):
             found.append(Finding("", words.ERROR, f"a load refuses it: {target.refused}"))
     found.sort(key=lambda f: _ORDER.get(f.severity, 3))
