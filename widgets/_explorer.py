@@ -440,11 +440,12 @@ class CheckpointExplorer(w.VBox):
         return explorer
 
     def _timeline_picks(self) -> list[str]:
-        """The paths of the steps picked in the run timeline."""
+        """The paths of the steps picked in the run timeline (the checkpoints it draws,
+        not a copy derived from one of those steps)."""
         table = self.runs.checkpoints
         if table.empty:
             return []
-        done = table[(table["status"] == COMPLETE) & table["step"].notna()]
+        done = drawn_rows(table)
         by_step = {int(s): str(p) for s, p in zip(done["step"], done["path"], strict=True)}
         return [by_step[s] for s in self.timeline.picked_steps if s in by_step]
 
