@@ -6,7 +6,8 @@ Each trial launches the job (tests/pod_worker.py, phase ``loop``: a ``TrainingRu
 with ``local=`` a directory per process, saving every step locally, every 10th
 promoted to the durable tier, a path or the emulator's ``gs://``). The job resumes,
 reports what it restored, trains, and is killed ``after`` 1-30 steps past the step it
-restored: one random process, or every process (alternately), SIGKILLed at that step
+restored: every process, or one random process (alternately, every process first),
+SIGKILLed at that step
 or when its promotion of the next promoted step starts sending its part (at random).
 When one process is killed, every other must end on its own with one error naming it
 (``ProcessTimeoutError``), within the run's timeout of its next save; except when it
@@ -143,7 +144,7 @@ def campaign(
             options: dict[str, Any] = {"timeout": timeout}
             last = trial == kills
             if not last:
-                everyone = trial % 2 == 1
+                everyone = trial % 2 == 0
                 killed = list(range(processes)) if everyone else [rng.randrange(processes)]
                 options |= {"kill": killed, "after": rng.randint(1, 30)}
                 if rng.random() < 0.5:

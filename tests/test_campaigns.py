@@ -66,11 +66,12 @@ def test_a_two_tier_job_killed_in_local_saves_and_promotions_resumes_from_its_ne
     assert tinax["promotion_seconds"] > 0
 
 
-def test_a_job_of_several_hosts_killed_in_one_or_every_process_resumes_bit_for_bit():
-    """Two kills (seed 5): process 1 as its promotion starts, then every process at a
-    step."""
+def test_a_job_of_several_hosts_killed_in_every_process_resumes_bit_for_bit():
+    """Every process killed as its promotion of step 20 starts (seed 5; the kill of one,
+    named by the survivor, is tests/test_pod.py's), then a resume from the newest step
+    every host holds."""
     done = subprocess.run(
-        [sys.executable, str(BENCH / "pod_campaign.py"), "--kills", "2", "--seed", "5"],
+        [sys.executable, str(BENCH / "pod_campaign.py"), "--kills", "1", "--seed", "5"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -79,11 +80,8 @@ def test_a_job_of_several_hosts_killed_in_one_or_every_process_resumes_bit_for_b
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     found = json.loads(line.removeprefix("RESULT "))
-    assert found["kills_of_one"] == 1 and found["kills_of_all"] == 1 and found["resumes"] == 2
-    # The survivor of the one kill ended with the error naming the killed process,
-    # within the run's timeout past its next save; the kill landed in a promotion.
-    assert found["survivors_named_it"] == 1 and found["in_promotion"] == 1
-    assert found["slowest_survivor_exit_s"] < found["timeout_s"] + 30
+    assert found["kills_of_all"] == 1 and found["in_promotion"] == 1 and found["resumes"] == 1
     for missed in ("hung", "refused", "not_newest", "not_exact", "wrong_next_batch"):
         assert found.get(missed, 0) == 0, found
-    assert found["durable_not_exact"] == 0
+    # Every checkpoint the bucket's stand-in held complete loaded bit for bit.
+    assert found["durable_listed_complete"] >= 1 and found["durable_not_exact"] == 0

@@ -142,7 +142,7 @@ def prepare(path: object, check_values: Callable[[], None], ctx: ocp.Context) ->
         _processes.agree(
             error,
             what=f"the save to {str(location or path)!r}",
-            timeout=_orbax.coordination_timeout(),
+            timeout=_processes.timeout_of(_orbax.coordination_timeout()),
             active_processes=sorted(options.active_processes or ()) or None,
         )
     except BaseException:

@@ -352,7 +352,7 @@ def load(checkpoint: Checkpoint, targets: Mapping[str, Any]) -> dict[str, Any]:
     everywhere = _processes.gather(
         left,
         what=f"the load of {str(checkpoint.path)!r}",
-        timeout=_orbax.coordination_timeout(),
+        timeout=_processes.timeout_of(_orbax.coordination_timeout()),
         active_processes=sorted(options.active_processes or ()) or None,
     )
     for name in {name for found in everywhere for name in found}:

@@ -28,7 +28,7 @@ import grain
 
 from tinax._format.metadata import layout
 from tinax._format.records import pipeline as recorded
-from tinax.checkpointing import _processes
+from tinax.checkpointing import _orbax, _processes
 from tinax.checkpointing._switches import switched
 from tinax.checkpointing._verdict import TargetMismatchError
 
@@ -45,6 +45,7 @@ _LOCATION = re.compile(r" @ [^,()]*:\d+")
 _MAX_REPR = 200
 
 
+@_processes.register_error
 class PipelineMismatchError(TargetMismatchError):
     """A restore refused: the iterator given reads another input pipeline than the one
     its checkpoint was saved from (a ``TargetMismatchError``: a ``ValueError`` and a
@@ -186,4 +187,8 @@ def check_pipelines(checkpoint: layout.Checkpoint, iterators: dict[str, Any]) ->
             if message is not None:
                 error = PipelineMismatchError(message)
                 break
-    _processes.agree(error, what=f"the pipeline check of {str(checkpoint.path)!r}", timeout=300.0)
+    _processes.agree(
+        error,
+        what=f"the pipeline check of {str(checkpoint.path)!r}",
+        timeout=_processes.timeout_of(_orbax.coordination_timeout()),
+    )

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import itertools
 import json
 import logging
@@ -42,13 +43,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 
+from tinax._format.integrity.checksums import CorruptDataError
+from tinax.checkpointing._verdict import TargetMismatchError
+
 _log = logging.getLogger("tinax.checkpointing")
 
-# Errors a verdict can carry, by name; anything else arrives as a RuntimeError.
+# Errors a verdict can carry, by name (tinax's own among them, ``register_error``);
+# anything else arrives as the nearest of them it derives from, or a RuntimeError.
 _ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
     for cls in (
@@ -62,8 +67,23 @@ _ERRORS: dict[str, type[Exception]] = {
         PermissionError,
         TimeoutError,
         OSError,
+        CorruptDataError,
+        TargetMismatchError,
     )
 }
+
+
+_Error = TypeVar("_Error", bound=type[Exception])
+
+
+def register_error(kind: _Error) -> _Error:
+    """Lets a verdict carry ``kind`` (an error of tinax's, made from its message alone):
+    every process then raises it as itself, so that each handles it alike. Returns it,
+    to be used as a class decorator."""
+    _ERRORS[kind.__name__] = kind
+    return kind
+
+
 _KEY_PREFIX = "tinax/agree"
 _DECIDE_PREFIX = "tinax/decide"
 _LEFT_PREFIX = "tinax/left"
@@ -95,6 +115,31 @@ class ProcessTimeoutError(TimeoutError):
         self.missing = tuple(missing)
         self.what = what
         self.timeout = timeout
+
+
+# The deadline of the waits of the training run whose work this thread does (its
+# ``timeout``), where there is one (``waiting``).
+_RUN_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "tinax_run_timeout", default=None
+)
+
+
+@contextlib.contextmanager
+def waiting(timeout: float) -> Iterator[None]:
+    """Every wait on other processes in this block (this thread's) lasts ``timeout``
+    seconds at most: a ``TrainingRun``'s, around its saves and restores."""
+    token = _RUN_TIMEOUT.set(timeout)
+    try:
+        yield
+    finally:
+        _RUN_TIMEOUT.reset(token)
+
+
+def timeout_of(default: float) -> float:
+    """How long a wait on other processes lasts: a training run's ``timeout`` inside
+    ``waiting``, else ``default`` (Orbax's barrier timeout, for the free functions)."""
+    found = _RUN_TIMEOUT.get()
+    return default if found is None else found
 
 
 def _client() -> Any:

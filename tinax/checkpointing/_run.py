@@ -522,20 +522,21 @@ class TrainingRun:
                         self._local.metrics[str(step)] = metric
                     self._local.write_record(self._policy())
         state = TrainingCheckpoint(step, model, optimizer, rng, auxiliary, iterator)
-        if self._parts:
-            response = _host_parts.start_save(
-                where / names.run_checkpoint_name(step),
-                state,
-                names=self._names,
-                after_commit=after,
-            )
-        else:
-            response = start_training_save(
-                str(where / names.run_checkpoint_name(step)),
-                state,
-                names=self._names,
-                after_commit=after if self._primary else None,
-            )
+        with _processes.waiting(self._timeout):
+            if self._parts:
+                response = _host_parts.start_save(
+                    where / names.run_checkpoint_name(step),
+                    state,
+                    names=self._names,
+                    after_commit=after,
+                )
+            else:
+                response = start_training_save(
+                    str(where / names.run_checkpoint_name(step)),
+                    state,
+                    names=self._names,
+                    after_commit=after if self._primary else None,
+                )
         self._pending, self._pending_step = response, step
         if self._preempted and self._preemption_saved is None:
             _log.warning("preempted: waiting for the save of step %d to commit", step)
@@ -744,7 +745,9 @@ class TrainingRun:
                     "(see the warning above); the run is not safe to end yet"
                 )
         _processes.agree(
-            error, what=f"the preemption save of step {step} in {self.directory!r}", timeout=60.0
+            error,
+            what=f"the preemption save of step {step} in {self.directory!r}",
+            timeout=self._timeout,
         )
 
     def _make_room(self) -> None:
@@ -1103,7 +1106,10 @@ class TrainingRun:
         # A process's own part is loaded by that process alone.
         alone = self._parts and self._local is not None and where.parent == self._local.root
         try:
-            with _host_parts.own_storage() if alone else contextlib.nullcontext():
+            with (
+                _processes.waiting(self._timeout),
+                _host_parts.own_storage() if alone else contextlib.nullcontext(),
+            ):
                 restored = load_training_checkpoint(
                     str(where),
                     model_target,
