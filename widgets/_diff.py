@@ -29,6 +29,7 @@ from ._nonfinite import (
     is_nonfinite_change,
     nonfinite_change,
     nonfinite_counts,
+    sides_text,
 )
 from ._table import Column, PagedTable, RowLook
 from ._text import error_html, note_html
@@ -371,10 +372,12 @@ def _nonfinite_note(table: pd.DataFrame) -> str:
     bad = is_nonfinite_change(table)
     if not bad.any():
         return ""
-    nan, inf = nonfinite_counts(table[bad])
+    nan, inf = nonfinite_counts(table[bad], ("b",))
+    nan_a, inf_a = nonfinite_counts(table[bad], ("a",))
     count = int(bad.sum())
+    counts = sides_text(int(nan.sum()), int(inf.sum()), int(nan_a.sum()), int(inf_a.sum()))
     return (
         f' · <b class="tinax-diff-nonfinite" style="color:{NONFINITE_COLOR}">'
-        f"{count:,} lea{'f' if count == 1 else 'ves'} with NaN or Inf "
-        f"({int(nan.sum()):,} NaN, {int(inf.sum()):,} Inf)</b>"
+        f"{count:,} changed lea{'f' if count == 1 else 'ves'} with NaN or Inf "
+        f"({html.escape(counts)})</b>"
     )

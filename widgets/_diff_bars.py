@@ -14,7 +14,7 @@ from tinax import vocabulary as words
 from tinax.explore import display, toolkit
 from tinax.vocabulary import format_key, parse_key
 
-from ._nonfinite import NONFINITE_COLOR, is_nonfinite_change, nonfinite_counts
+from ._nonfinite import NONFINITE_COLOR, is_nonfinite_change, nonfinite_counts, sides_text
 from ._text import note_html
 
 # Subtrees shown with a bar, largest relative change first.
@@ -60,12 +60,14 @@ def subtree_changes(table: pd.DataFrame, depth: int) -> pd.DataFrame:
     Returns:
       ``checkpointable``, ``subtree`` (a keystr), ``rel_change`` (NaN when no
       finite leaf changed), ``leaves`` (changed leaves counted), ``nonfinite``
-      (those holding NaN or Inf), ``nan`` and ``inf`` (their counts, both sides):
+      (those holding NaN or Inf), ``nan`` and ``inf`` (their counts in ``b``) and
+      ``nan_a`` and ``inf_a`` (in ``a``):
       subtrees with non-finite leaves first (most such leaves, then most such values
       first), then by relative change.
     """
     bad = is_nonfinite_change(table)
-    nan, inf = nonfinite_counts(table)
+    nan, inf = nonfinite_counts(table, ("b",))
+    nan_a, inf_a = nonfinite_counts(table, ("a",))
     changed = (table["status"] == words.CHANGED).to_numpy(bool) & (
         table["norm_a"].notna().to_numpy(bool) | bad
     )
@@ -82,6 +84,7 @@ def subtree_changes(table: pd.DataFrame, depth: int) -> pd.DataFrame:
             paths.setdefault(str(name), []).append(path)
     rows = table[changed]
     bad, nan, inf = bad[changed], nan[changed], inf[changed]
+    nan_a, inf_a = nan_a[changed], inf_a[changed]
     parsed = [p for p, keep in zip(parsed, changed, strict=True) if keep]
     subtree_of = _subtree_of(paths, depth)
     sums: dict[tuple[str, str], list[float]] = {}
@@ -90,29 +93,43 @@ def subtree_changes(table: pd.DataFrame, depth: int) -> pd.DataFrame:
     ):
         path = parsed[i]
         subtree = str(key) if path is None else format_key(subtree_of(str(name), path))
-        entry = sums.setdefault((str(name), subtree), [0.0, 0.0, 0, 0, 0, 0])
+        entry = sums.setdefault((str(name), subtree), [0.0, 0.0, 0, 0, 0, 0, 0, 0])
         entry[2] += 1
         if bad[i]:
             entry[3] += 1
             entry[4] += int(nan[i])
             entry[5] += int(inf[i])
+            entry[6] += int(nan_a[i])
+            entry[7] += int(inf_a[i])
         elif not pd.isna(norm_a) and not pd.isna(norm_diff):
             entry[0] += float(norm_a) ** 2
             entry[1] += float(norm_diff) ** 2
     out = []
-    for (name, subtree), (aa, dd, count, nonfinite, nans, infs) in sums.items():
+    for (name, subtree), (aa, dd, count, nonfinite, nans, infs, nans_a, infs_a) in sums.items():
         if aa:
             rel = math.sqrt(dd) / math.sqrt(aa)
         elif count > nonfinite:
             rel = 0.0 if dd == 0 else math.inf
         else:
             rel = math.nan
-        out.append((name, subtree, rel, int(count), int(nonfinite), int(nans), int(infs)))
+        counts = (int(nans), int(infs), int(nans_a), int(infs_a))
+        out.append((name, subtree, rel, int(count), int(nonfinite), *counts))
     frame = pd.DataFrame(
         out,
-        columns=["checkpointable", "subtree", "rel_change", "leaves", "nonfinite", "nan", "inf"],
+        columns=[
+            "checkpointable",
+            "subtree",
+            "rel_change",
+            "leaves",
+            "nonfinite",
+            "nan",
+            "inf",
+            "nan_a",
+            "inf_a",
+        ],
     )
-    order = frame.assign(_rel=frame["rel_change"].fillna(-1.0), _values=frame["nan"] + frame["inf"])
+    values = frame["nan"] + frame["inf"] + frame["nan_a"] + frame["inf_a"]
+    order = frame.assign(_rel=frame["rel_change"].fillna(-1.0), _values=values)
     order = order.sort_values(["nonfinite", "_values", "_rel"], ascending=False, kind="stable")
     return order.drop(columns=["_rel", "_values"]).reset_index(drop=True)
 
@@ -194,8 +211,8 @@ def _bar(row: Any, top: float) -> w.HBox:
     label = f"{name} {_readable(subtree)}" if subtree else name
     if row.nonfinite:
         value, color = 1.0, NONFINITE_COLOR
-        counts = [f"{n:,} {word}" for n, word in ((row.nan, "NaN"), (row.inf, "Inf")) if n]
-        text = f"NaN/Inf in {row.nonfinite:,} of {leaves:,} changed ({', '.join(counts)})"
+        counts = sides_text(row.nan, row.inf, row.nan_a, row.inf_a)
+        text = f"NaN/Inf in {row.nonfinite:,} of {leaves:,} changed ({counts})"
     else:
         value = min(1.0, rel / top) if math.isfinite(rel) else 1.0
         color = None

@@ -27,12 +27,14 @@ def counted(value: Any) -> int:
     return int(number) if math.isfinite(number) else 0
 
 
-def nonfinite_counts(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """The NaN and the Inf count of each row of a ``diff_table``, both sides together
-    (0 where the values were not decoded)."""
+def nonfinite_counts(
+    table: pd.DataFrame, sides: tuple[str, ...] = ("a", "b")
+) -> tuple[np.ndarray, np.ndarray]:
+    """The NaN and the Inf count of each row of a ``diff_table`` in ``sides`` (``a``,
+    ``b`` or both, added), 0 where the values were not decoded."""
     nan = np.zeros(len(table), np.int64)
     inf = np.zeros(len(table), np.int64)
-    for side in ("a", "b"):
+    for side in sides:
         if f"nan_{side}" in table:
             nan += np.array([counted(v) for v in table[f"nan_{side}"]], np.int64)
         if f"inf_{side}" in table:
@@ -49,6 +51,17 @@ def is_nonfinite_change(table: pd.DataFrame) -> np.ndarray:
         return changed & table["nonfinite"].notna().to_numpy(bool)
     nan, inf = nonfinite_counts(table)
     return changed & ((nan + inf) > 0)
+
+
+def sides_text(nan_b: int, inf_b: int, nan_a: int, inf_a: int) -> str:
+    """NaN and Inf counted in each checkpoint of a diff, once each (what a scan of
+    either finds): ``b: 487,168 NaN · a: 160,512 NaN``; a side with none left out."""
+    said = []
+    for side, nan, inf in (("b", nan_b, inf_b), ("a", nan_a, inf_a)):
+        counts = [f"{n:,} {word}" for n, word in ((nan, "NaN"), (inf, "Inf")) if n]
+        if counts:
+            said.append(f"{side}: {', '.join(counts)}")
+    return " · ".join(said)
 
 
 def _told(row: pd.Series, side: str) -> str:
