@@ -314,8 +314,8 @@ def test_state_parts_put_the_model_first_and_the_optimizer_last() -> None:
     assert display.state_part("auxiliary", "['loss']") == display.OTHER_STATE
     assert display.state_part("optimizer", "['step']['value']") == display.OPTIMIZER_STATE
     assert display.state_part("state", "['opt_state'][0]['mu']['w']") == display.OPTIMIZER_STATE
-    assert display.is_optimizer_state("Optimizer", "")
-    assert not display.is_optimizer_state("model", "['optimizer_like']")
+    assert display._is_optimizer_state("Optimizer", "")
+    assert not display._is_optimizer_state("model", "['optimizer_like']")
 
 
 def test_key_filters_find_keys_typed_dotted_or_as_keystr() -> None:

@@ -10,7 +10,6 @@ This module imports nothing heavy: no JAX, no pandas, no Orbax.
 """
 
 from tinax._format.naming.keys import (
-    KeyPart,
     KeyPath,
     format_key,
     is_within,
@@ -47,7 +46,6 @@ from tinax._format.naming.words import (
     KEPT_NEWEST_SOUND,
     KIND_DIFFERS,
     LEFT_OUT,
-    METRIC_CHECKPOINTABLES,
     MISSING_FROM_CHECKPOINT,
     NONFINITE,
     NONFINITE_BOTH,
@@ -77,9 +75,6 @@ from tinax._format.naming.words import (
     UNKNOWN,
     VERIFY_STATUSES,
     WARNING,
-    kept_best,
-    kept_local_newest,
-    kept_newest,
 )
 
 __all__ = [
@@ -111,7 +106,6 @@ __all__ = [
     "KEPT_NEWEST_SOUND",
     "KIND_DIFFERS",
     "LEFT_OUT",
-    "METRIC_CHECKPOINTABLES",
     "MISSING_FROM_CHECKPOINT",
     "NONFINITE",
     "NONFINITE_BOTH",
@@ -141,13 +135,9 @@ __all__ = [
     "UNKNOWN",
     "VERIFY_STATUSES",
     "WARNING",
-    "KeyPart",
     "KeyPath",
     "format_key",
     "is_within",
-    "kept_best",
-    "kept_local_newest",
-    "kept_newest",
     "key_parts",
     "parse_key",
     "split_key",

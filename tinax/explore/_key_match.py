@@ -39,7 +39,7 @@ def _parts(text: str) -> tuple[str, ...] | None:
     ``None`` when ``text`` is not a key at all (an ellipsis in it, say).
     """
     text = text.strip()
-    if text in ("", display.ROOT_LABEL):
+    if text in ("", display._ROOT_LABEL):
         return ()
     if text.startswith("["):
         try:

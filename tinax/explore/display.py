@@ -11,7 +11,7 @@ in their ``key`` column; this module only makes display text from it:
   (``shared_prefix`` says what that was), and with a ``width`` the labels are shortened
   without ever making two distinct keys read alike: layer indices and short names such
   as ``mu``/``nu`` stay, common middle parts give way to ``…`` first.
-- ``state_part`` / ``is_optimizer_state``: the model's leaves are shown first, the
+- ``state_part`` / ``_is_optimizer_state``: the model's leaves are shown first, the
   optimizer's state last.
 - ``key_matches``: what a key filter finds, typed dotted or as a keystr.
 - ``human_bytes``: the one byte formatter of the project.
@@ -33,10 +33,8 @@ from tinax._format.safetensors import tensor_name
 
 __all__ = [
     "ELLIPSIS",
-    "ROOT_LABEL",
     "display_keys",
     "human_bytes",
-    "is_optimizer_state",
     "key_matches",
     "natural_key",
     "readable_key",
@@ -45,7 +43,7 @@ __all__ = [
     "state_part",
 ]
 
-ROOT_LABEL = "(root)"
+_ROOT_LABEL = "(root)"
 ELLIPSIS = "…"
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 # Parts this short (mu, nu, q, k, v, w, b) cost little room and often tell rows apart.
@@ -116,7 +114,7 @@ def readable_key(key: str) -> str:
       ValueError: If ``key`` is not in keystr format.
     """
     parts = _parts(key)
-    return tensor_name(parts) if parts else ROOT_LABEL
+    return tensor_name(parts) if parts else _ROOT_LABEL
 
 
 # Names under which optimizer state is saved: a checkpointable of its own
@@ -138,7 +136,7 @@ def _first_name(key: str) -> str:
     return text[2:end].lower() if text.startswith("['") and end > 0 else ""
 
 
-def is_optimizer_state(checkpointable: str, key: str) -> bool:
+def _is_optimizer_state(checkpointable: str, key: str) -> bool:
     """Whether a leaf belongs to an optimizer's state (moments, counts) rather than
     the model: its checkpointable or its first key part is named like one."""
     if str(checkpointable).lower() in OPTIMIZER_NAMES:
@@ -150,7 +148,7 @@ def state_part(checkpointable: str, key: str) -> int:
     """Where a leaf's part of a training state is shown: ``MODEL`` (0) first, then
     ``OTHER_STATE`` (1: the iterator, PRNG keys, auxiliary values), then
     ``OPTIMIZER_STATE`` (2)."""
-    if is_optimizer_state(checkpointable, key):
+    if _is_optimizer_state(checkpointable, key):
         return OPTIMIZER_STATE
     if str(checkpointable).lower() in OTHER_STATE_NAMES:
         return OTHER_STATE
@@ -307,14 +305,14 @@ def display_keys(
         return []
     start = _common(rows)
     tails = {identity: parts[start:] for identity, parts in rows}
-    labels = {identity: ".".join(tail) if tail else ROOT_LABEL for identity, tail in tails.items()}
+    labels = {identity: ".".join(tail) if tail else _ROOT_LABEL for identity, tail in tails.items()}
     # Dotted names can meet (['a.b'] and ['a']['b'], ['x'] and ['x']['value']):
     # those rows keep their exact keystr form.
     seen = Counter(labels.values())
     for identity, label in list(labels.items()):
         if seen[label] > 1:
             name, key = identity
-            labels[identity] = f"{name}:{key}" if name and start == 0 else key or ROOT_LABEL
+            labels[identity] = f"{name}:{key}" if name and start == 0 else key or _ROOT_LABEL
     if width is not None:
         _shorten(tails, labels, width)
     return [labels[identity] for identity, _ in rows]

@@ -29,7 +29,6 @@ from tinax.explore._run_view.drift import layer_depth, layer_of
 from tinax.explore._run_view.retention import run_listing
 from tinax.explore._staged import StagedLeaves, collector_paused, open_leaves
 from tinax.explore._summary import (
-    HISTOGRAM_BINS,
     LeafStatistics,
     is_numeric,
     leaf_statistics,
@@ -47,7 +46,6 @@ from tinax.explore._verify.verification import (
 
 __all__ = [
     "DEFAULT_CHECKS",
-    "HISTOGRAM_BINS",
     "Check",
     "Finding",
     "LeafScan",

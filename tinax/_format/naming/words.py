@@ -19,6 +19,7 @@ ITERATOR = "iterator"
 JSON = "json"
 UNKNOWN = "unknown"
 
+LEAF_KINDS = (JAX_ARRAY, NUMPY_ARRAY, SCALAR, STRING, EMPTY, ITERATOR, JSON, UNKNOWN)
 ARRAY_KINDS = frozenset({JAX_ARRAY, NUMPY_ARRAY})
 # Kinds whose value lives in the array store (a scalar is a 0-d array there).
 STORED_ARRAY_KINDS = frozenset({JAX_ARRAY, NUMPY_ARRAY, SCALAR})
@@ -37,6 +38,7 @@ BEING_REMOVED = "being removed"
 # A checkpoint a run's restore could not load and moved aside (``names.CORRUPT_SUFFIX``),
 # kept for inspection; never loadable, never counted as its step's checkpoint.
 FOUND_CORRUPT = "corrupt (found by restore)"
+LISTING_STATUSES = (COMPLETE, IN_PROGRESS, INTERRUPTED, INVALID, BEING_REMOVED, FOUND_CORRUPT)
 
 # -- where a checkpoint of a two-tier run is (``list_checkpoints``' ``tier``) ---------------
 
@@ -52,6 +54,7 @@ TIERS = (TIER_LOCAL, TIER_DURABLE, TIER_BOTH)
 # ``promotion``), and one being copied now.
 PROMOTION_WAITING = "waiting"
 PROMOTION_RUNNING = "promoting"
+PROMOTIONS = (PROMOTION_WAITING, PROMOTION_RUNNING)
 
 # -- why a run keeps a checkpoint (``retention_table``'s ``kept``) -------------------------
 
@@ -77,6 +80,8 @@ KEPT_FOR_PROMOTION = "waiting for promotion"
 KEPT_NEWEST_SOUND = "newest sound"
 # Kept because no policy removes anything (``keep=None``).
 KEPT_ALL = "all kept"
+# The reasons that are words of their own (the others are made by the functions above).
+KEPT_WORDS = (KEPT_FOR_PROMOTION, KEPT_NEWEST_SOUND, KEPT_ALL)
 
 # -- a leaf against a restore target (``compare_table``'s ``status``) -----------------------
 
