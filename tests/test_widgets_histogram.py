@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from tinax.widgets._histogram import fit_title, histogram_png
 
-from tinax.explore.toolkit import HISTOGRAM_BINS, is_numeric, leaf_statistics
+from tinax.explore._summary import HISTOGRAM_BINS
+from tinax.explore.toolkit import is_numeric, leaf_statistics
 
 
 def test_float_statistics_skip_nan_and_inf_but_count_them() -> None:
