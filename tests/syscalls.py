@@ -42,7 +42,8 @@ _STATS |= {"readlink", "readlinkat"}
 _CALL = re.compile(r'^(?:\[pid\s+)?\d*\]?\s*(\w+)\((?:AT_FDCWD|-?\d+)?,?\s*"([^"]*)"(.*)$')
 
 # What each measured call does, given ``root`` (the run) and ``ckpts`` (its checkpoints,
-# oldest first); the worker defines ``targets`` for the load.
+# oldest first); the worker defines ``targets`` for the load and ``elsewhere()``, a new
+# directory outside the run for what a call writes.
 CALLS = {
     "list_checkpoints": "ex.list_checkpoints(root)",
     "run_table": "ex.run_table(root)",
@@ -53,10 +54,17 @@ CALLS = {
     "checkpoint_table": "ex.checkpoint_table(ckpts[-1])",
     "read_leaf": "ex.read_leaf(ckpts[-1], 'model', \"['layers'][2]['w']\")",
     "load_training_checkpoint": "tc.load_training_checkpoint(ckpts[-1], *targets, iterator=it)",
+    "compare_table": "ex.compare_table(ckpts[-1], dict(model=targets[0]))",
+    "lineage": "ex.lineage(ckpts[-1])",
+    "export_safetensors": "ex.export_safetensors(ckpts[-1], elsewhere() + '/m.safetensors')",
+    "derive_checkpoint": "tc.derive_checkpoint(ckpts[-1], elsewhere() + '/derived')",
+    "average_checkpoints": (
+        "tc.average_checkpoints(ckpts[-2:], elsewhere() + '/mean', checkpointables=['model'])"
+    ),
 }
 
 _WORKER = r"""
-import os, sys
+import os, sys, tempfile
 import numpy as np
 import jax
 import grain
@@ -76,6 +84,7 @@ def checkpoints(run):
 
 state = syscalls.state(1)
 targets = [tc.abstract_restore_target(state[k]) for k in ("model", "optimizer", "rng", "auxiliary")]
+elsewhere = tempfile.mkdtemp  # where a call writes: outside the run, not counted
 for root_ in (warm, root):
     for call in calls:
         ckpts = checkpoints(root_)

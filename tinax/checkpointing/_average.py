@@ -14,7 +14,7 @@ from tinax._format.arraydata import chunks
 from tinax._format.callbacks import Progress
 from tinax._format.metadata import layout
 from tinax._format.metadata.layout import Checkpoint
-from tinax._format.naming import dtypes, words
+from tinax._format.naming import dtypes, names, words
 from tinax._format.records import lineage
 from tinax._format.safetensors import is_floating
 from tinax._format.storage import files
@@ -247,7 +247,12 @@ def average_checkpoints(
         arguments,
         [source.lineage_source(weight) for source, weight in zip(opened, normalised, strict=True)],
     )
-    _surgery.write_checkpoint(dest, fill, opened[0].custom_metadata, made)
+    try:
+        _surgery.write_checkpoint(dest, fill, opened[0].custom_metadata, made)
+    finally:
+        for trees in pytrees.values():
+            for tree in trees:
+                tree.close()
 
 
 def _check_same_checkpointables(
@@ -295,9 +300,9 @@ def _check_same_files(opened: list[OpenedSource], name: str) -> None:
 def _file_bytes(item: layout.StoredCheckpointable) -> dict[str, bytes]:
     """Its state files (not its checksum record), by path within it."""
     found = {}
-    for where, entry in item.directory.snapshot().walk():
-        if entry.kind == "file" and "/tinax_checksums/" not in where.path:
-            found[where.path[len(item.directory.path) :]] = files.read_bytes(
+    for where, _ in item.checkpoint.files_under(item.directory):
+        if f"/{names.CHECKSUMS_DIR}/" not in where.path:
+            found[where.path[len(item.directory.path) :]] = item.checkpoint.read_bytes(
                 where, what="a checkpointable's file", max_bytes=files.MAX_METADATA_BYTES
             )
     return found

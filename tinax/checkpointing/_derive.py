@@ -146,7 +146,11 @@ def derive_checkpoint(
         return handlers
 
     made = _surgery.made_now(lineage.DERIVE, arguments, [opened.lineage_source()])
-    _surgery.write_checkpoint(dest, fill, opened.custom_metadata, made)
+    try:
+        _surgery.write_checkpoint(dest, fill, opened.custom_metadata, made)
+    finally:
+        for tree, _ in plan.pytrees.values():
+            tree.close()
 
 
 def _handler(opened: OpenedSource, name: str) -> str | None:

@@ -34,7 +34,7 @@ from tinax._format.naming import names, words
 from tinax._format.naming.keys import KeyPath, format_key
 from tinax._format.records import lineage
 from tinax._format.storage import files
-from tinax._format.storage.location import Location
+from tinax._format.storage.location import FILE, Location
 from tinax._format.writing import store_writer, stored_copy, streaming, treeplan
 from tinax._format.writing.copy_source import PyTreeSource, open_pytree_source, sharding_key
 from tinax._format.writing.new_checkpoint import NewCheckpoint
@@ -187,13 +187,16 @@ def checked_copy(item: layout.StoredCheckpointable, where: str) -> None:
             raise CorruptDataError(f"{where}: checkpointable {item.name!r}: " + "; ".join(problems))
 
 
-def iterator_record(directory: Location) -> dict[str, LeafRecord]:
-    """Checksums of a copied iterator's state files, for one copied without any."""
+def iterator_record(item: layout.StoredCheckpointable) -> dict[str, LeafRecord]:
+    """Checksums of a copied iterator's state files, for one copied without any (read
+    through its opened checkpoint: the copy read them already)."""
     found = {}
-    for name, entry in directory.entries().items():
-        if entry.kind == "file" and names.ITERATOR_FILE.match(name):
-            data = files.read_bytes(
-                directory / name, what="a Grain iterator state", max_bytes=files.MAX_METADATA_BYTES
+    for name, entry in item.entries().items():
+        if entry.kind == FILE and names.ITERATOR_FILE.match(name):
+            data = item.checkpoint.read_bytes(
+                item.directory / name,
+                what="a checkpointable's file",
+                max_bytes=files.MAX_METADATA_BYTES,
             )
             found[name] = LeafRecord(checksums.FILE, "", (), (Piece((), checksums.digest(data)),))
     return found
@@ -515,7 +518,7 @@ def copy_checkpointable(new: NewCheckpoint, item: layout.StoredCheckpointable) -
     that had none (the new checkpoint promises them)."""
     new.copy_checkpointable(item)
     if item.layout == layout.ITERATOR and checksums.read_checksums(item) is None:
-        record = iterator_record(item.directory)
+        record = iterator_record(item)
         target = new.directory / item.name / names.CHECKSUMS_DIR / names.checksum_file_name(0)
         target.write_new(checksums.encode(record, 0))
 

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorstore as ts
 import xxhash
 
 from tinax import _paths
 from tinax._format import safetensors as st
-from tinax._format.arraydata import chunks
+from tinax._format.arraydata import chunks, rawread
 from tinax._format.arraydata.chunks import Box
 from tinax._format.callbacks import Progress
 from tinax._format.integrity import checksums
@@ -222,7 +221,7 @@ def _plan(
         )
     tree = pytree.read_layout(item)
     records = checksums.read_checksums(item)
-    ctx = arrays.context()
+    ctx = tree.context()
     tensors: list[_Tensor] = []
     seen: dict[str, str] = {}
     for leaf, info in pytree.leaf_infos(tree, ctx):
@@ -513,6 +512,27 @@ def _nonfinite_warning(source: str, found: list[tuple[str, int, int]]) -> str:
     )
 
 
+class _Regions:
+    """A source array as ``chunks.read_arrays`` reads it: its chunks read raw from its
+    data files where it is stored so (``streaming.SourceArray``), else through
+    tensorstore."""
+
+    def __init__(self, source: streaming.SourceArray) -> None:
+        self.source = source
+
+    def __getitem__(self, box: Box) -> _Region:
+        return _Region(self.source, box)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Region:
+    source: streaming.SourceArray
+    box: Box
+
+    def read(self) -> Any:
+        return self.source.read(self.box)
+
+
 def _stream(
     tree: pytree.PyTreeLayout,
     tensors: list[_Tensor],
@@ -522,8 +542,24 @@ def _stream(
 ) -> list[ValueCounts]:
     """Writes every tensor's regions in place; returns each tensor's NaN and Inf
     counts, as written (a cast to a narrow float can make Inf of large values)."""
+    # Each data file opened once for the whole export, however many arrays it holds.
+    with rawread.DataFiles() as data_files:
+        return _stream_from(tree, tensors, fds, written, progress, data_files)
+
+
+def _stream_from(
+    tree: pytree.PyTreeLayout,
+    tensors: list[_Tensor],
+    fds: list[int],
+    written: _Written | None,
+    progress: Progress | None,
+    data_files: rawread.DataFiles,
+) -> list[ValueCounts]:
     counts = [ValueCounts(t.written) for t in tensors]
-    ctx = arrays.context()
+    records = {t.key: t.record for t in tensors if t.record is not None}
+    sources = streaming.source_arrays(
+        tree, [t.leaf for t in tensors], records or None, tree.context(), data_files
+    )
     total = sum(t.nbytes for t in tensors)
     done = 0
     if progress is not None:
@@ -534,7 +570,7 @@ def _stream(
         for index, tensor in enumerate(tensors):
             pieces, checked = _pieces(tensor)
             digests.append(_Digests(tensor, pieces, checked))
-            array = ts.open(tree.array_spec(tensor.leaf), context=ctx, read=True)
+            array = _Regions(sources[tensor.key])
             for bounds in pieces:
                 boxes = _boxes(bounds, tensor.chunk_shape, tensor.stored.itemsize)
                 yield chunks.ArrayRead((index, bounds), array, boxes, tensor.stored.itemsize)

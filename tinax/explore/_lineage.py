@@ -36,7 +36,7 @@ def lineage(path: str | os.PathLike[str] | Checkpoint) -> pd.DataFrame:
         unreadable or was changed after it was made.
     """
     checkpoint = open_checkpoint(path)
-    found = _lineage.read_lineage(checkpoint.path)
+    found = _lineage.read_lineage(checkpoint)
     if found is None:
         table = _table([])
         table.attrs.update(operation=None, arguments=None)

@@ -209,7 +209,14 @@ def read_checksums(item: layout.StoredCheckpointable) -> dict[str, LeafRecord] |
             return None
         if entry.kind != DIRECTORY:
             raise ValueError(f"{str(record_dir)!r} is not a directory of checksum records")
-        return _read_records(record_dir, item.checkpoint.entries(record_dir))
+        return _read_records(
+            record_dir,
+            item.checkpoint.entries(record_dir),
+            # Kept: the lineage of a checkpoint made from this one digests these bytes.
+            lambda path, _: item.checkpoint.read_bytes(
+                path, what="tinax checksums", max_bytes=files.MAX_METADATA_BYTES
+            ),
+        )
 
     return item.checkpoint.kept(("checksums", item.directory.path), read)
 
@@ -226,10 +233,21 @@ def read_directory_checksums(directory: Location) -> dict[str, LeafRecord] | Non
         return None
     if not record_dir.is_dir():
         raise ValueError(f"{str(record_dir)!r} is not a directory of checksum records")
-    return _read_records(record_dir, record_dir.entries())
+    entries = record_dir.entries()
+    return _read_records(
+        record_dir,
+        entries,
+        lambda path, name: files.read_listed_bytes(
+            path, entries[name], what="tinax checksums", max_bytes=files.MAX_METADATA_BYTES
+        ),
+    )
 
 
-def _read_records(record_dir: Location, entries: Mapping[str, Entry]) -> dict[str, LeafRecord]:
+def _read_records(
+    record_dir: Location,
+    entries: Mapping[str, Entry],
+    read: Callable[[Location, str], bytes],
+) -> dict[str, LeafRecord]:
     found = sorted(name for name in entries if names.CHECKSUM_FILE.match(name))
     if not found:
         raise ValueError(f"{str(record_dir)!r} holds no checksum record")
@@ -237,9 +255,7 @@ def _read_records(record_dir: Location, entries: Mapping[str, Entry]) -> dict[st
     for name in found:
         path = record_dir / name
         # Checked field by field below, so no depth walk of its many entries.
-        data = files.read_listed_bytes(
-            path, entries[name], what="tinax checksums", max_bytes=files.MAX_METADATA_BYTES
-        )
+        data = read(path, name)
         document = files.parse_json_object(data, path=path, what="tinax checksums", max_depth=None)
         if document.get("format") != names.CHECKSUMS_FORMAT:
             raise ValueError(f"{str(path)!r} is not a {names.CHECKSUMS_FORMAT} record")

@@ -169,6 +169,12 @@ class Checkpoint:
         """
         return self.scan.listing().get(directory.path, {})
 
+    def files_under(self, directory: Location) -> list[tuple[Location, Entry]]:
+        """Every regular file under ``directory`` (this checkpoint's or one below it), in
+        the walk's order, as the walk made when it was opened found them."""
+        below = directory.path.rstrip("/") + "/"
+        return [(where, entry) for where, entry in self.scan.found if where.path.startswith(below)]
+
     def entry(self, where: Location) -> Entry | None:
         """What the walk found at ``where`` (under this checkpoint), if anything."""
         parent, name = where.storage.split(where.path)

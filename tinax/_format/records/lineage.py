@@ -99,7 +99,8 @@ def records_digest(checkpoint: layout.Checkpoint) -> str | None:
         if entries is None:
             continue
         for name in sorted(n for n in entries if names.CHECKSUM_FILE.match(n)):
-            data = files.read_bytes(
+            # The bytes the checksums' reader read (kept on the opened checkpoint).
+            data = checkpoint.read_bytes(
                 record_dir / name, what="tinax checksums", max_bytes=files.MAX_METADATA_BYTES
             )
             hasher.update(f"{item.name}/{name}\0{len(data)}\0".encode())
@@ -108,36 +109,33 @@ def records_digest(checkpoint: layout.Checkpoint) -> str | None:
     return hasher.hexdigest() if found else None
 
 
-def _promised_digest(checkpoint: Location) -> str | None:
-    meta = files.read_json_object(
-        checkpoint / names.CHECKPOINT_METADATA, what="Orbax checkpoint metadata"
-    )
-    custom = meta.get("custom_metadata")
-    promise = custom.get(names.CHECKSUMS_PROMISE) if isinstance(custom, dict) else None
+def _promised_digest(checkpoint: layout.Checkpoint) -> str | None:
+    custom = {} if checkpoint.record is None else checkpoint.record.custom_metadata
+    promise = custom.get(names.CHECKSUMS_PROMISE)
     value = promise.get(PROMISE_KEY) if isinstance(promise, dict) else None
     return value if isinstance(value, str) else None
 
 
-def read_lineage(checkpoint: Location) -> Lineage | None:
-    """The lineage record of ``checkpoint``; ``None`` for one saved from training.
+def read_lineage(checkpoint: layout.Checkpoint) -> Lineage | None:
+    """The lineage record of the opened ``checkpoint`` (checked against the digest its
+    commit record holds, as read when it was opened); ``None`` for one saved from
+    training.
 
     Raises:
       ValueError: If the record is unreadable or not a lineage record, or it does
         not match the digest committed with the checkpoint (or is missing though
         one was committed); the message names the file.
     """
-    where = checkpoint / names.LINEAGE
-    promised = (
-        _promised_digest(checkpoint) if (checkpoint / names.CHECKPOINT_METADATA).exists() else None
-    )
-    if not where.exists():
+    where = checkpoint.path / names.LINEAGE
+    promised = _promised_digest(checkpoint)
+    if names.LINEAGE not in checkpoint.entries(checkpoint.path):
         if promised is not None:
             raise ValueError(
-                f"checkpoint {str(checkpoint)!r} was made with a lineage record, but "
+                f"checkpoint {str(checkpoint.path)!r} was made with a lineage record, but "
                 f"{names.LINEAGE} is missing"
             )
         return None
-    data = files.read_bytes(where, what="tinax lineage record", max_bytes=MAX_LINEAGE_BYTES)
+    data = checkpoint.read_bytes(where, what="tinax lineage record", max_bytes=MAX_LINEAGE_BYTES)
     if promised is not None and digest(data) != promised:
         raise ValueError(
             f"{str(where)!r} does not match the digest committed with the checkpoint: "

@@ -15,6 +15,7 @@ from typing import Any
 
 import tensorstore as ts
 
+from tinax._format.arraydata import rawread
 from tinax._format.integrity import checksums
 from tinax._format.integrity.checksums import LeafRecord
 from tinax._format.metadata import layout, pytree
@@ -36,6 +37,8 @@ class PyTreeSource:
       records: Its recorded checksums by leaf key (``None``: it has none).
       ext_metadata: Orbax's extra array metadata by stored name.
       shardings: Orbax's sharding records (JSON texts) by stored name.
+      data_files: The data files its arrays are read raw from, each opened once for the
+        operation that reads it (``close`` closes them).
     """
 
     checkpoint: str
@@ -45,6 +48,7 @@ class PyTreeSource:
     records: dict[str, LeafRecord] | None
     ext_metadata: dict[str, Any]
     shardings: dict[str, str]
+    data_files: rawread.DataFiles = dataclasses.field(default_factory=rawread.DataFiles)
     _arrays: dict[str, streaming.SourceArray] | None = None
     _strings: dict[str, str] | None = None
 
@@ -65,10 +69,18 @@ class PyTreeSource:
         """
         if self._arrays is None:
             try:
-                self._arrays = streaming.source_arrays(self.tree, self.leaves, self.records, ctx)
+                # Read in the context its checkpoint's other reads share (its store
+                # walked once, its manifest read once), whatever ``ctx`` writes in.
+                self._arrays = streaming.source_arrays(
+                    self.tree, self.leaves, self.records, self.tree.context(), self.data_files
+                )
             except ValueError as e:
                 raise ValueError(f"{self.where()}: {e}") from None
         return self._arrays
+
+    def close(self) -> None:
+        """Closes the data files its reads opened."""
+        self.data_files.close()
 
     def string(self, leaf: StoredLeaf) -> str:
         """The value of a string leaf, checked against its checksum.

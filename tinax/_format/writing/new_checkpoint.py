@@ -22,7 +22,7 @@ from typing import Any
 from tinax._format.metadata import layout
 from tinax._format.naming import names
 from tinax._format.storage import durable, files
-from tinax._format.storage.location import DIRECTORY, FILE, Location
+from tinax._format.storage.location import Location
 
 # What Orbax writes into ``commit_success.txt``.
 _COMMIT_TEXT = "Checkpoint commit was successful to {}"
@@ -61,17 +61,15 @@ class NewCheckpoint:
         a JSON record, an empty pytree) file by file; returns the bytes copied.
 
         Raises:
-          ValueError: If it holds anything but small regular files and directories.
+          ValueError: If one of its files is too large to be a state file.
         """
         copied = 0
         target = self.directory / item.name
-        for where, entry in item.directory.snapshot().walk():
-            if entry.kind == DIRECTORY:
-                continue
-            if entry.kind != FILE:
-                raise ValueError(f"{str(where)!r} is a {entry.kind}, not a regular file")
+        # The files its checkpoint's walk found (which refused anything but files and
+        # directories), read through it: a state file its check read is not read again.
+        for where, _ in item.checkpoint.files_under(item.directory):
             relative = where.path[len(item.directory.path) :].strip("/")
-            data = files.read_bytes(
+            data = item.checkpoint.read_bytes(
                 where, what="a checkpointable's file", max_bytes=files.MAX_METADATA_BYTES
             )
             if len(data) > files.MAX_METADATA_BYTES:

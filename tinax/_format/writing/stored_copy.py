@@ -274,11 +274,13 @@ class _Ahead:
         # would be fresh memory, faulted in page by page.
         self._buffers = rawread.BufferPool(keep=2 + IN_FLIGHT_BYTES // (1 << 20))
         self._in_flight = 0
-        # Opened here, before any read: the reading threads share them.
+        # Opened here, before any read: the reading threads share them. Those opened
+        # for this copy alone (not the source's, ``RawArray.files``) it closes.
         self._fds: dict[str, int] = {}
+        self._owned: dict[str, int] = {}
         if array.raw.directory.is_local:
             for value in array.raw.values.values():
-                array.raw.open_file(value.file, self._fds)
+                self._fds[value.file] = array.raw.open_file(value.file, self._owned)
 
     def _read(self, value: ValueRef) -> _Read:
         raw = self.array.raw
@@ -338,6 +340,6 @@ class _Ahead:
             with contextlib.suppress(BaseException):
                 future.result()
         self._pending.clear()
-        for fd in self._fds.values():
+        for fd in self._owned.values():
             os.close(fd)
-        self._fds = {}
+        self._fds, self._owned = {}, {}

@@ -25,6 +25,7 @@ import concurrent.futures
 import dataclasses
 import itertools
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -248,7 +249,11 @@ class SourceArray:
       record: Its recorded checksums, if any.
       unit: The unit boxes must cover whole: the stored chunk, or a row where it is
         read raw.
-      opened: The tensorstore array (or its open future).
+      spec: The tensorstore spec of the array, opened (in ``ctx``) the first time
+        tensorstore reads it: an array read raw is never opened (its store's walk
+        told where its chunks are; opening it would read the store's manifest and
+        B+tree again).
+      ctx: The tensorstore context it is opened in.
       raw: The raw reader of its chunks, where one applies.
       metadata: Its ``zarr.json`` as stored, where it is read raw.
     """
@@ -259,9 +264,21 @@ class SourceArray:
     chunk_shape: tuple[int, ...] | None
     record: LeafRecord | None
     unit: tuple[int, ...] | None
-    opened: Any
+    spec: dict[str, Any]
+    ctx: Any
     raw: rawread.RawArray | None = None
     metadata: bytes | None = None
+    _opened: list[Any] = dataclasses.field(default_factory=list, repr=False, compare=False)
+    _opening: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, repr=False, compare=False
+    )
+
+    def array(self) -> Any:
+        """The tensorstore array, opened the first time it is asked for."""
+        with self._opening:
+            if not self._opened:
+                self._opened.append(ts.open(self.spec, context=self.ctx, read=True).result())
+            return self._opened[0]
 
     def read(self, box: Box, pool: rawread.BufferPool | None = None) -> Any:
         """Starts reading ``box`` (a raw read into a buffer of ``pool``, if given);
@@ -273,12 +290,10 @@ class SourceArray:
             buffer = pool.take(nbytes) if pool is not None else np.empty(nbytes, np.uint8)
             out = buffer[:nbytes].view(self.dtype).reshape(shape)
             return rawread.executor().submit(_read_raw, raw, box, out, self._through_tensorstore)
-        array = self.opened.result() if isinstance(self.opened, ts.Future) else self.opened
-        return array[box].read()
+        return self.array()[box].read()
 
     def _through_tensorstore(self, box: Box) -> np.ndarray:
-        array = self.opened.result() if isinstance(self.opened, ts.Future) else self.opened
-        return np.asarray(array[box].read().result())
+        return np.asarray(self.array()[box].read().result())
 
 
 def _read_raw(
@@ -297,8 +312,10 @@ def source_arrays(
     leaves: Sequence[pytree.StoredLeaf],
     records: dict[str, LeafRecord] | None,
     ctx: ts.Context,
+    files: rawread.DataFiles | None = None,
 ) -> dict[str, SourceArray]:
-    """The stored arrays of ``leaves`` (scalars among them), by key, opened for reading.
+    """The stored arrays of ``leaves`` (scalars among them), by key, opened for reading
+    (those read raw from their data files in ``files``, each opened once, if given).
 
     Their claimed shapes and chunks are checked first (``pytree.array_infos``).
 
@@ -327,7 +344,13 @@ def source_arrays(
             metadata = contents.other.get((path + _ZARR3).encode("utf-8"))
             if isinstance(metadata, bytes):
                 raw = rawread.plan(
-                    tree.directory, metadata, contents.chunks.get(path), path, dtype, info.shape
+                    tree.directory,
+                    metadata,
+                    contents.chunks.get(path),
+                    path,
+                    dtype,
+                    info.shape,
+                    files,
                 )
         chunk = tuple(info.chunk_shape) if info.chunk_shape is not None else None
         found[leaf.key] = SourceArray(
@@ -337,7 +360,8 @@ def source_arrays(
             chunk_shape=chunk,
             record=record,
             unit=raw.unit if raw is not None else chunk,
-            opened=ts.open(tree.array_spec(leaf), context=ctx, read=True),
+            spec=tree.array_spec(leaf),
+            ctx=ctx,
             raw=raw,
             metadata=metadata if raw is not None and isinstance(metadata, bytes) else None,
         )
