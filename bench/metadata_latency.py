@@ -133,6 +133,8 @@ for root_ in (warm, root):
     start = time.perf_counter()
     eval(syscalls.CALLS[call], globals(), dict(root=root_, ckpts=ckpts, targets=targets, it=it))
     seconds = time.perf_counter() - start
+import tinax
+assert os.path.dirname(os.path.dirname(tinax.__file__)) == os.environ["PYTHONPATH"], tinax.__file__
 print(seconds)
 """
 
@@ -163,10 +165,14 @@ def _seconds(call: str, warm: Path, run: Path, shim: Path, latency_us: int, tina
         SLOWFS_DELAY_US=str(latency_us),
         PYTHONPATH=str(tinax),
     )
-    worker = _WORKER.format(tests=str(REPO / "tests"))
+    # A script outside both checkouts, run from where it lies: its own directory, not
+    # a checkout's, comes first on the path, then the checkout asked for.
+    worker = run.parent / "worker.py"
+    worker.write_text(_WORKER.format(tests=str(REPO / "tests")), encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-c", worker, str(warm), str(run), call],
+        [sys.executable, str(worker), str(warm), str(run), call],
         env=env,
+        cwd=run.parent,
         capture_output=True,
         text=True,
         check=False,

@@ -75,6 +75,9 @@ sys.path.insert(0, {tests!r})
 import syscalls
 
 warm, root, *calls = sys.argv[1:]
+import tinax
+# The checkout asked for, not the one this runs from.
+assert tinax.__file__.startswith(os.environ.get("SYSCALLS_TINAX", "")), tinax.__file__
 
 def checkpoints(run):
     return sorted(
@@ -206,6 +209,7 @@ def count(calls: list[str], root: str, warm: str, *, tinax: str | None = None) -
     env = dict(os.environ)
     if tinax is not None:
         env["PYTHONPATH"] = os.pathsep.join([tinax, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env["SYSCALLS_TINAX"] = os.path.abspath(tinax)
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "trace")
         worker = os.path.join(scratch, "worker.py")
