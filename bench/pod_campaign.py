@@ -111,13 +111,6 @@ def durable_exact(durable: str) -> tuple[int, int]:
     return len(complete), wrong
 
 
-def _batches(at: int, process: int, processes: int) -> list[list[int]]:
-    import multiprocess_worker
-
-    iterator = multiprocess_worker.iterator_at(at, process, processes)
-    return [next(iterator).tolist() for _ in range(2)]
-
-
 def campaign(
     kills: int, processes: int, durable_kind: str, timeout: float, directory: str | None, seed: int
 ) -> dict[str, Any]:
@@ -180,7 +173,9 @@ def campaign(
             if any(s["restored"] is not None and not s["exact"] for s in starts):
                 counts["not_exact"] += 1
             for i, s in enumerate(starts):
-                if s["restored"] is not None and s["next"] != _batches(s["restored"], i, processes):
+                if s["restored"] is not None and s["next"] != pod_worker.batches_after(
+                    s["restored"], i, processes
+                ):
                     counts["wrong_next_batch"] += 1
             if last:
                 break

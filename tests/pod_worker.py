@@ -9,8 +9,8 @@ is the durable tier (a path, or a ``gs://`` URL).
 
 Phases:
   loop     a ``TrainingRun`` (``save_every=10, keep=2, local_every=5, local_keep=2``)
-           resumes and trains to step 200, saving at every step, until it is
-           preempted; OPTIONS may say ``{"sigterm": [processes], "at": step}`` (those
+           resumes and trains, saving at every step, until it is preempted or
+           killed; OPTIONS may say ``{"sigterm": [processes], "at": step}`` (those
            processes send themselves SIGTERM at that step: JAX's notifier tells every
            process) or ``{"kill": [processes], "at": step}`` (SIGKILL; ``"where":
            "promotion"`` kills them when their promotion of that step, or of the
@@ -41,19 +41,13 @@ from pathlib import Path
 from typing import Any
 
 import cluster
+import grain
 import jax
 import numpy as np
 from damage import file_holding, flip_bits
 from jax.experimental import multihost_utils
 from jax.sharding import PartitionSpec as P
-from multiprocess_worker import (
-    count_orbax_loads,
-    dataset,
-    expected,
-    global_array,
-    iterator_at,
-    orbax_loads,
-)
+from multiprocess_worker import count_orbax_loads, expected, global_array, orbax_loads
 from run_cluster_worker import rng
 
 from tinax.checkpointing import (
@@ -67,6 +61,28 @@ from tinax.checkpointing._run import DEFAULT_TIMEOUT
 # The model's arrays: big enough that OCDBT keeps their chunks in data files, not
 # inline in its B+tree.
 SHAPES = {"w": (8, 256), "b": (256,)}
+
+
+def dataset(index: int | None = None, count: int | None = None) -> Any:
+    """Process ``index``'s shard of the data (this process's by default): long enough
+    for a campaign's thousands of steps."""
+    index = jax.process_index() if index is None else index
+    count = jax.process_count() if count is None else count
+    return grain.MapDataset.range(1_000_000)[index::count].batch(4).to_iter_dataset()
+
+
+def iterator_at(batches: int, index: int | None = None, count: int | None = None) -> Any:
+    """Process ``index``'s iterator after ``batches`` batches."""
+    iterator = iter(dataset(index, count))
+    for _ in range(batches):
+        next(iterator)
+    return iterator
+
+
+def batches_after(step: int, index: int, count: int) -> list[list[int]]:
+    """The two batches process ``index`` of an uninterrupted run reads after ``step``."""
+    iterator = iterator_at(step, index, count)
+    return [np.asarray(next(iterator)).tolist() for _ in range(2)]
 
 
 def model(step: int) -> dict[str, Any]:
@@ -183,7 +199,7 @@ def loop(root: Path, durable: str, options: dict[str, Any]) -> None:
     if jax.process_index() in options.get("kill", ()) and options.get("where") == "promotion":
         _kill_in_promotion(options)
     iterator = iterator_at(start - 1)
-    for step in range(start, 200):
+    for step in range(start, 100_000):
         next(iterator)
         _act(options, step)
         try:

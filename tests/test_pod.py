@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import jax
-import multiprocess_worker
 import numpy as np
 import pod_worker
 import pytest
@@ -28,12 +27,6 @@ WORKER = Path(pod_worker.__file__)
 
 def _launch(phase: str, root: Path, durable: str, processes: int, **options: object):
     return pod_worker.launch(phase, root, durable, processes, options)
-
-
-def _batches(at: int, process: int, processes: int) -> list[list[int]]:
-    """The two batches process ``process`` of an uninterrupted run reads after ``at``."""
-    iterator = multiprocess_worker.iterator_at(at, process, processes)
-    return [next(iterator).tolist() for _ in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +71,7 @@ def test_the_job_resumes_from_every_host_s_own_part_bit_exactly_with_the_same_ba
         report = resume.result(i, "resume")
         assert report["restored"] == at and report["exact"]
         assert report["from"] == str(preempted["root"] / f"host{i}" / names.run_checkpoint_name(at))
-        assert report["next"] == _batches(at, i, 4)
+        assert report["next"] == pod_worker.batches_after(at, i, 4)
 
 
 def test_a_corrupt_part_on_one_host_sends_every_process_to_the_durable_copy(preempted):
@@ -89,7 +82,7 @@ def test_a_corrupt_part_on_one_host_sends_every_process_to_the_durable_copy(pree
     for i in range(4):
         report = resume.result(i, "corrupt part")
         assert (report["restored"], report["from"], report["exact"]) == (at, checkpoint, True)
-        assert report["next"] == _batches(at, i, 4)
+        assert report["next"] == pod_worker.batches_after(at, i, 4)
         # Process 1's damaged part is set aside (the others keep theirs).
         assert (at in report["local"]) == (i != 1)
     aside = preempted["root"] / "host1" / (names.run_checkpoint_name(at) + ".tinax-corrupt")
@@ -104,7 +97,7 @@ def test_a_replaced_host_makes_the_job_resume_from_what_every_host_shares(preemp
     for i in range(4):
         report = resume.result(i, "new host")
         assert (report["restored"], report["from"], report["exact"]) == (at, checkpoint, True)
-        assert report["next"] == _batches(at, i, 4)
+        assert report["next"] == pod_worker.batches_after(at, i, 4)
 
 
 def test_raw_orbax_and_tinax_read_the_checkpoint_the_hosts_promoted(preempted):
@@ -158,14 +151,16 @@ def test_the_restarted_job_cleans_up_and_resumes_from_a_step_every_host_holds(ki
     step = reports[0]["restored"]
     assert step is not None and all(r["restored"] == step and r["exact"] for r in reports)
     for i, report in enumerate(reports):
-        assert report["next"] == _batches(step, i, 2)
+        assert report["next"] == pod_worker.batches_after(step, i, 2)
         # Each read its own part through tinax's engine, not Orbax.
         assert report["orbax"] == [], report
     # With the last process's directory gone, from the bucket, through the engine too.
     for i in range(2):
         report = resume.result(i, "new host")
         assert report["from"].startswith(killed["durable"]) and report["exact"], report
-        assert report["orbax"] == [] and report["next"] == _batches(report["restored"], i, 2)
+        assert report["orbax"] == [] and report["next"] == pod_worker.batches_after(
+            report["restored"], i, 2
+        )
     # Nothing half-committed is left in the bucket: every step there is complete.
     listed = ex.list_checkpoints(killed["durable"])
     assert set(listed["status"]) <= {words.COMPLETE}
