@@ -85,10 +85,13 @@ class Outcome:
 
     def results(self, process: int) -> list[dict[str, Any]]:
         """What worker ``process`` reported with ``report``, in order."""
+        # Another thread's output (JAX's C++ logging) may share a line with a report,
+        # before or after it: each report is the first JSON value after its marker.
+        decoder = json.JSONDecoder()
         return [
-            json.loads(line[len(_RESULT) :])
+            decoder.raw_decode(line[line.index(_RESULT) + len(_RESULT) :])[0]
             for line in self.logs[process].splitlines()
-            if line.startswith(_RESULT)
+            if _RESULT in line
         ]
 
     def result(self, process: int, step: str) -> dict[str, Any]:
