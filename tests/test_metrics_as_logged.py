@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tinax.explore as ex
-from tinax import vocabulary as words
+from tinax._format.naming import words
 from tinax.checkpointing import (
     TargetMismatchError,
     TrainingRun,

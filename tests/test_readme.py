@@ -102,14 +102,17 @@ def test_the_readme_picture_is_made_by_make_screenshot_and_never_by_the_tests() 
     assert rule, "no `make screenshot` target"
     assert "demo-data" in rule.group(1).split()
     assert "demo/screenshot.py" in rule.group(2) and "docs/explorer.png" in rule.group(2)
-    # The tests keep their pictures in test-artifacts/ (ignored by git), never in docs/
-    # (the documentation's tests read docs/ and build into docs/_build, never a picture).
+    # The tests keep their pictures in test-artifacts/ (ignored by git), never in docs/:
+    # no line of a test that writes a picture names docs/ (the documentation's tests read
+    # docs/ and build into docs/_build, and take their pictures of the site elsewhere).
+    picture = re.compile(r"screenshot\(|savefig\(|\.png")
+    docs = re.compile(r"[\"'/]docs[\"'/]")
     writers = [
-        p.name
+        f"{p.name}:{n}"
         for p in (REPO / "tests").rglob("*.py")
         if p.name != Path(__file__).name
-        and re.search(r"[\"'/]docs[\"'/]", text := p.read_text())
-        and re.search(r"screenshot|\.png", text)
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if picture.search(line) and docs.search(line)
     ]
     assert writers == []
     assert "test-artifacts/" in (REPO / ".gitignore").read_text().split()

@@ -1,5 +1,8 @@
 """The private Orbax modules tinax relies on, each behind one function.
 
+(Over 500 lines: every reach into Orbax's private modules is here and nowhere else,
+so that a new Orbax release is checked against one file.)
+
 Orbax's public V1 API has no way to read the active context, to ask whether a
 leaf type has a standard handler, or to learn how long its processes wait for each
 other, and does not export the handler of stateful checkpointables (Grain
@@ -7,7 +10,8 @@ iterators); it has no hook on the host copies it saves from or the host reads it
 loads from, and no way to start writing before the whole state is on the host;
 a save of one process of a job to a directory of its own is refused, NumPy arrays
 and scalars are written by process 0 alone whatever the primary host, and the merge
-of the processes' array stores is not exposed. These are the only places tinax reaches into Orbax's private modules.
+of the processes' array stores is not exposed. These are the only places tinax
+reaches into Orbax's private modules.
 ``pyproject.toml`` bounds Orbax to the minor release they were written against.
 """
 

@@ -1,5 +1,9 @@
 """The processes of a job: who they are, and every wait on one another, with a deadline.
 
+(Over 500 lines: every meeting, its deadline, the errors it carries from one process
+to all and the leaving of a job that lost a process share one protocol over the
+coordination service's keys; apart, each part would need the others' keys.)
+
 A save, a restore or a promotion runs on every process of a job, and what one
 process finds (a refused destination, a checkpoint that does not load on it, the
 local steps its host holds) the others must know before they go on. Each such
