@@ -23,9 +23,12 @@ bit, with the batch after it of each process's stream.
 
 Counted: kills (of one, of all, in a promotion); survivors that ended with the one
 error naming the killed process (or, process 0 killed, ended by JAX), and the slowest
-survivor's exit after the kill; jobs
-that hung; resumes refused; resumes not of the same step everywhere, not of the newest
-step every process holds, not bit for bit, or whose next batch is not the stream's;
+survivor's exit after the kill; jobs that hung; resumes refused; resumes not of the
+same step everywhere, not of the newest step every process holds, not bit for bit, or
+whose next batch is not the stream's; kills that left something unfinished (a
+directory named for a step that holds no committed checkpoint: a save's or a
+promotion's), and restarted jobs in which any such thing was still there (in the
+durable tier once the run had opened, in a local directory once it had restored);
 checkpoints listed complete in the durable tier that do not load bit for bit.
 
 Usage: python bench/pod_campaign.py [--kills 50] [--processes 2] [--durable path|gs]
@@ -34,7 +37,8 @@ Usage: python bench/pod_campaign.py [--kills 50] [--processes 2] [--durable path
 Prints ``RESULT {json}`` and exits non-zero when a goal is missed: every survivor ends
 with one error naming the killed process, no job hangs, no resume is refused, every
 resume restores the newest step every process holds, bit for bit, with the stream's
-next batch, and every durable checkpoint listed complete loads bit for bit.
+next batch, leaving nothing the killed job left, and every durable checkpoint listed
+complete loads bit for bit.
 """
 
 from __future__ import annotations
@@ -172,6 +176,10 @@ def campaign(
                 print(f"trial {trial}: resumed {steps}, expected {expected}", file=sys.stderr)
             if any(s["restored"] is not None and not s["exact"] for s in starts):
                 counts["not_exact"] += 1
+            left = [name for s in starts for name in s["left"]]
+            if trial and left:
+                counts["left_after_restart"] += 1
+                print(f"trial {trial}: the restarted job left {left}", file=sys.stderr)
             for i, s in enumerate(starts):
                 if s["restored"] is not None and s["next"] != pod_worker.batches_after(
                     s["restored"], i, processes
@@ -187,6 +195,8 @@ def campaign(
                 print(f"trial {trial}: nothing killed:\n{job}", file=sys.stderr)
                 continue
             counts["in_promotion"] += options.get("where") == "promotion"
+            dirs = [durable, *(root / f"host{i}" for i in range(processes))]
+            counts["kills_leaving_unfinished"] += any(pod_worker.unfinished(d) for d in dirs)
             if len(killed) == 1:
                 kill_time = min(r["time"] for r in kill_reports) - job.launched
                 for i in range(processes):
@@ -230,6 +240,7 @@ def missed(found: dict[str, Any]) -> list[str]:
         "not_newest",
         "not_exact",
         "wrong_next_batch",
+        "left_after_restart",
         "durable_not_exact",
     ):
         if found.get(key):

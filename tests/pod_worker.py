@@ -50,10 +50,14 @@ from jax.sharding import PartitionSpec as P
 from multiprocess_worker import count_orbax_loads, expected, global_array, orbax_loads
 from run_cluster_worker import rng
 
+from tinax import _paths
+from tinax._format.naming import names
+from tinax._format.storage.location import FILE
 from tinax.checkpointing import (
     ProcessTimeoutError,
     TrainingRun,
     _host_parts,
+    _run_files,
     abstract_restore_target,
 )
 from tinax.checkpointing._run import DEFAULT_TIMEOUT
@@ -128,9 +132,31 @@ def _loaded_paths() -> list[str]:
 loaded: list[str] = []
 
 
-def _restored(run: TrainingRun) -> dict[str, Any]:
+def unfinished(directory: str | Path) -> list[str]:
+    """What killed saves and promotions left in a tier's directory: each directory
+    named for a step of the run that holds no committed checkpoint."""
+    where = _paths.location(directory)
+    if where.is_local and not Path(directory).is_dir():
+        return []
+    complete = {c.name for c in _run_files.complete_checkpoints(where).values()}
+    return sorted(
+        name
+        for name, entry in where.snapshot().entries().items()
+        if entry.kind != FILE
+        and names.RUN_CHECKPOINT.match(names.final_name(name))
+        and name not in complete
+    )
+
+
+def _restored(run: TrainingRun, root: Path, durable: str) -> dict[str, Any]:
     """Restores ``run``: the step, which checkpoint loaded, whether every value is the
-    step's, and the next two batches of this process's iterator."""
+    step's, the next two batches of this process's iterator, and what a killed job
+    before it left (``left``): unfinished saves in the durable tier once the run has
+    opened (on process 0, before the restore resumes promotions there), and in this
+    process's local directory unfinished saves and parts of steps after the one
+    restored, once it has restored."""
+    me = jax.process_index()
+    left = [f"durable/{name}" for name in unfinished(durable)] if me == 0 else []
     del loaded[:], orbax_loads[:]
     iterator = iter(dataset())
     model_target, optimizer_target, rng_target, auxiliary_target = _state_at(0)
@@ -141,8 +167,14 @@ def _restored(run: TrainingRun) -> dict[str, Any]:
         auxiliary_target,
         iterator,
     )
+    local = root / f"host{me}"
+    left += [f"host{me}/{name}" for name in unfinished(local)]
     if found is None:
-        return {"restored": None}
+        return {"restored": None, "left": left}
+    if local.is_dir():
+        # Parts of steps after the one restored: the job saves those steps again.
+        complete = _run_files.complete_checkpoints(_paths.location(local))
+        left += [f"host{me}/{c.name}" for step, c in complete.items() if step > found.step]
     want = _state_at(found.step)
     exact = all(
         np.array_equal(np.asarray(shard.data), expected(name, shape, found.step)[shard.index])
@@ -160,6 +192,7 @@ def _restored(run: TrainingRun) -> dict[str, Any]:
         "exact": bool(exact),
         "next": [np.asarray(next(iterator)).tolist() for _ in range(2)],
         "orbax": list(orbax_loads),
+        "left": left,
     }
 
 
@@ -191,7 +224,7 @@ def _kill_in_promotion(options: dict[str, Any]) -> None:
 
 def loop(root: Path, durable: str, options: dict[str, Any]) -> None:
     run = open_run(root, durable, options)
-    restored = _restored(run)
+    restored = _restored(run, root, durable)
     cluster.report("started", **restored)
     start = 1 if restored["restored"] is None else restored["restored"] + 1
     if "after" in options:
@@ -218,7 +251,7 @@ def loop(root: Path, durable: str, options: dict[str, Any]) -> None:
 def resume(root: Path, durable: str, options: dict[str, Any]) -> None:
     me, count = jax.process_index(), jax.process_count()
     run = open_run(root, durable, options)
-    first = _restored(run)
+    first = _restored(run, root, durable)
     cluster.report("resume", **first)
     newest = first["restored"]
     run.close()
@@ -232,14 +265,14 @@ def resume(root: Path, durable: str, options: dict[str, Any]) -> None:
         flip_bits(path, at + 5)
     multihost_utils.sync_global_devices("tinax-test: a part corrupt")
     run = open_run(root, durable, options)
-    cluster.report("corrupt part", **_restored(run), local=run.local_steps)
+    cluster.report("corrupt part", **_restored(run, root, durable), local=run.local_steps)
     run.close()
     multihost_utils.sync_global_devices("tinax-test: restored again")
     if me == count - 1:
         shutil.rmtree(root / f"host{me}")
     multihost_utils.sync_global_devices("tinax-test: a new host")
     run = open_run(root, durable, options)
-    cluster.report("new host", **_restored(run))
+    cluster.report("new host", **_restored(run, root, durable))
     run.close()
 
 

@@ -81,7 +81,10 @@ def test_a_job_of_several_hosts_killed_in_every_process_resumes_bit_for_bit():
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     found = json.loads(line.removeprefix("RESULT "))
     assert found["kills_of_all"] == 1 and found["in_promotion"] == 1 and found["resumes"] == 1
+    # The kill left a promotion half done; the restarted job removed it as it opened.
+    assert found["kills_leaving_unfinished"] == 1
     for missed in ("hung", "refused", "not_newest", "not_exact", "wrong_next_batch"):
         assert found.get(missed, 0) == 0, found
+    assert found.get("left_after_restart", 0) == 0, found
     # Every checkpoint the bucket's stand-in held complete loaded bit for bit.
     assert found["durable_listed_complete"] >= 1 and found["durable_not_exact"] == 0

@@ -152,6 +152,8 @@ def test_the_restarted_job_cleans_up_and_resumes_from_a_step_every_host_holds(ki
     assert step is not None and all(r["restored"] == step and r["exact"] for r in reports)
     for i, report in enumerate(reports):
         assert report["next"] == pod_worker.batches_after(step, i, 2)
+        # Nothing of the killed job's unfinished saves is left, in either tier.
+        assert report["left"] == [], report
         # Each read its own part through tinax's engine, not Orbax.
         assert report["orbax"] == [], report
     # With the last process's directory gone, from the bucket, through the engine too.

@@ -1049,13 +1049,16 @@ class TrainingRun:
 
     def _drop_parts_after(self, step: int) -> None:
         """Where each process keeps a part: removes this process's parts of the steps
-        after ``step``, the one the job resumed from. The other processes did not hold
-        them whole (a promotion never had every part), and the resumed job saves those
-        steps again."""
+        after ``step``, the one the job resumed from, and its saves a killed job left
+        unfinished, whatever their step. The other processes did not hold them whole
+        (a promotion never had every part), and the resumed job saves those steps
+        again."""
         if not self._parts:
             return
         assert self._local is not None
         with self._lock:
+            # Its own directory: a save of this process still running holds its claim.
+            _run_files.clean_up(self._local.root, None, every_unfinished=True)
             for later, where in sorted(self._local.complete().items()):
                 if later > step:
                     _log.warning(
