@@ -295,7 +295,10 @@ def main(body: Callable[[], None]) -> None:
 
     On an exception, prints it and exits at once with status 1: an ordinary exit
     would wait in JAX's shutdown barrier for peers that are themselves stuck
-    waiting for this process.
+    waiting for this process. Except once tinax has found a process lost
+    (``ProcessTimeoutError``): then tinax's own exit handler ends the process as it
+    ends a training script, process 0 (which holds JAX's coordination service)
+    after the others have left.
     """
     try:
         body()
@@ -307,4 +310,7 @@ def main(body: Callable[[], None]) -> None:
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
+        processes = sys.modules.get("tinax.checkpointing._processes")
+        if processes is not None and processes.lost() is not None:
+            sys.exit(1)
         os._exit(1)

@@ -28,7 +28,10 @@ shutdown barrier for every process, for ``shutdown_timeout_seconds`` (5 minutes 
 default), and a killed process never comes. So once a wait here has named a
 process that did not arrive, this process leaves at its exit without that barrier
 (status 1, once its output is flushed); process 0, which holds the coordination
-service the others talk to, first gives them a few seconds to go.
+service the others talk to, first gives them a few seconds to go. When process 0
+itself dies, the coordination service goes with it: a wait that finds it gone names
+process 0 in the same error (unless JAX, which polls the service too, has ended the
+process first).
 
 The only module of tinax that reaches into JAX's private modules: JAX has no public
 handle on the coordination service's client.
@@ -317,6 +320,13 @@ def decide(
     """
     if _alone():
         return choose([report])
+    with _service(what, timeout):
+        return _decide_round(report, choose, what=what, timeout=timeout)
+
+
+def _decide_round(
+    report: Any, choose: Callable[[list[Any]], Any], *, what: str, timeout: float
+) -> Any:
     client = _client()
     number = next(_decisions)
     base = f"{_DECIDE_PREFIX}/{number}"
@@ -369,7 +379,9 @@ def _wait_key(key: str, deadline: float) -> str | None:
     left = deadline - time.monotonic()
     try:
         return str(_client().blocking_key_value_get(key, max(1, int(left * 1000))))
-    except Exception:
+    except Exception as e:
+        if "UNAVAILABLE" in str(e):
+            raise  # the coordination service is gone (see ``_service``)
         return None
 
 
@@ -391,6 +403,20 @@ def _exchange(
     cause: BaseException | None,
 ) -> dict[int, Any]:
     """One round through the coordination service: every participant's ``value``."""
+    with _service(what, timeout):
+        return _exchange_round(
+            value, what=what, timeout=timeout, participants=participants, cause=cause
+        )
+
+
+def _exchange_round(
+    value: Any,
+    *,
+    what: str,
+    timeout: float,
+    participants: tuple[int, ...],
+    cause: BaseException | None,
+) -> dict[int, Any]:
     client = _client()
     counter = _rounds.setdefault(participants, itertools.count())
     number = next(counter)
@@ -447,6 +473,27 @@ def _timeout_error(
     error = ProcessTimeoutError(message, missing=missing, what=what, timeout=timeout)
     _lost(error, there)
     return error
+
+
+@contextlib.contextmanager
+def _service(what: str, timeout: float) -> Iterator[None]:
+    """In a wait on the other processes, the loss of JAX's coordination service (it
+    lives in process 0 and dies with it) is raised as the ``ProcessTimeoutError``
+    that names process 0, not as the client's error."""
+    try:
+        yield
+    except ProcessTimeoutError:
+        raise
+    except Exception as e:
+        if process_index() == 0 or "UNAVAILABLE" not in str(e):
+            raise
+        message = (
+            f"process 0 of {process_count()} was lost in {what}: JAX's coordination "
+            "service, which it holds, no longer answers: it has died"
+        )
+        error = ProcessTimeoutError(message, missing=[0], what=what, timeout=timeout)
+        _lost(error, [])
+        raise error from e
 
 
 # -- meetings in the background ------------------------------------------------------
@@ -516,24 +563,27 @@ class Meeting:
         client = _client()
         heard = {p: time.monotonic() for p in processes}
         beats: dict[int, str] = {}
-        while True:
-            posted = {
-                int(key.rsplit("/", 1)[1]): json.loads(text)
-                for key, text in client.key_value_dir_get(f"{self.base}/{what}/")
-            }
-            left = [p for p in processes if p not in posted]
-            if not left:
-                return {p: posted[p] for p in processes}
-            now = time.monotonic()
-            for key, beat in client.key_value_dir_get(f"{self.base}/alive/"):
-                index = int(key.rsplit("/", 1)[1])
-                if beats.get(index) != beat:
-                    beats[index], heard[index] = beat, now
-            silent = [p for p in left if now - heard[p] >= self.timeout]
-            if silent:
-                there = [p for p in processes if p not in silent]
-                raise _timeout_error(silent, there, what=during, timeout=self.timeout, silent=True)
-            time.sleep(0.1)
+        with _service(during, self.timeout):
+            while True:
+                posted = {
+                    int(key.rsplit("/", 1)[1]): json.loads(text)
+                    for key, text in client.key_value_dir_get(f"{self.base}/{what}/")
+                }
+                left = [p for p in processes if p not in posted]
+                if not left:
+                    return {p: posted[p] for p in processes}
+                now = time.monotonic()
+                for key, beat in client.key_value_dir_get(f"{self.base}/alive/"):
+                    index = int(key.rsplit("/", 1)[1])
+                    if beats.get(index) != beat:
+                        beats[index], heard[index] = beat, now
+                silent = [p for p in left if now - heard[p] >= self.timeout]
+                if silent:
+                    there = [p for p in processes if p not in silent]
+                    raise _timeout_error(
+                        silent, there, what=during, timeout=self.timeout, silent=True
+                    )
+                time.sleep(0.1)
 
     def close(self) -> None:
         """Removes the meeting's keys (once no process reads them any more)."""
