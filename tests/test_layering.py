@@ -162,7 +162,7 @@ def test_no_layer_imports_upwards_or_past_its_boundary(layer: str) -> None:
 FORMAT_ORDER = ("naming", "storage", "metadata", "records", "integrity", "arraydata", "writing")
 # Its modules directly under tinax/_format/, which any of them may use: they import
 # only the spellings of ``naming``.
-FORMAT_SHARED = ("callbacks", "lru", "pools", "safetensors")
+FORMAT_SHARED = ("callbacks", "hostmem", "lru", "pools", "safetensors")
 
 
 def _format_part(module: str) -> str | None:
@@ -505,6 +505,7 @@ def test_explore_exports_its_tables_and_two_public_submodules() -> None:
         "run_table",
         "drift_table",
         "scan_run",
+        "restore_plan",
     }
     documented = {"readable", "retention_table", "run_policy"}
     # The opened checkpoint every table takes in place of a path, and its type.

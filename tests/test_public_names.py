@@ -91,8 +91,10 @@ def test_every_public_name_has_a_user_or_a_reason(module: str) -> None:
 
 def test_the_public_face_stays_small() -> None:
     counts = {m: len(importlib.import_module(m).__all__) for m in PUBLIC_MODULES}
-    # 161 names before every one was held to a user (68 in the vocabulary).
-    assert sum(counts.values()) <= 155, counts
+    # 161 names before every one was held to a user (68 in the vocabulary); the restore
+    # plan added three (restore_plan, memory_budget and the RestoreTooLargeError a load
+    # raises).
+    assert sum(counts.values()) <= 157, counts
     assert counts["tinax.vocabulary"] <= 63, counts
 
 

@@ -23,6 +23,7 @@ modules below; ``tests/test_layering.py`` checks it); each ``__init__`` lists it
 Shared by the layers above, importing only ``naming``:
 
 - ``callbacks``: the progress and cancel callbacks long operations take.
+- ``hostmem``: the host memory this process can still take (cgroup-aware).
 - ``lru``: the bounded, thread-safe cache of kept reads.
 - ``pools``: thread pools started on first use, and again in a forked child.
 - ``safetensors``: the safetensors format (headers, index files of split exports).

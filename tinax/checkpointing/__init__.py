@@ -16,8 +16,10 @@ from tinax.checkpointing._context import compression
 from tinax.checkpointing._derive import derive_checkpoint
 from tinax.checkpointing._destination import remove_interrupted_save
 from tinax.checkpointing._pipeline import PipelineMismatchError, allow_pipeline_change
+from tinax.checkpointing._plan_figures import RestoreTooLargeError
 from tinax.checkpointing._processes import ProcessTimeoutError
 from tinax.checkpointing._response import SaveResponse
+from tinax.checkpointing._restore_plan import memory_budget
 from tinax.checkpointing._run import TrainingRun
 from tinax.checkpointing._safetensors import load_safetensors
 from tinax.checkpointing._training import (
@@ -34,6 +36,7 @@ __all__ = [
     "NumpyTarget",
     "PipelineMismatchError",
     "ProcessTimeoutError",
+    "RestoreTooLargeError",
     "SaveResponse",
     "TargetMismatchError",
     "TrainingCheckpoint",
@@ -48,6 +51,7 @@ __all__ = [
     "load_checkpointables",
     "load_safetensors",
     "load_training_checkpoint",
+    "memory_budget",
     "open_checkpoint",
     "remove_interrupted_save",
     "save_checkpointables",

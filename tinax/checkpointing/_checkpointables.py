@@ -15,14 +15,14 @@ import numpy as np
 from orbax.checkpoint import v1 as ocp
 
 from tinax._format.integrity import checksums, iterstate
-from tinax._format.metadata import arrays, jsonitems, layout, pytree
+from tinax._format.metadata import arrays, jsonitems, layout
 from tinax._format.naming import names
 from tinax._format.naming.keys import format_key, key_parts
 from tinax._format.records import metrics
 from tinax._format.storage import files
 from tinax._format.storage.location import Location
 from tinax._paths import checkpoint_to_load
-from tinax._targets import NumpyTarget, abstract_restore_target
+from tinax._targets import NumpyTarget
 from tinax.checkpointing import (
     _context,
     _destination,
@@ -33,6 +33,7 @@ from tinax.checkpointing import (
     _orbax,
     _pipeline,
     _processes,
+    _restore_plan,
 )
 from tinax.checkpointing._checkpointable_names import validate_distinct_names
 from tinax.checkpointing._checksummed_handler import CorruptDataError
@@ -188,6 +189,12 @@ def _custom_metadata(
     return custom or None
 
 
+def _orbax_in_flight() -> int | None:
+    """The ``read_concurrent_bytes`` the caller's Orbax context sets, if any."""
+    found = _orbax.active_context().memory_options.read_concurrent_bytes
+    return None if found is None else int(found)
+
+
 def _nothing() -> None:
     """What a save's end has to undo: nothing since the collector pause ends earlier."""
 
@@ -240,6 +247,15 @@ def load_checkpointables(
 ) -> dict[str, Any]:
     """Load all named V1 targets together on every process's main thread.
 
+    Before anything is read the load works out its restore plan from metadata
+    (``tinax.explore.restore_plan`` shows it): a load whose peak host memory would
+    exceed its budget or the memory available, or that would not fit a device, is
+    refused with ``RestoreTooLargeError`` before any data file is opened. The budget
+    is the ``max_host_bytes`` of an enclosing ``with memory_budget(...)``, by default
+    90% of the host memory available when the load starts (cgroup-aware: a
+    container's limit counts); within it the load's read buffers are sized to stay
+    under the plan's figure.
+
     Args:
       path: Source checkpoint directory, or the checkpoint as ``open_checkpoint``
         opened it (nothing is listed or read again).
@@ -259,6 +275,9 @@ def load_checkpointables(
       CorruptDataError: A ``ValueError``: stored data does not match the
         checksums saved with it, naming the checkpoint, checkpointable and leaf.
       FileNotFoundError: If ``path`` does not exist.
+      RestoreTooLargeError: A ``MemoryError``: the restore does not fit its budget
+        (``memory_budget``), the host or a device (one paragraph: the bytes needed
+        and available, the largest leaves, what to change); nothing was read.
     """
     _check_mapping(targets, what="targets")
     check_targets_given(targets)
@@ -399,43 +418,6 @@ def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) 
     )
 
 
-def _with_recorded_shardings(item: layout.StoredCheckpointable, target: Any) -> Any:
-    """``target`` with each array leaf that has no sharding (``nnx.eval_shape``'s) given
-    the one the checkpoint records for it, as Orbax would restore it.
-
-    Orbax reads that record once per such array, a request each on an object store; here
-    the ``_sharding`` file already read with the checkpoint's metadata answers them all,
-    and the load engine can read those arrays too. Leaves whose record is missing or
-    names devices this process lacks are left for Orbax to judge.
-    """
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
-    wanted = [
-        (i, format_key(key_parts(path)))
-        for i, (path, leaf) in enumerate(leaves)
-        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None
-    ]
-    if not wanted:
-        return target
-    try:
-        tree = pytree.read_layout(item)
-        records = pytree.sharding_records(tree)
-    except (ValueError, OSError):
-        return target
-    params = {leaf.key: leaf.param for leaf in tree.leaves}
-    made: dict[str, Any] = {}
-    values = [leaf for _, leaf in leaves]
-    for i, key in wanted:
-        record = records.get(params.get(key, ""))
-        if record is None:
-            continue
-        if record not in made:
-            made[record] = _orbax.recorded_sharding(record)
-        if made[record] is not None:
-            leaf = values[i]
-            values[i] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=made[record])
-    return jax.tree_util.tree_unflatten(treedef, values)
-
-
 def restore_checkpointables(
     checkpoint: layout.Checkpoint, targets: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -443,37 +425,53 @@ def restore_checkpointables(
     targets, reading what it has read already from it.
 
     The caller has already checked the names, and the targets against the
-    checkpoint's metadata (``check_targets``).
+    checkpoint's metadata (``check_targets``). The restore plan comes first: a
+    restore that does not fit is refused before any data file is opened.
 
     Raises:
       CorruptDataError: If stored data does not match its checksums (a
         ``ValueError`` naming the checkpoint, checkpointable and leaf).
       ValueError: If stored data cannot be read, or Orbax cannot restore what
         the metadata promised.
+      RestoreTooLargeError: If the restore does not fit (``_restore_plan``).
     """
     src = checkpoint.path
     for name, target in targets.items():
         if is_stateful(target):
             check_iterator_states(checkpoint.get(name))
-    # Live arrays are taken as their shape, dtype and sharding; a NumPy scalar as a
-    # 0-d array (how it was saved).
+    values = {name: t for name, t in targets.items() if not is_stateful(t)}
+    planned = _restore_plan.plan_restore(
+        checkpoint,
+        values,
+        max_host_bytes=_restore_plan.budget_in_force(),
+        orbax_in_flight=_orbax_in_flight(),
+    )
+    try:
+        _restore_plan.refuse_unless_fits(planned.plan)
+        # What the load engine reads byte for byte it loads; Orbax loads the rest.
+        restored = _fast_load.load(
+            checkpoint,
+            {name: planned.engine.get(name) for name in values},
+            arena_bytes=planned.plan.limits.arena_bytes,
+            reading_bytes=planned.plan.limits.reading_bytes,
+        )
+    finally:
+        planned.close()
     abstract = {
-        name: target
-        if is_stateful(target)
-        else _with_recorded_shardings(checkpoint.get(name), abstract_restore_target(target))
+        name: target if is_stateful(target) else planned.abstract[name]
         for name, target in targets.items()
     }
-    # What the load engine reads byte for byte it loads; Orbax loads the rest.
-    restored = _fast_load.load(
-        checkpoint, {name: t for name, t in abstract.items() if not is_stateful(targets[name])}
-    )
     for name, target in targets.items():
         if is_stateful(target) and set_iterator_state(checkpoint.get(name), target):
             restored[name] = target
     rest = {name: t for name, t in abstract.items() if name not in restored}
+    ctx = _context.context()
+    if ctx.memory_options.read_concurrent_bytes is None:
+        # Orbax's own default reads every array at once: the plan's figure holds it.
+        ctx.memory_options.read_concurrent_bytes = planned.plan.limits.orbax_in_flight
     try:
         with (
-            _context.context(),
+            ctx,
             _loading_from.reading_from(checkpoint),
             warnings.catch_warnings(),
         ):

@@ -26,16 +26,18 @@ time) and, when parts cut stored chunks (a load onto another mesh), one decoded
 chunk; on ``gs://`` a task holds the stored bytes it fetched for its parts (at most
 one part's, or 8 MiB of small parts').
 
-Which leaves it reads, and how each becomes a value, ``_load_plan`` says.
+Which leaves it reads, and how each becomes a value, ``_load_plan`` says; the restore
+plan (``_restore_plan``) makes those plans, and sizes the arena to the load's budget.
 
 In a job of several processes each process reads the parts its own devices need,
 and nothing else; a load onto another mesh than the one saved reads, for a device
 whose part cuts across a piece the array was saved (and checksummed) in, the pieces
-it overlaps whole, so that every byte it takes is checked (``_load_plan``).
+it overlaps whole, so that every byte it takes is checked (``_load_plan``). On a CPU
+such a box is read a piece at a time into each device's window (``_piece_reads``):
+no buffer of the whole box is held.
 
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
-checkpointable with other leaves (Orbax's placeholder ``...`` for a leaf left out),
-targets without a sharding or with a layout or memory kind of their own, a dtype or
+checkpointable with other leaves, targets without a sharding or with a layout or memory kind of their own, a dtype or
 shape other than the stored one, codecs other than ``bytes`` and ``zstd``, chunks
 not stored. A part whose checksum does not match, or a chunk that does not decode,
 sends its checkpointable to Orbax too, whose load reports the damage as every load
@@ -58,13 +60,15 @@ import jax
 import numpy as np
 
 from tinax._format.arraydata import chunkload
-from tinax._format.arraydata.rawread import Box, Unsupported
+from tinax._format.arraydata.rawread import Box
 from tinax._format.integrity import checksums
+from tinax._format.integrity.checksums import Bounds
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.pools import ProcessPool
-from tinax.checkpointing import _load_plan, _orbax, _processes
+from tinax.checkpointing import _orbax, _processes
 from tinax.checkpointing._host_buffers import HostBuffers, aligned
 from tinax.checkpointing._load_plan import Leaf, Plan, bounds_of, inside
+from tinax.checkpointing._piece_reads import Mismatch, pieces_of, read_piece, window_arrays
 
 _log = logging.getLogger(__name__)
 
@@ -81,13 +85,11 @@ TASK_BYTES = 8 << 20
 
 
 _loaders = ProcessPool(THREADS, "tinax-load")
+# What a part's values become once its devices hold them.
+_NOTHING = np.empty(0, np.uint8)
 # Whether transfers from reused buffers are waited for on threads of their own.
 WAIT_APART = True
 _waiters = ProcessPool(2, "tinax-load-wait")
-
-
-class _Mismatch(Unsupported):
-    """A part that does not match its checksums: the Orbax load reports it."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -107,6 +109,9 @@ class _Part:
     fetched: chunkload.FileRanges | None = None
     # The wait for its transfers to end, where another thread waits.
     waiting: concurrent.futures.Future[None] | None = None
+    # Read piece by piece (``_read_piece``): for each distinct window its devices take
+    # (by its bounds within the part), its bounds in the array and its values.
+    windows: dict[Bounds, tuple[Bounds, np.ndarray]] | None = None
 
 
 def _read(
@@ -125,6 +130,27 @@ def _read(
     except BaseException as e:
         if plan.failed is None:
             plan.failed = e
+    _task_done(part, buffers)
+
+
+def _read_piece(
+    part: _Part, piece: checksums.Piece, buffers: HostBuffers, scratch: chunkload.Scratch
+) -> None:
+    """Reads one saved piece of a part read piece by piece (``_piece_reads``)."""
+    plan = part.plan
+    try:
+        if plan.failed is None:
+            assert part.windows is not None
+            read_piece(part.leaf, piece, part.windows, scratch)
+    except BaseException as e:
+        if plan.failed is None:
+            plan.failed = e
+    _task_done(part, buffers)
+
+
+def _task_done(part: _Part, buffers: HostBuffers) -> None:
+    """One of the part's reading tasks has ended; the last checks and places it."""
+    plan = part.plan
     with part.lock:
         part.left -= 1
         last = part.left == 0
@@ -163,13 +189,18 @@ def _release(part: _Part, placed: Sequence[jax.Array], buffers: HostBuffers) -> 
         # A buffer that became a NumPy result, or whose transfers may not have ended
         # (the load failed), is not handed out again.
         keep = plan.failed is None and part.devices != [None]
-        buffers.give(part.token, keep=keep)
+        if part.token is not None:
+            buffers.give(part.token, keep=keep)
+        # Its values live on in its devices' arrays (or as the NumPy result); memory of
+        # its own (a part larger than the arena, one read to cover whole pieces) goes
+        # now, not with the load.
+        part.values = _NOTHING
 
 
 def _check(part: _Part) -> None:
     record = part.leaf.record
-    if record is None:
-        return
+    if record is None or part.windows is not None:
+        return  # read piece by piece: each piece was checked as it was read
     box = bounds_of(part.box)
     bad = []
     for piece in record.pieces:
@@ -182,7 +213,7 @@ def _check(part: _Part) -> None:
         if found != piece.digest:
             bad.append(checksums.Mismatch(piece.bounds, piece.digest, found))
     if bad:
-        raise _Mismatch(checksums.mismatch_message(part.leaf.key, record, bad))
+        raise Mismatch(checksums.mismatch_message(part.leaf.key, record, bad))
 
 
 def _place(part: _Part, *, alias: bool) -> list[jax.Array]:
@@ -200,6 +231,24 @@ def _place(part: _Part, *, alias: bool) -> list[jax.Array]:
     sharding = leaf.sharding
     assert sharding is not None
     placed = []
+    if part.windows is not None:
+        # Read piece by piece: each window is an array; a second device taking the
+        # same window (a replica) gets a copy of its own.
+        taken: set[Bounds] = set()
+        for device in part.devices:
+            own = bounds_of(leaf.windows[device])
+            values = part.windows[own][1]
+            if own in taken:
+                copy = aligned(values.nbytes).view(values.dtype).reshape(values.shape)
+                np.copyto(copy, values)
+                values = copy
+            taken.add(own)
+            single = jax.sharding.SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
+            placed.append(jax.device_put(values, single))
+        for device, value in zip(part.devices, placed, strict=True):
+            leaf.values[device] = value
+        part.windows = {}
+        return placed
     aliased = not alias
     for device in part.devices:
         single = jax.sharding.SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
@@ -232,10 +281,18 @@ def _copied_to_devices(plans: Sequence[Plan]) -> bool:
     )
 
 
-def _run(plans: Sequence[Plan]) -> None:
-    """Reads every part of every plan; a plan that fails has ``failed`` set."""
+def _run(
+    plans: Sequence[Plan], *, arena_bytes: int | None = None, reading_bytes: int | None = None
+) -> None:
+    """Reads every part of every plan; a plan that fails has ``failed`` set.
+    ``arena_bytes``: the reused host buffer on an accelerator; ``reading_bytes``: on
+    a CPU, what the parts being read hold at once."""
     reuse = _copied_to_devices(plans)
-    buffers = HostBuffers(DEVICE_HOST_BUFFER_BYTES if reuse else HOST_BUFFER_BYTES, reuse=reuse)
+    if reuse:
+        limit = DEVICE_HOST_BUFFER_BYTES if arena_bytes is None else arena_bytes
+    else:
+        limit = HOST_BUFFER_BYTES if reading_bytes is None else reading_bytes
+    buffers = HostBuffers(limit, reuse=reuse)
     work = [
         (i, p, leaf, box, devices)
         for i, p in enumerate(plans)
@@ -272,14 +329,33 @@ def _run(plans: Sequence[Plan]) -> None:
             else:
                 groups = [found]
             own = devices == [None]
-            taken = buffers.take(nbytes, own=own, wait=False)
+            # A box grown to cover whole saved pieces, of which each device takes a
+            # window (a copy): its buffer becomes no array.
+            apart = not own and all(device in leaf.windows for device in devices)
+            pieces = pieces_of(leaf, box) if apart and not buffers.reuse and p.files.local else []
+            if pieces:
+                # On a CPU its windows are the arrays: it is read a piece at a time.
+                part = _Part(
+                    p,
+                    leaf,
+                    box,
+                    devices,
+                    _NOTHING,
+                    None,
+                    len(pieces),
+                    windows=window_arrays(leaf, box, devices),
+                )
+                parts.append(part)
+                futures += [pool.submit(_read_piece, part, pc, buffers, scratch) for pc in pieces]
+                continue
+            taken = buffers.take(nbytes, own=own, wait=False, apart=apart)
             if taken is None:
                 # Parts held back to be fetched together go first: the wait may be
                 # for their memory.
                 if together:
                     futures.append(pool.submit(_read_together, together, buffers, scratch))
                     together, together_bytes = [], 0
-                taken = buffers.take(nbytes, own=own)
+                taken = buffers.take(nbytes, own=own, apart=apart)
             assert taken is not None
             buf, token = taken
             shape = [s.stop - s.start for s in box]
@@ -333,12 +409,25 @@ def _read_together(
         _read(part, part.leaf.stored.chunks_in(part.box), buffers, scratch)
 
 
-def load(checkpoint: Checkpoint, targets: Mapping[str, Any]) -> dict[str, Any]:
-    """The checkpointables of ``targets`` this engine loads, restored; the others
-    (see the module's docstring) are left out, for Orbax to load.
+def load(
+    checkpoint: Checkpoint,
+    planned: Mapping[str, Plan | None],
+    *,
+    arena_bytes: int | None = None,
+    reading_bytes: int | None = None,
+) -> dict[str, Any]:
+    """The checkpointables this engine loads, restored; the others (see the module's
+    docstring) are left out, for Orbax to load.
 
-    ``targets`` are abstract (``abstract_restore_target``) and already judged
-    against the checkpoint (``check_targets``).
+    Args:
+      checkpoint: The opened checkpoint.
+      planned: Each checkpointable to load by name, with the engine's plan of it
+        (``_load_plan.plan``, made with the restore plan), ``None`` for one left
+        to Orbax.
+      arena_bytes: The reused host buffer on an accelerator (the restore plan sizes
+        it to the load's budget); ``None``: ``DEVICE_HOST_BUFFER_BYTES``.
+      reading_bytes: On a CPU, what the parts being read hold at once (likewise);
+        ``None``: ``HOST_BUFFER_BYTES``.
 
     In a job of several processes each process reads what its own devices need, and
     the processes then agree on what goes to Orbax: a checkpointable one process
@@ -346,8 +435,8 @@ def load(checkpoint: Checkpoint, targets: Mapping[str, Any]) -> dict[str, Any]:
     load on every process, whose barriers would otherwise wait for the processes
     that never call it.
     """
-    restored = _read_own(checkpoint, targets)
-    left = sorted(set(targets) - set(restored))
+    restored = _read_own([p for p in planned.values() if p is not None], arena_bytes, reading_bytes)
+    left = sorted(set(planned) - set(restored))
     options = _orbax.active_context().multiprocessing_options
     everywhere = _processes.gather(
         left,
@@ -360,22 +449,14 @@ def load(checkpoint: Checkpoint, targets: Mapping[str, Any]) -> dict[str, Any]:
     return restored
 
 
-def _read_own(checkpoint: Checkpoint, targets: Mapping[str, Any]) -> dict[str, Any]:
-    """What this process reads of ``targets`` itself (see ``load``)."""
-    plans = []
-    for name, target in targets.items():
-        try:
-            found = _load_plan.plan(checkpoint.get(name), target)
-        except (ValueError, OSError, TypeError, KeyError) as e:
-            found = f"{type(e).__name__}: {e}"
-        if isinstance(found, str):
-            _log.debug("checkpointable %r left to Orbax: %s", name, found)
-        else:
-            plans.append(found)
+def _read_own(
+    plans: Sequence[Plan], arena_bytes: int | None, reading_bytes: int | None
+) -> dict[str, Any]:
+    """What this process reads of ``plans`` itself (see ``load``)."""
     if not plans:
         return {}
     try:
-        _run(plans)
+        _run(plans, arena_bytes=arena_bytes, reading_bytes=reading_bytes)
     except Exception:
         pass  # every plan is marked failed: Orbax loads them
     finally:
@@ -388,7 +469,10 @@ def _read_own(checkpoint: Checkpoint, targets: Mapping[str, Any]) -> dict[str, A
             continue
         values: list[Any] = []
         arrays = iter(p.leaves)
-        for position in range(len(p.leaves) + len(p.strings)):
+        for position in range(len(p.leaves) + len(p.strings) + len(p.left_out)):
+            if position in p.left_out:
+                values.append(...)
+                continue
             if position in p.strings:
                 values.append(p.strings[position])
                 continue

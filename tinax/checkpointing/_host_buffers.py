@@ -9,6 +9,7 @@ load, for the next load to reuse.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from typing import Any
 
@@ -67,6 +68,13 @@ def _drop(arena: np.ndarray) -> None:
             _kept, _kept_timer = None, None
 
 
+def kept_bytes() -> int:
+    """The bytes of the arena kept from the last load (resident, and reused by the next
+    load that fits in it), 0 if none."""
+    with _kept_lock:
+        return 0 if _kept is None else int(_kept.nbytes)
+
+
 def drop_kept() -> None:
     """Frees the arena kept from the last load now."""
     _take_kept()
@@ -96,11 +104,12 @@ class HostBuffers:
         self._cond = threading.Condition()
 
     def take(
-        self, nbytes: int, *, own: bool = False, wait: bool = True
+        self, nbytes: int, *, own: bool = False, wait: bool = True, apart: bool = False
     ) -> tuple[np.ndarray, Any] | None:
         """A buffer of ``nbytes``, and what ``give`` takes back; waits while there is
         no room (``None`` instead, unless ``wait``). ``own``: memory of its own (it
-        becomes a NumPy result)."""
+        becomes a NumPy result). ``apart``: memory of its own that becomes no array
+        (``mapped``); so is a part larger than the arena."""
         size = -(-max(nbytes, 1) // ALIGN) * ALIGN
         with self._cond:
             if not self.reuse or own or size > self.limit:
@@ -109,7 +118,8 @@ class HostBuffers:
                         return None
                     self._cond.wait()
                 self._busy += size
-                return aligned(nbytes), (None, size)
+                gone = apart or (self.reuse and not own)
+                return (mapped(nbytes) if gone else aligned(nbytes)), (None, size)
             while (start := self._first_fit(size)) is None:
                 if not self._busy:
                     # Slices kept back by a failed read: nothing will come back to fit.
@@ -161,6 +171,15 @@ class HostBuffers:
             whole = self._free == [(0, self.limit)]
         if arena is not None and whole:
             _keep(arena)
+
+
+def mapped(nbytes: int) -> np.ndarray:
+    """Fresh memory of ``nbytes`` mapped apart from the allocator's heap (page aligned):
+    given back to the system the moment it is dropped. A read buffer that becomes no
+    array would otherwise stay resident on the allocator's free lists once freed (a
+    freed block smaller than its adaptive mapping threshold is kept), as much as the
+    load ever held at once."""
+    return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), np.uint8, count=nbytes)
 
 
 def aligned(nbytes: int) -> np.ndarray:

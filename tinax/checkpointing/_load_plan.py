@@ -8,13 +8,14 @@ dtype is of the target's kind. A typed PRNG key target is read as its stored key
 data on the host, made a key with the implementation Orbax recorded for it
 (``array_metadatas``), which must be the target's, and put on the target's sharding.
 A string target comes back as the string stored in ``_strings.json``, read and
-checked against its checksum while planning.
+checked against its checksum while planning. A leaf left out (Orbax's placeholder
+``...``) is not read, and comes back as the placeholder, as Orbax's load gives it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -69,6 +70,9 @@ class Plan:
     # String leaves, read while planning: their values by position among the
     # target's leaves (the arrays in ``leaves`` fill the other positions, in order).
     strings: dict[int, str] = dataclasses.field(default_factory=dict)
+    # The positions of leaves left out (Orbax's placeholder ``...``): nothing of them
+    # is read, and the result holds the placeholder there, as Orbax's does.
+    left_out: set[int] = dataclasses.field(default_factory=set)
 
 
 def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
@@ -129,8 +133,11 @@ def _covering(bounds: Bounds, pieces: Sequence[Bounds]) -> Bounds:
         bounds = grown
 
 
-def _device_parts(
-    sharding: jax.sharding.Sharding, shape: tuple[int, ...], record: LeafRecord | None
+def device_parts(
+    sharding: jax.sharding.Sharding,
+    shape: tuple[int, ...],
+    record: LeafRecord | None,
+    indices: Mapping[Any, Any] | None = None,
 ) -> tuple[list[tuple[Box, list[Any]]], dict[Any, Box]]:
     """The parts this process's devices need of an array (each distinct box read once,
     with the devices that take it), and the windows of those that take less.
@@ -138,12 +145,16 @@ def _device_parts(
     A device's box that cuts across a saved piece is read as the box covering every
     piece it overlaps, so that each piece read is checked against its checksum;
     devices whose boxes grow to the same box share that read, each taking its window.
+    ``indices``: the devices and their indices to plan for, instead of this
+    process's (a restore plan plans every process's, one process at a time).
     """
     pieces = [piece.bounds for piece in record.pieces] if record is not None else []
     # Keyed by bounds: slices are not hashable before Python 3.12.
     by_box: dict[Bounds, tuple[Box, list[Any]]] = {}
     windows: dict[Any, Box] = {}
-    for device, index in sharding.addressable_devices_indices_map(shape).items():
+    if indices is None:
+        indices = sharding.addressable_devices_indices_map(shape)
+    for device, index in indices.items():
         assert index is not None  # every addressable device holds a part
         own = bounds_of(_box(index, shape))
         read = _covering(own, pieces)
@@ -170,14 +181,17 @@ def plan(item: StoredCheckpointable, target: Any) -> Plan | str:
     flat, treedef = jax.tree_util.tree_flatten_with_path(target)
     wanted: dict[str, Any] = {}
     for path, leaf in flat:
-        why = _why_not_target(leaf)
+        why = None if leaf is ... else _why_not_target(leaf)
         if why is not None:
             return why
         wanted[format_key(key_parts(path))] = leaf
     stored = {leaf.key: leaf for leaf in layout.leaves if leaf.kind != words.EMPTY}
     if set(stored) != set(wanted):
         return "the target's leaves are not the stored ones"
+    left_out = {key for key, leaf in wanted.items() if leaf is ...}
     for key, leaf in stored.items():
+        if key in left_out:
+            continue
         target_type = type(wanted[key])
         if target_type is str:
             kinds: tuple[str, ...] = (words.STRING,)
@@ -195,14 +209,14 @@ def plan(item: StoredCheckpointable, target: Any) -> Plan | str:
     paths = {
         key: pytree.storage_path(leaf.param)
         for key, leaf in stored.items()
-        if leaf.kind != words.STRING
+        if leaf.kind != words.STRING and key not in left_out
     }
     contents = chunks.store_contents(layout, sorted(set(paths.values())), ctx=layout.context())
     files = chunkload.Files(directory)
     leaves = []
     for key, target_leaf in wanted.items():
         if key not in paths:
-            continue  # a string, read above
+            continue  # a string, read above, or a leaf left out
         storage = paths[key]
         metadata = contents.other.get((storage + names.ZARR3_METADATA).encode("utf-8"))
         if not isinstance(metadata, bytes):
@@ -243,7 +257,7 @@ def plan(item: StoredCheckpointable, target: Any) -> Plan | str:
         if sharding is None:
             parts: list[tuple[Box, list[Any]]] = [(tuple(slice(0, n) for n in array.shape), [None])]
         else:
-            parts, windows = _device_parts(sharding, array.shape, record)
+            parts, windows = device_parts(sharding, array.shape, record)
         leaves.append(
             Leaf(
                 key,
@@ -265,6 +279,7 @@ def plan(item: StoredCheckpointable, target: Any) -> Plan | str:
         leaves,
         files,
         strings={positions[key]: value for key, value in strings.items()},
+        left_out={positions[key] for key in left_out},
     )
 
 

@@ -56,6 +56,7 @@ from tinax.checkpointing import _host_parts, _hosts, _processes, _run_files
 from tinax.checkpointing._local_tier import LocalTier
 from tinax.checkpointing._promotion import Promotion
 from tinax.checkpointing._response import SaveResponse
+from tinax.checkpointing._restore_plan import check_budget, memory_budget
 from tinax.checkpointing._training import (
     TrainingCheckpoint,
     TrainingCheckpointNames,
@@ -931,6 +932,7 @@ class TrainingRun:
         iterator: grain.DatasetIterator,
         *,
         step: int | None = None,
+        max_host_bytes: int | None = None,
     ) -> TrainingCheckpoint | None:
         """Loads the newest checkpoint that loads (or the one of ``step``).
 
@@ -950,6 +952,9 @@ class TrainingRun:
           iterator: The Grain iterator to restore in place.
           step: Restore exactly this step (no older one; with two tiers, the durable
             copy if the local one does not load).
+          max_host_bytes: The most host memory the restore may add at its peak, as
+            ``with memory_budget(max_host_bytes)`` sets it; a checkpoint that does
+            not fit is refused, not skipped (an older one is no smaller).
 
         Returns:
           The restored ``TrainingCheckpoint``, or ``None`` if the run has no
@@ -960,7 +965,24 @@ class TrainingRun:
           FileNotFoundError: If ``step`` has no complete checkpoint.
           ValueError: If no checkpoint loads (each one's reason is named), or the
             one of ``step`` does not.
+          RestoreTooLargeError: If the checkpoint to restore does not fit in memory
+            (a ``MemoryError``, raised before anything is read).
         """
+        budget = check_budget(max_host_bytes)
+        with memory_budget(budget) if budget is not None else contextlib.nullcontext():
+            return self._restore(
+                model_target, optimizer_target, rng_target, auxiliary_target, iterator, step
+            )
+
+    def _restore(
+        self,
+        model_target: Any,
+        optimizer_target: Any,
+        rng_target: Any,
+        auxiliary_target: Any,
+        iterator: grain.DatasetIterator,
+        step: int | None,
+    ) -> TrainingCheckpoint | None:
         candidates = self._candidates()
         if step is not None:
             step = check_step(step)

@@ -290,6 +290,10 @@ def load_training_checkpoint(
         input pipeline than the one saved (``PipelineMismatchError``, naming what
         differs; ``allow_pipeline_change()`` lets a deliberate change through).
       FileNotFoundError: If ``path`` does not exist.
+      RestoreTooLargeError: A ``MemoryError``: the restore does not fit its budget
+        (``memory_budget``), the host or a device (one paragraph saying what it
+        needs and what is available); nothing was read and the iterator was not
+        touched.
     """
     check_iterator(iterator)
     names = _check_names(names)

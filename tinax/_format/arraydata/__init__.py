@@ -4,5 +4,7 @@
 - ``rawread``: uncompressed chunks read straight from an OCDBT store's data files.
 - ``blocks``: data files on a bucket read in large blocks, ahead of the reader.
 - ``chunkload``: a load's chunks read and decoded (zstd) straight into its buffers.
+- ``readplan``: what reading a box of an array costs (chunks, bytes, files), from
+  metadata alone.
 - ``valuecheck``: every stored value of a checkpoint checked against its checksums.
 """

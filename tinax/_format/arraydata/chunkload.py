@@ -226,12 +226,20 @@ class FileRanges:
 
 class Scratch(threading.local):
     """What each reading thread reuses: one decoded chunk (for chunks a box cuts), one
-    compressed chunk read whole, and its zstd decoder."""
+    compressed chunk read whole, its zstd decoder, and one piece of an array read
+    whole (for a caller that takes windows of it)."""
 
     def __init__(self) -> None:
         self.decoded = np.empty(0, np.uint8)
         self.compressed = np.empty(0, np.uint8)
+        self.piece = np.empty(0, np.uint8)
         self.decoder: object = None
+
+    def take_piece(self, nbytes: int) -> np.ndarray:
+        if self.piece.nbytes < nbytes:
+            # Aligned as a fresh NumPy array is: the chunks are decoded straight in.
+            self.piece = np.empty(nbytes, np.uint8)
+        return self.piece[:nbytes]
 
     def take_decoded(self, nbytes: int) -> np.ndarray:
         if self.decoded.nbytes < nbytes:

@@ -1,0 +1,93 @@
+"""A part of an array read a saved piece at a time: a box a load onto another mesh
+grows to cover whole saved pieces (``_load_plan.device_parts``), whose devices each
+take a window of it. On a CPU the windows are the arrays: each piece is read into
+the reading thread's piece buffer (``chunkload.Scratch``), checked against its
+checksum, and its share of each window copied into place, so that no buffer of the
+whole box is held; the load holds the restored arrays and one piece per thread.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tinax._format.arraydata import chunkload
+from tinax._format.arraydata.rawread import Box, Unsupported
+from tinax._format.integrity import checksums
+from tinax._format.integrity.checksums import Bounds
+from tinax.checkpointing._host_buffers import aligned
+from tinax.checkpointing._load_plan import Leaf, bounds_of, inside
+
+
+class Mismatch(Unsupported):
+    """A part that does not match its checksums: the Orbax load reports it."""
+
+
+def pieces_of(leaf: Leaf, box: Box) -> list[checksums.Piece]:
+    """The saved pieces that make up ``box`` (a box grown to cover whole pieces), or
+    none where they do not tile it."""
+    if leaf.record is None:
+        return []
+    bounds = bounds_of(box)
+    found = [piece for piece in leaf.record.pieces if inside(bounds, piece.bounds)]
+    size = sum(math.prod(b - a for a, b in piece.bounds) for piece in found)
+    return found if size == math.prod(s.stop - s.start for s in box) else []
+
+
+def window_arrays(
+    leaf: Leaf, box: Box, devices: Sequence[Any]
+) -> dict[Bounds, tuple[Bounds, np.ndarray]]:
+    """The arrays of the distinct windows ``devices`` take of ``box``: by their bounds
+    within it, with their bounds in the array."""
+    found: dict[Bounds, tuple[Bounds, np.ndarray]] = {}
+    for device in devices:
+        own = bounds_of(leaf.windows[device])
+        if own in found:
+            continue
+        at = tuple((s.start + a, s.start + b) for s, (a, b) in zip(box, own, strict=True))
+        shape = [b - a for a, b in own]
+        nbytes = math.prod(shape) * leaf.stored.dtype.itemsize
+        found[own] = (at, aligned(nbytes).view(leaf.stored.dtype).reshape(shape))
+    return found
+
+
+def read_piece(
+    leaf: Leaf,
+    piece: checksums.Piece,
+    windows: Mapping[Bounds, tuple[Bounds, np.ndarray]],
+    scratch: chunkload.Scratch,
+) -> None:
+    """Reads ``piece`` into the thread's piece buffer, checks it, and copies its share
+    of each window (``window_arrays``) into place.
+
+    Raises:
+      Mismatch: If the piece does not match its checksum, naming the leaf.
+      Unsupported: If a chunk cannot be read as stored.
+    """
+    assert leaf.record is not None
+    dtype = leaf.stored.dtype
+    shape = [b - a for a, b in piece.bounds]
+    values = scratch.take_piece(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
+    box = tuple(slice(a, b) for a, b in piece.bounds)
+    leaf.reader.read(leaf.stored.chunks_in(box), values, scratch)
+    found = checksums.digest(values)
+    if found != piece.digest:
+        bad = [checksums.Mismatch(piece.bounds, piece.digest, found)]
+        raise Mismatch(checksums.mismatch_message(leaf.key, leaf.record, bad))
+    for bounds, window in windows.values():
+        common = [
+            (max(a0, b0), min(a1, b1))
+            for (a0, a1), (b0, b1) in zip(bounds, piece.bounds, strict=True)
+        ]
+        if any(lo >= hi for lo, hi in common):
+            continue
+        into = tuple(
+            slice(lo - w0, hi - w0) for (lo, hi), (w0, _) in zip(common, bounds, strict=True)
+        )
+        out = tuple(
+            slice(lo - p0, hi - p0) for (lo, hi), (p0, _) in zip(common, piece.bounds, strict=True)
+        )
+        window[into] = values[out]
