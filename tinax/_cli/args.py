@@ -17,9 +17,11 @@ EXIT_NO = 1
 EXIT_TROUBLE = 2
 EXIT_INTERRUPTED = 130
 EXIT_STATUSES = f"""exit status, for every command:
-  {EXIT_OK:<4} success; diff: the two are the same; verify: every checkpoint is sound
+  {EXIT_OK:<4} success; diff: the two are the same; verify: every checkpoint is sound;
+       plan: the restore fits
   {EXIT_NO:<4} diff: they differ; verify: a checkpoint is not sound, or diverged (NaN
-       or Inf in its model or optimizer state; with --strict, warnings too)
+       or Inf in its model or optimizer state; with --strict, warnings too); plan: a
+       load would be refused (it does not fit in memory)
   {EXIT_TROUBLE:<4} trouble: a usage error, a path that does not exist, a checkpoint that
        cannot be read (one line on stderr says which)
   {EXIT_INTERRUPTED:<4} interrupted (Ctrl-C)
@@ -89,6 +91,11 @@ _ABOUT = {
         and why it is kept (metadata only). --drift adds how far each layer moved
         between consecutive checkpoints, --scan the NaN/Inf counts and where to roll
         back to (both read array data).""",
+    "plan": """What restoring a checkpoint will read and hold, per process and per
+        device, before a byte is read (metadata only): bytes, files and chunks read,
+        bytes read beyond each device's part, the peak host memory and each device's
+        memory, against what is available. As saved, or on another mesh (--mesh).
+        Exits 0 when it fits, 1 when a load would be refused.""",
     "derive": """Write a new checkpoint made from one: only some checkpointables
         (--only), only the leaves whose dotted key a regular expression finds (--keys),
         floating-point arrays cast (--cast), keys rewritten (--rename). Streamed,
@@ -152,7 +159,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         description=(
             f"Show a run's checkpoints or a checkpoint's leaves. Commands: '{prog} ls "
             f"ROOT', '{prog} show PATH [--leaf KEY]', '{prog} diff A B', '{prog} "
-            f"verify PATH', '{prog} export CKPT OUT', '{prog} run ROOT', '{prog} derive "
+            f"verify PATH', '{prog} export CKPT OUT', '{prog} run ROOT', '{prog} plan "
+            f"PATH', '{prog} derive "
             f"SRC DST', '{prog} average SRC... --out DST' ('{prog} "
             "COMMAND --help' says more). Without a command, PATH is listed if it is a "
             "run and shown if it is a checkpoint."
@@ -256,6 +264,39 @@ def _export_parser(prog: str) -> argparse.ArgumentParser:
     split = "e.g. 5GB: split the files"
     parser.add_argument("--max-file-size", type=parse_size, metavar="SIZE", help=split)
     _add_switches(parser, {"--verify": "read the written files back and compare"})
+    _add_output(parser)
+    return parser
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``data=4,model=2`` as axis name → size, in order.
+
+    Raises:
+      argparse.ArgumentTypeError: If ``text`` is not of that form.
+    """
+    axes: dict[str, int] = {}
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*([A-Za-z_][\w-]*)\s*=\s*(\d+)\s*", item)
+        if match is None or int(match.group(2)) < 1 or match.group(1) in axes:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a mesh such as data=4,model=2 (axis names, each with a "
+                "positive size, once each)"
+            )
+        axes[match.group(1)] = int(match.group(2))
+    return axes
+
+
+def _plan_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _command(prog, "plan", path=_CHECKPOINT)
+    mesh = """the saved shardings' partitions laid on a mesh of these axis sizes
+        (data=4,model=2: the saved mesh's axis names); default: as saved"""
+    parser.add_argument("--mesh", type=parse_mesh, metavar="AXES", help=" ".join(mesh.split()))
+    budget = "e.g. 8GiB: the load's budget (default: 90%% of the host memory available)"
+    parser.add_argument("--max-host-bytes", type=parse_size, metavar="SIZE", help=budget)
+    platform = "plan the host memory of devices of this kind (default: cpu)"
+    parser.add_argument("--platform", choices=("cpu", "tpu", "gpu"), help=platform)
+    device = "e.g. 16GiB: each device's memory, to check what lands on it"
+    parser.add_argument("--device-memory", type=parse_size, metavar="SIZE", help=device)
     _add_output(parser)
     return parser
 

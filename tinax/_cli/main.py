@@ -5,7 +5,8 @@ terminal, or as JSON or CSV for scripts.
 or the runs of a folder of runs; ``tinax show PATH`` a checkpoint's leaves or
 (``--leaf``) one leaf, ``tinax diff A B`` compares two checkpoints, ``tinax verify
 PATH`` checks a checkpoint or every checkpoint of a run, ``tinax export CKPT OUT``
-writes safetensors, ``tinax run ROOT`` prints the run at a glance, and ``tinax derive
+writes safetensors, ``tinax run ROOT`` prints the run at a glance, ``tinax plan PATH``
+what restoring a checkpoint will read and hold, and ``tinax derive
 SRC DST`` and ``tinax average SRC … --out DST`` make new checkpoints from old ones.
 ``tinax PATH`` is ``ls`` for a run and ``show`` for a checkpoint.
 
@@ -40,7 +41,7 @@ __all__ = ["console", "main"]
 PROG = "tinax"
 # A first argument that is one of these is the command ("tinax verify" alone is a
 # usage error); a directory with such a name is shown with "tinax show ./verify".
-COMMANDS = ("ls", "show", "diff", "verify", "export", "run", "derive", "average")
+COMMANDS = ("ls", "show", "diff", "verify", "export", "run", "plan", "derive", "average")
 
 
 class ReaderGone(io.TextIOBase):
@@ -113,6 +114,11 @@ def _dispatch(argv: list[str], out: TextIO, err: TextIO, prog: str) -> int:
         from tinax._cli.run_command import run_command
 
         return run_command(parsed, out, err)
+    if command == "plan":
+        parsed = cli_args._plan_parser(prog).parse_args(rest)
+        from tinax._cli.plan import plan_command
+
+        return plan_command(parsed, out, err)
     if command in ("derive", "average"):
         from tinax._cli import surgery
 
@@ -142,7 +148,7 @@ def main(
 ) -> int:
     """Runs the command line; returns the exit status (``args.EXIT_STATUSES``).
 
-    ``ls``, ``show``, ``diff``, ``verify``, ``export``, ``run``, ``derive`` and
+    ``ls``, ``show``, ``diff``, ``verify``, ``export``, ``run``, ``plan``, ``derive`` and
     ``average`` are commands;
     anything else shows a run or a checkpoint. 0 is success, 1 a ``diff`` that
     differs or a ``verify`` that is not sound, 2 trouble (a usage error, with the

@@ -33,6 +33,7 @@ if _TYPE_CHECKING:
     from tinax.explore._listing import list_checkpoints
     from tinax.explore._live import state_table
     from tinax.explore._readable import readable
+    from tinax.explore._restore_plan import restore_plan
     from tinax.explore._run_view.drift import drift_table
     from tinax.explore._run_view.retention import retention_table, run_policy
     from tinax.explore._run_view.run_table import run_table
@@ -52,6 +53,7 @@ _HOMES = {
     "list_checkpoints": "tinax.explore._listing",
     "read_leaf": "tinax.explore._checkpoint",
     "readable": "tinax.explore._readable",
+    "restore_plan": "tinax.explore._restore_plan",
     "retention_table": "tinax.explore._run_view.retention",
     "run_policy": "tinax.explore._run_view.retention",
     "run_table": "tinax.explore._run_view.run_table",
@@ -74,6 +76,7 @@ __all__ = [
     "open_checkpoint",
     "read_leaf",
     "readable",
+    "restore_plan",
     "retention_table",
     "run_policy",
     "run_table",
