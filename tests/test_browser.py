@@ -129,6 +129,13 @@ def _write_notebook(path: Path) -> None:
         nbformat.v4.new_code_cell(
             f"from tinax.widgets import SavePanel\n\npanel = SavePanel({RUN_NAME!r}, state)\npanel"
         ),
+        nbformat.v4.new_code_cell(
+            "import tinax.checkpointing as tc\n\n"
+            "with tc.memory_budget(64 * 1024):  # too little for the restore\n"
+            f"    too_big = RestoreTargetBuilder(state, '{RUN_NAME}/step-300')\n"
+            "    too_big.lossy_box.value = True\n"
+            "too_big"
+        ),
     ]
     nbformat.write(notebook, path)
 
@@ -396,9 +403,15 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
         explorer.locator(".tinax-diff-view .tinax-diff-tree .tinax-table").wait_for(
             state="attached"
         )
-        builder = page.locator(".tinax-restore-target-builder")
+        builder = page.locator(".tinax-restore-target-builder").first
         builder.wait_for()
-        builder.locator(".tinax-table").last.wait_for()
+        builder.locator(".tinax-table:visible").last.wait_for()
+        # A restore that would not fit: Load disabled, the reason said.
+        too_big = page.locator(".tinax-restore-target-builder").nth(1)
+        too_big.wait_for()
+        expect(too_big.get_by_role("button", name="Load")).to_be_disabled()
+        expect(too_big).to_contain_text("Cannot load: it does not fit in memory")
+        expect(too_big.locator(".tinax-restore-plan")).to_contain_text("Does not fit")
 
         # Without a known total: a sliding block that moves, not a full bar.
         pulse = page.locator(".tinax-async-progress .tinax-progress-indeterminate")
@@ -422,6 +435,12 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
         # Load (the float64 bias is cast to the target's float32 once allowed) ends
         # in a one-line summary.
         builder.get_by_label("allow lossy casts").check()
+        # The restore plan before Load (once every leaf may load); its rows per device
+        # fold open.
+        plan = builder.locator(".tinax-restore-plan")
+        expect(plan).to_contain_text("Peak host memory")
+        plan.locator(".tinax-section-toggle").click()
+        plan.locator(".tinax-table").wait_for()
         builder.get_by_role("button", name="Load").click()
         summary = builder.get_by_text(re.compile(r"^loaded 6 leaves \(3\.\d KiB\) in \d"))
         summary.wait_for()
@@ -434,6 +453,7 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
             _check_readable(panel, f"save panel at {width} px")
             _check_readable(explorer, f"explorer at {width} px")
             _check_readable(builder, f"builder at {width} px")
+            _check_readable(too_big, f"builder that does not fit at {width} px")
             # Key, shape, dtype and size in every leaf table, whatever the width.
             headers = leaf_table.locator("th").all_inner_texts()
             assert {"key", "shape", "dtype"} <= {h.strip(" ▲▼") for h in headers}, headers
@@ -447,6 +467,7 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
             assert look["inside"], f"histogram cut off at {width} px"
             _screenshot(page, explorer, width, "explorer")
             _screenshot(page, builder, width, "builder")
+            _screenshot(page, too_big, width, "builder-too-big")
             _screenshot(page, panel, width, "save-panel")
 
         # The run's next name in its own pattern (step-400 is a save in progress),

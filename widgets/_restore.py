@@ -2,7 +2,8 @@
 
 It composes the parts that do the work: ``TargetChoice`` (what to restore), the
 presets (``_presets``: common choices in one click), ``judge`` and ``ComparisonView``
-(whether it fits the checkpoint), and ``Load`` (the load with its progress bar).
+(whether it fits the checkpoint), ``PlanView`` (what the load will read and hold, and
+whether it fits in memory), and ``Load`` (the load with its progress bar).
 
 The builder is the one widget that needs JAX and Orbax, and only once it is made
 from live state (which JAX made): they are imported then, not with ``tinax.widgets``.
@@ -25,10 +26,12 @@ import ipywidgets as w
 import pandas as pd
 import traitlets
 
+from tinax import explore
 from tinax.explore import toolkit
 
 from . import _presets
 from ._guard import shown_in_widget
+from ._plan_view import PlanView
 from ._progress import FAILED, RUNNING
 from ._section import Section
 from ._table import Column, PagedTable, format_cell
@@ -86,7 +89,11 @@ class RestoreTargetBuilder(w.VBox):
     With a checkpoint ``path`` the widget shows ``compare_table``: by default only
     the leaves that differ (refusals, casts, leaves missing on one side), with a
     toggle to show every leaf (stored leaves of what is unticked show as ``left
-    out``). After a load a one-line summary says what was restored; Load
+    out``); then the restore plan (``tinax.explore.restore_plan``): what the load
+    will read, its peak host memory and each device's memory against what is
+    available, and the warnings, with its rows per process and device folded under
+    them. A load that would not fit is not offered: Load is disabled, the reason
+    said, as the load itself would refuse it. After a load a one-line summary says what was restored; Load
     stays disabled, with the reason shown, while a chosen target cannot be
     restored from it. A dtype difference only warns: Orbax casts on restore.
     Load runs in a background thread when JAX runs in one process; with several
@@ -103,6 +110,8 @@ class RestoreTargetBuilder(w.VBox):
       summary: The one-line summary of the last load, or ``""``.
       progress: The ``AsyncProgress`` of the last load, or ``None``.
       comparison: The last comparison with the checkpoint, or ``None``.
+      plan: The restore plan of the chosen targets (``restore_plan``'s table), or
+        ``None`` when there is none (no checkpoint, nothing chosen, a refusal).
       preset: The preset the ticks follow, or ``""`` once they are changed by hand.
       applied: Names of the checkpointables the last ``apply()`` put into live state.
     """
@@ -163,6 +172,7 @@ class RestoreTargetBuilder(w.VBox):
         self.result: dict[str, Any] | None = None
         self.progress: Any = None
         self.comparison: pd.DataFrame | None = None
+        self.plan: pd.DataFrame | None = None
         self.applied: list[str] = []
         self._table = pd.DataFrame()
         self._applying_preset = False
@@ -184,6 +194,7 @@ class RestoreTargetBuilder(w.VBox):
         self.leaves_section = Section("leaves", "", [self.state_view], is_open=False)
         self.comparison_view: ComparisonView = ComparisonView(page_size=page_size)
         self.compare_box = self.comparison_view.box
+        self.plan_view = PlanView(page_size=page_size)
         self.load_button = w.Button(
             description="Load",
             icon="download",
@@ -214,6 +225,7 @@ class RestoreTargetBuilder(w.VBox):
         self.compare_section = w.VBox(
             [
                 self.comparison_view,
+                self.plan_view,
                 w.HBox(
                     [self.load_button, self.lossy_box, self.reason_html],
                     layout=w.Layout(flex_flow="row wrap", align_items="center"),
@@ -391,6 +403,8 @@ class RestoreTargetBuilder(w.VBox):
 
     def _check_against_checkpoint(self) -> None:
         self.comparison = None
+        self.plan = None
+        self.plan_view.clear()
         if self.path is None:
             self.compare_section.layout.display = "none"
             self.reason = "no checkpoint to load from"
@@ -418,6 +432,8 @@ class RestoreTargetBuilder(w.VBox):
         if verdict.reason:
             self._block(verdict.reason)
             return
+        if not self._planned():
+            return
         self.reason = ""
         self.load_button.disabled = self.status == "loading"
         self.reason_html.value = (
@@ -429,6 +445,24 @@ class RestoreTargetBuilder(w.VBox):
             if verdict.casts
             else note_html("every chosen leaf matches the checkpoint", color="#1b5e20")
         )
+
+    def _planned(self) -> bool:
+        """Shows the restore plan of the chosen targets; ``False`` (Load disabled, the
+        reason said) when the load would be refused: it does not fit in memory."""
+        from tinax.checkpointing import allow_lossy_casts
+
+        assert self.path is not None
+        try:
+            with allow_lossy_casts(self.lossy_box.value):
+                self.plan = explore.restore_plan(self.path, self.target)
+        except Exception as e:
+            self._block(f"cannot plan the restore: {type(e).__name__}: {e}")
+            raise
+        self.plan_view.show(self.plan)
+        if self.plan.attrs["fits"]:
+            return True
+        self._block("it does not fit in memory: " + "; and ".join(self.plan.attrs["problems"]))
+        return False
 
     def _block(self, reason: str) -> None:
         self.reason = reason
