@@ -94,10 +94,12 @@ def _summary(table: pd.DataFrame) -> list[str]:
         if available is not None
         else "no limit known"
     )
+    rest = attrs["peak_host_bytes"] - attrs["kept_host_bytes"] - attrs["buffer_bytes"]
     lines.append(
         f"peak host memory {term.human_bytes(attrs['peak_host_bytes'])} "
         f"({term.human_bytes(attrs['kept_host_bytes'])} restored in host memory, "
-        f"{term.human_bytes(attrs['buffer_bytes'])} of buffers) against {where}; "
+        f"{term.human_bytes(attrs['buffer_bytes'])} of buffers, "
+        f"{term.human_bytes(rest)} of bookkeeping) against {where}; "
         f"reads {term.human_bytes(attrs['read_bytes'])}"
         + (
             f"; keeps {term.human_bytes(attrs['after_host_bytes'])} of read buffer after it"
@@ -105,10 +107,12 @@ def _summary(table: pd.DataFrame) -> list[str]:
             else ""
         )
     )
-    for label, rows in (
-        ("in host memory", table[table["device"] == "host"]),
-        ("on a device", table[table["device"] != "host"]),
-    ):
+    devices = table[table["device"] != "host"]
+    shown = [("in host memory", table[table["device"] == "host"])]
+    if not (devices["platform"] == "cpu").all():
+        # A CPU device's arrays are host memory: said once, above.
+        shown.append(("on a device", devices))
+    for label, rows in shown:
         if rows.empty:
             continue
         # Devices of one sharding hold alike: the largest of the fullest is said.

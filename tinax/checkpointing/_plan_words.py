@@ -199,7 +199,7 @@ def refusal(plan: RestorePlan, *, refused: bool = True) -> str:
     """The paragraph a refused load raises with (``refused``; else the same, of a plan
     alone): needed and available bytes, the largest leaves, and what to change."""
     peak = plan.hosts[plan.process]
-    names = sorted({leaf.checkpointable for leaf in plan.leaves})
+    names = sorted(plan.readers)
     then = ", so the load was refused before reading any data" if refused else ""
     parts = [
         f"checkpoint {plan.path!r}: restoring {names} does not fit in memory{then}: "
