@@ -84,7 +84,8 @@ def _sharding(
             if missing:
                 raise ValueError(
                     f"leaf {key} was saved sharded over mesh axes {missing}, which the mesh "
-                    f"{dict(mesh.shape)} does not have"
+                    f"{dict(mesh.shape)} does not have: name the saved axes in the mesh "
+                    f"(for example {','.join(f'{a}=N' for a in missing)})"
                 )
             found = jax.sharding.NamedSharding(mesh, spec)
     elif mesh is None and record is not None:
