@@ -335,10 +335,19 @@ def main() -> int:
                 reports.append(report)
                 plan, measured = report["plan"], report["measured"]
                 readers = sorted(set(report["readers"].values()))
+                # A refused load reads and holds next to nothing: no ratio to its plan.
+                peak_ratio, read_ratio = (
+                    ("-", "-")
+                    if report["refused"]
+                    else (
+                        f"{plan['peak'] / max(1, measured['peak']):.3f}",
+                        f"{plan['read'] / max(1, measured['read']):.3f}",
+                    )
+                )
                 print(
                     f"{case:8} {size:4g} {_mib(plan['peak']):>14} {_mib(measured['peak'])} "
-                    f"{plan['peak'] / max(1, measured['peak']):6.3f} {_mib(plan['read']):>14} "
-                    f"{_mib(measured['read'])} {plan['read'] / max(1, measured['read']):6.3f}  "
+                    f"{peak_ratio:>6} {_mib(plan['read']):>14} "
+                    f"{_mib(measured['read'])} {read_ratio:>6}  "
                     f"{', '.join(r.split(' (')[0] for r in readers)}"
                     + ("  (refused)" if report["refused"] else "")
                 )
