@@ -194,6 +194,7 @@ def test_a_plan_reads_the_stored_bytes_and_holds_the_state_on_a_cpu(saved: Path)
         "fits",
         "read_bytes",
         "files",
+        "data_files",
         "chunks",
         "beyond_bytes",
         "largest",
@@ -205,12 +206,17 @@ def test_a_plan_reads_the_stored_bytes_and_holds_the_state_on_a_cpu(saved: Path)
     attrs = table.attrs
     assert attrs["kept_host_bytes"] == state_bytes and attrs["buffer_bytes"] == 0
     assert state_bytes < attrs["peak_host_bytes"] < state_bytes + (4 << 20)
-    stored = sum(
-        p.stat().st_size
+    files = [
+        p
         for d in _data_directories(checkpoint)
         if d.parts[-3] in ("model", "optimizer")
         for p in d.iterdir()
-    )
+    ]
+    stored = sum(p.stat().st_size for p in files)
+    # Which data files: every one of the state's, named from the checkpoint down.
+    named = sorted(p.relative_to(checkpoint).as_posix() for p in files)
+    assert table.loc[0, "data_files"] == table.loc[1, "data_files"] == ", ".join(named)
+    assert table.loc[0, "files"] == len(named) == 2
     # Every chunk of the data files, once, and nothing else of them (what is left is
     # the stores' own B+tree nodes, read with the metadata).
     data = table.loc[0, "read_bytes"] - attrs["metadata_bytes"]

@@ -5,6 +5,7 @@ makes it, ``_plan_words`` says it in words)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 from tinax._format import hostmem
 from tinax._format.arraydata.readplan import Reads
@@ -108,18 +109,37 @@ class RestorePlan:
         """The bytes ``place`` holds once the restore is done."""
         return sum(leaf.held().get(place, 0) for leaf in self.leaves if leaf.reader != NOT_READ)
 
-    def reads(self, place: Place | None = None, *, process: int | None = None) -> Reads:
-        """What ``place`` reads (the parts it is the first holder of), or everything one
-        ``process`` reads."""
-        total = Reads()
+    def _parts_read(
+        self, place: Place | None, process: int | None
+    ) -> Iterator[tuple[LeafPlan, Reads]]:
+        """Each part ``place`` reads (those it is the first holder of), or each part one
+        ``process`` reads, with its leaf."""
         for leaf in self.leaves:
             for part in leaf.parts:
                 first = part.part.places[0]
                 if (place is not None and first == place) or (
                     process is not None and first.process == process
                 ):
-                    total.add(part.reads)
+                    yield leaf, part.reads
+
+    def reads(self, place: Place | None = None, *, process: int | None = None) -> Reads:
+        """What ``place`` reads (the parts it is the first holder of), or everything one
+        ``process`` reads."""
+        total = Reads()
+        for _, reads in self._parts_read(place, process):
+            total.add(reads)
         return total
+
+    def data_files(self, place: Place | None = None, *, process: int | None = None) -> list[str]:
+        """The data files what ``place`` (or one ``process``) reads come from, each
+        relative to the checkpoint: its checkpointable's directory first, since the
+        names within one store's directory may repeat in another's."""
+        found = {
+            f"{leaf.checkpointable}/{name}"
+            for leaf, reads in self._parts_read(place, process)
+            for name in reads.files
+        }
+        return sorted(found)
 
     def largest(self, place: Place, count: int = LARGEST) -> list[tuple[LeafPlan, int]]:
         """The leaves that dominate what ``place`` holds, with their bytes there."""

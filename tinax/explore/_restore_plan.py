@@ -30,6 +30,7 @@ PLAN_COLUMNS = (
     "fits",
     "read_bytes",
     "files",
+    "data_files",
     "chunks",
     "beyond_bytes",
     "largest",
@@ -64,6 +65,7 @@ def _rows(plan: RestorePlan) -> list[dict[str, Any]]:
         mine = [p for p in places if p.process == process]
         peak = plan.hosts[process]
         reads = plan.reads(process=process)
+        files = plan.data_files(process=process)
         limit = None
         if process == plan.process:
             known = [n for n in (plan.budget, plan.host.available if plan.host else None) if n]
@@ -77,7 +79,8 @@ def _rows(plan: RestorePlan) -> list[dict[str, Any]]:
                 "limit_bytes": limit,
                 "fits": None if limit is None else peak.peak <= limit,
                 "read_bytes": reads.nbytes + plan.metadata_bytes,
-                "files": len(reads.files),
+                "files": len(files),
+                "data_files": ", ".join(files),
                 "chunks": reads.chunks,
                 "beyond_bytes": reads.beyond,
                 "largest": _largest(plan, [p for p in mine if p.in_host_memory]),
@@ -87,6 +90,7 @@ def _rows(plan: RestorePlan) -> list[dict[str, Any]]:
             if place.platform == HOST:
                 continue  # NumPy leaves: the host row holds them
             reads = plan.reads(place)
+            files = plan.data_files(place)
             free = plan.devices.get(place)
             rows.append(
                 {
@@ -97,7 +101,8 @@ def _rows(plan: RestorePlan) -> list[dict[str, Any]]:
                     "limit_bytes": None if free is None else free.free,
                     "fits": None if free is None else place not in over,
                     "read_bytes": reads.nbytes,
-                    "files": len(reads.files),
+                    "files": len(files),
+                    "data_files": ", ".join(files),
                     "chunks": reads.chunks,
                     "beyond_bytes": reads.beyond,
                     "largest": _largest(plan, [place]),
@@ -115,7 +120,7 @@ def plan_frame(plan: RestorePlan) -> pd.DataFrame:
         table[name] = table[name].astype("Int64")
     table["beyond_bytes"] = table["beyond_bytes"].astype("Int64")
     table["fits"] = table["fits"].astype("boolean")
-    for name in ("device", "platform", "largest"):
+    for name in ("device", "platform", "data_files", "largest"):
         table[name] = table[name].astype("string")
     peak = plan.hosts[plan.process]
     table.attrs.update(
@@ -187,7 +192,9 @@ def restore_plan(
       budget or the memory available, whichever is less; a device's free memory
       where JAX reports it; missing for other processes' hosts and for CPU devices,
       whose memory is the host's), ``fits``, ``read_bytes`` (from data files; the
-      host row's total includes the metadata read), ``files``, ``chunks``,
+      host row's total includes the metadata read), ``files`` and ``data_files``
+      (how many data files it reads from, and which: their paths relative to the
+      checkpoint, comma-separated), ``chunks``,
       ``beyond_bytes`` (of ``read_bytes``, those of values outside the parts that
       need them) and ``largest`` (the leaves that dominate the row's memory).
       ``attrs`` holds ``fits``, ``refusal`` (the paragraph a load would raise, or
