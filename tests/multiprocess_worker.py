@@ -15,7 +15,9 @@ Phases:
   save       save ``ck``; then refusals every process must agree on: ``ck`` again
              (exists), ``held`` (claimed by the launching process), ``bad`` (process
              1 has a leaf Orbax cannot store); then ``after``, which must work.
-  load       load ``ck`` in fresh processes and check every shard and iterator.
+  load       load ``ck`` in fresh processes and check every shard and iterator;
+             plan a resharded restore of it, and refuse a load over one process's
+             budget.
   kill       save ``killed``; process 1 kills itself (SIGKILL) inside the save,
              after the arrays are written and before the commit.
   recover    save ``killed`` again (the interrupted save is cleared) and load it
@@ -243,6 +245,44 @@ def load_values(path: Path, step: str) -> None:
     cluster.report(step, path=str(path), shards=shards, devices=jax.device_count())
 
 
+def _read_chars() -> int:
+    """The bytes this process has read so far (``rchar``)."""
+    return int(Path("/proc/self/io").read_text().split("rchar:")[1].split()[0])
+
+
+def plans(path: Path) -> None:
+    """The restore plan in a job of two processes: the embedding (saved in column
+    halves, which both processes hold) restored in column quarters, each process
+    holding one quarter of each half, so that each reads whole saved chunks and keeps
+    half of each; then a budget that only process 1 is under, which refuses the load
+    on both."""
+    import tinax.checkpointing as tc
+    import tinax.explore as ex
+
+    model = targets()[0]
+    quarters = NamedSharding(mesh(), P(None, ("model", "data")))
+    target = {**model, "embed": {"table": model["embed"]["table"].update(sharding=quarters)}}
+    table = ex.restore_plan(path, {"model": target})
+    before = _read_chars()
+    check_arrays("model", load_checkpointables(path, {"model": target})["model"], target)
+    cluster.report(
+        "plan",
+        rows=[
+            [int(row.process), row.device, int(row.read_bytes), int(row.beyond_bytes)]
+            for row in table.itertuples()
+        ],
+        warnings=table.attrs["warnings"],
+        read=_read_chars() - before,
+    )
+    try:
+        with tc.memory_budget(64 << 10 if jax.process_index() == 1 else None):
+            load_checkpointables(path, {"model": model})
+    except Exception as e:
+        cluster.report("budget", error=type(e).__name__, message=str(e))
+    else:
+        cluster.report("budget", error=None, message="")
+
+
 def refused(step: str, path: Path, **kwargs: Any) -> None:
     """Saves to ``path`` expecting a refusal; reports what was raised and how fast."""
     start = time.monotonic()
@@ -287,6 +327,7 @@ def run(phase: str, directory: Path) -> None:
         cluster.report("after")
     elif phase == "load":
         load_training(directory / "ck")
+        plans(directory / "ck")
     elif phase == "kill":
         if jax.process_index() == 1:
             die_inside_the_save()

@@ -112,6 +112,29 @@ def test_fresh_processes_load_it_exactly_each_with_its_own_iterator(two):
     assert load.result(0, "load")["batch"] != load.result(1, "load")["batch"]
 
 
+def test_a_resharded_restore_is_planned_per_process_and_a_refusal_is_agreed(two):
+    load = two["load"]
+    assert load.ok, load
+    embed = 1024 * 6144 * 4
+    for i in range(2):
+        plan = load.result(i, "plan")
+        hosts = {row[0]: row for row in plan["rows"] if row[1] == "host"}
+        # A row per process and per device, alike on both: each process reads both
+        # saved column halves whole and keeps a quarter of each (the small leaves'
+        # chunks add a few bytes beyond).
+        assert sorted(hosts) == [0, 1] and len(plan["rows"]) == 6
+        assert all(embed <= row[2] < embed + (64 << 10) for row in hosts.values())
+        assert all(embed // 2 <= row[3] < embed // 2 + 4096 for row in hosts.values())
+        assert any("it reads 2.0x what it keeps" in w for w in plan["warnings"]), plan
+        # What the load then read, against this process's plan.
+        assert abs(hosts[i][2] / plan["read"] - 1) <= 0.05, plan
+        # Only process 1 was over its budget; both were refused, before reading.
+        budget = load.result(i, "budget")
+        assert budget["error"] == "RestoreTooLargeError", budget
+        assert "max_host_bytes is 64.0 KiB" in budget["message"]
+        assert budget["message"].endswith("[process 1 of 2]")
+
+
 def test_every_process_agrees_on_a_refusal_and_nobody_hangs(two):
     save = two["save"]
     assert save.ok, save
