@@ -24,6 +24,11 @@ LISTING_COLUMNS = [
     "nbytes",
     "committed",
     "age",
+    "integrity",
+    "health",
+    "health_reason",
+    "nan",
+    "inf",
 ]
 
 
@@ -40,8 +45,16 @@ def test_v1_training_checkpointer_run(tmp_path):
         "nbytes": "Int64",
         "committed": "datetime64[ns, UTC]",
         "age": "timedelta64[ns]",
+        "integrity": "string",
+        "health": "string",
+        "health_reason": "string",
+        "nan": "Int64",
+        "inf": "Int64",
     }
     assert list(listing["step"]) == [0, 5, 10]
+    # Sound; no data read and no metric logged: whether it can be resumed is not known.
+    assert list(listing["integrity"]) == ["sound"] * 3
+    assert list(listing["health"]) == ["not yet known"] * 3 and listing["nan"].isna().all()
     assert list(listing["status"]) == ["complete"] * 3
     assert list(listing["checkpointables"]) == [("iterator", "pytree")] * 3
     assert listing["path"][1] == str(root / "5")

@@ -19,6 +19,7 @@ from test_explore_bad_input import CASES as METADATA_CASES
 from test_explore_diff import write_leaf_bytes
 
 import tinax.explore as ex
+from tinax._format.integrity import health
 from tinax._format.naming import words
 from tinax.checkpointing import save_checkpointables
 from tinax.explore import toolkit
@@ -127,7 +128,8 @@ def test_damage_gives_a_failing_verdict_naming_the_broken_part(template, tmp_pat
 
 def test_a_sound_checkpoint(template):
     result = ex.verify(template)
-    assert result.ok and result.verdict == "sound (metadata checked)"
+    assert result.ok and result.verdict == "sound (metadata checked), health not yet known"
+    assert result.integrity == words.SOUND and result.health.verdict == words.HEALTH_UNKNOWN
     assert (result.findings["severity"] != words.ERROR).all()
     assert result.leaves.empty
     progress: list[tuple[int, int]] = []
@@ -214,14 +216,23 @@ def test_nans_saved_with_the_checkpoint_are_a_warning_and_the_checkpoint_diverge
     warnings = result.findings[result.findings["severity"] == words.WARNING]
     assert list(warnings["part"]) == ["model ['w']"] and "5 NaN" in warnings["message"].iloc[0]
     assert list(result.nonfinite_leaves["key"]) == ["['w']"] and result.unread_leaves.empty
-    # Metadata alone cannot tell: sound as far as it goes.
-    assert ex.verify(tmp_path / "c").status == words.SOUND
-    # A NaN metric in the auxiliary state alone is a warning, not a divergence.
+    # What the data showed is remembered: metadata alone now knows it too.
+    again = ex.verify(tmp_path / "c")
+    assert again.status == words.DIVERGED and again.health.source == health.FROM_DATA
+    assert again.health.nan == 5 and again.verdict.startswith("diverged: 5 NaN and 0 Inf")
+    # In a fresh process metadata alone cannot tell: sound, its health not yet known.
+    health.forget()
+    fresh = ex.verify(tmp_path / "c")
+    assert fresh.status == words.SOUND and fresh.health.verdict == words.HEALTH_UNKNOWN
+    # A NaN metric in the auxiliary state is a logged metric gone NaN: diverged too,
+    # though its model is finite, and the reason names the metric.
     save_checkpointables(
         tmp_path / "m", {"model": {"w": np.ones(4, np.float32)}, "auxiliary": {"loss": np.nan}}
     ).result()
     metric = ex.verify(tmp_path / "m", data=True)
-    assert metric.ok and metric.status == words.SOUND and len(metric.nonfinite_leaves) == 1
+    assert metric.status == words.DIVERGED and len(metric.nonfinite_leaves) == 1
+    assert metric.health.state.leaves == 0 and metric.health.nan == 1
+    assert metric.health.reason == "1 NaN and 0 Inf in 1 leaf of auxiliary"
 
 
 def test_a_flipped_byte_in_array_data_fails_verify_with_data(tmp_path):
@@ -311,7 +322,7 @@ def _cli(*args: object) -> subprocess.CompletedProcess[str]:
 def test_the_cli_exit_status(template, tmp_path):
     sound = _cli(template, "--data")
     assert sound.returncode == 0, sound.stdout + sound.stderr
-    assert sound.stdout.strip().endswith("sound (metadata and data checked)")
+    assert sound.stdout.strip().endswith("sound and healthy (metadata and data checked)")
     broken = _copy(template, tmp_path)
     _truncate_chunk_file(broken)
     result = _cli(broken)

@@ -18,6 +18,7 @@ from tinax._format.naming.keys import (
     split_key,
 )
 from tinax._format.naming.words import (
+    ABANDONED,
     ARRAY_KINDS,
     BECAME_FINITE,
     BECAME_NONFINITE,
@@ -26,6 +27,7 @@ from tinax._format.naming.words import (
     COMPARE_STATUSES,
     COMPLETE,
     CORRUPT,
+    DAMAGED,
     DIFF_STATUSES,
     DIVERGED,
     DTYPE_CAST,
@@ -34,8 +36,13 @@ from tinax._format.naming.words import (
     ERROR,
     FINITE,
     FOUND_CORRUPT,
+    HEALTH_UNKNOWN,
+    HEALTHS,
+    HEALTHY,
     IN_PROGRESS,
+    INCOMPLETE,
     INFO,
+    INTEGRITIES,
     INTERRUPTED,
     INVALID,
     ITERATOR,
@@ -78,6 +85,7 @@ from tinax._format.naming.words import (
 )
 
 __all__ = [
+    "ABANDONED",
     "ARRAY_KINDS",
     "BECAME_FINITE",
     "BECAME_NONFINITE",
@@ -86,6 +94,7 @@ __all__ = [
     "COMPARE_STATUSES",
     "COMPLETE",
     "CORRUPT",
+    "DAMAGED",
     "DIFF_STATUSES",
     "DIVERGED",
     "DTYPE_CAST",
@@ -94,7 +103,12 @@ __all__ = [
     "ERROR",
     "FINITE",
     "FOUND_CORRUPT",
+    "HEALTHS",
+    "HEALTHY",
+    "HEALTH_UNKNOWN",
+    "INCOMPLETE",
     "INFO",
+    "INTEGRITIES",
     "INTERRUPTED",
     "INVALID",
     "IN_PROGRESS",

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
 if _TYPE_CHECKING:
+    from tinax._format.integrity.health import Health
     from tinax._format.metadata.layout import Checkpoint
     from tinax._paths import open_checkpoint
     from tinax.explore import display, toolkit
@@ -29,6 +30,7 @@ if _TYPE_CHECKING:
     from tinax.explore._compare import compare_table
     from tinax.explore._diff import diff_table
     from tinax.explore._export import export_safetensors
+    from tinax.explore._health import checkpoint_health
     from tinax.explore._lineage import lineage
     from tinax.explore._listing import list_checkpoints
     from tinax.explore._live import state_table
@@ -43,6 +45,8 @@ if _TYPE_CHECKING:
 # Where each public name lives.
 _HOMES = {
     "Checkpoint": "tinax._format.metadata.layout",
+    "Health": "tinax._format.integrity.health",
+    "checkpoint_health": "tinax.explore._health",
     "open_checkpoint": "tinax._paths",
     "checkpoint_table": "tinax.explore._checkpoint",
     "compare_table": "tinax.explore._compare",
@@ -65,6 +69,8 @@ _SUBMODULES = ("display", "toolkit")
 
 __all__ = [
     "Checkpoint",
+    "Health",
+    "checkpoint_health",
     "checkpoint_table",
     "compare_table",
     "diff_table",

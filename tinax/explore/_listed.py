@@ -12,6 +12,7 @@ listing and commit record (``open_listed``), so that nothing is read twice.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 from tinax._format.integrity import preflight
 from tinax._format.metadata import commit_record, layout
@@ -90,3 +91,11 @@ def open_listed(listed: Listed) -> layout.Checkpoint:
     """
     scan = files.scan(listed.path, listed.entries.values())
     return preflight.check(listed.path, scan, listed.record)
+
+
+class ListingRows(NamedTuple):
+    """A listing as rows, before it is made a table: each row a dict of the listing's
+    columns (commit time and age in nanoseconds), and the table's ``attrs``."""
+
+    rows: list[dict[str, Any]]
+    attrs: dict[str, Any]

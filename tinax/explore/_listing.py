@@ -12,22 +12,23 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Any
-
-import pandas as pd
-import tensorstore as ts
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tinax import _claims, _paths
 from tinax._format.integrity import preflight
 from tinax._format.lru import LruCache, check_bound
-from tinax._format.metadata import arrays, commit_record, layout, pytree
+from tinax._format.metadata import arrays, commit_record, layout, logged, pytree
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import names, words
-from tinax._format.records import runrecord, tiers
+from tinax._format.records import lineage, runrecord, tiers
 from tinax._format.storage import files
 from tinax._format.storage.location import DIRECTORY, Entry, Location
-from tinax.explore import _checkpoint, _listed, _tiers
-from tinax.explore._leaf_rows import frame
+from tinax.explore import _health, _listed, _tiers
+from tinax.explore._listed import ListingRows
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import tensorstore as ts
 
 LISTING_COLUMNS = (
     "name",
@@ -40,7 +41,7 @@ LISTING_COLUMNS = (
     "age",
 )
 # The last two columns are times (nanoseconds), turned into pandas types at the end.
-_TIME_COLUMNS = 2
+_TIMES = ("committed", "age")
 # Checkpoints read at once by a listing of an object store, where each read is a round trip.
 _READERS = 16
 # Checkpoints whose array stores a listing of an object store reads together, on a
@@ -204,6 +205,8 @@ def _metadata_problem(checkpoint: layout.Checkpoint) -> tuple[str | None, list[_
     try:
         for item in checkpoint.checkpointables:
             if item.layout != layout.PYTREE:
+                from tinax.explore import _checkpoint  # pandas: a deep listing's only
+
                 _checkpoint.checkpointable_leaves(item, None, values=False)
                 continue
             tree = pytree.read_layout(item)
@@ -347,6 +350,12 @@ class _Listing:
         self.now_ns = time.time_ns()
         # What a quick listing read of each committed checkpoint, by path.
         self.read: dict[str, _listed.Listed] = {}
+        # The metrics each checkpoint's commit record logged, by path, where it was read.
+        self.logged: dict[str, dict[str, float]] = {}
+        # The health each checkpoint's writer recorded in it, by path, where read.
+        self.own: dict[str, object] = {}
+        # Checkpoints of a branch their run left (``names.ABANDONED_RECORD``).
+        self.abandoned: set[str] = set()
 
 
 def _read_row(
@@ -363,9 +372,13 @@ def _read_row(
     # On object stores a save writes in place: one that never committed is judged
     # like a temporary directory.
     inside = path.entries() if top is None else top
+    if step is None and names.LINEAGE in inside:
+        step = lineage.source_step(path)
     if names.DELETION_MARKER in inside:
         # Its removal began (and may have been cut short): it is no checkpoint any more.
         return (name, str(path), step, words.BEING_REMOVED, _subdirectories(path), None, None, None)
+    if names.ABANDONED_RECORD in inside:
+        state.abandoned.add(str(path))  # listed as it is, its status said at the end
     if names.CORRUPT_RECORD in inside:
         # A run's restore could not load it and set it aside: kept to be looked at.
         errors[str(path)] = (
@@ -435,6 +448,8 @@ def _read_row(
         if record is not None:
             assert isinstance(record.item_handlers, dict)  # as _quick_record gives it
             listed = (tuple(record.item_handlers), record.committed_nsecs)
+            state.logged[str(path)] = logged.logged(record)
+            state.own[str(path)] = logged.own_health(record)
     if listed is None:
         return _checked_row(path, name, step, state, scan)
     item_names, committed = listed
@@ -470,6 +485,8 @@ def _quick_row(
     if listed is None:
         return _checked_row(path, name, step, state, None)
     state.read[str(path)] = listed
+    state.logged[str(path)] = logged.logged(listed.record)
+    state.own[str(path)] = logged.own_health(listed.record)
     committed = listed.record.committed_nsecs
     problem = listed.missing()
     if problem is not None:
@@ -544,6 +561,8 @@ def _checked_row(
             _remember_refusal(cache, path, str(e), scan)
         return (name, str(path), step, words.INVALID, (), None, None, None)
     item_names = tuple(item.name for item in checkpoint.checkpointables)
+    state.logged[str(path)] = logged.logged(checkpoint.record)
+    state.own[str(path)] = logged.own_health(checkpoint.record)
     key = (str(checkpoint.path), checkpoint.scan.fingerprint)
     kept = None if cache is None else cache.lookup(*key)
     trees: list[_Tree] = []
@@ -764,7 +783,8 @@ def list_checkpoints(
 
     Returns:
       A DataFrame with columns ``name``, ``path``, ``step`` (``Int64``, from the
-      name), ``status``, ``checkpointables`` (tuple of names: a training save's in
+      name; for a derived or averaged checkpoint whose name has none, its source's
+      as its lineage records it), ``status``, ``checkpointables`` (tuple of names: a training save's in
       the order it saves them, then any others by name), ``nbytes`` (size of
       its files), ``committed`` (UTC commit time, or ``NaT``) and ``age`` (a
       ``Timedelta``: since the commit, or for a save not yet committed, since it
@@ -777,9 +797,22 @@ def list_checkpoints(
       ``commit_success.txt`` nor ``_CHECKPOINT_METADATA`` is ``in progress`` or
       ``interrupted`` in the same way. ``corrupt (found by restore)`` is a
       checkpoint a ``TrainingRun``'s restore could not load and set aside (renamed
-      ``<name>.tinax-corrupt``), kept for inspection and never loaded. Why each
+      ``<name>.tinax-corrupt``), kept for inspection and never loaded; ``abandoned``
+      one of a branch a ``TrainingRun`` left when it went on from an earlier step
+      (renamed ``<name>.tinax-abandoned``), intact, kept for inspection and never
+      resumed from. Why each
       invalid or corrupt checkpoint cannot be read is in
       ``DataFrame.attrs["errors"]``, a dict of path to message.
+
+      Then the verdict every view shows (``tinax._format.integrity.health``), without reading
+      data: ``integrity`` (``sound`` for a complete checkpoint, ``damaged`` for an
+      invalid or corrupt one, ``incomplete`` for a save in progress, interrupted or
+      being removed); ``health`` (``diverged`` where a metric its save logged is NaN
+      or infinite, or reading its data found NaN or Inf in its model or optimizer
+      state; ``healthy`` where its data was read and none was; else ``not yet
+      known``); ``health_reason``, why, in the words every view uses; ``nan`` and
+      ``inf`` (``Int64``: every leaf's NaN and Inf, counted once, where its data was
+      read in this process or by its training run's restore; else ``<NA>``).
       ``DataFrame.attrs["remote"]`` says whether the run is on an object store
       (``gs://``), where each file read is a round trip of its own.
 
@@ -809,6 +842,32 @@ def listing(
     """``list_checkpoints`` of a run directory listed already (``_paths.listed_directory``):
     its rows' checkpoints are read through that listing (``directory / name``)."""
     return listed_run(directory, cache, deep).table
+
+
+def listing_table(listed: ListingRows) -> pd.DataFrame:
+    """The rows of a listing as ``list_checkpoints``' table."""
+    import pandas as pd
+
+    from tinax.explore._leaf_rows import frame
+
+    rows = listed.rows
+    columns = [*LISTING_COLUMNS, *_health.HEALTH_COLUMNS]
+    if rows and "tier" in rows[0]:
+        columns += list(_tiers.TIER_COLUMNS)
+    plain = [c for c in columns if c not in _TIMES]
+    table = frame(plain, ([row[c] for c in plain] for row in rows))
+    table["committed"] = pd.to_datetime(
+        pd.Series([row["committed"] for row in rows], dtype="Int64"), unit="ns", utc=True
+    )
+    table["age"] = pd.to_timedelta(
+        pd.Series([row["age"] for row in rows], dtype="Int64"), unit="ns"
+    )
+    for column in ("integrity", "health", "health_reason", *_tiers.TIER_COLUMNS):
+        if column in table:
+            table[column] = pd.array(list(table[column]), dtype="string")
+    table = table[columns]
+    table.attrs = dict(listed.attrs)
+    return table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -867,38 +926,55 @@ def run_listing(root: object, cache: ListingCache | None = None) -> RunListing:
 def listed_run(directory: Location, cache: ListingCache | None, deep: bool | None) -> RunListing:
     """``list_checkpoints`` of a run directory listed already, and what it read: the
     run's record read once, for its tiers and for whoever reads on."""
+    found = listed_rows(directory, cache, deep)
+    return RunListing(directory, listing_table(found.listing), found.read, found.record, found.run)
+
+
+class ListedRun(NamedTuple):
+    """``listed_run``'s parts before its table is made (``listed_rows``)."""
+
+    listing: ListingRows
+    read: dict[str, _listed.Listed]
+    record: dict[str, Any] | None
+    run: tiers.TwoTierRun | None
+
+
+def listed_rows(directory: Location, cache: ListingCache | None, deep: bool | None) -> ListedRun:
+    """``listed_run`` as rows, not yet a table: what the command line prints a run from
+    without pandas."""
     record = runrecord.read_run_record(directory)
     run = None if record is None else tiers.two_tier_run(directory, record)
-    table, read = _list_one(directory, cache, deep)
+    found, read = _list_one(directory, cache, deep)
 
-    def other_tier(other: Location) -> pd.DataFrame:
-        found, other_read = _list_one(_paths.listed_directory(other), cache, deep)
+    def other_tier(other: Location) -> ListingRows:
+        other_found, other_read = _list_one(_paths.listed_directory(other), cache, deep)
         read.update(other_read)
-        return found
+        return other_found
 
     # A two-tier run's other tier is listed with it (``_tiers``).
-    table = _tiers.with_tiers(directory, table, other_tier, run)
-    return RunListing(directory, table, read, record, run)
+    return ListedRun(_tiers.with_tiers(directory, found, other_tier, run), read, record, run)
 
 
 def _list_one(
     directory: Location, cache: ListingCache | None, deep: bool | None
-) -> tuple[pd.DataFrame, dict[str, _listed.Listed]]:
-    """``list_checkpoints`` of one directory, as listed (``Location.snapshot``), and what
+) -> tuple[ListingRows, dict[str, _listed.Listed]]:
+    """The listing of one directory, as listed (``Location.snapshot``), as rows, and what
     it read of each committed checkpoint."""
     deep = bool(deep)
     # The listing makes objects by the hundred thousand, none in a cycle.
     with files.paused_gc():
-        rows, state = _rows(directory, cache, deep)
-    table = frame(LISTING_COLUMNS[:-_TIME_COLUMNS], (row[:-_TIME_COLUMNS] for row in rows))
-    table["checkpointables"] = table["checkpointables"].map(_in_order)
-    table["committed"] = pd.to_datetime(
-        pd.Series([row[-2] for row in rows], dtype="Int64"), unit="ns", utc=True
-    )
-    table["age"] = pd.to_timedelta(pd.Series([row[-1] for row in rows], dtype="Int64"), unit="ns")
-    table = table.sort_values(["step", "name"], na_position="last", kind="stable")
-    table = table.reset_index(drop=True)
-    table.attrs["errors"] = state.errors
-    table.attrs["unchecked"] = sorted(state.unchecked)
-    table.attrs["remote"] = directory.storage.parallel_reads
-    return table, state.read
+        found, state = _rows(directory, cache, deep)
+    rows = [dict(zip(LISTING_COLUMNS, row, strict=True)) for row in found]
+    for row in rows:
+        row["checkpointables"] = _in_order(row["checkpointables"])  # type: ignore[arg-type]
+        if row["status"] == words.COMPLETE and row["path"] in state.abandoned:
+            row["status"] = words.ABANDONED
+    rows.sort(key=_tiers.sort_key)
+    healths = _health.add_health(rows, state.logged, directory, state.own)
+    attrs = {
+        "errors": state.errors,
+        "unchecked": sorted(state.unchecked),
+        "remote": directory.storage.parallel_reads,
+        _health.HEALTHS: healths,
+    }
+    return ListingRows(rows, attrs), state.read

@@ -12,31 +12,16 @@ from typing import Any
 
 import numpy as np
 
-# Elements per block: 256 Ki of them, 1 or 2 MiB of differences, stay in cache.
-_BLOCK = 1 << 18
+from tinax._format.arraydata import nonfinite
+
+_BLOCK = nonfinite.BLOCK
+_floating = nonfinite.is_floating
+_flat = nonfinite.flat
+_computable = nonfinite.computable
 
 
 def _blocks(flat: np.ndarray) -> range:
     return range(0, flat.size, _BLOCK)
-
-
-def _flat(values: np.ndarray) -> np.ndarray:
-    flat = np.ascontiguousarray(values).reshape(-1)
-    if flat.dtype.kind == "b":
-        return flat.view(np.uint8)
-    return flat
-
-
-def _floating(dtype: np.dtype) -> bool:
-    """Whether values of ``dtype`` can be NaN or infinite (ml_dtypes floats too)."""
-    if dtype.kind in "fc":
-        return True
-    if dtype.kind == "V" and dtype.fields is None:
-        try:
-            return bool(np.isnan(np.array([np.nan]).astype(dtype).astype(np.float64))[0])
-        except (TypeError, ValueError):
-            return False
-    return False
 
 
 def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
@@ -48,13 +33,6 @@ def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
     if size % 8 == 0:
         return bool(np.array_equal(a.view(np.uint64), b.view(np.uint64)))
     return a.tobytes() == b.tobytes()
-
-
-def _computable(block: np.ndarray) -> np.ndarray:
-    """``block`` in a dtype NumPy computes with: 16-bit and ml_dtypes floats as float32."""
-    if block.dtype.kind == "V" or (block.dtype.kind == "f" and block.dtype.itemsize < 4):
-        return block.astype(np.float32)
-    return block
 
 
 def _difference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -136,18 +114,12 @@ class ValueCounts:
         self.inf = 0
 
     def update(self, values: np.ndarray) -> None:
-        """Adds one region's values."""
+        """Adds one region's values (``tinax._format.arraydata.nonfinite.count``)."""
         if not self.floating:
             return
-        flat = _flat(values)
-        for start in _blocks(flat):
-            block = _computable(flat[start : start + _BLOCK])
-            # A sum in the values' own precision is finite exactly when every
-            # element is, unless it overflows; then they are counted one by one.
-            if np.isfinite(block.sum()):
-                continue
-            self.nan += int(np.count_nonzero(np.isnan(block)))
-            self.inf += int(np.count_nonzero(np.isinf(block)))
+        nan, inf = nonfinite.count(values)
+        self.nan += nan
+        self.inf += inf
 
 
 def _moved(x: np.ndarray, y: np.ndarray) -> int:

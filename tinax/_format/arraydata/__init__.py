@@ -7,4 +7,6 @@
 - ``readplan``: what reading a box of an array costs (chunks, bytes, files), from
   metadata alone.
 - ``valuecheck``: every stored value of a checkpoint checked against its checksums.
+- ``nonfinite``: NaN and infinities counted in values read, the one count every view
+  and every load makes.
 """

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import tensorstore as ts
@@ -65,11 +66,17 @@ def slabs(bounds: Bounds, itemsize: int, chunk_shape: tuple[int, ...] | None) ->
     return boxes
 
 
-def check_values(checkpoint: layout.Checkpoint) -> list[str]:
+# Given each slab of values read: the checkpointable, the leaf's key, the values.
+Count = Callable[[str, str, np.ndarray], None]
+
+
+def check_values(checkpoint: layout.Checkpoint, count: Count | None = None) -> list[str]:
     """What is wrong with ``checkpoint``'s stored values, checked against their checksums.
 
     Args:
       checkpoint: An opened checkpoint (``preflight.check``'s).
+      count: Also given every slab of array values as it is read (each value once),
+        with its checkpointable and leaf: to count NaN and Inf on the way.
 
     Returns:
       One message per damaged value, file or record (empty if none), each naming the
@@ -94,14 +101,18 @@ def check_values(checkpoint: layout.Checkpoint) -> list[str]:
         problems.extend(f"{item.name}: {p}" for p in checksums.check_files(item, records))
         if item.layout == layout.PYTREE:
             try:
-                problems.extend(f"{item.name}: {p}" for p in _check_tree(item, records, ctx))
+                found = _check_tree(item, records, ctx, count)
+                problems.extend(f"{item.name}: {p}" for p in found)
             except ValueError as e:
                 problems.append(f"{item.name}: {e}")
     return problems
 
 
 def _check_tree(
-    item: layout.StoredCheckpointable, records: dict[str, LeafRecord], ctx: ts.Context
+    item: layout.StoredCheckpointable,
+    records: dict[str, LeafRecord],
+    ctx: ts.Context,
+    count: Count | None = None,
 ) -> list[str]:
     tree = pytree.read_layout(item)
     problems: list[str] = []
@@ -129,11 +140,17 @@ def _check_tree(
         for piece in record.pieces:
             boxes = slabs(piece.bounds, dtype.itemsize, info.chunk_shape)
             reads.append(chunks.ArrayRead((leaf.key, record, piece), opened, boxes, dtype.itemsize))
-    problems.extend(_digest_pieces(reads))
+    problems.extend(_digest_pieces(reads, None if count is None else _named(count, item.name)))
     return problems
 
 
-def _digest_pieces(reads: list[chunks.ArrayRead]) -> list[str]:
+def _named(count: Count, name: str) -> Callable[[str, np.ndarray], None]:
+    return lambda key, values: count(name, key, values)
+
+
+def _digest_pieces(
+    reads: list[chunks.ArrayRead], count: Callable[[str, np.ndarray], None] | None = None
+) -> list[str]:
     """Reads every piece slab by slab and compares each piece's digest with its record."""
     problems: list[str] = []
     remaining = {id(read.tag): len(read.boxes) for read in reads}
@@ -150,6 +167,8 @@ def _digest_pieces(reads: list[chunks.ArrayRead]) -> list[str]:
             continue
         hasher = hashers.setdefault(mark, xxhash.xxh3_64())
         hasher.update(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data)
+        if count is not None:
+            count(key, values)
         remaining[mark] -= 1
         if remaining[mark] == 0:
             found = hasher.hexdigest()

@@ -5,4 +5,6 @@ the checksums tinax saves.
 - ``checksums``: the checksums tinax saves, and checking values against them.
 - ``iterstate``: what a Grain iterator's saved state may hold (load, verify and diff
   check it alike).
+- ``health``: whether a run can go on from a checkpoint (healthy, diverged, not yet
+  known), beside its integrity (sound, damaged, incomplete): the one verdict.
 """

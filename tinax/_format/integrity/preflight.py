@@ -109,7 +109,7 @@ def check_store_files(item: layout.StoredCheckpointable) -> None:
 
 
 # Small files at a checkpoint's root that readers after the check parse.
-_ROOT_RECORDS = frozenset({names.SAVE_TIMES, names.CORRUPT_RECORD})
+_ROOT_RECORDS = frozenset({names.SAVE_TIMES, names.CORRUPT_RECORD, names.ABANDONED_RECORD})
 
 
 def prefetch_metadata(listed: Location, scan: files.Scan | None = None) -> None:

@@ -12,4 +12,5 @@ metadata of its array store. No array data is read here.
 - ``fit``: whether restore targets fit a checkpoint, leaf by leaf.
 - ``hostparts``: what one process of a job saves on its own host, and which files of
   each part make the whole checkpoint.
+- ``logged``: the metrics a save logged, as its commit record holds them.
 """

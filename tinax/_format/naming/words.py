@@ -38,7 +38,19 @@ BEING_REMOVED = "being removed"
 # A checkpoint a run's restore could not load and moved aside (``names.CORRUPT_SUFFIX``),
 # kept for inspection; never loadable, never counted as its step's checkpoint.
 FOUND_CORRUPT = "corrupt (found by restore)"
-LISTING_STATUSES = (COMPLETE, IN_PROGRESS, INTERRUPTED, INVALID, BEING_REMOVED, FOUND_CORRUPT)
+# A checkpoint of a branch the run left when it went on from an earlier step (its
+# later checkpoints, moved aside to ``names.ABANDONED_SUFFIX``): intact, kept for
+# inspection, never resumed from.
+ABANDONED = "abandoned"
+LISTING_STATUSES = (
+    COMPLETE,
+    IN_PROGRESS,
+    INTERRUPTED,
+    INVALID,
+    BEING_REMOVED,
+    FOUND_CORRUPT,
+    ABANDONED,
+)
 
 # -- where a checkpoint of a two-tier run is (``list_checkpoints``' ``tier``) ---------------
 
@@ -149,13 +161,31 @@ NONFINITE_CHANGES = BECAME_NONFINITE, NONFINITE_BOTH, BECAME_FINITE = (
     "became finite",
 )
 
+# -- whether a checkpoint is fit to resume from (``tinax._format.integrity.health``) ------------------
+
+# Integrity: are these the bytes that were saved? SOUND: committed, and every check made
+# so far passed (with data read: every byte matched its checksums). DAMAGED: something in
+# the way of a load (unreadable metadata, a missing file, a byte that does not match).
+# INCOMPLETE: not a checkpoint yet, or any more (a save in progress or interrupted, one
+# being removed).
+DAMAGED = "damaged"
+INCOMPLETE = "incomplete"
+# Health: can a run go on from here? HEALTHY: its data was read and neither its state
+# nor its logged metrics hold NaN or Inf. DIVERGED (below): its model or optimizer state
+# holds NaN or Inf, or a metric it logged is NaN or infinite. HEALTH_UNKNOWN: its data
+# has not been read and its logged metrics are finite (or it logged none).
+HEALTHY = "healthy"
+HEALTH_UNKNOWN = "not yet known"
+
 # -- a checkpoint's verdict (``Verification.status``, ``scan_run``'s ``verdict``) -------------
 
-# SOUND: whole, loadable, and (with data read) no NaN or Inf in its model or optimizer
-# state. DIVERGED: whole and loadable, but its model or optimizer state holds NaN or
-# Inf: the run diverged before this save (never called sound). NOT_SOUND: something in
-# the way of a load (an error finding).
+# SOUND: whole, loadable, and not diverged as far as is known. DIVERGED: whole and
+# loadable, but its model or optimizer state holds NaN or Inf, or a metric it logged is
+# NaN or infinite: the run diverged before this save (never called sound). NOT_SOUND:
+# something in the way of a load (an error finding).
 VERIFY_STATUSES = SOUND, DIVERGED, NOT_SOUND = ("sound", "diverged", "not sound")
+INTEGRITIES = (SOUND, DAMAGED, INCOMPLETE)
+HEALTHS = (HEALTHY, DIVERGED, HEALTH_UNKNOWN)
 
 # ``scan_run``'s verdicts besides ``DIVERGED`` and ``NOT_SOUND``: read and finite
 # everywhere; NaN or Inf only outside the model and optimizer state (a metric in the
@@ -169,6 +199,6 @@ SCAN_VERDICTS = (FINITE, NONFINITE, DIVERGED, NOT_SOUND, NOT_COMPLETE, NOT_SCANN
 
 # The checkpointables that hold metrics rather than training state: the auxiliary
 # state (``TrainingCheckpointNames().auxiliary``) and Orbax's recorded ``metrics``.
-# NaN or Inf there (a NaN loss) is a warning; anywhere else (the model, the optimizer
-# state, whatever their names) it makes a checkpoint ``diverged``.
+# NaN or Inf there is a logged metric's (a NaN loss); anywhere else it is in the model or
+# the optimizer state, whatever their names. Either makes a checkpoint ``diverged``.
 METRIC_CHECKPOINTABLES = frozenset({"auxiliary", "metrics"})

@@ -17,9 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format.naming import names
-
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+from tinax._format.metadata.logged import recorded
 
 
 def numeric(value: Any) -> float | None:
@@ -56,28 +54,4 @@ def record(checkpointable: str, values: Mapping[str, float]) -> dict[str, Any]:
     }
 
 
-def recorded(custom_metadata: object, checkpointable: str) -> dict[str, float] | None:
-    """The metrics recorded for ``checkpointable`` in a commit record's
-    ``custom_metadata``; ``None`` where there is no such record (a save by Orbax, or
-    by another checkpointable's name), or it is not one."""
-    if not isinstance(custom_metadata, Mapping):
-        return None
-    found = custom_metadata.get(names.METRICS_RECORD)
-    if not isinstance(found, Mapping) or found.get("checkpointable") != checkpointable:
-        return None
-    values = found.get("values")
-    if not isinstance(values, Mapping):
-        return None
-    out: dict[str, float] = {}
-    for key, value in values.items():
-        if not isinstance(key, str):
-            return None
-        if isinstance(value, str):
-            if value not in _NONFINITE:
-                return None
-            out[key] = _NONFINITE[value]
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            out[key] = float(value)
-        else:
-            return None
-    return out
+__all__ = ["metric_name", "numeric", "record", "recorded"]

@@ -49,3 +49,40 @@ def found_corrupt(checkpoint: Location, entries: Mapping[str, Entry] | None = No
         return f"(its record is unreadable: {e})"
     reason = record.get("reason") if isinstance(record, dict) else None
     return reason if isinstance(reason, str) else "(its record gives no reason)"
+
+
+def abandoned_from(checkpoint: Location) -> int | None:
+    """The step the run went on from when it set ``checkpoint`` aside as of the branch
+    it left (``names.ABANDONED_RECORD``), or ``None`` where it did not (``-1``: a
+    record that does not say)."""
+    where = checkpoint / names.ABANDONED_RECORD
+    if not where.exists():
+        return None
+    try:
+        record = files.read_json(
+            where, what="tinax abandoned-branch record", max_bytes=MAX_CORRUPT_RECORD_BYTES
+        )
+    except (ValueError, OSError):
+        return -1
+    step = record.get("went_on_from") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
+
+
+def recorded_health(checkpoint: Location) -> object:
+    """What the run holding ``checkpoint`` recorded of its health when it read its data
+    (``health.record_entry``), or ``None``: no run record beside it, none for its
+    step, or one that does not read."""
+    step = names.step_from_name(checkpoint.name)
+    if step is None:
+        return None
+    try:
+        record = read_run_record(checkpoint.parent)
+    except (ValueError, OSError):
+        return None
+    return recorded_health_of(record, step)
+
+
+def recorded_health_of(record: dict[str, Any] | None, step: int) -> object:
+    """The entry for ``step`` under ``names.RUN_RECORD_HEALTH`` of a run ``record``."""
+    found = None if record is None else record.get(names.RUN_RECORD_HEALTH)
+    return found.get(str(step)) if isinstance(found, dict) else None

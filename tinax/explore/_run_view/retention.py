@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from tinax import _paths
 from tinax._format.naming import names
@@ -13,6 +12,9 @@ from tinax._format.records import tiers
 from tinax._format.records.runrecord import read_run_record
 from tinax._format.storage.location import Location
 from tinax.explore import _listing
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RETENTION_COLUMNS = ("name", "step", "kept", "metric")
 
@@ -99,15 +101,27 @@ def retention_table(root: str | os.PathLike[str] | Location) -> pd.DataFrame:
 def kept_table(record: dict[str, Any] | None, run: tiers.TwoTierRun | None) -> pd.DataFrame:
     """``retention_table`` from a run's record read already (and the two-tier run it is a
     tier of, if any: ``_listing.RunListing`` holds both)."""
+    import pandas as pd
+
     rows = _reasons(record, run)
-    dtypes = ("string", "Int64", "string", "Float64")
+    dtypes = ("string", "Int64", "string")
     cells = list(zip(*rows, strict=True)) if rows else [() for _ in RETENTION_COLUMNS]
-    return pd.DataFrame(
-        {
-            name: pd.array(list(cells[i]), dtype=dtypes[i])
-            for i, name in enumerate(RETENTION_COLUMNS)
-        }
-    )
+    table = {
+        name: pd.array(list(cells[i]), dtype=dtypes[i])
+        for i, name in enumerate(RETENTION_COLUMNS[:-1])
+    }
+    return pd.DataFrame({**table, "metric": logged_floats(list(cells[-1]))})
+
+
+def logged_floats(values: list[float | None]) -> pd.arrays.FloatingArray:
+    """Metric values as a ``Float64`` column in which a NaN that was logged stays NaN
+    and only a value not recorded (``None``) is ``<NA>``: pandas would take both for
+    missing."""
+    import numpy as np
+    import pandas as pd
+
+    numbers = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+    return pd.arrays.FloatingArray(numbers, np.array([v is None for v in values], dtype=bool))
 
 
 def run_listing(
@@ -125,7 +139,8 @@ def run_listing(
 
     Returns:
       ``list_checkpoints``'s table with two more columns, ``metric`` (``Float64``:
-      the ``best_by`` value saved with it) and ``kept`` (``string``: why the run
+      the ``best_by`` value saved with it, NaN where that was NaN, ``<NA>`` where
+      none was recorded) and ``kept`` (``string``: why the run
       keeps it, as ``retention_table`` says; ``<NA>`` where the run has no record
       of it), and ``attrs["policy"]``: ``run_policy(root)`` (``None`` for a directory
       without a run record).
@@ -135,13 +150,15 @@ def run_listing(
       FileNotFoundError: If ``root`` does not exist.
       ValueError: If ``root`` is not a directory.
     """
+    import pandas as pd
+
     run = _listing.listed_run(_paths.listed_directory(root), cache, deep)
     table, record = run.table, run.record
     reasons = _reasons(record, run.tiers)
     by_name = {row[0]: row for row in reasons}
     names_ = [str(n) for n in table["name"]]
     joined = table.assign(
-        metric=pd.array([by_name[n][3] if n in by_name else None for n in names_], "Float64"),
+        metric=logged_floats([by_name[n][3] if n in by_name else None for n in names_]),
         kept=pd.array([by_name[n][2] if n in by_name else None for n in names_], "string"),
     )
     joined.attrs = dict(table.attrs)

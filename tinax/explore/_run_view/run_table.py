@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tinax._format.integrity import checksums
+from tinax._format.integrity import checksums, health
 from tinax._format.metadata import arrays, layout, pytree
 from tinax._format.metadata.layout import Checkpoint, StoredCheckpointable
 from tinax._format.naming import names, words
@@ -27,7 +27,7 @@ from tinax._format.records import metrics as metrics_record
 from tinax._format.records import savetimes
 from tinax._format.storage import files
 from tinax._format.storage.location import DIRECTORY
-from tinax.explore import _listed, _listing, _tiers
+from tinax.explore import _health, _listed, _listing, _tiers
 from tinax.explore._run_view.retention import kept_table
 
 RUN_COLUMNS = (
@@ -43,7 +43,7 @@ RUN_COLUMNS = (
     "nonfinite_metrics",
 )
 # Column names a metric is not given (it is prefixed with its checkpointable instead).
-_TAKEN = RUN_COLUMNS + _tiers.TIER_COLUMNS
+_TAKEN = RUN_COLUMNS + _tiers.TIER_COLUMNS + _health.HEALTH_COLUMNS
 # The checkpointable ``TrainingRun`` and ``save_training_checkpoint`` save auxiliary state
 # in (``TrainingCheckpointNames().auxiliary``), and how they wrap it.
 AUXILIARY = "auxiliary"
@@ -222,7 +222,9 @@ def run_table(
       run, ``tier`` and ``promotion`` as ``list_checkpoints`` gives them;
       ``nonfinite_metrics``, the metric columns whose value in that checkpoint is
       NaN or infinite, joined by ``", "`` (``<NA>`` where none: a NaN in a metric
-      column of such a row means no value was recorded); then one float column
+      column of such a row means no value was recorded); ``integrity``, ``health``,
+      ``health_reason``, ``nan`` and ``inf``, the verdict as ``list_checkpoints``
+      gives it (a non-finite metric makes a checkpoint ``diverged``); then one float column
       per metric (NaN where a checkpoint has none), sorted by name: each numeric
       0-d value of the ``auxiliary`` checkpointable, as logged (Python numbers,
       NumPy scalars and 0-d arrays, JAX 0-d arrays, ``bfloat16``; nested
@@ -250,7 +252,7 @@ def run_table(
     complete = [
         (i, run.where(row))
         for i, (_, row) in enumerate(listing.iterrows())
-        if row["status"] == words.COMPLETE
+        if row["status"] in (words.COMPLETE, words.ABANDONED)
     ]
     listed: dict[int, _listed.Listed] = {}
     unlisted = []
@@ -316,6 +318,20 @@ def run_table(
     table["nonfinite_metrics"] = pd.array(
         [", ".join(names) if names else None for names in nonfinite], dtype="string"
     )
+    # The verdict every view shows: the one the listing gives, judged by every metric
+    # read here (Orbax's metrics file and an auxiliary state read as data too).
+    known = listing.attrs.get(_health.HEALTHS, {})
+    healths = [
+        health.with_metrics(known.get(str(path), health.judge()), facts.get(i, ({}, None, None))[0])
+        for i, path in enumerate(table["path"])
+    ]
+    integrity = (
+        listing["integrity"]
+        if "integrity" in listing
+        else table["status"].map(health.integrity_of_status)
+    )
+    for column, values in _health.columns(healths, list(integrity)).items():
+        table[column] = values
     for column, numbers in metric_columns.items():
         table[column] = numbers
     for i, (_, _, problem) in facts.items():

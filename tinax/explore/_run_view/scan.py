@@ -17,11 +17,12 @@ import pandas as pd
 
 from tinax._format import callbacks
 from tinax._format.callbacks import Cancel, Progress
+from tinax._format.integrity import health
 from tinax._format.lru import LruCache
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import words
 from tinax._format.storage.location import Location
-from tinax.explore import _listing
+from tinax.explore import _health, _listing
 from tinax.explore._verify.verification import verify
 
 SCAN_COLUMNS = ("name", "path", "step", "status", "nan", "inf", "nonfinite_leaves", "verdict")
@@ -42,6 +43,8 @@ class _Scanned:
     status: str  # verify's: sound, diverged or not sound
     verdict: str  # verify's line
     leaves: tuple[tuple[str, str, int, int], ...]  # (checkpointable, key, nan, inf) non-finite
+    health: health.Health
+    integrity: str
 
 
 # What the scan of each checkpoint found, kept by the process: the result of reading all
@@ -65,7 +68,9 @@ def _scan(path: str | Location | Checkpoint) -> _Scanned:
             nan, inf = nan + n, inf + i
             if n or i:
                 leaves.append((str(row.checkpointable), str(row.key), n, i))
-    return _Scanned(nan, inf, found.status, found.verdict, tuple(leaves))
+    return _Scanned(
+        nan, inf, found.status, found.verdict, tuple(leaves), found.health, found.integrity
+    )
 
 
 def _cached_scan(row: Any, run: _listing.RunListing) -> _Scanned:
@@ -119,11 +124,15 @@ def scan_run(
       optimizer state holds NaN or Inf: ``verify``'s status); ``non-finite``
       (NaN or Inf only in the auxiliary state: a metric); ``not sound`` (``verify`` found an error:
       its line is in ``attrs["problems"]``, by path); ``not complete`` (in
-      progress, interrupted, invalid: never loadable); ``not scanned``.
+      progress, interrupted, invalid: never loadable); ``not scanned``. Then
+      ``integrity``, ``health`` and ``health_reason`` as every table gives them
+      (``tinax._format.integrity.health``; a checkpoint not scanned keeps what its metadata
+      says, a NaN only in a logged metric makes it ``diverged`` too).
       ``attrs["first_nonfinite_step"]``: the step of the first checkpoint holding
       NaN or Inf (``None`` if none does); ``attrs["rollback_step"]``: the newest
       complete, sound and finite checkpoint before it (``None`` if there is no
-      non-finite checkpoint, or no good one before it).
+      non-finite checkpoint, or no good one before it); ``attrs["health"]``: the
+      ``Health`` of each checkpoint read, by path (its NaN and Inf by checkpointable).
 
     Raises:
       TypeError: If ``leaves`` is not a bool.
@@ -172,6 +181,16 @@ def scan_run(
             dtype="Int64",
         )
     table["verdict"] = pd.array(verdicts, dtype="string")
+    # The verdict every view shows: what the scan read, else what the listing knew.
+    scanned = _health.columns(
+        [results[i].health if i in results else health.judge() for i in range(len(rows))],
+        [results[i].integrity if i in results else "" for i in range(len(rows))],
+    )
+    for column in ("integrity", "health", "health_reason"):
+        table[column] = pd.array(
+            [scanned[column][i] if i in results else row[column] for i, row in enumerate(rows)],
+            dtype="string",
+        )
     first = None
     for i, row in enumerate(rows):
         found = results.get(i)
@@ -191,6 +210,8 @@ def scan_run(
         "rollback_step": rollback,
         "problems": problems,
         "cancelled": cancelled,
+        # Each checkpoint read's ``Health``, by path: its counts by checkpointable.
+        _health.HEALTHS: {str(rows[i]["path"]): found.health for i, found in results.items()},
     }
     if leaves:
         detail = [

@@ -23,9 +23,11 @@ import pandas as pd
 
 from tinax import _paths
 from tinax._format.callbacks import Progress
-from tinax._format.metadata import arrays
+from tinax._format.integrity import health
+from tinax._format.metadata import arrays, logged
 from tinax._format.metadata.layout import Checkpoint
-from tinax._format.naming import words
+from tinax._format.naming import names, words
+from tinax._format.records import runrecord
 from tinax._format.storage import files
 from tinax._format.storage.location import Location
 from tinax.explore._leaf_rows import frame
@@ -104,6 +106,10 @@ class Verification:
         ``dtype``, ``nbytes``, ``nan_count``, ``inf_count`` and ``read``
         (whether every region decoded); empty otherwise.
       data: Whether array data was read.
+      health: Whether a run can go on from it (``tinax._format.integrity.health.Health``):
+        ``healthy``, ``diverged`` or ``not yet known``, and why, with the NaN and
+        Inf counts where data was read. Without data, what its logged metrics and
+        its run's record say.
     """
 
     path: str
@@ -111,6 +117,7 @@ class Verification:
     findings: pd.DataFrame
     leaves: pd.DataFrame
     data: bool
+    health: health.Health = dataclasses.field(default_factory=lambda: health.judge(metrics=None))
 
     @property
     def errors(self) -> pd.DataFrame:
@@ -136,18 +143,24 @@ class Verification:
 
     @property
     def diverged(self) -> bool:
-        """Whether data was read and the model or optimizer state (any checkpointable
-        but the auxiliary state and metrics, ``words.METRIC_CHECKPOINTABLES``) holds
-        NaN or Inf."""
-        found = self.nonfinite_leaves
-        if found.empty:
-            return False
-        return bool((~found["checkpointable"].isin(list(words.METRIC_CHECKPOINTABLES))).any())
+        """Whether its health is ``diverged``: its model or optimizer state (data
+        read) holds NaN or Inf, or a metric it logged is NaN or infinite."""
+        return self.health.verdict == words.DIVERGED
+
+    @property
+    def integrity(self) -> str:
+        """``sound`` or ``damaged`` (an error finding; ``incomplete`` for a save that
+        has not committed), as ``tinax.vocabulary`` spells them."""
+        if not (self.findings["severity"] == words.ERROR).any():
+            return words.SOUND
+        name = os.path.basename(self.path.rstrip("/"))
+        return words.INCOMPLETE if names.is_temporary_name(name) else words.DAMAGED
 
     @property
     def status(self) -> str:
-        """``sound``, ``diverged`` (it loads, but its state holds NaN or Inf) or ``not
-        sound`` (an error finding), as ``tinax.vocabulary`` spells them."""
+        """``sound``, ``diverged`` (it loads, but its state or a logged metric holds NaN
+        or Inf) or ``not sound`` (an error finding), as ``tinax.vocabulary`` spells
+        them."""
         if (self.findings["severity"] == words.ERROR).any():
             return words.NOT_SOUND
         return words.DIVERGED if self.diverged else words.SOUND
@@ -161,20 +174,11 @@ class Verification:
         status = self.status
         if status == words.SOUND:
             extra = f", {warnings} warning{'s' * (warnings != 1)}" if warnings else ""
-            return f"sound ({scope} checked{extra})"
+            if self.health.verdict == words.HEALTHY:
+                return f"sound and healthy ({scope} checked{extra})"
+            return f"sound ({scope} checked{extra}), health {self.health.verdict}"
         if status == words.DIVERGED:
-            found = self.nonfinite_leaves
-            state = found[~found["checkpointable"].isin(list(words.METRIC_CHECKPOINTABLES))]
-            nan, inf = (
-                int(state["nan_count"].fillna(0).sum()),
-                int(state["inf_count"].fillna(0).sum()),
-            )
-            parts = ", ".join(dict.fromkeys(str(c) for c in state["checkpointable"]))
-            count = len(state)
-            return (
-                f"diverged: {nan:,} NaN and {inf:,} Inf in {count:,} lea"
-                f"{'f' if count == 1 else 'ves'} of {parts} ({scope} checked; it loads)"
-            )
+            return f"diverged: {self.health.reason} ({scope} checked; it loads)"
         first = self.errors.iloc[0]
         where = f"{first['part']}: " if first["part"] else ""
         more = f" (and {errors - 1} more)" if errors > 1 else ""
@@ -288,8 +292,45 @@ def verify(
             found.append(Finding("", words.ERROR, f"a load refuses it: {target.refused}"))
     found.sort(key=lambda f: _ORDER.get(f.severity, 3))
     findings = frame(FINDING_COLUMNS, (dataclasses.astuple(f) for f in found))
-    result = Verification(str(where), False, findings, frame(LEAF_COLUMNS, leaves), data)
+    table = frame(LEAF_COLUMNS, leaves)
+    judged = _health(target, where, table if data else None)
+    result = Verification(str(where), False, findings, table, data, judged)
     return dataclasses.replace(result, ok=result.status == words.SOUND)
+
+
+def _health(target: VerifyTarget, where: Location, leaves: pd.DataFrame | None) -> health.Health:
+    """The checkpoint's health: from the leaves read (remembered for the views that
+    come next), else from what its metadata and its run's record say."""
+    record = target.record
+    metrics = logged.logged(record)
+    committed = None if record is None else record.committed_nsecs
+    if leaves is None:
+        own = logged.own_health(record)
+        return health.known(where, committed, metrics, runrecord.recorded_health(where), own)
+    counted = [
+        health.LeafCount(
+            str(row.checkpointable),
+            str(row.key),
+            0 if pd.isna(row.nan_count) else int(row.nan_count),
+            0 if pd.isna(row.inf_count) else int(row.inf_count),
+        )
+        for row in leaves.itertuples(index=False)
+        if row.read
+    ]
+    unread = (
+        len(counted) < len(leaves)
+        or not target.trees
+        or any(state.tree is None or not state.readable for state in target.trees.values())
+    )
+    read = [name for name, state in target.trees.items() if state.tree is not None]
+    judged = health.judge(
+        metrics=metrics,
+        counts=health.counts_of(counted, read),
+        leaves=counted,
+        complete=not unread,
+    )
+    health.remember(where, committed, judged)
+    return judged
 
 
 def _structure(check: Check, target: VerifyTarget) -> Callable[[], list[Finding]]:
