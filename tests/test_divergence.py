@@ -209,7 +209,7 @@ def test_tinax_verify_data_is_grouped_and_says_diverged(nnx_run):
     # Keys are whole on every line: none cut mid-key, none in keystr brackets.
     assert "['" not in text and "…rnel" not in text
     assert text.splitlines()[-1].endswith("checked)")
-    assert "3 of 5 checkpoints sound, 2 diverged" in text
+    assert "3 of 5 checkpoints sound and healthy, 2 diverged" in text
     quiet = _tinax("verify", nnx_run, "--data", "--quiet")[1].splitlines()
     assert len(quiet) == len(STEPS)
     assert quiet[NAN_STEP - 1].startswith(f"{_name(NAN_STEP)}: diverged: ")

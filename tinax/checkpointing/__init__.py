@@ -15,6 +15,8 @@ from tinax.checkpointing._checksummed_handler import CorruptDataError
 from tinax.checkpointing._context import compression
 from tinax.checkpointing._derive import derive_checkpoint
 from tinax.checkpointing._destination import remove_interrupted_save
+from tinax.checkpointing._diverged import set_aside_diverged
+from tinax.checkpointing._nonfinite import DivergedCheckpointError
 from tinax.checkpointing._pipeline import PipelineMismatchError, allow_pipeline_change
 from tinax.checkpointing._plan_figures import RestoreTooLargeError
 from tinax.checkpointing._processes import ProcessTimeoutError
@@ -33,6 +35,7 @@ from tinax.checkpointing._verdict import TargetMismatchError, allow_lossy_casts
 __all__ = [
     "Checkpoint",
     "CorruptDataError",
+    "DivergedCheckpointError",
     "NumpyTarget",
     "PipelineMismatchError",
     "ProcessTimeoutError",
@@ -56,5 +59,6 @@ __all__ = [
     "remove_interrupted_save",
     "save_checkpointables",
     "save_training_checkpoint",
+    "set_aside_diverged",
     "validate_checkpointable_name",
 ]

@@ -38,6 +38,7 @@ from tinax.checkpointing import (
 from tinax.checkpointing._checkpointable_names import validate_distinct_names
 from tinax.checkpointing._checksummed_handler import CorruptDataError
 from tinax.checkpointing._metrics import logged_metrics
+from tinax.checkpointing._nonfinite import LoadCounts, loaded_health
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._save_clock import SaveClock
 from tinax.checkpointing._storable import check_storable, is_stateful, numpy_scalars_as_arrays
@@ -287,7 +288,10 @@ def load_checkpointables(
         checkpoint = checkpoint_to_load(path)
         check_targets(checkpoint, targets)
         _pipeline.check_pipelines(checkpoint, dict(targets))
-        return restore_checkpointables(checkpoint, targets)
+        counts = LoadCounts()
+        restored = restore_checkpointables(checkpoint, targets, counts)
+    loaded_health(checkpoint, counts)
+    return restored
 
 
 def check_targets_given(targets: Mapping[str, Any]) -> None:
@@ -419,14 +423,15 @@ def load_error(src: Location, targets: Mapping[str, Any], error: BaseException) 
 
 
 def restore_checkpointables(
-    checkpoint: layout.Checkpoint, targets: Mapping[str, Any]
+    checkpoint: layout.Checkpoint, targets: Mapping[str, Any], counts: LoadCounts | None = None
 ) -> dict[str, Any]:
     """Restores ``targets`` from the opened ``checkpoint`` and checks them against their
     targets, reading what it has read already from it.
 
     The caller has already checked the names, and the targets against the
     checkpoint's metadata (``check_targets``). The restore plan comes first: a
-    restore that does not fit is refused before any data file is opened.
+    restore that does not fit is refused before any data file is opened. ``counts``
+    counts NaN and Inf of every float leaf restored (``_nonfinite``).
 
     Raises:
       CorruptDataError: If stored data does not match its checksums (a
@@ -454,6 +459,7 @@ def restore_checkpointables(
             {name: planned.engine.get(name) for name in values},
             arena_bytes=planned.plan.limits.arena_bytes,
             reading_bytes=planned.plan.limits.reading_bytes,
+            counts=counts,
         )
     finally:
         planned.close()
@@ -488,4 +494,6 @@ def restore_checkpointables(
     # a restore that does not match its target is an error, not a surprise later.
     for name, target in targets.items():
         _check_restored(src, name, target, restored[name])
+        if counts is not None and not is_stateful(target):
+            counts.count_values(name, restored[name])  # what Orbax loaded: counted here
     return {name: restored[name] for name in targets}

@@ -59,7 +59,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tinax._format.arraydata import chunkload
+from tinax._format.arraydata import chunkload, nonfinite
 from tinax._format.arraydata.rawread import Box
 from tinax._format.integrity import checksums
 from tinax._format.integrity.checksums import Bounds
@@ -68,6 +68,7 @@ from tinax._format.pools import ProcessPool
 from tinax.checkpointing import _orbax, _processes
 from tinax.checkpointing._host_buffers import HostBuffers, aligned
 from tinax.checkpointing._load_plan import Leaf, Plan, bounds_of, inside
+from tinax.checkpointing._nonfinite import LoadCounts
 from tinax.checkpointing._piece_reads import Mismatch, pieces_of, read_piece, window_arrays
 
 _log = logging.getLogger(__name__)
@@ -160,6 +161,9 @@ def _task_done(part: _Part, buffers: HostBuffers) -> None:
     try:
         if plan.failed is None:
             _check(part)
+            if plan.counts is not None and part.windows is not None:
+                # Read piece by piece: its windows are about to become the arrays.
+                _count(part, plan.counts)
             placed = _place(part, alias=not buffers.reuse)
     except BaseException as e:
         if plan.failed is None:
@@ -179,6 +183,9 @@ def _release(part: _Part, placed: Sequence[jax.Array], buffers: HostBuffers) -> 
     buffer back."""
     plan = part.plan
     try:
+        if plan.counts is not None and plan.failed is None and part.windows is None:
+            # While the transfers run: NaN and Inf, counted once per part read.
+            _count(part, plan.counts)
         if buffers.reuse:
             for value in placed:
                 value.block_until_ready()
@@ -195,6 +202,22 @@ def _release(part: _Part, placed: Sequence[jax.Array], buffers: HostBuffers) -> 
         # its own (a part larger than the arena, one read to cover whole pieces) goes
         # now, not with the load.
         part.values = _NOTHING
+
+
+def _count(part: _Part, counts: LoadCounts) -> None:
+    """Adds the part's NaN and Inf to its leaf's (float leaves only): of its values, or
+    of each distinct window where it was read piece by piece (a replica's window is
+    the same one, counted once)."""
+    if part.windows is None:
+        arrays = [part.values]
+    else:
+        arrays = [values for _, values in part.windows.values()]
+    if arrays and nonfinite.is_floating(arrays[0].dtype):
+        nan = inf = 0
+        for values in arrays:
+            more_nan, more_inf = nonfinite.count(values)
+            nan, inf = nan + more_nan, inf + more_inf
+        counts.add(part.plan.name, part.leaf.key, nan, inf)
 
 
 def _check(part: _Part) -> None:
@@ -415,6 +438,7 @@ def load(
     *,
     arena_bytes: int | None = None,
     reading_bytes: int | None = None,
+    counts: LoadCounts | None = None,
 ) -> dict[str, Any]:
     """The checkpointables this engine loads, restored; the others (see the module's
     docstring) are left out, for Orbax to load.
@@ -428,6 +452,8 @@ def load(
         it to the load's budget); ``None``: ``DEVICE_HOST_BUFFER_BYTES``.
       reading_bytes: On a CPU, what the parts being read hold at once (likewise);
         ``None``: ``HOST_BUFFER_BYTES``.
+      counts: Where the NaN and Inf of every float leaf read are counted, if
+        anywhere; each checkpointable loaded whole is named there as counted.
 
     In a job of several processes each process reads what its own devices need, and
     the processes then agree on what goes to Orbax: a checkpointable one process
@@ -435,7 +461,10 @@ def load(
     load on every process, whose barriers would otherwise wait for the processes
     that never call it.
     """
-    restored = _read_own([p for p in planned.values() if p is not None], arena_bytes, reading_bytes)
+    plans = [p for p in planned.values() if p is not None]
+    for p in plans:
+        p.counts = counts
+    restored = _read_own(plans, arena_bytes, reading_bytes)
     left = sorted(set(planned) - set(restored))
     options = _orbax.active_context().multiprocessing_options
     everywhere = _processes.gather(
@@ -445,7 +474,8 @@ def load(
         active_processes=sorted(options.active_processes or ()) or None,
     )
     for name in {name for found in everywhere for name in found}:
-        restored.pop(name, None)
+        if restored.pop(name, None) is not None and counts is not None:
+            counts.forget(name)  # Orbax loads it: counted there
     return restored
 
 
@@ -466,6 +496,8 @@ def _read_own(
     for p in plans:
         if p.failed is not None:
             _log.debug("checkpointable %r left to Orbax: %s", p.name, p.failed)
+            if p.counts is not None:
+                p.counts.forget(p.name)  # parts read before it failed: Orbax's load counts
             continue
         values: list[Any] = []
         arrays = iter(p.leaves)
@@ -494,4 +526,6 @@ def _read_own(
                     jax.make_array_from_single_device_arrays(shape, leaf.sharding, singles)
                 )
         restored[p.name] = jax.tree_util.tree_unflatten(p.treedef, values)
+        if p.counts is not None and not p.left_out:
+            p.counts.counted(p.name)  # every leaf read (none left out of the load)
     return restored

@@ -31,6 +31,7 @@ from tinax._format.naming import names, words
 from tinax._format.naming.keys import format_key, key_parts
 from tinax._format.storage.location import Location
 from tinax._targets import NumpyTarget, is_key_dtype
+from tinax.checkpointing._nonfinite import LoadCounts
 
 
 @dataclasses.dataclass
@@ -73,6 +74,8 @@ class Plan:
     # The positions of leaves left out (Orbax's placeholder ``...``): nothing of them
     # is read, and the result holds the placeholder there, as Orbax's does.
     left_out: set[int] = dataclasses.field(default_factory=set)
+    # Where the NaN and Inf of its float leaves are counted as they are read, if anywhere.
+    counts: LoadCounts | None = None
 
 
 def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:

@@ -54,6 +54,8 @@ class LocalTier:
     metrics: dict[str, Any] = dataclasses.field(init=False)
     kept: dict[str, Any] = dataclasses.field(init=False)
     promote: set[int] = dataclasses.field(init=False)
+    # What loads found of each local step's health (``health.record_entry``).
+    health: dict[str, Any] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         root, durable = self.root, self.durable
@@ -71,6 +73,8 @@ class LocalTier:
             )
         self.metrics = dict(found.get("metrics") or {})
         self.kept = dict(found.get("kept") or {})
+        healths = found.get(names.RUN_RECORD_HEALTH)
+        self.health = dict(healths) if isinstance(healths, dict) else {}
         promote = found.get(tiers.PROMOTE)
         self.promote = {
             s for s in (promote if isinstance(promote, list) else []) if type(s) is int and s >= 0
@@ -93,6 +97,7 @@ class LocalTier:
             "policy": policy,
             "metrics": self.metrics,
             "kept": self.kept,
+            names.RUN_RECORD_HEALTH: self.health,
             tiers.PROMOTE: sorted(self.promote),
             "updated_ns": time.time_ns(),
         }
@@ -121,6 +126,7 @@ class LocalTier:
             _run_files.remove_checkpoint(complete[step])
         _run_files.clean_up(self.root, max(complete, default=None))
         self.metrics = {key: value for key, value in self.metrics.items() if int(key) in kept}
+        self.health = {key: value for key, value in self.health.items() if int(key) in kept}
         self.kept = {str(step): reasons for step, reasons in sorted(kept.items())}
         self.promote &= set(complete)
         self.write_record(policy)

@@ -169,10 +169,10 @@ def clear_in_place(destination: Location) -> None:
     """
     found = destination.snapshot()
     entries = found.entries()
-    if names.CORRUPT_RECORD in entries:
-        # A restore found it corrupt and marked it in place (an object store cannot
-        # move it aside): the step's new checkpoint takes its place.
-        _log.warning("removing %s, marked corrupt by a restore, to promote its step again", found)
+    if names.CORRUPT_RECORD in entries or names.ABANDONED_RECORD in entries:
+        # A restore found it corrupt, or the run left its branch, and marked it in place
+        # (an object store cannot move it aside): the step's new checkpoint takes its place.
+        _log.warning("removing %s, marked set aside, to promote its step again", found)
         _run_files.remove_checkpoint(destination)
     elif entries:
         if not layout.is_uncommitted(found):

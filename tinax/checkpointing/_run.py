@@ -27,6 +27,7 @@ alike.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import logging
@@ -46,7 +47,8 @@ from typing import Any
 import grain
 
 from tinax import _paths
-from tinax._format.integrity import preflight
+from tinax._format.integrity import health, preflight
+from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import names, words
 from tinax._format.records import tiers
 from tinax._format.records.runrecord import read_run_record
@@ -54,14 +56,22 @@ from tinax._format.storage import removal
 from tinax._format.storage.location import Location
 from tinax.checkpointing import _host_parts, _hosts, _processes, _run_files
 from tinax.checkpointing._local_tier import LocalTier
+from tinax.checkpointing._nonfinite import DivergedCheckpointError
 from tinax.checkpointing._promotion import Promotion
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._restore_plan import check_budget, memory_budget
+from tinax.checkpointing._resume import DIVERGED as DIVERGED_WHY
+from tinax.checkpointing._resume import (
+    PassedOver,
+    known_health,
+    none_healthy_message,
+    resumed_message,
+)
 from tinax.checkpointing._training import (
     TrainingCheckpoint,
     TrainingCheckpointNames,
     check_step,
-    load_training_checkpoint,
+    restore_training,
     start_training_save,
 )
 from tinax.checkpointing._verdict import TargetMismatchError
@@ -214,7 +224,10 @@ class TrainingRun:
         others do not.
       FileNotFoundError: If ``directory`` cannot be created (its parent is
         missing), or with ``must_exist`` if it is missing or has no checkpoint.
-      OSError: If ``local`` cannot be created.
+      NotADirectoryError: If ``local`` is a file (nothing is created).
+      PermissionError: If ``directory`` or ``local`` cannot be created, its parent being
+        read-only (nothing is left behind).
+      OSError: If ``local`` cannot be created otherwise.
     """
 
     def __init__(
@@ -289,12 +302,16 @@ class TrainingRun:
         self._local: LocalTier | None = None
         if local_location is not None:
             assert every is not None and kept_locally is not None
-            made = not local_location.exists()
-            # A new machine may lack the parents too (a freshly mounted disk).
-            os.makedirs(local_location.path, exist_ok=True)
-            kind = _hosts.local_tier_kind(local_location, timeout=self._timeout)
-            self._parts = kind == _hosts.PER_PROCESS
-            self._local = LocalTier(local_location, self._root, every, kept_locally, made)
+            try:
+                made = _make_local(local_location)
+                kind = _hosts.local_tier_kind(local_location, timeout=self._timeout)
+                self._parts = kind == _hosts.PER_PROCESS
+                self._local = LocalTier(local_location, self._root, every, kept_locally, made)
+            except BaseException:
+                if self._made:  # nothing left behind of a run that did not open
+                    with contextlib.suppress(OSError):
+                        os.rmdir(self._root.path)
+                raise
         if must_exist and not (self._complete() or (self._local and self._local.complete())):
             raise FileNotFoundError(
                 f"run directory {str(self._root)!r} holds no complete checkpoint to resume "
@@ -308,6 +325,10 @@ class TrainingRun:
         self._pending: SaveResponse[None] | None = None
         self._pending_step: int | None = None
         self._preempted = False
+        self._passed_over: tuple[PassedOver, ...] = ()
+        # The step the last restore resumed from, until the next save has set aside the
+        # checkpoints of later steps (the branch the run leaves).
+        self._went_on_from: int | None = None
         # The step whose save the preemption made, once that save has committed.
         self._preemption_saved: int | None = None
         self._decided: tuple[int, bool] | None = None
@@ -485,6 +506,8 @@ class TrainingRun:
           TypeError, ValueError: As ``save_training_checkpoint`` does, or if the
             metric cannot be found in ``auxiliary``.
           FileExistsError: If the step has a checkpoint already.
+          PermissionError: If the run's directory (or its local tier) is read-only for
+            this process: a paragraph saying so, before anything is written.
           Exception: The failure of the previous save, if it failed; after a
             preemption, the failure of its promotion.
           RuntimeError: If the run is closed.
@@ -497,7 +520,12 @@ class TrainingRun:
         if not (self.should_save(step) or force):
             return None
         metric = self._metric(auxiliary)
+        if self._primary:
+            _run_files.check_writable(self._root, step, "the run directory")
+            if self._local is not None:
+                _run_files.check_writable(self._local.root, step, "the local tier")
         self._wait_save()
+        self._go_on(step)
         promote = False
         if self._local is None:
             where, after = self._root, self._retain
@@ -560,6 +588,64 @@ class TrainingRun:
                 else "the run saves by its interval again",
             )
         return response
+
+    def _go_on(self, step: int) -> None:
+        """Before the first save after a restore: the checkpoints of steps after the one
+        restored belong to the branch the run leaves; they are set aside (kept for
+        inspection as ``<name>.tinax-abandoned``, never resumed from), and the run's
+        record says from which step it went on (primary)."""
+        start, self._went_on_from = self._went_on_from, None
+        if start is None or not self._primary or step <= start:
+            return
+        tiers_ = [self._root] if self._local is None else [self._local.root, self._root]
+        later = [
+            (root, s, where)
+            for root in tiers_
+            for s, where in _run_files.complete_checkpoints(root).items()
+            if s > start
+        ]
+        if not later:
+            return
+        if self._local is not None:
+            with self._lock:
+                running = list(self._promotions)
+            for promotion in running:  # none copies a checkpoint as it is moved aside
+                promotion.wait_quietly()
+        for _, _, where in later:
+            _run_files.set_aside_abandoned(where, start, f"the run went on from step {start}")
+        steps = sorted({s for _, s, _ in later})
+        _log.warning(
+            "going on from step %d of run %r: the checkpoints of steps %s belong to the "
+            "branch it leaves; set aside as <name>%s, kept for inspection and never "
+            "resumed from",
+            start,
+            self.directory,
+            ", ".join(map(str, steps)),
+            names.ABANDONED_SUFFIX,
+        )
+        gone = {str(s) for s in steps}
+        with self._durable_lock:
+            for member in ("kept", "metrics", names.RUN_RECORD_HEALTH):
+                found = self._record.get(member, {})
+                self._record[member] = {k: v for k, v in found.items() if k not in gone}
+            self._record.setdefault(names.RUN_RECORD_WENT_ON, []).append(
+                {"from_step": start, "set_aside": steps, "at_ns": time.time_ns()}
+            )
+            self._durable_steps -= set(steps)
+            self._write_record()
+        if self._local is not None:
+            with self._lock:
+                self._local.promote -= set(steps)
+                self._local.kept = {k: v for k, v in self._local.kept.items() if k not in gone}
+                self._local.write_record(self._policy())
+
+    @property
+    def went_on_from(self) -> list[dict[str, Any]]:
+        """Each time the run went on from an earlier step than its newest, from the
+        run's record: ``from_step``, the steps it ``set_aside`` then, and when
+        (``at_ns``)."""
+        found = self._record.get(names.RUN_RECORD_WENT_ON, [])
+        return [dict(entry) for entry in found] if isinstance(found, list) else []
 
     def _promotes(self, step: int) -> bool:
         """Whether the interval of ``directory`` takes ``step``."""
@@ -933,16 +1019,21 @@ class TrainingRun:
         *,
         step: int | None = None,
         max_host_bytes: int | None = None,
+        allow_diverged: bool = False,
     ) -> TrainingCheckpoint | None:
-        """Loads the newest checkpoint that loads (or the one of ``step``).
+        """Loads the newest checkpoint that is intact and healthy (or the one of ``step``).
 
         Checkpoints are tried newest first (with two tiers: of either, the local one
-        first of a step in both). One whose data does not load (corrupt,
-        unreadable, parts missing) is skipped with a warning naming it and why,
-        and the next older one is tried; ``iterator`` moves only with the one that
-        loads. Once one has loaded, the ones skipped are set aside (renamed
-        ``<name>.tinax-corrupt``, kept for inspection; see the module docstring),
-        so that the resumed job can save their steps again. The targets are as for
+        first of a step in both). One that diverged is passed over: a metric its
+        save logged is NaN or infinite, or (counted as its data is read, before
+        ``iterator`` is touched) its model or optimizer state holds NaN or Inf;
+        what each load found is recorded in the run's record, where listings read
+        it. One whose data does not load (corrupt, unreadable, parts missing) is
+        skipped with a warning naming it and why, and the next older one is tried;
+        ``iterator`` moves only with the one restored. Once one has loaded, the
+        damaged ones are set aside (renamed ``<name>.tinax-corrupt``, kept for
+        inspection; see the module docstring), and the steps passed over are logged
+        with why (``passed_over`` lists them). The targets are as for
         ``load_training_checkpoint``. A fresh start (no checkpoint) is logged,
         naming the directory. With two tiers, the promotions a killed run left
         unfinished start once the restore has ended.
@@ -955,6 +1046,8 @@ class TrainingRun:
           max_host_bytes: The most host memory the restore may add at its peak, as
             ``with memory_budget(max_host_bytes)`` sets it; a checkpoint that does
             not fit is refused, not skipped (an older one is no smaller).
+          allow_diverged: Take a checkpoint that diverged all the same (the newest
+            that loads, or the one of ``step``); the load logs what it found.
 
         Returns:
           The restored ``TrainingCheckpoint``, or ``None`` if the run has no
@@ -963,15 +1056,26 @@ class TrainingRun:
         Raises:
           TargetMismatchError: If a target does not match a checkpoint.
           FileNotFoundError: If ``step`` has no complete checkpoint.
+          DivergedCheckpointError: If every checkpoint that loads diverged, or the one
+            of ``step`` did (a ``ValueError``, naming each and why), without
+            ``allow_diverged``.
           ValueError: If no checkpoint loads (each one's reason is named), or the
             one of ``step`` does not.
           RestoreTooLargeError: If the checkpoint to restore does not fit in memory
             (a ``MemoryError``, raised before anything is read).
         """
+        if not isinstance(allow_diverged, bool):
+            raise TypeError(f"allow_diverged must be a bool, got {type(allow_diverged).__name__}")
         budget = check_budget(max_host_bytes)
         with memory_budget(budget) if budget is not None else contextlib.nullcontext():
             return self._restore(
-                model_target, optimizer_target, rng_target, auxiliary_target, iterator, step
+                model_target,
+                optimizer_target,
+                rng_target,
+                auxiliary_target,
+                iterator,
+                step,
+                allow_diverged,
             )
 
     def _restore(
@@ -982,6 +1086,7 @@ class TrainingRun:
         auxiliary_target: Any,
         iterator: grain.DatasetIterator,
         step: int | None,
+        allow_diverged: bool,
     ) -> TrainingCheckpoint | None:
         candidates = self._candidates()
         if step is not None:
@@ -992,25 +1097,35 @@ class TrainingRun:
                     f"run {self.directory!r} has no complete checkpoint of step {step} "
                     f"(it has {sorted({s for s, _ in candidates})})"
                 )
-            if len(chosen) == 1:
-                return self._load(
-                    chosen[0][1],
+            candidates = chosen
+        failures: list[tuple[Location, str]] = []
+        passed: list[PassedOver] = []
+        for found_step, where in candidates:
+            if any(p.step == found_step and p.why == DIVERGED_WHY for p in passed):
+                continue  # the other tier's copy of a step that diverged: the same values
+            if not allow_diverged:
+                known = known_health(where, self._tier_record(where))
+                if known.verdict == words.DIVERGED:
+                    passed.append(self._passed(found_step, where, known.reason))
+                    continue
+            try:
+                restored = self._load(
+                    where,
                     model_target,
                     optimizer_target,
                     rng_target,
                     auxiliary_target,
                     iterator,
-                )
-            candidates = chosen
-        failures: list[tuple[Location, str]] = []
-        for _, where in candidates:
-            try:
-                restored = self._load(
-                    where, model_target, optimizer_target, rng_target, auxiliary_target, iterator
+                    allow_diverged=allow_diverged,
                 )
             except TargetMismatchError:
                 raise
+            except DivergedCheckpointError as e:
+                passed.append(self._passed(found_step, where, str(e)))
+                continue
             except (ValueError, OSError) as e:
+                if step is not None and len(candidates) == 1:
+                    raise
                 reason = f"{type(e).__name__}: {e}"
                 failures.append((where, reason))
                 warnings.warn(
@@ -1026,7 +1141,19 @@ class TrainingRun:
             self._drop_parts_after(restored.step)
             if self._keeps_local:
                 self._after_restore()
+            self._passed_over = tuple(passed)
+            # Saves go on from this step: the first sets aside the later checkpoints.
+            self._went_on_from = restored.step
+            if passed:
+                _log.warning(resumed_message(restored.step, str(where), passed))
             return restored
+        if passed:
+            said = none_healthy_message(self.directory, passed)
+            if failures:
+                said += "; and these do not load: " + "; ".join(
+                    f"{self._described(where)}: {reason}" for where, reason in failures
+                )
+            raise DivergedCheckpointError(said)
         if failures:
             raise ValueError(
                 f"no checkpoint of run {self.directory!r} loads: "
@@ -1100,6 +1227,49 @@ class TrainingRun:
             return self._primary
         return self._keeps_local and (not self._parts or skipped in self._failed_here)
 
+    @property
+    def passed_over(self) -> tuple[PassedOver, ...]:
+        """The checkpoints the last ``restore`` passed over, newest first: newer than
+        the one it resumed from, and each one's step, tier, ``why`` (``diverged``,
+        ``damaged``) and ``reason``."""
+        return self._passed_over
+
+    def _tier(self, where: Location) -> str:
+        if self._local is None:
+            return ""
+        return tiers.LOCAL_TIER if where.parent == self._local.root else tiers.DURABLE_TIER
+
+    def _passed(self, step: int, where: Location, reason: str) -> PassedOver:
+        return PassedOver(step, str(where), self._tier(where), DIVERGED_WHY, reason)
+
+    def _tier_record(self, where: Location) -> dict[str, Any] | None:
+        """The record of the tier ``where`` is in, as this run knows it."""
+        if self._local is not None and self._tier(where) == tiers.LOCAL_TIER:
+            return {names.RUN_RECORD_HEALTH: self._local.health}
+        return self._record
+
+    def _record_health(self, where: Location, found: health.Health, committed: int | None) -> None:
+        """Keeps what a load found of ``where``'s health in its tier's record (primary),
+        where listings read it."""
+        step = names.step_from_name(where.name)
+        # On several processes each counted its own parts: no sums to record.
+        if (
+            not self._primary
+            or _processes.process_count() != 1
+            or step is None
+            or found.verdict == words.HEALTH_UNKNOWN
+        ):
+            return
+        entry = health.record_entry(found, committed)
+        if self._local is not None and self._tier(where) == tiers.LOCAL_TIER:
+            with self._lock:
+                self._local.health[str(step)] = entry
+                self._local.write_record(self._policy())
+            return
+        with self._durable_lock:
+            self._record.setdefault(names.RUN_RECORD_HEALTH, {})[str(step)] = entry
+            self._write_record()
+
     def _described(self, where: Location) -> str:
         if self._local is None:
             return where.name
@@ -1125,7 +1295,19 @@ class TrainingRun:
         rng_target: Any,
         auxiliary_target: Any,
         iterator: grain.DatasetIterator,
+        *,
+        allow_diverged: bool = False,
     ) -> TrainingCheckpoint:
+        def accept(checkpoint: Checkpoint, found: health.Health) -> None:
+            # Before the iterator moves: what the read found is kept, and a checkpoint
+            # that diverged refused unless allowed.
+            self._record_health(where, found, checkpoint.committed_nsecs)
+            health.remember(checkpoint.path, checkpoint.committed_nsecs, found)
+            if found.verdict == words.DIVERGED:
+                if not allow_diverged:
+                    raise DivergedCheckpointError(found.reason)
+                _log.warning("resuming from %s, which diverged: %s", where, found.reason)
+
         error: Exception | None = None
         restored = None
         # A process's own part is loaded by that process alone.
@@ -1135,7 +1317,7 @@ class TrainingRun:
                 _processes.waiting(self._timeout),
                 _host_parts.own_storage() if alone else contextlib.nullcontext(),
             ):
-                restored = load_training_checkpoint(
+                restored = restore_training(
                     str(where),
                     model_target,
                     optimizer_target,
@@ -1143,6 +1325,7 @@ class TrainingRun:
                     auxiliary_target,
                     iterator,
                     names=self._names,
+                    accept=accept,
                 )
         except (ValueError, OSError) as e:
             error = e
@@ -1168,10 +1351,12 @@ class TrainingRun:
             for step in sorted(set(complete) - set(kept)):
                 self._remove(complete[step])
             self._clean_up(newest=max(complete, default=None))
-            metrics = self._record["metrics"]
-            self._record["metrics"] = {
-                key: value for key, value in metrics.items() if int(key) in kept
-            }
+            for member in ("metrics", names.RUN_RECORD_HEALTH):
+                self._record[member] = {
+                    key: value
+                    for key, value in self._record.get(member, {}).items()
+                    if int(key) in kept
+                }
             self._record["kept"] = {str(step): reasons for step, reasons in sorted(kept.items())}
             self._durable_steps = set(kept)
             self._write_record()
@@ -1242,11 +1427,15 @@ class TrainingRun:
         found = read_run_record(self._root)
         metrics = {} if found is None else found.get("metrics", {})
         kept = {} if found is None else found.get("kept", {})
+        healths = {} if found is None else found.get(names.RUN_RECORD_HEALTH, {})
+        went_on = [] if found is None else found.get(names.RUN_RECORD_WENT_ON, [])
         record = {
             "format": names.RUN_RECORD_FORMAT,
             "policy": self._policy(),
             "metrics": dict(metrics) if isinstance(metrics, dict) else {},
             "kept": dict(kept) if isinstance(kept, dict) else {},
+            names.RUN_RECORD_HEALTH: dict(healths) if isinstance(healths, dict) else {},
+            names.RUN_RECORD_WENT_ON: list(went_on) if isinstance(went_on, list) else [],
         }
         if self._local is not None:
             record[tiers.TIER] = tiers.DURABLE_TIER
@@ -1287,3 +1476,35 @@ def _local_location(local: object, directory: object) -> Location:
     where = _paths.location(local, what="local")
     tiers.check_local_tier(where, _paths.location(directory, what="directory"))
     return where
+
+
+def _make_local(local: Location) -> bool:
+    """Makes the local tier's directory (with its parents: a freshly mounted disk lacks
+    them); whether it was missing.
+
+    Raises:
+      NotADirectoryError: If ``local`` (or a parent) is a file.
+      PermissionError: If it cannot be made for its parent is read-only.
+    """
+    missing = not local.exists()
+    if not missing and not os.path.isdir(local.path):
+        raise NotADirectoryError(
+            f"TrainingRun(local={local.path!r}): that is a file, not a directory. local is "
+            "the directory of the run's local tier, on fast storage of this machine (a local "
+            "SSD, /dev/shm), created if missing: give a directory, or leave local out for a "
+            "run of one tier. Nothing was created",
+        )
+    try:
+        os.makedirs(local.path, exist_ok=True)
+    except (NotADirectoryError, FileExistsError):
+        raise NotADirectoryError(
+            f"TrainingRun(local={local.path!r}): a part of that path is a file, not a "
+            "directory; give a directory for the run's local tier. Nothing was created",
+        ) from None
+    except PermissionError as e:
+        raise PermissionError(
+            f"TrainingRun(local={local.path!r}): it cannot be made, a parent is read-only "
+            f"for this process ({os.strerror(e.errno or errno.EACCES)}); give a directory "
+            "this process can write for the run's local tier. Nothing was created",
+        ) from None
+    return missing

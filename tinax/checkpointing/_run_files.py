@@ -35,6 +35,31 @@ from tinax._format.storage.location import FILE, Location
 _log = logging.getLogger("tinax.checkpointing")
 
 
+def check_writable(root: Location, step: int, what: str) -> None:
+    """Refuses a save of ``step`` into the run directory ``root`` (the run's ``what``)
+    that this process cannot write, before anything is written; object stores are not
+    asked (a refused write there says so itself).
+
+    Raises:
+      PermissionError: A paragraph naming the directory, why, and what still works.
+    """
+    if root.storage.implicit_directories:
+        return  # an object store: no directory to ask
+    if os.path.isdir(root.path) and os.access(root.path, os.W_OK | os.X_OK):
+        return
+    try:
+        read_only = bool(os.statvfs(root.path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    why = "is on a read-only file system" if read_only else "is not writable by this process"
+    raise PermissionError(
+        f"cannot save step {step}: {what} {str(root)!r} {why}. A training run writes each "
+        f"checkpoint and its record ({names.RUN_RECORD}) there: give TrainingRun a "
+        "directory this process can write. Its checkpoints can still be restored "
+        "(run.restore) and read (tinax.explore, the tinax command). Nothing was written",
+    )
+
+
 def complete_checkpoints(root: Location) -> dict[int, Location]:
     """The committed checkpoints of the run directory ``root`` by step: named as a run
     names them, not being removed or set aside, and with a commit record."""
@@ -48,6 +73,7 @@ def complete_checkpoints(root: Location) -> dict[int, Location]:
         if (
             names.DELETION_MARKER in inside
             or names.CORRUPT_RECORD in inside
+            or names.ABANDONED_RECORD in inside
             or names.CHECKPOINT_METADATA not in inside
         ):
             continue
@@ -124,13 +150,50 @@ def _set_aside(where: Location, reason: str) -> None:
         _log.warning("could not set %s aside: %s", where, e)
 
 
+def set_aside_abandoned(where: Location, from_step: int | None, reason: str) -> str | None:
+    """Moves a checkpoint a run leaves behind out of its step's way, marked so: one of
+    the branch it left when it went on from the earlier ``from_step``, or one set aside
+    for ``reason`` (it diverged). Renamed ``<name>.tinax-abandoned``, or marked in place
+    on an object store. Returns the name it now has (``None`` if a live save holds it,
+    or the move failed: logged)."""
+    with _claimed(where, "not setting %s aside: %s") as claimed:
+        if not claimed:
+            return None
+        try:
+            record = {
+                "format": names.ABANDONED_RECORD_FORMAT,
+                "name": where.name,
+                "went_on_from": from_step,
+                "reason": reason,
+                "set_aside_ns": time.time_ns(),
+            }
+            removal.replace_file(
+                where / names.ABANDONED_RECORD, json.dumps(record, indent=1).encode("utf-8")
+            )
+            if not where.storage.commits_by_rename:
+                return where.name  # marked in place: the save of its step removes it
+            for attempt in range(1, 1000):
+                aside = where.parent / names.abandoned_name(where.name, attempt)
+                if not aside.exists():
+                    os.rename(where.path, aside.path)
+                    return aside.name
+        except OSError as e:
+            _log.warning("could not set %s aside: %s", where, e)
+        return None
+
+
 def clear_marked(root: Location, step: int) -> None:
-    """Removes a checkpoint of ``step`` marked corrupt in place (object stores)."""
+    """Removes a checkpoint of ``step`` marked in place (object stores) as corrupt, or
+    as of a branch the run left, so that its step can be saved again."""
     where = root / names.run_checkpoint_name(step)
-    if not (where / names.CORRUPT_RECORD).exists():
-        return
-    _log.warning("removing %s, marked corrupt by a restore, to save its step again", where)
-    remove_checkpoint(where)
+    for record, why in (
+        (names.CORRUPT_RECORD, "marked corrupt by a restore"),
+        (names.ABANDONED_RECORD, "of a branch the run left"),
+    ):
+        if (where / record).exists():
+            _log.warning("removing %s, %s, to save its step again", where, why)
+            remove_checkpoint(where)
+            return
 
 
 def clean_up(root: Location, newest: int | None, *, every_unfinished: bool = False) -> None:

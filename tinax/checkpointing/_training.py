@@ -10,7 +10,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from tinax._format.metadata import pytree
+from tinax._format.integrity.health import Health
+from tinax._format.metadata import logged, pytree
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming.names import TRAINING_CHECKPOINTABLES
 from tinax._format.storage import files
@@ -23,6 +24,7 @@ from tinax.checkpointing._checkpointables import (
     restore_checkpointables,
     start_save,
 )
+from tinax.checkpointing._nonfinite import LoadCounts, loaded_health
 from tinax.checkpointing._pipeline import check_pipelines
 from tinax.checkpointing._response import SaveResponse
 from tinax.checkpointing._verdict import TargetMismatchError, check_targets
@@ -294,7 +296,30 @@ def load_training_checkpoint(
         (``memory_budget``), the host or a device (one paragraph saying what it
         needs and what is available); nothing was read and the iterator was not
         touched.
+
+    NaN and Inf are counted in every float leaf as it is read; a checkpoint that
+    turns out diverged is loaded all the same, with a warning naming what was found
+    (``TrainingRun.restore`` passes such checkpoints over).
     """
+    return restore_training(
+        path, model_target, optimizer_target, rng_target, auxiliary_target, iterator, names=names
+    )
+
+
+def restore_training(
+    path: str | os.PathLike[str] | Checkpoint,
+    model_target: Any,
+    optimizer_target: Any,
+    rng_target: Any,
+    auxiliary_target: Any,
+    iterator: grain.DatasetIterator,
+    *,
+    names: TrainingCheckpointNames | None = None,
+    accept: Callable[[Checkpoint, Health], None] | None = None,
+) -> TrainingCheckpoint:
+    """``load_training_checkpoint``; with ``accept``, the checkpoint's health (its data
+    read and counted) is given to it before the iterator is touched: it raises to
+    refuse the checkpoint, leaving the iterator as it was, or returns to take it."""
     check_iterator(iterator)
     names = _check_names(names)
     checkpoint = checkpoint_to_load(path)
@@ -324,7 +349,8 @@ def load_training_checkpoint(
     # iterator's pipeline against the one it was saved from too.
     check_targets(checkpoint, {**value_targets, names.iterator: iterator})
     check_pipelines(checkpoint, {names.iterator: iterator})
-    values = restore_checkpointables(checkpoint, value_targets)
+    counts = LoadCounts()
+    values = restore_checkpointables(checkpoint, value_targets, counts)
     auxiliary = values[names.auxiliary]
     if not isinstance(auxiliary, Mapping):
         raise TypeError(
@@ -338,6 +364,10 @@ def load_training_checkpoint(
         raise ValueError(f"stored step {step!r} in {str(src)!r} is not an integer")
     if step < 0:
         raise ValueError(f"stored step {step} in {str(src)!r} is negative")
+    if accept is None:
+        loaded_health(checkpoint, counts)
+    else:
+        accept(checkpoint, counts.health(logged.logged(checkpoint.record), value_targets))
     # Only now is the caller's iterator touched.
     restore_checkpointables(checkpoint, {names.iterator: iterator})
     iterator.start_prefetch()

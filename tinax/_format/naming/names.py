@@ -34,6 +34,8 @@ ROOT_METADATA = "_ROOT_METADATA"
 DELETION_MARKER = "_CHECKPOINT_DELETION"
 # Written into a checkpoint a run's restore found corrupt (see CORRUPT_SUFFIX below).
 CORRUPT_RECORD = "_TINAX_FOUND_CORRUPT"
+# Written into a checkpoint of a branch a run left (see ABANDONED_SUFFIX below).
+ABANDONED_RECORD = "_TINAX_ABANDONED"
 # Written into a checkpoint tinax saved, just after it committed (JSON: how long the save
 # blocked its caller and took in all). No load reads it; ``run_table`` does.
 SAVE_TIMES = "_TINAX_SAVE_TIMES"
@@ -53,6 +55,7 @@ RESERVED_ROOT_NAMES = frozenset(
         METRICS,
         DELETION_MARKER,
         CORRUPT_RECORD,
+        ABANDONED_RECORD,
         SAVE_TIMES,
         LINEAGE,
         "_METADATA",
@@ -112,6 +115,9 @@ PIPELINES = "tinax_pipelines"
 # A training save's auxiliary metrics, as logged (``tinax._format.records.metrics``), under
 # ``custom_metadata``: a run's table reads them with the commit record.
 METRICS_RECORD = "tinax_metrics"
+# A checkpoint whose writer read every value it holds (a derived or averaged one) records
+# its health under this key of ``custom_metadata`` (``integrity.health.record_entry``).
+HEALTH_RECORD = "tinax_health"
 PIPELINE_FORMAT = "tinax.pipeline/1"
 CHECKSUMS_FORMAT = "tinax.checksums/1"
 CHECKSUM_FILE = re.compile(r"^process_(\d+)\.json$")
@@ -161,6 +167,12 @@ RUN_RECORD = "tinax_run.json"
 # which processes share it (``tinax.checkpointing._hosts``).
 HOST_PROBE_PREFIX = ".tinax-probe-"
 RUN_RECORD_FORMAT = "tinax.run/1"
+# The member of a run's record that keeps, by step, the health its loads found
+# (``health.record_entry``).
+RUN_RECORD_HEALTH = "health"
+# The member that says from which step the run went on, each time it went on from an
+# earlier step than its newest, and which steps it set aside then.
+RUN_RECORD_WENT_ON = "went_on"
 # A run's checkpoints are named ``step_<step>`` (six digits at least).
 RUN_CHECKPOINT = re.compile(r"^step_(\d+)$")
 
@@ -200,6 +212,24 @@ def corrupt_name(name: str, attempt: int = 1) -> str:
     return name + CORRUPT_SUFFIX + ("" if attempt == 1 else f"-{attempt}")
 
 
+# -- checkpoints of a branch a run left ------------------------------------------------------
+
+# When a run goes on from an earlier step than its newest (``TrainingRun.restore(...,
+# step=N)``, or a restore that passed diverged checkpoints over), the checkpoints of the
+# later steps belong to the branch it left: its first save moves each aside to
+# ``<name>.tinax-abandoned`` (``-2``, … when taken), kept for inspection and never resumed
+# from. Before the move each gets this record at its root (JSON: the step the run went on
+# from, and when). On object stores, which cannot rename, it stays in place, marked.
+ABANDONED_SUFFIX = ".tinax-abandoned"
+ABANDONED_PATTERN = re.compile(re.escape(ABANDONED_SUFFIX) + r"(-\d+)?$")
+ABANDONED_RECORD_FORMAT = "tinax.abandoned/1"
+
+
+def abandoned_name(name: str, attempt: int = 1) -> str:
+    """The name a checkpoint ``name`` of an abandoned branch is moved aside to."""
+    return name + ABANDONED_SUFFIX + ("" if attempt == 1 else f"-{attempt}")
+
+
 # -- steps ------------------------------------------------------------------------------
 
 # Step directories: `<step>` or `<prefix>_<step>` as Orbax names them (zero padding
@@ -209,7 +239,7 @@ _STEP = re.compile(r"^(?:.*[_-])?(\d+)$")
 
 def step_from_name(name: str) -> int | None:
     """The step a checkpoint directory's name carries, if any (also for temporaries)."""
-    match = _STEP.match(CORRUPT_PATTERN.sub("", final_name(name)))
+    match = _STEP.match(ABANDONED_PATTERN.sub("", CORRUPT_PATTERN.sub("", final_name(name))))
     # A step must fit a table's Int64 column; longer digit runs are not steps.
     if not match or len(match.group(1).lstrip("0")) > 18:
         return None

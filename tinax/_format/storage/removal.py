@@ -12,6 +12,7 @@ checkpoint), and ``finish_removal`` completes it later.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -29,6 +30,8 @@ def make_directory(where: Location) -> None:
 
     Raises:
       FileNotFoundError: If its parent does not exist.
+      PermissionError: If its parent is read-only for this process (the message says
+        which).
     """
     if where.storage.implicit_directories or where.exists():
         return
@@ -40,6 +43,14 @@ def make_directory(where: Location) -> None:
         ) from None
     except FileExistsError:
         pass
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise PermissionError(
+            f"cannot create the directory {str(where)!r}: its parent "
+            f"{os.path.dirname(where.path)!r} is read-only for this process "
+            f"({os.strerror(e.errno)}); give a directory it can write. Nothing was created",
+        ) from None
 
 
 def replace_file(where: Location, data: bytes) -> None:
