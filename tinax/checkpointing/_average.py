@@ -22,7 +22,7 @@ from tinax._format.writing import streaming, treeplan
 from tinax._format.writing.copy_source import PyTreeSource
 from tinax._format.writing.new_checkpoint import NewCheckpoint
 from tinax._format.writing.streaming import SourceArray
-from tinax.checkpointing import _surgery
+from tinax.checkpointing import _surgery, _surgery_health
 from tinax.checkpointing._surgery import ArrayJob, OpenedSource
 
 
@@ -129,6 +129,7 @@ def average_checkpoints(
     checkpointables: str | Sequence[str] | None = None,
     keys: str | re.Pattern[str] | None = None,
     progress: Progress | None = None,
+    allow_diverged: bool = False,
 ) -> None:
     """Write a new checkpoint whose floating-point leaves are the weighted mean of several.
 
@@ -160,6 +161,12 @@ def average_checkpoints(
         Checkpointables left without a leaf are left out, and so are iterators and
         JSON records unless ``checkpointables`` names them.
       progress: ``progress(done, total)`` in bytes read (all sources), as they are read.
+      allow_diverged: Average sources that diverged all the same.
+
+    A source that diverged is refused as ``derive_checkpoint`` refuses one (a NaN
+    would spread to every average it is in), naming it and its leaves; the lineage
+    records each source's verdict. The new checkpoint keeps none of the metrics its
+    sources logged.
 
     Raises:
       TypeError: If an argument has the wrong type (a weight that is a bool too).
@@ -174,8 +181,11 @@ def average_checkpoints(
       CorruptDataError: A ``ValueError``: a source's data does not match its
         checksums (or does not decode), naming it and the leaf. Nothing is left at
         ``destination``.
+      DivergedCheckpointError: A ``ValueError``: a source diverged, without
+        ``allow_diverged``. Nothing is left at ``destination``.
     """
     progress = _surgery.check_progress(progress)
+    allow = _surgery_health.check_argument(allow_diverged)
     if isinstance(sources, str | bytes | os.PathLike) or not isinstance(sources, Sequence):
         raise TypeError(f"sources must be a list of checkpoint paths, got {type(sources).__name__}")
     paths = list(sources)
@@ -190,6 +200,7 @@ def average_checkpoints(
     with files.paused_gc():
         opened = [_surgery.open_source(path) for path in paths]
         _surgery.check_not_inside(dest, opened)
+        _surgery_health.refuse_known(opened, "average", allow)
         names = _surgery.selected_names(checkpointables, opened[0])
         _check_same_checkpointables(opened, names, explicit=checkpointables is not None)
         pytrees: dict[str, list[PyTreeSource]] = {}
@@ -223,6 +234,7 @@ def average_checkpoints(
     )
     counter = _surgery.ProgressCounter(progress, total)
     normalised = [w / math.fsum(raw_weights) for w in raw_weights]
+    counts = _surgery_health.SourceCounts(opened)
 
     def fill(new: NewCheckpoint) -> dict[str, str | None]:
         handlers: dict[str, str | None] = {}
@@ -230,11 +242,15 @@ def average_checkpoints(
             if name in pytrees:
                 first = pytrees[name][0]
                 leaves = [(first.leaves[i].path, i) for i in kept[name]]
-                _surgery.write_pytree(new, first, leaves, jobs[name], ctx, counter)
+                _surgery.write_pytree(
+                    new, first, leaves, jobs[name], ctx, counter, counts.counter(name)
+                )
             else:
                 _surgery.copy_checkpointable(new, opened[0].checkpoint.get(name))
             found = opened[0].record.item_handlers
             handlers[name] = found.get(name) if isinstance(found, dict) else None
+        counts.read(list(pytrees))
+        counts.refuse("average", allow)
         return handlers
 
     arguments: dict[str, Any] = {
@@ -242,13 +258,24 @@ def average_checkpoints(
         "keys": None if pattern is None else pattern.pattern,
         "weights": normalised,
     }
-    made = _surgery.made_now(
-        lineage.AVERAGE,
-        arguments,
-        [source.lineage_source(weight) for source, weight in zip(opened, normalised, strict=True)],
-    )
+
+    def made() -> lineage.Lineage:
+        sources = zip(opened, normalised, counts.healths(), strict=True)
+        return _surgery.made_now(
+            lineage.AVERAGE,
+            arguments,
+            [source.lineage_source(weight, found) for source, weight, found in sources],
+        )
+
+    def custom() -> dict[str, Any]:
+        # A mean of finite values is finite; a NaN or Inf in a source spreads to it.
+        made_health = counts.made(list(pytrees))
+        return _surgery_health.custom_metadata(
+            opened[0].custom_metadata, names, False, made_health, True
+        )
+
     try:
-        _surgery.write_checkpoint(dest, fill, opened[0].custom_metadata, made)
+        _surgery.write_checkpoint(dest, fill, custom, made)
     finally:
         for trees in pytrees.values():
             for tree in trees:

@@ -19,7 +19,7 @@ from tinax._format.writing import streaming, treeplan
 from tinax._format.writing.copy_source import PyTreeSource
 from tinax._format.writing.new_checkpoint import NewCheckpoint
 from tinax._format.writing.treeplan import PlannedLeaf
-from tinax.checkpointing import _surgery
+from tinax.checkpointing import _surgery, _surgery_health
 from tinax.checkpointing._surgery import ArrayJob, OpenedSource
 
 
@@ -47,6 +47,7 @@ def derive_checkpoint(
     cast: str | np.dtype | type | None = None,
     rename: Sequence[tuple[str, str]] | Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    allow_diverged: bool = False,
 ) -> None:
     """Write a new checkpoint made from one: some checkpointables, some leaves, cast, renamed.
 
@@ -88,6 +89,15 @@ def derive_checkpoint(
       rename: ``(regex, replacement)`` pairs applied in turn to each dotted key
         (``re.sub``; ``\\1`` refers to a group), or a mapping of regex to replacement.
       progress: ``progress(done, total)`` in bytes read, called as arrays are read.
+      allow_diverged: Make it from a source that diverged all the same.
+
+    A source that diverged is refused (``DivergedCheckpointError``): at once where
+    that is known before reading it (a metric its save logged is NaN or infinite;
+    a read found NaN or Inf before), else once its values, counted as they stream,
+    show NaN or Inf, before anything commits, naming the leaves. The lineage records
+    the source's verdict, and the new checkpoint records its own health (it was
+    read whole); it keeps the metrics its source logged only where it holds them as
+    they were (its auxiliary state kept whole, no ``keys`` or ``rename``).
 
     Raises:
       TypeError: If an argument has the wrong type.
@@ -103,8 +113,11 @@ def derive_checkpoint(
       CorruptDataError: A ``ValueError``: the source's data does not match its
         checksums (or does not decode), naming the checkpoint, checkpointable and
         leaf. Nothing is left at ``destination``.
+      DivergedCheckpointError: A ``ValueError``: the source diverged, without
+        ``allow_diverged``. Nothing is left at ``destination``.
     """
     progress = _surgery.check_progress(progress)
+    allow = _surgery_health.check_argument(allow_diverged)
     pattern = treeplan.compile_keys(keys)
     renames = treeplan.compile_rename(rename)
     dtype = treeplan.compile_cast(cast)
@@ -112,7 +125,9 @@ def derive_checkpoint(
     with files.paused_gc():
         opened = _surgery.open_source(source)
         _surgery.check_not_inside(dest, [opened])
+        _surgery_health.refuse_known([opened], "derive", allow)
         plan = _plan(opened, checkpointables, pattern, renames)
+    counts = _surgery_health.SourceCounts([opened])
     ctx = _surgery.new_context()
     jobs_by_name = {
         name: _jobs(tree, planned, dtype, ctx) for name, (tree, planned) in plan.pytrees.items()
@@ -139,15 +154,30 @@ def derive_checkpoint(
                 tree, planned = plan.pytrees[name]
                 index = {id(leaf): i for i, leaf in enumerate(tree.leaves)}
                 leaves = [(leaf.path, index[id(leaf.source)]) for leaf in planned]
-                _surgery.write_pytree(new, tree, leaves, jobs_by_name[name], ctx, counter)
+                _surgery.write_pytree(
+                    new, tree, leaves, jobs_by_name[name], ctx, counter, counts.counter(name)
+                )
             else:
                 _surgery.copy_checkpointable(new, item)
             handlers[name] = _handler(opened, name)
+        counts.read(list(plan.pytrees))
+        counts.refuse("derive", allow)
         return handlers
 
-    made = _surgery.made_now(lineage.DERIVE, arguments, [opened.lineage_source()])
+    def custom() -> dict[str, Any]:
+        held = list(plan.pytrees)
+        kept_whole = pattern is None and not renames and dtype is None
+        made_health = counts.made(held)
+        return _surgery_health.custom_metadata(
+            opened.custom_metadata, plan.order, kept_whole, made_health, dtype is None
+        )
+
+    def made() -> lineage.Lineage:
+        found = counts.healths()[0]
+        return _surgery.made_now(lineage.DERIVE, arguments, [opened.lineage_source(None, found)])
+
     try:
-        _surgery.write_checkpoint(dest, fill, opened.custom_metadata, made)
+        _surgery.write_checkpoint(dest, fill, custom, made)
     finally:
         for tree, _ in plan.pytrees.values():
             tree.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 from tinax import _paths
 from tinax._format.arraydata.chunks import Box
 from tinax._format.callbacks import Progress
-from tinax._format.integrity import checksums
+from tinax._format.integrity import checksums, health
 from tinax._format.integrity.checksums import Bounds, CorruptDataError, LeafRecord, Piece
 from tinax._format.metadata import arrays, commit_record, layout, pytree
 from tinax._format.naming import names, words
@@ -93,13 +94,17 @@ class OpenedSource:
             return None
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-    def lineage_source(self, weight: float | None = None) -> lineage.Source:
-        """The source as its lineage records it."""
+    def lineage_source(
+        self, weight: float | None = None, found: health.Health | None = None
+    ) -> lineage.Source:
+        """The source as its lineage records it (with its health, as read)."""
         return lineage.Source(
             path=str(self.path),
             step=self.step(),
             checksums=lineage.records_digest(self.checkpoint),
             weight=weight,
+            health=None if found is None else found.verdict,
+            health_reason=None if found is None else found.reason,
         )
 
 
@@ -302,14 +307,20 @@ def check_digests(
         )
 
 
+# Given the values of one source of a job as they are read: the job, the source's
+# index, the values (each value once), to count NaN and Inf.
+Count = Callable[[ArrayJob, int, np.ndarray], None]
+
+
 def stream(
     writer: store_writer.PyTreeWriter,
     jobs: Sequence[ArrayJob],
     *,
     progress: Callable[[int], None] | None = None,
+    count: Count | None = None,
 ) -> None:
     """Reads every job's boxes from its sources, checks them against their checksums,
-    and writes what ``combine`` makes of them.
+    and writes what ``combine`` makes of them; ``count`` sees every value read.
 
     Raises:
       CorruptDataError: If a source's bytes do not match their checksums or do not
@@ -320,7 +331,10 @@ def stream(
     writer.link_files(stored_copy.whole_files([j.stored for j in jobs if j.stored]))
     for job in jobs:
         if job.stored is not None:
-            stored_copy.copy(writer, job.key, job.stored, job.wheres[0], progress=progress)
+            counted = None if count is None else _counting(count, job)
+            stored_copy.copy(
+                writer, job.key, job.stored, job.wheres[0], progress=progress, count=counted
+            )
     jobs = [job for job in jobs if job.stored is None]
     budget = max(
         streaming.IN_FLIGHT_BYTES,
@@ -337,14 +351,23 @@ def stream(
     # the caller's thread combines and writes (xxh3 lets go of the interpreter); both
     # end before the box's buffers are used again.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tinax-digest") as digester:
-        _stream_boxes(writer, reads, digests, scratch, digester, progress)
+        _stream_boxes(writer, reads, digests, scratch, digester, progress, count)
+
+
+def _counting(count: Count, job: ArrayJob) -> Callable[[np.ndarray], None]:
+    return lambda values: count(job, 0, values)
 
 
 def _digest_all(
-    digests: Sequence[streaming.PieceDigests], piece: Any, values: Sequence[Any]
+    digests: Sequence[streaming.PieceDigests],
+    piece: Any,
+    values: Sequence[Any],
+    count: Callable[[int, np.ndarray], None] | None = None,
 ) -> None:
-    for digest, value in zip(digests, values, strict=True):
+    for index, (digest, value) in enumerate(zip(digests, values, strict=True)):
         digest.update(piece, value)
+        if count is not None:
+            count(index, value)
 
 
 def _stream_boxes(
@@ -354,6 +377,7 @@ def _stream_boxes(
     scratch: streaming.Scratch,
     digester: concurrent.futures.Executor,
     progress: Callable[[int], None] | None,
+    count: Count | None = None,
 ) -> None:
     for (job, piece, box, last), values in reads:
         state = digests.get(id(job))
@@ -366,7 +390,8 @@ def _stream_boxes(
         for where, value in zip(job.wheres, values, strict=True):
             if isinstance(value, BaseException):
                 raise _read_failure(where, value)
-        pending = [digester.submit(_digest_all, read, piece, values)]
+        counted = None if count is None else functools.partial(count, job)
+        pending = [digester.submit(_digest_all, read, piece, values, counted)]
         try:
             for part in streaming.split_box(
                 box, job.chunk, job.dtype.itemsize, store_writer.BATCH_BYTES
@@ -413,8 +438,10 @@ def write_pytree(
     jobs: dict[str, ArrayJob],
     ctx: Any,
     counter: ProgressCounter,
+    count: Count | None = None,
 ) -> None:
-    """Writes one pytree checkpointable of the new checkpoint.
+    """Writes one pytree checkpointable of the new checkpoint (``count`` sees every
+    value read, as ``stream``'s).
 
     Args:
       new: The new checkpoint.
@@ -446,7 +473,7 @@ def write_pytree(
                 writer.add_string(path, value_metadata, tree.string(source))
             else:
                 writer.add_empty(path, value_metadata)
-        stream(writer, list(jobs.values()), progress=counter)
+        stream(writer, list(jobs.values()), progress=counter, count=count)
         writer.finish()
     except BaseException:
         writer.abort()
@@ -475,12 +502,13 @@ class ProgressCounter:
 def write_checkpoint(
     destination: Location,
     fill: Callable[[NewCheckpoint], dict[str, str | None]],
-    custom_metadata: dict[str, Any] | None,
-    made: lineage.Lineage,
+    custom_metadata: Callable[[], dict[str, Any] | None],
+    made: Callable[[], lineage.Lineage],
 ) -> None:
     """Claims ``destination``, has ``fill`` write the checkpointables into the new
-    checkpoint (returning each one's handler), and commits it with its lineage;
-    removes everything written if anything fails.
+    checkpoint (returning each one's handler), and commits it with its lineage and
+    ``custom_metadata`` (both asked for once everything is written: they may say
+    what the reads found); removes everything written if anything fails.
 
     Raises:
       FileExistsError: If a live process claims ``destination`` or something is there.
@@ -493,9 +521,9 @@ def write_checkpoint(
         # Boxes allocate little, but the collector would walk the heap as they stream.
         with files.paused_gc():
             handlers = fill(new)
-        record = lineage.encode(made)
+        record = lineage.encode(made())
         promise = {"checksums": True, lineage.PROMISE_KEY: lineage.digest(record)}
-        custom = {**(custom_metadata or {}), names.CHECKSUMS_PROMISE: promise}
+        custom = {**(custom_metadata() or {}), names.CHECKSUMS_PROMISE: promise}
         new.commit(handlers, custom, record)
     except BaseException:
         if new is not None:

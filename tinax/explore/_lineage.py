@@ -11,14 +11,26 @@ from tinax._format.metadata.layout import Checkpoint
 from tinax._format.records import lineage as _lineage
 from tinax._paths import open_checkpoint
 
-LINEAGE_COLUMNS = ("source", "step", "operation", "weight", "checksums", "arguments", "created")
+LINEAGE_COLUMNS = (
+    "source",
+    "step",
+    "health",
+    "health_reason",
+    "operation",
+    "weight",
+    "checksums",
+    "arguments",
+    "created",
+)
 
 
 def lineage(path: str | os.PathLike[str] | Checkpoint) -> pd.DataFrame:
     """What a checkpoint was made from: one row per source of a derived or averaged one.
 
     Columns: ``source`` (the source's path or ``gs://`` URL), ``step`` (``Int64``,
-    from its name), ``operation`` (``derive`` or ``average``), ``weight`` (an
+    from its name), ``health`` and ``health_reason`` (the source's verdict when it
+    was read whole to make this one: ``healthy`` or ``diverged`` and why; missing in
+    an older record), ``operation`` (``derive`` or ``average``), ``weight`` (an
     average's normalised weight of that source; missing for a derive),
     ``checksums`` (the digest of the source's checksum records when it was read:
     the exact bytes it was made from; missing if it had none), ``arguments`` (the
@@ -46,6 +58,8 @@ def lineage(path: str | os.PathLike[str] | Checkpoint) -> pd.DataFrame:
         {
             "source": source.path,
             "step": source.step,
+            "health": source.health,
+            "health_reason": source.health_reason,
             "operation": found.operation,
             "weight": source.weight,
             "checksums": source.checksums,
@@ -67,6 +81,8 @@ def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
         {
             "source": pd.array(column("source"), dtype="string"),
             "step": pd.array(column("step"), dtype="Int64"),
+            "health": pd.array(column("health"), dtype="string"),
+            "health_reason": pd.array(column("health_reason"), dtype="string"),
             "operation": pd.array(column("operation"), dtype="string"),
             "weight": pd.array(column("weight"), dtype="Float64"),
             "checksums": pd.array(column("checksums"), dtype="string"),
@@ -81,6 +97,14 @@ def _name(source: str) -> str:
     return source.rstrip("/").rsplit("/", 1)[-1] or source
 
 
+def _about(step: Any, verdict: Any, reason: Any) -> str:
+    """`` (step 70, diverged: its logged loss is NaN)``: a source's step and verdict."""
+    said = [] if pd.isna(step) else [f"step {int(step)}"]
+    if not pd.isna(verdict):
+        said.append(f"{verdict}: {reason}" if verdict != "healthy" else str(verdict))
+    return f" ({', '.join(said)})" if said else ""
+
+
 def lineage_summary(table: pd.DataFrame, *, full_paths: bool = False) -> str:
     """A lineage table in a line of words: ``derived from step_000250 (cast to bfloat16,
     checkpointables model)`` or ``average of 3: step_000200 (weight 0.2), …``; ``""``
@@ -93,7 +117,12 @@ def lineage_summary(table: pd.DataFrame, *, full_paths: bool = False) -> str:
     if table.empty:
         return ""
     arguments: dict[str, Any] = table["arguments"].iloc[0] or {}
-    sources = [str(s) if full_paths else _name(str(s)) for s in table["source"]]
+    sources = [
+        (str(s) if full_paths else _name(str(s))) + _about(step, verdict, reason)
+        for s, step, verdict, reason in zip(
+            table["source"], table["step"], table["health"], table["health_reason"], strict=True
+        )
+    ]
     operation = str(table["operation"].iloc[0])
     if operation == _lineage.AVERAGE:
         weights = [float(w) for w in table["weight"].fillna(0.0)]

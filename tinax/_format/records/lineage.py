@@ -41,12 +41,17 @@ class Source:
       step: The step its name carries, if any.
       checksums: The digest of its checksum records (``None``: it had none).
       weight: Its weight in an average, normalised (``None`` for a derive).
+      health: Its health when it was read whole to make the new checkpoint
+        (``healthy`` or ``diverged``; ``None`` in an older record).
+      health_reason: Why, in the words every view uses.
     """
 
     path: str
     step: int | None
     checksums: str | None
     weight: float | None = None
+    health: str | None = None
+    health_reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +152,24 @@ def read_lineage(checkpoint: layout.Checkpoint) -> Lineage | None:
     return _parse(document, where)
 
 
+def source_step(path: Location) -> int | None:
+    """The step a listing shows for a derived or averaged checkpoint at ``path`` whose
+    name carries none: its source's (an average's newest source's), as its lineage
+    record says. Only for display: the record is not checked against its digest here
+    (``read_lineage`` does that); ``None`` where it is missing or unreadable.
+    """
+    where = path / names.LINEAGE
+    try:
+        data = files.read_bytes(where, what="tinax lineage record", max_bytes=MAX_LINEAGE_BYTES)
+        document = files.parse_json_object(
+            data, path=where, what="tinax lineage record", max_depth=files.MAX_JSON_DEPTH
+        )
+        made = _parse(document, where)
+    except (ValueError, OSError):
+        return None
+    return max((s.step for s in made.sources if s.step is not None), default=None)
+
+
 def _parse(document: dict[str, Any], where: Location) -> Lineage:
     def bad(what: str) -> ValueError:
         return ValueError(f"{str(where)!r} (tinax lineage record): {what}")
@@ -174,5 +197,15 @@ def _parse(document: dict[str, Any], where: Location) -> Lineage:
             raise bad(f"source {raw['path']!r} has a checksum digest that is not text")
         if weight is not None and (not isinstance(weight, int | float) or isinstance(weight, bool)):
             raise bad(f"source {raw['path']!r} has a weight that is not a number")
-        sources.append(Source(raw["path"], step, sums, None if weight is None else float(weight)))
+        verdict, reason = raw.get("health"), raw.get("health_reason")
+        sources.append(
+            Source(
+                raw["path"],
+                step,
+                sums,
+                None if weight is None else float(weight),
+                verdict if isinstance(verdict, str) else None,
+                reason if isinstance(reason, str) else None,
+            )
+        )
     return Lineage(operation, arguments, tuple(sources), created)

@@ -203,10 +203,12 @@ def copy(
     where: str,
     *,
     progress: Callable[[int], None] | None = None,
+    count: Callable[[np.ndarray], None] | None = None,
 ) -> None:
     """Copies every stored chunk of ``array`` into ``writer``'s array ``key`` (added
     with the array's metadata), checking the values against the source's checksums,
-    which become the copy's.
+    which become the copy's; ``count`` is given the values of each chunk (in the
+    array's dtype), to count NaN and Inf on the way.
 
     Raises:
       CorruptDataError: If the bytes read do not match the checksums recorded for
@@ -228,6 +230,8 @@ def copy(
                 for offset, nbytes, row in _inner_ranges(array, read.value, first_row):
                     values = np.frombuffer(read.value, np.uint8, nbytes, offset)
                     digests.update(_piece_of(array, row), values)
+                    if count is not None:
+                        count(values.view(array.source.dtype))
             except CorruptDataError as e:
                 raise CorruptDataError(f"{where}: the stored data is corrupt: {e}") from None
             writer.write_stored(key, suffix, read.value, read.origin, read.source)
