@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -133,7 +134,14 @@ def test_version_usage_errors_and_one_exit_table(tmp_path):
     status, out, _ = _here("--version")
     assert status == 0 and out == f"tinax {__version__}\n"
     # A command without its path is a usage error: status 2 and the usage.
-    for command, *rest in (("verify",), ("diff", "a"), ("export", "a"), ("run",), ("ls",)):
+    for command, *rest in (
+        ("verify",),
+        ("diff", "a"),
+        ("export", "a"),
+        ("run",),
+        ("ls",),
+        ("set-aside",),
+    ):
         status, out, err = _here(command, *rest)
         assert status == 2 and err.startswith(f"usage: tinax {command}"), (command, err)
         assert "error: the following arguments are required" in err
@@ -220,3 +228,115 @@ def test_a_typed_prng_key_is_shown_as_a_key(tmp_path):
     # Raw key data stays what it is: a uint32 array.
     raw = out.split("data: ", 1)[1].splitlines()[2].split()
     assert "(2,)" in raw and "uint32" in raw
+
+
+def test_repeated_options_repeat_or_are_refused(tmp_path):
+    import tinax.explore as ex
+
+    source = tmp_path / "src"
+    state = {
+        "model": {"a": {"w": np.ones(3, np.float32)}, "b": {"w": np.zeros(2, np.float32)}},
+        "optimizer": {"mu": np.ones(3, np.float32)},
+        "rng": {"key": np.arange(2, dtype=np.uint32)},
+    }
+    save_checkpointables(source, state).result()
+    # An option that takes several values gathers them from every time it is given.
+    status, _, err = _here(
+        "derive", source, tmp_path / "d1", "--rename", "^a=x", "--rename", "^b=y",
+        "--only", "model", "--only", "optimizer",
+    )  # fmt: skip
+    assert status == 0, err
+    made = ex.checkpoint_table(tmp_path / "d1")
+    assert set(made["checkpointable"]) == {"model", "optimizer"}
+    keys = set(made.loc[made["checkpointable"] == "model", "key"])
+    assert keys == {"['x']['w']", "['y']['w']"}
+    # One that takes one value is refused when given twice: nothing is written.
+    for args in (
+        ("derive", source, tmp_path / "d2", "--keys", "a", "--keys", "b"),
+        ("derive", source, tmp_path / "d2", "--cast", "bfloat16", "--cast", "float16"),
+        ("run", tmp_path, "--top", "3", "--top", "4"),
+        ("show", source, "--leaf", "model.a.w", "--leaf", "model.b.w"),
+    ):
+        status, _, err = _here(*args)
+        assert status == 2 and err.startswith(f"usage: tinax {args[0]}"), args
+        assert "given more than once" in err, args
+    assert not (tmp_path / "d2").exists()
+
+
+def _interrupted_at(run: Path, imports: int, then: float) -> tuple[int, list[str]]:
+    """``tinax ls RUN`` interrupted (SIGINT, as Ctrl-C sends it) once it has finished
+    ``imports`` imports after the command's entry (``python -X importtime`` says each
+    import as it ends), ``then`` seconds later: its status and what it said on stderr
+    besides the import times."""
+    command = [sys.executable, "-X", "importtime", "-m", "tinax.explore", "ls", str(run)]
+    # SIGINT at its default, as a terminal starts a command (see the test above): set
+    # by a launcher that then becomes the command (exec keeps it).
+    launch = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", launch, *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stderr is not None
+    said: list[str] = []
+    counting, seen = False, 0
+    for line in child.stderr:
+        if not line.startswith("import time:"):
+            said.append(line.rstrip("\n"))
+            continue
+        counting = counting or line.rstrip().endswith("tinax._cli.entry")
+        seen += counting
+        if counting and seen > imports:
+            break
+    time.sleep(then)
+    child.send_signal(signal.SIGINT)
+    rest = child.stderr.read()
+    said += [line for line in rest.splitlines() if not line.startswith("import time:")]
+    return child.wait(timeout=120), said
+
+
+def test_ctrl_c_at_any_moment_is_one_line_and_status_130(tmp_path):
+    it = iter(__import__("grain").MapDataset.range(8).to_iter_dataset())
+    with TrainingRun(tmp_path / "run", save_every=1) as run:
+        for step in (1, 2):
+            run.save(step, {"w": np.ones(3)}, {}, jax.random.key(0), {}, it)
+    # The moment swept over the command's imports (about a hundred after its entry, as
+    # `tinax ls` imports only what listing needs), then its work.
+    moments = [(n, 0.0) for n in (0, 1, 5, 20, 40, 60, 80)] + [(10**6, 0.0)]
+    interrupted = 0
+    for imports, then in moments:
+        status, said = _interrupted_at(tmp_path / "run", imports, then)
+        if status == 0 and said == []:
+            continue  # it had ended before the signal came: nothing to say
+        assert status == 130, (imports, status, said)
+        assert said == ["python -m tinax.explore: interrupted"], (imports, said)
+        interrupted += 1
+    assert interrupted >= 5, interrupted
+
+
+def test_ls_of_a_run_imports_no_table_machinery(tmp_path):
+    # pandas, tensorstore (with ml_dtypes) and NumPy are most of the time a fresh
+    # process takes: listing a run needs none of them.
+    it = iter(__import__("grain").MapDataset.range(8).to_iter_dataset())
+    with TrainingRun(tmp_path / "run", save_every=1, keep=1, best_by="loss") as run:
+        for step in (1, 2):
+            run.save(step, {"w": np.ones(3)}, {}, jax.random.key(0), {"loss": 0.5}, it)
+    code = textwrap.dedent(
+        f"""
+        import io, sys
+        from tinax._cli.main import main
+        out = io.StringIO()
+        assert main(["ls", {str(tmp_path / "run")!r}], out, io.StringIO()) == 0
+        assert "step_000002" in out.getvalue() and "newest 1" in out.getvalue()
+        heavy = ("pandas", "numpy", "tensorstore", "ml_dtypes", "jax")
+        print(",".join(m for m in heavy if m in sys.modules))
+        """
+    )
+    result = _process(code=code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""

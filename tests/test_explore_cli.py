@@ -330,6 +330,8 @@ def test_csv_parses_with_the_tables_columns(demo_run):
         "step",
         "ok",
         "status",
+        "integrity",
+        "health",
         "verdict",
         "severity",
         "part",

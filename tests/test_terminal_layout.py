@@ -70,7 +70,12 @@ def test_keys_stay_distinct_at_every_width_and_quiet_columns_give_way(columns):
     assert [c.source for c in plan.columns][:1] == ["key"]
     assert {"kind", "value", "chunk_shape"}.isdisjoint(c.source for c in plan.columns)
     said = " ".join(out.getvalue().split("every row: ", 1)[1].split())
-    assert said == "kind: jax.Array; shape: (16, 16); size: 1.0 KiB"
+    hidden = [c.header for c in plan.hidden]
+    told = f" … {len(hidden)} more column{'s' * (len(hidden) != 1)}: {', '.join(hidden)};"
+    # Said once under the table: what every row holds, then what the width left out.
+    assert said == "kind: jax.Array; shape: (16, 16); size: 1.0 KiB" + (
+        f"{told} --wide shows them" if hidden else ""
+    )
     assert not any("['" in key or key.endswith(".value") for key in shown)
     if columns >= 80:
         assert "dtype" in lines[0]

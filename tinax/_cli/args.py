@@ -7,9 +7,15 @@ pandas, no readers), so they answer at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import shutil
+import signal
 import textwrap
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 # The command's exit statuses, the same for every command.
 EXIT_OK = 0
@@ -17,15 +23,49 @@ EXIT_NO = 1
 EXIT_TROUBLE = 2
 EXIT_INTERRUPTED = 130
 EXIT_STATUSES = f"""exit status, for every command:
-  {EXIT_OK:<4} success; diff: the two are the same; verify: every checkpoint is sound;
-       plan: the restore fits
-  {EXIT_NO:<4} diff: they differ; verify: a checkpoint is not sound, or diverged (NaN
-       or Inf in its model or optimizer state; with --strict, warnings too); plan: a
-       load would be refused (it does not fit in memory)
+  {EXIT_OK:<4} success; diff: the two are the same; verify: every checkpoint is sound
+       and none diverged (one whose health is not yet known passes); plan: the
+       restore fits
+  {EXIT_NO:<4} diff: they differ; verify: a checkpoint is not sound (damaged or
+       incomplete) or diverged (NaN or Inf in its model or optimizer state, or a
+       logged metric NaN or infinite; with --strict, warnings too); plan: a load
+       would be refused (it does not fit in memory)
   {EXIT_TROUBLE:<4} trouble: a usage error, a path that does not exist, a checkpoint that
        cannot be read (one line on stderr says which)
   {EXIT_INTERRUPTED:<4} interrupted (Ctrl-C)
 A reader that stops early (| head) changes none of these."""
+
+
+def interrupted(prog: str) -> None:
+    """Ctrl-C: says so in one line and ends the process with ``EXIT_INTERRUPTED`` at
+    once (threads reading a checkpoint are not waited for); a second Ctrl-C changes
+    nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # stderr gone: the status says it
+        os.write(2, f"{prog}: interrupted\n".encode())
+    os._exit(EXIT_INTERRUPTED)
+
+
+@contextlib.contextmanager
+def importing(prog: str) -> Iterator[None]:
+    """While the block imports the command's modules, Ctrl-C ends the process at once
+    (``interrupted``) instead of raising ``KeyboardInterrupt`` there: an interrupt
+    raised inside an extension's set-up (msgspec building a decoder as a module
+    imports) can crash the interpreter (SIGSEGV) instead of unwinding. Elsewhere
+    (another thread, SIGINT ignored or handled by someone else) it changes nothing.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, lambda *_: interrupted(prog))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # ``run --drift`` shows this many of the largest moves in text (--json/--csv: all).
 DRIFT_ROWS = 20
@@ -58,12 +98,52 @@ class _Formatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
+class _Once(argparse.Action):
+    """An option that takes one value: given twice, a usage error, never the last one
+    silently kept."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen: set[str] = getattr(parser, "_given", set())
+        if self.dest in seen:
+            raise argparse.ArgumentError(
+                self,
+                "given more than once: give it once (its last value would be the only one taken)",
+            )
+        seen.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
 class _Parser(argparse.ArgumentParser):
-    """Help laid out for the terminal's width (80 in a pipe), the exit statuses under it."""
+    """Help laid out for the terminal's width (80 in a pipe), the exit statuses under it.
+
+    Options repeat as scripts expect: one that takes several values (``--only A B``)
+    gathers them from every time it is given (``--only A --only B``); one that takes
+    one value is a usage error when given twice, never narrowed to the last.
+    """
 
     def __init__(self, **kwargs: object) -> None:
         kwargs.setdefault("epilog", EXIT_STATUSES)
         super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._given: set[str] = set()
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if args and str(args[0]).startswith("-") and kwargs.get("action", "store") == "store":
+            if kwargs.get("nargs") in ("+", "*") and not kwargs.pop("once", False):
+                kwargs["action"] = "extend"
+            else:
+                kwargs.pop("once", None)
+                kwargs["action"] = _Once
+        return super().add_argument(*args, **kwargs)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self._given = set()
+        return super().parse_known_args(*args, **kwargs)
 
     def _get_formatter(self) -> argparse.HelpFormatter:
         return _Formatter(self.prog, width=min(_width(), 100))
@@ -80,13 +160,23 @@ _ABOUT = {
         then the largest change. Arrays are read region by region in bounded memory.
         Exits 0 when every leaf is the same, 1 when they differ, 2 on trouble (as diff
         does).""",
-    "verify": """Check that a checkpoint is whole and loadable, or every checkpoint of a
-        run; with --data, also that its model and optimizer state hold no NaN or Inf
-        (else it is diverged). Exits 0 when all are sound, 1 when one is not or
-        diverged, 2 when one cannot be checked.""",
+    "verify": """Check that a checkpoint is whole and loadable (sound, damaged or
+        incomplete) and whether a run can go on from it (healthy, diverged or not yet
+        known), or every checkpoint of a run. A NaN or infinite metric the save logged
+        makes it diverged without its data being read; with --data every array is
+        read, checked against its checksums and its NaN and Inf counted. Exits 0 when
+        all are sound and none diverged, 1 when one is not sound or diverged, 2 when
+        one cannot be checked.""",
     "export": """Write a checkpointable's arrays as .safetensors files named after it,
         streamed from the checkpoint with its checksums checked. Over --max-file-size,
         several files and an index in the Hugging Face hub's layout.""",
+    "set-aside": """Set a run's diverged checkpoints aside (renamed
+        <name>.tinax-abandoned, listed as abandoned, kept for inspection, never resumed
+        from), or remove them (--remove), so that a restore resumes from the newest
+        healthy step and the steps after it can be saved again. A checkpoint diverged
+        when a metric its save logged is NaN or infinite, or reading its data found NaN
+        or Inf (--data reads the checkpoints whose health is not yet known). Both tiers
+        of a two-tier run. Not while a run saves there.""",
     "run": """The run at a glance: one row per checkpoint with its metrics, save times
         and why it is kept (metadata only). --drift adds how far each layer moved
         between consecutive checkpoints, --scan the NaN/Inf counts and where to roll
@@ -139,6 +229,8 @@ def _add_cast(parser: argparse.ArgumentParser, flag: str, said: str) -> None:
 
 
 def _add_output(parser: argparse.ArgumentParser, *, csv_too: bool = True) -> None:
+    wide = "every column of a table, however long the lines (text)"
+    parser.add_argument("--wide", action="store_true", help=wide)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--json", action="store_true", help="print JSON instead of text")
     if csv_too:
@@ -150,7 +242,7 @@ def _add_leaf(parser: argparse.ArgumentParser) -> None:
         (blocks.2.mlp.kernel, (root)) or as keystr ("['blocks'][2]..."); without
         CHECKPOINTABLE, a key that names one leaf in the checkpoint
         (model.blocks.2.mlp.kernel)"""
-    parser.add_argument("--leaf", nargs="+", metavar="KEY", help=" ".join(said.split()))
+    parser.add_argument("--leaf", nargs="+", metavar="KEY", once=True, help=" ".join(said.split()))
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -316,4 +408,18 @@ def _run_parser(prog: str) -> argparse.ArgumentParser:
     top = f"with --drift, the N largest moves in text ({DRIFT_ROWS}; 0: all)"
     parser.add_argument("--top", type=int, default=DRIFT_ROWS, metavar="N", help=top)
     _add_output(parser)
+    return parser
+
+
+def _set_aside_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _command(prog, "set-aside", root=_RUN)
+    _add_switches(
+        parser,
+        {
+            "--data": "read the data of each checkpoint whose health is not yet known",
+            "--remove": "remove the diverged checkpoints instead of setting them aside",
+            "--dry-run": "say what would be done, and do nothing",
+        },
+    )
+    _add_output(parser, csv_too=False)
     return parser

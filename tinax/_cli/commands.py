@@ -20,7 +20,6 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
-from tinax._cli import runs
 from tinax._cli import terminal as term
 from tinax._cli.args import EXIT_NO, EXIT_OK
 from tinax._cli.output import (
@@ -37,7 +36,6 @@ from tinax._cli.verify import is_run
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.naming import keys as _keys
 from tinax._format.naming import words
-from tinax._format.storage.location import Location
 from tinax._paths import open_checkpoint
 from tinax.explore import display
 from tinax.explore._checkpoint import checkpoint_table, read_leaf
@@ -45,7 +43,6 @@ from tinax.explore._diff import diff_table
 from tinax.explore._export import export_safetensors
 from tinax.explore._key_match import LeafNotFoundError, exact_key, match_key
 from tinax.explore._ranking import PRNG_KEY, value_kind
-from tinax.explore._run_view.retention import run_listing
 from tinax.explore._summary import leaf_summary
 
 __all__ = ["diff", "export", "jsonable", "show"]
@@ -56,19 +53,6 @@ _KEYS_SHOWN = 4
 _KEY_DATA_JSON = 4096
 
 
-_LISTING = (
-    Column("name", "name", priority=0),
-    Column("step", "step", term.number, priority=3, right=True),
-    Column("status", "status", priority=0),
-    Column("nbytes", "size", term.human_bytes, priority=2, right=True),
-    Column("committed", "committed", term.human_age, priority=4),
-    Column("metric", "metric", term.number, priority=1, right=True),
-    Column("kept", "kept", priority=1),
-    Column("tier", "tier", priority=1),
-    Column("promotion", "promotion", priority=2),
-    Column("checkpointables", "checkpointables", priority=5),
-    Column("path", "path", priority=9),
-)
 _LEAVES = (
     Column("key", "key", key=True, priority=0),
     Column("kind", "kind", priority=5),
@@ -101,51 +85,6 @@ _FILES = (
 
 
 # -- ls ------------------------------------------------------------------------------------
-
-
-def _listing(root: Location) -> pd.DataFrame:
-    """``list_checkpoints`` with the run's metric and why each checkpoint is kept (where
-    the run recorded them), read through one listing."""
-    table = run_listing(root)
-    if table["kept"].isna().all():
-        table = table.drop(columns=["kept", "metric"])
-    return table
-
-
-def _show_listing(path: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    from tinax import _paths
-
-    # Listed once: the listing, the run's record and its policy are read through it.
-    root = _paths.listed_directory(path)
-    table = _listing(root)
-    if table.empty:
-        # A folder of runs, not a run: its runs, one line each.
-        found = runs.runs_table(root)
-        if len(found) or args.json or args.csv:
-            if args.json or args.csv:
-                _machine(found if len(found) else table, args.json, out)
-            else:
-                title = f"{root}: {len(found)} run{'s' * (len(found) != 1)}"
-                print(term.shorten_middle(title, term.width()), file=out)
-                term.render(found, runs.RUNS, out, term.width())
-            return
-        print(f"{root}: no checkpoint and no run in it", file=err)
-        return
-    errors: dict[str, str] = table.attrs.get("errors", {})
-    metric = (table.attrs.get("policy") or {}).get("best_by")
-    if args.json or args.csv:
-        table = table.assign(error=pd.array([errors.get(p) for p in table["path"]], dtype="string"))
-        _machine(table, args.json, out)
-        return
-    columns = tuple(
-        Column(c.source, str(metric), c.format, c.priority, c.right)
-        if c.source == "metric" and metric
-        else c
-        for c in _LISTING
-    )
-    term.render(table, columns, out, term.width())
-    for where, problem in errors.items():
-        print(f"invalid: {where}: {problem}", file=err)
 
 
 # -- show ----------------------------------------------------------------------------------
@@ -369,7 +308,9 @@ def show(path: str, args: argparse.Namespace, out: TextIO, err: TextIO, *, listi
     if getattr(args, "leaf", None):
         _show_leaf(path, args.leaf, args, out)
     elif listing or is_run(path):
-        _show_listing(path, args, out, err)
+        from tinax._cli.ls import show_listing
+
+        show_listing(path, args, out, err)
     else:
         _show_checkpoint(path, args, out)
 

@@ -26,22 +26,35 @@ the leaf a name given to ``--leaf`` means is ``tinax.explore._key_match``'s, as 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
 from tinax._cli import args as cli_args
-from tinax._cli.args import EXIT_INTERRUPTED, EXIT_OK, EXIT_TROUBLE
+from tinax._cli.args import EXIT_OK, EXIT_TROUBLE, interrupted
 
 __all__ = ["console", "main"]
 
 PROG = "tinax"
 # A first argument that is one of these is the command ("tinax verify" alone is a
 # usage error); a directory with such a name is shown with "tinax show ./verify".
-COMMANDS = ("ls", "show", "diff", "verify", "export", "run", "plan", "derive", "average")
+COMMANDS = (
+    "ls",
+    "show",
+    "diff",
+    "verify",
+    "export",
+    "run",
+    "plan",
+    "derive",
+    "average",
+    "set-aside",
+)
 
 
 class ReaderGone(io.TextIOBase):
@@ -92,48 +105,73 @@ class ReaderGone(io.TextIOBase):
         return True
 
 
+def _lay_out(parsed: argparse.Namespace) -> argparse.Namespace:
+    """Tables laid out as ``--wide`` says (terminal's width otherwise); the parsed
+    arguments given back. The table machinery is imported where a table is drawn."""
+    wide = bool(getattr(parsed, "wide", False))
+    if wide or "tinax._cli.terminal" in sys.modules:
+        from tinax._cli import terminal
+
+        terminal.set_wide(wide)
+    return parsed
+
+
 def _dispatch(argv: list[str], out: TextIO, err: TextIO, prog: str) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     rest = argv[1:] if command else argv
     if command == "diff":
-        from tinax._cli.commands import diff
+        with cli_args.importing(prog):
+            from tinax._cli.commands import diff
 
-        return diff(cli_args._diff_parser(prog).parse_args(rest), out)
+        return diff(_lay_out(cli_args._diff_parser(prog).parse_args(rest)), out)
     if command == "verify":
-        parsed = cli_args._verify_parser(prog).parse_args(rest)
-        from tinax._cli.verify import verify_command
+        parsed = _lay_out(cli_args._verify_parser(prog).parse_args(rest))
+        with cli_args.importing(prog):
+            from tinax._cli.verify import verify_command
 
         return verify_command(parsed, out, err)
     if command == "export":
-        parsed = cli_args._export_parser(prog).parse_args(rest)
-        from tinax._cli.commands import export
+        parsed = _lay_out(cli_args._export_parser(prog).parse_args(rest))
+        with cli_args.importing(prog):
+            from tinax._cli.commands import export
 
         return export(parsed, out, err)
     if command == "run":
-        parsed = cli_args._run_parser(prog).parse_args(rest)
-        from tinax._cli.run_command import run_command
+        parsed = _lay_out(cli_args._run_parser(prog).parse_args(rest))
+        with cli_args.importing(prog):
+            from tinax._cli.run_command import run_command
 
         return run_command(parsed, out, err)
     if command == "plan":
-        parsed = cli_args._plan_parser(prog).parse_args(rest)
-        from tinax._cli.plan import plan_command
+        parsed = _lay_out(cli_args._plan_parser(prog).parse_args(rest))
+        with cli_args.importing(prog):
+            from tinax._cli.plan import plan_command
 
         return plan_command(parsed, out, err)
+    if command == "set-aside":
+        parsed = _lay_out(cli_args._set_aside_parser(prog).parse_args(rest))
+        with cli_args.importing(prog):
+            from tinax._cli.set_aside import set_aside_command
+
+        return set_aside_command(parsed, out)
     if command in ("derive", "average"):
-        from tinax._cli import surgery
+        with cli_args.importing(prog):
+            from tinax._cli import surgery
 
         return surgery.run(command, rest, out, err, prog)
     if command == "ls":
-        parsed = cli_args._ls_parser(prog).parse_args(rest)
-        from tinax._cli.commands import show
+        parsed = _lay_out(cli_args._ls_parser(prog).parse_args(rest))
+        with cli_args.importing(prog):
+            from tinax._cli.ls import show_listing
 
-        show(parsed.root, parsed, out, err, listing=True)
+        show_listing(parsed.root, parsed, out, err)
         return EXIT_OK
     if command == "show":
-        parsed = cli_args._show_parser(prog).parse_args(rest)
+        parsed = _lay_out(cli_args._show_parser(prog).parse_args(rest))
     else:
-        parsed = cli_args._parser(prog).parse_args(rest)
-    from tinax._cli.commands import show
+        parsed = _lay_out(cli_args._parser(prog).parse_args(rest))
+    with cli_args.importing(prog):
+        from tinax._cli.commands import show
 
     show(parsed.path, parsed, out, err, listing=False)
     return EXIT_OK
@@ -175,14 +213,15 @@ def main(
 
 def console(prog: str = PROG) -> None:
     """The ``tinax`` console command: ``main``'s status as the exit status; Ctrl-C is
-    one line and status 130; a reader that stops early changes no status."""
-    out, err = ReaderGone(sys.stdout), ReaderGone(sys.stderr)
+    one line and status 130 (``args.interrupted``) whenever it comes, the process's
+    end included; a reader that stops early changes no status."""
     try:
+        out, err = ReaderGone(sys.stdout), ReaderGone(sys.stderr)
         status = main(out=out, err=err, prog=prog)  # type: ignore[arg-type]
         out.flush()
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=err)
         err.flush()
-        # Threads reading a checkpoint are not waited for: the process ends now.
-        os._exit(EXIT_INTERRUPTED)
+        # From here the process only ends (threads joined, modules torn down).
+        signal.signal(signal.SIGINT, lambda *_: interrupted(prog))
+    except KeyboardInterrupt:
+        interrupted(prog)
     sys.exit(status)

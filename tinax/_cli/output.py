@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
@@ -53,9 +52,7 @@ def _machine(table: pd.DataFrame, as_json: bool, out: TextIO) -> None:
         _csv(table, out)
 
 
-def _say(text: str, out: TextIO, total: int) -> None:
-    for line in textwrap.wrap(text, total, break_on_hyphens=False) or [""]:
-        print(line, file=out)
+_say = term.say
 
 
 def _natural(table: pd.DataFrame, by_checkpointable: bool = True) -> pd.DataFrame:

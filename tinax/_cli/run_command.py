@@ -10,8 +10,10 @@ from typing import Any, TextIO
 import pandas as pd
 
 from tinax._cli import terminal as term
+from tinax._cli import verdicts
 from tinax._cli.output import _csv, _dump, _progress, _records, _say, _seconds
 from tinax._cli.terminal import Column, jsonable
+from tinax._format.integrity.health import overall
 from tinax.explore import display
 from tinax.explore._run_view.drift import drift_table
 from tinax.explore._run_view.run_table import run_table
@@ -30,6 +32,7 @@ def _run_columns(table: pd.DataFrame) -> list[Column]:
         "save_blocked_s": Column("save_blocked_s", "blocked", _seconds, priority=5, right=True),
         "save_total_s": Column("save_total_s", "save", _seconds, priority=4, right=True),
         "tier": Column("tier", "tier", priority=2),
+        "health": Column("health", "health", priority=1),
         "promotion": Column("promotion", "promotion", priority=3),
     }
     columns = []
@@ -37,7 +40,7 @@ def _run_columns(table: pd.DataFrame) -> list[Column]:
         if name in known:
             columns.append(known[name])
         elif name in table.attrs.get("metrics", ()):
-            columns.append(Column(name, name, _measured, priority=2, right=True))
+            columns.append(Column(name, name, term.measured, priority=2, right=True))
     return columns
 
 
@@ -63,13 +66,6 @@ def _as_logged(table: pd.DataFrame) -> pd.DataFrame:
             dtype=object,
         )
     return shown
-
-
-def _measured(value: Any) -> str:
-    """A metric: ``nan`` for a NaN that was logged, blank for nothing recorded."""
-    if isinstance(value, float) and math.isnan(value):
-        return "nan"
-    return term.number(value)
 
 
 def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -100,6 +96,8 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
     total = term.width()
     term.render(table, _run_columns(table), out, total)
+    for line in verdicts.health_notes(table):
+        _say(line, out, total)
     errors: dict[str, str] = table.attrs.get("errors", {})
     for where, problem in errors.items():
         print(f"unreadable: {where}: {problem}", file=err)
@@ -145,7 +143,8 @@ def _show_drift(drift: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
         )
         _render_top(ranked, columns, out, total, top, "more (--top 0 shows all, --csv prints all)")
     if nonfinite.any():
-        _show_nonfinite_pairs(drift[nonfinite], out, total, top)
+        checkpointable = str(drift.attrs.get("checkpointable") or "model")
+        _show_nonfinite_pairs(drift[nonfinite], out, total, top, checkpointable)
     unreadable = drift.attrs.get("unreadable") or []
     if unreadable:
         print(file=out)
@@ -164,19 +163,24 @@ def _show_drift(drift: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
             )
 
 
-def _show_nonfinite_pairs(rows: pd.DataFrame, out: TextIO, total: int, top: int) -> None:
-    """The pairs holding NaN or Inf: one line each, with how many subtrees and values."""
+def _show_nonfinite_pairs(
+    rows: pd.DataFrame, out: TextIO, total: int, top: int, checkpointable: str
+) -> None:
+    """The pairs holding NaN or Inf: one line each, with how many subtrees, and the
+    NaN and Inf of the later checkpoint's ``checkpointable`` (what a scan of that
+    checkpoint counts there: each leaf once)."""
     pairs = (
         rows.groupby(["previous_step", "step"], sort=True)
-        .agg(subtrees=("subtree", "size"), nan=("nan", "sum"), inf=("inf", "sum"))
+        .agg(subtrees=("subtree", "size"), nan=("nan_b", "sum"), inf=("inf_b", "sum"))
         .reset_index()
     )
     where = pairs.iloc[0]
     print(file=out)
     _say(
         f"non-finite: {len(pairs)} pair{'s' * (len(pairs) != 1)} hold NaN or Inf, the first "
-        f"from step {where['previous_step']} to {where['step']} "
-        f"({int(rows['nan'].sum()):,} NaN, {int(rows['inf'].sum()):,} Inf in all)",
+        f"from step {where['previous_step']} to {where['step']}, whose {checkpointable} "
+        f"holds {int(where['nan']):,} NaN and {int(where['inf']):,} Inf (each pair's later "
+        "checkpoint counted below, as --scan counts it)",
         out,
         total,
     )
@@ -207,6 +211,11 @@ def _render_top(
 
 
 def _show_scan(scan: pd.DataFrame, out: TextIO, total: int) -> None:
+    # One word a row, as every view says it: the integrity where it is not sound, else
+    # the health the scan found.
+    scan = scan.assign(
+        verdict=[overall(i, h) for i, h in zip(scan["integrity"], scan["health"], strict=True)]
+    )
     columns = (
         Column("name", "name", priority=0),
         Column("step", "step", term.number, priority=3, right=True),
@@ -220,9 +229,20 @@ def _show_scan(scan: pd.DataFrame, out: TextIO, total: int) -> None:
     back = scan.attrs.get("rollback_step")
     if first is None:
         _say("scan: no NaN or Inf in any checkpoint", out, total)
-    elif back is None:
-        _say(f"scan: NaN/Inf from step {first} on; no sound checkpoint before it", out, total)
     else:
-        _say(f"scan: NaN/Inf from step {first} on; roll back to step {back}", out, total)
+        rollback = "no sound checkpoint before it" if back is None else f"roll back to step {back}"
+        _say(f"scan: NaN/Inf from step {first} on; {rollback}", out, total)
+        # The first one's counts by checkpointable: the model's is what --drift counts.
+        healths = scan.attrs.get("health", {})
+        for path, step in zip(scan["path"], scan["step"], strict=True):
+            found = healths.get(str(path))
+            if step == first and found is not None and found.counts:
+                parts = ", ".join(
+                    f"{name} {c.nan:,} NaN" + (f" {c.inf:,} Inf" if c.inf else "")
+                    for name, c in found.counts.items()
+                    if c.leaves
+                )
+                _say(f"step {first}: {parts}", out, total)
+                break
     for where, problem in scan.attrs.get("problems", {}).items():
         _say(f"not sound: {where}: {problem}", out, total)

@@ -54,6 +54,9 @@ def _add_selection(parser: argparse.ArgumentParser, keys: str) -> None:
         "--only", nargs="+", metavar="NAME", help="only these checkpointables (e.g. model)"
     )
     parser.add_argument("--keys", metavar="REGEX", help=f"only leaves whose dotted key {keys}")
+    diverged = """make it from a source that diverged (NaN or Inf in its state, or a NaN
+        logged metric), which is refused otherwise"""
+    parser.add_argument("--allow-diverged", action="store_true", help=" ".join(diverged.split()))
 
 
 def run(command: str, argv: Sequence[str], out: TextIO, err: TextIO, prog: str) -> int:
@@ -66,14 +69,24 @@ def run(command: str, argv: Sequence[str], out: TextIO, err: TextIO, prog: str) 
         args = _derive_parser(prog).parse_args(argv)
         destination, doing = args.destination, "deriving"
         work = functools.partial(
-            derive_checkpoint, args.source, destination, cast=args.cast, rename=args.rename
+            derive_checkpoint,
+            args.source,
+            destination,
+            cast=args.cast,
+            rename=args.rename,
+            allow_diverged=args.allow_diverged,
         )
     else:
         args = _average_parser(prog).parse_args(argv)
         destination, doing = args.out, "averaging"
         work = functools.partial(
-            average_checkpoints, args.sources, destination, weights=args.weights
+            average_checkpoints,
+            args.sources,
+            destination,
+            weights=args.weights,
+            allow_diverged=args.allow_diverged,
         )
+    term.set_wide(args.wide)
     with _progress(err, doing) as progress:
         work(checkpointables=args.only, keys=args.keys, progress=progress)
     _report(destination, time.perf_counter() - start, args.json, out)

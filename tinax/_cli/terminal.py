@@ -13,16 +13,16 @@ wrap.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import io
 import json
 import math
+import numbers
 import shutil
 import textwrap
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
-
-import numpy as np
-import pandas as pd
+from typing import Any, Protocol, TextIO
 
 from tinax.explore import display
 from tinax.explore.display import human_bytes as human_bytes
@@ -39,46 +39,86 @@ MIN_KEY = 24
 MIN_WRAP = 24
 
 
+# ``--wide``: every column of a table shown, however long its lines.
+WIDE = 100_000
+_wide = False
+
+
+def set_wide(wide: bool) -> None:
+    """Lays tables out for ``--wide`` (every column) or for the terminal's width."""
+    global _wide
+    _wide = wide
+
+
 def width() -> int:
-    """The terminal's width: ``COLUMNS``, else the terminal's own, else 80."""
+    """The terminal's width: ``COLUMNS``, else the terminal's own, else 80 (with
+    ``--wide``, wide enough for every column)."""
+    if _wide:
+        return WIDE
     return max(20, shutil.get_terminal_size((80, 24)).columns)
 
 
+# pandas' missing values, told by their types: a table of plain rows needs no pandas.
+_PANDAS_MISSING = frozenset({"NAType", "NaTType"})
+
+
 def is_missing(value: Any) -> bool:
-    if value is None or value is pd.NA or value is pd.NaT:
+    if value is None or type(value).__name__ in _PANDAS_MISSING:
         return True
     return isinstance(value, float) and math.isnan(value)
 
 
-def human_age(committed: Any, now: pd.Timestamp | None = None) -> str:
-    """``3 min ago`` for a recent time, ``2026-12-01 14:03`` (UTC) for an older one."""
+def human_age(committed: Any, now: Any = None) -> str:
+    """``3 min ago`` for a recent time, ``2026-12-01 14:03`` (UTC) for an older one.
+
+    ``committed`` is a ``pandas.Timestamp`` or nanoseconds since the epoch (UTC)."""
     if is_missing(committed):
         return ""
-    stamp = pd.Timestamp(committed)
-    if stamp.tzinfo is None:
-        stamp = stamp.tz_localize("UTC")
-    now = now or pd.Timestamp.now(tz="UTC")
-    seconds = (now - stamp).total_seconds()
+    # A pandas Timestamp's ``value``: nanoseconds since the epoch, UTC.
+    nanoseconds = int(getattr(committed, "value", committed))
+    stamp = datetime.datetime.fromtimestamp(nanoseconds / 1e9, datetime.UTC)
+    current = time.time_ns() if now is None else int(getattr(now, "value", now))
+    seconds = (current - nanoseconds) / 1e9
     if 0 <= seconds < 60:
         return f"{int(seconds)} s ago"
     if 0 <= seconds < 3600:
         return f"{int(seconds // 60)} min ago"
     if 0 <= seconds < 86400:
         return f"{int(seconds // 3600)} h ago"
-    return stamp.tz_convert("UTC").strftime("%Y-%m-%d %H:%M")
+    return stamp.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _is_bool(value: Any) -> bool:
+    """A Python or NumPy bool (told by its type: NumPy is not imported to ask)."""
+    return isinstance(value, bool) or (
+        type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    )
+
+
+def _numpy(value: Any) -> bool:
+    """Whether ``value`` is a NumPy scalar or array."""
+    return type(value).__module__ == "numpy"
 
 
 def number(value: Any) -> str:
     """A float to 4 significant digits, an integer whole; blank when missing."""
     if is_missing(value):
         return ""
-    if isinstance(value, bool | np.bool_):
+    if _is_bool(value):
         return str(bool(value))
-    if isinstance(value, int | np.integer):
+    if isinstance(value, numbers.Integral):
         return str(int(value))
-    if isinstance(value, float | np.floating):
+    if isinstance(value, numbers.Real):
         return f"{float(value):.4g}"
     return str(value)
+
+
+def measured(value: Any) -> str:
+    """A logged metric: ``nan`` for a NaN that was logged, blank for nothing recorded
+    (``None``, ``<NA>``)."""
+    if isinstance(value, numbers.Real) and not _is_bool(value) and math.isnan(value):
+        return "nan"
+    return number(value)
 
 
 def count_if_any(value: Any) -> str:
@@ -101,7 +141,7 @@ def text(value: Any) -> str:
         return value
     if isinstance(value, tuple | list):
         return ", ".join(text(v) for v in value)
-    if isinstance(value, int | float | np.number | bool | np.bool_):
+    if isinstance(value, numbers.Number) or _is_bool(value):
         return number(value)
     return repr(value)
 
@@ -116,6 +156,43 @@ def shorten_middle(value: str, limit: int) -> str:
     head = limit // 2
     tail = limit - 1 - head
     return value[:head] + ELLIPSIS + (value[-tail:] if tail else "")
+
+
+class Table(Protocol):
+    """What the layout reads of a table: a ``pandas.DataFrame``, or ``Rows``."""
+
+    @property
+    def columns(self) -> Any: ...
+
+    @property
+    def empty(self) -> bool: ...
+
+    def __getitem__(self, name: str) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+
+class Rows:
+    """A table of plain rows (dicts) as the layout reads one, for a command that prints
+    without pandas (``tinax ls``)."""
+
+    def __init__(self, rows: list[dict[str, Any]], columns: list[str]) -> None:
+        self._rows = rows
+        self._columns = [c for c in columns if not rows or c in rows[0]]
+
+    @property
+    def columns(self) -> list[str]:
+        return self._columns
+
+    @property
+    def empty(self) -> bool:
+        return not self._rows
+
+    def __getitem__(self, name: str) -> list[Any]:
+        return [row.get(name) for row in self._rows]
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,12 +227,14 @@ class Layout:
       widths: Each shown column's width.
       cells: Each column's cell texts (keys as labels).
       uniform: Columns left out because every row holds one value, with that value.
+      hidden: Columns left out for the line's width (``--wide`` shows them).
     """
 
     columns: list[Column]
     widths: dict[str, int]
     cells: dict[str, list[str]]
     uniform: dict[str, str]
+    hidden: list[Column] = dataclasses.field(default_factory=list)
 
 
 def key_labels(
@@ -166,7 +245,7 @@ def key_labels(
 
 
 def layout(
-    table: pd.DataFrame,
+    table: Table,
     columns: Sequence[Column],
     total: int,
     *,
@@ -238,6 +317,7 @@ def layout(
         essential = c.priority <= ESSENTIAL
         if key_fits(room(trial), MIN_KEY if essential else key_full):
             kept = trial
+    hidden = [c for c in columns if c not in kept]
     kept = [c for c in columns if c in kept]
     left = room(kept)
     if key is not None:
@@ -258,11 +338,11 @@ def layout(
     for c in kept:
         if not (c.key or c.wrap):
             cells[c.source] = [shorten_middle(s, widths[c.source]) for s in cells[c.source]]
-    return Layout(kept, {c.source: widths[c.source] for c in kept}, cells, uniform)
+    return Layout(kept, {c.source: widths[c.source] for c in kept}, cells, uniform, hidden)
 
 
 def render(
-    table: pd.DataFrame,
+    table: Table,
     columns: Sequence[Column],
     out: TextIO,
     total: int,
@@ -272,8 +352,9 @@ def render(
     """Prints ``table`` with the ``columns`` that fit in ``total`` characters.
 
     Columns left out because every row holds the same value are named on a line
-    under the table (``every row: kind: jax.Array``). Returns the layout drawn
-    (``None`` for an empty table).
+    under the table (``every row: kind: jax.Array``), and so are those left out for
+    the width (``… 3 more columns: lr, blocked, save; --wide``). Returns the layout
+    drawn (``None`` for an empty table).
     """
     if table.empty:
         print("(no rows)", file=out)
@@ -315,6 +396,12 @@ def render(
         said = "; ".join(f"{byname[s]}: {v}" for s, v in plan.uniform.items())
         for line in textwrap.wrap(f"every row: {said}", total, break_on_hyphens=False):
             print(line, file=out)
+    if plan.hidden:
+        count = len(plan.hidden)
+        named = ", ".join(c.header for c in plan.hidden)
+        told = f"… {count} more column{'s' * (count != 1)}: {named}; --wide shows them"
+        for line in textwrap.wrap(told, total, break_on_hyphens=False):
+            print(line, file=out)
     return plan
 
 
@@ -324,7 +411,7 @@ NONFINITE_VALUES = "nonfinite_values"
 
 def _nonfinite_text(value: Any) -> str | None:
     """``"nan"``, ``"inf"`` or ``"-inf"`` for a non-finite float; ``None`` otherwise."""
-    if isinstance(value, np.generic) and not isinstance(value, np.bool_):
+    if _numpy(value) and not _is_bool(value) and hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
@@ -340,17 +427,17 @@ def jsonable(value: Any) -> Any:
     (``{"loss": null, "nonfinite_values": {"loss": "nan"}}``), so that null alone
     always means missing. A non-finite number in a list is null.
     """
-    if value is None or value is pd.NA or value is pd.NaT:
+    if is_missing(value) and not isinstance(value, float):
         return None
     if isinstance(value, bool | str | int):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, np.generic):
-        return jsonable(value.item())
-    if isinstance(value, pd.Timestamp):
+    if _numpy(value) and hasattr(value, "tolist"):  # a NumPy scalar or array
+        return jsonable(value.tolist())
+    if type(value).__name__ == "Timestamp":  # pandas': imported only where there is one
         return value.isoformat()
-    if isinstance(value, pd.Timedelta):
+    if type(value).__name__ == "Timedelta":
         return value.total_seconds()
     if isinstance(value, dict):
         plain = {str(k): jsonable(v) for k, v in value.items()}
@@ -360,8 +447,6 @@ def jsonable(value: Any) -> Any:
         return plain
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return jsonable(value.tolist())
     return str(value)
 
 
@@ -377,3 +462,9 @@ def csv_cell(value: Any) -> Any:
     if isinstance(plain, list | dict):
         return json.dumps(plain)
     return plain
+
+
+def say(text: str, out: TextIO, total: int) -> None:
+    """``text`` wrapped to ``total`` characters (a blank line for ``""``)."""
+    for line in textwrap.wrap(text, total, break_on_hyphens=False) or [""]:
+        print(line, file=out)

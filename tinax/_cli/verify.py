@@ -53,6 +53,11 @@ def _verification_record(result: Verification) -> dict[str, Any]:
         "path": result.path,
         "ok": result.ok,
         "status": result.status,
+        "integrity": result.integrity,
+        "health": result.health.verdict,
+        "health_reason": result.health.reason,
+        "nan": result.health.nan,
+        "inf": result.health.inf,
         "verdict": result.verdict,
         "data": result.data,
         "findings": _records(result.findings),
@@ -71,6 +76,8 @@ def _verdict_rows(checked: Sequence[tuple[str, Any, Verification | None, str]]) 
             "step": step,
             "ok": None if result is None else result.ok,
             "status": None if result is None else result.status,
+            "integrity": None if result is None else result.integrity,
+            "health": None if result is None else result.health.verdict,
             "verdict": verdict,
         }
         if findings.empty:
@@ -85,7 +92,19 @@ def _verdict_rows(checked: Sequence[tuple[str, Any, Verification | None, str]]) 
                 }
             )
     return pd.DataFrame(
-        rows, columns=["path", "step", "ok", "status", "verdict", "severity", "part", "message"]
+        rows,
+        columns=[
+            "path",
+            "step",
+            "ok",
+            "status",
+            "integrity",
+            "health",
+            "verdict",
+            "severity",
+            "part",
+            "message",
+        ],
     )
 
 
@@ -178,14 +197,30 @@ def _verify_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out,
             total,
         )
-        sound = sum(1 for _, _, r, _ in checked if r is not None and r.ok)
-        diverged = sum(1 for _, _, r, _ in checked if r is not None and r.diverged)
-        scope = "metadata and data" if args.data else "metadata"
-        also = f", {diverged} diverged" if diverged else ""
         print(file=out)
-        _say(
-            f"{sound} of {len(checked)} checkpoints sound{also} ({scope} checked)",
-            out,
-            total,
-        )
+        _say(run_summary([r for _, _, r, _ in checked], args.data), out, total)
     return EXIT_NO if failed else EXIT_OK
+
+
+def run_summary(results: Sequence[Verification | None], data: bool) -> str:
+    """The line under ``verify`` of a run: how many are sound (and healthy), diverged,
+    damaged; whose health is not yet known (``None``: a checkpoint not checked)."""
+    checked = [r for r in results if r is not None]
+    sound = [r for r in checked if r.ok]
+    healthy = sum(1 for r in sound if r.health.verdict == words.HEALTHY)
+    unknown = len(sound) - healthy
+    diverged = sum(1 for r in checked if r.status == words.DIVERGED)
+    damaged = sum(1 for r in checked if r.status == words.NOT_SOUND)
+    word = "sound and healthy" if sound and not unknown else "sound"
+    told = [f"{len(sound)} of {len(results)} checkpoints {word}"]
+    if diverged:
+        told.append(f"{diverged} diverged")
+    if damaged:
+        told.append(f"{damaged} not sound")
+    scope = "metadata and data" if data else "metadata"
+    note = f"{scope} checked"
+    if unknown:
+        note += f"; the health of {unknown} not yet known: " + (
+            "their data could not all be read" if data else "--data reads their data"
+        )
+    return ", ".join(told) + f" ({note})"

@@ -25,12 +25,13 @@ import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from tinax._format.naming.dtypes import numpy_dtype as numpy_dtype
 from tinax._format.naming.keys import without_nnx_value
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SUFFIX = ".safetensors"
 SINGLE_FILE = "model.safetensors"
@@ -272,6 +273,8 @@ def check_size(header: Header) -> None:
 
 def map_tensor(header: Header, name: str) -> np.ndarray:
     """One tensor as a read-only memory map of its file (nothing read until indexed)."""
+    import numpy as np
+
     entry = header.tensors[name]
     dtype = numpy_dtype(entry.dtype)
     if entry.nbytes == 0:

@@ -22,15 +22,17 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import xxhash
 
 from tinax._format.metadata import layout
 from tinax._format.naming import names
 from tinax._format.storage import files
 from tinax._format.storage.location import DIRECTORY, Entry, Location
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ALGORITHM = "xxh3_64"
 
@@ -48,6 +50,8 @@ Bounds = tuple[tuple[int, int], ...]
 
 def digest(value: np.ndarray | bytes) -> str:
     """The checksum of an array's bytes in C order (or of raw bytes), as hex."""
+    import numpy as np
+
     if isinstance(value, bytes):
         return xxhash.xxh3_64_hexdigest(value)
     data = value if value.flags.c_contiguous else np.ascontiguousarray(value)
@@ -451,6 +455,8 @@ def check_read_value(item: layout.StoredCheckpointable, key: str, value: Any) ->
     Raises:
       ValueError: If the record itself is unreadable.
     """
+    import numpy as np
+
     records = read_checksums(item)
     record = None if records is None else records.get(key)
     if record is None:
@@ -471,6 +477,8 @@ def check_value(record: LeafRecord, value: Any) -> bool | None:
     A scalar is compared in its stored dtype, and only when what was read is of the
     same kind (a target may ask for a float to come back as an int).
     """
+    import numpy as np
+
     if record.kind == STRING:
         return string_digest(value) == record.pieces[0].digest if isinstance(value, str) else None
     try:

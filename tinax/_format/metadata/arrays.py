@@ -22,14 +22,17 @@ import re
 import struct
 import urllib.parse
 from collections.abc import Collection, Iterator
-from typing import Any
-
-import numpy as np
-import tensorstore as ts
+from typing import TYPE_CHECKING, Any
 
 from tinax._format.metadata import layout
 from tinax._format.naming.dtypes import numpy_dtype as numpy_dtype
 from tinax._format.storage.location import Location
+
+if TYPE_CHECKING:
+    pass
+
+if TYPE_CHECKING:
+    import tensorstore as ts
 
 # B+tree nodes and array metadata are cached while one table is built; array
 # chunks never are, so reading one leaf holds only that leaf's bytes.
@@ -53,6 +56,8 @@ def context_of(checkpoint: layout.Checkpoint) -> ts.Context:
 
 def context() -> ts.Context:
     """A fresh tensorstore context: metadata cached, array data not, retries bounded."""
+    import tensorstore as ts
+
     return ts.Context(
         {
             # Reads of many chunks at once: tensorstore's defaults (the core count)
@@ -132,6 +137,8 @@ def inline_scalar(metadata: bytes, chunk: bytes | None) -> Any:
     (``walk_ocdbt`` gives both), as Orbax stores small ones: ``NOT_0D`` for an array
     that is not 0-d; ``None`` when the array is not such a scalar (the caller then
     reads it through tensorstore)."""
+    import numpy as np
+
     try:
         meta = json.loads(metadata)
     except (ValueError, RecursionError):
@@ -185,6 +192,8 @@ def inline_scalar(metadata: bytes, chunk: bytes | None) -> Any:
 
 
 def _root_location(base: Any, ctx: ts.Context) -> str | None:
+    import tensorstore as ts
+
     manifest = ts.ocdbt.dump(base, context=ctx).result()
     versions = manifest.get("versions") or []
     if not versions or "location" not in versions[-1].get("root", {}):
@@ -209,6 +218,9 @@ def crc32c(data: bytes) -> int:
     """The CRC-32C of ``data``: by a table for a few bytes (a shard's index), else by
     tensorstore (a zarr3 chunk of the bytes stored in memory with its crc32c codec,
     which appends it), at C speed whatever the size (a B+tree node)."""
+    import numpy as np
+    import tensorstore as ts
+
     if len(data) <= _CRC32C_TABLE_BYTES:
         crc = 0xFFFFFFFF
         for byte in data:
@@ -285,6 +297,8 @@ def _walk_ocdbt_store(
     Raises:
       ValueError: If the manifest or a node cannot be read or decoded.
     """
+    import tensorstore as ts
+
     base = ts.KvStore.open(directory.kvstore(), context=ctx).result()
     root = _root_location(base, ctx)
     if root is None:
@@ -321,6 +335,8 @@ def _walk_ocdbt(
     ``sizes``, if given, receives the stored bytes of every other key, summed by the
     directory of each wanted key (``w/zarr.json`` → ``w/``): an array's chunks.
     """
+    import tensorstore as ts
+
     found: dict[bytes, bytes] = {}
     indirect: dict[bytes, str] = {}
     owners = {key[: key.rfind(b"/") + 1] for key in wanted}
@@ -387,6 +403,8 @@ def read_values(
     Raises:
       ValueError: If the store cannot be opened or read.
     """
+    import tensorstore as ts
+
     wanted = {key.encode("utf-8"): key for key in keys}
     found: dict[bytes, bytes] = {}
     if ocdbt and wanted:
@@ -433,6 +451,8 @@ def array_spec(
 
 def open_arrays(specs: list[dict[str, Any]], ctx: ts.Context) -> list[Any]:
     """Opens the arrays for reading, all at once; returns their futures."""
+    import tensorstore as ts
+
     return [ts.open(spec, context=ctx, read=True) for spec in specs]
 
 
@@ -464,6 +484,9 @@ class ArrayInfo:
 
 def dtype_name(name: str) -> tuple[str, int | None]:
     """A stored dtype as NumPy names it, and its item size (``None`` if unknown)."""
+    import numpy as np
+    import tensorstore as ts
+
     try:
         dtype = np.dtype(name)
     except TypeError:
@@ -550,6 +573,8 @@ def _walk_level(
 ) -> list[tuple[bytes, str]]:
     """Takes the ``wanted`` keys of one B+tree level's nodes (their pending dumps) into
     ``found``; returns the nodes of the level below."""
+    import tensorstore as ts
+
     below: list[tuple[bytes, str]] = []
     for prefix, future in nodes:
         for entry in future.result()["entries"]:
@@ -576,6 +601,8 @@ def _look_up(
 ) -> dict[int, dict[str, bytes] | ValueError]:
     """``read_values`` of the OCDBT stores of few keys among ``requests``, by index: every
     store opened at once, then every key of every store looked up at once."""
+    import tensorstore as ts
+
     few = [
         i
         for i, ((_, keys), in_ocdbt) in enumerate(zip(requests, ocdbt, strict=True))
@@ -620,6 +647,8 @@ def read_values_of_stores(
     Stores of a few keys are not walked: every one is opened at once and its keys
     looked up (``_look_up``), as ``read_values`` would look them up.
     """
+    import tensorstore as ts
+
     wanted = [{key.encode("utf-8"): key for key in keys} for _, keys in requests]
     looked_up = _look_up(requests, ocdbt, ctx)
     opening = {

@@ -21,10 +21,9 @@ import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
-import tensorstore as ts
 
 from tinax._format.metadata import arrays, budget
 from tinax._format.metadata.arrays import ArrayInfo, parse_array_metadata
@@ -33,6 +32,9 @@ from tinax._format.naming import names, words
 from tinax._format.naming.keys import KeyPart, KeyPath
 from tinax._format.storage import files
 from tinax._format.storage.location import FILE, Entry, Location
+
+if TYPE_CHECKING:
+    import tensorstore as ts
 
 # Orbax's key types in ``key_metadata``.
 _SEQUENCE_KEY = 1

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -12,6 +15,8 @@ def numpy_dtype(name: str) -> np.dtype:
     Raises:
       TypeError: If none of them knows it.
     """
+    import numpy as np
+
     try:
         return np.dtype(name)
     except TypeError:
@@ -43,6 +48,8 @@ def convert_into(out: np.ndarray, values: np.ndarray) -> None:
     float32 to bfloat16 and bfloat16 to float32 are done on the bits with NumPy's
     integer ufuncs, block by block, releasing the interpreter; everything else, and any
     block holding a NaN, by NumPy itself."""
+    import numpy as np
+
     pair = (values.dtype.name, out.dtype.name)
     if pair not in _BIT_CONVERSIONS or not out.flags.c_contiguous:
         np.copyto(out, values, casting="unsafe")
@@ -51,6 +58,8 @@ def convert_into(out: np.ndarray, values: np.ndarray) -> None:
 
 
 def _float32_to_bfloat16(out: np.ndarray, values: np.ndarray) -> None:
+    import numpy as np
+
     bits = values.view(np.uint32)
     into = out.view(np.uint16)
     work = np.empty(min(CONVERT_BLOCK, bits.size), np.uint32)
@@ -74,6 +83,8 @@ def _float32_to_bfloat16(out: np.ndarray, values: np.ndarray) -> None:
 
 def _bfloat16_to_float32(out: np.ndarray, values: np.ndarray) -> None:
     # Exact: bfloat16 is float32's upper half.
+    import numpy as np
+
     widened = out.view(np.uint32)
     widened[...] = values.view(np.uint16)
     widened <<= 16
