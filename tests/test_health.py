@@ -27,7 +27,7 @@ from flax import nnx
 import tinax.explore as ex
 from tinax import vocabulary as words
 from tinax._format.integrity import health
-from tinax.checkpointing import DivergedCheckpointError, TrainingRun
+from tinax.checkpointing import DivergedCheckpointError, TrainingRun, load_checkpointables
 
 # The run whose weights go NaN at this step while the loss it logs stays finite.
 SILENT_STEP = 3
@@ -219,6 +219,23 @@ def test_reading_the_data_counts_each_leaf_once_and_every_view_agrees(runs, fres
     assert diverged.nan == sum(leaf.nan for leaf in diverged.leaves)
     data = ex.verify(run / _name(NAN_STEP), data=True)
     assert int(data.leaves["nan_count"].sum()) == diverged.nan
+
+
+def test_loads_of_one_checkpointable_at_a_time_add_up_to_one_count(runs, fresh):
+    # A script (or the restore-target builder) loading a checkpoint part by part is
+    # told the count a read of it whole gives, not the last part's alone.
+    path = runs["nan_loss"] / _name(NAN_STEP)
+    model, optimizer, _, _ = _targets()
+    load_checkpointables(path, {"model": model})
+    after_model = ex.checkpoint_health(path)
+    assert after_model.diverged_parts == ("model",)
+    load_checkpointables(path, {"optimizer": optimizer})
+    after_both = ex.checkpoint_health(path)
+    health.forget()
+    whole = ex.checkpoint_health(path, data=True)
+    assert after_both.diverged_parts == ("model", "optimizer")
+    assert after_both.state == whole.state and after_both.state.leaves == 18
+    assert after_both.reason.split(";")[0] == whole.reason.split(";")[0]
 
 
 def test_a_silent_divergence_is_found_by_the_data_alone(runs, fresh):

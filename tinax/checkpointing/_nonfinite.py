@@ -154,7 +154,10 @@ def loaded_health(checkpoint: layout.Checkpoint, counts: LoadCounts) -> health.H
     warning when it diverged (the caller asked for those values, and gets them)."""
     arrays_held = [c.name for c in checkpoint.checkpointables if c.layout == layout.PYTREE]
     found = counts.health(logged.logged(checkpoint.record), arrays_held)
-    if found.verdict != words.HEALTH_UNKNOWN:
+    # A load of some checkpointables adds to what earlier loads of the others found.
+    earlier = health.recalled(checkpoint.path, checkpoint.committed_nsecs)
+    found = health.merged(earlier, found, arrays_held)
+    if found.verdict != words.HEALTH_UNKNOWN or found.read:
         health.remember(checkpoint.path, checkpoint.committed_nsecs, found)
     if found.verdict == words.DIVERGED:
         _log.warning("loaded %s, which diverged: %s", checkpoint.path, found.reason)

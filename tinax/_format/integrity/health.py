@@ -299,6 +299,31 @@ def with_metrics(health: Health, metrics: Mapping[str, float] | None) -> Health:
     )
 
 
+def merged(earlier: Health | None, later: Health, held: Iterable[str] | None = None) -> Health:
+    """``later`` (what a read of some of a checkpoint's checkpointables found) with what
+    an ``earlier`` read of the same checkpoint found of the others: a script that loads
+    a checkpoint part by part is told one count, as a read of it whole would.
+
+    Args:
+      earlier: What was known from its data before (``recalled``), if anything.
+      later: What the read just made found.
+      held: The checkpointables whose arrays it holds: the two reads together are
+        complete where they counted every one.
+    """
+    if earlier is None or earlier.counts is None or later.counts is None:
+        return later
+    counts = {**earlier.counts, **later.counts}  # the later read of a part wins
+    leaves = [*(f for f in earlier.leaves if f.checkpointable not in later.counts), *later.leaves]
+    complete = later.complete or earlier.complete or (held is not None and set(held) <= set(counts))
+    return judge(
+        metrics=dict(later.metrics or earlier.metrics),
+        counts=counts,
+        leaves=leaves,
+        complete=complete,
+        source=later.source,
+    )
+
+
 # -- what this process has read ----------------------------------------------------------
 
 # The health found by reading each checkpoint's data in this process, by its path and
