@@ -457,11 +457,11 @@ def test_plans_match_the_measured_peak_memory_and_bytes_read(tmp_path: Path) -> 
             "0.05",
             "--width",
             "256",
-            # The two a unit test cannot measure in its own process: a resharded
-            # restore and a budgeted one (the saved sharding, the params-only and
-            # the refused cases are the benchmark's, and the tests above plan them).
+            # What a unit test cannot measure in its own process: the peak of a
+            # resharded restore (onto a 2x4 mesh), inside a budget of its plan's
+            # figure. The benchmark's other cases are its own; the tests above plan
+            # them, and measure their reads.
             "--cases",
-            "other",
             "budget",
             "--dir",
             str(tmp_path / "states"),
@@ -474,8 +474,7 @@ def test_plans_match_the_measured_peak_memory_and_bytes_read(tmp_path: Path) -> 
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     reports = {r["case"]: r for r in json.loads(out.read_text())}
-    for case in ("other", "budget"):
-        plan, measured = reports[case]["plan"], reports[case]["measured"]
-        assert abs(plan["peak"] / measured["peak"] - 1) <= 0.15, (case, plan, measured)
-        assert abs(plan["read"] / measured["read"] - 1) <= 0.05, (case, plan, measured)
-    assert reports["budget"]["measured"]["peak"] <= reports["budget"]["budget"]
+    plan, measured = reports["budget"]["plan"], reports["budget"]["measured"]
+    assert abs(plan["peak"] / measured["peak"] - 1) <= 0.15, (plan, measured)
+    assert abs(plan["read"] / measured["read"] - 1) <= 0.05, (plan, measured)
+    assert measured["peak"] <= reports["budget"]["budget"]
