@@ -19,7 +19,8 @@ up to that limit: the plan takes its buffers in flight as the bytes reserved at
 once, and the stored bytes of a cast beside them, an estimate that
 ``bench/restore_plan.py`` has found from 17% above to 7% below what such loads held
 (0.975x and 0.931x at 0.5 and 2 GB, the latest). Under a limit cut by a budget such
-loads held more than the limit accounts for (docs/guides/restore_plan.md).
+loads held more than the limit accounts for: some 200 MB beside the restored values
+of the 0.5 GB state whether the limit was 63 or 31 MB (docs/guides/restore_plan.md).
 """
 
 from __future__ import annotations
