@@ -117,15 +117,15 @@ def open_run(root: Path, durable: str, options: dict[str, Any]) -> TrainingRun:
 
 def _loaded_paths() -> list[str]:
     """Records the checkpoints each of the run's loads reads (``loaded``)."""
-    from tinax.checkpointing import _run
+    from tinax.checkpointing import _run_restore
 
-    real = _run.load_training_checkpoint
+    real = _run_restore.restore_training
 
     def recorded(path: Any, *args: Any, **kwargs: Any) -> Any:
         loaded.append(str(path))
         return real(path, *args, **kwargs)
 
-    _run.load_training_checkpoint = recorded
+    _run_restore.restore_training = recorded
     return loaded
 
 

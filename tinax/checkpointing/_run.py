@@ -1,27 +1,20 @@
-"""A training run: the save interval, retention, resume and preemption in one object.
+"""A training run: ``TrainingRun``, which saves by its interval, keeps what its policy
+keeps, resumes, and handles preemption, one job per module:
 
-(Over 500 lines: one class, whose interval, retention, resume, preemption and two
-tiers share the run's state and its record; split, each part would reach into the
-others. What a run directory needs, whichever tier it is, is in ``_run_files``; the
-local tier in ``_local_tier``; a promotion in ``_promotion``.)
+- ``_run_retention``: the run's directory, its record, what it keeps (``RunRecord``);
+- ``_run_tiers``: a two-tier run's promotions to the durable tier (``TwoTiers``);
+- ``_run_restore``: the resume, on every process alike, past diverged checkpoints, and
+  the run going on from an earlier step (``Restore``);
+- ``_run_preemption``: SIGTERM, and the end of a loop that goes on (``Preemption``);
+- here: the arguments, the interval, the save itself, and the waits for what is in
+  flight. (Over 500 lines: a fifth of them the class's documentation of its
+  arguments, and as much again the checks of them.)
 
-A run is a directory of checkpoints named ``step_<step>`` (``names.run_checkpoint_name``)
-and one small JSON record beside them (``names.RUN_RECORD``): the run's policy, the
-metric of every step saved, and why each checkpoint is kept. The record is a file,
-so no listing takes it for a checkpoint, and it is replaced atomically. Removal is
-crash-safe, and a checkpoint a restore could not load is set aside (``_run_files``).
-The steps after the one restored belong to the resumed job, which saves them again
-under their own names.
-
-A two-tier run (``local=``) saves to a local directory every ``local_every`` steps and
-promotes a local checkpoint to the run's directory, its durable tier, every
-``save_every`` steps: in the background, after the local save has committed, one
-promotion at a time (``_promotion``). Each tier has its record and its retention;
-restore takes the newest checkpoint that loads from either.
-
-On several processes the primary process (process 0) alone writes the records,
-removes checkpoints and promotes; every process saves, restores and decides to save
-alike.
+What a run directory needs, whichever tier it is, is in ``_run_files``; the local tier
+in ``_local_tier``; a promotion in ``_promotion``; a job of several hosts in
+``_hosts`` and ``_host_parts``. On several processes the primary process (process 0)
+alone writes the durable tier's record, removes its checkpoints and commits
+promotions; every process saves, restores and decides to save alike.
 """
 
 from __future__ import annotations
@@ -29,52 +22,36 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import json
 import logging
-import math
 import os
 import signal
-import socket
-import sys
 import threading
-import time
 import types
-import warnings
-import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import grain
 
 from tinax import _paths
-from tinax._format.integrity import health, preflight
-from tinax._format.metadata.layout import Checkpoint
-from tinax._format.naming import names, words
+from tinax._format.naming import names
 from tinax._format.records import tiers
-from tinax._format.records.runrecord import read_run_record
 from tinax._format.storage import removal
 from tinax._format.storage.location import Location
 from tinax.checkpointing import _host_parts, _hosts, _processes, _run_files
 from tinax.checkpointing._local_tier import LocalTier
-from tinax.checkpointing._nonfinite import DivergedCheckpointError
 from tinax.checkpointing._promotion import Promotion
 from tinax.checkpointing._response import SaveResponse
-from tinax.checkpointing._restore_plan import check_budget, memory_budget
-from tinax.checkpointing._resume import DIVERGED as DIVERGED_WHY
 from tinax.checkpointing._resume import (
     PassedOver,
-    known_health,
-    none_healthy_message,
-    resumed_message,
 )
+from tinax.checkpointing._run_preemption import Preemption
+from tinax.checkpointing._run_restore import Restore
 from tinax.checkpointing._training import (
     TrainingCheckpoint,
     TrainingCheckpointNames,
     check_step,
-    restore_training,
     start_training_save,
 )
-from tinax.checkpointing._verdict import TargetMismatchError
 
 _log = logging.getLogger("tinax.checkpointing")
 
@@ -83,9 +60,6 @@ _MODES = ("min", "max")
 EXIT = "exit"
 CONTINUE = "continue"
 _PREEMPTION_CHOICES = (EXIT, CONTINUE)
-# Seconds the other processes of a job wait for the primary's promotions to end (a
-# promotion copies a whole checkpoint to a bucket).
-_PROMOTION_WAIT = 3600.0
 # Seconds a process waits for the others at each meeting of a run (``timeout``).
 DEFAULT_TIMEOUT = 60.0
 
@@ -101,39 +75,11 @@ def _check_count(value: object, *, what: str, minimum: int, allow_none: bool) ->
     return value
 
 
-def _metric_label(best_by: str | Callable[[Any], Any] | None) -> str | None:
-    if best_by is None:
-        return None
-    if isinstance(best_by, str):
-        return best_by
-    return getattr(best_by, "__name__", None) or type(best_by).__name__
-
-
-def _metric_value(auxiliary: Mapping[Any, Any], best_by: str) -> Any:
-    """The metric ``best_by`` names in the auxiliary state: a key, or a dotted path
-    into nested mappings (``"eval.loss"``, as ``run_table`` names its column).
-
-    Raises:
-      ValueError: If there is no such key, naming the keys there are.
-    """
-    if best_by in auxiliary:
-        return auxiliary[best_by]
-    found: Any = auxiliary
-    for part in best_by.split("."):
-        if not isinstance(found, Mapping) or part not in found:
-            raise ValueError(
-                f"best_by={best_by!r} is not a key of the auxiliary state, nor a dotted "
-                f"path into it (it has {sorted(map(str, auxiliary))})"
-            )
-        found = found[part]
-    return found
-
-
 def _sigterm_enabled() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-class TrainingRun:
+class TrainingRun(Restore, Preemption):
     """The checkpoints of one training run: when to save, what to keep, where to resume.
 
     ``save`` starts a save when the interval (or a preemption) says so, with at most
@@ -250,7 +196,9 @@ class TrainingRun:
     ) -> None:
         self._save_every = _check_count(save_every, what="save_every", minimum=1, allow_none=True)
         self._keep = _check_count(keep, what="keep", minimum=1, allow_none=True)
-        self._keep_best = _check_count(keep_best, what="keep_best", minimum=0, allow_none=False)
+        kept_best = _check_count(keep_best, what="keep_best", minimum=0, allow_none=False)
+        assert kept_best is not None  # not allowed to be None
+        self._keep_best = kept_best
         if best_by is not None and not isinstance(best_by, str) and not callable(best_by):
             raise TypeError(
                 f"best_by must be a key of the auxiliary state, a callable or None, "
@@ -375,32 +323,6 @@ class TrainingRun:
     # -- what the run holds ------------------------------------------------------------
 
     @property
-    def directory(self) -> str:
-        """The run's directory."""
-        return str(self._root)
-
-    @property
-    def preempted(self) -> bool:
-        """Whether the run was preempted and its preemption save has committed: the
-        loop may end now without losing a step.
-
-        A SIGTERM (on any process of the job) makes the next ``save`` (or
-        ``should_save``) the preemption save, whatever the interval; this turns true
-        only once that save has committed. A SIGTERM that lands after a ``save`` and
-        before the loop reads this flag leaves it false until the next step's save
-        has committed, so ``if run.preempted: break`` never ends a loop with its
-        newest steps unsaved.
-        """
-        return self._preemption_saved is not None
-
-    @property
-    def preemption_requested(self) -> bool:
-        """Whether a SIGTERM (on any process of the job) asked the run to stop; the
-        next ``save`` is then the preemption save, and ``preempted`` turns true once
-        it has committed."""
-        return self._preempted
-
-    @property
     def steps(self) -> list[int]:
         """The steps of the run's complete checkpoints (in either tier), ascending."""
         found = set(self._complete())
@@ -417,25 +339,6 @@ class TrainingRun:
     def local_steps(self) -> list[int]:
         """The steps of the complete checkpoints in the local tier (none without one)."""
         return [] if self._local is None else sorted(self._local.complete())
-
-    @property
-    def local_directory(self) -> str | None:
-        """The local tier's directory, or ``None`` for a run of one tier."""
-        return None if self._local is None else str(self._local.root)
-
-    @property
-    def _keeps_local(self) -> bool:
-        """Whether this process keeps the local tier (its record, retention and
-        promotions): the primary, or every process where each has a part."""
-        return self._primary or self._parts
-
-    def path(self, step: int) -> str:
-        """Where the checkpoint of ``step`` is (or would be) in ``directory``."""
-        return str(self._root / names.run_checkpoint_name(check_step(step)))
-
-    def _complete(self) -> dict[int, Location]:
-        """The committed checkpoints of ``directory`` by step."""
-        return _run_files.complete_checkpoints(self._root)
 
     # -- saving ------------------------------------------------------------------------
 
@@ -589,127 +492,9 @@ class TrainingRun:
             )
         return response
 
-    def _go_on(self, step: int) -> None:
-        """Before the first save after a restore: the checkpoints of steps after the one
-        restored belong to the branch the run leaves; they are set aside (kept for
-        inspection as ``<name>.tinax-abandoned``, never resumed from), and the run's
-        record says from which step it went on (primary)."""
-        start, self._went_on_from = self._went_on_from, None
-        if start is None or not self._primary or step <= start:
-            return
-        tiers_ = [self._root] if self._local is None else [self._local.root, self._root]
-        later = [
-            (root, s, where)
-            for root in tiers_
-            for s, where in _run_files.complete_checkpoints(root).items()
-            if s > start
-        ]
-        if not later:
-            return
-        if self._local is not None:
-            with self._lock:
-                running = list(self._promotions)
-            for promotion in running:  # none copies a checkpoint as it is moved aside
-                promotion.wait_quietly()
-        for _, _, where in later:
-            _run_files.set_aside_abandoned(where, start, f"the run went on from step {start}")
-        steps = sorted({s for _, s, _ in later})
-        _log.warning(
-            "going on from step %d of run %r: the checkpoints of steps %s belong to the "
-            "branch it leaves; set aside as <name>%s, kept for inspection and never "
-            "resumed from",
-            start,
-            self.directory,
-            ", ".join(map(str, steps)),
-            names.ABANDONED_SUFFIX,
-        )
-        gone = {str(s) for s in steps}
-        with self._durable_lock:
-            for member in ("kept", "metrics", names.RUN_RECORD_HEALTH):
-                found = self._record.get(member, {})
-                self._record[member] = {k: v for k, v in found.items() if k not in gone}
-            self._record.setdefault(names.RUN_RECORD_WENT_ON, []).append(
-                {"from_step": start, "set_aside": steps, "at_ns": time.time_ns()}
-            )
-            self._durable_steps -= set(steps)
-            self._write_record()
-        if self._local is not None:
-            with self._lock:
-                self._local.promote -= set(steps)
-                self._local.kept = {k: v for k, v in self._local.kept.items() if k not in gone}
-                self._local.write_record(self._policy())
-
-    @property
-    def went_on_from(self) -> list[dict[str, Any]]:
-        """Each time the run went on from an earlier step than its newest, from the
-        run's record: ``from_step``, the steps it ``set_aside`` then, and when
-        (``at_ns``)."""
-        found = self._record.get(names.RUN_RECORD_WENT_ON, [])
-        return [dict(entry) for entry in found] if isinstance(found, list) else []
-
     def _promotes(self, step: int) -> bool:
         """Whether the interval of ``directory`` takes ``step``."""
         return self._save_every is not None and step % self._save_every == 0
-
-    def _check_new_step(self, step: int) -> None:
-        """Refuses a step the run has a checkpoint of, before anything is written, and
-        says when a save goes back behind the run's newest checkpoint."""
-        name = names.run_checkpoint_name(step)
-        where = (self._root if self._local is None else self._local.root) / name
-        # With two tiers, the durable tier as this run last listed it: no request to a
-        # bucket on each save.
-        if (
-            (where / names.CHECKPOINT_METADATA).exists()
-            or (where / names.COMMIT_SUCCESS).exists()
-            or (self._local is not None and step in self._durable_steps)
-        ):
-            tier = "" if self._local is None else ", in either tier"
-            raise FileExistsError(
-                f"run {self.directory!r} has a checkpoint of step {step} already "
-                f"({name}{tier}; saves never overwrite): resume with run.restore(...) and "
-                "go on from the restored step + 1"
-            )
-        # The records' kept steps, as of the last retention: no listing on each save.
-        kept = list(self._record["kept"])
-        if self._local is not None:
-            kept.extend(self._local.kept)
-        newest = max((int(k) for k in kept if str(k).isdigit()), default=None)
-        if newest is not None and step < newest:
-            _log.warning(
-                "saving step %d of run %r, whose newest checkpoint is step %d: did this job "
-                "resume with run.restore(...) first?",
-                step,
-                self.directory,
-                newest,
-            )
-
-    def _metric(self, auxiliary: Any) -> float | None:
-        if self._best_by is None:
-            return None
-        if isinstance(self._best_by, str):
-            if not isinstance(auxiliary, Mapping):
-                raise TypeError(
-                    f"best_by={self._best_by!r} needs a mapping as auxiliary state, "
-                    f"got {type(auxiliary).__name__}"
-                )
-            value = _metric_value(auxiliary, self._best_by)
-        else:
-            value = self._best_by(auxiliary)
-        shape = getattr(value, "shape", ())
-        if isinstance(value, bool) or shape != ():
-            raise TypeError(
-                f"the metric {_metric_label(self._best_by)!r} must be a number or a 0-d "
-                f"array, got {type(value).__name__}" + (f" of shape {shape}" if shape else "")
-            )
-        try:
-            # Python and NumPy numbers, 0-d NumPy and JAX arrays (bfloat16 too).
-            number = float(value)
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"the metric {_metric_label(self._best_by)!r} must be a number, "
-                f"got {type(value).__name__}"
-            ) from None
-        return number
 
     def wait(self) -> None:
         """Waits for the save in flight (and its retention) to end; with two tiers, for
@@ -758,208 +543,6 @@ class TrainingRun:
 
     # -- two tiers ---------------------------------------------------------------------
 
-    def _waiting(self) -> set[int]:
-        """Local steps waiting for their promotion or being promoted (primary)."""
-        assert self._local is not None
-        # A step is recorded from its enqueueing until its promotion has ended.
-        return set(self._local.promote)
-
-    def _after_local_commit(self, step: int, promote: bool) -> None:
-        """After a local save commits (primary): the local tier's retention, then the
-        promotion of that checkpoint if it is due."""
-        assert self._local is not None
-        with self._lock:
-            if promote:
-                self._local.promote.add(step)
-            try:
-                self._local.retain(self._waiting(), self._policy())
-            finally:
-                # A retention that failed (it is logged) stops no promotion.
-                if promote:
-                    self._start_promotion(step)
-
-    def _start_promotion(self, step: int) -> None:
-        assert self._local is not None
-        with self._lock:
-            previous = next((p for p in reversed(self._promotions) if not p.done()), None)
-            self._promotions = [p for p in self._promotions if not p.done()]
-            copy = None
-            if self._parts:
-                # Every process starts its promotions in the same order: the n-th has
-                # the same meeting everywhere.
-                self._promotions_started += 1
-                meeting = _processes.Meeting(
-                    f"{zlib.crc32(str(self._root).encode())}/{self._promotions_started}",
-                    self._timeout,
-                )
-                copy = functools.partial(_host_parts.promote_parts, meeting=meeting, step=step)
-            self._promotions.append(
-                Promotion(
-                    step,
-                    self._local.path(step),
-                    self._root / names.run_checkpoint_name(step),
-                    after=functools.partial(self._after_promotion, step),
-                    previous=previous,
-                    copy=copy,
-                )
-            )
-
-    def _promote_now(self, step: int) -> None:
-        """Promotes the committed local checkpoint of ``step``, which its save did not
-        plan to promote (primary)."""
-        assert self._local is not None
-        with self._lock:
-            if step in self._local.promote or step in self._durable_steps:
-                return
-        self._make_room()
-        self._after_local_commit(step, True)
-
-    def _check_durable(self, step: int) -> None:
-        """Refuses to call the preemption save done unless ``step`` has committed in
-        ``directory``; every process agrees.
-
-        Raises:
-          RuntimeError: If it has not (its local checkpoint proved corrupt and was set
-            aside, with a warning).
-        """
-        error: Exception | None = None
-        if self._primary:
-            with self._durable_lock:
-                durable = step in self._durable_steps
-            if not durable:
-                error = RuntimeError(
-                    f"preempted: the save of step {step} did not reach {self.directory!r} "
-                    "(see the warning above); the run is not safe to end yet"
-                )
-        _processes.agree(
-            error,
-            what=f"the preemption save of step {step} in {self.directory!r}",
-            timeout=self._timeout,
-        )
-
-    def _make_room(self) -> None:
-        """Before a save that will be promoted: at most one promotion may wait behind
-        the one running, so a third waits here for the running one to end."""
-        while True:
-            with self._lock:
-                live = [p for p in self._promotions if not p.done()]
-            if len(live) < 2:
-                return
-            live[0].wait_quietly()
-
-    def _release_promoted(self) -> None:
-        """Forgets the local steps recorded as waiting for a promotion that no resumed
-        run would start: the durable tier holds them, or holds a newer step (a killed
-        run promoted them and pruned them since, or went on past them); the
-        checkpoints themselves are left to the local tier's retention (primary)."""
-        assert self._local is not None
-        pending = set(self._local.pending(self._durable_steps, self._save_every))
-        for step in sorted(self._local.promote - pending):
-            where = "holds it" if step in self._durable_steps else "has gone past it"
-            _log.info(
-                "the local checkpoint of step %d no longer waits for its promotion: %r %s",
-                step,
-                self.directory,
-                where,
-            )
-        self._local.promote &= pending
-
-    def _resume_promotions(self) -> None:
-        """Starts the promotions a killed run left unfinished (primary, once)."""
-        if self._resumed_promotions:
-            return
-        self._resumed_promotions = True
-        assert self._local is not None
-        with self._lock:
-            pending = self._local.pending(self._durable_steps, self._save_every)
-        if self._parts:
-            # A step whose part some process lacks cannot be promoted.
-            pending = _hosts.pending_everywhere(pending, timeout=self._timeout)
-        with self._lock:
-            for step in pending:
-                _log.warning(
-                    "promoting the local checkpoint of step %d to %r: the run that saved it "
-                    "did not finish its promotion",
-                    step,
-                    self.directory,
-                )
-                self._local.promote.add(step)
-                self._start_promotion(step)
-
-    def _after_promotion(self, step: int, error: BaseException | None) -> None:
-        """After a promotion ends (on its thread, primary): the durable tier's record and
-        retention; a local checkpoint that proved corrupt is set aside."""
-        assert self._local is not None
-        source = self._local.path(step)
-        with self._lock:
-            metric = self._local.metrics.get(str(step))
-        try:
-            self._settle_promotion(step, source, error, metric)
-        finally:
-            with self._lock:
-                self._local.promote.discard(step)
-                self._local.retain(self._waiting(), self._policy())
-
-    def _settle_promotion(
-        self, step: int, source: Location, error: BaseException | None, metric: Any
-    ) -> None:
-        """The durable tier's bookkeeping after a promotion (or its failure's); a save
-        call meanwhile waits for none of it."""
-        with self._durable_lock:
-            if error is None:
-                _log.info("promoted %s to %s", source, self.path(step))
-                self._durable_steps.add(step)
-                if self._primary:
-                    if metric is not None:
-                        self._record["metrics"][str(step)] = metric
-                    self._retain()
-            elif isinstance(error, _host_parts.PartRefused):
-                # Another process's part was corrupt: that process sets it aside and
-                # warns; here the step is not promoted, and the run goes on.
-                _log.warning("the local checkpoint of step %d was not promoted: %s", step, error)
-            elif isinstance(error, ValueError):
-                # The local checkpoint is not what was saved (or not a checkpoint at all).
-                warnings.warn(
-                    f"the local checkpoint {str(source)!r} was not promoted: {error}; it is "
-                    "set aside and the run goes on",
-                    RuntimeWarning,
-                    stacklevel=1,
-                )
-                with self._lock:
-                    _run_files.set_aside(source, f"{type(error).__name__}: {error}")
-            else:
-                _log.warning(
-                    "the promotion of %s to %s failed (%s: %s); the local checkpoint stays "
-                    "and the run goes on",
-                    source,
-                    self.path(step),
-                    type(error).__name__,
-                    error,
-                )
-                with self._lock:
-                    self._promotion_errors.append(error)
-
-    def _wait_promotions(self) -> None:
-        """Waits for every promotion started (primary); every process then agrees on
-        the first failure not yet reported."""
-        error: Exception | None = None
-        if self._keeps_local:
-            with self._lock:
-                running = list(self._promotions)
-            for promotion in running:
-                promotion.wait_quietly()
-            with self._lock:
-                failures, self._promotion_errors = self._promotion_errors, []
-                self._promotions = [p for p in self._promotions if not p.done()]
-            error = next((e for e in failures if isinstance(e, Exception)), None)
-        _processes.agree(
-            error,
-            what=f"the end of the promotions to {self.directory!r}",
-            # Each process waited for its own part's promotions; else process 0's alone
-            # copies whole checkpoints, for as long as that takes.
-            timeout=self._timeout if self._parts else max(self._timeout, _PROMOTION_WAIT),
-        )
-
     def __enter__(self) -> TrainingRun:
         return self
 
@@ -978,483 +561,11 @@ class TrainingRun:
         except Exception:
             _log.exception("the save in flight of %s failed", self.directory)
 
-    def _on_sigterm(self, signum: int, frame: types.FrameType | None) -> None:
-        self._preempted = True
-        self._decided = None
-        previous = self._previous_handler
-        if callable(previous):
-            previous(signum, frame)
-
-    def _end_after_preemption(self, step: int) -> None:
-        """Ends the process as SIGTERM would have: the loop went on after its
-        preemption save had committed."""
-        previous = self._previous_handler if self._handler_installed else None
-        _log.warning(
-            "preempted: the save of step %d has committed and the loop went on to step %d; "
-            "ending the process as SIGTERM would (TrainingRun(on_preemption='continue') "
-            "lets a loop go on; `if run.preempted: break` ends it by itself)",
-            self._preemption_saved,
-            step,
-        )
-        self.close()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        if previous == signal.SIG_DFL:
-            # The default action: the process is killed by the signal, as if this run
-            # had never caught it.
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the signal is delivered while this sleeps
-        raise SystemExit(128 + signal.SIGTERM)
-
     # -- resuming ----------------------------------------------------------------------
-
-    def restore(
-        self,
-        model_target: Any,
-        optimizer_target: Any,
-        rng_target: Any,
-        auxiliary_target: Any,
-        iterator: grain.DatasetIterator,
-        *,
-        step: int | None = None,
-        max_host_bytes: int | None = None,
-        allow_diverged: bool = False,
-    ) -> TrainingCheckpoint | None:
-        """Loads the newest checkpoint that is intact and healthy (or the one of ``step``).
-
-        Checkpoints are tried newest first (with two tiers: of either, the local one
-        first of a step in both). One that diverged is passed over: a metric its
-        save logged is NaN or infinite, or (counted as its data is read, before
-        ``iterator`` is touched) its model or optimizer state holds NaN or Inf;
-        what each load found is recorded in the run's record, where listings read
-        it. One whose data does not load (corrupt, unreadable, parts missing) is
-        skipped with a warning naming it and why, and the next older one is tried;
-        ``iterator`` moves only with the one restored. Once one has loaded, the
-        damaged ones are set aside (renamed ``<name>.tinax-corrupt``, kept for
-        inspection; see the module docstring), and the steps passed over are logged
-        with why (``passed_over`` lists them). The targets are as for
-        ``load_training_checkpoint``. A fresh start (no checkpoint) is logged,
-        naming the directory. With two tiers, the promotions a killed run left
-        unfinished start once the restore has ended.
-
-        Args:
-          model_target, optimizer_target, rng_target, auxiliary_target: Restore targets.
-          iterator: The Grain iterator to restore in place.
-          step: Restore exactly this step (no older one; with two tiers, the durable
-            copy if the local one does not load).
-          max_host_bytes: The most host memory the restore may add at its peak, as
-            ``with memory_budget(max_host_bytes)`` sets it; a checkpoint that does
-            not fit is refused, not skipped (an older one is no smaller).
-          allow_diverged: Take a checkpoint that diverged all the same (the newest
-            that loads, or the one of ``step``); the load logs what it found.
-
-        Returns:
-          The restored ``TrainingCheckpoint``, or ``None`` if the run has no
-          checkpoint yet (a fresh start).
-
-        Raises:
-          TargetMismatchError: If a target does not match a checkpoint.
-          FileNotFoundError: If ``step`` has no complete checkpoint.
-          DivergedCheckpointError: If every checkpoint that loads diverged, or the one
-            of ``step`` did (a ``ValueError``, naming each and why), without
-            ``allow_diverged``.
-          ValueError: If no checkpoint loads (each one's reason is named), or the
-            one of ``step`` does not.
-          RestoreTooLargeError: If the checkpoint to restore does not fit in memory
-            (a ``MemoryError``, raised before anything is read).
-        """
-        if not isinstance(allow_diverged, bool):
-            raise TypeError(f"allow_diverged must be a bool, got {type(allow_diverged).__name__}")
-        budget = check_budget(max_host_bytes)
-        with memory_budget(budget) if budget is not None else contextlib.nullcontext():
-            return self._restore(
-                model_target,
-                optimizer_target,
-                rng_target,
-                auxiliary_target,
-                iterator,
-                step,
-                allow_diverged,
-            )
-
-    def _restore(
-        self,
-        model_target: Any,
-        optimizer_target: Any,
-        rng_target: Any,
-        auxiliary_target: Any,
-        iterator: grain.DatasetIterator,
-        step: int | None,
-        allow_diverged: bool,
-    ) -> TrainingCheckpoint | None:
-        candidates = self._candidates()
-        if step is not None:
-            step = check_step(step)
-            chosen = [(s, where) for s, where in candidates if s == step]
-            if not chosen:
-                raise FileNotFoundError(
-                    f"run {self.directory!r} has no complete checkpoint of step {step} "
-                    f"(it has {sorted({s for s, _ in candidates})})"
-                )
-            candidates = chosen
-        failures: list[tuple[Location, str]] = []
-        passed: list[PassedOver] = []
-        for found_step, where in candidates:
-            if any(p.step == found_step and p.why == DIVERGED_WHY for p in passed):
-                continue  # the other tier's copy of a step that diverged: the same values
-            if not allow_diverged:
-                known = known_health(where, self._tier_record(where))
-                if known.verdict == words.DIVERGED:
-                    passed.append(self._passed(found_step, where, known.reason))
-                    continue
-            try:
-                restored = self._load(
-                    where,
-                    model_target,
-                    optimizer_target,
-                    rng_target,
-                    auxiliary_target,
-                    iterator,
-                    allow_diverged=allow_diverged,
-                )
-            except TargetMismatchError:
-                raise
-            except DivergedCheckpointError as e:
-                passed.append(self._passed(found_step, where, str(e)))
-                continue
-            except (ValueError, OSError) as e:
-                if step is not None and len(candidates) == 1:
-                    raise
-                reason = f"{type(e).__name__}: {e}"
-                failures.append((where, reason))
-                warnings.warn(
-                    f"skipping checkpoint {str(where)!r}, which does not load ({reason}); "
-                    "trying the next older one",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                continue
-            for skipped, reason in failures:
-                if self._sets_aside(skipped):
-                    _run_files.set_aside(skipped, reason)
-            self._drop_parts_after(restored.step)
-            if self._keeps_local:
-                self._after_restore()
-            self._passed_over = tuple(passed)
-            # Saves go on from this step: the first sets aside the later checkpoints.
-            self._went_on_from = restored.step
-            if passed:
-                _log.warning(resumed_message(restored.step, str(where), passed))
-            return restored
-        if passed:
-            said = none_healthy_message(self.directory, passed)
-            if failures:
-                said += "; and these do not load: " + "; ".join(
-                    f"{self._described(where)}: {reason}" for where, reason in failures
-                )
-            raise DivergedCheckpointError(said)
-        if failures:
-            raise ValueError(
-                f"no checkpoint of run {self.directory!r} loads: "
-                + "; ".join(f"{self._described(where)}: {reason}" for where, reason in failures)
-            )
-        searched = repr(self.directory)
-        if self._local is not None:
-            searched += f" or its local tier {self.local_directory!r}"
-        _log.warning(
-            "no checkpoint to resume in the run directory %s%s: a fresh start "
-            "(TrainingRun(..., must_exist=True) refuses one)",
-            searched,
-            ", which this run has just created" if self._made else "",
-        )
-        self._drop_parts_after(-1)
-        if self._keeps_local:
-            self._after_restore()
-        return None
-
-    def _candidates(self) -> list[tuple[int, Location]]:
-        """Every complete checkpoint by step, newest first; of a step in both tiers, the
-        local one first. Where each process keeps a part, the list process 0 made of
-        what every process holds (``_hosts.restore_candidates``)."""
-        if self._parts:
-            assert self._local is not None
-            sound = [s for s, where in self._local.complete().items() if _passes_preflight(where)]
-            chosen = _hosts.restore_candidates(sound, self._complete(), timeout=self._timeout)
-            return [
-                (
-                    s,
-                    self._local.path(s)
-                    if tier == _hosts.LOCAL
-                    else self._root / names.run_checkpoint_name(s),
-                )
-                for s, tier in chosen
-            ]
-        found = [(step, 1, where) for step, where in self._complete().items()]
-        if self._local is not None:
-            found += [(step, 0, where) for step, where in self._local.complete().items()]
-        found.sort(key=lambda item: (-item[0], item[1]))
-        return [(step, where) for step, _, where in found]
-
-    def _drop_parts_after(self, step: int) -> None:
-        """Where each process keeps a part: removes this process's parts of the steps
-        after ``step``, the one the job resumed from, and its saves a killed job left
-        unfinished, whatever their step. The other processes did not hold them whole
-        (a promotion never had every part), and the resumed job saves those steps
-        again."""
-        if not self._parts:
-            return
-        assert self._local is not None
-        with self._lock:
-            # Its own directory: a save of this process still running holds its claim.
-            _run_files.clean_up(self._local.root, None, every_unfinished=True)
-            for later, where in sorted(self._local.complete().items()):
-                if later > step:
-                    _log.warning(
-                        "removing %s: not every process holds its part, and the job resumed "
-                        "from step %d",
-                        where,
-                        step,
-                    )
-                    _run_files.remove_checkpoint(where)
-                    self._local.promote.discard(later)
-
-    def _sets_aside(self, skipped: Location) -> bool:
-        """Whether this process sets aside a checkpoint a restore skipped: the durable
-        tier's, process 0; a local one, whoever keeps the local tier (where each
-        process keeps a part: the process whose own part failed)."""
-        if self._local is None or skipped.parent != self._local.root:
-            return self._primary
-        return self._keeps_local and (not self._parts or skipped in self._failed_here)
-
-    @property
-    def passed_over(self) -> tuple[PassedOver, ...]:
-        """The checkpoints the last ``restore`` passed over, newest first: newer than
-        the one it resumed from, and each one's step, tier, ``why`` (``diverged``,
-        ``damaged``) and ``reason``."""
-        return self._passed_over
-
-    def _tier(self, where: Location) -> str:
-        if self._local is None:
-            return ""
-        return tiers.LOCAL_TIER if where.parent == self._local.root else tiers.DURABLE_TIER
-
-    def _passed(self, step: int, where: Location, reason: str) -> PassedOver:
-        return PassedOver(step, str(where), self._tier(where), DIVERGED_WHY, reason)
-
-    def _tier_record(self, where: Location) -> dict[str, Any] | None:
-        """The record of the tier ``where`` is in, as this run knows it."""
-        if self._local is not None and self._tier(where) == tiers.LOCAL_TIER:
-            return {names.RUN_RECORD_HEALTH: self._local.health}
-        return self._record
-
-    def _record_health(self, where: Location, found: health.Health, committed: int | None) -> None:
-        """Keeps what a load found of ``where``'s health in its tier's record (primary),
-        where listings read it."""
-        step = names.step_from_name(where.name)
-        # On several processes each counted its own parts: no sums to record.
-        if (
-            not self._primary
-            or _processes.process_count() != 1
-            or step is None
-            or found.verdict == words.HEALTH_UNKNOWN
-        ):
-            return
-        entry = health.record_entry(found, committed)
-        if self._local is not None and self._tier(where) == tiers.LOCAL_TIER:
-            with self._lock:
-                self._local.health[str(step)] = entry
-                self._local.write_record(self._policy())
-            return
-        with self._durable_lock:
-            self._record.setdefault(names.RUN_RECORD_HEALTH, {})[str(step)] = entry
-            self._write_record()
-
-    def _described(self, where: Location) -> str:
-        if self._local is None:
-            return where.name
-        tier = tiers.LOCAL_TIER if where.parent == self._local.root else tiers.DURABLE_TIER
-        return f"{where.name} ({tier})"
-
-    def _after_restore(self) -> None:
-        """Once a restore has ended (primary): the promotions a killed run left."""
-        if self._local is None:
-            return
-        with self._lock:
-            # What the restore set aside is no longer a step of either tier.
-            self._local.promote &= set(self._local.complete())
-        with self._durable_lock:
-            self._durable_steps = set(self._complete())
-        self._resume_promotions()
-
-    def _load(
-        self,
-        where: Location,
-        model_target: Any,
-        optimizer_target: Any,
-        rng_target: Any,
-        auxiliary_target: Any,
-        iterator: grain.DatasetIterator,
-        *,
-        allow_diverged: bool = False,
-    ) -> TrainingCheckpoint:
-        def accept(checkpoint: Checkpoint, found: health.Health) -> None:
-            # Before the iterator moves: what the read found is kept, and a checkpoint
-            # that diverged refused unless allowed.
-            self._record_health(where, found, checkpoint.committed_nsecs)
-            health.remember(checkpoint.path, checkpoint.committed_nsecs, found)
-            if found.verdict == words.DIVERGED:
-                if not allow_diverged:
-                    raise DivergedCheckpointError(found.reason)
-                _log.warning("resuming from %s, which diverged: %s", where, found.reason)
-
-        error: Exception | None = None
-        restored = None
-        # A process's own part is loaded by that process alone.
-        alone = self._parts and self._local is not None and where.parent == self._local.root
-        try:
-            with (
-                _processes.waiting(self._timeout),
-                _host_parts.own_storage() if alone else contextlib.nullcontext(),
-            ):
-                restored = restore_training(
-                    str(where),
-                    model_target,
-                    optimizer_target,
-                    rng_target,
-                    auxiliary_target,
-                    iterator,
-                    names=self._names,
-                    accept=accept,
-                )
-        except (ValueError, OSError) as e:
-            error = e
-            self._failed_here.add(where)
-        # Every process takes the same checkpoint: one that fails anywhere is skipped
-        # everywhere (a target mismatch, too, is raised everywhere).
-        try:
-            _processes.agree(error, what=f"the restore of {str(where)!r}", timeout=self._timeout)
-        except Exception:
-            if isinstance(error, TargetMismatchError):
-                raise error from None
-            raise
-        assert restored is not None
-        return restored
 
     # -- retention ---------------------------------------------------------------------
 
-    def _retain(self) -> None:
-        """After a commit: keeps what the policy keeps, removes the rest, and records why."""
-        with self._durable_lock:
-            complete = self._complete()
-            kept = self._kept(complete)
-            for step in sorted(set(complete) - set(kept)):
-                self._remove(complete[step])
-            self._clean_up(newest=max(complete, default=None))
-            for member in ("metrics", names.RUN_RECORD_HEALTH):
-                self._record[member] = {
-                    key: value
-                    for key, value in self._record.get(member, {}).items()
-                    if int(key) in kept
-                }
-            self._record["kept"] = {str(step): reasons for step, reasons in sorted(kept.items())}
-            self._durable_steps = set(kept)
-            self._write_record()
-
-    def _kept(self, complete: dict[int, Location]) -> dict[int, list[str]]:
-        """Why each checkpoint that stays is kept, by step."""
-        steps = sorted(complete, reverse=True)
-        if self._keep is None:
-            return {step: [words.KEPT_ALL] for step in steps}
-        kept: dict[int, list[str]] = {}
-        for step in steps[: self._keep]:
-            kept.setdefault(step, []).append(words.kept_newest(self._keep))
-        if self._keep_best:
-            label = _metric_label(self._best_by) or "metric"
-            metrics = self._record["metrics"]
-            scored = [
-                (metrics[str(step)], step)
-                for step in steps
-                if isinstance(metrics.get(str(step)), int | float)
-                and math.isfinite(metrics[str(step)])
-            ]
-            # Best first; among equals, the newer.
-            sign = 1 if self._best_mode == "min" else -1
-            scored.sort(key=lambda item: (sign * item[0], -item[1]))
-            for _, step in scored[: self._keep_best]:
-                kept.setdefault(step, []).append(words.kept_best(label, self._keep_best))
-        for step in steps:
-            try:
-                preflight.check(complete[step])
-            except (ValueError, OSError):
-                continue
-            if step not in kept:
-                kept[step] = [words.KEPT_NEWEST_SOUND]
-            break
-        return kept
-
-    def _remove(self, where: Location) -> None:
-        _run_files.remove_checkpoint(where)
-
-    def _clean_up(self, newest: int | None = None) -> None:
-        """Finishes removals a killed run left, and removes interrupted saves older
-        than the newest complete checkpoint."""
-        if newest is None:
-            newest = max(self._complete(), default=None)
-        _run_files.clean_up(self._root, newest)
-
     # -- the run's record --------------------------------------------------------------
-
-    def _policy(self) -> dict[str, Any]:
-        policy: dict[str, Any] = {
-            "save_every": self._save_every,
-            "keep": self._keep,
-            "keep_best": self._keep_best,
-            "best_by": _metric_label(self._best_by),
-            "best_mode": self._best_mode,
-        }
-        if self._local is not None:
-            if not self._parts:
-                # Where each process keeps a part, no one directory is the local tier
-                # (a listing of the durable one must not take process 0's for it).
-                policy[tiers.LOCAL] = self._local.root.path
-                policy[tiers.LOCAL_HOST] = socket.gethostname()
-            policy[tiers.LOCAL_EVERY] = self._local.every
-            policy[tiers.LOCAL_KEEP] = self._local.keep
-        return policy
-
-    def _read_record(self) -> dict[str, Any]:
-        found = read_run_record(self._root)
-        metrics = {} if found is None else found.get("metrics", {})
-        kept = {} if found is None else found.get("kept", {})
-        healths = {} if found is None else found.get(names.RUN_RECORD_HEALTH, {})
-        went_on = [] if found is None else found.get(names.RUN_RECORD_WENT_ON, [])
-        record = {
-            "format": names.RUN_RECORD_FORMAT,
-            "policy": self._policy(),
-            "metrics": dict(metrics) if isinstance(metrics, dict) else {},
-            "kept": dict(kept) if isinstance(kept, dict) else {},
-            names.RUN_RECORD_HEALTH: dict(healths) if isinstance(healths, dict) else {},
-            names.RUN_RECORD_WENT_ON: list(went_on) if isinstance(went_on, list) else [],
-        }
-        if self._local is not None:
-            record[tiers.TIER] = tiers.DURABLE_TIER
-        return record
-
-    def _write_record(self) -> None:
-        self._record["policy"] = self._policy()
-        self._record["updated_ns"] = time.time_ns()
-        data = json.dumps(self._record, indent=1, sort_keys=True).encode("utf-8")
-        removal.replace_file(self._root / names.RUN_RECORD, data)
-
-
-def _passes_preflight(where: Location) -> bool:
-    """Whether a checkpoint passes the check every load makes first."""
-    try:
-        preflight.check(where)
-    except (ValueError, OSError):
-        return False
-    return True
 
 
 def _run_directory(directory: object) -> tuple[Location, bool]:
