@@ -136,3 +136,24 @@ def write_linen_run(root: str) -> str:
                 batches,
             )
     return root
+
+
+def tinax_here(*args: object, columns: int = 80) -> tuple[int, str, str]:
+    """``tinax ARGS`` run in this process at a terminal ``columns`` wide: its status,
+    stdout and stderr."""
+    import io
+    import os
+
+    from tinax._cli.main import main
+
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(columns)
+    try:
+        out, err = io.StringIO(), io.StringIO()
+        status = main([str(a) for a in args], out, err)
+    finally:
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
+    return status, out.getvalue(), err.getvalue()

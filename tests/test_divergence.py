@@ -22,6 +22,7 @@ from divergence_fixtures import (
     write_linen_run,
     write_nnx_run,
 )
+from divergence_fixtures import tinax_here as _tinax
 
 import tinax.explore as ex
 from tinax import vocabulary as words
@@ -146,26 +147,6 @@ def test_a_linen_models_drift_looks_through_params_and_batch_stats(linen_run):
     assert set(ex.drift_table(linen_run, depth=1)["subtree"]) == layers
     deep = set(ex.drift_table(linen_run, depth=2)["subtree"])
     assert {"params.Dense_0.kernel", "batch_stats.BatchNorm_0.mean"} <= deep
-
-
-def _tinax(*args: str | Path, columns: int = 80) -> tuple[int, str, str]:
-    """``tinax ARGS`` run in this process at a terminal ``columns`` wide."""
-    import io
-    import os
-
-    from tinax._cli.main import main
-
-    saved = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = str(columns)
-    try:
-        out, err = io.StringIO(), io.StringIO()
-        status = main([str(a) for a in args], out, err)
-    finally:
-        if saved is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = saved
-    return status, out.getvalue(), err.getvalue()
 
 
 def test_tinax_run_says_nan_apart_from_missing_in_text_json_and_csv(nnx_run):

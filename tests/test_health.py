@@ -8,10 +8,8 @@ weights do while the loss it logs stays finite.
 
 from __future__ import annotations
 
-import io
 import logging
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import numpy as np
 import optax
 import pytest
 from divergence_fixtures import LAST_FINITE_STEP, NAN_STEP, STEPS, Mlp, write_nnx_run
+from divergence_fixtures import tinax_here as _tinax
 from flax import nnx
 
 import tinax.explore as ex
@@ -35,22 +34,6 @@ SILENT_STEP = 3
 
 def _name(step: int) -> str:
     return f"step_{step:06d}"
-
-
-def _tinax(*args: object, columns: int = 80) -> tuple[int, str, str]:
-    from tinax._cli.main import main
-
-    saved = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = str(columns)
-    try:
-        out, err = io.StringIO(), io.StringIO()
-        status = main([str(a) for a in args], out, err)
-    finally:
-        if saved is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = saved
-    return status, out.getvalue(), err.getvalue()
 
 
 def _pipeline() -> grain.DatasetIterator:
@@ -357,3 +340,14 @@ def test_reading_nan_says_nothing_on_stderr(runs, tmp_path):
         )
         assert done.returncode in (0, 1), done.stderr
         assert "Warning" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_divergence_one_process_finds_is_raised_as_itself_on_every_process():
+    # What another process of a job receives of the refusal (``_processes.agree``):
+    # the same class, so that each passes the checkpoint over alike.
+    from tinax.checkpointing import _processes
+
+    sent = _processes._record(DivergedCheckpointError("step 60: its logged loss is NaN"))
+    received = _processes._agreed_error(sent, 1)
+    assert type(received) is DivergedCheckpointError
+    assert str(received).startswith("step 60: its logged loss is NaN [process 1 of ")
