@@ -530,6 +530,13 @@ def test_a_two_tier_listing_says_which_tier_when_the_other_is_unreachable(tmp_pa
     assert f"tier: {words.TIER_LOCAL};" in said and words.TIER_DURABLE not in text
 
 
+def test_a_two_tier_run_with_no_checkpoint_yet_lists_with_its_tier_columns(tmp_path):
+    _run(tmp_path / "d", tmp_path / "l").close()
+    for tier in ("d", "l"):
+        listed = ex.list_checkpoints(tmp_path / tier)
+        assert len(listed) == 0 and {"tier", "promotion"} <= set(listed.columns)
+
+
 def test_processes_of_one_host_share_the_local_tier_and_a_mixed_layout_is_refused(tmp_path):
     import cluster
     import two_tier_cluster_worker

@@ -95,7 +95,9 @@ def open_listed(listed: Listed) -> layout.Checkpoint:
 
 class ListingRows(NamedTuple):
     """A listing as rows, before it is made a table: each row a dict of the listing's
-    columns (commit time and age in nanoseconds), and the table's ``attrs``."""
+    columns (commit time and age in nanoseconds), and the table's ``attrs``; ``tiers``:
+    whether it lists both tiers of a two-tier run (with their columns, rows or none)."""
 
     rows: list[dict[str, Any]]
     attrs: dict[str, Any]
+    tiers: bool = False

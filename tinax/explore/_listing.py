@@ -852,7 +852,7 @@ def listing_table(listed: ListingRows) -> pd.DataFrame:
 
     rows = listed.rows
     columns = [*LISTING_COLUMNS, *_health.HEALTH_COLUMNS]
-    if rows and "tier" in rows[0]:
+    if listed.tiers or (rows and "tier" in rows[0]):
         columns += list(_tiers.TIER_COLUMNS)
     plain = [c for c in columns if c not in _TIMES]
     table = frame(plain, ([row[c] for c in plain] for row in rows))

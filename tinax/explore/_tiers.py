@@ -101,4 +101,4 @@ def with_tiers(
         "unchecked": sorted(u for p in parts for u in p.attrs.get("unchecked", [])),
         "remote": listed.attrs.get("remote", False),
     }
-    return ListingRows(merged, attrs)
+    return ListingRows(merged, attrs, tiers=True)
