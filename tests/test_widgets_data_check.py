@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from damage import biggest_data_file, flip_middle_byte
 from tinax.widgets import CheckpointExplorer
-from tinax.widgets._data_check import _counts_text
+from tinax.widgets._data_check import _unread_text
 from tinax.widgets._nonfinite import NONFINITE_BACKGROUND, NONFINITE_COLOR
 
 from tinax.checkpointing import save_checkpointables
@@ -38,10 +38,11 @@ def test_check_data_counts_nan_and_inf_per_leaf(tmp_path: Path) -> None:
     first = check.table.frame.iloc[0]  # the leaf with NaNs first
     assert (first["key"], first["nan_count"], first["inf_count"]) == ("['w']", 2, 1)
     assert check.table.rows[0]["background"] == NONFINITE_BACKGROUND
-    # Only the leaf to look at is listed; the clean ones are counted in the line, NaN
-    # and Inf apart from regions not read (none here).
+    # Only the leaf to look at is listed; the line counts the arrays read, and its NaN
+    # and Inf are the verdict's, in the library's one count.
     assert check.table.frame["key"].tolist() == ["['w']"]
-    assert "3 arrays" in label and "1 with NaN or Inf (2 NaN, 1 Inf)" in label
+    assert "3 arrays" in label and "diverged: 2 NaN and 1 Inf in 1 leaf of model" in label
+    assert "with NaN or Inf" not in label  # no second count beside it
     # Its counts are said in its row, not again as a finding above the table.
     assert "holds 2 NaN" not in check.findings.value
     assert "not read" not in label
@@ -51,7 +52,7 @@ def test_check_data_counts_nan_and_inf_per_leaf(tmp_path: Path) -> None:
     # Its export warns before writing them.
     explorer.contents.export_button.click()
     (panel,) = explorer.contents.export_box.children
-    assert "model holds 2 NaN and 1 Inf (the data check)" in panel.warning.value
+    assert "model holds 2 NaN and 1 Inf (data read)" in panel.warning.value
     assert panel.export_button.description == "Export anyway"
     # The check shows in its own section, opened where its button is: under the actions.
     body = list(explorer.contents.section.body.children)
@@ -108,7 +109,7 @@ def test_a_clean_check_is_one_line(tmp_path: Path) -> None:
     assert check.table.layout.display == "none" and check.table.frame.empty
 
 
-def test_nan_and_inf_are_counted_apart_from_regions_not_read() -> None:
+def test_regions_not_read_are_counted_apart_from_the_verdicts_nan() -> None:
     leaves = pd.DataFrame(
         {
             "key": ["['a']", "['b']", "['c']", "['d']"],
@@ -117,5 +118,5 @@ def test_nan_and_inf_are_counted_apart_from_regions_not_read() -> None:
             "read": [True, True, False, True],
         }
     )
-    assert _counts_text(leaves) == "2 with NaN or Inf (3 NaN, 2 Inf); 1 with regions not read"
-    assert _counts_text(leaves.iloc[3:]) == ""
+    assert _unread_text(leaves) == "1 with regions not read"
+    assert _unread_text(leaves.iloc[3:]) == ""

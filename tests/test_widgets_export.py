@@ -133,7 +133,8 @@ def test_known_nan_is_warned_of_before_anything_is_written(checkpoint, tmp_path)
 def test_a_checkpoint_whose_loss_is_nan_is_warned_of(tmp_path):
     run = write_small_run(str(tmp_path / "run"))
     panel = ExportPanel(f"{run}/step_{NAN_STEP:06d}")
-    assert "its loss is NaN or infinite" in panel.warning.value
+    # Nothing read yet: the library's word from its logged loss, and what to do.
+    assert "⚠ diverged: its logged loss is NaN; “check data” reads" in panel.warning.value
     assert ExportPanel(f"{run}/step_{NAN_STEP - 1:06d}").warning.value == ""
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -684,3 +685,60 @@ def test_a_preset_on_a_many_block_model_parses_each_key_a_bounded_number_of_time
     # Once per key for the comparison, once per left-out subtree for the choice itself
     # (once per key and subtree would be 16 times as many).
     assert calls <= 2 * leaves + 16, calls
+
+
+def _until_loaded(builder: RestoreTargetBuilder) -> None:
+    assert builder.progress is not None
+    assert builder.progress.wait(60) == "done", builder.progress.error
+    deadline = time.monotonic() + 60
+    while builder.status != "loaded":
+        assert time.monotonic() < deadline, builder.error
+        time.sleep(0.02)
+
+
+def test_a_diverged_checkpoint_is_loaded_only_when_asked_twice(tmp_path: Path) -> None:
+    from tinax.checkpointing import save_training_checkpoint
+
+    iterator = iter(grain.MapDataset.range(8).to_iter_dataset())
+    next(iterator)
+    state = _state(2.0)
+    model, optimizer = state["model"], state["optimizer"]
+    path = tmp_path / "step_000060"
+    # Its logged loss is NaN: the library calls it diverged before any data is read.
+    aux = {"loss": jnp.asarray(jnp.nan), "lr": 0.5}
+    save_training_checkpoint(path, 60, model, optimizer, jnp.zeros(2), aux, iterator).result()
+    live = {"model": model, "optimizer": optimizer}
+    builder = RestoreTargetBuilder(live, path)
+    guard = builder.load_guard
+    assert 'data-health="diverged"' in guard.verdict.value
+    assert "its logged loss is NaN" in guard.verdict.value and "✔" not in guard.verdict.value
+    assert not builder.load_button.disabled
+    # Load asks first; Cancel loads nothing.
+    builder.load_button.click()
+    assert guard.asked and builder.progress is None and builder.status == ""
+    assert "step_000060</b> diverged (its logged loss is NaN)" in guard.asking.value
+    guard.cancel.click()
+    assert not guard.asked and builder.progress is None
+    # Load, then "Load anyway": loaded, and the summary says what it holds.
+    builder.load_button.click()
+    guard.load_anyway.click()
+    _until_loaded(builder)
+    assert not guard.asked and builder.result is not None
+    assert "diverged: its logged loss is NaN" in builder.summary
+    assert builder.error == ""
+
+
+def test_a_load_that_finds_nan_says_so(tmp_path: Path) -> None:
+    state = _state(2.0)
+    state["model"]["head"] = np.array([1.0, np.nan], np.float32)
+    path = tmp_path / "step-1"
+    save_checkpointables(path, state).result()
+    builder = RestoreTargetBuilder(_state(), path)
+    # Nothing read yet: no word of NaN, and Load does not ask.
+    assert 'data-health="not yet known"' in builder.load_guard.verdict.value
+    builder.load_button.click()
+    _until_loaded(builder)
+    assert not builder.load_guard.asked
+    # The load counted what it read: the verdict and the summary say it, in one count.
+    assert 'data-health="diverged"' in builder.load_guard.verdict.value
+    assert "diverged: 1 NaN and 0 Inf in 1 leaf of model" in builder.summary

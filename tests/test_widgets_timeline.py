@@ -318,37 +318,46 @@ def test_a_leaf_gone_nan_is_never_drawn_as_a_norm_of_0(run):
 
 
 @pytest.mark.slow
-def test_a_diverged_checkpoint_is_never_called_sound_in_the_explorer(run):
-    explorer = CheckpointExplorer(run)
+def test_one_verdict_in_the_list_the_header_and_the_timeline(run, tmp_path):
+    import shutil
+
+    # A copy: what this process read of the module's run before is not known of it.
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    explorer = CheckpointExplorer(copy)
     explorer.open_checkpoint(f"step_{NAN_STEP:06d}")
     assert explorer.wait(60)
     verdict = explorer.contents.verdict.value
-    # Its metadata alone reads sound; its recorded loss already says to look closer.
-    assert "its loss is NaN or infinite" in verdict and NONFINITE_COLOR in verdict
-    explorer.timeline_section.toggle.click()
-    explorer.timeline.compute_scan()
-    assert explorer.timeline.wait(120)
-    verdict = explorer.contents.verdict.value
-    assert 'class="tinax-verdict-scan" data-status="diverged"' in verdict
-    # The NaN weight and the NaN loss.
-    assert "scan found NaN or Inf in its model or optimizer state (2 NaN, 0 Inf" in verdict
-    # Its export warns of the model's NaN (the loss is in another checkpointable).
-    explorer.contents.export_button.click()
-    (panel,) = explorer.contents.export_box.children
-    assert "model holds 1 NaN and 0 Inf (the run&#x27;s scan)" in panel.warning.value
-    # Once its data check has read it all, the verdict is that check's alone.
-    explorer.data_check.start(in_thread=False)
-    verdict = explorer.contents.verdict.value
-    assert 'data-status="diverged"' in verdict and "tinax-verdict-scan" not in verdict
-    # A checkpoint opened later is told too; a finite one is not.
-    explorer.open_checkpoint(f"step_{NAN_STEP + 1:06d}")
-    assert explorer.wait(60)
-    assert "tinax-verdict-scan" in explorer.contents.verdict.value
+    # Its logged loss is NaN: diverged from its metadata alone, never beside a green mark.
+    assert 'data-health="diverged"' in verdict and "its logged loss is NaN" in verdict
+    assert NONFINITE_COLOR in verdict and "✔" not in verdict
     explorer.open_checkpoint(f"step_{ROLLBACK_STEP:06d}")
     assert explorer.wait(60)
+    assert "health not yet known" in explorer.contents.verdict.value
+    health = dict(zip(explorer.checkpoints["step"], explorer.checkpoints["health"], strict=True))
+    assert health[ROLLBACK_STEP] == "not yet known" and health[NAN_STEP] == "diverged"
+    explorer.timeline_section.toggle.click()
+    timeline = explorer.timeline
+    assert timeline.view.data["health"][NAN_STEP - 1] == "diverged"
+    # The scan reads every checkpoint: the verdict, the list and the timeline follow.
+    timeline.compute_scan()
+    assert timeline.wait(120) and explorer.wait(60)
     verdict = explorer.contents.verdict.value
-    assert "tinax-verdict-scan" not in verdict and 'data-status="sound"' in verdict
-    assert "NaN or infinite" not in verdict
+    assert 'data-health="healthy"' in verdict and "sound and healthy" in verdict
+    words = [str(w) for w in explorer.checkpoints.sort_values("step")["health"]]
+    expected = ["healthy" if s < NAN_STEP else "diverged" for s in STEPS]
+    assert words == expected and timeline.view.data["health"] == expected
+    assert explorer.checkpoint_view.rows[0]["color"] == NONFINITE_COLOR  # step 6, newest
+    # The diverged one says what the scan counted, once: the model's NaN, then the loss.
+    explorer.open_checkpoint(f"step_{NAN_STEP:06d}")
+    assert explorer.wait(60)
+    reason = "1 NaN and 0 Inf in 1 leaf of model; its logged loss is NaN"
+    assert reason in explorer.contents.verdict.value
+    assert f"diverged from step {NAN_STEP}: {reason}" in timeline.summary.value
+    explorer.contents.export_button.click()
+    (panel,) = explorer.contents.export_box.children
+    assert "model holds 1 NaN and 0 Inf (data read)" in panel.warning.value
+    assert explorer.error == "" and timeline.error == ""
     explorer.close()
 
 

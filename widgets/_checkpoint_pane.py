@@ -27,11 +27,10 @@ from ._export import ExportPanel
 from ._guard import shown_in_widget
 from ._leaf_columns import LEAF_COLUMNS
 from ._lineage_view import LineageView, same_place
-from ._nonfinite import known_nonfinite
 from ._run_list import RunList
 from ._section import Section
 from ._services import Services
-from ._soundness import scanned_html, verdict_html, verdict_span
+from ._soundness import verdict_html, verdict_span
 from ._surgery import DerivePanel
 from ._table import PagedTable
 from ._text import error_html, format_bytes, note_html
@@ -139,10 +138,9 @@ class CheckpointPane:
         self.data_check = DataCheck(
             page_size=diff_rows, on_start=self._on_data_check, on_done=self._on_data_checked
         )
-        # The verdict's parts: verify's (of metadata, or of the data once checked), and
-        # what the run's scan found in this checkpoint, if it read it.
+        # verify's verdict: of metadata and what this process read of the data before
+        # (a scan, a load), or of the data check.
         self._verdict_text = ""
-        self._scan: pd.DataFrame | None = None
         self.export_button = w.Button(
             description="export…", icon="download", tooltip="write its arrays as safetensors"
         )
@@ -416,24 +414,16 @@ class CheckpointPane:
                 self._verdict_text = text
                 self._render_verdict()
 
-    def show_scan(self, scan: pd.DataFrame) -> None:
-        """Takes what the run's scan (``scan_run``) found: the open checkpoint's
-        verdict says so when it holds NaN or Inf, and so does each one opened later."""
-        with self._services.lock:
-            self._scan = scan
-            if self.checkpoint is not None and self._verdict_text:
-                self._render_verdict()
+    def show_scan(self) -> None:
+        """Says what the run's scan found: the open checkpoint's verdict is read again
+        (the library remembers what the scan counted), and each one opened later's is."""
+        path = self.checkpoint
+        if path is not None:
+            self._services.in_background(lambda: self._show_verdict(path), "tinax-explorer-verdict")
+        self._services.in_background(self._runs.refresh, "tinax-explorer-relist")
 
     def _render_verdict(self) -> None:
-        scanned = ""
-        scan = self._scan
-        # A data check read it all: what the scan read says no more.
-        checked = self.data_check.result is not None and self.data_check.path == self.checkpoint
-        if scan is not None and len(scan) and self.checkpoint is not None and not checked:
-            rows = scan[scan["path"].astype(str) == self.checkpoint]
-            if len(rows):
-                scanned = scanned_html(rows.iloc[0])
-        self.verdict.value = self._verdict_text + scanned
+        self.verdict.value = self._verdict_text
 
     def _on_data_checked(self, path: str, result: Any) -> None:
         # The data read says more than the metadata: the verdict line follows it.
@@ -441,6 +431,8 @@ class CheckpointPane:
             if path == self.checkpoint:
                 self._verdict_text = verdict_span(result, css_class="tinax-verdict")
                 self._render_verdict()
+        # The list (and the timeline, read again) say the health the check found.
+        self._services.in_background(self._runs.refresh, "tinax-explorer-relist")
 
     # -- actions --------------------------------------------------------------------
 
@@ -453,14 +445,8 @@ class CheckpointPane:
             self.export_box.children = (make(self.checkpoint),)
 
     def _on_export(self, _button: Any = None) -> None:
-        def panel(path: str) -> ExportPanel:
-            check = self.data_check
-            nonfinite, found_by = known_nonfinite(
-                path, check.result if check.path == path else None, self._scan
-            )
-            return ExportPanel(path, nonfinite=nonfinite, found_by=found_by)
-
-        self._toggle_panel(ExportPanel, panel)
+        # The panel asks the library what is known of the checkpoint's NaN and Inf.
+        self._toggle_panel(ExportPanel, ExportPanel)
 
     def _on_derive(self, _button: Any = None) -> None:
         self._toggle_panel(DerivePanel, lambda path: DerivePanel(path, on_done=self._open_new))

@@ -59,22 +59,12 @@ def _look(row: pd.Series) -> RowLook:
     return RowLook()
 
 
-def _counts_text(leaves: pd.DataFrame) -> str:
-    """What a check found in its leaves, NaN and Inf apart from regions not read:
-    ``2 with NaN or Inf (4,096 NaN, 0 Inf); 1 with regions not read``."""
-    parts = []
-    nan = pd.to_numeric(leaves.get("nan_count"), errors="coerce").fillna(0)
-    inf = pd.to_numeric(leaves.get("inf_count"), errors="coerce").fillna(0)
-    nonfinite = int(((nan > 0) | (inf > 0)).sum())
-    if nonfinite:
-        parts.append(
-            f"{nonfinite:,} with NaN or Inf ({int(nan.sum()):,} NaN, {int(inf.sum()):,} Inf)"
-        )
+def _unread_text(leaves: pd.DataFrame) -> str:
+    """The leaves some of whose regions the check could not decode, counted (``""``:
+    none). Their NaN and Inf are the verdict's to tell, in its one count."""
     read = leaves["read"] if "read" in leaves else pd.Series([], dtype=object)
     unread = sum(1 for r in read if r is not None and r is not pd.NA and not bool(r))
-    if unread:
-        parts.append(f"{unread:,} with regions not read")
-    return "; ".join(parts)
+    return f"{unread:,} with regions not read" if unread else ""
 
 
 class DataCheck(w.VBox):
@@ -262,7 +252,7 @@ class DataCheck(w.VBox):
             flagged = leaves[leaves.apply(_flagged, axis=1)] if len(leaves) else leaves
             read = format_bytes(pd.to_numeric(leaves.get("nbytes"), errors="coerce").sum())
             summary = f"{len(leaves):,} arrays, {read} read in {seconds}"
-            found = _counts_text(leaves) if len(leaves) else ""
+            found = _unread_text(leaves) if len(leaves) else ""
             if found:
                 summary += f"; {found}"
             self.label.value = (

@@ -350,6 +350,9 @@ class CheckpointExplorer(w.VBox):
         self.heading.value = run_heading(self._shown_root, self.runs.summary)
         if changed:
             self.contents.set_comparable()
+            if self.timeline.loaded:
+                # New checkpoints, or a health found: the timeline reads the run again.
+                self._in_background(self.timeline.refresh, "tinax-explorer-timeline")
         if self.checkpoint is not None:
             still = table[table["path"].astype(str) == self.checkpoint]
             if still.empty or str(still.iloc[0]["status"]) != COMPLETE:

@@ -12,13 +12,13 @@ import ml_dtypes
 import numpy as np
 import traitlets
 
-from tinax.explore import checkpoint_table, export_safetensors
+from tinax.explore import checkpoint_health, checkpoint_table, export_safetensors
+from tinax.vocabulary import DIVERGED
 
 from ._caught import warnings_of_this_thread
 from ._guard import shown_in_widget
 from ._nonfinite import NONFINITE_COLOR
 from ._progress import RUNNING, AsyncProgress, BytesMoved
-from ._soundness import nonfinite_metrics_note
 from ._task import Task
 from ._text import error_html, format_bytes, format_seconds, note_html
 
@@ -101,9 +101,11 @@ class ExportPanel(w.VBox):
         Args:
           path: A checkpoint directory, local or ``gs://``.
           nonfinite: What is known of the checkpoint's NaN and Inf, per
-            checkpointable: ``(nan, inf)`` counts (the explorer passes what its data
-            check or the run's scan read). A checkpointable with any is warned of
-            before it is written, and its button reads "Export anyway".
+            checkpointable: ``(nan, inf)`` counts. ``None``: what the library knows
+            (``checkpoint_health``: the counts of its data read in this process, by
+            a data check, a scan or a load, or recorded by its run). A checkpointable
+            with any is warned of before it is written, and its button reads
+            "Export anyway".
           found_by: What found them (``"the data check"``), for the warning.
 
         Raises:
@@ -118,10 +120,19 @@ class ExportPanel(w.VBox):
         if not names:
             raise ValueError(f"checkpoint {self.path!r} holds no arrays to export")
         self._arrays = arrays
-        self._nonfinite = dict(nonfinite or {})
+        self._metrics_note = ""
+        if nonfinite is None:
+            health = checkpoint_health(path)
+            counts = health.counts or {}
+            nonfinite = {n: (c.nan, c.inf) for n, c in counts.items() if c.nan or c.inf}
+            found_by = found_by or (health.source if nonfinite else "")
+            if not nonfinite and health.verdict == DIVERGED:
+                # No data read yet: what its logged metrics say.
+                self._metrics_note = (
+                    f"⚠ diverged: {health.reason}; “check data” reads its arrays for NaN and Inf"
+                )
+        self._nonfinite = dict(nonfinite)
         self._found_by = found_by
-        # Without a data read: what the checkpoint's own metrics say (metadata only).
-        self._metrics_note = "" if self._nonfinite else nonfinite_metrics_note(self.path)
         self.files: list[str] = []
         self.warnings: list[str] = []
         self.progress: AsyncProgress | None = None

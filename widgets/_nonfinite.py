@@ -76,36 +76,3 @@ def nonfinite_change(row: pd.Series) -> str:
     if not b:
         return f"finite (a: {a})" if a else "NaN/Inf"
     return f"{b} (a: {a})" if a else f"{b} (was finite)"
-
-
-def _by_checkpointable(leaves: pd.DataFrame, nan: str, inf: str) -> dict[str, tuple[int, int]]:
-    """NaN and Inf counts of a table of leaves, summed per checkpointable (those with
-    none left out)."""
-    out: dict[str, tuple[int, int]] = {}
-    if leaves.empty:
-        return out
-    for name, rows in leaves.groupby("checkpointable", sort=False):
-        counts = (
-            int(pd.to_numeric(rows[nan], errors="coerce").fillna(0).sum()),
-            int(pd.to_numeric(rows[inf], errors="coerce").fillna(0).sum()),
-        )
-        if any(counts):
-            out[str(name)] = counts
-    return out
-
-
-def known_nonfinite(
-    path: str, checked: Any, scan: pd.DataFrame | None
-) -> tuple[dict[str, tuple[int, int]], str]:
-    """The NaN and Inf counts per checkpointable that a data check (``checked``, a
-    ``Verification`` with data, or ``None``) or the run's scan (``scan_run`` with its
-    leaves) read in the checkpoint ``path``, and which of them did; empty if neither."""
-    if checked is not None and checked.data:
-        return _by_checkpointable(checked.leaves, "nan_count", "inf_count"), "the data check"
-    leaves = None if scan is None else scan.attrs.get("leaves")
-    if isinstance(leaves, pd.DataFrame) and scan is not None:
-        names = scan[scan["path"].astype(str) == path]["name"]
-        if len(names):
-            found = leaves[leaves["name"] == names.iloc[0]]
-            return _by_checkpointable(found, "nan", "inf"), "the run's scan"
-    return {}, ""

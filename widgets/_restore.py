@@ -31,6 +31,8 @@ from tinax.explore import toolkit
 
 from . import _presets
 from ._guard import shown_in_widget
+from ._load_guard import LoadGuard
+from ._nonfinite import NONFINITE_COLOR
 from ._plan_view import PlanView
 from ._progress import FAILED, RUNNING
 from ._section import Section
@@ -95,7 +97,9 @@ class RestoreTargetBuilder(w.VBox):
     them. A load that would not fit is not offered: Load is disabled, the reason
     said, as the load itself would refuse it. After a load a one-line summary says what was restored; Load
     stays disabled, with the reason shown, while a chosen target cannot be
-    restored from it. A dtype difference only warns: Orbax casts on restore.
+    restored from it. The checkpoint's verdict (``verify``: integrity and health)
+    shows above Load; Load of a checkpoint that diverged asks first (``load_guard``:
+    "Load anyway" or "Cancel"). A dtype difference only warns: Orbax casts on restore.
     Load runs in a background thread when JAX runs in one process; with several
     processes Orbax needs every process on its main thread, so the load runs in
     the click.
@@ -222,10 +226,14 @@ class RestoreTargetBuilder(w.VBox):
             layout=w.Layout(flex="0 0 auto", display="none"),
         )
         self.apply_button.on_click(guard(lambda _button: self.apply()))
+        # The checkpoint's verdict, and the question before a diverged one is loaded.
+        self.load_guard = LoadGuard(self._show_error)
+        self._confirmed = False
         self.compare_section = w.VBox(
             [
                 self.comparison_view,
                 self.plan_view,
+                self.load_guard,
                 w.HBox(
                     [self.load_button, self.lossy_box, self.reason_html],
                     layout=w.Layout(flex_flow="row wrap", align_items="center"),
@@ -364,6 +372,7 @@ class RestoreTargetBuilder(w.VBox):
         return None if value is None else self._check_path(value)
 
     def _on_path(self, _change: Any) -> None:
+        self.load_guard.check(self.path)
         self.result = None
         self.status = ""
         self.summary = ""
@@ -474,6 +483,9 @@ class RestoreTargetBuilder(w.VBox):
     def _on_load(self, _button: Any = None) -> None:
         if self.status == "loading" or self.path is None:
             return
+        if self.load_guard.diverged and not self._confirmed:
+            self.load_guard.ask(self.path, self._load_confirmed)
+            return
         import jax
 
         from ._choice import LEFT_OUT
@@ -516,6 +528,14 @@ class RestoreTargetBuilder(w.VBox):
             self.error = f"{type(failure).__name__}: {failure}"
             self.load_button.disabled = bool(self.reason)
 
+    def _load_confirmed(self) -> None:
+        """Loads a diverged checkpoint, its "Load anyway" clicked."""
+        self._confirmed = True
+        try:
+            self._on_load()
+        finally:
+            self._confirmed = False
+
     def _left_out(self) -> dict[str, set[Any]]:
         return {name: self.choice.left_out(name) for name in self.choice.chosen()}
 
@@ -538,6 +558,10 @@ class RestoreTargetBuilder(w.VBox):
         unticked = [name for name in self._live if name not in chosen]
         if unticked:
             parts.append("not loaded: " + ", ".join(unticked))
+        # What the load counted as it read: the verdict (and this summary) say it.
+        self.load_guard.check(self.path)
+        if self.load_guard.diverged:
+            parts.append(f"diverged: {self.load_guard.health.reason}")
         self.summary = "; ".join(parts)
         self.result = result
         self.summary_html.value = self._summary_html()
@@ -560,7 +584,9 @@ class RestoreTargetBuilder(w.VBox):
         # Read as a paragraph, not spaced out as a row of controls.
         return (
             '<div style="line-height:1.4">'
-            + note_html(self.summary, color="#1b5e20")
+            + note_html(
+                self.summary, color=NONFINITE_COLOR if self.load_guard.diverged else "#1b5e20"
+            )
             + (f"<br><code style='font-size:90%'>{where}</code>" if where else "")
             + (f"<br>{note_html(extra, color='#1b5e20')}" if extra else "")
             + "</div>"

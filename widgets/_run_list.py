@@ -435,7 +435,8 @@ class RunList:
 
     @staticmethod
     def _same_listing(old: pd.DataFrame, new: pd.DataFrame) -> bool:
-        fields = ["path", "status", "nbytes", "committed"]
+        # The health too: a data check or a scan turns "not yet known" into a verdict.
+        fields = ["path", "status", "nbytes", "committed", "health", "health_reason"]
         if list(old.index) != list(new.index) or not {*fields, "age"} <= set(old.columns):
             return False
         # Ages change all the time; the table is redrawn when their shown text does.

@@ -10,8 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-from tinax.vocabulary import COMPLETE, IN_PROGRESS, INTERRUPTED
+from tinax.vocabulary import COMPLETE, DIVERGED, IN_PROGRESS, INCOMPLETE, INTERRUPTED
 
+from ._nonfinite import NONFINITE_COLOR
 from ._table import Column, RowLook, format_cell
 from ._text import format_age, format_bytes
 
@@ -31,10 +32,28 @@ def _format_names(value: Any) -> str:
     return format_cell(value)
 
 
+# The integrity word as the list shows it: with the listing's status where that says
+# more (``incomplete (interrupted)``).
+INTEGRITY_SHOWN = "integrity_shown"
+
+
+def integrity_text(integrity: Any, status: Any) -> str:
+    """``sound``, ``damaged``, or ``incomplete (in progress)``: the library's word, and
+    the status that made a checkpoint incomplete."""
+    word = "" if integrity is None or integrity is pd.NA else str(integrity)
+    if word == INCOMPLETE and status is not None and status is not pd.NA:
+        return f"{word} ({status})"
+    return word
+
+
 def checkpoint_look(row: pd.Series) -> RowLook:
     status = str(row.get("status", ""))
     if status == COMPLETE:
-        return RowLook()
+        reason = row.get("health_reason")
+        tip = None if reason is None or reason is pd.NA else f"{row.get('health')}: {reason}"
+        if str(row.get("health", "")) == DIVERGED:
+            return RowLook(color=NONFINITE_COLOR, tooltip=tip)
+        return RowLook(tooltip=tip)
     if status == IN_PROGRESS:
         return RowLook(
             color="#8a6d00",
@@ -128,7 +147,10 @@ def with_metrics(
 CHECKPOINT_COLUMNS = (
     Column("name", "checkpoint", key=True),
     Column("step", "step", align="right", descending_first=True),
-    Column("status", "status"),
+    # The library's two words: health (can a run go on from here?) and integrity (are
+    # these the bytes saved?), the reason for the first on the row's hover.
+    Column("health", "health"),
+    Column(INTEGRITY_SHOWN, "integrity"),
     Column("nbytes", "size on disk", format_bytes, align="right", descending_first=True),
     Column("kept", "kept because", essential=False),
     # A two-tier run's rows only (blank, so hidden, elsewhere).
@@ -153,9 +175,17 @@ def _policy_text(policy: dict[str, Any]) -> str:
 
 def with_policy_text(table: pd.DataFrame) -> pd.DataFrame:
     """``run_listing``'s table as the run list shows it: ``kept`` blank where the run
-    recorded nothing, its policy in words (``attrs["policy"]``) and the metric it
+    recorded nothing, the integrity word with its status (``INTEGRITY_SHOWN``), its policy in words (``attrs["policy"]``) and the metric it
     keeps its best checkpoints by (``attrs["best_by"]``)."""
-    shown = table.assign(kept=table["kept"].fillna("").astype("string"))
+    shown = table.assign(
+        kept=table["kept"].fillna("").astype("string"),
+        **{
+            INTEGRITY_SHOWN: [
+                integrity_text(i, s)
+                for i, s in zip(table["integrity"], table["status"], strict=True)
+            ]
+        },
+    )
     shown.attrs = dict(table.attrs)
     policy = table.attrs.get("policy")
     if policy is not None:
@@ -175,6 +205,9 @@ def listing_summary(table: pd.DataFrame) -> str:
 
     done = int(counts.get(COMPLETE, 0))
     parts = [plural(done, "checkpoint", "checkpoints")]
+    diverged = int((table["health"] == DIVERGED).sum()) if "health" in table and done else 0
+    if diverged:
+        parts[0] += f" ({diverged:,} diverged)"
     for status, n in counts.items():
         n = int(n)
         if status == COMPLETE:

@@ -1,5 +1,8 @@
-"""A checkpoint's verdict from ``verify`` as one line of a widget: sound, diverged (it
-loads, but its state holds NaN or Inf) or not sound, each in a colour of its own."""
+"""A checkpoint's verdict as the widgets show it: its integrity (sound, damaged,
+incomplete) and its health (healthy, diverged, not yet known), both decided by the
+library (``verify``, ``checkpoint_health``, the tables' ``integrity`` and ``health``
+columns) and shown here in the same words, each in a colour and mark of its own:
+never a green check beside "diverged"."""
 
 from __future__ import annotations
 
@@ -13,33 +16,63 @@ from tinax import vocabulary as words
 from tinax.explore import display
 
 from ._nonfinite import NONFINITE_COLOR
-from ._text import error_html, note_html
+from ._text import error_html
 
-# Each verdict's colour and mark: never the green tick for a checkpoint gone NaN.
-LOOKS = {
-    words.SOUND: ("#1b7f3b", "✔"),
+GREEN = "#1b7f3b"
+RED = "#b00020"
+AMBER = "#8a6d00"
+GREY = "#555"
+
+# A health word's colour and mark; an integrity word's where it is not sound.
+HEALTH_LOOKS = {
+    words.HEALTHY: (GREEN, "✔"),
     words.DIVERGED: (NONFINITE_COLOR, "⚠"),
-    words.NOT_SOUND: ("#b00020", "✘"),
+    # Sound bytes whose values have not been read: the check is for the bytes.
+    words.HEALTH_UNKNOWN: (GREEN, "✔"),
+}
+INTEGRITY_LOOKS = {
+    words.SOUND: (GREEN, "✔"),
+    words.DAMAGED: (RED, "✘"),
+    words.INCOMPLETE: (AMBER, "…"),
 }
 
 
-def status_of(result: Any) -> str:
-    """A ``Verification``'s status word (``sound``, ``diverged``, ``not sound``)."""
-    status = getattr(result, "status", None)
-    if status in LOOKS:
-        return str(status)
-    return words.SOUND if result.ok else words.NOT_SOUND
+def look(integrity: str, health: str) -> tuple[str, str]:
+    """The colour and mark of a checkpoint's verdict: its integrity's where it is not
+    sound, else its health's."""
+    if integrity != words.SOUND:
+        return INTEGRITY_LOOKS.get(integrity, (RED, "✘"))
+    return HEALTH_LOOKS.get(health, (GREY, "?"))
 
 
 def verdict_span(result: Any, *, css_class: str) -> str:
-    """The verdict as a coloured span, its status in ``data-status`` and whether it
-    is sound in ``data-ok``."""
-    status = status_of(result)
-    color, mark = LOOKS[status]
+    """A ``Verification`` as a coloured line in the library's words (``verdict``), its
+    status (``sound``, ``diverged``, ``not sound``), integrity and health in data
+    attributes, whether it is sound and not diverged in ``data-ok``, and the reason
+    for its health on hover."""
+    integrity, health = str(result.integrity), str(result.health.verdict)
+    color, mark = look(integrity, health)
+    status = str(result.status)
     return (
         f'<span class="{css_class}" data-ok="{str(status == words.SOUND).lower()}" '
-        f'data-status="{html.escape(status)}" style="color:{color}">'
-        f"{mark} {html.escape(result.verdict)}</span>"
+        f'data-status="{html.escape(status)}" data-integrity="{html.escape(integrity)}" '
+        f'data-health="{html.escape(health)}" title="{html.escape(result.health.reason)}" '
+        f'style="color:{color}">{mark} {html.escape(result.verdict)}</span>'
+    )
+
+
+def words_html(integrity: str, health: str, reason: str, *, css_class: str = "") -> str:
+    """A checkpoint's two words in a line, from a table's columns: ``⚠ diverged · sound``,
+    the reason on hover."""
+    color, mark = look(integrity, health)
+    said = health if integrity == words.SOUND else integrity
+    other = integrity if integrity == words.SOUND else health
+    attributes = f' class="{css_class}"' if css_class else ""
+    return (
+        f'<span{attributes} data-integrity="{html.escape(integrity)}" '
+        f'data-health="{html.escape(health)}" title="{html.escape(reason)}" '
+        f'style="color:{color}">{mark} {html.escape(said)}</span>'
+        f'<span style="color:{GREY}"> · {html.escape(other)}</span>'
     )
 
 
@@ -69,55 +102,12 @@ def findings_list(findings: pd.DataFrame, *, limit: int) -> str:
     return f'<ul style="margin:0;font-size:90%;overflow-wrap:anywhere">{items}</ul>'
 
 
-def scanned_html(row: pd.Series) -> str:
-    """What the run's scan (``scan_run``) found in a checkpoint it read whole, when it
-    is worse than sound: a line in the verdict's colour, else ``""``."""
-    verdict = str(row.get("verdict", ""))
-    if verdict not in (words.DIVERGED, words.NONFINITE):
-        return ""
-    nan = 0 if pd.isna(row.get("nan")) else int(row["nan"])
-    inf = 0 if pd.isna(row.get("inf")) else int(row["inf"])
-    where = "its model or optimizer state" if verdict == words.DIVERGED else "its metrics only"
-    return (
-        f'<div class="tinax-verdict-scan" data-status="{html.escape(verdict)}" '
-        f'style="color:{NONFINITE_COLOR}">⚠ {html.escape(verdict)}: the run\'s scan found '
-        f"NaN or Inf in {where} ({nan:,} NaN, {inf:,} Inf in all)</div>"
-    )
-
-
-def nonfinite_metrics_note(path: str | explore.Checkpoint) -> str:
-    """A line when the checkpoint's own metrics (its auxiliary state, read from
-    metadata) are NaN or infinite: its weights may be too; "check data" says."""
-    try:
-        table = explore.run_table(path)
-    except Exception:  # What is wrong with the checkpoint is said elsewhere.
-        return ""
-    if "nonfinite_metrics" not in table or table.empty:
-        return ""
-    named = table["nonfinite_metrics"].iloc[0]
-    if pd.isna(named) or not str(named):
-        return ""
-    return (
-        f"its {named} {'is' if ', ' not in str(named) else 'are'} NaN or infinite: "
-        "“check data” reads its weights for NaN and Inf"
-    )
-
-
-def metrics_html(path: str | explore.Checkpoint) -> str:
-    """``nonfinite_metrics_note`` in the colour of NaN, or ``""``."""
-    note = nonfinite_metrics_note(path)
-    return note_html(note, color=NONFINITE_COLOR) if note else ""
-
-
 def verdict_html(path: str | explore.Checkpoint) -> str:
-    """``verify(path)`` (metadata only) as a short coloured line, errors listed below
-    it, and a note when the checkpoint's recorded metrics are NaN or infinite; of an
-    opened checkpoint, nothing is listed or read again."""
+    """``verify(path)`` (metadata, and what this process has read of its data) as a
+    short coloured line, errors listed below it; of an opened checkpoint, nothing is
+    listed or read again."""
     try:
         result = explore.verify(path)
     except Exception as e:
         return error_html(e, title="Cannot verify:")
-    line = verdict_span(result, css_class="tinax-verdict")
-    found = findings_list(result.findings, limit=5)
-    metrics = metrics_html(path)
-    return line + (f" {metrics}" if metrics else "") + found
+    return verdict_span(result, css_class="tinax-verdict") + findings_list(result.findings, limit=5)

@@ -12,10 +12,12 @@ import ipywidgets as w
 import pandas as pd
 import traitlets
 
-from tinax.explore import checkpoint_table, display
+from tinax.explore import checkpoint_health, checkpoint_table, display
 from tinax.explore.toolkit import average_preview, derive_preview
+from tinax.vocabulary import DIVERGED
 
 from ._guard import shown_in_widget
+from ._nonfinite import NONFINITE_COLOR
 from ._progress import DONE, RUNNING, AsyncProgress, BytesMoved
 from ._task import Task
 from ._text import error_html, format_bytes, format_seconds, note_html
@@ -84,11 +86,22 @@ class _SurgeryPanel(w.VBox):
         self.preview = w.HTML("")
         self.message = w.HTML("")
         self.progress_box = w.VBox([])
+        # A source that diverged: said before anything is written, and made from only
+        # when this box is ticked (the library refuses it otherwise).
+        self.health_note = w.HTML("")
+        self.allow_diverged = w.Checkbox(
+            value=False,
+            description="make it from a diverged source all the same",
+            indent=False,
+            layout=w.Layout(width="auto", display="none"),
+        )
         super().__init__(
             children=[
                 w.HTML(note_html(title)),
                 w.HBox(controls, layout=w.Layout(flex_flow="row wrap")),
                 self.preview,
+                self.health_note,
+                self.allow_diverged,
                 w.HBox([self.destination, self.run_button]),
                 self.message,
                 self.progress_box,
@@ -96,8 +109,13 @@ class _SurgeryPanel(w.VBox):
         )
         guard = shown_in_widget(self._show_error)
         self.run_button.on_click(guard(self._on_run))
+        self.allow_diverged.observe(guard(lambda _: self._enable()), names="value")
+        self._show_health()
 
     # -- to be given by each panel --------------------------------------------------
+
+    def _sources(self) -> list[str]:
+        raise NotImplementedError
 
     def _planned(self) -> pd.DataFrame:
         raise NotImplementedError
@@ -123,8 +141,28 @@ class _SurgeryPanel(w.VBox):
             f"{format_bytes(table.attrs['written_bytes'])} written, "
             f"{format_bytes(table.attrs['read_bytes'])} read"
         )
-        self.run_button.disabled = self.running
+        self._enable()
         return table
+
+    def _show_health(self) -> None:
+        """Names each source that diverged, in the library's words (metadata, and what
+        this process read of its data), and offers the box that allows it."""
+        found = []
+        for source in self._sources():
+            health = checkpoint_health(source)
+            if health.verdict == DIVERGED:
+                name = source.rstrip("/").rsplit("/", 1)[-1]
+                found.append(f"{name} diverged: {health.reason}")
+        self._diverged = bool(found)
+        self.health_note.value = (
+            note_html("⚠ " + "; ".join(found), color=NONFINITE_COLOR) if found else ""
+        )
+        self.allow_diverged.layout.display = "" if found else "none"
+        self._enable()
+
+    def _enable(self) -> None:
+        blocked = getattr(self, "_diverged", False) and not self.allow_diverged.value
+        self.run_button.disabled = self.running or blocked
 
     def _show_error(self, error: BaseException) -> None:
         self.error = f"{type(error).__name__}: {error}"
@@ -171,6 +209,9 @@ class _SurgeryPanel(w.VBox):
         if progress.status != DONE:
             self.error = progress.error
             self.message.value = error_html(progress.error, title="Failed:")
+            if progress.error.startswith("DivergedCheckpointError"):
+                # Found diverged as it was read: the box that allows it is offered.
+                self._show_health()
             return
         table = checkpoint_table(self._destination)
         nbytes = int(pd.to_numeric(table["nbytes"], errors="coerce").fillna(0).sum())
@@ -256,6 +297,9 @@ class DerivePanel(_SurgeryPanel):
             "cast": None if self.cast.value == AS_STORED else self.cast.value,
         }
 
+    def _sources(self) -> list[str]:
+        return [self.path]
+
     def _planned(self) -> pd.DataFrame:
         return derive_preview(self.path, **self._options())
 
@@ -263,7 +307,13 @@ class DerivePanel(_SurgeryPanel):
         # tinax.checkpointing brings JAX and Orbax: imported when a derive starts.
         from tinax.checkpointing import derive_checkpoint
 
-        derive_checkpoint(self.path, destination, progress=progress, **self._options())
+        derive_checkpoint(
+            self.path,
+            destination,
+            progress=progress,
+            allow_diverged=self.allow_diverged.value,
+            **self._options(),
+        )
 
 
 class AveragePanel(_SurgeryPanel):
@@ -332,6 +382,9 @@ class AveragePanel(_SurgeryPanel):
             raise ValueError("weights must be non-negative and not all zero")
         return values
 
+    def _sources(self) -> list[str]:
+        return list(self.sources)
+
     def _planned(self) -> pd.DataFrame:
         self._parsed_weights()
         return average_preview(
@@ -351,4 +404,5 @@ class AveragePanel(_SurgeryPanel):
             checkpointables=list(self.checkpointables.value),
             keys=self.key_filter.value.strip() or None,
             progress=progress,
+            allow_diverged=self.allow_diverged.value,
         )

@@ -408,14 +408,15 @@ class RunTimeline(w.VBox):
         return f"{done}layer drift of {table.attrs.get('pairs', 0)} pairs"
 
     def _scan(self, progress: Callable[[int, int], None], cancel: threading.Event) -> str:
-        # With its leaves: the explorer's export warns of the NaN of the one it writes.
-        table = explore.scan_run(self.root, leaves=True, progress=progress, cancel=cancel)
+        # What it counts in each checkpoint the library remembers: the explorer's
+        # verdicts and its export's warning read it from there.
+        table = explore.scan_run(self.root, progress=progress, cancel=cancel)
         with self._lock:
             self.scan = table
         self._redraw()
         if self._explorer is not None:
             # The open checkpoint's verdict (and each opened later) says what it found.
-            self._explorer.contents.show_scan(table)
+            self._explorer.contents.show_scan()
         first, rollback = table.attrs["first_nonfinite_step"], table.attrs["rollback_step"]
         if first is None:
             text = "no NaN or Inf in any checkpoint read"

@@ -171,6 +171,12 @@ def heat_data(drift: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
     return data, keys
 
 
+def _words(rows: pd.DataFrame, column: str) -> list[str]:
+    if column not in rows:
+        return []
+    return ["" if pd.isna(v) else str(v) for v in rows[column]]
+
+
 def drawn_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The rows the timeline draws: one complete checkpoint a step. Where two share a
     step (a copy derived from a step, saved beside the run's own), the one the run
@@ -210,6 +216,9 @@ def timeline_data(
         "save_blocked_s": floats(rows["save_blocked_s"]),
         "save_total_s": floats(rows["save_total_s"]),
         "nbytes": floats(rows["nbytes"]),
+        # The library's verdict of each, as every view says it.
+        "health": _words(rows, "health"),
+        "health_reason": _words(rows, "health_reason"),
     }
     keys: list[str] = []
     if len(drift):
@@ -258,6 +267,15 @@ def summary_html(table: pd.DataFrame, drift: pd.DataFrame, scan: pd.DataFrame) -
     if beside:
         named = ", ".join(beside[:3]) + (f" and {len(beside) - 3} more" if len(beside) > 3 else "")
         parts.append(f"not drawn, at a step drawn already: {html.escape(named)}")
+    if "health" in rows:
+        diverged = rows[rows["health"] == DIVERGED]
+        if len(diverged):
+            first = diverged.iloc[0]
+            parts.append(
+                f"<span style='color:{NONFINITE_COLOR}' class='tinax-timeline-diverged'>"
+                f"diverged from step {int(first['step'])}: "
+                f"{html.escape(str(first['health_reason']))}</span>"
+            )
     metrics = [str(m) for m in table.attrs.get("metrics", [])]
     for metric, step, word in first_nonfinite_metrics(nonfinite_metrics(rows, metrics))[:3]:
         parts.append(

@@ -24,6 +24,8 @@ const CELL_PATTERNS = {
   unread: { id: "tinax-unread", back: "#f0f0f0", line: "#9e9e9e", word: "not read" },
 };
 let patternCount = 0;
+// A checkpoint's health (the library's word): the colours every view gives it.
+const HEALTH_FILLS = { healthy: "#1b7f3b", diverged: "#6a1b9a", "not yet known": "#d0d0d0" };
 
 function el(name, attrs, parent) {
   const node = document.createElementNS(SVG, name);
@@ -379,6 +381,22 @@ function draw(model, root) {
       kx += 18 + t.getComputedTextLength() + 12;
     }
     y = bottom + 20;
+  }
+
+  // -- each checkpoint's health, in the library's words: a mark a step ------------------
+  const health = data.health || [];
+  if (health.length === steps.length && health.some(Boolean)) {
+    const top = y + 2;
+    text(svg, left - 4, top + 9, "health", { "text-anchor": "end", "font-size": 10 });
+    const gap = steps.length > 1 ? Math.min(...steps.slice(1).map((s, i) => x(s) - x(steps[i]))) : plotW;
+    const side = Math.max(3, Math.min(12, gap - 2));
+    steps.forEach((s, i) => {
+      const word = health[i];
+      const fill = HEALTH_FILLS[word] || HEALTH_FILLS["not yet known"];
+      const mark = el("rect", { x: (x(s) - side / 2).toFixed(1), y: top, width: side, height: 10, fill, class: "tinax-timeline-health", "data-health": word || "", "data-step": s }, svg);
+      el("title", {}, mark).textContent = `step ${s}: ${word}${(data.health_reason || [])[i] ? ` (${data.health_reason[i]})` : ""}`;
+    });
+    y = top + 16;
   }
 
   // -- the step axis, markers and the picks ------------------------------------------
