@@ -428,3 +428,42 @@ def test_leaves_gone_nan_or_inf_come_first_in_their_own_colour_never_as_0_percen
     assert view.tree.nonfinite("model", "['blocks']") == 1
     labels = view.tree.table.frame["label"].tolist()
     assert view.tree.table.visible_text("rel_change")[labels.index("model")] == "NaN/Inf in 2"
+
+
+def test_leaves_nan_on_both_sides_are_named_not_greyed_as_same(tmp_path: Path) -> None:
+    import grain
+
+    from tinax.checkpointing import save_training_checkpoint
+
+    iterator = iter(grain.MapDataset.range(8).to_iter_dataset())
+    nan = np.full((8, 8), np.nan, np.float32)
+    for step in (60, 70):
+        # Both diverged (their logged loss is NaN); w is all NaN, the same bytes in both.
+        model = {"w": nan, "b": np.full(8, step, np.float32)}
+        aux = {"loss": float("nan")}
+        save_training_checkpoint(
+            tmp_path / f"step_{step}", step, model, {"count": step}, np.zeros(2), aux, iterator
+        ).result()
+    view = _diff_view()
+    view.set_base(str(tmp_path / "step_60"), [])
+    view.compare(str(tmp_path / "step_70"))
+    frame = view.diff.set_index("key")
+    assert frame.loc["['w']", "status"] == "same"
+    # Neither side read yet: the diff says it cannot tell, and offers to count.
+    assert view.both.unknown_same and view.count_box.layout.display == ""
+    assert "on both sides" not in view.title.value
+    view.count_same()
+    assert view.count_box.layout.display == "none"
+    # w's 64 NaN, and the logged loss, NaN in both.
+    assert "2 of the same leaves hold NaN or Inf on both sides (65 NaN, 0 Inf in each)" in (
+        view.title.value
+    )
+    row = view.table.frame.set_index("key").loc["['w']"]
+    assert row["change"] == "NaN 64 on both sides" and row["status"] == "same"
+    label = list(view.table.frame["key"]).index("['w']")
+    assert view.table.rows[label]["color"] == NONFINITE_COLOR
+    # Read once, known to the next diff of either at once.
+    again = _diff_view()
+    again.set_base(str(tmp_path / "step_70"), [])
+    again.compare(str(tmp_path / "step_60"))
+    assert again.both.leaves == 2 and not again.both.unknown_same

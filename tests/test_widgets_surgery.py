@@ -74,7 +74,7 @@ def test_derive_previews_writes_with_progress_and_opens_the_result(run):
         # The new checkpoint is open, and says where it came from.
         assert list(explorer.leaves["key"]) == ["['kernel']['value']"]
         line = pane.lineage.line
-        assert line.text.startswith(f"derived from {run}/step_000020 (step 20)")
+        assert line.text.startswith(f"derived from {run}/step_000020 (step 20, ? not yet known)")
         assert "cast to bfloat16" in line.text
         # The source's path is a link: it opens the source, listed in this run.
         assert [p["text"] for p in line.parts if p["link"] is not None] == [f"{run}/step_000020"]
@@ -152,7 +152,7 @@ def test_a_source_outside_the_run_opens_in_an_explorer_of_its_own(run, tmp_path)
         _open(explorer, "model_30")
         lineage = explorer.contents.lineage
         assert lineage.line.text == (
-            f"derived from {run}/step_000030 (step 30) · checkpointables model"
+            f"derived from {run}/step_000030 (step 30, ? not yet known) · checkpointables model"
         )
         lineage.line.click(0)
         assert lineage.elsewhere.shown and len(lineage.elsewhere.body.children) == 1

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as w
+import numpy as np
 import pandas as pd
 import traitlets
 
@@ -21,6 +22,7 @@ from tinax import vocabulary as words
 from tinax.explore import display
 
 from ._diff_bars import BAR_DEPTHS, LAYERS, MAX_BARS, bar_rows, left_out_text, ordered_subtrees
+from ._diff_both import BothSides, both_sides_text, known_both_sides
 from ._diff_tree import DiffTree
 from ._guard import shown_in_widget
 from ._nonfinite import (
@@ -32,6 +34,7 @@ from ._nonfinite import (
     sides_text,
 )
 from ._table import Column, PagedTable, RowLook
+from ._task import start_thread
 from ._text import error_html, note_html
 
 # What the diff is shown as: its leaves (a table) or its subtrees (a tree).
@@ -74,6 +77,12 @@ DIFF_COLUMNS = (
 
 def _look(row: pd.Series) -> RowLook:
     status = str(row.get("status", ""))
+    if status == words.SAME and bool(row.get("_both", False)):
+        return RowLook(
+            color=NONFINITE_COLOR,
+            background=NONFINITE_BACKGROUND,
+            tooltip="the same bytes on both sides, NaN or Inf in each",
+        )
     if status == words.SAME:
         return RowLook(color="#888888")
     if status != words.CHANGED:
@@ -120,6 +129,9 @@ class DiffView(w.VBox):
       newer: The side ``b``, or ``None``.
       diff: The last ``diff_table``, or an empty frame (every row, unfiltered).
       picked: ``(checkpointable, key)`` of the last leaf clicked, or ``None``.
+      both: What is known of the ``same`` leaves holding NaN or Inf on both sides
+        (``BothSides``); with a side diverged and neither side's data read,
+        ``count_button`` reads one side to know it (``count_same``).
       compared: ``(older, newer)`` paths of the diff shown, or ``None`` (set after
         each comparison and each clear, so that others can follow it).
     """
@@ -150,6 +162,27 @@ class DiffView(w.VBox):
             value=0.0, min=0.0, max=1.0, description="reading", layout=w.Layout(display="none")
         )
         self.title = w.HTML("")
+        self.both = BothSides(False, np.zeros(0, np.int64), np.zeros(0, np.int64), False)
+        # A diverged side whose data has not been read: which of the leaves the same on
+        # both sides hold NaN is not known until one side is read.
+        self.count_button = w.Button(
+            description="count NaN in the same leaves",
+            tooltip="read one side's data: which leaves hold NaN or Inf on both sides",
+            layout=w.Layout(width="auto"),
+        )
+        self.count_button.on_click(guard(lambda _: self._count_in_background()))
+        self.count_box = w.HBox(
+            [
+                w.HTML(
+                    note_html(
+                        "a side diverged: the leaves the same on both sides may hold NaN on both",
+                        color=NONFINITE_COLOR,
+                    )
+                ),
+                self.count_button,
+            ],
+            layout=w.Layout(flex_flow="row wrap", align_items="center", display="none"),
+        )
         self.bars = w.VBox([])
         # What the bars leave out, named, and a button that shows every subtree.
         self.more_bars = w.HTML("")
@@ -180,7 +213,15 @@ class DiffView(w.VBox):
         self.view_as.observe(guard(lambda _: self._show_view()), names="value")
         self.tree.layout.display = "none"
         self.result = w.VBox(
-            [self.title, self.depth, self.bars, self.more_box, self.view_as, self.tree],
+            [
+                self.title,
+                self.count_box,
+                self.depth,
+                self.bars,
+                self.more_box,
+                self.view_as,
+                self.tree,
+            ],
             layout=w.Layout(display="none"),
         )
         super().__init__([w.HBox([self.choice, self.progress]), self.result])
@@ -234,10 +275,19 @@ class DiffView(w.VBox):
         # ranks it so) and first when the change is sorted, told by its counts
         # rather than by a percentage.
         size = size.fillna(moved).where(~bad, math.inf)
-        shown = rows.assign(change_size=size, _nonfinite=bad)
-        if bad.any():
+        # The same bytes on both sides, NaN or Inf in each: told, not greyed as "same".
+        nan = pd.Series(self.both.nan, index=self.diff.index).reindex(rows.index)
+        inf = pd.Series(self.both.inf, index=self.diff.index).reindex(rows.index)
+        both = (nan + inf).to_numpy() > 0
+        shown = rows.assign(change_size=size, _nonfinite=bad, _both=both)
+        if bad.any() or both.any():
             change = shown["change"].astype(object)
             change[bad] = [nonfinite_change(r) for _, r in rows[bad].iterrows()]
+            change[both] = [
+                ", ".join(f"{w} {int(n):,}" for w, n in (("NaN", a), ("Inf", b)) if n)
+                + " on both sides"
+                for a, b in zip(nan[both], inf[both], strict=True)
+            ]
             shown["change"] = change
         self.tree.show(rows.reset_index(drop=True))
         self.table.show(shown)
@@ -280,6 +330,7 @@ class DiffView(w.VBox):
         """Shows no comparison."""
         self.other = self.older = self.newer = None
         self.diff = pd.DataFrame()
+        self.count_box.layout.display = "none"
         self.result.layout.display = "none"
         self.title.value = ""
         self.bars.children = ()
@@ -320,12 +371,28 @@ class DiffView(w.VBox):
                 self.choice.value = other
             finally:
                 self._choosing = False
+        self.both = known_both_sides(table, older, newer)
+        self._show_title()
+        self._show_rows()
+        self.result.layout.display = ""
+        self.compared = (older, newer)
+
+    def _show_title(self) -> None:
+        table, older, newer = self.diff, str(self.older), str(self.newer)
         counts = table["status"].value_counts()
+        both = both_sides_text(self.both)
+        self.count_box.layout.display = "" if self.both.unknown_same else "none"
         self.title.value = (
             f"<b>Changes from <code>{html.escape(_name(older))}</code> to "
             f"<code>{html.escape(_name(newer))}</code></b>: "
             + html.escape(", ".join(f"{n} {s}" for s, n in counts.items()))
             + _nonfinite_note(table)
+            + (
+                f' · <b class="tinax-diff-both" style="color:{NONFINITE_COLOR}">'
+                f"{html.escape(both)}</b>"
+                if both
+                else ""
+            )
             + "<br>"
             + note_html(
                 f"a is {_name(older)}, b is {_name(newer)}. The model first, then the "
@@ -334,9 +401,43 @@ class DiffView(w.VBox):
                 "moved, then PRNG keys. Click a leaf to open it."
             )
         )
-        self._show_rows()
-        self.result.layout.display = ""
-        self.compared = (older, newer)
+
+    def count_same(self) -> None:
+        """Reads one side's data (``verify(…, data=True)``: every leaf, checked, NaN
+        and Inf counted once) so that the ``same`` leaves holding NaN or Inf on both
+        sides are named. Blocks; the button runs it in the background.
+
+        Raises:
+          ValueError: If nothing is compared.
+        """
+        if self.older is None or self.newer is None:
+            raise ValueError("nothing is compared")
+        older, newer = self.older, self.newer
+        self.progress.value = 0.0
+        self.progress.layout.display = ""
+
+        def progress(done: int, total: int) -> None:
+            self.progress.value = done / total if total else 1.0
+
+        try:
+            explore.verify(older, data=True, progress=progress)
+        finally:
+            self.progress.layout.display = "none"
+        if (self.older, self.newer) == (older, newer):
+            self.both = known_both_sides(self.diff, older, newer)
+            self._show_title()
+            self._show_rows()
+
+    def _count_in_background(self) -> None:
+        self.count_button.disabled = True
+
+        def count() -> None:
+            try:
+                self.count_same()
+            finally:
+                self.count_button.disabled = False
+
+        start_thread(self._guard(count), name="tinax-diff-count")
 
     def _on_choice(self, change: Any) -> None:
         if self._choosing:

@@ -6,15 +6,17 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as w
 import pandas as pd
 
-from tinax.explore import lineage
+from tinax.explore import checkpoint_health, lineage
 from tinax.explore.toolkit import lineage_summary, path_exists
 
 from ._links import LinkLine, Part
 from ._section import Section
+from ._soundness import HEALTH_LOOKS
 from ._text import error_html
 
 _GREY = "#555"
@@ -30,9 +32,15 @@ def how_made(table: pd.DataFrame) -> str:
     return rest[1:-1] if rest.startswith("(") and rest.endswith(")") else rest
 
 
-def lineage_parts(table: pd.DataFrame, *, exists: Callable[[str], bool]) -> list[Part]:
+def lineage_parts(
+    table: pd.DataFrame,
+    *,
+    exists: Callable[[str], bool],
+    health_of: Callable[[str], Any] = lambda _source: None,
+) -> list[Part]:
     """A lineage table as parts of a line: each source a link (numbered by its row),
-    with its step and weight; a source gone from where it was, not a link."""
+    with its step, its health (``health_of``: a ``Health``, or ``None`` where not
+    known) and weight; a source gone from where it was, not a link."""
     if table.empty:
         return []
     operation = str(table["operation"].iloc[0])
@@ -57,11 +65,24 @@ def lineage_parts(table: pd.DataFrame, *, exists: Callable[[str], bool]) -> list
             )
         )
         about = [] if pd.isna(step) else [f"step {int(step):,}"]
+        health = health_of(source) if there else None
         if weight is not None and not pd.isna(weight):
             about.append(f"weight {float(weight):.3g}")
         if not there:
             about.append("no longer there")
-        if about:
+        if health is not None:
+            color, mark = HEALTH_LOOKS.get(health.verdict, (_GREY, ""))
+            parts.append(Part(f" ({', '.join([*about, ''])}" if about else " (", color=_GREY))
+            parts.append(
+                Part(
+                    f"{mark} {health.verdict}",
+                    title=health.reason,
+                    color=color,
+                    css="tinax-lineage-health",
+                )
+            )
+            parts.append(Part(")", color=_GREY))
+        elif about:
             parts.append(Part(f" ({', '.join(about)})", color=_GREY))
     how = how_made(table)
     if how:
@@ -121,7 +142,7 @@ class LineageView(w.VBox):
             self.message.value = error_html(e, title="Its lineage cannot be read:")
             return
         self.sources = [str(s) for s in table["source"]]
-        self.line.show(lineage_parts(table, exists=path_exists))
+        self.line.show(lineage_parts(table, exists=path_exists, health_of=checkpoint_health))
 
     def open_source(self, number: int) -> None:
         """Opens the source numbered ``number`` (a click on its link).

@@ -27,8 +27,7 @@ GREY = "#555"
 HEALTH_LOOKS = {
     words.HEALTHY: (GREEN, "✔"),
     words.DIVERGED: (NONFINITE_COLOR, "⚠"),
-    # Sound bytes whose values have not been read: the check is for the bytes.
-    words.HEALTH_UNKNOWN: (GREEN, "✔"),
+    words.HEALTH_UNKNOWN: (GREY, "?"),
 }
 INTEGRITY_LOOKS = {
     words.SOUND: (GREEN, "✔"),
@@ -42,6 +41,9 @@ def look(integrity: str, health: str) -> tuple[str, str]:
     sound, else its health's."""
     if integrity != words.SOUND:
         return INTEGRITY_LOOKS.get(integrity, (RED, "✘"))
+    if health == words.HEALTH_UNKNOWN:
+        # Sound bytes whose values have not been read: the mark is the bytes'.
+        return INTEGRITY_LOOKS[words.SOUND]
     return HEALTH_LOOKS.get(health, (GREY, "?"))
 
 
