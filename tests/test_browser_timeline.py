@@ -104,6 +104,15 @@ def _write_notebook(path: Path) -> None:
             "explorer.timeline_section.toggle.click()  # the timeline section, open\n"
             "explorer"
         ),
+        nbformat.v4.new_code_cell(
+            "import numpy as np\n"
+            "from tinax.widgets import RestoreTargetBuilder\n\n"
+            "layer = {'w': np.zeros((8, 8), np.float32), 'b': np.zeros(8, np.float32)}\n"
+            "model = {'embed': {'w': np.ones((4, 8), np.float32)}, 'layers': [layer] * 4}\n"
+            "live = {'model': model, 'optimizer': {'count': np.int32(0)}}\n"
+            f"builder = RestoreTargetBuilder(live, 'run/step_{NAN_STEP:06d}')\n"
+            "builder"
+        ),
     ]
     nbformat.write(notebook, path)
 
@@ -191,6 +200,7 @@ def test_the_timeline_is_readable_and_clickable_at_three_widths(tmp_path: Path) 
             ticks = long.locator(".tinax-timeline-tick").all_text_contents()
             assert len(ticks) > 3 and all(int(t) % LONG_EVERY == 0 for t in ticks), ticks
             _the_page_stays_under_the_pointer(page)
+            _the_builder_asks_before_loading_a_diverged_checkpoint(page)
         finally:
             browser.close()
 
@@ -263,3 +273,22 @@ def _the_page_stays_under_the_pointer(page: Page) -> None:
     expect(explorer.locator(".tinax-verdict").first).to_contain_text("data checked")
     page.wait_for_timeout(500)
     assert button.evaluate(offset) == before, "check data moved under the pointer"
+
+
+def _the_builder_asks_before_loading_a_diverged_checkpoint(page: Page) -> None:
+    """Load of a checkpoint that diverged asks first, the question under the button
+    (which stays where it was under the pointer); "Load anyway" loads it."""
+    builder = page.locator(".tinax-restore-target-builder")
+    verdict = builder.locator(".tinax-load-verdict")
+    expect(verdict).to_contain_text("its logged loss is NaN")
+    assert verdict.get_attribute("data-health") == "diverged"
+    load = builder.locator("button.mod-primary", has_text="Load")
+    load.scroll_into_view_if_needed()
+    before = load.bounding_box()
+    load.click()
+    question = builder.locator(".tinax-load-guard", has_text="Load it all the same?")
+    expect(question).to_be_visible()
+    assert load.bounding_box() == before, "Load moved when the question came"
+    builder.locator("button", has_text="Load anyway").click()
+    expect(builder).to_contain_text("diverged: 1 NaN and 0 Inf in 1 leaf of model")
+    builder.screenshot(path=str(ARTIFACTS / "builder-diverged-1280px.png"))

@@ -19,10 +19,11 @@ from ._soundness import verdict_span
 from ._text import error_html
 
 
-class LoadGuard(w.VBox):
+class LoadGuard:
     """The checkpoint's verdict in the library's words (``verify``: its integrity and
     its health), and, when it diverged, a question before its values are loaded:
-    "Load anyway" goes on, "Cancel" does not.
+    "Load anyway" goes on, "Cancel" does not. The host places the two: the verdict
+    above its Load button, the question under it (so that Load stays where it was).
 
     Attributes:
       verdict: The line with the checkpoint's verdict.
@@ -50,8 +51,8 @@ class LoadGuard(w.VBox):
             [self.asking, self.load_anyway, self.cancel],
             layout=w.Layout(flex_flow="row wrap", align_items="center", display="none"),
         )
-        super().__init__([self.verdict, self.question])
-        self.add_class("tinax-load-guard")
+        self.verdict.add_class("tinax-load-guard")
+        self.question.add_class("tinax-load-guard")
 
     @property
     def diverged(self) -> bool:

@@ -143,7 +143,7 @@ class RestoreTargetBuilder(w.VBox):
           path: A checkpoint to compare with and load from.
           page_size: Rows per page in the tables.
           load_in_thread: Load in a background thread (``True``) or in the click,
-            one checkpointable at a time (``False``). ``None`` chooses the thread
+            (``False``). ``None`` chooses the thread
             exactly when JAX runs in a single process.
 
         Raises:
@@ -233,11 +233,12 @@ class RestoreTargetBuilder(w.VBox):
             [
                 self.comparison_view,
                 self.plan_view,
-                self.load_guard,
+                self.load_guard.verdict,
                 w.HBox(
                     [self.load_button, self.lossy_box, self.reason_html],
                     layout=w.Layout(flex_flow="row wrap", align_items="center"),
                 ),
+                self.load_guard.question,
                 self.progress_box,
                 w.HBox(
                     [self.summary_html, self.apply_button],
