@@ -142,9 +142,9 @@ class RestoreTargetBuilder(w.VBox):
             abstract targets).
           path: A checkpoint to compare with and load from.
           page_size: Rows per page in the tables.
-          load_in_thread: Load in a background thread (``True``) or in the click,
-            (``False``). ``None`` chooses the thread
-            exactly when JAX runs in a single process.
+          load_in_thread: Load in a background thread (``True``) or in the click
+            (``False``). ``None`` chooses the thread exactly when JAX runs in a
+            single process.
 
         Raises:
           TypeError: If ``state`` is not a mapping, a name is not a string or
