@@ -42,7 +42,9 @@ def test_a_real_divergence_is_in_plain_sight_in_the_explorer(nnx_run: Path) -> N
     explorer.timeline_section.toggle.click()
     # The loss, a JAX float32 as the jitted step returned it, is marked NaN at once.
     assert timeline.view.data["metric_nonfinite"]["loss"][0] == [NAN_STEP, "NaN"]
-    assert f"loss NaN from step {NAN_STEP}" in timeline.summary.value
+    assert f"diverged from step {NAN_STEP}: its logged eval.loss and loss are NaN" in (
+        timeline.summary.value
+    )
     # The step before the NaN, then the first NaN one: their diff.
     _click(timeline, LAST_FINITE_STEP)
     _click(timeline, NAN_STEP)

@@ -267,17 +267,18 @@ def summary_html(table: pd.DataFrame, drift: pd.DataFrame, scan: pd.DataFrame) -
     if beside:
         named = ", ".join(beside[:3]) + (f" and {len(beside) - 3} more" if len(beside) > 3 else "")
         parts.append(f"not drawn, at a step drawn already: {html.escape(named)}")
-    if "health" in rows:
-        diverged = rows[rows["health"] == DIVERGED]
-        if len(diverged):
-            first = diverged.iloc[0]
-            parts.append(
-                f"<span style='color:{NONFINITE_COLOR}' class='tinax-timeline-diverged'>"
-                f"diverged from step {int(first['step'])}: "
-                f"{html.escape(str(first['health_reason']))}</span>"
-            )
+    diverged = rows[rows["health"] == DIVERGED] if "health" in rows else rows.iloc[:0]
+    if len(diverged):
+        # The library's verdict, which a NaN logged metric is part of: said once.
+        first = diverged.iloc[0]
+        parts.append(
+            f"<span style='color:{NONFINITE_COLOR}' class='tinax-timeline-diverged'>"
+            f"diverged from step {int(first['step'])}: "
+            f"{html.escape(str(first['health_reason']))}</span>"
+        )
     metrics = [str(m) for m in table.attrs.get("metrics", [])]
-    for metric, step, word in first_nonfinite_metrics(nonfinite_metrics(rows, metrics))[:3]:
+    found = [] if len(diverged) else first_nonfinite_metrics(nonfinite_metrics(rows, metrics))
+    for metric, step, word in found[:3]:
         parts.append(
             f"<span style='color:#d62728'>{html.escape(metric)} {word} from step {step}</span>"
         )
