@@ -168,3 +168,27 @@ def test_a_source_outside_the_run_opens_in_an_explorer_of_its_own(run, tmp_path)
         assert explorer.error == ""
     finally:
         explorer.close()
+
+
+def test_a_diverged_source_is_named_and_used_only_when_allowed(tmp_path):
+    import grain
+    from tinax.widgets._surgery import DerivePanel
+
+    from tinax.checkpointing import save_training_checkpoint
+
+    iterator = iter(grain.MapDataset.range(8).to_iter_dataset())
+    source = tmp_path / "step_000070"
+    model = {"w": np.ones((4, 4), np.float32)}
+    # Its logged loss is NaN: the library calls it diverged.
+    aux = {"loss": float("nan")}
+    save_training_checkpoint(source, 70, model, {"count": 7}, np.zeros(2), aux, iterator).result()
+    panel = DerivePanel(source)
+    assert "step_000070 diverged: its logged loss is NaN" in panel.health_note.value
+    assert panel.run_button.disabled and panel.allow_diverged.layout.display == ""
+    panel.allow_diverged.value = True
+    assert not panel.run_button.disabled
+    panel.checkpointables.value = ("model",)
+    panel.run_button.click()
+    assert panel.progress.wait(60) == "done", panel.progress.error
+    _until(lambda: panel.written != "")
+    assert ex.lineage(panel.written)["source"].tolist() == [str(source)]
