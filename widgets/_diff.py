@@ -289,6 +289,10 @@ class DiffView(w.VBox):
                 for a, b in zip(nan[both], inf[both], strict=True)
             ]
             shown["change"] = change
+            if both.any() and "nan_b" in shown:
+                # The same bytes: b's counts are a's, read on one side.
+                shown.loc[both, "nan_b"] = nan[both].to_numpy()
+                shown.loc[both, "inf_b"] = inf[both].to_numpy()
         self.tree.show(rows.reset_index(drop=True))
         self.table.show(shown)
         self._show_bars()

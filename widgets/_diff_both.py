@@ -27,9 +27,9 @@ class BothSides:
     """
 
     known: bool
-    nan: np.ndarray
-    inf: np.ndarray
-    diverged: bool
+    nan: np.ndarray = dataclasses.field(repr=False)
+    inf: np.ndarray = dataclasses.field(repr=False)
+    diverged: bool = False
     read_side: str = ""
 
     @property
