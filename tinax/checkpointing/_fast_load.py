@@ -1,5 +1,9 @@
 """Loads that read, decode, check and transfer side by side, at the host's speed.
 
+(Over 500 lines: reading, checking, counting NaN and Inf, placing and handing back
+each part are steps of one pipeline whose threads pass parts to one another; apart,
+each step would need the part's bookkeeping again.)
+
 Orbax's restore reads each part of an array a device needs into a new zero-filled
 NumPy array (through tensorstore, which decodes each chunk into a buffer of its own
 and copies it in), then copies that to the device: every byte is copied two or
