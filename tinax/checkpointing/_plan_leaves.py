@@ -76,8 +76,9 @@ def stored(item: StoredCheckpointable) -> Stored:
                 found[key] = array
                 data.update(v.file for v in stored.values() if isinstance(v, arrays.ValueRef))
             metadata += sum(_node_length(node) for node in contents.nodes)
-    # Metadata files a load reads: everything of the checkpointable but its data files.
-    for where, entry in directory.walk():
+    # Metadata files a load reads: everything of the checkpointable but its data files,
+    # as the walk that opened its checkpoint found them (nothing is listed again).
+    for where, entry in item.checkpoint.files_under(directory):
         relative = str(where)[len(str(directory)) + 1 :]
         if entry.kind == "file" and relative not in data and "/d/" not in f"/{relative}":
             metadata += entry.size

@@ -38,14 +38,25 @@ def check_argument(allow_diverged: object) -> bool:
     return allow_diverged
 
 
-def known(source: OpenedSource) -> health.Health:
-    """What is known of a source's health before it is read."""
+def known(
+    source: OpenedSource, records: dict[str, dict[str, Any] | None] | None = None
+) -> health.Health:
+    """What is known of a source's health before it is read (``records``: the run
+    records read so far, by run directory, so that sources of one run read it once)."""
     checkpoint = source.checkpoint
+    records = {} if records is None else records
+    run = checkpoint.path.parent
+    if run.path not in records:
+        try:
+            records[run.path] = runrecord.read_run_record(run)
+        except (ValueError, OSError):
+            records[run.path] = None
+    step = names.step_from_name(checkpoint.path.name)
     return health.known(
         checkpoint.path,
         checkpoint.committed_nsecs,
         logged.logged(checkpoint.record),
-        runrecord.recorded_health(checkpoint.path),
+        None if step is None else runrecord.recorded_health_of(records[run.path], step),
         logged.own_health(checkpoint.record),
     )
 
@@ -63,8 +74,9 @@ def refuse_known(sources: Sequence[OpenedSource], operation: str, allow: bool) -
     """
     if allow:
         return
+    records: dict[str, dict[str, Any] | None] = {}
     for source in sources:
-        found = known(source)
+        found = known(source, records)
         if found.verdict == words.DIVERGED:
             raise DivergedCheckpointError(
                 f"source checkpoint {str(source.path)!r} diverged: {found.reason}"

@@ -61,16 +61,13 @@ def add_health(
     rows: list[dict[str, Any]],
     logged_metrics: Mapping[str, dict[str, float]],
     directory: Location,
+    record: dict[str, Any] | None,
     own: Mapping[str, object] | None = None,
 ) -> dict[str, Health]:
     """Gives each listing row of ``directory`` its ``HEALTH_COLUMNS``
-    (``logged_metrics``: each checkpoint's logged metrics, ``own``: the health its
-    writer recorded in it, by path, where its commit record was read); returns each
-    row's ``Health`` by path."""
-    try:
-        record = runrecord.read_run_record(directory)
-    except (ValueError, OSError):
-        record = None
+    (``logged_metrics``: each checkpoint's logged metrics, ``record``: the run's record
+    as the listing read it, ``own``: the health its writer recorded in it, by path,
+    where its commit record was read); returns each row's ``Health`` by path."""
     found: dict[str, Health] = {}
     for row in rows:
         path, step = str(row["path"]), row["step"]

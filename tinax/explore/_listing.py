@@ -944,10 +944,16 @@ def listed_rows(directory: Location, cache: ListingCache | None, deep: bool | No
     without pandas."""
     record = runrecord.read_run_record(directory)
     run = None if record is None else tiers.two_tier_run(directory, record)
-    found, read = _list_one(directory, cache, deep)
+    found, read = _list_one(directory, cache, deep, record)
 
     def other_tier(other: Location) -> ListingRows:
-        other_found, other_read = _list_one(_paths.listed_directory(other), cache, deep)
+        # Each tier's record was read once, by ``two_tier_run``.
+        assert run is not None
+        durable = tiers.same_directory(other, run.durable)
+        other_record = run.durable_record if durable else run.local_record
+        other_found, other_read = _list_one(
+            _paths.listed_directory(other), cache, deep, other_record
+        )
         read.update(other_read)
         return other_found
 
@@ -956,10 +962,13 @@ def listed_rows(directory: Location, cache: ListingCache | None, deep: bool | No
 
 
 def _list_one(
-    directory: Location, cache: ListingCache | None, deep: bool | None
+    directory: Location,
+    cache: ListingCache | None,
+    deep: bool | None,
+    record: dict[str, Any] | None,
 ) -> tuple[ListingRows, dict[str, _listed.Listed]]:
     """The listing of one directory, as listed (``Location.snapshot``), as rows, and what
-    it read of each committed checkpoint."""
+    it read of each committed checkpoint (``record``: its run's record, read already)."""
     deep = bool(deep)
     # The listing makes objects by the hundred thousand, none in a cycle.
     with files.paused_gc():
@@ -970,7 +979,7 @@ def _list_one(
         if row["status"] == words.COMPLETE and row["path"] in state.abandoned:
             row["status"] = words.ABANDONED
     rows.sort(key=_tiers.sort_key)
-    healths = _health.add_health(rows, state.logged, directory, state.own)
+    healths = _health.add_health(rows, state.logged, directory, record, state.own)
     attrs = {
         "errors": state.errors,
         "unchecked": sorted(state.unchecked),
