@@ -252,7 +252,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             f"Show a run's checkpoints or a checkpoint's leaves. Commands: '{prog} ls "
             f"ROOT', '{prog} show PATH [--leaf KEY]', '{prog} diff A B', '{prog} "
             f"verify PATH', '{prog} export CKPT OUT', '{prog} run ROOT', '{prog} plan "
-            f"PATH', '{prog} derive "
+            f"PATH', '{prog} set-aside ROOT', '{prog} derive "
             f"SRC DST', '{prog} average SRC... --out DST' ('{prog} "
             "COMMAND --help' says more). Without a command, PATH is listed if it is a "
             "run and shown if it is a checkpoint."

@@ -6,8 +6,9 @@ or the runs of a folder of runs; ``tinax show PATH`` a checkpoint's leaves or
 (``--leaf``) one leaf, ``tinax diff A B`` compares two checkpoints, ``tinax verify
 PATH`` checks a checkpoint or every checkpoint of a run, ``tinax export CKPT OUT``
 writes safetensors, ``tinax run ROOT`` prints the run at a glance, ``tinax plan PATH``
-what restoring a checkpoint will read and hold, and ``tinax derive
-SRC DST`` and ``tinax average SRC … --out DST`` make new checkpoints from old ones.
+what restoring a checkpoint will read and hold, ``tinax set-aside ROOT`` sets a run's
+diverged checkpoints aside (or removes them), and ``tinax derive SRC DST`` and
+``tinax average SRC … --out DST`` make new checkpoints from old ones.
 ``tinax PATH`` is ``ls`` for a run and ``show`` for a checkpoint.
 
 A tool for scripts as much as for people: one table of exit statuses for every
