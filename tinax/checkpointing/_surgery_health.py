@@ -44,19 +44,11 @@ def known(
     """What is known of a source's health before it is read (``records``: the run
     records read so far, by run directory, so that sources of one run read it once)."""
     checkpoint = source.checkpoint
-    records = {} if records is None else records
-    run = checkpoint.path.parent
-    if run.path not in records:
-        try:
-            records[run.path] = runrecord.read_run_record(run)
-        except (ValueError, OSError):
-            records[run.path] = None
-    step = names.step_from_name(checkpoint.path.name)
     return health.known(
         checkpoint.path,
         checkpoint.committed_nsecs,
         logged.logged(checkpoint.record),
-        None if step is None else runrecord.recorded_health_of(records[run.path], step),
+        runrecord.recorded_health(checkpoint.path, records),
         logged.own_health(checkpoint.record),
     )
 

@@ -68,17 +68,25 @@ def abandoned_from(checkpoint: Location) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else -1
 
 
-def recorded_health(checkpoint: Location) -> object:
+def recorded_health(
+    checkpoint: Location, records: dict[str, dict[str, Any] | None] | None = None
+) -> object:
     """What the run holding ``checkpoint`` recorded of its health when it read its data
     (``health.record_entry``), or ``None``: no run record beside it, none for its
-    step, or one that does not read."""
+    step, or one that does not read. ``records``: the run records read so far, by
+    run directory, filled here, so that checkpoints of one run read its record once."""
     step = names.step_from_name(checkpoint.name)
     if step is None:
         return None
+    run = checkpoint.parent
+    if records is not None and run.path in records:
+        return recorded_health_of(records[run.path], step)
     try:
-        record = read_run_record(checkpoint.parent)
+        record = read_run_record(run)
     except (ValueError, OSError):
-        return None
+        record = None
+    if records is not None:
+        records[run.path] = record
     return recorded_health_of(record, step)
 
 
