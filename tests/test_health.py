@@ -202,6 +202,13 @@ def test_reading_the_data_counts_each_leaf_once_and_every_view_agrees(runs, fres
     assert diverged.nan == sum(leaf.nan for leaf in diverged.leaves)
     data = ex.verify(run / _name(NAN_STEP), data=True)
     assert int(data.leaves["nan_count"].sum()) == diverged.nan
+    # pandas deep-copies a table's attrs at every operation (a row, a slice): the
+    # verdicts there are shared, not copied leaf count by leaf count each time.
+    listed = ex.list_checkpoints(run)
+    verdicts = listed.attrs["health"]
+    assert verdicts[str(run / _name(NAN_STEP))].leaves
+    for frame in (listed.iloc[0], listed[listed["step"] >= NAN_STEP], listed.copy(deep=True)):
+        assert all(frame.attrs["health"][p] is v for p, v in verdicts.items())
 
 
 def test_loads_of_one_checkpointable_at_a_time_add_up_to_one_count(runs, fresh):

@@ -118,6 +118,12 @@ class Health:
     leaves: tuple[LeafCount, ...] = ()
     complete: bool = False
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Health:
+        # A verdict is a value, never changed once made: a copy is the verdict itself.
+        # (pandas deep-copies a table's ``attrs``, which hold each row's verdict, at
+        # every operation on the table: a run's listing would copy them by the thousand.)
+        return self
+
     @property
     def read(self) -> bool:
         """Whether NaN and Inf were counted in its data (here or by a run)."""

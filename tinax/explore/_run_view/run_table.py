@@ -249,10 +249,13 @@ def run_table(
     # What the listing read of each complete checkpoint (its commit record and save
     # record): nothing is read again. On an object store, whose listing reads no file,
     # they are read here, fetched side by side first.
+    # Column by column: a row as a Series would copy the listing's attrs each.
     complete = [
-        (i, run.where(row))
-        for i, (_, row) in enumerate(listing.iterrows())
-        if row["status"] in (words.COMPLETE, words.ABANDONED)
+        (i, run.where({"name": name, "path": path}))
+        for i, (name, path, status) in enumerate(
+            zip(listing["name"], listing["path"], listing["status"], strict=True)
+        )
+        if status in (words.COMPLETE, words.ABANDONED)
     ]
     listed: dict[int, _listed.Listed] = {}
     unlisted = []
