@@ -3,6 +3,7 @@ the run, sorting and paging, on real flax NNX / optax training checkpoints."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import grain
@@ -304,3 +305,35 @@ def test_the_leaf_table_sorts_and_jumps(run: dict[str, Any]) -> None:
     explorer.contents.key_filter.value = "kernel"
     shown = [explorer.leaves.loc[label, "nbytes"] for label in view.visible_labels()]
     assert shown == sorted(shown, reverse=True) and view.page == 0
+
+
+def test_opening_a_listed_checkpoint_parses_none_of_its_metadata_again(
+    run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run's deep listing opened and checked every checkpoint: the explorer opens
+    # one from what it read (its leaves, lineage, verdict), while nothing changed.
+    from tinax._format.metadata import pytree
+
+    parsed: list[str] = []
+    parse = pytree.parse_layout
+
+    def counted(directory: Any, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(str(directory))
+        return parse(directory, *args, **kwargs)
+
+    explorer = CheckpointExplorer(run["root"])
+    explorer.wait(60)
+    monkeypatch.setattr(pytree, "parse_layout", counted)
+    explorer.open_checkpoint("step_000005")
+    explorer.wait(60)
+    assert explorer.checkpoint is not None and len(explorer.leaves) > 0
+    assert "sound" in explorer.contents.verdict.value or "healthy" in explorer.contents.verdict.value
+    assert parsed == []
+    # Changed on disk since it was listed: read afresh.
+    metadata = run["root"] / "step_000010" / "model" / "_METADATA"
+    stat = metadata.stat()
+    os.utime(metadata, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    explorer.open_checkpoint("step_000010")
+    explorer.wait(60)
+    assert str(run["root"] / "step_000010" / "model") in parsed
+    explorer.close()

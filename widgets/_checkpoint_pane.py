@@ -216,13 +216,15 @@ class CheckpointPane:
             # pause to the thread that fills it, so that the collection put off runs
             # there, not while the keys are being shown.
             pause.enter_context(collector_paused())
-            checkpoint = open_leaves(path)
+            # Opened by the run's deep listing already (kept while unchanged): its
+            # metadata is not parsed again.
+            checkpoint = open_leaves(self._runs.opened(path) or path)
             keys = checkpoint.keys()
             if len(keys) >= FILL_LATER_LEAVES:
-                self._show_leaves(path, name, keys, filling=True)
+                self._show_leaves(path, name, keys, filling=True, opened=checkpoint.checkpoint)
                 self._fill_in_background(checkpoint, path, name, pause.pop_all())
                 return
-            self._show_leaves(path, name, checkpoint.table())
+            self._show_leaves(path, name, checkpoint.table(), opened=checkpoint.checkpoint)
         # verify reads every metadata file again and walks the array stores: the
         # leaves are shown first, its verdict when it comes. Started last, because a
         # thread parsing metadata slows every widget update made beside it.
@@ -341,8 +343,16 @@ class CheckpointPane:
             raise
 
     def _show_leaves(
-        self, path: str, name: str, leaves: pd.DataFrame, *, filling: bool = False
+        self,
+        path: str,
+        name: str,
+        leaves: pd.DataFrame,
+        *,
+        filling: bool = False,
+        opened: Any = None,
     ) -> None:
+        """Shows the leaves of the checkpoint at ``path`` (``opened``: as opened for them,
+        read through by what else is shown of it; else it is opened afresh)."""
         self.leaves = leaves
         self.checkpoint = path
         self.filling = filling
@@ -363,7 +373,7 @@ class CheckpointPane:
         )
         self._verdict_text = ""
         self.verdict.value = note_html("checking the checkpoint…")
-        self.lineage.show(path)
+        self.lineage.show(path, opened)
         self.data_check.set_path(path)
         self.export_box.children = ()
         self.set_comparable()

@@ -126,9 +126,10 @@ class LineageView(w.VBox):
         super().__init__([self.line, self.message, self.elsewhere])
         self.add_class("tinax-lineage")
 
-    def show(self, path: str | None) -> None:
+    def show(self, path: str | None, opened: Any = None) -> None:
         """Shows what ``path`` was made from (nothing for a checkpoint saved from
-        training, or for ``None``)."""
+        training, or for ``None``); ``opened``: the checkpoint as opened already, read
+        through rather than opened again."""
         self.close_elsewhere()
         self.message.value = ""
         self.sources = []
@@ -136,7 +137,7 @@ class LineageView(w.VBox):
             self.line.show([])
             return
         try:
-            table = lineage(path)
+            table = lineage(path if opened is None else opened)
         except (OSError, ValueError) as e:
             self.line.show([])
             self.message.value = error_html(e, title="Its lineage cannot be read:")

@@ -244,6 +244,11 @@ class RunList:
                 self.view.selected = None
             self.view.selected = label
 
+    def opened(self, path: str) -> Any:
+        """The checkpoint at ``path`` as this list's last deep listing opened it, while
+        nothing under it has changed (``ListingCache.opened``); else ``None``."""
+        return self._cache.opened(path)
+
     def comparable(self) -> list[tuple[str, str]]:
         """``(name, path)`` of every complete checkpoint, in listing order."""
         table = self.checkpoints

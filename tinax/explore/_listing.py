@@ -142,6 +142,22 @@ class ListingCache:
         self._paths.put(key[0], True)
         return self._checked.get_or_compute(key, lambda: preflight.check(path, scan))
 
+    def opened(self, path: object) -> layout.Checkpoint | None:
+        """The checkpoint at ``path`` (local) as a deep listing with this cache opened and
+        checked it, while nothing under ``path`` has changed since (the walk's
+        fingerprint, made now, says): opened so, nothing of it is read again. ``None``
+        where none is kept, the walk fails, or ``path`` is on an object store (a walk
+        there costs requests; it is opened as any other).
+        """
+        where = _paths.location(path)
+        if where.storage.parallel_reads or not self.may_hold(str(where)):
+            return None
+        try:
+            scan = files.scan(where)
+        except (ValueError, OSError):
+            return None
+        return self._checked.get((str(where), scan.fingerprint))
+
     def may_hold(self, path: str) -> bool:
         """Whether anything may be kept of ``path``, whatever its fingerprint."""
         return path in self._paths
