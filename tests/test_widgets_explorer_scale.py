@@ -327,7 +327,9 @@ def test_opening_a_listed_checkpoint_parses_none_of_its_metadata_again(
     explorer.open_checkpoint("step_000005")
     explorer.wait(60)
     assert explorer.checkpoint is not None and len(explorer.leaves) > 0
-    assert "sound" in explorer.contents.verdict.value or "healthy" in explorer.contents.verdict.value
+    assert (
+        "sound" in explorer.contents.verdict.value or "healthy" in explorer.contents.verdict.value
+    )
     assert parsed == []
     # Changed on disk since it was listed: read afresh.
     metadata = run["root"] / "step_000010" / "model" / "_METADATA"
