@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -227,6 +228,47 @@ def test_each_leaf_kind_is_checked(tmp_path: Path) -> None:
     strings.write_text(strings.read_text().replace("label", "lapel"))
     with pytest.raises(CorruptDataError, match=r"\['s'\]"):
         load_checkpointables(tmp_path / "c", {"model": abstract_restore_target(state)})
+
+
+def test_checksum_records_decode_typed_and_refuse_in_the_field_by_field_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tinax._format.integrity import checksums
+
+    state = _state()
+    save_checkpointables(tmp_path / "c", {"model": state}).result()
+    record = tmp_path / "c" / "model" / "tinax_checksums" / "process_0.json"
+    data = record.read_bytes()
+    # Opening a checkpoint tinax wrote decodes its records typed, leaf by leaf in C: the
+    # field-by-field read (a dict per leaf and per piece) is not used.
+    generic: list[str] = []
+    leaf = checksums._leaf
+    monkeypatch.setattr(
+        checksums, "_leaf", lambda key, entry, where: generic.append(key) or leaf(key, entry, where)
+    )
+    typed = checksums.read_checksums(ex.open_checkpoint(tmp_path / "c").get("model"))
+    assert typed is not None and set(typed) == {"['w']", "['h']", "['key']", "['n']", "['s']"}
+    assert generic == []
+    document = json.loads(data)
+    where = repr(str(record))
+    assert typed == {k: leaf(k, e, where) for k, e in document["leaves"].items()}
+    # What the typed decode does not accept is read field by field, refused in its words.
+    bad = {
+        "has no shape": {"shape": [-1]},
+        "has no shape ": {"shape": [True]},
+        "has no kind and dtype": {"kind": "tensor"},
+        "does not fit shape": {"pieces": [[[[0, 129], [0, 128]], "00"]]},
+        "a piece is not": {"pieces": [[[[0, 128]]]]},
+    }
+    for i, (why, change) in enumerate(bad.items()):
+        broken = json.loads(data)
+        broken["leaves"]["['w']"].update(change)
+        copy = tmp_path / f"bad{i}"
+        shutil.copytree(tmp_path / "c", copy)
+        (copy / "model" / "tinax_checksums" / "process_0.json").write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=rf"leaf \['w'\].*{why.strip()}"):
+            ex.open_checkpoint(copy)
+    assert set(generic) >= {"['w']"}
 
 
 @pytest.mark.parametrize(

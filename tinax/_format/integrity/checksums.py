@@ -18,12 +18,14 @@ This module imports neither JAX nor Orbax: loads (``tinax.checkpointing``) and
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import xxhash
 
 from tinax._format.metadata import layout
@@ -247,6 +249,87 @@ def read_directory_checksums(directory: Location) -> dict[str, LeafRecord] | Non
     )
 
 
+class _LeafDocument(msgspec.Struct, gc=False):
+    """One leaf's record as a save writes it (``encode``)."""
+
+    kind: str
+    dtype: str
+    shape: list[int]
+    pieces: list[tuple[list[tuple[int, int]], str]]
+
+
+class _RecordDocument(msgspec.Struct, gc=False):
+    """One process's record as a save writes it; the fields it does not name are its
+    own (``process_index``)."""
+
+    leaves: dict[str, _LeafDocument]
+    format: Any = None
+    algorithm: Any = None
+
+
+_RECORD_DECODER = msgspec.json.Decoder(_RecordDocument)
+_KINDS = frozenset({ARRAY, STRING, FILE})
+
+
+def _decode_leaves(data: bytes) -> dict[str, LeafRecord] | None:
+    """The leaves of one process's record, decoded straight into their types and checked
+    as ``_leaf`` checks them: a wide checkpoint's tens of thousands of records, each
+    time it is opened, without a dict per leaf and per piece. ``None`` for anything
+    this does not accept (a wrong type, an unknown format or algorithm, JSON only the
+    standard library reads, a piece off its shape): the generic read then accepts or
+    refuses it, in its words."""
+    try:
+        # msgspec skips the fields the records do not name without looking at them;
+        # the generic parse refuses bytes that are not UTF-8 anywhere.
+        codecs.decode(data, "utf-8")
+        document = _RECORD_DECODER.decode(data)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return None
+    if document.format != names.CHECKSUMS_FORMAT or document.algorithm != ALGORITHM:
+        return None
+    leaves: dict[str, LeafRecord] = {}
+    for key, entry in document.leaves.items():
+        shape = tuple(entry.shape)
+        if entry.kind not in _KINDS or (shape and min(shape) < 0):
+            return None
+        pieces = []
+        for bounds, hexdigest in entry.pieces:
+            if len(bounds) != len(shape):
+                return None
+            for (a, b), n in zip(bounds, shape, strict=True):
+                if not 0 <= a <= b <= n:
+                    return None
+            pieces.append(Piece(tuple(bounds), hexdigest))
+        leaves[key] = LeafRecord(entry.kind, entry.dtype, shape, tuple(pieces))
+    return leaves
+
+
+def _parse_leaves(path: Location, data: bytes) -> dict[str, LeafRecord]:
+    """The leaves of one process's record, checked field by field.
+
+    Raises:
+      ValueError: If the record is not JSON, not tinax's, or a leaf's record is
+        malformed, naming the file and the leaf.
+    """
+    decoded = _decode_leaves(data)
+    if decoded is not None:
+        return decoded
+    # Checked field by field below, so no depth walk of its many entries.
+    document = files.parse_json_object(data, path=path, what="tinax checksums", max_depth=None)
+    if document.get("format") != names.CHECKSUMS_FORMAT:
+        raise ValueError(f"{str(path)!r} is not a {names.CHECKSUMS_FORMAT} record")
+    if document.get("algorithm") != ALGORITHM:
+        raise ValueError(
+            f"{str(path)!r} uses checksum algorithm {document.get('algorithm')!r}; "
+            f"this version of tinax checks {ALGORITHM!r}"
+        )
+    leaves = document.get("leaves")
+    if not isinstance(leaves, dict):
+        raise ValueError(f"{str(path)!r} has no leaves")
+    where = repr(str(path))
+    return {key: _leaf(key, entry, where) for key, entry in leaves.items()}
+
+
 def _read_records(
     record_dir: Location,
     entries: Mapping[str, Entry],
@@ -258,22 +341,7 @@ def _read_records(
     merged: dict[str, LeafRecord] = {}
     for name in found:
         path = record_dir / name
-        # Checked field by field below, so no depth walk of its many entries.
-        data = read(path, name)
-        document = files.parse_json_object(data, path=path, what="tinax checksums", max_depth=None)
-        if document.get("format") != names.CHECKSUMS_FORMAT:
-            raise ValueError(f"{str(path)!r} is not a {names.CHECKSUMS_FORMAT} record")
-        if document.get("algorithm") != ALGORITHM:
-            raise ValueError(
-                f"{str(path)!r} uses checksum algorithm {document.get('algorithm')!r}; "
-                f"this version of tinax checks {ALGORITHM!r}"
-            )
-        leaves = document.get("leaves")
-        if not isinstance(leaves, dict):
-            raise ValueError(f"{str(path)!r} has no leaves")
-        where = repr(str(path))
-        for key, entry in leaves.items():
-            leaf = _leaf(key, entry, where)
+        for key, leaf in _parse_leaves(path, read(path, name)).items():
             known = merged.get(key)
             if known is None:
                 merged[key] = leaf
