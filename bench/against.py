@@ -129,6 +129,8 @@ def _run_timeline(out: str) -> Figures:
         if m := re.search(r"fresh process: ([\d.]+) s \(import of tinax.explore ([\d.]+) s", line):
             figures["run_table s"] = (float(m.group(1)), False)
             figures["import tinax.explore s"] = (float(m.group(2)), False)
+            if both := re.search(r"the two together ([\d.]+) s", line):
+                figures["import and run_table s"] = (float(both.group(1)), False)
         elif m := re.search(
             r"files (evicted|cached): ([\d.]+) s.*ratio ([\d.]+).*second call (\d+) ms", line
         ):

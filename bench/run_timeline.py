@@ -170,10 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     table_s = min(t[1] for t in tables)
     import_s = min(t[0] for t in tables)
     walk_s, files = min(w[0] for w in walks), int(walks[0][1])
+    # What a person waits for: the import and the call (a library that defers an import
+    # to its first use moves its cost from one to the other).
+    both_s = min(t[0] + t[1] for t in tables)
     print(
         f"run_table, {LONG_RUN} checkpoints of {LEAVES} leaves ({files:,} files), "
-        f"fresh process: {table_s:.3f} s (import of tinax.explore {import_s:.2f} s apart); "
-        f"os.scandir walk {walk_s:.3f} s; goal {GOAL_RUN_TABLE_S} s"
+        f"fresh process: {table_s:.3f} s (import of tinax.explore {import_s:.2f} s apart; "
+        f"the two together {both_s:.3f} s); os.scandir walk {walk_s:.3f} s; "
+        f"goal {GOAL_RUN_TABLE_S} s"
     )
     if table_s > GOAL_RUN_TABLE_S:
         missed.append("run_table")
