@@ -148,11 +148,15 @@ def _start(
 
 
 def _wait(
-    started: list[subprocess.Popen[bytes]], timeout: float, grace: float, ended: list[float]
+    started: list[subprocess.Popen[bytes]],
+    begun: float,
+    timeout: float,
+    grace: float,
+    ended: list[float],
 ) -> tuple[list[int], bool]:
-    """Waits for the workers; ``ended`` gets each one's exit time (seconds after this
-    call began, as polled every 50 ms; the kill's time for one killed here)."""
-    begun = time.monotonic()
+    """Waits for the workers; ``ended`` gets each one's exit time (seconds after
+    ``begun``, the ``time.monotonic()`` of the launch, as polled every 50 ms; the
+    kill's time for one killed here)."""
     deadline = begun + timeout
     kill_at: float | None = None
     timed_out = False
@@ -223,7 +227,7 @@ def launch(
             start, launched = time.monotonic(), time.time()
             started = _start(Path(script), argv, processes, devices, logs, env)
             ended: list[float] = []
-            returncodes, timed_out = _wait(started, timeout, grace, ended)
+            returncodes, timed_out = _wait(started, start, timeout, grace, ended)
             texts = [
                 (logs / f"process_{i}.log").read_text(errors="replace") for i in range(processes)
             ]

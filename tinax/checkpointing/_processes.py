@@ -629,7 +629,13 @@ def _leave_after_loss() -> None:
         me,
         error,
     )
-    client = _client()
+    # Everything this process says is out before it tells process 0 that it has gone:
+    # from then on process 0 may leave, and with it the coordination service, whose
+    # loss JAX answers by aborting this process (status -6) if it is still here.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
     try:
         if me == 0:
             deadline = time.monotonic() + LINGER_SECONDS
@@ -637,11 +643,7 @@ def _leave_after_loss() -> None:
                 if index != 0 and _wait_key(f"{_LEFT_PREFIX}/{index}", deadline) is None:
                     break
         else:
-            client.key_value_set(f"{_LEFT_PREFIX}/{me}", "1")
+            _client().key_value_set(f"{_LEFT_PREFIX}/{me}", "1")
     except Exception:
         pass  # the coordination service may be gone already
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    logging.shutdown()
     os._exit(1)
