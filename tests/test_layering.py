@@ -31,7 +31,13 @@ PACKAGES = {
 }
 # Scripts that ``python -m`` runs and nothing imports: ``python -m tinax.explore`` is the
 # command line, which sits above the package it is named after.
-ENTRY_POINTS = {"tinax.explore.__main__": {"tinax._cli.entry", "tinax._cli.entry.console"}}
+ENTRY_POINTS = {
+    "tinax.explore.__main__": {
+        "tinax._cli.entry",
+        "tinax._cli.entry.console",
+        "tinax._cli.entry.MODULE_PROG",
+    }
+}
 # The layers that are one module each, directly under tinax/.
 SINGLE_MODULES = ("tinax._paths", "tinax._claims", "tinax._targets")
 # What each layer may not import, at any depth of its modules.

@@ -181,11 +181,13 @@ def command_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argum
     """The command's own parsers: the one of ``tinax PATH`` and one per command.
 
     The console script is found through the installed package's entry points, so the
-    page follows the command wherever its code lives; its module names the commands
-    (``COMMANDS``) and runs them (``main(argv, out=, err=)``).
+    page follows the command wherever its code lives; its module, or the module it
+    names (``COMMAND_MODULE``), names the commands (``COMMANDS``) and runs them
+    (``main(argv, out=, err=)``).
     """
     (entry,) = importlib.metadata.entry_points(group="console_scripts", name=COMMAND)
-    module = importlib.import_module(entry.module)
+    entry_module = importlib.import_module(entry.module)
+    module = importlib.import_module(getattr(entry_module, "COMMAND_MODULE", entry.module))
     top = _parser_of(module.main, ["--help"])
     return top, {name: _parser_of(module.main, [name, "--help"]) for name in module.COMMANDS}
 

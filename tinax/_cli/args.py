@@ -46,21 +46,45 @@ def interrupted(prog: str) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
+# The command's name that ``_on_interrupt`` says, while a guard is on.
+_guarded_prog = "tinax"
+
+
+def _on_interrupt(signum: int, frame: object) -> None:
+    interrupted(_guarded_prog)
+
+
+def guard(prog: str) -> bool:
+    """From now on Ctrl-C ends the process at once (``interrupted``, naming ``prog``)
+    instead of raising ``KeyboardInterrupt``, until ``importing``'s block ends; only in
+    the main thread, and only where SIGINT is at Python's default (nobody else handles
+    it). Returns whether the guard is on."""
+    global _guarded_prog
+    current = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or current not in (
+        signal.default_int_handler,
+        _on_interrupt,
+    ):
+        return False
+    _guarded_prog = prog
+    signal.signal(signal.SIGINT, _on_interrupt)
+    return True
+
+
 @contextlib.contextmanager
 def importing(prog: str) -> Iterator[None]:
     """While the block imports the command's modules, Ctrl-C ends the process at once
     (``interrupted``) instead of raising ``KeyboardInterrupt`` there: an interrupt
     raised inside an extension's set-up (msgspec building a decoder as a module
-    imports) can crash the interpreter (SIGSEGV) instead of unwinding. Elsewhere
-    (another thread, SIGINT ignored or handled by someone else) it changes nothing.
+    imports) can crash the interpreter (SIGSEGV) instead of unwinding. A guard put on
+    before (``guard``, as the command's entry module does when it is imported to run
+    the command) is taken over; after the block Ctrl-C raises ``KeyboardInterrupt``
+    again, for the command to stop cleanly. Elsewhere (another thread, SIGINT ignored
+    or handled by someone else) it changes nothing.
     """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    if not guard(prog):
         yield
         return
-    signal.signal(signal.SIGINT, lambda *_: interrupted(prog))
     try:
         yield
     finally:

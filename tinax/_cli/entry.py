@@ -2,14 +2,35 @@
 imports run too, is one line on stderr and status 130, never a traceback.
 
 Light on purpose: the command's machinery (``main`` and what it imports) is imported
-inside the one place that turns an interrupt into that line.
+inside the one place that turns an interrupt into that line. When this process was
+started as the command, the guard goes on as this module is imported, so that no
+moment between its import and the command's start is left unguarded.
 """
 
 from __future__ import annotations
 
-from tinax._cli.args import importing, interrupted
+import os
+import sys
+
+from tinax._cli.args import guard, importing, interrupted
 
 PROG = "tinax"
+# What ``python -m tinax.explore`` calls itself.
+MODULE_PROG = "python -m tinax.explore"
+# Where the command's parsers (``COMMANDS``) and runner (``main``) live, for what reads
+# the command through its entry point (the documentation's page of it).
+COMMAND_MODULE = "tinax._cli.main"
+
+
+def _started_as() -> str | None:
+    """The command's name when this process runs the command (the console script, or
+    ``python -m tinax.explore``); None where something else imports this module (a
+    notebook, the documentation's build)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        return MODULE_PROG if spec.name == "tinax.explore.__main__" else None
+    return PROG if os.path.basename(getattr(main, "__file__", None) or "") == PROG else None
 
 
 def console(prog: str = PROG) -> None:
@@ -23,11 +44,6 @@ def console(prog: str = PROG) -> None:
         interrupted(prog)
 
 
-def __getattr__(name: str) -> object:
-    # The command's parsers and runner, for what reads the command through its entry
-    # point (the documentation's page of it), imported when asked for.
-    if name in ("COMMANDS", "main"):
-        from tinax._cli import main
-
-        return getattr(main, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_prog = _started_as()
+if _prog is not None:
+    guard(_prog)

@@ -1,5 +1,5 @@
 """``python -m tinax.explore``: the ``tinax`` command (see ``tinax._cli.main``)."""
 
-from tinax._cli.entry import console
+from tinax._cli.entry import MODULE_PROG, console
 
-console(prog="python -m tinax.explore")
+console(prog=MODULE_PROG)
