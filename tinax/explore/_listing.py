@@ -148,6 +148,10 @@ class ListingCache:
         fingerprint, made now, says): opened so, nothing of it is read again. ``None``
         where none is kept, the walk fails, or ``path`` is on an object store (a walk
         there costs requests; it is opened as any other).
+
+        It is handed over: this cache keeps it no longer (its verdict it keeps), so
+        what its reader goes on to read of it (a store's walk, its leaves) goes when the
+        reader lets it go, and the cache never grows by it.
         """
         where = _paths.location(path)
         if where.storage.parallel_reads or not self.may_hold(str(where)):
@@ -156,7 +160,7 @@ class ListingCache:
             scan = files.scan(where)
         except (ValueError, OSError):
             return None
-        return self._checked.get((str(where), scan.fingerprint))
+        return self._checked.pop((str(where), scan.fingerprint))
 
     def may_hold(self, path: str) -> bool:
         """Whether anything may be kept of ``path``, whatever its fingerprint."""
