@@ -226,7 +226,14 @@ def test_leaf_after_leaf_of_one_checkpoint_walks_its_store_once(tmp_path, monkey
 
     walks = []
     walk = chunks.store_contents
-    monkeypatch.setattr(chunks, "store_contents", lambda *a, **k: walks.append(a) or walk(*a, **k))
+    monkeypatch.setattr(
+        chunks, "store_contents", lambda *a, **k: walks.append(k.get("under")) or walk(*a, **k)
+    )
+    sorted_keys = []
+    array_of = chunks._array_of
+    monkeypatch.setattr(
+        chunks, "_array_of", lambda key, *a: sorted_keys.append(key) or array_of(key, *a)
+    )
     state = _state(0)
     save_checkpointables(tmp_path / "a", {"model": state}).result()
     # The walk is kept on the opened checkpoint: leaf after leaf read from it walk once.
@@ -243,9 +250,12 @@ def test_leaf_after_leaf_of_one_checkpoint_walks_its_store_once(tmp_path, monkey
     for name in ("w", "v"):
         np.testing.assert_array_equal(ex.read_leaf(reopened, "model", f"['{name}']"), again[name])
     assert len(walks) == 2
-    # Nothing is kept by the process: a path read again is opened, and walked, afresh.
+    # Nothing is kept by the process: a path read again is opened, and walked, afresh;
+    # read for that leaf alone, only its array's keys are sorted out of the walk.
+    sorted_keys.clear()
     np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['b']"), again["b"])
-    assert len(walks) == 3
+    assert len(walks) == 3 and walks[-1] == "b/" and walks[:2] == [None, None]
+    assert sorted_keys and all(key.startswith(b"b/") for key in sorted_keys)
 
 
 def _scan_of_w(tmp_path: Path, digest_left, digest_right, region: int = 64 << 10):

@@ -23,8 +23,14 @@ def read_array(
     leaf: pytree.StoredLeaf,
     ctx: Any,
     record: checksums.LeafRecord | None = None,
+    *,
+    alone: bool = False,
 ) -> tuple[np.ndarray, bool]:
     """One stored array, read region by region into its own buffer.
+
+    ``alone``: no other array of this opened checkpoint will be read (it was opened
+    for this one): its store's walk is searched for this array's chunks alone,
+    rather than sorted into every array's, kept for the next reader.
 
     Its claimed shape and chunking are checked first (``pytree.array_infos``, from
     the kept walk of a local store, else from a walk of its own). An
@@ -41,7 +47,7 @@ def read_array(
     Raises:
       ValueError: If the metadata claims the impossible or a region cannot be read.
     """
-    walked = _walked_array(tree, leaf, ctx)
+    walked = _walked_array(tree, leaf, ctx, alone)
     if walked is None:
         info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
     else:
@@ -112,7 +118,7 @@ def _array_paths(tree: pytree.PyTreeLayout) -> tuple[str, ...]:
 
 
 def _walked_array(
-    tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any
+    tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any, alone: bool = False
 ) -> tuple[str, bytes, int, chunks.StoreContents] | None:
     """For a leaf of a local zarr3 OCDBT store (whose arrays may be read raw,
     ``rawread``), from the store's walk: its metadata's key and bytes (as
@@ -124,7 +130,10 @@ def _walked_array(
     path = pytree.storage_path(leaf.param)
     key = path + names.ZARR3_METADATA
     try:
-        contents = _walk(tree, ctx)
+        if alone:
+            contents = chunks.store_contents(tree, _array_paths(tree), ctx=ctx, under=path)
+        else:
+            contents = _walk(tree, ctx)
     except (ValueError, OSError):
         return None
     metadata = contents.other.get(key.encode("utf-8"))

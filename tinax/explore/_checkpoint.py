@@ -364,7 +364,14 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
         try:
             checked = False
             if leaf.kind in words.ARRAY_KINDS and leaf.stored:
-                value, checked = read_array(tree, leaf, tree.context(), array_record(item, key))
+                value, checked = read_array(
+                    tree,
+                    leaf,
+                    tree.context(),
+                    array_record(item, key),
+                    # Opened here for this leaf alone: no other of its arrays is read.
+                    alone=not isinstance(path, Checkpoint),
+                )
             else:
                 value = pytree.read_value(tree, leaf, tree.context())
         except ValueError as e:

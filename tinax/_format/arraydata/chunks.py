@@ -241,7 +241,11 @@ def _array_of(key: bytes, paths: Mapping[bytes, str], chunk: re.Pattern[bytes]) 
 
 
 def store_contents(
-    tree: pytree.PyTreeLayout, storage_paths: Iterable[str], *, ctx: ts.Context
+    tree: pytree.PyTreeLayout,
+    storage_paths: Iterable[str],
+    *,
+    ctx: ts.Context,
+    under: str | None = None,
 ) -> StoreContents:
     """The chunks of each array stored in the OCDBT store of ``tree``, from its walk
     (kept on its opened checkpoint: walked once for every reader).
@@ -250,6 +254,9 @@ def store_contents(
       tree: A pytree checkpointable written with OCDBT.
       storage_paths: The arrays' storage paths (``pytree.storage_path``).
       ctx: The tensorstore context.
+      under: A storage path: only the keys under it are told apart (each still
+        given to the array it belongs to among all of ``storage_paths``), the rest
+        of the store left out: for a reader of one array that reads no other.
 
     Raises:
       ValueError: If the manifest or a B+tree node cannot be read, or a value's
@@ -262,7 +269,11 @@ def store_contents(
     # One array not at the root: most keys are told apart by their first bytes.
     only = next(iter(paths)) if len(paths) == 1 and b"" not in paths else None
     walk = tree.walk_store(ctx)
-    for key, value in walk.values.items():
+    values = walk.values
+    if under is not None:
+        prefix = under.encode("utf-8")
+        values = {key: value for key, value in values.items() if key.startswith(prefix)}
+    for key, value in values.items():
         if only is not None and not key.startswith(only):
             owner = None
         else:
