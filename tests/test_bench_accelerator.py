@@ -38,11 +38,13 @@ def test_the_smoke_run_restores_bit_identical_refuses_a_flipped_byte_and_prints_
         tmp_path,
         # zstd is tinax's default on an accelerator: its flipped byte is checked too.
         "--systems",
-        "orbax,tinax,tinax compressed,tinax zstd -1,tinax uncompressed io 1",
+        # One variant beside tinax's default (each system is a save, loads and a fresh
+        # process): the storage settings themselves are tests/test_storage_settings.py's.
+        "orbax,tinax,tinax zstd -1",
         "--diagnose",
     )
     # Each tinax system checks a save and a flipped byte in its first round.
-    assert out.count("flipped byte refused") == 4 and "all goals met" in out
+    assert out.count("flipped byte refused") == 2 and "all goals met" in out
     assert "the slowest steps over 0.3 s, as the kernel saw them" in out
     rows = {row.split()[0]: row.split()[1:] for row in out.splitlines() if row.strip()}
     for figure in ("blocking_s", "slowest_step_s", "save_mb_s", "load_mb_s"):
@@ -50,7 +52,7 @@ def test_the_smoke_run_restores_bit_identical_refuses_a_flipped_byte_and_prints_
         assert orbax > 0 and tinax > 0, figure
     assert "rss_peak_mb" in rows
     # The variants tried on the accelerator run beside them, each saved and loaded.
-    for variant in ("tinax zstd -1", "tinax uncompressed io 1"):
+    for variant in ("tinax zstd -1",):
         line = next(row for row in out.splitlines() if row.startswith(f"{variant}: "))
         assert float(line.split("load_mb_s ")[1].split(",")[0]) > 0, line
     assert "floors: device_get_mb_s" in out and "device_put_mb_s" in out
