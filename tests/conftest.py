@@ -24,6 +24,22 @@ if sys.dont_write_bytecode and not os.environ.get("PYTHONPYCACHEPREFIX"):
     sys.dont_write_bytecode = False
 
 
+# Each of those processes also compiled the same small XLA programs again (JAX compiles
+# every operation it runs, eager ones too): about half of a short training script's
+# CPU. They share one persistent compilation cache instead, every program cached
+# however quick its compile. Its size bound turns on JAX's file lock around each
+# read and write of an entry, so that no process reads an entry another is writing
+# (the processes of one JAX job compile the same programs at the same moment).
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=os.path.join(
+            tempfile.gettempdir(), f"tinax-tests-jax-cache-{os.getuid()}"
+        ),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_COMPILATION_CACHE_MAX_SIZE=str(4 << 30),
+    )
+
+
 import fcntl  # noqa: E402
 import subprocess  # noqa: E402
 import uuid  # noqa: E402

@@ -95,10 +95,14 @@ def test_binder_environment_runs_the_notebooks(
     assert not (repo / "demo_run").exists() and not (repo / "demo_big_run").exists()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # Binder's environment as Binder makes it: not this venv's, and without the test
+    # session's JAX compilation cache (tests/conftest.py), whose lock needs a package of
+    # the test group.
     env = {
         key: value
         for key, value in os.environ.items()
         if key not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
+        and not key.startswith(("JAX_COMPILATION_CACHE_", "JAX_PERSISTENT_CACHE_"))
     }
     env.update(
         PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
