@@ -61,6 +61,19 @@ def test_a_sigterm_to_one_process_makes_one_step_durable_on_every_host(preempted
         assert stores == {f"ocdbt.process_{i}"}
 
 
+def test_a_sigterm_to_every_process_makes_one_step_durable_on_every_host(tmp_path):
+    """A whole slice preempted: every process gets SIGTERM (here at the same step)."""
+    durable = str(tmp_path / "durable")
+    loop = _launch("loop", tmp_path, durable, 2, sigterm=[0, 1], at=4)
+    assert loop.ok, str(loop)
+    reports = [loop.result(i, "preempted") for i in range(2)]
+    at = reports[0]["at"]
+    assert at >= 4 and reports[1]["at"] == at, reports
+    assert all(at in r["durable"] and at in r["local"] for r in reports), reports
+    assert names.run_checkpoint_name(at) in {p.name for p in Path(durable).iterdir()}
+    assert ex.verify(f"{durable}/{names.run_checkpoint_name(at)}").ok
+
+
 def test_the_job_resumes_from_every_host_s_own_part_bit_exactly_with_the_same_batches(
     preempted,
 ):
