@@ -1,5 +1,9 @@
 """Checksums of stored values: the record tinax writes with a save, and how readers check it.
 
+(Over 500 lines: the record's format, its typed decoding, the field-by-field checks
+that word a refusal of a malformed record, and the checks of what a reader read all
+describe one file; apart, each would spell the record's fields again.)
+
 Orbax's array store keeps no checksum of array data (the zarr3 codec chain Orbax
 builds has none, and OCDBT checks its B+tree nodes, not the values they point to), so
 a flipped byte in a data file reads back as a wrong value. tinax therefore records,
