@@ -17,6 +17,8 @@ import cluster
 import pytest
 import waits_worker
 
+from tinax.checkpointing import ProcessTimeoutError
+
 DEADLINE = 8
 PROCESSES = 3
 
@@ -61,3 +63,28 @@ def test_a_stalled_process_ends_every_other_with_one_error_naming_it_within_the_
     # The stalled process ends too once process 0, which holds the coordination
     # service, has gone; not at the launcher's timeout.
     assert not job.timed_out and job.ended[stalled] - began < 60, str(job)
+
+
+def test_a_process_already_lost_is_not_waited_for_again(monkeypatch):
+    """Once a wait has named a process lost, a later wait on it (a promotion's meeting
+    still running beside the save that found the loss) raises at once instead of
+    waiting out its own deadline: bench/pod_campaign.py's survivors of a kill inside
+    a promotion left 10 s later than the others before."""
+    from tinax.checkpointing import _processes
+
+    earlier = ProcessTimeoutError(
+        "process 1 of 2 did not reach the save of step 23 within 10 s",
+        missing=[1],
+        what="the save of step 23",
+        timeout=10,
+    )
+    monkeypatch.setattr(_processes, "_loss", (earlier, [0]))
+    with pytest.raises(ProcessTimeoutError) as raised:
+        _processes._check_not_lost([0, 1], what="the promotion of step 20", timeout=10)
+    assert str(raised.value).endswith(
+        "cannot reach the promotion of step 20: already lost in the save of step 23"
+    )
+    assert raised.value.missing == (1,)
+    _processes._check_not_lost([0, 2], what="another wait", timeout=10)  # nobody lost there
+    monkeypatch.setattr(_processes, "_loss", None)
+    _processes._check_not_lost([0, 1], what="a wait before any loss", timeout=10)

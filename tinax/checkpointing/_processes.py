@@ -327,6 +327,7 @@ def decide(
 def _decide_round(
     report: Any, choose: Callable[[list[Any]], Any], *, what: str, timeout: float
 ) -> Any:
+    _check_not_lost(range(process_count()), what=what, timeout=timeout)
     client = _client()
     number = next(_decisions)
     base = f"{_DECIDE_PREFIX}/{number}"
@@ -417,6 +418,7 @@ def _exchange_round(
     participants: tuple[int, ...],
     cause: BaseException | None,
 ) -> dict[int, Any]:
+    _check_not_lost(participants, what=what, timeout=timeout)
     client = _client()
     counter = _rounds.setdefault(participants, itertools.count())
     number = next(counter)
@@ -473,6 +475,26 @@ def _timeout_error(
     error = ProcessTimeoutError(message, missing=missing, what=what, timeout=timeout)
     _lost(error, there)
     return error
+
+
+def _check_not_lost(waited: Sequence[int], *, what: str, timeout: float) -> None:
+    """Raises at once, instead of waiting out a deadline, where this process already
+    raised a ``ProcessTimeoutError`` naming one of ``waited`` (``lost``): a process
+    found gone is not waited for again (a promotion's meeting still running when the
+    save beside it found the loss)."""
+    if _loss is None:
+        return
+    earlier = _loss[0]
+    gone = [i for i in earlier.missing if i in waited]
+    if not gone:
+        return
+    who = f"process {_listed(gone)}" if len(gone) == 1 else f"processes {_listed(gone)}"
+    raise ProcessTimeoutError(
+        f"{who} of {process_count()} cannot reach {what}: already lost in {earlier.what}",
+        missing=gone,
+        what=what,
+        timeout=timeout,
+    )
 
 
 @contextlib.contextmanager
@@ -572,6 +594,7 @@ class Meeting:
                 left = [p for p in processes if p not in posted]
                 if not left:
                     return {p: posted[p] for p in processes}
+                _check_not_lost(left, what=during, timeout=self.timeout)
                 now = time.monotonic()
                 for key, beat in client.key_value_dir_get(f"{self.base}/alive/"):
                     index = int(key.rsplit("/", 1)[1])
