@@ -23,8 +23,16 @@ TINAX = Path(sys.executable).parent / "tinax"
 
 
 def tinax(*args: str | Path, columns: int = 80) -> subprocess.CompletedProcess[str]:
-    """``main`` run in this process, as ``tinax ARGS`` at a terminal ``columns`` wide."""
+    """``main`` run in this process, as ``tinax ARGS`` at a terminal ``columns`` wide.
+
+    Like a command in a fresh process, it knows nothing of what this process read
+    before: the health that other tests' reads of the session's runs found is
+    forgotten first (else a verdict read from data, longer, replaces the metadata's).
+    """
     from tinax._cli.main import main
+    from tinax._format.integrity import health
+
+    health.forget()
 
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = str(columns)
