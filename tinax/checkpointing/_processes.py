@@ -450,6 +450,11 @@ def _listed(indices: Sequence[int]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
+def _who(indices: Sequence[int]) -> str:
+    """``"process 1"``, ``"processes 1 and 3"``."""
+    return f"process{'' if len(indices) == 1 else 'es'} {_listed(indices)}"
+
+
 def _timeout_error(
     missing: Sequence[int],
     arrived: Sequence[int],
@@ -461,9 +466,9 @@ def _timeout_error(
     """The error of a wait that ended at its deadline, with ``missing`` (never empty)
     not there (``silent``: a meeting's, after that long without a word from them);
     records the loss (see the module docstring)."""
-    who = f"process {_listed(missing)}" if len(missing) == 1 else f"processes {_listed(missing)}"
+    who = _who(missing)
     there = [i for i in arrived if i not in missing]
-    came = f" (process{'es' if len(there) > 1 else ''} {_listed(there)} did)" if there else ""
+    came = f" ({_who(there)} did)" if there else ""
     if silent:
         happened = f"went silent for {timeout:g} s in {what}{came}"
     else:
@@ -488,7 +493,7 @@ def _check_not_lost(waited: Sequence[int], *, what: str, timeout: float) -> None
     gone = [i for i in earlier.missing if i in waited]
     if not gone:
         return
-    who = f"process {_listed(gone)}" if len(gone) == 1 else f"processes {_listed(gone)}"
+    who = _who(gone)
     raise ProcessTimeoutError(
         f"{who} of {process_count()} cannot reach {what}: already lost in {earlier.what}",
         missing=gone,
