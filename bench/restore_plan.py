@@ -17,8 +17,13 @@ Cases on a CPU (eight devices, ``--xla_force_host_platform_device_count=8``):
            cuts the saved pieces (the engine reads the boxes covering them);
   params   the model alone, the norms left out (Orbax's placeholder ``...``), the
            optimizer not restored: what the restore-target builder's presets load;
-  orbax    the model restored as bfloat16 (a cast: Orbax's load reads it, its
-           reads in flight estimated), the optimizer as saved;
+  cast     the model restored as bfloat16 (a cast: tinax's engine reads it as
+           stored and casts it on the host), the optimizer as saved;
+  castbudget  the same, inside ``memory_budget`` of the plan's figure with its parts
+           in flight cut to ``CAST_BUFFER`` (fewer parts read at once);
+  orbaxcast   the same cast through Orbax's load (the engine's casts switched off):
+           its time beside the engine's (``s`` column), its reads in flight
+           estimated;
   budget   inside ``memory_budget`` of the plan's figure with its read buffers cut to
            64 MiB: on a CPU the other mesh's (fewer parts read at once), on an
            accelerator the saved sharding's (the engine's arena shrinks to fit); the
@@ -56,12 +61,26 @@ from pathlib import Path
 from typing import Any
 
 CPU_DEVICES = 8
-CPU_CASES = ("saved", "fewer", "other", "params", "orbax", "budget", "refused")
-ACCELERATOR_CASES = ("saved", "params", "orbax", "budget", "refused")
+CPU_CASES = (
+    "saved",
+    "fewer",
+    "other",
+    "params",
+    "cast",
+    "castbudget",
+    "orbaxcast",
+    "budget",
+    "refused",
+)
+ACCELERATOR_CASES = ("saved", "params", "cast", "orbaxcast", "budget", "refused")
+# The model restored as bfloat16.
+CAST_CASES = ("cast", "castbudget", "orbaxcast")
 PEAK_GOAL = 0.15
 READ_GOAL = 0.05
 # The budget case: the plan's figure with its read buffers cut to this.
 BUDGET_BUFFER = 64 << 20
+# The cast budget case: its parts in flight (in the stored dtype) cut to this.
+CAST_BUFFER = 8 << 20
 # The embedding's rows and the model's width; blocks are added to reach a size.
 VOCAB = 8192
 WIDTH = 1024
@@ -143,7 +162,7 @@ def _targets(blocks: int, width: int, case: str) -> dict[str, Any]:
             return ... if "norm" in jax.tree_util.keystr(path) else leaf
 
         targets = {"model": jax.tree_util.tree_map_with_path(keep, place(norms))}
-    elif case == "orbax":
+    elif case in CAST_CASES:
         targets["model"] = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16, sharding=x.sharding),
             targets["model"],
@@ -189,18 +208,21 @@ def load(path: str, blocks: int, width: int, case: str) -> dict[str, Any]:
     """One case in this process: the plan's figures, then the load's."""
     import contextlib
     import gc
+    import time
 
     import jax
 
     import tinax.checkpointing as tc
     from tinax import _paths
-    from tinax.checkpointing import _restore_plan
+    from tinax.checkpointing import _casts, _restore_plan
 
     targets = _targets(blocks, width, case)
     checkpoint = _paths.open_checkpoint(path)
+    if case == "orbaxcast":
+        _casts.ENGINE_CASTS = frozenset()  # every cast left to Orbax's load
     # The model cast to bfloat16 loses precision: a cast the load is told to make.
     stack = contextlib.ExitStack()
-    stack.enter_context(tc.allow_lossy_casts(case == "orbax"))
+    stack.enter_context(tc.allow_lossy_casts(case in CAST_CASES))
     planned = _restore_plan.plan_restore(checkpoint, targets)
     planned.close()
     plan = planned.plan
@@ -223,6 +245,8 @@ def load(path: str, blocks: int, width: int, case: str) -> dict[str, Any]:
     budget = None
     if case == "budget":
         budget = peak.kept + peak.scratch + peak.overhead + min(peak.in_flight, BUDGET_BUFFER)
+    elif case == "castbudget":
+        budget = peak.kept + peak.scratch + peak.overhead + min(peak.in_flight, CAST_BUFFER)
     elif case == "refused":
         budget = peak.peak // 2
     if budget is not None:
@@ -237,10 +261,12 @@ def load(path: str, blocks: int, width: int, case: str) -> dict[str, Any]:
     Path("/proc/self/clear_refs").write_text("5")
     before, read_before = _status(), _read_chars()
     block = tc.memory_budget(budget) if budget is not None else contextlib.nullcontext()
+    started = time.perf_counter()
     try:
         with block:
             restored = tc.load_checkpointables(checkpoint, targets)
         jax.block_until_ready(restored)
+        report["seconds"] = time.perf_counter() - started
         report["refused"] = False
     except tc.RestoreTooLargeError as e:
         report["refused"] = True
@@ -320,7 +346,7 @@ def main() -> int:
     reports, missed = [], []
     print(
         f"{'case':8} {'GB':>4} {'peak MiB plan':>14} {'measured':>9} {'ratio':>6} "
-        f"{'read MiB plan':>14} {'measured':>9} {'ratio':>6}  reader"
+        f"{'read MiB plan':>14} {'measured':>9} {'ratio':>6} {'s':>6}  reader"
     )
     try:
         for size in args.sizes:
@@ -347,7 +373,8 @@ def main() -> int:
                 print(
                     f"{case:8} {size:4g} {_mib(plan['peak']):>14} {_mib(measured['peak'])} "
                     f"{peak_ratio:>6} {_mib(plan['read']):>14} "
-                    f"{_mib(measured['read'])} {read_ratio:>6}  "
+                    f"{_mib(measured['read'])} {read_ratio:>6} "
+                    f"{report.get('seconds', 0):6.2f}  "
                     f"{', '.join(r.split(' (')[0] for r in readers)}"
                     + ("  (refused)" if report["refused"] else "")
                 )

@@ -229,15 +229,19 @@ def test_what_the_engine_does_not_read_loads_through_orbax(
         back = tc.load_checkpointables(tmp_path / "n", {"extra": {"flag": True}})
     assert orbax_loads == [["extra"]]
     assert back["extra"]["flag"] is True
-    # A cast the target asks for is Orbax's too.
+    # A cast between float dtypes is the engine's (tests/test_cast_loads.py); one into
+    # an integer is Orbax's.
     orbax_loads.clear()
     only = {"w": values["w"]}
     tc.save_checkpointables(tmp_path / "d", {"m": only}).result()
-    cast = {"m": {"w": jax.ShapeDtypeStruct((4, 4), jnp.float16, sharding=values["w"].sharding)}}
-    with tc.allow_lossy_casts():
-        back = tc.load_checkpointables(tmp_path / "d", cast)
-    assert orbax_loads == [["m"]]
-    assert back["m"]["w"].dtype == jnp.float16
+    sharding = values["w"].sharding
+    for dtype, reader in ((jnp.float16, []), (jnp.int32, [["m"]])):
+        cast = {"m": {"w": jax.ShapeDtypeStruct((4, 4), dtype, sharding=sharding)}}
+        with tc.allow_lossy_casts():
+            back = tc.load_checkpointables(tmp_path / "d", cast)
+        assert orbax_loads == reader
+        assert back["m"]["w"].dtype == dtype
+        assert np.asarray(back["m"]["w"]).tolist() == list(map(list, np.arange(16).reshape(4, 4)))
 
 
 def test_reused_host_buffers_hand_each_slice_to_one_part_at_a_time(
@@ -451,6 +455,18 @@ assert calls == [], calls
 # (and checksummed) reads them whole, checks them, and takes its window of them.
 check(tc.load_checkpointables(f"{root}/tinax", target(moved))["m"], moved)
 assert calls == [], calls
+# The same, cast (float32 to float16, bfloat16 to float32): each piece is checked as
+# stored and cast into the windows, every bit as Orbax's own load casts it.
+wider = {np.dtype(np.float32): jnp.float16, np.dtype(jnp.bfloat16): jnp.float32}
+cast = {"m": {k: jax.ShapeDtypeStruct(v.shape, wider[v.dtype], sharding=moved[k])
+              for k, v in host.items()}}
+with tc.allow_lossy_casts():
+    got = tc.load_checkpointables(f"{root}/tinax", cast)["m"]
+assert calls == [], calls
+want = real(f"{root}/tinax", cast)["m"]
+for k in host:
+    assert got[k].dtype == want[k].dtype == wider[host[k].dtype] and got[k].sharding == moved[k]
+    assert np.asarray(got[k]).tobytes() == np.asarray(want[k]).tobytes(), k
 print("ok")
 """
 

@@ -40,10 +40,19 @@ it overlaps whole, so that every byte it takes is checked (``_load_plan``). On a
 such a box is read a piece at a time into each device's window (``_piece_reads``):
 no buffer of the whole box is held.
 
+A leaf whose target asks for another float dtype than the stored one (``bfloat16``
+from ``float32``, ``float32`` from ``float64``…) is read as stored, its checksums
+checked and its NaN and Inf counted on the stored values, then cast on the host as
+Orbax's load casts it (``_casts``: tensorstore's conversion, every bit the same): on
+a CPU into the buffer that becomes its array, the stored part being a buffer of its
+own that goes once it is cast, so that the load holds the restored values in the
+target's dtype and the parts being read in the stored one; read piece by piece,
+each piece is cast into its windows.
+
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
-checkpointable with other leaves, targets without a sharding or with a layout or memory kind of their own, a dtype or
-shape other than the stored one, codecs other than ``bytes`` and ``zstd``, chunks
-not stored. A part whose checksum does not match, or a chunk that does not decode,
+checkpointable with other leaves, targets without a sharding or with a layout or
+memory kind of their own, a shape other than the stored one, a cast other than
+between float dtypes, codecs other than ``bytes`` and ``zstd``, chunks not stored. A part whose checksum does not match, or a chunk that does not decode,
 sends its checkpointable to Orbax too, whose load reports the damage as every load
 does (``CorruptDataError`` naming the leaf); with several processes, on every process
 (``load``).
@@ -70,6 +79,7 @@ from tinax._format.integrity.checksums import Bounds
 from tinax._format.metadata.layout import Checkpoint
 from tinax._format.pools import ProcessPool
 from tinax.checkpointing import _orbax, _processes
+from tinax.checkpointing._casts import cast_into
 from tinax.checkpointing._host_buffers import HostBuffers, aligned
 from tinax.checkpointing._load_plan import Leaf, Plan, bounds_of, inside
 from tinax.checkpointing._nonfinite import LoadCounts
@@ -146,7 +156,11 @@ def _read_piece(
     try:
         if plan.failed is None:
             assert part.windows is not None
-            read_piece(part.leaf, piece, part.windows, scratch)
+            # A cast leaf's NaN and Inf are counted here, on the stored values.
+            counts = plan.counts if part.leaf.cast is not None else None
+            nan, inf = read_piece(part.leaf, piece, part.windows, scratch, count=counts is not None)
+            if counts is not None:
+                counts.add(plan.name, part.leaf.key, nan, inf)
     except BaseException as e:
         if plan.failed is None:
             plan.failed = e
@@ -165,9 +179,14 @@ def _task_done(part: _Part, buffers: HostBuffers) -> None:
     try:
         if plan.failed is None:
             _check(part)
-            if plan.counts is not None and part.windows is not None:
-                # Read piece by piece: its windows are about to become the arrays.
+            cast = part.leaf.cast
+            if plan.counts is not None and (part.windows is not None) != (cast is not None):
+                # Read piece by piece (its windows are about to become the arrays), or
+                # about to be cast: counted as stored. (A cast read piece by piece was
+                # counted piece by piece.)
                 _count(part, plan.counts)
+            if cast is not None and part.windows is None:
+                part.values = _cast(part.values, cast)
             placed = _place(part, alias=not buffers.reuse)
     except BaseException as e:
         if plan.failed is None:
@@ -187,7 +206,8 @@ def _release(part: _Part, placed: Sequence[jax.Array], buffers: HostBuffers) -> 
     buffer back."""
     plan = part.plan
     try:
-        if plan.counts is not None and plan.failed is None and part.windows is None:
+        counted = part.windows is not None or part.leaf.cast is not None
+        if plan.counts is not None and plan.failed is None and not counted:
             # While the transfers run: NaN and Inf, counted once per part read.
             _count(part, plan.counts)
         if buffers.reuse:
@@ -222,6 +242,14 @@ def _count(part: _Part, counts: LoadCounts) -> None:
             more_nan, more_inf = nonfinite.count(values)
             nan, inf = nan + more_nan, inf + more_inf
         counts.add(part.plan.name, part.leaf.key, nan, inf)
+
+
+def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``values`` cast to ``dtype`` (``_casts``) in fresh aligned memory, which a CPU
+    device's array aliases."""
+    out = aligned(values.size * dtype.itemsize).view(dtype).reshape(values.shape)
+    cast_into(out, values)
+    return out
 
 
 def _check(part: _Part) -> None:
@@ -358,8 +386,10 @@ def _run(
             own = devices == [None]
             # A box grown to cover whole saved pieces, of which each device takes a
             # window (a copy): its buffer becomes no array.
-            apart = not own and all(device in leaf.windows for device in devices)
-            pieces = pieces_of(leaf, box) if apart and not buffers.reuse and p.files.local else []
+            grown = not own and all(device in leaf.windows for device in devices)
+            pieces = pieces_of(leaf, box) if grown and not buffers.reuse and p.files.local else []
+            # Nor does a part read to be cast: its cast values do.
+            apart = grown or leaf.cast is not None
             if pieces:
                 # On a CPU its windows are the arrays: it is read a piece at a time.
                 part = _Part(

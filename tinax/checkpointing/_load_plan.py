@@ -10,6 +10,8 @@ data on the host, made a key with the implementation Orbax recorded for it
 A string target comes back as the string stored in ``_strings.json``, read and
 checked against its checksum while planning. A leaf left out (Orbax's placeholder
 ``...``) is not read, and comes back as the placeholder, as Orbax's load gives it.
+An array target of another float dtype than the stored one is read as stored and
+cast on the host as Orbax's load casts it (``_casts``); any other cast is Orbax's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tinax._format.naming import names, words
 from tinax._format.naming.keys import format_key, key_parts
 from tinax._format.storage.location import Location
 from tinax._targets import NumpyTarget, is_key_dtype
+from tinax.checkpointing import _casts
 from tinax.checkpointing._nonfinite import LoadCounts
 
 
@@ -56,6 +59,9 @@ class Leaf:
     # makes, put where the target's sharding says (``key_target``).
     scalar: bool = False
     key_target: jax.ShapeDtypeStruct | None = None
+    # The target's dtype where it is not the stored one: each part is read as stored,
+    # checked and counted, then cast on the host (``_casts``).
+    cast: np.dtype | None = None
 
 
 @dataclasses.dataclass
@@ -227,7 +233,7 @@ def plan(item: StoredCheckpointable, target: Any) -> Plan | str:
         array = chunkload.plan(directory, metadata, contents.chunks.get(storage, {}), storage)
         if array is None:
             return f"leaf {key}: stored in a way not read here"
-        scalar, key_target = type(target_leaf) in _SCALAR_KINDS, None
+        scalar, key_target, cast = type(target_leaf) in _SCALAR_KINDS, None, None
         if scalar:
             if array.shape != () or array.dtype.kind not in _SCALAR_KINDS[type(target_leaf)]:
                 return f"leaf {key}: stored as {array.dtype} {array.shape}, not as its target"
@@ -242,8 +248,15 @@ def plan(item: StoredCheckpointable, target: Any) -> Plan | str:
             ):
                 return f"leaf {key}: not the data of a {impl} key of the target's shape"
             key_target = target_leaf
-        elif array.shape != tuple(target_leaf.shape) or array.dtype != np.dtype(target_leaf.dtype):
-            return f"leaf {key}: the target asks for another shape or dtype"
+        elif array.shape != tuple(target_leaf.shape):
+            return f"leaf {key}: the target asks for another shape"
+        elif array.dtype != np.dtype(target_leaf.dtype):
+            cast = np.dtype(target_leaf.dtype)
+            why = _casts.why_not(
+                array.dtype, cast, on_device=not isinstance(target_leaf, NumpyTarget)
+            )
+            if why is not None:
+                return f"leaf {key}: {why}"
         record = None
         if records is not None:
             record = records.get(key)
@@ -272,6 +285,7 @@ def plan(item: StoredCheckpointable, target: Any) -> Plan | str:
                 windows=windows,
                 scalar=scalar,
                 key_target=key_target,
+                cast=cast,
             )
         )
     positions = {key: i for i, key in enumerate(wanted)}

@@ -2,8 +2,9 @@
 grows to cover whole saved pieces (``_load_plan.device_parts``), whose devices each
 take a window of it. On a CPU the windows are the arrays: each piece is read into
 the reading thread's piece buffer (``chunkload.Scratch``), checked against its
-checksum, and its share of each window copied into place, so that no buffer of the
-whole box is held; the load holds the restored arrays and one piece per thread.
+checksum, and its share of each window copied into place (cast, where the target
+asks for another dtype: ``_casts``), so that no buffer of the whole box is held; the
+load holds the restored arrays and one piece per thread.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from tinax._format.arraydata import chunkload
+from tinax._format.arraydata import chunkload, nonfinite
 from tinax._format.arraydata.rawread import Box, Unsupported
 from tinax._format.integrity import checksums
 from tinax._format.integrity.checksums import Bounds
+from tinax.checkpointing._casts import cast_into
 from tinax.checkpointing._host_buffers import aligned
 from tinax.checkpointing._load_plan import Leaf, bounds_of, inside
 
@@ -49,8 +51,8 @@ def window_arrays(
             continue
         at = tuple((s.start + a, s.start + b) for s, (a, b) in zip(box, own, strict=True))
         shape = [b - a for a, b in own]
-        nbytes = math.prod(shape) * leaf.stored.dtype.itemsize
-        found[own] = (at, aligned(nbytes).view(leaf.stored.dtype).reshape(shape))
+        dtype = leaf.stored.dtype if leaf.cast is None else leaf.cast
+        found[own] = (at, aligned(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape))
     return found
 
 
@@ -59,9 +61,16 @@ def read_piece(
     piece: checksums.Piece,
     windows: Mapping[Bounds, tuple[Bounds, np.ndarray]],
     scratch: chunkload.Scratch,
-) -> None:
+    *,
+    count: bool = False,
+) -> tuple[int, int]:
     """Reads ``piece`` into the thread's piece buffer, checks it, and copies its share
-    of each window (``window_arrays``) into place.
+    of each window (``window_arrays``) into place, cast to the leaf's target dtype
+    where it has one.
+
+    Returns:
+      With ``count``, the NaN and Inf of the stored values it copied (each distinct
+      window once), else ``(0, 0)``.
 
     Raises:
       Mismatch: If the piece does not match its checksum, naming the leaf.
@@ -77,6 +86,7 @@ def read_piece(
     if found != piece.digest:
         bad = [checksums.Mismatch(piece.bounds, piece.digest, found)]
         raise Mismatch(checksums.mismatch_message(leaf.key, leaf.record, bad))
+    nan = inf = 0
     for bounds, window in windows.values():
         common = [
             (max(a0, b0), min(a1, b1))
@@ -90,4 +100,11 @@ def read_piece(
         out = tuple(
             slice(lo - p0, hi - p0) for (lo, hi), (p0, _) in zip(common, piece.bounds, strict=True)
         )
-        window[into] = values[out]
+        if count:
+            more_nan, more_inf = nonfinite.count(values[out])
+            nan, inf = nan + more_nan, inf + more_inf
+        if leaf.cast is None:
+            window[into] = values[out]
+        else:
+            cast_into(window[into], values[out])
+    return nan, inf

@@ -134,8 +134,10 @@ def _part_plans(
     dtype: str,
     local: bool,
     record: Any = None,
+    engine: bool = False,
 ) -> tuple[PartPlan, ...]:
-    """The parts with what reading each costs (each process reads its own)."""
+    """The parts with what reading each costs (each process reads its own); ``engine``:
+    tinax's engine reads them (a cast once, on the host), else Orbax's load."""
     found = []
     indexes: dict[int, set[tuple[int, ...]]] = {}
     for part in parts:
@@ -159,8 +161,10 @@ def _part_plans(
         reserved = readplan.aligned_bytes(stored, part.box) * itemsize // stored.itemsize
         cast = 0
         if stored.dtype != dtype:
-            # Orbax's load reads the stored values again to check them (_orbax).
+            # Read as stored: the engine casts the values it read; Orbax's load reads
+            # the stored values again to check them (_orbax).
             cast = part.size * stored.itemsize
+        if cast and not engine:
             reads = dataclasses.replace(
                 reads,
                 nbytes=2 * reads.nbytes,
@@ -248,6 +252,7 @@ def leaf_plans(
                     dtype=_stored_dtype(leaf),
                     local=stored.local,
                     record=getattr(engine_leaves.get(key), "record", None),
+                    engine=engine is not None,
                 ),
                 target=live_holdings(live.get(key)),
             )

@@ -8,19 +8,26 @@ accelerator it reads parts into one reused arena (``DEVICE_HOST_BUFFER_BYTES``,
 pages touched only as parts land in it) and copies them to their devices; a part
 larger than the arena waits for it to be idle and gets memory of its own; the arena
 is kept ``_host_buffers.KEEP_SECONDS`` after the load. Its reading threads each hold a
-scratch chunk (for chunks a part cuts) and a compressed chunk's bytes.
+scratch chunk (for chunks a part cuts) and a compressed chunk's bytes. A leaf cast to
+another dtype (``_casts``) is read as stored into a buffer of its own, which goes
+once its values are cast into the restored array: such a load holds the restored
+values in the target's dtype and, beside them, the parts being read in the stored
+one; on an accelerator the parts sit in the arena and their cast values wait for
+their transfers (a figure not yet measured on an accelerator).
 
 Orbax's load reads each part into a fresh zeroed NumPy array (its whole chunks'
 extent reserved against ``read_concurrent_bytes``, which tinax sets), and copies the
 part to its devices (a CPU device too: Orbax's arrays are not aligned for JAX to
-alias). Where the target asks for another dtype, tinax's check reads the stored
-values a second time (``_orbax.check_host_reads``). Its parts are read all at once
-up to that limit: the plan takes its buffers in flight as the bytes reserved at
-once, and the stored bytes of a cast beside them, an estimate that
-``bench/restore_plan.py`` has found from 17% above to 7% below what such loads held
-(0.975x and 0.931x at 0.5 and 2 GB, the latest). Under a limit cut by a budget such
-loads held more than the limit accounts for: some 200 MB beside the restored values
-of the 0.5 GB state whether the limit was 63 or 31 MB (docs/guides/restore_plan.md).
+alias). Where the target asks for a cast the engine leaves to Orbax (one not
+between float dtypes), tinax's check reads the stored values a second time
+(``_orbax.check_host_reads``). Its parts are read all at once up to that limit: the
+plan takes its buffers in flight as the bytes reserved at once, and the stored bytes
+of a cast beside them, an estimate that ``bench/restore_plan.py`` found from 17%
+above to 7% below what such loads held when it measured float casts through Orbax
+(0.975x and 0.931x at 0.5 and 2 GB). Under a limit cut by a budget such loads held
+more than the limit accounts for: some 200 MB beside the restored values of the
+0.5 GB state whether the limit was 63 or 31 MB (docs/guides/restore_plan.md); the
+engine's casts hold their budgets.
 """
 
 from __future__ import annotations
@@ -106,9 +113,14 @@ def _reuses_arena(parts: Sequence[PartPlan]) -> bool:
     return any(not place.in_host_memory for part in parts for place in part.part.places)
 
 
+def _read_bytes(part: PartPlan) -> int:
+    """The buffer the engine reads a part into: its bytes as stored (a cast's too)."""
+    return part.cast or part.nbytes
+
+
 def _arena_in_flight(parts: Sequence[PartPlan], arena: int) -> tuple[int, int]:
     """The arena's touched bytes and the largest part too big for it."""
-    sizes = [_aligned(p.nbytes) for p in parts if p.part.places[0].platform != "host"]
+    sizes = [_aligned(_read_bytes(p)) for p in parts if p.part.places[0].platform != "host"]
     small = sum(s for s in sizes if s <= arena)
     big = max((s for s in sizes if s > arena), default=0)
     return min(arena, small), big
@@ -132,26 +144,42 @@ def _scratch(parts: Sequence[PartPlan], *, by_piece: bool) -> int:
     )
 
 
+def _cast_in_flight(parts: Sequence[PartPlan], arena: int) -> int:
+    """On an accelerator, the cast values of the parts in the arena, each held until
+    its transfers end: at most the arena's worth, in the target's dtype."""
+    cast = [p for p in parts if p.cast and p.part.places[0].platform != "host"]
+    if not cast:
+        return 0
+    stored = sum(_aligned(p.cast) for p in cast)
+    restored = sum(_aligned(p.nbytes) for p in cast)
+    return min(restored, arena * restored // max(1, stored))
+
+
 def _transient(parts: Sequence[PartPlan], limit: int) -> int:
     """On a CPU, the read buffers no array keeps (boxes grown to cover whole saved
-    pieces, each device taking a copy of its window) resident at once. Each is mapped
+    pieces, each device taking a copy of its window; parts read to be cast) resident
+    at once, in the stored dtype. Each is mapped
     apart and goes once its devices have their copies; its pages are touched only as
     chunks land in it. The reading threads take the parts' tasks (``TASK_BYTES`` of
     chunks each) largest part first: what is resident is taken as the parts of the
     first ``THREADS`` tasks (bench/restore_plan.py measured from a fifth to a little
     more than that, as the threads happen to run), never more than the parts being
     read (``limit``, or one part)."""
-    sizes = [_aligned(p.nbytes) for p in parts if p.part.transient and not p.pieces]
+
+    def apart(part: PartPlan) -> bool:
+        return not part.pieces and (part.part.transient or bool(part.cast))
+
+    sizes = [_aligned(_read_bytes(p)) for p in parts if apart(p)]
     if not sizes:
         return 0
     tasks = 0
     first = 0
-    for part in sorted(parts, key=lambda p: -p.nbytes):
+    for part in sorted(parts, key=lambda p: -_read_bytes(p)):
         if tasks >= _fast_load.THREADS:
             break
-        tasks += max(1, -(-part.nbytes // _fast_load.TASK_BYTES))
-        if part.part.transient and not part.pieces:
-            first += _aligned(part.nbytes)
+        tasks += max(1, -(-_read_bytes(part) // _fast_load.TASK_BYTES))
+        if apart(part):
+            first += _aligned(_read_bytes(part))
     return min(max(first, max(sizes)), max(limit, max(sizes)))
 
 
@@ -190,14 +218,15 @@ def host_peak(
             touched, big = _arena_in_flight(engine, limits.arena_bytes)
             new = 0 if kept_arena >= limits.arena_bytes else touched
             in_flight, after = new + big, new
+            in_flight += _cast_in_flight(engine, limits.arena_bytes)
         else:
             in_flight = _transient(engine, limits.reading_bytes)
         if not local:
             # Parts being read hold the shards fetched for them.
-            decoded = sum(p.nbytes for p in engine)
+            decoded = sum(_read_bytes(p) for p in engine)
             fetched = sum(p.reads.nbytes for p in engine)
             limit = limits.arena_bytes if reuse else limits.reading_bytes
-            busy = min(decoded, max(limit, max(p.nbytes for p in engine)))
+            busy = min(decoded, max(limit, max(_read_bytes(p) for p in engine)))
             in_flight += busy * fetched // max(1, decoded)
     orbax = _parts(leaves, process, ORBAX)
     if orbax:
@@ -240,15 +269,16 @@ def limits_within(
     if found.peak <= budget:
         return first
     left = budget - (found.kept + found.scratch + found.overhead)
-    engine = [p for p in _parts(leaves, process, TINAX) if p.part.places[0].platform != "host"]
+    every = _parts(leaves, process, TINAX)
+    engine = [p for p in every if p.part.places[0].platform != "host"]
     arena, reading = first.arena_bytes, first.reading_bytes
     if engine and _reuses_arena(engine):
         touched, big = _arena_in_flight(engine, arena)
         if touched + big > left:
-            largest = max(_aligned(p.nbytes) for p in engine)
+            largest = max(_aligned(_read_bytes(p)) for p in engine)
             # Parts larger than the arena are read one at a time, in memory of their own.
             arena = max(_host_buffers.ALIGN, min(arena, left - largest))
-    elif engine and local and _transient(engine, reading) > left:
+    elif every and local and _transient(every, reading) > left:
         # Fewer parts read at once: the buffers no array keeps shrink with them (to one
         # part, at the least).
         reading = max(_host_buffers.ALIGN, left)

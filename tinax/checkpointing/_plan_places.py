@@ -110,8 +110,10 @@ class PartPlan:
       reserved: What Orbax's reader reserves for it (the box's whole chunks, as
         restored).
       reads: What reading it costs (the first of ``part.places`` reads).
-      cast: The bytes of the box as stored where the target asks for another dtype
-        (Orbax's load reads those a second time, to check them), else 0.
+      cast: The bytes of the box as stored where the target asks for another dtype,
+        else 0: tinax's engine reads them into a buffer of their own and casts them
+        into the restored values; Orbax's load reads them a second time, to check
+        them.
       pieces: For a box grown to cover whole saved pieces, the bytes of each: on a
         CPU the engine reads it a piece at a time into its threads' buffers.
     """

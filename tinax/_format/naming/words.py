@@ -99,8 +99,8 @@ KEPT_WORDS = (KEPT_FOR_PROMOTION, KEPT_NEWEST_SOUND, KEPT_ALL)
 
 OK = "ok"
 SHAPE_DIFFERS = "shape differs"
-# The stored dtype converts to the target's: Orbax casts on restore (``lossy`` says
-# whether every stored value survives the cast).
+# The stored dtype converts to the target's: the load casts on restore, as Orbax's does
+# (``lossy`` says whether every stored value survives the cast).
 DTYPE_CAST = "dtype cast"
 # The dtypes do not convert into each other (a PRNG key and a float, say).
 DTYPE_DIFFERS = "dtype differs"
