@@ -28,6 +28,8 @@ Cases on a CPU (eight devices, ``--xla_force_host_platform_device_count=8``):
            64 MiB: on a CPU the other mesh's (fewer parts read at once), on an
            accelerator the saved sharding's (the engine's arena shrinks to fit); the
            measured peak must stay under the budget;
+  piecebudget  the budget case's mesh inside a budget that also cuts the reading
+           threads' piece buffers to ``PIECE_BUFFER`` (fewer pieces read at once);
   refused  inside a budget of half the plan's peak: refused, nothing read.
 
 On an accelerator (``--accelerator``): the devices JAX finds, no CPU devices made;
@@ -70,6 +72,7 @@ CPU_CASES = (
     "castbudget",
     "orbaxcast",
     "budget",
+    "piecebudget",
     "refused",
 )
 ACCELERATOR_CASES = ("saved", "params", "cast", "orbaxcast", "budget", "refused")
@@ -81,6 +84,8 @@ READ_GOAL = 0.05
 BUDGET_BUFFER = 64 << 20
 # The cast budget case: its parts in flight (in the stored dtype) cut to this.
 CAST_BUFFER = 8 << 20
+# The piece budget case: the reading threads' buffers cut to this.
+PIECE_BUFFER = 8 << 20
 # The embedding's rows and the model's width; blocks are added to reach a size.
 VOCAB = 8192
 WIDTH = 1024
@@ -123,7 +128,7 @@ def _sharding(shape: tuple[int, ...], case: str) -> Any:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     devices = jax.devices()
-    if case == "budget":
+    if case in ("budget", "piecebudget"):
         case = "saved" if devices[0].platform != "cpu" else "other"
     if case == "fewer":
         mesh = Mesh(np.array(devices[: max(1, len(devices) // 2)]), ("fsdp",))
@@ -245,6 +250,9 @@ def load(path: str, blocks: int, width: int, case: str) -> dict[str, Any]:
     budget = None
     if case == "budget":
         budget = peak.kept + peak.scratch + peak.overhead + min(peak.in_flight, BUDGET_BUFFER)
+    elif case == "piecebudget":
+        buffers = min(peak.in_flight, BUDGET_BUFFER) + min(peak.scratch, PIECE_BUFFER)
+        budget = peak.kept + peak.overhead + buffers
     elif case == "castbudget":
         budget = peak.kept + peak.scratch + peak.overhead + min(peak.in_flight, CAST_BUFFER)
     elif case == "refused":
@@ -256,6 +264,8 @@ def load(path: str, blocks: int, width: int, case: str) -> dict[str, Any]:
         report["plan"]["peak"] = within.plan.hosts[plan.process].peak
         report["plan"]["in_flight"] = within.plan.hosts[plan.process].in_flight
         report["plan"]["after"] = within.plan.hosts[plan.process].after
+        report["plan"]["scratch"] = within.plan.hosts[plan.process].scratch
+        report["plan"]["piece_readers"] = within.plan.limits.piece_readers
     gc.collect()
     devices_before = _device_bytes()
     Path("/proc/self/clear_refs").write_text("5")

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import ml_dtypes
 import numpy as np
+import orbax_spy
 import pytest
 from orbax.checkpoint import v1 as ocp
 
@@ -30,6 +31,8 @@ F16, BF16, F32, F64 = (
 ON_DEVICE = (F16, BF16, F32)
 ON_HOST = (F16, BF16, F32, F64)
 _BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+orbax_loads = orbax_spy.orbax_loads  # the fixture
 
 
 def _patterns(dtype: np.dtype) -> np.ndarray:
@@ -73,20 +76,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     host = {_name(t): _patterns(t) for t in ON_HOST}
     tc.save_checkpointables(path, {"device": device, "host": host}).result()
     return path
-
-
-@pytest.fixture
-def orbax_loads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The checkpointables each load handed to Orbax (the engine loaded the others)."""
-    calls: list[list[str]] = []
-    real = ocp.load_checkpointables
-
-    def spy(path: Any, abstract: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(sorted(abstract))
-        return real(path, abstract, *args, **kwargs)
-
-    monkeypatch.setattr(_checkpointables.ocp, "load_checkpointables", spy)
-    return calls
 
 
 def _targets(turn: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax_spy
 import pytest
 from damage import flip_bits, stored_value
 from flax import nnx
@@ -27,6 +28,8 @@ from tinax._format.metadata import arrays, pytree
 from tinax._format.naming import names
 from tinax._paths import location
 from tinax.checkpointing import _checkpointables
+
+orbax_loads = orbax_spy.orbax_loads  # the fixture
 
 
 class _Model(nnx.Module):
@@ -45,20 +48,6 @@ def state() -> dict[str, Any]:
     grads = jax.tree.map(jnp.ones_like, params)
     updates, opt = optimizer.update(grads, opt, params)
     return {"model": optax.apply_updates(params, updates), "opt": opt}
-
-
-@pytest.fixture
-def orbax_loads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The checkpointables each load handed to Orbax (the engine loaded the others)."""
-    calls: list[list[str]] = []
-    real = ocp.load_checkpointables
-
-    def spy(path: Any, abstract: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(sorted(abstract))
-        return real(path, abstract, *args, **kwargs)
-
-    monkeypatch.setattr(_checkpointables.ocp, "load_checkpointables", spy)
-    return calls
 
 
 def _identical(got: Any, want: Any) -> None:

@@ -403,7 +403,26 @@ plan("unsharded", {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in state.i
 plan("replicated", {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, P())) for k, v in state.items()})
 plan("sharded", {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, P("fsdp"))) for k, v in state.items()})
 cols = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
-plan("columns", {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(cols, P(None, "b"))) for k, v in state.items()})
+columns = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(cols, P(None, "b"))) for k, v in state.items()}
+plan("columns", columns)
+# A budget a little under the columns' plan: fewer saved pieces read at once.
+from tinax._paths import open_checkpoint
+from tinax.checkpointing import _restore_plan
+def limits(budget):
+    planned = _restore_plan.plan_restore(open_checkpoint(f"{root}/c"), {"model": columns}, max_host_bytes=budget)
+    planned.close()
+    return planned.plan
+free = limits(None)
+budget = free.hosts[0].peak - (100 << 10)
+within = limits(budget)
+with tc.memory_budget(budget):
+    back = tc.load_checkpointables(f"{root}/c", {"model": columns})["model"]
+report["pieces"] = {
+    "readers": [free.limits.piece_readers, within.limits.piece_readers],
+    "scratch": [free.hosts[0].scratch, within.hosts[0].scratch],
+    "peak": within.hosts[0].peak, "budget": budget, "fits": within.fits,
+    "same": all(np.asarray(back[k]).tobytes() == np.asarray(state[k]).tobytes() for k in state),
+}
 print(json.dumps(report))
 """
 
@@ -444,6 +463,12 @@ def test_a_target_that_lands_replicated_on_every_device_is_called_out(tmp_path: 
     columns = report["columns"]
     assert columns["read"] == report["sharded"]["read"]
     assert columns["devices"] == [(table + 512 * 256 * 4) // 4] * 8
+    # Under a budget a little below that plan, the reading threads hold fewer saved
+    # pieces at once (each of "w"'s is 64 KiB), and the load still gives every bit.
+    pieces = report["pieces"]
+    assert pieces["fits"] and pieces["peak"] <= pieces["budget"] and pieces["same"]
+    assert pieces["readers"][1] < pieces["readers"][0]
+    assert pieces["scratch"][0] - pieces["scratch"][1] >= 100 << 10
 
 
 @pytest.mark.slow  # fresh processes with eight CPU devices, one per measurement
@@ -478,3 +503,36 @@ def test_plans_match_the_measured_peak_memory_and_bytes_read(tmp_path: Path) -> 
     assert abs(plan["peak"] / measured["peak"] - 1) <= 0.15, (plan, measured)
     assert abs(plan["read"] / measured["read"] - 1) <= 0.05, (plan, measured)
     assert measured["peak"] <= reports["budget"]["budget"]
+
+
+def test_shared_piece_buffers_hold_at_most_their_count_at_once() -> None:
+    """Under a budget the reading threads share fewer piece buffers than they are."""
+    import threading
+    import time
+
+    from tinax.checkpointing._piece_reads import PieceBuffers
+
+    shared = PieceBuffers(2)
+    lock = threading.Lock()
+    holding: list[int] = []
+    most = 0
+    seen: set[int] = set()
+
+    def read(nbytes: int) -> None:
+        nonlocal most
+        with shared.taken(nbytes) as buffer:
+            assert buffer.nbytes == nbytes
+            with lock:
+                holding.append(nbytes)
+                most = max(most, len(holding))
+                seen.add(buffer.ctypes.data)
+            time.sleep(0.01)
+            with lock:
+                holding.remove(nbytes)
+
+    threads = [threading.Thread(target=read, args=(n,)) for n in (4096, 1024) * 6]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most == 2 and len(seen) <= 4  # two buffers, each grown at most once

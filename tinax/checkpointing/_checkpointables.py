@@ -459,6 +459,7 @@ def restore_checkpointables(
             {name: planned.engine.get(name) for name in values},
             arena_bytes=planned.plan.limits.arena_bytes,
             reading_bytes=planned.plan.limits.reading_bytes,
+            piece_readers=planned.plan.limits.piece_readers,
             counts=counts,
         )
     finally:

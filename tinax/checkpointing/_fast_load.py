@@ -83,7 +83,13 @@ from tinax.checkpointing._casts import cast_into
 from tinax.checkpointing._host_buffers import HostBuffers, aligned
 from tinax.checkpointing._load_plan import Leaf, Plan, bounds_of, inside
 from tinax.checkpointing._nonfinite import LoadCounts
-from tinax.checkpointing._piece_reads import Mismatch, pieces_of, read_piece, window_arrays
+from tinax.checkpointing._piece_reads import (
+    Mismatch,
+    PieceBuffers,
+    pieces_of,
+    read_piece,
+    window_arrays,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -149,7 +155,11 @@ def _read(
 
 
 def _read_piece(
-    part: _Part, piece: checksums.Piece, buffers: HostBuffers, scratch: chunkload.Scratch
+    part: _Part,
+    piece: checksums.Piece,
+    buffers: HostBuffers,
+    scratch: chunkload.Scratch,
+    shared: PieceBuffers | None,
 ) -> None:
     """Reads one saved piece of a part read piece by piece (``_piece_reads``)."""
     plan = part.plan
@@ -158,7 +168,9 @@ def _read_piece(
             assert part.windows is not None
             # A cast leaf's NaN and Inf are counted here, on the stored values.
             counts = plan.counts if part.leaf.cast is not None else None
-            nan, inf = read_piece(part.leaf, piece, part.windows, scratch, count=counts is not None)
+            nan, inf = read_piece(
+                part.leaf, piece, part.windows, scratch, count=counts is not None, shared=shared
+            )
             if counts is not None:
                 counts.add(plan.name, part.leaf.key, nan, inf)
     except BaseException as e:
@@ -337,11 +349,16 @@ def _copied_to_devices(plans: Sequence[Plan]) -> bool:
 
 
 def _run(
-    plans: Sequence[Plan], *, arena_bytes: int | None = None, reading_bytes: int | None = None
+    plans: Sequence[Plan],
+    *,
+    arena_bytes: int | None = None,
+    reading_bytes: int | None = None,
+    piece_readers: int | None = None,
 ) -> None:
     """Reads every part of every plan; a plan that fails has ``failed`` set.
     ``arena_bytes``: the reused host buffer on an accelerator; ``reading_bytes``: on
-    a CPU, what the parts being read hold at once."""
+    a CPU, what the parts being read hold at once; ``piece_readers``: how many pieces
+    are read at once (``_piece_reads``), ``None`` for one per thread."""
     reuse = _copied_to_devices(plans)
     if reuse:
         limit = DEVICE_HOST_BUFFER_BYTES if arena_bytes is None else arena_bytes
@@ -359,8 +376,12 @@ def _run(
     # together (``_read_together``).
     work.sort(key=lambda w: _order(w[1], w[2], w[3]))
     pool = _loaders.executor()
-    # Each thread's scratch buffers, freed with the load.
+    # Each thread's scratch buffers, freed with the load; under a budget, fewer piece
+    # buffers than threads, shared.
     scratch = chunkload.Scratch()
+    shared = None
+    if piece_readers is not None and piece_readers < THREADS:
+        shared = PieceBuffers(piece_readers)
     futures: list[concurrent.futures.Future[None]] = []
     parts: list[_Part] = []
     together: list[_Part] = []
@@ -403,7 +424,9 @@ def _run(
                     windows=window_arrays(leaf, box, devices),
                 )
                 parts.append(part)
-                futures += [pool.submit(_read_piece, part, pc, buffers, scratch) for pc in pieces]
+                futures += [
+                    pool.submit(_read_piece, part, pc, buffers, scratch, shared) for pc in pieces
+                ]
                 continue
             taken = buffers.take(nbytes, own=own, wait=False, apart=apart)
             if taken is None:
@@ -472,6 +495,7 @@ def load(
     *,
     arena_bytes: int | None = None,
     reading_bytes: int | None = None,
+    piece_readers: int | None = None,
     counts: LoadCounts | None = None,
 ) -> dict[str, Any]:
     """The checkpointables this engine loads, restored; the others (see the module's
@@ -486,6 +510,8 @@ def load(
         it to the load's budget); ``None``: ``DEVICE_HOST_BUFFER_BYTES``.
       reading_bytes: On a CPU, what the parts being read hold at once (likewise);
         ``None``: ``HOST_BUFFER_BYTES``.
+      piece_readers: How many saved pieces are read at once into buffers of their
+        own, on a CPU (likewise); ``None``: one per reading thread.
       counts: Where the NaN and Inf of every float leaf read are counted, if
         anywhere; each checkpointable loaded whole is named there as counted.
 
@@ -498,7 +524,7 @@ def load(
     plans = [p for p in planned.values() if p is not None]
     for p in plans:
         p.counts = counts
-    restored = _read_own(plans, arena_bytes, reading_bytes)
+    restored = _read_own(plans, arena_bytes, reading_bytes, piece_readers)
     left = sorted(set(planned) - set(restored))
     options = _orbax.active_context().multiprocessing_options
     everywhere = _processes.gather(
@@ -514,13 +540,21 @@ def load(
 
 
 def _read_own(
-    plans: Sequence[Plan], arena_bytes: int | None, reading_bytes: int | None
+    plans: Sequence[Plan],
+    arena_bytes: int | None,
+    reading_bytes: int | None,
+    piece_readers: int | None,
 ) -> dict[str, Any]:
     """What this process reads of ``plans`` itself (see ``load``)."""
     if not plans:
         return {}
     try:
-        _run(plans, arena_bytes=arena_bytes, reading_bytes=reading_bytes)
+        _run(
+            plans,
+            arena_bytes=arena_bytes,
+            reading_bytes=reading_bytes,
+            piece_readers=piece_readers,
+        )
     except Exception:
         pass  # every plan is marked failed: Orbax loads them
     finally:

@@ -4,13 +4,16 @@ take a window of it. On a CPU the windows are the arrays: each piece is read int
 the reading thread's piece buffer (``chunkload.Scratch``), checked against its
 checksum, and its share of each window copied into place (cast, where the target
 asks for another dtype: ``_casts``), so that no buffer of the whole box is held; the
-load holds the restored arrays and one piece per thread.
+load holds the restored arrays and one piece per thread, or under a budget fewer
+(``PieceBuffers``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +29,34 @@ from tinax.checkpointing._load_plan import Leaf, bounds_of, inside
 
 class Mismatch(Unsupported):
     """A part that does not match its checksums: the Orbax load reports it."""
+
+
+class PieceBuffers:
+    """The buffers pieces are read into, shared by the reading threads and at most
+    ``count`` of them: under a budget fewer than the threads, each of which would
+    otherwise keep one of its own, grown to the largest piece it read."""
+
+    def __init__(self, count: int) -> None:
+        self._free = [np.empty(0, np.uint8) for _ in range(max(1, count))]
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def taken(self, nbytes: int) -> Iterator[np.ndarray]:
+        """A buffer of ``nbytes`` for the block; waits while every one is in use."""
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            # The largest one free: a buffer grows only where none is large enough.
+            self._free.sort(key=lambda b: b.nbytes)
+            found = self._free.pop()
+        try:
+            if found.nbytes < nbytes:
+                found = np.empty(nbytes, np.uint8)
+            yield found[:nbytes]
+        finally:
+            with self._cond:
+                self._free.append(found)
+                self._cond.notify()
 
 
 def pieces_of(leaf: Leaf, box: Box) -> list[checksums.Piece]:
@@ -63,10 +94,11 @@ def read_piece(
     scratch: chunkload.Scratch,
     *,
     count: bool = False,
+    shared: PieceBuffers | None = None,
 ) -> tuple[int, int]:
-    """Reads ``piece`` into the thread's piece buffer, checks it, and copies its share
-    of each window (``window_arrays``) into place, cast to the leaf's target dtype
-    where it has one.
+    """Reads ``piece`` into the thread's piece buffer (one of ``shared``, where given),
+    checks it, and copies its share of each window (``window_arrays``) into place,
+    cast to the leaf's target dtype where it has one.
 
     Returns:
       With ``count``, the NaN and Inf of the stored values it copied (each distinct
@@ -77,9 +109,25 @@ def read_piece(
       Unsupported: If a chunk cannot be read as stored.
     """
     assert leaf.record is not None
+    nbytes = math.prod(b - a for a, b in piece.bounds) * leaf.stored.dtype.itemsize
+    if shared is None:
+        return _read_into(scratch.take_piece(nbytes), leaf, piece, windows, scratch, count)
+    with shared.taken(nbytes) as raw:
+        return _read_into(raw, leaf, piece, windows, scratch, count)
+
+
+def _read_into(
+    raw: np.ndarray,
+    leaf: Leaf,
+    piece: checksums.Piece,
+    windows: Mapping[Bounds, tuple[Bounds, np.ndarray]],
+    scratch: chunkload.Scratch,
+    count: bool,
+) -> tuple[int, int]:
+    """``read_piece``, into ``raw``."""
+    assert leaf.record is not None
     dtype = leaf.stored.dtype
-    shape = [b - a for a, b in piece.bounds]
-    values = scratch.take_piece(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
+    values = raw.view(dtype).reshape([b - a for a, b in piece.bounds])
     box = tuple(slice(a, b) for a, b in piece.bounds)
     leaf.reader.read(leaf.stored.chunks_in(box), values, scratch)
     found = checksums.digest(values)

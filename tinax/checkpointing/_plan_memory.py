@@ -58,6 +58,9 @@ class EngineLimits:
       arena_bytes: The tinax engine's reused host buffer on an accelerator.
       reading_bytes: On a CPU, what the engine's parts being read hold at once.
       orbax_in_flight: Orbax's ``read_concurrent_bytes``.
+      piece_readers: On a CPU, how many saved pieces the engine reads at once into
+        buffers of their own (``_piece_reads``): one per reading thread, fewer under
+        a budget.
     """
 
     arena_bytes: int = dataclasses.field(
@@ -65,6 +68,7 @@ class EngineLimits:
     )
     reading_bytes: int = dataclasses.field(default_factory=lambda: _fast_load.HOST_BUFFER_BYTES)
     orbax_in_flight: int = ORBAX_IN_FLIGHT_BYTES
+    piece_readers: int = dataclasses.field(default_factory=lambda: _fast_load.THREADS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,11 +130,12 @@ def _arena_in_flight(parts: Sequence[PartPlan], arena: int) -> tuple[int, int]:
     return min(arena, small), big
 
 
-def _scratch(parts: Sequence[PartPlan], *, by_piece: bool) -> int:
+def _scratch(parts: Sequence[PartPlan], *, by_piece: bool, piece_readers: int) -> int:
     """The reading threads' buffers: each grows to the largest chunk it decodes apart,
     the longest compressed chunk it reads whole, and (``by_piece``: on a CPU, from a
     local disk) the largest saved piece it reads of a box grown to cover whole
-    pieces; the threads take the largest first."""
+    pieces, of which ``piece_readers`` are held at once; the threads take the
+    largest first."""
     threads = _fast_load.THREADS
     staged = sum(p.reads.staged for p in parts)
     staged_bytes = max((p.reads.staged_bytes for p in parts), default=0)
@@ -140,7 +145,7 @@ def _scratch(parts: Sequence[PartPlan], *, by_piece: bool) -> int:
     return (
         min(threads, staged) * staged_bytes
         + min(threads, compressed) * compressed_bytes
-        + sum(pieces[:threads])
+        + sum(pieces[: min(threads, piece_readers)])
     )
 
 
@@ -237,7 +242,7 @@ def host_peak(
     return HostPeak(
         kept=kept,
         in_flight=in_flight,
-        scratch=_scratch(engine, by_piece=local and not reuse),
+        scratch=_scratch(engine, by_piece=local and not reuse, piece_readers=limits.piece_readers),
         overhead=BASE_OVERHEAD_BYTES + SHARD_OVERHEAD_BYTES * shards if shards else 0,
         after=after,
     )
@@ -287,4 +292,16 @@ def limits_within(
         least = largest_reservation(leaves, process) + 1
         copies = 2 if any(p.cast for p in _parts(leaves, process, ORBAX)) else 1
         orbax = max(least, min(orbax, left // copies))
-    return EngineLimits(arena_bytes=arena, reading_bytes=reading, orbax_in_flight=orbax)
+    limits = EngineLimits(arena_bytes=arena, reading_bytes=reading, orbax_in_flight=orbax)
+    if every and local and not (engine and _reuses_arena(engine)):
+        # Still above: fewer saved pieces read at once, into buffers of their own.
+        peak = host_peak(leaves, process, limits, kept_arena=kept_arena, local=local).peak
+        held = _scratch(every, by_piece=True, piece_readers=limits.piece_readers)
+        readers = limits.piece_readers
+        while (
+            readers > 1
+            and peak - held + _scratch(every, by_piece=True, piece_readers=readers) > budget
+        ):
+            readers -= 1
+        limits = dataclasses.replace(limits, piece_readers=readers)
+    return limits
