@@ -233,3 +233,24 @@ def test_only_float_dtypes_are_cast_by_the_engine() -> None:
     assert "left to Orbax" in str(
         _casts.why_not(F32, np.dtype(ml_dtypes.float8_e4m3fn), on_device=False)
     )
+
+
+def test_a_cast_through_a_reused_host_buffer_is_bit_identical_to_orbax(
+    saved: Path, orbax_loads: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on an accelerator: parts read as stored into slices of one small arena, cast
+    into buffers of their own, copied to their devices, the slices reused."""
+    from tinax.checkpointing import _fast_load
+
+    monkeypatch.setattr(_fast_load, "_copied_to_devices", lambda plans: True)
+    monkeypatch.setattr(_fast_load, "DEVICE_HOST_BUFFER_BYTES", 300 << 10)
+    targets = {"device": _targets(2)["device"]}
+    with tc.allow_lossy_casts():
+        back = tc.load_checkpointables(saved, targets)
+    assert orbax_loads == []
+    theirs = ocp.load_checkpointables(saved, targets)
+    for key, target in targets["device"].items():
+        bits = _BITS[target.dtype.itemsize]
+        got, want = np.asarray(back["device"][key]), np.asarray(theirs["device"][key])
+        assert got.dtype == want.dtype == target.dtype
+        np.testing.assert_array_equal(got.view(bits), want.view(bits), err_msg=key)
