@@ -52,9 +52,10 @@ each piece is cast into its windows.
 What it cannot read byte for byte it leaves to Orbax (``load`` says which): a
 checkpointable with other leaves, targets without a sharding or with a layout or
 memory kind of their own, a shape other than the stored one, a cast other than
-between float dtypes, codecs other than ``bytes`` and ``zstd``, chunks not stored. A part whose checksum does not match, or a chunk that does not decode,
-sends its checkpointable to Orbax too, whose load reports the damage as every load
-does (``CorruptDataError`` naming the leaf); with several processes, on every process
+between float dtypes, codecs other than ``bytes`` and ``zstd``, chunks not stored.
+A part whose checksum does not match, or a chunk that does not decode, sends its
+checkpointable to Orbax too, whose load reports the damage as every load does
+(``CorruptDataError`` naming the leaf); with several processes, on every process
 (``load``).
 """
 

@@ -3,7 +3,9 @@ the checkpoint it read can be gone on from.
 
 The load engine (``_fast_load``) counts each part it read, once its checksums have
 matched, on the thread that then hands its buffer back (not the thread that reads
-the next part); what Orbax loads instead is counted on the host where its values
+the next part); a part it casts to the target's dtype is counted as stored, before
+the cast (a float64 overflowing float16 is no Inf of the checkpoint's); what Orbax
+loads instead is counted on the host where its values
 are there already (NumPy arrays, arrays on CPU devices), and its checkpointable is
 named as not counted otherwise (an accelerator's arrays are not copied back to count
 them). The counting is ``tinax._format.nonfinite.count``, the one every view makes.
