@@ -233,6 +233,26 @@ def test_what_the_engine_does_not_read_loads_through_orbax(
         assert np.asarray(back["m"]["w"]).tolist() == list(map(list, np.arange(16).reshape(4, 4)))
 
 
+def test_a_load_with_leaves_left_out_counts_nan_once_and_copies_nothing(
+    tmp_path: Path, orbax_loads: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tinax._paths import open_checkpoint
+    from tinax.checkpointing import _nonfinite
+
+    w = np.arange(16.0, dtype=np.float32).reshape(4, 4)
+    w[1, 2] = np.nan
+    values = {"w": jnp.asarray(w), "b": jnp.ones(4)}
+    tc.save_checkpointables(tmp_path / "c", {"m": values}).result()
+    copied: list[Any] = []
+    real = _nonfinite._on_host
+    monkeypatch.setattr(_nonfinite, "_on_host", lambda v: copied.append(v) or real(v))
+    counts = _nonfinite.LoadCounts()
+    target = {"m": {"w": tc.abstract_restore_target(values["w"]), "b": ...}}
+    _checkpointables.restore_checkpointables(open_checkpoint(tmp_path / "c"), target, counts)
+    assert orbax_loads == [] and copied == []  # counted as read: no second pass
+    assert [(c.key, c.nan, c.inf) for c in counts.leaves()] == [("['w']", 1, 0)]
+
+
 def test_reused_host_buffers_hand_each_slice_to_one_part_at_a_time(
     tmp_path: Path, state: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

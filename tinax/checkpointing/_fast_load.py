@@ -595,6 +595,7 @@ def _read_own(
                     jax.make_array_from_single_device_arrays(shape, leaf.sharding, singles)
                 )
         restored[p.name] = jax.tree_util.tree_unflatten(p.treedef, values)
-        if p.counts is not None and not p.left_out:
-            p.counts.counted(p.name)  # every leaf read (none left out of the load)
+        if p.counts is not None:
+            # Every leaf read was counted; the load is whole where none was left out.
+            p.counts.counted(p.name, whole=not p.left_out)
     return restored

@@ -41,6 +41,8 @@ class LoadCounts:
         self._lock = threading.Lock()
         self._leaves: dict[tuple[str, str], list[int]] = {}
         self._read: set[str] = set()
+        # Checkpointables whose leaves read were counted, some leaves left out.
+        self._partly: set[str] = set()
         self._uncounted: set[str] = set()
 
     def add(self, checkpointable: str, key: str, nan: int, inf: int) -> None:
@@ -50,16 +52,18 @@ class LoadCounts:
             found[0] += nan
             found[1] += inf
 
-    def counted(self, checkpointable: str) -> None:
-        """Notes a checkpointable whose every leaf was counted."""
+    def counted(self, checkpointable: str, *, whole: bool = True) -> None:
+        """Notes a checkpointable whose every leaf read was counted; ``whole``: no leaf
+        was left out of the load."""
         with self._lock:
-            self._read.add(checkpointable)
+            (self._read if whole else self._partly).add(checkpointable)
 
     def forget(self, checkpointable: str) -> None:
         """Drops what was counted of a checkpointable that is loaded again elsewhere."""
         with self._lock:
             self._leaves = {k: v for k, v in self._leaves.items() if k[0] != checkpointable}
             self._read.discard(checkpointable)
+            self._partly.discard(checkpointable)
 
     def not_counted(self, checkpointable: str) -> None:
         """Notes a checkpointable whose values were not counted."""
@@ -72,7 +76,7 @@ class LoadCounts:
         host (one the engine loaded is counted already); notes it not counted where
         they are not."""
         with self._lock:
-            if checkpointable in self._read:
+            if checkpointable in self._read or checkpointable in self._partly:
                 return
         leaves = jax.tree_util.tree_flatten_with_path(restored)[0]
         found: list[tuple[str, int, int]] = []
