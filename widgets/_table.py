@@ -23,7 +23,7 @@ import anywidget
 import pandas as pd
 import traitlets
 
-from ._columns import Column, RowLook, cell_text, check_columns, column_spec
+from ._columns import Column, RowLook, cell_text, check_columns, column_spec, page_rows
 from ._guard import shown_in_widget
 from ._page_text import KEY_WIDTHS, format_cell, key_labels, quiet_columns
 from ._sorting import sorted_frame
@@ -343,7 +343,7 @@ class PagedTable(anywidget.AnyWidget):
         self, page: pd.DataFrame, column: Column
     ) -> tuple[list[list[str]], list[str], str]:
         """Each row's labels at every ``KEY_WIDTHS`` width, its exact text, the shared prefix."""
-        texts = [cell_text(column, page.iloc[slot]) for slot in range(len(page))]
+        texts = [cell_text(column, row) for row in page_rows(page)]
         if not column.is_keystr or column.field not in page.columns:
             exact = texts
             if column.exact is not None and column.exact in page.columns:
@@ -358,7 +358,8 @@ class PagedTable(anywidget.AnyWidget):
 
     def _render(self) -> None:
         page = self.frame.iloc[self.page * self.page_size : (self.page + 1) * self.page_size]
-        cells = [[cell_text(c, page.iloc[slot]) for c in self.columns] for slot in range(len(page))]
+        page_view = page_rows(page)
+        cells = [[cell_text(c, row) for c in self.columns] for row in page_view]
         key_index = next((i for i, c in enumerate(self.columns) if c.key), None)
         labels: list[list[str]] = []
         exact: list[str] = []
@@ -376,8 +377,7 @@ class PagedTable(anywidget.AnyWidget):
         rows = []
         for slot in range(len(page)):
             label = page.index[slot]
-            row = page.iloc[slot]
-            look = self._row_look(row)
+            look = self._row_look(page_view[slot])
             rows.append(
                 {
                     "cells": cells[slot],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 import ipywidgets as w
@@ -462,10 +462,12 @@ class TreeView(w.VBox):
         visible = self._visible()
         self.nodes = [node for node, _ in visible]
         total = self.tree.nbytes or 1
+        # Each leaf's key looked up in one mapping: ``.loc`` a leaf took 0.1 ms.
+        keys = dict(zip(self.tree.leaves.index, self.tree.leaves["key"], strict=True))
         frame = pd.DataFrame(
             {
                 "label": [node.label for node in self.nodes],
-                "exact": [self._exact(node) for node in self.nodes],
+                "exact": [self._exact(node, keys) for node in self.nodes],
                 "depth": [depth for _, depth in visible],
                 "mark": [open_mark(n, self._open) for n in self.nodes],
                 "leaves": [n.leaves for n in self.nodes],
@@ -479,9 +481,10 @@ class TreeView(w.VBox):
             if index is not None and index not in self.table.visible_labels():
                 self.table.show_row(index)
 
-    def _exact(self, node: Node) -> str:
+    @staticmethod
+    def _exact(node: Node, keys: Mapping[Any, Any]) -> str:
         if node.leaf is not None:
-            return str(self.tree.leaves.loc[node.leaf, "key"]) or node.checkpointable
+            return str(keys[node.leaf]) or node.checkpointable
         return node.key or node.checkpointable
 
     def _on_pick(self, change: Any) -> None:
