@@ -12,6 +12,10 @@ The explorer is also driven on a real shape: the many-leaf demo run (24 NNX bloc
 with AdamW, ~1,200 leaves), where it must keep keys apart, blocks in numeric order
 and the page within two screens after a diff, a data check and a leaf.
 
+RunTimeline is checked there too (``tests/browser/timeline.py``): a small run with a
+planted jump and NaN and a run of 300 checkpoints, readable at every width, a click on a
+heatmap cell reaching Python, the explorer's timeline staying under the pointer.
+
 The explorer browses a gs:// run too: the run lives in a real fake-gcs-server
 (``tests/gcs.py``), and the JupyterLab server and its kernels get the emulator's
 environment, as a notebook on a TPU VM gets Google's.
@@ -29,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import browser.timeline as timeline
 import gcsfs
 import nbformat
 import numpy as np
@@ -502,6 +507,19 @@ def test_widgets_are_readable_at_900_and_1600_px_in_chromium(
     copy = notebooks / REPO_NOTEBOOK.name
     assert copy.stat().st_mtime_ns > opened_at, "JupyterLab did not save the notebook"
     assert saved == committed, "opening and saving a notebook in JupyterLab changed its bytes"
+
+
+def test_the_timeline_is_readable_and_clickable_at_three_widths(
+    lab_root: Path, lab: Any, browser: Browser
+) -> None:
+    """RunTimeline on a small run with a planted jump and NaN and on a run of 300
+    checkpoints (tests/browser/timeline.py says what is checked)."""
+    folder = lab_root / "timeline"
+    folder.mkdir()
+    notebook = timeline.write(folder)
+    viewport = {"width": timeline.WIDTHS[-1], "height": timeline.HEIGHT}
+    with _page(browser, lab, "timeline-failure.png", viewport) as page:
+        timeline.check(page, lab, f"timeline/{notebook}")
 
 
 # The explorer on the many-leaf run: what a reader does first, timed, with the page's

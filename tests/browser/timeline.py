@@ -1,17 +1,18 @@
-"""RunTimeline in a real browser (JupyterLab + Chromium): readable at 900 px, at 1,280 px
-with the file browser open and at 1,600 px, on a small run with a planted jump and NaN and
-on a run of 300 checkpoints; a click on a heatmap cell reaches Python. Screenshots go to
-``test-artifacts/``."""
+"""What the browser test of RunTimeline (tests/test_browser.py) writes and checks: a small
+run with a planted jump and NaN and a run of 300 checkpoints, a notebook showing their
+timelines, the explorer's and a restore-target builder, and the checks made on them in
+JupyterLab at 900 px, at 1,280 px with the file browser open and at 1,600 px. Screenshots
+go to ``test-artifacts/``."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import nbformat
-import pytest
-from browser.lab import CHROMIUM, CHROMIUM_ARGS, REPO, TIMEOUT_MS, run_all_cells, running_lab
-from playwright.sync_api import Page, expect, sync_playwright
+from browser.lab import REPO, TIMEOUT_MS, run_all_cells
+from playwright.sync_api import Page, expect
 from run_view_fixtures import JUMP_LAYER, JUMP_STEP, NAN_STEP, STEPS, write_small_run
 
 ARTIFACTS = REPO / "test-artifacts"
@@ -131,78 +132,69 @@ def _set_width(page: Page, width: int) -> None:
     page.wait_for_timeout(700)
 
 
-def test_the_timeline_is_readable_and_clickable_at_three_widths(tmp_path: Path) -> None:
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (make chromium)")
-    notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
-    write_small_run(str(notebooks / "run"))
-    _write_long_run(str(notebooks / "run"), notebooks / "long_run")
-    _write_notebook(notebooks / "timeline.ipynb")
+def write(folder: Path) -> str:
+    """Writes the runs and the notebook into ``folder``; returns the notebook's name."""
+    write_small_run(str(folder / "run"))
+    _write_long_run(str(folder / "run"), folder / "long_run")
+    _write_notebook(folder / "timeline.ipynb")
     ARTIFACTS.mkdir(exist_ok=True)
-    with running_lab(notebooks, tmp_path / "jupyter") as lab, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": WIDTHS[-1], "height": HEIGHT})
-        page.set_default_timeout(TIMEOUT_MS)
-        try:
-            page.goto(lab.page_url("timeline.ipynb"), timeout=TIMEOUT_MS)
-            page.locator(".jp-Notebook").wait_for()
-            run_all_cells(page)
-            timelines = page.locator(".tinax-run-timeline")
-            timelines.nth(1).locator("svg.tinax-timeline-svg").wait_for(timeout=8 * TIMEOUT_MS)
-            small, long = timelines.nth(0), timelines.nth(1)
-            small.locator(".tinax-timeline-cell").first.wait_for()
-            long.locator(".tinax-timeline-cell").first.wait_for()
-            assert long.locator(".tinax-timeline-cell").count() == 5 * (LONG_RUN - 1)
-            explorer = page.locator(".tinax-checkpoint-explorer")
-            explorer.locator(".tinax-run-timeline svg.tinax-timeline-svg").wait_for()
-            for width in WIDTHS:
-                _set_width(page, width)
-                for name, widget in (("timeline", small), ("timeline-300", long)):
-                    widget.scroll_into_view_if_needed()
-                    problems = widget.evaluate(_READABLE_JS)
-                    assert not problems, f"{name} at {width} px: " + "; ".join(problems)
-                    widget.screenshot(path=str(ARTIFACTS / f"{name}-{width}px.png"))
-            # The NaN markers and the roll-back line are drawn.
-            assert "roll back" in (small.locator("svg").text_content() or "")
-            # A click on the jump's cell opens that layer's diff (in Python).
-            labels = small.locator("svg text.tinax-timeline-layer").evaluate_all(
-                "els => els.map((e) => e.firstChild.textContent)"
-            )
-            row = labels.index(JUMP_LAYER)
-            column = JUMP_STEP - 2  # pairs start at step 2
-            cell = small.locator(
-                f'.tinax-timeline-cell[data-layer="{row}"][data-column="{column}"]'
-            )
-            cell.scroll_into_view_if_needed()
-            cell.click()
-            page.wait_for_function(
-                "(el) => el.innerText.includes('layer layers.2')",
-                arg=small.element_handle(),
-                timeout=TIMEOUT_MS,
-            )
-            assert f"diff of steps {JUMP_STEP - 1} → {JUMP_STEP}" in small.inner_text()
-            # A layer that held NaN is a pattern of its own, not the scale's red.
-            row = labels.index("layers.0")
-            nan_cells = small.locator(
-                f'.tinax-timeline-cell.tinax-timeline-nonfinite[data-layer="{row}"]'
-            )
-            assert nan_cells.count() == len(STEPS) - NAN_STEP + 1
-            assert (nan_cells.first.get_attribute("fill") or "").startswith("url(#")
-            assert cell.get_attribute("fill") != nan_cells.first.get_attribute("fill")
-            assert small.locator(".tinax-timeline-key-nonfinite").count() == 1
-            # The loss the run recorded as NaN is marked on its panel.
-            assert (
-                small.locator(".tinax-timeline-metric-nonfinite").count()
-                == len(STEPS) - NAN_STEP + 1
-            )
-            # Axis labels name only steps that have a checkpoint.
-            ticks = long.locator(".tinax-timeline-tick").all_text_contents()
-            assert len(ticks) > 3 and all(int(t) % LONG_EVERY == 0 for t in ticks), ticks
-            _the_page_stays_under_the_pointer(page)
-            _the_builder_asks_before_loading_a_diverged_checkpoint(page)
-        finally:
-            browser.close()
+    return "timeline.ipynb"
+
+
+def check(page: Page, lab: Any, notebook: str) -> None:
+    """Runs ``notebook`` (``write``'s, as JupyterLab serves it) in ``page`` and checks
+    the timelines at every width, a click on the jump's cell, the explorer's timeline
+    under the pointer and the builder's question before a diverged load."""
+    page.set_viewport_size({"width": WIDTHS[-1], "height": HEIGHT})
+    page.goto(lab.page_url(notebook), timeout=TIMEOUT_MS)
+    page.locator(".jp-Notebook").wait_for()
+    run_all_cells(page)
+    timelines = page.locator(".tinax-run-timeline")
+    timelines.nth(1).locator("svg.tinax-timeline-svg").wait_for(timeout=8 * TIMEOUT_MS)
+    small, long = timelines.nth(0), timelines.nth(1)
+    small.locator(".tinax-timeline-cell").first.wait_for()
+    long.locator(".tinax-timeline-cell").first.wait_for()
+    assert long.locator(".tinax-timeline-cell").count() == 5 * (LONG_RUN - 1)
+    explorer = page.locator(".tinax-checkpoint-explorer")
+    explorer.locator(".tinax-run-timeline svg.tinax-timeline-svg").wait_for()
+    for width in WIDTHS:
+        _set_width(page, width)
+        for name, widget in (("timeline", small), ("timeline-300", long)):
+            widget.scroll_into_view_if_needed()
+            problems = widget.evaluate(_READABLE_JS)
+            assert not problems, f"{name} at {width} px: " + "; ".join(problems)
+            widget.screenshot(path=str(ARTIFACTS / f"{name}-{width}px.png"))
+    # The NaN markers and the roll-back line are drawn.
+    assert "roll back" in (small.locator("svg").text_content() or "")
+    # A click on the jump's cell opens that layer's diff (in Python).
+    labels = small.locator("svg text.tinax-timeline-layer").evaluate_all(
+        "els => els.map((e) => e.firstChild.textContent)"
+    )
+    row = labels.index(JUMP_LAYER)
+    column = JUMP_STEP - 2  # pairs start at step 2
+    cell = small.locator(f'.tinax-timeline-cell[data-layer="{row}"][data-column="{column}"]')
+    cell.scroll_into_view_if_needed()
+    cell.click()
+    page.wait_for_function(
+        "(el) => el.innerText.includes('layer layers.2')",
+        arg=small.element_handle(),
+        timeout=TIMEOUT_MS,
+    )
+    assert f"diff of steps {JUMP_STEP - 1} → {JUMP_STEP}" in small.inner_text()
+    # A layer that held NaN is a pattern of its own, not the scale's red.
+    row = labels.index("layers.0")
+    nan_cells = small.locator(f'.tinax-timeline-cell.tinax-timeline-nonfinite[data-layer="{row}"]')
+    assert nan_cells.count() == len(STEPS) - NAN_STEP + 1
+    assert (nan_cells.first.get_attribute("fill") or "").startswith("url(#")
+    assert cell.get_attribute("fill") != nan_cells.first.get_attribute("fill")
+    assert small.locator(".tinax-timeline-key-nonfinite").count() == 1
+    # The loss the run recorded as NaN is marked on its panel.
+    assert small.locator(".tinax-timeline-metric-nonfinite").count() == len(STEPS) - NAN_STEP + 1
+    # Axis labels name only steps that have a checkpoint.
+    ticks = long.locator(".tinax-timeline-tick").all_text_contents()
+    assert len(ticks) > 3 and all(int(t) % LONG_EVERY == 0 for t in ticks), ticks
+    _the_page_stays_under_the_pointer(page)
+    _the_builder_asks_before_loading_a_diverged_checkpoint(page)
 
 
 def _the_page_stays_under_the_pointer(page: Page) -> None:
