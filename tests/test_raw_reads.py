@@ -250,12 +250,66 @@ def test_leaf_after_leaf_of_one_checkpoint_walks_its_store_once(tmp_path, monkey
     for name in ("w", "v"):
         np.testing.assert_array_equal(ex.read_leaf(reopened, "model", f"['{name}']"), again[name])
     assert len(walks) == 2
-    # Nothing is kept by the process: a path read again is opened, and walked, afresh;
-    # read for that leaf alone, only its array's keys are sorted out of the walk.
+    # Nothing is kept by the process: a path read again is opened afresh. Read for that
+    # leaf alone, a small array's keys are looked up in the store (no walk), a large
+    # one's alone sorted out of a walk.
+    looked_up = []
+    look_up = chunks.array_contents
+    monkeypatch.setattr(
+        chunks,
+        "array_contents",
+        lambda tree, path, *a, **k: looked_up.append(path) or look_up(tree, path, *a, **k),
+    )
     sorted_keys.clear()
     np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['b']"), again["b"])
-    assert len(walks) == 3 and walks[-1] == "b/" and walks[:2] == [None, None]
+    assert looked_up == ["b/"] and len(walks) == 2
     assert sorted_keys and all(key.startswith(b"b/") for key in sorted_keys)
+    sorted_keys.clear()
+    np.testing.assert_array_equal(ex.read_leaf(tmp_path / "a", "model", "['w']"), again["w"])
+    assert looked_up == ["b/"] and walks == [None, None, "w/"]
+    assert sorted_keys and all(key.startswith(b"w/") for key in sorted_keys)
+
+
+def test_one_leaf_read_from_a_path_decodes_its_record_and_visits_its_keys_alone(
+    tmp_path, monkeypatch
+) -> None:
+    import json
+
+    from tinax._format.integrity import checksums
+
+    decoded = []
+    typed = checksums._typed_leaf
+    monkeypatch.setattr(checksums, "_typed_leaf", lambda entry: decoded.append(1) or typed(entry))
+    visited = []
+    array_of = chunks._array_of
+    monkeypatch.setattr(
+        chunks, "_array_of", lambda key, *a: visited.append(key) or array_of(key, *a)
+    )
+    walked = []
+    walk = arrays.walk_ocdbt
+    monkeypatch.setattr(arrays, "walk_ocdbt", lambda *a: walked.append(1) or walk(*a))
+    wide = {f"w{i:03d}": np.full((4,), i, np.float32) for i in range(48)}
+    save_checkpointables(tmp_path / "c", {"model": wide}).result()
+    # Opened, every leaf's record is decoded; read from its path, one leaf's record and
+    # its array's keys (its chunk and its metadata) alone, and the store is not walked.
+    ex.open_checkpoint(tmp_path / "c")
+    assert len(decoded) == 48
+    decoded.clear()
+    np.testing.assert_array_equal(ex.read_leaf(tmp_path / "c", "model", "w017"), wide["w017"])
+    assert len(decoded) == 1 and not walked
+    assert sorted(visited) == [b"w017/c/0", b"w017/zarr.json"]
+    # Its own record is still checked, and refused in the field-by-field words; every
+    # stored value must still have one.
+    record = tmp_path / "c" / "model" / "tinax_checksums" / "process_0.json"
+    document = json.loads(record.read_bytes())
+    document["leaves"]["['w017']"]["shape"] = [-1]
+    record.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=r"leaf \['w017'\] has no shape"):
+        ex.read_leaf(tmp_path / "c", "model", "w017")
+    del document["leaves"]["['w017']"]
+    record.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=r"leaf \['w017'\] has no checksum"):
+        ex.read_leaf(tmp_path / "c", "model", "w001")
 
 
 def _scan_of_w(tmp_path: Path, digest_left, digest_right, region: int = 64 << 10):

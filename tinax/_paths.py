@@ -196,7 +196,9 @@ def listed_in(directory: Location, name: object, path: object) -> Location:
     return location(text)
 
 
-def open_checkpoint(path: object, *, what: str = "path") -> layout.Checkpoint:
+def open_checkpoint(
+    path: object, *, what: str = "path", every_record: bool = True
+) -> layout.Checkpoint:
     """The checkpoint at ``path``, opened: listed once, checked by the preflight every
     read passes first (``tinax._format.integrity.preflight``), its layout and commit
     record read.
@@ -206,7 +208,8 @@ def open_checkpoint(path: object, *, what: str = "path") -> layout.Checkpoint:
     A checkpoint a training run's restore set aside as corrupt opens (to be looked
     at); the loads refuse it (``checkpoint_to_load``). A ``layout.Checkpoint`` (what
     this returns) is returned as it is: opened again from its path, a checkpoint is
-    read afresh.
+    read afresh. ``every_record=False`` leaves each leaf's checksum record undecoded
+    until a reader of that leaf asks (``preflight.check``).
 
     Raises:
       TypeError: If ``path`` is not a path or an opened checkpoint.
@@ -216,7 +219,7 @@ def open_checkpoint(path: object, *, what: str = "path") -> layout.Checkpoint:
     """
     if isinstance(path, layout.Checkpoint):
         return path
-    return preflight.check(listed_directory(path, what=what))
+    return preflight.check(listed_directory(path, what=what), every_record=every_record)
 
 
 def checkpoint_to_load(path: object) -> layout.Checkpoint:

@@ -4,6 +4,7 @@ tensorstore."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -29,8 +30,9 @@ def read_array(
     """One stored array, read region by region into its own buffer.
 
     ``alone``: no other array of this opened checkpoint will be read (it was opened
-    for this one): its store's walk is searched for this array's chunks alone,
-    rather than sorted into every array's, kept for the next reader.
+    for this one): a small array's keys are looked up in its store alone
+    (``chunks.array_contents``), a larger one's searched for in the store's walk,
+    rather than every array's sorted out of it and kept for the next reader.
 
     Its claimed shape and chunking are checked first (``pytree.array_infos``, from
     the kept walk of a local store, else from a walk of its own). An
@@ -47,7 +49,7 @@ def read_array(
     Raises:
       ValueError: If the metadata claims the impossible or a region cannot be read.
     """
-    walked = _walked_array(tree, leaf, ctx, alone)
+    walked = _walked_array(tree, leaf, ctx, alone, record)
     if walked is None:
         info = pytree.array_infos(tree, [leaf], ctx)[leaf.param]
     else:
@@ -82,10 +84,9 @@ def array_record(item: StoredCheckpointable, key: str) -> checksums.LeafRecord |
     """The checksums saved for array leaf ``key``; ``None`` if none (or unreadable:
     the check after the read says so)."""
     try:
-        records = checksums.read_checksums(item)
+        record = checksums.read_checksum(item, key)
     except ValueError:
         return None
-    record = None if records is None else records.get(key)
     return record if record is not None and record.kind == checksums.ARRAY else None
 
 
@@ -117,8 +118,20 @@ def _array_paths(tree: pytree.PyTreeLayout) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+# An array read alone from a local disk whose checksum record says it holds at most this
+# many bytes has its keys looked up, each value read into memory
+# (``chunks.array_contents``); a larger one is read from its data files by offset, as the
+# store's walk locates its chunks. A bucket's store is walked: looked up, each of its
+# keys would be a request of its own.
+_LOOKED_UP_BYTES = 1 << 20
+
+
 def _walked_array(
-    tree: pytree.PyTreeLayout, leaf: pytree.StoredLeaf, ctx: Any, alone: bool = False
+    tree: pytree.PyTreeLayout,
+    leaf: pytree.StoredLeaf,
+    ctx: Any,
+    alone: bool = False,
+    record: checksums.LeafRecord | None = None,
 ) -> tuple[str, bytes, int, chunks.StoreContents] | None:
     """For a leaf of a local zarr3 OCDBT store (whose arrays may be read raw,
     ``rawread``), from the store's walk: its metadata's key and bytes (as
@@ -130,7 +143,14 @@ def _walked_array(
     path = pytree.storage_path(leaf.param)
     key = path + names.ZARR3_METADATA
     try:
-        if alone:
+        if (
+            alone
+            and tree.directory.is_local
+            and record is not None
+            and _record_bytes(record) <= _LOOKED_UP_BYTES
+        ):
+            contents = chunks.array_contents(tree, path, _array_paths(tree), ctx=ctx)
+        elif alone:
             contents = chunks.store_contents(tree, _array_paths(tree), ctx=ctx, under=path)
         else:
             contents = _walk(tree, ctx)
@@ -156,3 +176,12 @@ def _read_raw(raw: rawread.RawArray, record: checksums.LeafRecord) -> np.ndarray
     _raw_scan.scan([scan])
     bad, unchecked = check.results()
     return None if scan.failed or bad or unchecked else out
+
+
+def _record_bytes(record: checksums.LeafRecord) -> int:
+    """The bytes of the array ``record`` describes (its dtype's size unknown: 16)."""
+    try:
+        itemsize = np.dtype(record.dtype).itemsize
+    except TypeError:
+        itemsize = 16
+    return math.prod(record.shape) * itemsize

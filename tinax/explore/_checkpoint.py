@@ -326,8 +326,16 @@ def checksum_presence(checkpoint: Checkpoint) -> dict[str, bool]:
 def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, key: str) -> Any:
     """The value of one stored leaf, reading only that leaf's bytes.
 
+    Given a path, the checkpoint is opened for this leaf alone: of its checksum
+    records only this leaf's is decoded and checked (a record must still exist for
+    every stored value; ``open_checkpoint``, ``verify`` and the loads check every
+    record), and a small array's keys are looked up in its store rather than the
+    store walked.
+
     Args:
-      path: A checkpoint directory (see ``checkpoint_table``).
+      path: A checkpoint directory (see ``checkpoint_table``), or a checkpoint
+        ``open_checkpoint`` opened (leaf after leaf of one checkpoint: its store is
+        walked once).
       checkpointable: The checkpointable's name, as in ``checkpoint_table``.
       key: The leaf's key: its ``keystr`` as in ``checkpoint_table``
         (``"['blocks']['3']['down']['kernel']['value']"``), or dotted as the tables
@@ -348,7 +356,8 @@ def read_leaf(path: str | os.PathLike[str] | Checkpoint, checkpointable: str, ke
         cannot be read; the message names the path and what is wrong (a key that
         names no leaf, or several, the nearest or the candidates).
     """
-    checkpoint = _paths.open_checkpoint(path)
+    # Opened for this one leaf: its checksum record alone is decoded and checked.
+    checkpoint = _paths.open_checkpoint(path, every_record=False)
     item = checkpoint.get(checkpointable)
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, got {type(key).__name__}")

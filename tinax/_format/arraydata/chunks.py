@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import math
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -262,17 +263,28 @@ def store_contents(
       ValueError: If the manifest or a B+tree node cannot be read, or a value's
         location is not OCDBT's.
     """
+    walk = tree.walk_store(ctx)
+    values = walk.values
+    if under is not None:
+        prefix = under.encode("utf-8")
+        values = {key: value for key, value in values.items() if key.startswith(prefix)}
+    return _grouped(tree, storage_paths, values, walk.nodes)
+
+
+def _grouped(
+    tree: pytree.PyTreeLayout,
+    storage_paths: Iterable[str],
+    values: Mapping[bytes, bytes | str],
+    nodes: tuple[str, ...],
+) -> StoreContents:
+    """Keys of the store of ``tree`` with their values, grouped by the array (among
+    ``storage_paths``) whose chunks they are."""
     paths = {p.encode("utf-8"): p for p in storage_paths}
     pattern = _ZARR3_CHUNK if tree.zarr3 else _ZARR2_CHUNK
     chunks: dict[str, dict[bytes, StoredValue]] = {p: {} for p in paths.values()}
     other: dict[bytes, StoredValue] = {}
     # One array not at the root: most keys are told apart by their first bytes.
     only = next(iter(paths)) if len(paths) == 1 and b"" not in paths else None
-    walk = tree.walk_store(ctx)
-    values = walk.values
-    if under is not None:
-        prefix = under.encode("utf-8")
-        values = {key: value for key, value in values.items() if key.startswith(prefix)}
     for key, value in values.items():
         if only is not None and not key.startswith(only):
             owner = None
@@ -283,7 +295,44 @@ def store_contents(
             other[key] = stored
         else:
             chunks[owner][key] = stored
-    return StoreContents(chunks=chunks, nodes=walk.nodes, other=other)
+    return StoreContents(chunks=chunks, nodes=nodes, other=other)
+
+
+def array_contents(
+    tree: pytree.PyTreeLayout, path: str, storage_paths: Iterable[str], *, ctx: ts.Context
+) -> StoreContents:
+    """The keys under storage path ``path`` in the OCDBT store of ``tree`` (one array's
+    chunks and metadata), as ``store_contents(..., under=path)`` gives them, but looked
+    up by their key range instead of walked: tensorstore searches the store's B+tree
+    for that range alone, and no other key is read into Python (a wide store's walk
+    makes an entry for each of its tens of thousands of keys). Every value comes as
+    its bytes, a chunk kept in a data file too: for a reader of one small array.
+
+    Args:
+      tree: A pytree checkpointable written with OCDBT.
+      path: The array's storage path (``pytree.storage_path``).
+      storage_paths: Every array's storage path: each key is given to the array it
+        belongs to among them (an array may be stored below another's path).
+      ctx: The tensorstore context.
+
+    Raises:
+      ValueError: If the store cannot be opened or a key cannot be read.
+    """
+    prefix = path.encode("utf-8")
+    # The keys starting with ``prefix``: up to its last byte's successor ("/" -> "0").
+    end = prefix[:-1] + bytes([prefix[-1] + 1]) if prefix else b""
+    store = ts.KvStore.open(arrays.kvstore_spec(tree.directory, ocdbt=True), context=ctx).result()
+    listed = time.time()
+    keys = store.list(ts.KvStore.KeyRange(prefix, end)).result()
+    # The manifest the listing read is fresh enough for the values: not read again.
+    reads = [(key, store.read(key, staleness_bound=listed)) for key in keys]
+    values: dict[bytes, bytes | str] = {}
+    for key, read in reads:
+        result = read.result()
+        if result.state == "value":
+            values[key] = bytes(result.value)
+    owners = [p for p in storage_paths if p.startswith(path) or path.startswith(p)]
+    return _grouped(tree, owners, values, ())
 
 
 def missing_data(tree: pytree.PyTreeLayout, refs: Iterable[ValueRef]) -> dict[str, str]:

@@ -26,7 +26,7 @@ import codecs
 import dataclasses
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -228,7 +228,7 @@ def read_checksums(item: layout.StoredCheckpointable) -> dict[str, LeafRecord] |
             ),
         )
 
-    return item.checkpoint.kept(("checksums", item.directory.path), read)
+    return item.checkpoint.kept((_RECORDS, item.directory.path), read)
 
 
 def read_directory_checksums(directory: Location) -> dict[str, LeafRecord] | None:
@@ -293,19 +293,141 @@ def _decode_leaves(data: bytes) -> dict[str, LeafRecord] | None:
         return None
     leaves: dict[str, LeafRecord] = {}
     for key, entry in document.leaves.items():
-        shape = tuple(entry.shape)
-        if entry.kind not in _KINDS or (shape and min(shape) < 0):
+        leaf = _typed_leaf(entry)
+        if leaf is None:
             return None
-        pieces = []
-        for bounds, hexdigest in entry.pieces:
-            if len(bounds) != len(shape):
-                return None
-            for (a, b), n in zip(bounds, shape, strict=True):
-                if not 0 <= a <= b <= n:
-                    return None
-            pieces.append(Piece(tuple(bounds), hexdigest))
-        leaves[key] = LeafRecord(entry.kind, entry.dtype, shape, tuple(pieces))
+        leaves[key] = leaf
     return leaves
+
+
+def _typed_leaf(entry: _LeafDocument) -> LeafRecord | None:
+    """One leaf's decoded record, checked as ``_leaf`` checks it; ``None`` for anything
+    ``_leaf`` would refuse (it then says why)."""
+    shape = tuple(entry.shape)
+    if entry.kind not in _KINDS or (shape and min(shape) < 0):
+        return None
+    pieces = []
+    for bounds, hexdigest in entry.pieces:
+        if len(bounds) != len(shape):
+            return None
+        for (a, b), n in zip(bounds, shape, strict=True):
+            if not 0 <= a <= b <= n:
+                return None
+        pieces.append(Piece(tuple(bounds), hexdigest))
+    return LeafRecord(entry.kind, entry.dtype, shape, tuple(pieces))
+
+
+class _UndecodedRecord(msgspec.Struct, gc=False):
+    """One process's record with each leaf's entry left as its JSON text: its keys
+    known, its entries decoded one at a time (``read_checksum``)."""
+
+    leaves: dict[str, msgspec.Raw]
+    format: Any = None
+    algorithm: Any = None
+
+
+_UNDECODED_DECODER = msgspec.json.Decoder(_UndecodedRecord)
+_LEAF_DECODER = msgspec.json.Decoder(_LeafDocument)
+# Where ``read_checksums`` keeps the records of a checkpointable on its checkpoint.
+_RECORDS = "checksums"
+
+
+def _undecoded_records(
+    item: layout.StoredCheckpointable,
+) -> list[tuple[Location, dict[str, msgspec.Raw]]] | None:
+    """Every process's record of ``item``, its leaves' entries undecoded, kept on the
+    checkpoint; ``None`` where the typed decode does not accept a record (or there is
+    none): ``read_checksums`` then reads them whole, accepting or refusing in its words.
+
+    Raises:
+      ValueError: If a record file cannot be read (as ``read_checksums``).
+    """
+
+    def read() -> list[tuple[Location, dict[str, msgspec.Raw]]] | None:
+        if names.CHECKSUMS_DIR not in item.entries():
+            return None
+        record_dir = item.directory / names.CHECKSUMS_DIR
+        found = []
+        for name in sorted(item.checkpoint.entries(record_dir)):
+            if not names.CHECKSUM_FILE.match(name):
+                continue
+            path = record_dir / name
+            data = item.checkpoint.read_bytes(
+                path, what="tinax checksums", max_bytes=files.MAX_METADATA_BYTES
+            )
+            try:
+                codecs.decode(data, "utf-8")
+                document = _UNDECODED_DECODER.decode(data)
+            except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+                return None
+            if document.format != names.CHECKSUMS_FORMAT or document.algorithm != ALGORITHM:
+                return None
+            found.append((path, document.leaves))
+        return found or None
+
+    return item.checkpoint.kept(("undecoded checksums", item.directory.path), read)
+
+
+def recorded_keys(item: layout.StoredCheckpointable) -> Collection[str] | None:
+    """The keys of ``read_checksums(item)``, without decoding each leaf's record where
+    they are not decoded yet (``read_checksum`` decodes one): for a reader of one leaf
+    of a wide checkpoint. ``None`` if the checkpointable carries no checksums.
+
+    Raises:
+      ValueError: If a record file is unreadable or, read whole, malformed.
+    """
+    undecoded = None
+    if not item.checkpoint.holds((_RECORDS, item.directory.path)):
+        undecoded = _undecoded_records(item)
+    if undecoded is None:
+        records = read_checksums(item)
+        return None if records is None else records.keys()
+    keys: set[str] = set()
+    for _, leaves in undecoded:
+        keys.update(leaves)
+    return keys
+
+
+def read_checksum(item: layout.StoredCheckpointable, key: str) -> LeafRecord | None:
+    """Leaf ``key``'s record of ``read_checksums(item)``, its entries alone decoded and
+    checked where the checkpointable's records are not decoded yet (its other leaves'
+    entries are not looked at); ``None`` if it has none.
+
+    Raises:
+      ValueError: If a record file is unreadable, or this leaf's entry is malformed or
+        disagrees between processes, in the words of ``read_checksums``.
+    """
+    undecoded = None
+    if not item.checkpoint.holds((_RECORDS, item.directory.path)):
+        undecoded = _undecoded_records(item)
+    if undecoded is None:
+        records = read_checksums(item)
+        return None if records is None else records.get(key)
+    merged: LeafRecord | None = None
+    for path, leaves in undecoded:
+        entry = leaves.get(key)
+        if entry is None:
+            continue
+        leaf = _decode_entry(path, key, entry)
+        if merged is None:
+            merged = leaf
+        elif (merged.kind, merged.dtype, merged.shape) != (leaf.kind, leaf.dtype, leaf.shape):
+            raise ValueError(f"{str(path)!r}: leaf {key} disagrees with another process")
+        else:
+            merged = dataclasses.replace(merged, pieces=merged.pieces + leaf.pieces)
+    return merged
+
+
+def _decode_entry(path: Location, key: str, entry: msgspec.Raw) -> LeafRecord:
+    """One leaf's entry of the record at ``path``, decoded typed, else checked field by
+    field (``_leaf``) and refused in its words."""
+    try:
+        leaf = _typed_leaf(_LEAF_DECODER.decode(entry))
+    except msgspec.DecodeError:
+        leaf = None
+    if leaf is not None:
+        return leaf
+    return _leaf(key, json.loads(bytes(entry)), repr(str(path)))
 
 
 def _parse_leaves(path: Location, data: bytes) -> dict[str, LeafRecord]:
@@ -529,8 +651,7 @@ def check_read_value(item: layout.StoredCheckpointable, key: str, value: Any) ->
     """
     import numpy as np
 
-    records = read_checksums(item)
-    record = None if records is None else records.get(key)
+    record = read_checksum(item, key)
     if record is None:
         return None
     if isinstance(value, np.ndarray):

@@ -18,6 +18,7 @@ not involved, so a restore verdict or a table built after it reads a checked tre
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from tinax._format.integrity import checksums
@@ -149,6 +150,8 @@ def check(
     path: Location,
     scan: files.Scan | None = None,
     record: commit_record.CheckpointRecord | None = None,
+    *,
+    every_record: bool = True,
 ) -> layout.Checkpoint:
     """Checks the checkpoint at ``path`` before anything reads it; returns it opened, with
     every metadata file it parsed kept on it (its readers parse none of them again).
@@ -157,6 +160,10 @@ def check(
       path: An existing checkpoint directory.
       scan: ``files.scan(path)``, if the caller has just made it (a listing has).
       record: Its commit record, if the caller has just read it.
+      every_record: Whether a pytree's checksum records are decoded and checked
+        leaf by leaf now; if not, only their keys are read (a record for every
+        stored value is still required), for a reader of one leaf that decodes and
+        checks its own (``checksums.read_checksum``).
 
     Returns:
       The checkpoint's layout, as ``layout.identify`` finds it.
@@ -203,7 +210,11 @@ def check(
     for item in checkpoint.checkpointables:
         tree = pytree.read_layout(item) if item.layout == layout.PYTREE else None
         if item.layout in checksums.CHECKSUMMED_LAYOUTS:
-            records = checksums.read_checksums(item)
+            records: Collection[str] | None
+            if tree is not None and not every_record:
+                records = checksums.recorded_keys(item)
+            else:
+                records = checksums.read_checksums(item)
             if tree is not None and records is not None and checkpoint.checksummed:
                 _check_coverage(checkpoint, item.name, tree, records)
     return checkpoint
@@ -213,7 +224,7 @@ def _check_coverage(
     checkpoint: layout.Checkpoint,
     name: str,
     tree: pytree.PyTreeLayout,
-    records: dict[str, checksums.LeafRecord],
+    records: Collection[str],
 ) -> None:
     """Every stored value of a checksummed save's pytree has its record."""
     for leaf in tree.leaves:

@@ -161,6 +161,10 @@ class Checkpoint:
         """
         return self._kept.get(key, read)
 
+    def holds(self, key: Hashable) -> bool:
+        """Whether what ``key`` names has been read (or refused) on this checkpoint."""
+        return self._kept.holds(key)
+
     def entries(self, directory: Location) -> dict[str, Entry]:
         """The entries of ``directory`` (this checkpoint's or one below it), as the walk
         made when it was opened found them: nothing is listed again.
