@@ -27,7 +27,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import xxhash
@@ -275,6 +275,24 @@ _RECORD_DECODER = msgspec.json.Decoder(_RecordDocument)
 _KINDS = frozenset({ARRAY, STRING, FILE})
 
 
+_Document = TypeVar("_Document", _RecordDocument, "_UndecodedRecord")
+
+
+def _typed_document(decoder: msgspec.json.Decoder[_Document], data: bytes) -> _Document | None:
+    """One process's record decoded by ``decoder``; ``None`` where it is not a record of
+    this format and algorithm that the typed decode accepts."""
+    try:
+        # msgspec skips the fields the records do not name without looking at them;
+        # the generic parse refuses bytes that are not UTF-8 anywhere.
+        codecs.decode(data, "utf-8")
+        document = decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return None
+    if document.format != names.CHECKSUMS_FORMAT or document.algorithm != ALGORITHM:
+        return None
+    return document
+
+
 def _decode_leaves(data: bytes) -> dict[str, LeafRecord] | None:
     """The leaves of one process's record, decoded straight into their types and checked
     as ``_leaf`` checks them: a wide checkpoint's tens of thousands of records, each
@@ -282,14 +300,8 @@ def _decode_leaves(data: bytes) -> dict[str, LeafRecord] | None:
     this does not accept (a wrong type, an unknown format or algorithm, JSON only the
     standard library reads, a piece off its shape): the generic read then accepts or
     refuses it, in its words."""
-    try:
-        # msgspec skips the fields the records do not name without looking at them;
-        # the generic parse refuses bytes that are not UTF-8 anywhere.
-        codecs.decode(data, "utf-8")
-        document = _RECORD_DECODER.decode(data)
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
-        return None
-    if document.format != names.CHECKSUMS_FORMAT or document.algorithm != ALGORITHM:
+    document = _typed_document(_RECORD_DECODER, data)
+    if document is None:
         return None
     leaves: dict[str, LeafRecord] = {}
     for key, entry in document.leaves.items():
@@ -355,12 +367,8 @@ def _undecoded_records(
             data = item.checkpoint.read_bytes(
                 path, what="tinax checksums", max_bytes=files.MAX_METADATA_BYTES
             )
-            try:
-                codecs.decode(data, "utf-8")
-                document = _UNDECODED_DECODER.decode(data)
-            except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
-                return None
-            if document.format != names.CHECKSUMS_FORMAT or document.algorithm != ALGORITHM:
+            document = _typed_document(_UNDECODED_DECODER, data)
+            if document is None:
                 return None
             found.append((path, document.leaves))
         return found or None
