@@ -15,8 +15,11 @@ each of ``--rounds`` rounds (median shown) times, side by side:
   held in memory as NumPy arrays): every array decoded, for information.
 
 It also times ``read_leaf`` of one small leaf after another of a checkpoint of
-``--wide`` arrays (10,000 by default), side by side: with the store's walk kept from
-one call to the next (as ``read_leaf`` does), and with it dropped before each call.
+``--wide`` arrays (10,000 by default), side by side: from the checkpoint opened once
+(its store's walk kept from one call to the next), and from its path, opened for that
+one leaf each call (only that leaf's checksum record decoded, its array's keys looked
+up in the store; the figure keeps its name "walking" so that earlier revisions, which
+walked the store each call, compare with it in ``bench/against.py``).
 
 ``read_leaf`` returns new memory, which the kernel zeroes as it is first written:
 the bench times that too, writing 16 fresh arrays of 64 MiB (kept alive, as the
