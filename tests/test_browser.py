@@ -45,6 +45,7 @@ from browser.lab import (
     TIMEOUT_MS,
     run_all_cells,
     running_lab,
+    set_width,
     wait_for_kernel,
 )
 from conftest import BUCKET
@@ -278,18 +279,7 @@ def _run_and_check_notebook(page: Page, lab: Any, path: str, *, opened: bool = F
 
 
 def _set_width(page: Page, width: int) -> None:
-    page.set_viewport_size({"width": width, "height": HEIGHT})
-    if width == 1280:
-        # A laptop: the file browser is open beside the notebook.
-        page.evaluate(
-            "async () => { if (window.jupyterapp.shell.leftCollapsed)"
-            " await window.jupyterapp.commands.execute('filebrowser:activate'); }"
-        )
-        page.wait_for_function("() => !window.jupyterapp.shell.leftCollapsed")
-    else:
-        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
-        page.wait_for_function("() => window.jupyterapp.shell.leftCollapsed")
-    page.wait_for_timeout(500)  # let JupyterLab lay the panels out again
+    set_width(page, width, HEIGHT)
 
 
 @pytest.fixture(scope="module")

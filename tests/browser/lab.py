@@ -205,3 +205,20 @@ def run_all_cells(page: Any) -> None:
     """Runs every cell of the open notebook once its kernel is ready."""
     wait_for_kernel(page)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+def set_width(page: Any, width: int, height: int, *, settle_ms: int = 500) -> None:
+    """Resizes ``page`` to ``width`` x ``height``: at 1,280 px (a laptop) the file browser
+    is open beside the notebook, at other widths it is folded; then waits ``settle_ms``
+    for JupyterLab to lay its panels out again."""
+    page.set_viewport_size({"width": width, "height": height})
+    if width == 1280:
+        page.evaluate(
+            "async () => { if (window.jupyterapp.shell.leftCollapsed)"
+            " await window.jupyterapp.commands.execute('filebrowser:activate'); }"
+        )
+        page.wait_for_function("() => !window.jupyterapp.shell.leftCollapsed")
+    else:
+        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+        page.wait_for_function("() => window.jupyterapp.shell.leftCollapsed")
+    page.wait_for_timeout(settle_ms)

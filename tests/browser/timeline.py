@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-from browser.lab import REPO, TIMEOUT_MS, run_all_cells
+from browser.lab import REPO, TIMEOUT_MS, run_all_cells, set_width
 from playwright.sync_api import Page, expect
 from run_view_fixtures import JUMP_LAYER, JUMP_STEP, NAN_STEP, STEPS, write_small_run
 
@@ -119,17 +119,7 @@ def _write_notebook(path: Path) -> None:
 
 
 def _set_width(page: Page, width: int) -> None:
-    page.set_viewport_size({"width": width, "height": HEIGHT})
-    if width == 1280:
-        page.evaluate(
-            "async () => { if (window.jupyterapp.shell.leftCollapsed)"
-            " await window.jupyterapp.commands.execute('filebrowser:activate'); }"
-        )
-        page.wait_for_function("() => !window.jupyterapp.shell.leftCollapsed")
-    else:
-        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
-        page.wait_for_function("() => window.jupyterapp.shell.leftCollapsed")
-    page.wait_for_timeout(700)
+    set_width(page, width, HEIGHT, settle_ms=700)
 
 
 def write(folder: Path) -> str:
