@@ -384,9 +384,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--deadline", type=float, default=20.0)
-    parser.add_argument(
-        "--no-kill", action="store_true", help="leave out the SIGKILL measurement"
-    )
+    parser.add_argument("--no-kill", action="store_true", help="leave out the SIGKILL measurement")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--json", default=None, help="also write the raw figures here")
     args = parser.parse_args()

@@ -134,7 +134,7 @@ def start_save(
         # Under way while the values are checked and the destination claimed.
         _host_copies.start_host_copies(values)
         directories_first = _host_copies.write_batch_bytes(values) is not None
-        ctx = _context.context(directories_first=directories_first)
+        ctx = _context.context(directories_first=directories_first, saving=True)
         dest = _destination.prepare(path, check_values, ctx)
     except BaseException:
         files.resume_gc()

@@ -101,29 +101,56 @@ class _SaveDigests:
     """The digests of one save's JAX arrays, made from the host copies Orbax writes.
 
     Each array is expected (by identity) before Orbax copies it; the copy's parts
-    are digested on the digest threads as soon as Orbax hands them over.
+    are kept as Orbax hands them over and digested on the digest threads once
+    ``start`` is called, when the save call has returned: hashing beside the call
+    took cores its caller was waiting on (Orbax's own copies, and on a shared host
+    the other processes'), while Orbax's writes after the call, from the same host
+    copies, last longer than the digests anyway. Arrays are known by their key path
+    until ``finish``, which names them on the background thread.
     """
 
     def __init__(self) -> None:
-        self.leaves: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self.parts: dict[str, list[tuple[Bounds, concurrent.futures.Future[str]]]] = {}
+        self.leaves: dict[int, tuple[Any, str, tuple[int, ...]]] = {}
+        self.parts: dict[int, list[tuple[Bounds, concurrent.futures.Future[str]]]] = {}
         self.arrays: list[jax.Array] = []
+        # Digests asked for before ``start``: each one's future and the values to digest.
+        self._held: list[tuple[concurrent.futures.Future[str], Any]] | None = []
+        self._lock = threading.Lock()
 
-    def expect(self, key: str, array: jax.Array) -> None:
-        self.leaves[key] = (_dtype_name(array.dtype), tuple(array.shape))
+    def expect(self, path: Any, array: jax.Array) -> None:
+        """Expects Orbax's host copy of ``array``, the leaf at key path ``path``."""
+        key = len(self.leaves)
+        self.leaves[key] = (path, _dtype_name(array.dtype), tuple(array.shape))
         self.arrays.append(array)
         with _registry_lock:
             _expected.setdefault(id(array), []).append((array, self, key))
 
-    def copied(self, key: str, shape: tuple[int, ...], parts: Sequence[_orbax.HostPart]) -> None:
-        pool = _digesters.executor()
+    def copied(self, key: int, shape: tuple[int, ...], parts: Sequence[_orbax.HostPart]) -> None:
         seen = self.parts.setdefault(key, [])
         known = {bounds for bounds, _ in seen}
-        for index, values in parts:
-            bounds = _bounds(index, shape)
-            if bounds not in known:
-                known.add(bounds)
-                seen.append((bounds, pool.submit(checksums.digest, values)))
+        with self._lock:
+            for index, values in parts:
+                bounds = _bounds(index, shape)
+                if bounds not in known:
+                    known.add(bounds)
+                    seen.append((bounds, self._digest(values)))
+
+    def _digest(self, values: Any) -> concurrent.futures.Future[str]:
+        """The digest of ``values``, to come; held until ``start`` (under the lock)."""
+        if self._held is None:
+            return _digesters.executor().submit(checksums.digest, values)
+        future: concurrent.futures.Future[str] = concurrent.futures.Future()
+        self._held.append((future, values))
+        return future
+
+    def start(self) -> None:
+        """Lets the digests run: those held, and every later one at once."""
+        with self._lock:
+            held, self._held = self._held, None
+        if held:
+            pool = _digesters.executor()
+            for future, values in held:
+                pool.submit(_settle, future, values)
 
     def forget(self) -> None:
         """Stops expecting this save's arrays (they were copied, or the save failed)."""
@@ -144,26 +171,41 @@ class _SaveDigests:
           RuntimeError: If Orbax wrote an array without the host copy tinax digests
             (an Orbax that works differently from the one tinax was written for).
         """
+        self.start()
         self.forget()
-        missing = sorted(set(self.leaves) - set(self.parts))
+        missing = sorted(_leaf_key(self.leaves[key][0]) for key in self.leaves.keys() - self.parts)
         if missing:
             raise RuntimeError(
                 f"tinax could not checksum {len(missing)} array(s) ({', '.join(missing[:5])}): "
                 "Orbax wrote them without the host copy tinax digests"
             )
         return {
-            key: LeafRecord(
+            _leaf_key(path): LeafRecord(
                 checksums.ARRAY,
                 dtype,
                 shape,
                 tuple(Piece(bounds, digest.result()) for bounds, digest in self.parts[key]),
             )
-            for key, (dtype, shape) in self.leaves.items()
+            for key, (path, dtype, shape) in self.leaves.items()
         }
 
 
-# Arrays a save expects Orbax to copy to the host, by identity.
-_expected: dict[int, list[tuple[jax.Array, _SaveDigests, str]]] = {}
+def _settle(future: concurrent.futures.Future[str], values: Any) -> None:
+    """Digests ``values`` into ``future``."""
+    try:
+        future.set_result(checksums.digest(values))
+    except BaseException as e:
+        future.set_exception(e)
+
+
+def _leaf_key(path: Any) -> str:
+    """The key a leaf's record is filed under: its key path, spelt out."""
+    return format_key(key_parts(path))
+
+
+# Arrays a save expects Orbax to copy to the host, by identity (with the key of each
+# in the save that expects it).
+_expected: dict[int, list[tuple[jax.Array, _SaveDigests, int]]] = {}
 
 
 def _on_host_copy(arrays: Sequence[Any], parts: Sequence[Sequence[_orbax.HostPart]]) -> None:
@@ -179,15 +221,15 @@ def _on_host_copy(arrays: Sequence[Any], parts: Sequence[Sequence[_orbax.HostPar
         save.copied(key, tuple(array.shape), array_parts)
 
 
-def record_save(
-    checkpointable: Any, *, primary: bool, own_storage: bool = False
-) -> Callable[[], dict[str, LeafRecord]]:
+def record_save(checkpointable: Any, *, primary: bool, own_storage: bool = False) -> SaveRecord:
     """Starts recording the checksums of a pytree being saved.
 
     Mutable values (NumPy arrays) and small ones are digested now, before the
     caller gets control back. JAX arrays are digested from the host copies Orbax
-    makes to write them, on tinax's digest threads; call this before Orbax's save
-    starts copying, and the returned function once Orbax has written the arrays.
+    makes to write them, on tinax's digest threads once the returned record's
+    ``start_digests`` is called (when the save call has returned); call this before
+    Orbax's save starts copying, and the returned record once Orbax has written the
+    arrays.
 
     Args:
       checkpointable: The pytree being saved.
@@ -198,15 +240,15 @@ def record_save(
         replica, not only replica 0.
 
     Returns:
-      A function that finishes the digests and returns the record by leaf key;
-      it must be called once, also when the save fails (it then raises).
+      The record in the making; called, it finishes the digests and returns the
+      record by leaf key. It must be called once, also when the save fails (it
+      then raises).
     """
     _orbax.observe_host_copies(_on_host_copy)
     done: dict[str, LeafRecord] = {}
     arrays = _SaveDigests()
     try:
         for path, leaf in jax.tree_util.tree_flatten_with_path(checkpointable)[0]:
-            key = format_key(key_parts(path))
             if isinstance(leaf, jax.Array):
                 if is_key_dtype(leaf.dtype):
                     data = _array_data(leaf)
@@ -214,14 +256,16 @@ def record_save(
                         Piece(b, checksums.digest(v))
                         for b, v in _host_parts(data, written_only=not own_storage)
                     )
-                    done[key] = LeafRecord(
+                    done[_leaf_key(path)] = LeafRecord(
                         checksums.ARRAY, _dtype_name(data.dtype), tuple(data.shape), pieces
                     )
                 else:
-                    arrays.expect(key, leaf)
-            elif not primary:
+                    arrays.expect(path, leaf)
                 continue
-            elif isinstance(leaf, np.ndarray):
+            if not primary:
+                continue
+            key = _leaf_key(path)
+            if isinstance(leaf, np.ndarray):
                 piece = Piece(checksums.full_bounds(leaf.shape), checksums.digest(leaf))
                 done[key] = LeafRecord(checksums.ARRAY, str(leaf.dtype), leaf.shape, (piece,))
             elif isinstance(leaf, str):
@@ -235,12 +279,28 @@ def record_save(
     except BaseException:
         arrays.forget()
         raise
+    return SaveRecord(done, arrays)
 
-    def finish() -> dict[str, LeafRecord]:
-        done.update(arrays.finish())
-        return done
 
-    return finish
+class SaveRecord:
+    """One save's checksum record in the making (``record_save``)."""
+
+    def __init__(self, done: dict[str, LeafRecord], arrays: _SaveDigests) -> None:
+        self._done = done
+        self._arrays = arrays
+
+    def start_digests(self) -> None:
+        """Lets the digests of the JAX arrays' host copies run from now on."""
+        self._arrays.start()
+
+    def __call__(self) -> dict[str, LeafRecord]:
+        """Waits for every digest; the record by leaf key.
+
+        Raises:
+          RuntimeError: If Orbax wrote an array without the host copy tinax digests.
+        """
+        self._done.update(self._arrays.finish())
+        return self._done
 
 
 def write_record(directory: str, record: dict[str, LeafRecord], process_index: int) -> None:
@@ -644,9 +704,9 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
         return _Deferred(_complete)
 
     @property
-    def _records_to_write(self) -> dict[int, Callable[[], dict[str, LeafRecord]]]:
+    def _records_to_write(self) -> dict[int, SaveRecord]:
         """The saves started and not yet in the background, by their directory's id."""
-        records: dict[int, Callable[[], dict[str, LeafRecord]]] | None
+        records: dict[int, SaveRecord] | None
         records = self.__dict__.get("_tinax_records")
         if records is None:
             records = self.__dict__["_tinax_records"] = {}
@@ -665,6 +725,9 @@ class ChecksummedPyTreeHandler(ocp_handlers.PyTreeHandler):
         """
         finish = self._records_to_write.pop(id(directory), None)
         if finish is not None:
+            # The save call has handed control back: the digests run beside Orbax's
+            # writes from here, not while the caller waits.
+            finish.start_digests()
             try:
                 await asyncio.gather(*(asyncio.to_thread(f.result) for f in commit_futures))
             except BaseException:

@@ -16,7 +16,7 @@ from tinax.checkpointing._checksummed_handler import (
     ChecksummedStatefulHandler,
 )
 from tinax.checkpointing._empty import EmptyPyTreeHandler
-from tinax.checkpointing._orbax import active_context, chunk_shape
+from tinax.checkpointing._orbax import StatefulCheckpointableHandler, active_context, chunk_shape
 from tinax.checkpointing._switches import switched
 
 # ``None``: the default for the backend (``default_compression``); a bool: what a
@@ -106,7 +106,12 @@ _NamedChecksummedPyTreeHandler.__module__ = ChecksummedPyTreeHandler.__module__
 _NamedChecksummedPyTreeHandler.__qualname__ = ChecksummedPyTreeHandler.__qualname__
 
 
-def context(*, directories_first: bool = False) -> ocp.Context:
+# Orbax's handlers that tinax's checksummed subclasses, registered after them, take
+# every checkpointable from (their ``is_handleable`` is the same).
+_SHADOWED = (ocp_handlers.PyTreeHandler, StatefulCheckpointableHandler)
+
+
+def context(*, directories_first: bool = False, saving: bool = False) -> ocp.Context:
     """The caller's active Orbax context, with tinax's handlers and storage choice.
 
     Options the caller set with ``with ocp.Context(...)`` stay in force, except
@@ -117,11 +122,21 @@ def context(*, directories_first: bool = False) -> ocp.Context:
     ``directories_first``: the save call makes the checkpoint's directories before
     it copies arrays to the host, instead of Orbax's background thread after it,
     so that arrays can be written while the next ones are copied (``_host_copies``).
+
+    ``saving``: the context of a save, whose registry leaves out Orbax's unnamed
+    pytree and stateful handlers where tinax's checksummed kinds of them come later:
+    Orbax takes the last handler that fits, never those, yet builds each registered
+    handler and asks it about the whole checkpointable, twice in a save call (a
+    pytree handler's construction and its walk of every leaf are most of Orbax's
+    work before it copies arrays). Loads pick handlers by the name a checkpoint
+    records, which the subclasses share, and keep the full registry.
     """
     active = active_context()
     checksummed = _CHECKSUMS.get()
     registry = ocp.handlers.local_registry(include_global_registry=False)
     for handler, name in active.checkpointables.registry.get_all_entries():
+        if saving and checksummed and name is None and handler in _SHADOWED:
+            continue
         if checksummed and name is not None and handler is ocp_handlers.PyTreeHandler:
             # Orbax registers its pytree handler by name for "state": a checkpointable
             # of that name gets checksums too.

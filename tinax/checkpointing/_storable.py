@@ -54,7 +54,11 @@ def check_storable(name: str, value: Any) -> None:
     flat = jax.tree_util.tree_flatten_with_path(value, is_leaf=_is_flax_object)[0]
     check_keys(name, [key_path for key_path, _ in flat])
     for key_path, leaf in flat:
-        where = format_key(key_parts(key_path)) or "<root>"
+        if _fits(leaf):
+            continue
+        # Spelt out for the message only: a save call checks every leaf while its
+        # caller waits.
+        where = _where(key_path)
         if flax_object_kind(leaf) is not None:
             refuse_flax_objects(value, what=f"checkpointable {name!r}")
         if isinstance(leaf, NumpyTarget):
@@ -74,6 +78,19 @@ def check_storable(name: str, value: Any) -> None:
                 f"{type(leaf).__module__}.{type(leaf).__qualname__}, which Orbax cannot "
                 f"store{_hint(leaf)}"
             )
+
+
+def _where(key_path: Any) -> str:
+    """A leaf's key path as messages name it."""
+    return format_key(key_parts(key_path)) or "<root>"
+
+
+def _fits(leaf: Any) -> bool:
+    """True for a leaf every check passes at a glance: a JAX or NumPy array with
+    elements (or a scalar one), which Orbax stores; the rest gets every check."""
+    if isinstance(leaf, jax.Array):
+        return leaf.size > 0 or leaf.ndim == 0
+    return False
 
 
 def _check_text(name: str, where: str, leaf: str) -> None:
@@ -140,9 +157,8 @@ def check_keys(name: str, key_paths: list[Any]) -> None:
       ValueError: If a key is empty or two leaves would be stored under one name,
         naming them.
     """
-    seen: dict[str, str] = {}
+    seen: dict[str, Any] = {}
     for key_path in key_paths:
-        where = format_key(key_parts(key_path)) or "<root>"
         for entry in key_path:
             if isinstance(entry, jax.tree_util.DictKey):
                 if isinstance(entry.key, int) and not isinstance(entry.key, bool):
@@ -151,19 +167,20 @@ def check_keys(name: str, key_paths: list[Any]) -> None:
                     pass
                 elif not isinstance(entry.key, str):
                     raise TypeError(
-                        f"checkpointable {name!r} leaf {where}: dict key {entry.key!r} is a "
+                        f"checkpointable {name!r} leaf {_where(key_path)}: dict key {entry.key!r} is a "
                         f"{type(entry.key).__name__}; Orbax stores keys as strings and would "
                         "give it back as one, so only string keys can be saved"
                     )
                 if entry.key == "":
                     raise ValueError(
-                        f"checkpointable {name!r} leaf {where}: an empty dict key cannot be "
+                        f"checkpointable {name!r} leaf {_where(key_path)}: an empty dict key cannot be "
                         "stored (Orbax names each value by its keys)"
                     )
         stored = ".".join(_stored_name(entry) for entry in key_path)
-        other = seen.setdefault(stored, where)
-        if other != where:
+        other = seen.setdefault(stored, key_path)
+        if other is not key_path and _where(other) != _where(key_path):
             raise ValueError(
-                f"checkpointable {name!r}: leaves {other} and {where} would both be stored "
+                f"checkpointable {name!r}: leaves {_where(other)} and {_where(key_path)} "
+                "would both be stored "
                 f"as {stored!r} (Orbax joins keys with '.'); rename one of them"
             )
