@@ -17,7 +17,8 @@ and the figures are medians over ``--rounds`` rounds:
   round's ratio is taken between its two saves, a second or so apart: on a shared
   machine whose load comes and goes, the median of these paired ratios is what the
   goal is judged on (the ratio of the two medians is printed beside it, with every
-  round's ratio and the machine's load average before and after);
+  round's ratio, the same figures for each round's middle process rather than its
+  slowest, and the machine's load average before and after);
 - a load's time, every process loading at once;
 - the bytes each process read (``rchar`` of ``/proc/self/io``, every read of every
   thread) over the checkpoint's bytes on disk: a process of a fully sharded state
@@ -246,6 +247,8 @@ def _slowest(outcome: cluster.Outcome, label: str, processes: int) -> dict[str, 
     return {
         "seconds": max(r["seconds"] for r in found),
         "read": max(r["read"] for r in found),
+        # The middle process's: a process's own cost, less the luck of the slowest.
+        "typical": statistics.median(r["seconds"] for r in found),
     }
 
 
@@ -305,6 +308,10 @@ def io_lines(found: dict[str, Any], processes: int, devices: int) -> tuple[list[
         for t, o in zip(found["save tinax"], found["save orbax"], strict=True)
     ]
     save_ratio = statistics.median(paired)
+    typical = statistics.median(
+        t["typical"] / o["typical"]
+        for t, o in zip(found["save tinax"], found["save orbax"], strict=True)
+    )
     load_t, load_o = median("load tinax", "seconds"), median("load orbax", "seconds")
     read_t = median("load tinax", "read") / size["tinax"]
     read_o = median("load orbax", "read") / size["orbax"]
@@ -318,6 +325,8 @@ def io_lines(found: dict[str, Any], processes: int, devices: int) -> tuple[list[
             for system in ("tinax", "orbax")
         ),
         f"{'  tinax/orbax each round':28}  {' '.join(f'{r:.2f}' for r in paired)}",
+        f"{'  the middle process':28}{median('save tinax', 'typical'):10.3f}"
+        f"{median('save orbax', 'typical'):10.3f}{typical:9.2f}",
         f"{'load (s)':28}{load_t:10.3f}{load_o:10.3f}{load_o / load_t:8.2f}x",
         f"{'checkpoint on disk (MB)':28}{size['tinax'] / MB:10.1f}{size['orbax'] / MB:10.1f}",
         f"{'read per process / ckpt':28}{read_t:10.3f}{read_o:10.3f}",
