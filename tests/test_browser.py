@@ -43,6 +43,7 @@ from browser.lab import (
     CHROMIUM_ARGS,
     REPO,
     TIMEOUT_MS,
+    python_notebook,
     run_all_cells,
     running_lab,
     set_width,
@@ -91,12 +92,7 @@ def _write_run(run: Path) -> None:
 
 
 def _write_notebook(path: Path) -> None:
-    notebook = nbformat.v4.new_notebook()
-    notebook.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
+    notebook = python_notebook()
     notebook.cells = [
         nbformat.v4.new_code_cell(
             "from tinax.widgets import CheckpointExplorer\n\n"
@@ -556,8 +552,7 @@ def test_the_explorer_on_a_many_leaf_run_reads_at_every_width(
     big_run: Path, lab_root: Path, lab: Any, browser: Browser
 ) -> None:
     (lab_root / BIG_RUN).symlink_to(big_run)
-    notebook = nbformat.v4.new_notebook()
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    notebook = python_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(_TIMED_CELL.format(run=BIG_RUN))]
     nbformat.write(notebook, lab_root / "big_run.ipynb")
     figures: dict[str, Any] = {}
@@ -690,8 +685,7 @@ def _write_gcs_run(run: str) -> None:
 
 
 def _write_gcs_notebook(path: Path, run: str) -> None:
-    notebook = nbformat.v4.new_notebook()
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    notebook = python_notebook()
     notebook.cells = [
         nbformat.v4.new_code_cell(
             f"from tinax.widgets import CheckpointExplorer\n\nCheckpointExplorer({run!r})"

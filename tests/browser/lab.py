@@ -222,3 +222,16 @@ def set_width(page: Any, width: int, height: int, *, settle_ms: int = 500) -> No
         page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
         page.wait_for_function("() => window.jupyterapp.shell.leftCollapsed")
     page.wait_for_timeout(settle_ms)
+
+
+def python_notebook() -> Any:
+    """An empty notebook (``nbformat``) for the ``python3`` kernel, whose cells a test fills."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    return notebook

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-from browser.lab import REPO, TIMEOUT_MS, run_all_cells, set_width
+from browser.lab import REPO, TIMEOUT_MS, python_notebook, run_all_cells, set_width
 from playwright.sync_api import Page, expect
 from run_view_fixtures import JUMP_LAYER, JUMP_STEP, NAN_STEP, STEPS, write_small_run
 
@@ -80,12 +80,7 @@ def _write_long_run(source: str, run: Path) -> None:
 
 
 def _write_notebook(path: Path) -> None:
-    notebook = nbformat.v4.new_notebook()
-    notebook.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
+    notebook = python_notebook()
     notebook.cells = [
         nbformat.v4.new_code_cell(
             "from tinax.widgets import RunTimeline\n\n"
