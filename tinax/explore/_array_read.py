@@ -31,7 +31,7 @@ def read_array(
 
     ``alone``: no other array of this opened checkpoint will be read (it was opened
     for this one): a small array's keys are looked up in its store alone
-    (``chunks.array_contents``), a larger one's searched for in the store's walk,
+    (``chunks.one_array_contents``), a larger one's searched for in the store's walk,
     rather than every array's sorted out of it and kept for the next reader.
 
     Its claimed shape and chunking are checked first (``pytree.array_infos``, from
@@ -118,14 +118,6 @@ def _array_paths(tree: pytree.PyTreeLayout) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-# An array read alone from a local disk whose checksum record says it holds at most this
-# many bytes has its keys looked up, each value read into memory
-# (``chunks.array_contents``); a larger one is read from its data files by offset, as the
-# store's walk locates its chunks. A bucket's store is walked: looked up, each of its
-# keys would be a request of its own.
-_LOOKED_UP_BYTES = 1 << 20
-
-
 def _walked_array(
     tree: pytree.PyTreeLayout,
     leaf: pytree.StoredLeaf,
@@ -143,15 +135,11 @@ def _walked_array(
     path = pytree.storage_path(leaf.param)
     key = path + names.ZARR3_METADATA
     try:
-        if (
-            alone
-            and tree.directory.is_local
-            and record is not None
-            and _record_bytes(record) <= _LOOKED_UP_BYTES
-        ):
-            contents = chunks.array_contents(tree, path, _array_paths(tree), ctx=ctx)
-        elif alone:
-            contents = chunks.store_contents(tree, _array_paths(tree), ctx=ctx, under=path)
+        if alone:
+            nbytes = None if record is None else _record_bytes(record)
+            contents = chunks.one_array_contents(
+                tree, path, _array_paths(tree), ctx=ctx, nbytes=nbytes
+            )
         else:
             contents = _walk(tree, ctx)
     except (ValueError, OSError):

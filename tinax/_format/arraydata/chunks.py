@@ -298,6 +298,42 @@ def _grouped(
     return StoreContents(chunks=chunks, nodes=nodes, other=other)
 
 
+# An array read alone from a store on a local disk, holding at most this many bytes, has
+# its keys looked up, each value read into memory (``array_contents``); a larger one is
+# read from its data files by offset, as the store's walk locates its chunks. A bucket's
+# store is walked: looked up, each of its keys would be a request of its own.
+LOOKED_UP_BYTES = 1 << 20
+
+
+def one_array_contents(
+    tree: pytree.PyTreeLayout,
+    path: str,
+    storage_paths: Iterable[str],
+    *,
+    ctx: ts.Context,
+    nbytes: int | None,
+) -> StoreContents:
+    """The keys under storage path ``path`` (one array's chunks and metadata) for a reader
+    of that array alone: looked up (``array_contents``) where that is cheaper than the
+    walk, a store on a local disk and an array of at most ``LOOKED_UP_BYTES``; else from
+    the store's walk, only that array's keys told apart (``store_contents(...,
+    under=path)``).
+
+    Args:
+      tree: A pytree checkpointable written with OCDBT.
+      path: The array's storage path (``pytree.storage_path``).
+      storage_paths: Every array's storage path.
+      ctx: The tensorstore context.
+      nbytes: The array's bytes, if known (its checksum record's shape and dtype).
+
+    Raises:
+      ValueError: As ``array_contents`` and ``store_contents`` do.
+    """
+    if nbytes is not None and nbytes <= LOOKED_UP_BYTES and tree.directory.is_local:
+        return array_contents(tree, path, storage_paths, ctx=ctx)
+    return store_contents(tree, storage_paths, ctx=ctx, under=path)
+
+
 def array_contents(
     tree: pytree.PyTreeLayout, path: str, storage_paths: Iterable[str], *, ctx: ts.Context
 ) -> StoreContents:
