@@ -384,9 +384,7 @@ def recorded_keys(item: layout.StoredCheckpointable) -> Collection[str] | None:
     Raises:
       ValueError: If a record file is unreadable or, read whole, malformed.
     """
-    undecoded = None
-    if not item.checkpoint.holds((_RECORDS, item.directory.path)):
-        undecoded = _undecoded_records(item)
+    undecoded = _undecoded_unless_read(item)
     if undecoded is None:
         records = read_checksums(item)
         return None if records is None else records.keys()
@@ -405,25 +403,40 @@ def read_checksum(item: layout.StoredCheckpointable, key: str) -> LeafRecord | N
       ValueError: If a record file is unreadable, or this leaf's entry is malformed or
         disagrees between processes, in the words of ``read_checksums``.
     """
-    undecoded = None
-    if not item.checkpoint.holds((_RECORDS, item.directory.path)):
-        undecoded = _undecoded_records(item)
+    undecoded = _undecoded_unless_read(item)
     if undecoded is None:
         records = read_checksums(item)
         return None if records is None else records.get(key)
     merged: LeafRecord | None = None
     for path, leaves in undecoded:
         entry = leaves.get(key)
-        if entry is None:
-            continue
-        leaf = _decode_entry(path, key, entry)
-        if merged is None:
-            merged = leaf
-        elif (merged.kind, merged.dtype, merged.shape) != (leaf.kind, leaf.dtype, leaf.shape):
-            raise ValueError(f"{str(path)!r}: leaf {key} disagrees with another process")
-        else:
-            merged = dataclasses.replace(merged, pieces=merged.pieces + leaf.pieces)
+        if entry is not None:
+            merged = _merged(path, key, merged, _decode_entry(path, key, entry))
     return merged
+
+
+def _undecoded_unless_read(
+    item: layout.StoredCheckpointable,
+) -> list[tuple[Location, dict[str, msgspec.Raw]]] | None:
+    """``_undecoded_records(item)``, unless ``read_checksums`` has decoded the records
+    already (then ``None``: they are there to use)."""
+    if item.checkpoint.holds((_RECORDS, item.directory.path)):
+        return None
+    return _undecoded_records(item)
+
+
+def _merged(path: Location, key: str, known: LeafRecord | None, leaf: LeafRecord) -> LeafRecord:
+    """Leaf ``key``'s record in the file at ``path`` joined to what the records read
+    before it said of the leaf (``known``): its pieces added to theirs.
+
+    Raises:
+      ValueError: If they disagree on its kind, dtype or shape, naming the file.
+    """
+    if known is None:
+        return leaf
+    if (known.kind, known.dtype, known.shape) != (leaf.kind, leaf.dtype, leaf.shape):
+        raise ValueError(f"{str(path)!r}: leaf {key} disagrees with another process")
+    return dataclasses.replace(known, pieces=known.pieces + leaf.pieces)
 
 
 def _decode_entry(path: Location, key: str, entry: msgspec.Raw) -> LeafRecord:
@@ -476,13 +489,7 @@ def _read_records(
     for name in found:
         path = record_dir / name
         for key, leaf in _parse_leaves(path, read(path, name)).items():
-            known = merged.get(key)
-            if known is None:
-                merged[key] = leaf
-            elif (known.kind, known.dtype, known.shape) != (leaf.kind, leaf.dtype, leaf.shape):
-                raise ValueError(f"{str(path)!r}: leaf {key} disagrees with another process")
-            else:
-                merged[key] = dataclasses.replace(known, pieces=known.pieces + leaf.pieces)
+            merged[key] = _merged(path, key, merged.get(key), leaf)
     return merged
 
 
